@@ -1,0 +1,63 @@
+# deployctl: `make demo` runs the main job on the local test host, `make test` runs every check.
+# Both do their own set-up on a fresh Debian 12 machine (venv, Python packages, apt packages).
+
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+APT_PKGS := $(shell cat tests/apt-packages.txt)
+
+.DEFAULT_GOAL := help
+.PHONY: help demo test quick lint faults bench testhost-up testhost-down clean
+
+help:
+	@echo "make demo           raise the context on the local test host, then watch a rollback"
+	@echo "make test           ruff, mypy and pytest (pure and integration tiers)"
+	@echo "make quick          the pure tests only (seconds)"
+	@echo "make faults         the fault matrix on the real test host; ends with one JSON line"
+	@echo "make bench          deployctl against Ansible and the manual path; ends with one JSON line"
+	@echo "make testhost-up    boot a local test host and print how to reach it"
+	@echo "make testhost-down  stop it"
+
+$(BIN)/.stamp: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+.apt-stamp: tests/apt-packages.txt
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+		if [ -n "$$missing" ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		fi; \
+	else echo "not root or no apt-get: integration tests may be skipped"; fi
+	touch $@
+
+lint: $(BIN)/.stamp
+	$(BIN)/ruff format --check agent tests
+	$(BIN)/ruff check agent tests
+	$(BIN)/mypy agent
+
+quick: $(BIN)/.stamp
+	$(BIN)/pytest -q -m "not integration"
+
+test: $(BIN)/.stamp .apt-stamp lint
+	$(BIN)/pytest -q
+
+faults: $(BIN)/.stamp .apt-stamp
+	$(BIN)/python -m tests.faults
+
+bench: $(BIN)/.stamp .apt-stamp
+	$(BIN)/python -m tests.bench
+
+demo: $(BIN)/.stamp .apt-stamp
+	$(BIN)/python -m tests.demo
+
+testhost-up: $(BIN)/.stamp .apt-stamp
+	$(BIN)/python -m tests.testhost up
+
+testhost-down: $(BIN)/.stamp
+	$(BIN)/python -m tests.testhost down
+
+clean:
+	rm -rf $(VENV) .apt-stamp .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""One module per subcommand: configure(parser) adds its arguments, run(args, out) does the work."""

@@ -1,0 +1,198 @@
+"""The inventory: one TOML file per host under units/, validated into frozen pydantic models."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from agent.errors import InventoryError, UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
+
+
+def _no_control(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("must not contain control characters (newline, tab, escape...)")
+    return value
+
+
+def _unit_name(value: str) -> str:
+    if not UNIT_NAME.fullmatch(value) or ".." in value:
+        raise ValueError("must be a plain unit file name ending in .service (no '/' or '..')")
+    return value
+
+
+def _absolute(value: str) -> str:
+    if not value.startswith("/") or "/../" in value + "/":
+        raise ValueError("must be an absolute path without '..'")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_control)]
+AbsPath = Annotated[str, AfterValidator(_no_control), AfterValidator(_absolute)]
+FlagValue = str | int | float | bool
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Ssh(_Model):
+    target: Text = Field(description="an alias from ~/.ssh/config, or user@host[:port]; 'local' runs here")
+    sudo: bool = False
+    connect_attempts: int = Field(default=3, ge=1, le=20)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    agent_dir: AbsPath = "/var/lib/deployctl"
+    python: AbsPath = "/usr/bin/python3"
+
+
+class Gpus(_Model):
+    count: int = Field(ge=1, le=64)
+    memory_gib: float = Field(gt=0, description="per GPU, as the driver reports it")
+    name: Text = "GPU"
+
+
+class Model(_Model):
+    path: AbsPath
+    served_name: Text | None = None
+    attention: Literal["mla", "gqa"] = "mla"
+    layers: int | None = Field(default=None, ge=1)
+    kv_lora_rank: int | None = Field(default=None, ge=1)
+    qk_rope_head_dim: int | None = Field(default=None, ge=1)
+    kv_heads: int | None = Field(default=None, ge=1)
+    head_dim: int | None = Field(default=None, ge=1)
+    v_head_dim: int | None = Field(default=None, ge=1)
+    dtype_bytes: int = Field(
+        default=2, ge=1, le=4, description="bytes per KV element for --kv-cache-dtype auto"
+    )
+    weights_gib_per_gpu: float | None = Field(default=None, gt=0)
+    max_context: int | None = Field(default=None, ge=1, description="the model's derived context length")
+    config_json: AbsPath | None = Field(
+        default=None, description="read the architecture from here on the host"
+    )
+
+
+class Draft(_Model):
+    algorithm: Literal["DFLASH", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
+    path: AbsPath
+    layers: int | None = Field(default=None, ge=1)
+    kv_heads: int | None = Field(default=None, ge=1)
+    head_dim: int | None = Field(default=None, ge=1)
+    weights_gib_per_gpu: float | None = Field(default=None, ge=0)
+
+
+class Unit(_Model):
+    name: Annotated[str, AfterValidator(_unit_name)] = "sglang.service"
+    template: Annotated[str, AfterValidator(_no_control)] = "sglang.service.j2"
+    directory: AbsPath = "/etc/systemd/system"
+    description: Text = "SGLang server"
+    user: Text | None = None
+    environment: dict[str, Text] = Field(default_factory=dict)
+    secret_environment: list[Text] = Field(
+        default_factory=list, description="names whose values are redacted"
+    )
+    keep_backups: int = Field(default=10, ge=1, le=1000)
+    start_timeout_s: int = Field(default=3600, ge=10)
+
+
+class Sglang(_Model):
+    executable: list[Text] = Field(default_factory=lambda: ["/usr/bin/python3", "-m", "sglang.launch_server"])
+    version: Text = "0.5.23"
+    host: Text = "127.0.0.1"
+    port: int = Field(default=30000, ge=1, le=65535)
+    flags: dict[Text, FlagValue] = Field(
+        default_factory=dict, description="baseline SGLang flags, no leading --"
+    )
+
+
+class Smoke(_Model):
+    enabled: bool = True
+    prompt_tokens: int = Field(default=60000, ge=1)
+    sentence: Text = "The quick brown fox jumps over the lazy dog. "
+    question: Text = "In one word, what animal is mentioned?"
+    expect: Text = "dog"
+    timeout_s: float = Field(default=900.0, gt=0)
+
+
+class Timeouts(_Model):
+    weights_s: float = Field(default=1800.0, gt=0, description="restart to the last weight shard")
+    pool_s: float = Field(default=600.0, gt=0, description="weights loaded to the pool logged")
+    ready_s: float = Field(default=900.0, gt=0, description="pool logged to the server ready")
+    no_progress_s: float = Field(default=600.0, gt=0, description="no new log line for this long")
+
+
+class Planning(_Model):
+    margin: float = Field(default=0.02, ge=0, lt=0.5, description="pool above the target, as a fraction")
+    reserve_floor_gib: float = Field(default=4.0, gt=0, description="memory left per GPU for graphs")
+
+
+class HostConfig(_Model):
+    name: Text = ""
+    ssh: Ssh
+    gpus: Gpus
+    model: Model
+    draft: Draft | None = None
+    unit: Unit = Field(default_factory=Unit)
+    sglang: Sglang = Field(default_factory=Sglang)
+    smoke: Smoke = Field(default_factory=Smoke)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    planning: Planning = Field(default_factory=Planning)
+
+    @property
+    def unit_path(self) -> str:
+        return f"{self.unit.directory.rstrip('/')}/{self.unit.name}"
+
+
+def units_dir(explicit: str | None) -> Path:
+    """--units DIR, else $DEPLOYCTL_UNITS, else ./units."""
+    return Path(explicit or os.environ.get("DEPLOYCTL_UNITS") or "units")
+
+
+def known_hosts(directory: Path) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.toml"))
+
+
+def load_host(name: str, directory: Path) -> HostConfig:
+    """Read units/<name>.toml; an unknown name suggests the closest known ones."""
+    if not HOST_NAME.fullmatch(name):
+        raise UsageError(f"host {name!r} is not a valid host name (letters, digits, '.', '_', '-')")
+    path = directory / f"{name}.toml"
+    if not path.is_file():
+        names = known_hosts(directory) if directory.is_dir() else []
+        close = difflib.get_close_matches(name, names, n=3)
+        hint = f"did you mean: {', '.join(close)}?" if close else f"known hosts: {', '.join(names) or 'none'}"
+        raise InventoryError(f"unknown host {name!r}: no {path}", hint=hint)
+    try:
+        data: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InventoryError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InventoryError(f"{path}: not valid TOML: {exc}") from None
+    data.setdefault("name", name)
+    try:
+        return HostConfig.model_validate(data)
+    except ValidationError as exc:
+        raise InventoryError(f"{path}: {_first_error(exc)}") from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {msg}{more}"

@@ -1,0 +1,47 @@
+"""Where a command writes: the report to stdout, progress and errors to stderr; style chosen once."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TextIO
+
+
+class Style(str, Enum):
+    TTY = "tty"  # a person at a terminal: live status line, colour
+    PLAIN = "plain"  # cron, pipes, CI: plain timestamped lines
+    JSON = "json"  # machine output: JSON lines
+
+
+@dataclass
+class Output:
+    """The streams and style of one CLI run; tests build one around io.StringIO."""
+
+    stdout: TextIO = field(default_factory=lambda: sys.stdout)
+    stderr: TextIO = field(default_factory=lambda: sys.stderr)
+    isatty: bool = False
+    stdin_isatty: bool = False
+    json: bool = False
+    quiet: bool = False
+
+    @classmethod
+    def from_process(cls) -> Output:
+        return cls(isatty=sys.stdout.isatty(), stdin_isatty=sys.stdin.isatty())
+
+    @property
+    def style(self) -> Style:
+        if self.json:
+            return Style.JSON
+        if self.isatty and "NO_COLOR" not in os.environ:
+            return Style.TTY
+        return Style.PLAIN
+
+    def print(self, text: str = "") -> None:
+        print(text, file=self.stdout, flush=True)
+
+    def note(self, text: str) -> None:
+        """Progress and remarks: stderr, so a piped or mailed report stays clean."""
+        if not self.quiet:
+            print(text, file=self.stderr, flush=True)

@@ -1,0 +1,54 @@
+"""Shared pytest fixtures and options."""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Iterator
+
+import pytest
+
+from tests.testhost import TestHost, TestHostUnavailable, ensure_rootfs, missing_prerequisites
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden", action="store_true", default=False, help="rewrite golden files from the output"
+    )
+
+
+def _boot_or_skip() -> TestHost:
+    missing = missing_prerequisites()
+    if missing:
+        pytest.skip("test host unavailable: missing " + ", ".join(missing))
+    try:
+        ensure_rootfs()
+    except TestHostUnavailable as exc:
+        pytest.skip(f"test host unavailable: {exc}")
+    host = TestHost.create()
+    atexit.register(host.stop)  # also when the run is interrupted between fixture set-up and teardown
+    return host
+
+
+def _teardown(host: TestHost) -> None:
+    host.stop()
+    atexit.unregister(host.stop)
+
+
+@pytest.fixture(scope="session")
+def testhost() -> Iterator[TestHost]:
+    """One real systemd host shared by the whole run; tests must leave it as they found it."""
+    host = _boot_or_skip()
+    try:
+        yield host
+    finally:
+        _teardown(host)
+
+
+@pytest.fixture
+def fresh_testhost() -> Iterator[TestHost]:
+    """A host of its own for a test that breaks things."""
+    host = _boot_or_skip()
+    try:
+        yield host
+    finally:
+        _teardown(host)

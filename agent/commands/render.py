@@ -1,0 +1,120 @@
+"""`deployctl render HOST`: print the unit a change would install, or its differences from the baseline."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+
+from agent.argtypes import ArgError, parse_context, parse_fraction, parse_positive_int
+from agent.cli import add_target_args
+from agent.errors import RenderError, UsageError
+from agent.inventory import HostConfig, load_host, units_dir
+from agent.output import Output
+from agent.render import (
+    FLAG_NAME,
+    check_text,
+    redact,
+    redact_changes,
+    render_unit,
+    template_dir,
+    unit_diff,
+)
+from agent.sglang.flags import FlagInput, diff_flags, flag_table, parse_unit_flags
+from agent.unitcheck import verify_unit
+
+# Flags that have their own option: `--set` goes through the same check, and the two must not both be given.
+_OPTION_FLAGS: dict[str, tuple[str, Callable[[str, str], FlagInput]]] = {
+    "context-length": ("context", parse_context),
+    "mem-fraction-static": ("mem_fraction_static", parse_fraction),
+    "max-running-requests": ("max_running_requests", parse_positive_int),
+}
+
+
+def parse_set(text: str) -> tuple[str, FlagInput]:
+    """`FLAG=VALUE` (leading dashes optional) -> (flag, value); `true`/`false` give a bare flag or none."""
+    name, eq, value = text.partition("=")
+    name = name.strip().lstrip("-")
+    check_text(f"--set {name}", name)
+    if not eq or not FLAG_NAME.fullmatch(name):
+        raise UsageError(
+            f"--set {text!r} is not FLAG=VALUE with a flag like mem-fraction-static",
+            hint="e.g. --set mem-fraction-static=0.94 or --set enable-metrics=true",
+        )
+    check_text(f"--set {name}", value)
+    if name in _OPTION_FLAGS:
+        try:
+            return name, _OPTION_FLAGS[name][1](value, f"--set {name}")
+        except ArgError as exc:
+            raise UsageError(str(exc)) from None
+    return name, {"true": True, "false": False}.get(value, value)
+
+
+def add_set_arg(p: argparse.ArgumentParser) -> None:
+    """--set FLAG=VALUE, repeatable; shared by the commands that render a unit."""
+    p.add_argument(
+        "--set",
+        dest="set_flags",
+        action="append",
+        default=[],
+        type=parse_set,
+        metavar="FLAG=VALUE",
+        help="set an SGLang flag over the baseline (no leading --; true/false for a bare flag)",
+    )
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_target_args(p, context_required=True)
+    add_set_arg(p)
+    p.add_argument(
+        "--diff",
+        action="store_true",
+        help="show the flag changes and a unified diff against the host's baseline unit instead",
+    )
+    p.epilog = "example: deployctl render ct200 --context 200k --set mem-fraction-static=0.94 --diff"
+
+
+def requested_flags(args: argparse.Namespace) -> dict[str, FlagInput]:
+    """The flags asked for on the command line; a flag given both ways is refused."""
+    flags: dict[str, FlagInput] = dict(args.set_flags)
+    for flag, (attr, _) in _OPTION_FLAGS.items():
+        value = getattr(args, attr, None)
+        if value is None:
+            continue
+        if flag in flags:
+            raise UsageError(f"--set {flag} and --{attr.replace('_', '-')} both given; use one")
+        flags[flag] = value
+    return flags
+
+
+def render_checked(host: HostConfig, flags: Mapping[str, FlagInput]) -> str:
+    """Render the unit and have systemd-analyze verify it where this machine has it."""
+    text = render_unit(host, flags, template_dir())
+    complaint = verify_unit(text, host.unit.name)
+    if complaint:
+        said = "; ".join(complaint.splitlines())
+        raise RenderError(f"systemd-analyze verify refused the rendered {host.unit.name}: {said}")
+    return text
+
+
+def diff_report(host: HostConfig, baseline: str, text: str) -> str:
+    """The flag table and the unified diff against the baseline unit, secrets redacted."""
+    changes = redact_changes(diff_flags(parse_unit_flags(baseline), parse_unit_flags(text)))
+    secret = host.unit.secret_environment
+    if not changes and baseline == text:
+        return f"{host.unit.name} for {host.name}: no change from the baseline unit\n"
+    table = flag_table(changes) if changes else "no flag changes"
+    diff = redact(unit_diff(baseline, text, host.unit.name), secret)
+    return f"flags of {host.unit.name} on {host.name}, baseline -> rendered:\n{table}\n\n{diff}"
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    host = load_host(args.host, units_dir(args.units))
+    flags = requested_flags(args)
+    text = render_checked(host, flags)
+    if args.diff:
+        report = diff_report(host, render_unit(host, {}, template_dir()), text)
+        out.stdout.write(report)
+    else:
+        out.stdout.write(text)
+    out.stdout.flush()
+    return 0

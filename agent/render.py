@@ -1,0 +1,229 @@
+"""Render a host's unit from its template: every value checked and quoted first, output deterministic."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import jinja2
+
+from agent.errors import RenderError
+from agent.inventory import HostConfig
+from agent.sglang.flags import FlagChange, FlagInput, FlagsError, exec_start_lines
+
+# C0, DEL and C1: none of them has any business in a unit file, and \n would start a new directive.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+FLAG_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+SECRET_ENV = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASS", re.IGNORECASE)
+SECRET_FLAG = re.compile(r"(^|-)(key|api-key|token|secret|password|passwd)$")
+REDACTED = "***"
+
+
+def template_dir() -> Path:
+    """The packaged templates: agent/templates, a link to the top-level templates/ in a source tree."""
+    return Path(__file__).parent / "templates"
+
+
+def check_text(field: str, value: str) -> str:
+    """Refuse a value with a control character, naming the field; return it unchanged otherwise."""
+    m = _CONTROL.search(value)
+    if m:
+        shown = ascii(m.group())[1:-1]
+        raise RenderError(
+            f"{field}: contains a control character ({shown}); a newline must never reach a unit file"
+        )
+    return value
+
+
+def check_flag(name: str, value: FlagInput, field: str = "flags") -> None:
+    """A flag name and value that can be written to ExecStart=."""
+    check_text(f"{field}.{name}", name)
+    if not FLAG_NAME.fullmatch(name):
+        raise RenderError(f"{field}.{name}: a flag name must match {FLAG_NAME.pattern} (no leading --)")
+    words = value if isinstance(value, tuple) else (value,)
+    for word in words:
+        if isinstance(word, str):
+            check_text(f"{field}.{name}", word)
+        elif isinstance(word, float) and not math.isfinite(word):
+            raise RenderError(f"{field}.{name}: {word!r} is not a finite number")
+
+
+def effective_flags(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[str, FlagInput]:
+    """The inventory's baseline flags updated by `flags`, with the model, draft and listen address added."""
+    merged: dict[str, FlagInput] = {"model-path": host.model.path}
+    if host.model.served_name:
+        merged["served-model-name"] = host.model.served_name
+    merged.update(host.sglang.flags)
+    merged.update(flags)
+    tail: dict[str, FlagInput] = {}
+    if host.draft:
+        tail["speculative-algorithm"] = host.draft.algorithm
+        tail["speculative-draft-model-path"] = host.draft.path
+    tail.update({"host": host.sglang.host, "port": host.sglang.port})
+    for name, value in tail.items():
+        merged.setdefault(name, value)
+    return {k: v for k, v in merged.items() if v is not False}  # False: leave the flag out
+
+
+def _host_fields(host: HostConfig) -> Iterator[tuple[str, str]]:
+    """Every text of the inventory that reaches the unit file, with its field name."""
+    yield "name", host.name
+    yield "model.path", host.model.path
+    yield "model.served_name", host.model.served_name or ""
+    if host.draft:
+        yield "draft.path", host.draft.path
+    yield "unit.name", host.unit.name
+    yield "unit.template", host.unit.template
+    yield "unit.description", host.unit.description
+    yield "unit.user", host.unit.user or ""
+    yield "sglang.host", host.sglang.host
+    for i, word in enumerate(host.sglang.executable):
+        yield f"sglang.executable[{i}]", word
+
+
+def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
+    """Check every value before anything is rendered; the first bad one raises RenderError."""
+    for field, value in _host_fields(host):
+        check_text(field, value)
+    for name, env_value in host.unit.environment.items():
+        check_text(f"unit.environment.{name}", name)
+        if not ENV_NAME.fullmatch(name):
+            raise RenderError(f"unit.environment.{name}: a variable name must match {ENV_NAME.pattern}")
+        check_text(f"unit.environment.{name}", env_value)
+    for flag, baseline_value in host.sglang.flags.items():
+        check_flag(flag, baseline_value, "sglang.flags")
+    for flag, flag_value in flags.items():
+        check_flag(flag, flag_value)
+    if host.unit.user is not None and not USER_NAME.fullmatch(host.unit.user):
+        raise RenderError(f"unit.user: {host.unit.user!r} is not a user name")
+    if host.unit.description.endswith("\\"):
+        raise RenderError("unit.description: must not end with a backslash (it would continue the line)")
+    if not host.sglang.executable or not host.sglang.executable[0].startswith("/"):
+        raise RenderError("sglang.executable[0]: must be an absolute path")
+    if "/" in host.unit.template or host.unit.template.startswith("."):
+        raise RenderError(f"unit.template: {host.unit.template!r} must be a file name in the template folder")
+
+
+def _specifiers(text: str) -> str:
+    """Escape systemd's specifier character in free text (Description=, User=)."""
+    return text.replace("%", "%%")
+
+
+def _env_word(name: str, value: str) -> str:
+    """One Environment= assignment, always quoted; it expands specifiers but never $VAR."""
+    text = f"{name}={value}".replace("%", "%%").replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[str, object]:
+    """The values the template sees, every one already quoted or escaped for its directive."""
+    try:
+        exec_start = exec_start_lines(host.sglang.executable, effective_flags(host, flags))
+    except FlagsError as exc:
+        raise RenderError(f"flags: {exc}") from None
+    return {
+        "host_name": host.name,
+        "template_name": host.unit.template,
+        "description": _specifiers(host.unit.description),
+        "user": _specifiers(host.unit.user) if host.unit.user else None,
+        "environment": [_env_word(k, v) for k, v in host.unit.environment.items()],
+        "exec_start": exec_start,
+        "start_timeout_s": host.unit.start_timeout_s,
+    }
+
+
+def render_unit(host: HostConfig, flags: Mapping[str, FlagInput], template_dir: Path) -> str:
+    """The unit text for `host` with `flags` over its baseline; the same input gives the same bytes."""
+    validate(host, flags)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(template_dir),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    try:
+        template = env.get_template(host.unit.template)
+    except jinja2.TemplateNotFound:
+        raise RenderError(f"unit.template: no template {host.unit.template!r} in {template_dir}") from None
+    text = template.render(template_context(host, flags))
+    check_rendered(text)
+    return text
+
+
+def check_rendered(text: str) -> None:
+    """The last guard: only \\n may appear as a control character, and only between lines."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if _CONTROL.search(line):
+            raise RenderError(f"rendered line {number}: contains a control character")
+
+
+def unit_diff(old_text: str, new_text: str, name: str) -> str:
+    """A unified diff between two versions of the unit `name`; empty when they are equal."""
+    lines = difflib.unified_diff(
+        old_text.splitlines(keepends=True),
+        new_text.splitlines(keepends=True),
+        fromfile=f"a/{name}",
+        tofile=f"b/{name}",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+# --- redaction -------------------------------------------------------------------------------------------
+
+# After Environment=: double-quoted, single-quoted or bare words, each NAME=VALUE.
+_ENV_WORD = re.compile(r""""(?:\\.|[^"\\])*"|'[^']*'|\S+""")
+# A --flag and its value, spaced or after "=", as ExecStart= lines write them.
+_FLAG_VALUE = re.compile(
+    r"(?P<flag>--(?P<name>[a-z0-9][a-z0-9-]*))(?P<sep>=|[ \t]+)"
+    r"""(?P<value>"(?:\\.|[^"\\])*"|'[^']*'|[^\s"']+)"""
+)
+
+
+def is_secret_env(name: str, secret_names: Sequence[str] = ()) -> bool:
+    """An environment variable whose value must not be printed."""
+    return name in secret_names or bool(SECRET_ENV.search(name))
+
+
+def redact(text: str, secret_names: Sequence[str] = ()) -> str:
+    """Replace secret Environment= values and secret --flag values (api-key, token...) with ***."""
+    out = []
+    for line in text.split("\n"):
+        head, sep, rest = line.partition("Environment=")
+        if sep:
+            line = head + sep + _ENV_WORD.sub(lambda m: _redact_env(m, secret_names), rest)
+        out.append(_FLAG_VALUE.sub(_redact_flag, line))
+    return "\n".join(out)
+
+
+def _redact_env(m: re.Match[str], secret_names: Sequence[str]) -> str:
+    word = m.group()
+    quote = word[0] if word[0] in "\"'" else ""
+    name, eq, _ = word.strip("\"'").partition("=")
+    if not eq or not is_secret_env(name, secret_names):
+        return word
+    return f"{quote}{name}={REDACTED}{quote}"
+
+
+def _redact_flag(m: re.Match[str]) -> str:
+    if not SECRET_FLAG.search(m["name"]):
+        return m.group()
+    return f"{m['flag']}{m['sep']}{REDACTED}"
+
+
+def redact_changes(changes: Sequence[FlagChange]) -> list[FlagChange]:
+    """Flag changes fit to print: values of secret flags (api-key, token...) replaced with ***."""
+    return [
+        FlagChange(
+            c.name,
+            REDACTED if SECRET_FLAG.search(c.name) and c.before is not None else c.before,
+            REDACTED if SECRET_FLAG.search(c.name) and c.after is not None else c.after,
+        )
+        for c in changes
+    ]

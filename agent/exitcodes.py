@@ -12,4 +12,5 @@ class ExitCode(IntEnum):
     ROLLED_BACK = 4  # change rejected and rolled back; the old service is healthy
     ROLLBACK_FAILED = 5  # rollback failed: a person must act
     LOCKED = 6  # another deploy holds the unit's lock
+    REFUSED = 7  # the host refused the change before touching it (unit edited by hand, disk full...)
     INTERRUPTED = 130  # interrupted (Ctrl-C)

@@ -1,0 +1,61 @@
+"""The host agent as one self-contained zipapp: the host-side package plus its pure-Python dependencies.
+
+A zipapp needs nothing installed on the server but python3; pydantic (compiled) is not needed there,
+which is why the host side speaks stdlib dataclasses (agent/protocol.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+
+# The agent's own modules that run on the host, and the libraries they import.
+HOST_PARTS = ("__init__.py", "exitcodes.py", "protocol.py", "host", "sglang")
+VENDORED = ("jeepney", "requests", "urllib3", "idna", "certifi", "tenacity")
+_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same code gives the same checksum
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"cannot find the package {name} to bundle")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _files(root: Path, prefix: str) -> list[tuple[str, Path]]:
+    if root.is_file():
+        return [(prefix, root)]
+    return [
+        (f"{prefix}/{p.relative_to(root).as_posix()}", p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".pem", ".typed")
+    ]
+
+
+@lru_cache(maxsize=1)
+def build() -> tuple[bytes, str]:
+    """The bundle's bytes and its sha256 (deterministic for the same sources)."""
+    agent_dir = _package_dir("agent")
+    entries: list[tuple[str, Path]] = []
+    for part in HOST_PARTS:
+        entries += _files(agent_dir / part, f"agent/{part}")
+    for name in VENDORED:
+        entries += _files(_package_dir(name), name)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        main = b"import runpy\nrunpy.run_module('agent.host', run_name='__main__')\n"
+        zf.writestr(zipfile.ZipInfo("__main__.py", _EPOCH), main)
+        for arcname, path in sorted(entries):
+            info = zipfile.ZipInfo(arcname, _EPOCH)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, path.read_bytes())
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def remote_name(sha: str) -> str:
+    return f"agent-{sha[:16]}.pyz"

@@ -1,0 +1,20 @@
+"""deployctl status HOST: the service, and the running or last transaction (re-attach after a drop)."""
+
+from __future__ import annotations
+
+import argparse
+
+from agent import deploy
+from agent.commands.apply import add_connection_args
+from agent.output import Output
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host", help="host name: units/<host>.toml")
+    p.add_argument("--follow", action="store_true", help="follow a running transaction until it ends")
+    add_connection_args(p)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    out.json = args.json
+    return deploy.status(args, out)

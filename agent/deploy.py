@@ -1,0 +1,252 @@
+"""The pipeline as users start it: inventory, facts, plan, render, confirm, transaction, report."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import ConnectError, UsageError
+from agent.exitcodes import ExitCode
+from agent.inventory import HostConfig, load_host, units_dir
+from agent.output import Output, Style
+from agent.planner import Plan, plan_for_host
+from agent.progress import Progress
+from agent.protocol import Event, Request, exit_code, unit_sha256
+from agent.remote import AgentClient, base_request, open_transport
+from agent.render import redact, render_unit, template_dir, unit_diff
+from agent.report import ApplyReport, backups_table, render_report
+from agent.sglang.flags import diff_flags, flag_table, parse_unit_flags
+from agent.transport import ConnectionLost
+
+
+@dataclass
+class Session:
+    host: HostConfig
+    client: AgentClient
+
+
+@contextlib.contextmanager
+def session(args: argparse.Namespace) -> Iterator[Session]:
+    host = load_host(args.host, units_dir(args.units))
+    transport = open_transport(host, getattr(args, "accept_new_host_key", False))
+    try:
+        yield Session(host, AgentClient(transport, host))
+    finally:
+        transport.close()
+
+
+def calibration_from(facts: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
+    """The last start's figures (its journal), else the verified starts the agent remembers."""
+    last = facts.get("last_start")
+    if last and last.get("kv_tokens") and last.get("avail_mem_before_weights_gb"):
+        return [last]
+    history = [h for h in facts.get("history") or [] if h.get("kv_tokens")]
+    return history[-1:] or None
+
+
+def make_plan(host: HostConfig, args: argparse.Namespace, facts: Mapping[str, Any]) -> Plan:
+    running = facts.get("flags") or dict(host.sglang.flags)
+    return plan_for_host(
+        host,
+        args.context,
+        calibration_from(facts),
+        running,
+        args.mem_fraction_static,
+        args.max_running_requests,
+    )
+
+
+def apply(args: argparse.Namespace, out: Output) -> int:
+    with session(args) as s:
+        facts = s.client.call(base_request(s.host, "facts"))
+        plan = make_plan(s.host, args, facts)
+        new_text = render_unit(s.host, plan.flags(), template_dir())
+        old_text = facts.get("unit_text") or ""
+        show_plan(out, s.host, plan, old_text, new_text)
+        if not plan.feasible and not args.force:
+            raise UsageError(
+                f"the plan cannot reach {args.context:,} tokens on {s.host.name}; nothing was changed",
+                hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
+            )
+        if args.dry_run:
+            out.note("dry run: nothing was changed")
+            return int(ExitCode.OK)
+        confirm(out, args, s.host)
+        req = base_request(
+            s.host,
+            "apply",
+            unit_text=new_text,
+            target_context=args.context,
+            planned_pool=plan.predicted_pool_tokens,
+            expect_sha256=unit_sha256(old_text) if old_text else "absent",
+        )
+        outcome = follow(out, s, req)
+        report = ApplyReport(
+            s.host.name,
+            s.host.unit.name,
+            args.context,
+            plan,
+            parse_unit_flags(old_text) if old_text else {},
+            parse_unit_flags(new_text),
+            str(outcome.data.get("outcome")),
+            outcome.message,
+            outcome.data,
+            next_plan=_next_plan(s.host, args, outcome),
+        )
+        if not (args.quiet and report.outcome == "up_to_date") and out.style is not Style.JSON:
+            out.print(render_report(report))
+        return int(exit_code(report.outcome))
+
+
+def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text: str) -> None:
+    if out.style is Style.JSON:
+        return
+    secrets = host.unit.secret_environment
+    changes = diff_flags(parse_unit_flags(old_text) if old_text else {}, parse_unit_flags(new_text))
+    out.note(f"== plan for {host.name} ({plan.basis})")
+    for line in (*plan.warnings, *plan.notes):
+        out.note(f"   {line}")
+    if not plan.feasible:
+        out.note("   NOT FEASIBLE. Alternatives:")
+        for alt in plan.alternatives:
+            out.note(f"   - {alt.change}: {alt.effect}")
+    if changes:
+        out.note("== flag changes")
+        out.note("\n".join("   " + line for line in flag_table(changes).splitlines()))
+        diff = unit_diff(old_text, new_text, host.unit.name)
+        out.note(redact(diff, secrets).rstrip())
+    else:
+        out.note("== the unit would not change")
+
+
+def confirm(out: Output, args: argparse.Namespace, host: HostConfig) -> None:
+    """Ask on a terminal unless --yes; never ask without one (cron): then --yes is required."""
+    if args.yes:
+        return
+    if not out.stdin_isatty:
+        raise UsageError("not on a terminal and --yes not given: refusing to restart without confirmation")
+    answer = input(f"apply to {host.name} and restart {host.unit.name}? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        raise UsageError("not confirmed; nothing was changed")
+
+
+def follow(out: Output, s: Session, req: Request) -> Event:
+    """Stream the transaction's events until its outcome; a dropped link says how to re-attach."""
+    progress = Progress(out, s.host.name)
+    outcome: Event | None = None
+    try:
+        for event in s.client.events(req):
+            progress.show(event)
+            if event.is_outcome:
+                outcome = event
+    except ConnectionLost as exc:
+        progress.done()
+        raise ConnectError(
+            f"{s.host.name}: connection lost during {req.verb} ({exc.message}); the host finishes the change "
+            "on its own (commit or rollback)",
+            hint=f"see it with: deployctl status {s.host.name}; re-running the same apply re-attaches",
+        ) from None
+    progress.done()
+    if outcome is None:
+        raise ConnectError(
+            f"{s.host.name}: the agent ended without an outcome", hint=f"deployctl status {s.host.name}"
+        )
+    return outcome
+
+
+def _next_plan(host: HostConfig, args: argparse.Namespace, outcome: Event) -> Plan | None:
+    """After a rejected change, re-plan from what that very start measured."""
+    summary = outcome.data.get("summary") or {}
+    if outcome.data.get("outcome") not in ("rolled_back", "rollback_failed") or not summary.get("kv_tokens"):
+        return None
+    try:
+        return plan_for_host(host, args.context, [summary], {**host.sglang.flags}, None, None)
+    except UsageError:
+        return None
+
+
+def rollback(args: argparse.Namespace, out: Output) -> int:
+    with session(args) as s:
+        listing = s.client.call(base_request(s.host, "backups"))
+        rows = listing.get("backups") or []
+        name = args.to or (rows[0]["name"] if rows else None)
+        chosen = next((r for r in rows if r["name"] == name), None)
+        if chosen is None:
+            known = ", ".join(r["name"] for r in rows[:5]) or "none"
+            raise UsageError(
+                f"{s.host.name}: no backup {name or ''} of {s.host.unit.name}".strip(),
+                hint=f"backups: {known}",
+            )
+        if out.style is not Style.JSON:
+            out.note(f"== rollback of {s.host.name} to {name}")
+            for flag, before, after in chosen.get("changes", []):
+                out.note(f"   --{flag}: {after} -> {before}")
+        confirm(out, args, s.host)
+        outcome = follow(out, s, base_request(s.host, "rollback", backup=name))
+        result = str(outcome.data.get("outcome"))
+        if out.style is not Style.JSON:
+            changes = [(f, a, b) for f, b, a in chosen.get("changes", [])]
+            report = ApplyReport(
+                s.host.name, s.host.unit.name, 1, None, {}, {}, result, outcome.message, outcome.data
+            )
+            out.print(render_report(report).rstrip())
+            if changes and result == "applied":
+                out.print("flags restored: " + ", ".join(f"--{f} {a} -> {b}" for f, a, b in changes))
+            backup = outcome.data.get("backup")
+            if backup and result == "applied":
+                out.print(f"the unit replaced by this rollback is kept as {backup}; undo with:")
+                out.print(f"  deployctl rollback {s.host.name} --to {backup}")
+        return int(exit_code(result))
+
+
+def backups(args: argparse.Namespace, out: Output) -> int:
+    with session(args) as s:
+        listing = s.client.call(base_request(s.host, "backups"))
+        if out.style is Style.JSON:
+            out.print(json.dumps(listing, sort_keys=True))
+        else:
+            out.print(backups_table(s.host.name, listing.get("backups") or []).rstrip())
+        return int(ExitCode.OK)
+
+
+def status(args: argparse.Namespace, out: Output) -> int:
+    with session(args) as s:
+        st = s.client.call(base_request(s.host, "status"))
+        if args.follow and st.get("running"):
+            outcome = follow(out, s, base_request(s.host, "follow", txn=st["running"]["txn"]))
+            st = s.client.call(base_request(s.host, "status"))
+            st["followed_outcome"] = outcome.data.get("outcome")
+        if out.style is Style.JSON:
+            out.print(json.dumps(st, sort_keys=True, default=str))
+        else:
+            out.print(status_text(s.host.name, s.host.unit.name, st))
+        return int(ExitCode.OK)
+
+
+def status_text(host: str, unit: str, st: Mapping[str, Any]) -> str:
+    state = st.get("state") or {}
+    lines = [f"{host} {unit}: {state.get('active_state', '?')}/{state.get('sub_state', '?')}"]
+    if st.get("running"):
+        r = st["running"]
+        lines.append(
+            f"  running: {r.get('verb')} transaction {r.get('txn')} "
+            f"since {r.get('since')} (pid {r.get('pid')})"
+        )
+        lines.append(f"  follow it: deployctl status {host} --follow")
+    last = st.get("last_outcome")
+    if last:
+        lines.append(
+            f"  last transaction {st.get('last_txn')}: {last['data'].get('outcome')} at {last['ts']}"
+        )
+        lines.append(f"    {last['message']}")
+    elif st.get("last_txn"):
+        lines.append(f"  last transaction {st.get('last_txn')}: no outcome yet")
+    if st.get("pending"):
+        lines.append(
+            "  an unfinished transaction's recovery record is present: the next run restores the old unit"
+        )
+    return "\n".join(lines)

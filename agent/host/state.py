@@ -1,0 +1,116 @@
+"""The agent's own state under /var/lib/deployctl: recovery records, history, transaction logs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+# A recovery record's phase says what `recover` must do after a crash.
+PHASE_BACKUP = "backup"  # about to back up: nothing changed yet (or only a backup file exists)
+PHASE_WRITTEN = "written"  # the new unit is on disk: restore the backup
+PHASE_RESTARTED = "restarted"  # the new unit was started: restore, restart, verify the old one
+PHASE_VERIFIED = "verified"  # the new unit passed the gate: keep it, just commit
+PHASE_ROLLING_BACK = "rolling_back"  # a rollback had begun: finish it
+
+
+@dataclass(frozen=True)
+class Record:
+    txn: str
+    unit: str
+    phase: str
+    backup: str | None  # file name of the backup in the unit directory; None: there was no unit
+    new_sha256: str
+    verb: str = "apply"
+    started: str = ""
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StateDir:
+    """Per-unit records and per-transaction event logs; everything written here survives a reboot."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def unit_dir(self, unit: str) -> Path:
+        return self.root / "units" / unit
+
+    def txn_dir(self, txn: str) -> Path:
+        return self.root / "txn" / txn
+
+    # recovery record -------------------------------------------------------------------------
+    def save_record(self, record: Record) -> None:
+        write_json_atomic(self.unit_dir(record.unit) / "pending.json", asdict(record))
+
+    def load_record(self, unit: str) -> Record | None:
+        try:
+            raw = json.loads((self.unit_dir(unit) / "pending.json").read_text())
+            return Record(**raw)
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError):  # a torn record cannot happen (atomic), but never crash on one
+            return None
+
+    def clear_record(self, unit: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.unit_dir(unit) / "pending.json").unlink()
+
+    # history: one JSON line per verified start, newest last ----------------------------------
+    def append_history(self, unit: str, entry: dict[str, Any]) -> None:
+        path = self.unit_dir(unit) / "history.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def history(self, unit: str, limit: int = 20) -> list[dict[str, Any]]:
+        path = self.unit_dir(unit) / "history.jsonl"
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines[-limit:]:
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+        return out
+
+    # transactions ----------------------------------------------------------------------------
+    def set_last_txn(self, unit: str, txn: str) -> None:
+        write_json_atomic(self.unit_dir(unit) / "last_txn.json", {"txn": txn})
+
+    def last_txn(self, unit: str) -> str | None:
+        try:
+            value = json.loads((self.unit_dir(unit) / "last_txn.json").read_text()).get("txn")
+            return value if isinstance(value, str) else None
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def events_path(self, txn: str) -> Path:
+        return self.txn_dir(txn) / "events.jsonl"
+
+    def read_events(self, txn: str) -> Iterator[str]:
+        try:
+            with open(self.events_path(txn), encoding="utf-8") as f:
+                yield from (line.rstrip("\n") for line in f if line.endswith("\n"))
+        except FileNotFoundError:
+            return

@@ -1,0 +1,127 @@
+"""Unit files on the host: backups named <unit>.bak.<UTC>, atomic writes, restore, retention."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from agent.protocol import BACKUP_NAME
+
+
+class UnitWriteError(OSError):
+    """Writing failed; the unit that was there before is intact."""
+
+
+@dataclass(frozen=True)
+class Backup:
+    name: str
+    path: Path
+    taken: datetime
+    size: int
+
+
+class UnitFiles:
+    """One unit directory; every write lands inside it, never a partial or empty unit."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+
+    def path(self, unit: str) -> Path:
+        return self.dir / unit
+
+    def read(self, unit: str) -> str | None:
+        try:
+            return self.path(unit).read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return None
+
+    def write(self, unit: str, text: str, like: Path | None = None) -> None:
+        """Temp file in the same directory, fsync, rename, fsync the directory: all or nothing."""
+        dest = self.path(unit)
+        template = like if like is not None and like.exists() else dest
+        tmp = self.dir / f".{unit}.deployctl-tmp.{os.getpid()}"  # a name systemd never loads
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                data = text.encode("utf-8")
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                _copy_owner_and_mode(template, fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, dest)
+            _fsync_dir(self.dir)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            reason = "no space left on the device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
+            raise UnitWriteError(exc.errno or 0, f"cannot write {dest}: {reason}") from exc
+
+    def backup(self, unit: str, now: datetime) -> Backup:
+        """Copy the installed unit to <unit>.bak.<UTC YYYYmmddTHHMMSSZ>, keeping mode and owner."""
+        src = self.path(unit)
+        stamp = now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        name, n = f"{unit}.bak.{stamp}", 0
+        while self.path(name).exists():
+            n += 1
+            name = f"{unit}.bak.{stamp}-{n}"
+        text = src.read_text(encoding="utf-8", errors="surrogateescape")
+        self.write(name, text, like=src)
+        return self._describe(name)
+
+    def backups(self, unit: str) -> list[Backup]:
+        """Newest first."""
+        found = []
+        for p in self.dir.glob(f"{unit}.bak.*"):
+            m = BACKUP_NAME.fullmatch(p.name)
+            if m and m["unit"] == unit:
+                found.append(self._describe(p.name))
+        return sorted(found, key=lambda b: (b.taken, b.name), reverse=True)
+
+    def prune(self, unit: str, keep: int, protect: str | None = None) -> list[str]:
+        """Delete all but the newest `keep` backups; never the one the running transaction needs."""
+        removed = []
+        for b in self.backups(unit)[keep:]:
+            if b.name != protect:
+                b.path.unlink(missing_ok=True)
+                removed.append(b.name)
+        return removed
+
+    def restore(self, unit: str, backup: str) -> None:
+        src = self.path(backup)
+        self.write(unit, src.read_text(encoding="utf-8", errors="surrogateescape"), like=src)
+
+    def remove(self, unit: str) -> None:
+        self.path(unit).unlink(missing_ok=True)
+        _fsync_dir(self.dir)
+
+    def _describe(self, name: str) -> Backup:
+        m = BACKUP_NAME.fullmatch(name)
+        assert m is not None
+        taken = datetime.strptime(m["ts"], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+        p = self.path(name)
+        return Backup(name=name, path=p, taken=taken, size=p.stat().st_size)
+
+
+def _copy_owner_and_mode(template: Path, fd: int) -> None:
+    try:
+        st = template.stat()
+    except FileNotFoundError:
+        return
+    os.fchmod(fd, st.st_mode & 0o7777)
+    with contextlib.suppress(PermissionError):
+        os.fchown(fd, st.st_uid, st.st_gid)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

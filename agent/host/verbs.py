@@ -1,0 +1,283 @@
+"""The agent's verbs on the host: facts, apply, rollback, backups, status, recover, follow.
+
+apply/rollback/recover run detached from the SSH session in a transient unit (systemd-run), write
+their events to a file, and the caller follows that file; a dropped connection changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from agent import __version__
+from agent.exitcodes import ExitCode
+from agent.host.events import EventLog, utc_now
+from agent.host.journal import Journal
+from agent.host.lock import Locked, UnitLock, describe_holder
+from agent.host.state import StateDir, write_json_atomic
+from agent.host.systemd import Systemd, SystemdError
+from agent.host.transaction import Result, Transaction
+from agent.host.units import UnitFiles
+from agent.protocol import Event, Outcome, Request, Stage, exit_code
+from agent.protocol import unit_sha256 as sha256
+from agent.sglang.flags import diff_flags, parse_unit_flags
+from agent.sglang.logs import summarize
+
+RUN_DIR = "/run/deployctl"
+CHANGING_VERBS = ("apply", "rollback", "recover")
+FOLLOW_POLL_S = 0.02
+
+
+def new_txn_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def dispatch(req: Request, out: TextIO) -> int:
+    if req.verb in CHANGING_VERBS:
+        return start(req, out)
+    if req.verb == "follow":
+        assert req.txn is not None
+        return follow(req, req.txn, out)
+    result = {"facts": facts, "backups": backups, "status": status}[req.verb](req)
+    out.write(json.dumps(result, sort_keys=True, default=str) + "\n")
+    return 0
+
+
+# -- read-only verbs ---------------------------------------------------------------------------
+def facts(req: Request) -> dict[str, Any]:
+    """What the laptop needs to plan: the unit, its flags, the service state, the last start's figures."""
+    files = UnitFiles(req.unit_dir)
+    text = files.read(req.unit)
+    lines = Journal().last_invocation_lines(req.unit, 20000)
+    state_dir = StateDir(req.state_dir)
+    return {
+        "agent_version": __version__,
+        "unit_text": text,
+        "flags": parse_unit_flags(text) if text else None,
+        "state": _state(req.unit),
+        "last_start": summarize(lines).to_dict() if lines else None,
+        "history": state_dir.history(req.unit, 10),
+        "gpus": _gpus(),
+        "lock": _lock(req.unit).holder() if _lock(req.unit).is_held() else None,
+        "last_txn": state_dir.last_txn(req.unit),
+        "backups": [b.name for b in files.backups(req.unit)],
+    }
+
+
+def backups(req: Request) -> dict[str, Any]:
+    """Newest first, each with its flag differences against the installed unit."""
+    files = UnitFiles(req.unit_dir)
+    installed = files.read(req.unit) or ""
+    now_flags = parse_unit_flags(installed) if installed else {}
+    rows = []
+    for b in files.backups(req.unit):
+        text = b.path.read_text(encoding="utf-8", errors="replace")
+        changes = diff_flags(parse_unit_flags(text), now_flags)
+        rows.append(
+            {
+                "name": b.name,
+                "taken": b.taken.isoformat(),
+                "size": b.size,
+                "same_as_installed": text == installed,
+                "changes": [[c.name, c.before, c.after] for c in changes],
+            }
+        )
+    return {"unit": req.unit, "installed_sha256": sha256(installed) if installed else None, "backups": rows}
+
+
+def status(req: Request) -> dict[str, Any]:
+    state_dir = StateDir(req.state_dir)
+    txn = state_dir.last_txn(req.unit)
+    events = [json.loads(line) for line in state_dir.read_events(txn)] if txn else []
+    lock = _lock(req.unit)
+    return {
+        "state": _state(req.unit),
+        "running": lock.holder() if lock.is_held() else None,
+        "last_txn": txn,
+        "last_outcome": next((e for e in reversed(events) if e.get("kind") == "outcome"), None),
+        "last_events": events[-8:],
+        "pending": state_dir.load_record(req.unit) is not None,
+    }
+
+
+def _state(unit: str) -> dict[str, Any] | None:
+    try:
+        with Systemd() as sd:
+            return sd.unit_state(unit).__dict__
+    except SystemdError:
+        return None
+
+
+def _gpus() -> list[dict[str, Any]]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    argv = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"]
+    try:
+        text = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4:
+            rows.append({"index": parts[0], "name": parts[1], "total_mib": parts[2], "used_mib": parts[3]})
+    return rows
+
+
+def _lock(unit: str) -> UnitLock:
+    return UnitLock(os.environ.get("DEPLOYCTL_RUN_DIR", RUN_DIR), unit)
+
+
+# -- changing verbs: start detached, then follow -------------------------------------------------
+def start(req: Request, out: TextIO) -> int:
+    state_dir = StateDir(req.state_dir)
+    lock = _lock(req.unit)
+    if lock.is_held():
+        holder = lock.holder()
+        if req.verb == "apply" and holder.get("unit_sha256") == sha256(req.unit_text or ""):
+            return follow(req, str(holder["txn"]), out)  # the same change is running: re-attach
+        return _locked_outcome(holder, out)
+    txn = new_txn_id()
+    write_json_atomic(state_dir.txn_dir(txn) / "request.json", json.loads(req.to_json()))
+    state_dir.set_last_txn(req.unit, txn)
+    if req.detach and shutil.which("systemd-run"):
+        argv = ["systemd-run", f"--unit=deployctl-{txn}", "--collect", "--quiet", "--no-ask-password"]
+        argv += [
+            f"--description=deployctl {req.verb} {req.unit}",
+            "--",
+            *_self_argv(),
+            req.state_dir,
+            "run",
+            txn,
+        ]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        if proc.returncode == 0:
+            return follow(req, txn, out)
+        out.write(
+            _event_line(txn, "warning", f"systemd-run failed ({proc.stderr.strip()}); running attached")
+        )
+    return run(req.state_dir, txn, echo=out)
+
+
+def _self_argv() -> list[str]:
+    """How to start this agent again: the bundle it was run from, or the installed package."""
+    me = Path(sys.argv[0]).resolve()
+    if me.suffix == ".pyz":
+        return [sys.executable, str(me)]
+    return [sys.executable, "-m", "agent.host"]
+
+
+def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
+    """The transaction itself: take the lock, run the verb, write the outcome event."""
+    state_dir = StateDir(state_root)
+    req = Request.from_json((state_dir.txn_dir(txn) / "request.json").read_text())
+    log = EventLog(txn, state_dir.events_path(txn), echo)
+    lock = _lock(req.unit)
+    holder = {"pid": os.getpid(), "since": utc_now(), "verb": req.verb, "txn": txn, "unit": req.unit}
+    holder["unit_sha256"] = sha256(req.unit_text) if req.unit_text else None
+    try:
+        lock.acquire(holder)
+    except Locked as exc:
+        log.emit(
+            Stage.LOCK,
+            "outcome",
+            f"{req.unit} is locked: {exc}",
+            outcome=Outcome.LOCKED.value,
+            holder=exc.holder,
+        )
+        return int(ExitCode.LOCKED)
+    try:
+        log.emit(Stage.LOCK, "step", f"locked {req.unit}", pid=os.getpid())
+        with Systemd() as sd:
+            t = Transaction(req, txn, sd, Journal(), log)
+            if req.verb == "apply":
+                result = t.apply()
+            elif req.verb == "rollback":
+                result = t.rollback()
+            else:
+                found = t.recover()
+                result = Result(
+                    Outcome.APPLIED if found != "failed" else Outcome.ROLLBACK_FAILED, f"recover: {found}"
+                )
+        log.emit(Stage.DONE, "outcome", result.message, outcome=result.outcome.value, **result.data)
+        return int(exit_code(result.outcome.value))
+    except Exception as exc:
+        # The recovery record is still there: the next run restores the old unit.
+        log.emit(
+            Stage.DONE, "outcome", f"agent error: {type(exc).__name__}: {exc}", outcome=Outcome.ERROR.value
+        )
+        raise
+    finally:
+        lock.release()
+        log.close()
+
+
+def follow(req: Request, txn: str, out: TextIO) -> int:
+    """Copy a transaction's events to `out` until its outcome; finish the job if its runner died."""
+    state_dir = StateDir(req.state_dir)
+    path = state_dir.events_path(txn)
+    offset, quiet_since = 0, time.monotonic()
+    while True:
+        offset, outcome = _copy_new(path, offset, out)
+        if outcome is not None:
+            return int(exit_code(str(outcome.data.get("outcome", "error"))))
+        if time.monotonic() - quiet_since > 2.0:
+            quiet_since = time.monotonic()
+            if not _runner_alive(txn) and not _lock(req.unit).is_held():
+                offset, outcome = _copy_new(path, offset, out)
+                if outcome is None:  # the runner died (killed, host rebooted): recover now
+                    out.write(_event_line(txn, "warning", "the transaction's agent died; recovering"))
+                    rec = dataclasses.replace(req, verb="recover", txn=None)
+                    return start(rec, out)
+        time.sleep(FOLLOW_POLL_S)
+
+
+def _copy_new(path: Path, offset: int, out: TextIO) -> tuple[int, Event | None]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return offset, None
+    end = chunk.rfind(b"\n") + 1  # only whole lines: the writer may be mid-line
+    outcome = None
+    for raw in chunk[:end].splitlines():
+        line = raw.decode("utf-8", "replace")
+        out.write(line + "\n")
+        try:
+            event = Event.from_json(line)
+        except (ValueError, TypeError):
+            continue
+        if event.is_outcome:
+            outcome = event
+    out.flush()
+    return offset + end, outcome
+
+
+def _runner_alive(txn: str) -> bool:
+    try:
+        with Systemd() as sd:
+            return str(sd.unit_state(f"deployctl-{txn}.service").active_state) in ("active", "activating")
+    except SystemdError:
+        return False
+
+
+def _locked_outcome(holder: dict[str, Any], out: TextIO) -> int:
+    msg = f"locked: {describe_holder(holder)}"
+    out.write(
+        _event_line(str(holder.get("txn", "-")), "outcome", msg, outcome=Outcome.LOCKED.value, holder=holder)
+    )
+    return int(ExitCode.LOCKED)
+
+
+def _event_line(txn: str, kind: str, message: str, **data: Any) -> str:
+    return Event(txn, 0, utc_now(), Stage.LOCK.value, kind, message, data).to_json() + "\n"

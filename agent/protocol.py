@@ -1,0 +1,208 @@
+"""The wire between deployctl and its host agent: a Request in (JSON), Events out (JSON lines).
+
+Stdlib only: this module runs on the GPU server from the agent bundle. The agent validates every
+Request again, because the SSH wire is an edge too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from agent.exitcodes import ExitCode
+
+VERSION = 1
+VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow")
+UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
+BACKUP_NAME = re.compile(
+    r"(?P<unit>[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service)\.bak\.(?P<ts>\d{8}T\d{6}Z)(?:-\d+)?"
+)
+TXN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # unit text may hold \t and \n, nothing else
+
+
+def unit_sha256(text: str) -> str:
+    """The identity of a unit's content, on both sides of the wire."""
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+class ProtocolError(ValueError):
+    """A request the agent refuses; the text is one line."""
+
+
+class Stage(str, Enum):
+    """The steps of a transaction: the same words on screen, on the wire and in the report."""
+
+    LOCK = "lock"
+    RECOVER = "recover"
+    COMPARE = "compare"
+    BACKUP = "backup"
+    WRITE = "write"
+    RELOAD = "reload"
+    RESTART = "restart"
+    WATCH = "watch"
+    GATE = "gate"
+    READY = "ready"
+    SMOKE = "smoke"
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    RESTORE = "restore"
+    VERIFY_OLD = "verify_old"
+    DONE = "done"
+
+
+class Outcome(str, Enum):
+    APPLIED = "applied"
+    UP_TO_DATE = "up_to_date"
+    ROLLED_BACK = "rolled_back"  # rejected; the old unit restored and verified healthy
+    ROLLBACK_FAILED = "rollback_failed"  # a person must act; both units kept
+    LOCKED = "locked"
+    ERROR = "error"  # refused before any change (bad request, write failure with the old unit intact)
+
+
+EXIT_CODES = {
+    Outcome.APPLIED: ExitCode.OK,
+    Outcome.UP_TO_DATE: ExitCode.OK,
+    Outcome.ROLLED_BACK: ExitCode.ROLLED_BACK,
+    Outcome.ROLLBACK_FAILED: ExitCode.ROLLBACK_FAILED,
+    Outcome.LOCKED: ExitCode.LOCKED,
+    Outcome.ERROR: ExitCode.REFUSED,
+}
+
+
+def exit_code(outcome: str) -> ExitCode:
+    try:
+        return EXIT_CODES[Outcome(outcome)]
+    except ValueError:
+        return ExitCode.INTERNAL
+
+
+@dataclass(frozen=True)
+class Smoke:
+    enabled: bool = True
+    prompt_tokens: int = 60000
+    sentence: str = "The quick brown fox jumps over the lazy dog. "
+    question: str = "In one word, what animal is mentioned?"
+    expect: str = "dog"
+    timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    weights_s: float = 1800.0
+    pool_s: float = 600.0
+    ready_s: float = 900.0
+    no_progress_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class Request:
+    verb: str
+    unit: str = "sglang.service"
+    unit_dir: str = "/etc/systemd/system"
+    state_dir: str = "/var/lib/deployctl"
+    unit_text: str | None = None  # apply: the rendered unit
+    target_context: int | None = None  # apply: the pool must hold at least this many tokens
+    planned_pool: int | None = None  # apply: what the plan predicted
+    margin: float = 0.02
+    http_host: str = "127.0.0.1"
+    port: int = 30000
+    smoke: Smoke = field(default_factory=Smoke)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    keep_backups: int = 10
+    backup: str | None = None  # rollback --to
+    expect_sha256: str | None = None  # the installed unit the plan saw; a hand edit since is refused
+    txn: str | None = None  # follow
+    detach: bool = True  # run the transaction in its own transient unit
+    secret_names: tuple[str, ...] = ()
+    version: int = VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Request:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ProtocolError(f"request is not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ProtocolError("request must be a JSON object")
+        if raw.get("version") != VERSION:
+            raise ProtocolError(f"protocol version {raw.get('version')!r} is not {VERSION}: update the agent")
+        try:
+            smoke = Smoke(**raw.pop("smoke", {}))
+            timeouts = Timeouts(**raw.pop("timeouts", {}))
+            raw["secret_names"] = tuple(raw.get("secret_names", ()))
+            req = cls(smoke=smoke, timeouts=timeouts, **raw)
+        except TypeError as exc:
+            raise ProtocolError(f"bad request: {exc}") from None
+        req.validate()
+        return req
+
+    def validate(self) -> None:
+        """Refuse anything that could write outside the unit directory or smuggle a newline."""
+        _check(self.verb in VERBS, f"unknown verb {self.verb!r}")
+        _check(bool(UNIT_NAME.fullmatch(self.unit)) and ".." not in self.unit, f"bad unit name {self.unit!r}")
+        for name in ("unit_dir", "state_dir"):
+            path = getattr(self, name)
+            ok = isinstance(path, str) and path.startswith("/") and "/../" not in path + "/"
+            _check(ok and not _CONTROL.search(path), f"{name} must be an absolute path")
+        _check(0 <= self.margin < 0.5, "margin must be in [0, 0.5)")
+        _check(1 <= self.port <= 65535, "port out of range")
+        _check(1 <= self.keep_backups <= 1000, "keep_backups out of range")
+        _check(re.fullmatch(r"[A-Za-z0-9.:\[\]-]{1,255}", self.http_host) is not None, "bad http_host")
+        for value in (self.target_context, self.planned_pool):
+            _check(value is None or (isinstance(value, int) and value > 0), "token counts must be positive")
+        if self.verb == "apply":
+            _check(isinstance(self.unit_text, str) and self.target_context is not None, "apply needs a unit")
+            assert self.unit_text is not None
+            _check(not _CONTROL.search(self.unit_text), "unit text contains a control character")
+            _check("ExecStart=" in self.unit_text, "unit text has no ExecStart=")
+        if self.backup is not None:
+            m = BACKUP_NAME.fullmatch(self.backup)
+            _check(m is not None and m["unit"] == self.unit, f"bad backup name {self.backup!r}")
+        if self.expect_sha256 is not None:
+            _check(re.fullmatch(r"[0-9a-f]{64}|absent", self.expect_sha256) is not None, "bad expect_sha256")
+        if self.txn is not None:
+            _check(TXN_ID.fullmatch(self.txn) is not None, f"bad transaction id {self.txn!r}")
+        _check(self.smoke.prompt_tokens > 0 and self.smoke.timeout_s > 0, "bad smoke test settings")
+        for text in (self.smoke.sentence, self.smoke.question, self.smoke.expect, *self.secret_names):
+            _check(not _CONTROL.search(text), "smoke test text contains a control character")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ProtocolError(message)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One step of a transaction, as a JSON line; kind "outcome" is the last one."""
+
+    txn: str
+    seq: int
+    ts: str  # UTC, ISO 8601 with milliseconds
+    stage: str
+    kind: str  # "step" | "progress" | "log" | "warning" | "outcome"
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+    version: int = VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, default=str)
+
+    @classmethod
+    def from_json(cls, line: str) -> Event:
+        raw = json.loads(line)
+        if not isinstance(raw, dict) or raw.get("version") != VERSION:
+            raise ProtocolError("not an event of this protocol version")
+        return cls(**raw)
+
+    @property
+    def is_outcome(self) -> bool:
+        return self.kind == "outcome"

@@ -1,0 +1,127 @@
+"""The laptop's handle on a host's agent: bring the bundle, call a verb, stream a transaction's events."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent import bundle
+from agent.errors import RemoteError
+from agent.inventory import HostConfig
+from agent.protocol import Event, ProtocolError, Request, Smoke, Timeouts
+from agent.ssh import ConnectRetry, SshTransport
+from agent.transport import LocalTransport, Transport
+
+
+def open_transport(host: HostConfig, accept_new_host_key: bool = False) -> Transport:
+    """'local' runs the agent on this machine; anything else is an SSH target (alias or user@host[:port])."""
+    if host.ssh.target == "local":
+        return LocalTransport(sudo=host.ssh.sudo)
+    retry = ConnectRetry(attempts=host.ssh.connect_attempts, timeout_s=host.ssh.connect_timeout_s)
+    ssh = SshTransport(
+        host.ssh.target, name=host.name, accept_new=accept_new_host_key, sudo=host.ssh.sudo, retry=retry
+    )
+    return ssh.connect()
+
+
+def base_request(host: HostConfig, verb: str, **fields: Any) -> Request:
+    """A Request for `verb` with everything the inventory says about this host's unit."""
+    http_host = "127.0.0.1" if host.sglang.host in ("0.0.0.0", "::") else host.sglang.host
+    req = Request(
+        verb=verb,
+        unit=host.unit.name,
+        unit_dir=host.unit.directory,
+        state_dir=host.ssh.agent_dir,
+        margin=host.planning.margin,
+        http_host=http_host,
+        port=host.sglang.port,
+        smoke=Smoke(**host.smoke.model_dump()),
+        timeouts=Timeouts(**host.timeouts.model_dump()),
+        keep_backups=host.unit.keep_backups,
+        secret_names=tuple(host.unit.secret_environment),
+        **fields,
+    )
+    try:
+        req.validate()
+    except ProtocolError as exc:
+        raise RemoteError(f"internal: invalid request: {exc}") from None
+    return req
+
+
+@dataclass
+class AgentClient:
+    transport: Transport
+    host: HostConfig
+    _argv: list[str] = field(default_factory=list)
+
+    def ensure(self) -> list[str]:
+        """Upload the agent bundle unless the host already has this exact one (checked by sha256)."""
+        if self._argv:
+            return self._argv
+        if isinstance(self.transport, LocalTransport):
+            self._argv = [sys.executable, "-m", "agent.host"]
+            return self._argv
+        data, sha = bundle.build()
+        path = f"{self.host.ssh.agent_dir}/bin/{bundle.remote_name(sha)}"
+        have = self.transport.run(["sha256sum", path], timeout=30)
+        if not (have.ok and have.stdout.split(b" ")[0].decode() == sha):
+            self._upload(data, path)
+            check = self.transport.run(["sha256sum", path], timeout=30).check()
+            if check.stdout.split(b" ")[0].decode() != sha:
+                raise RemoteError(f"{self.host.name}: the agent bundle at {path} does not match its checksum")
+        self._argv = [self.host.ssh.python, path]
+        return self._argv
+
+    def _upload(self, data: bytes, path: str) -> None:
+        directory = path.rsplit("/", 1)[0]
+        if self.host.ssh.sudo:  # SFTP writes as the login user: stage in /tmp, install with sudo
+            staged = f"/tmp/{path.rsplit('/', 1)[1]}"
+            self.transport.put(data, staged, 0o644)
+            self.transport.run(["install", "-D", "-m", "0644", staged, path], timeout=60).check()
+            self.transport.run(["rm", "-f", staged], timeout=30)
+        else:
+            self.transport.run(["mkdir", "-p", directory], timeout=30).check()
+            self.transport.put(data, path, 0o644)
+
+    def call(self, req: Request) -> dict[str, Any]:
+        """A read-only verb: one JSON object back."""
+        res = self.transport.run([*self.ensure(), req.verb], input=req.to_json().encode(), timeout=120)
+        if not res.ok:
+            raise RemoteError(f"{self.host.name}: agent {req.verb} failed: {_tail(res.stderr)}")
+        try:
+            data = json.loads(res.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RemoteError(
+                f"{self.host.name}: agent {req.verb} gave no JSON: {_tail(res.stdout)}"
+            ) from None
+        if not isinstance(data, dict):
+            raise RemoteError(f"{self.host.name}: agent {req.verb} gave no JSON object")
+        return data
+
+    def events(self, req: Request) -> Iterator[Event]:
+        """A changing verb: its events as they happen (ConnectionLost if the link drops)."""
+        stream = self.transport.stream([*self.ensure(), req.verb], input=req.to_json().encode())
+        with stream:
+            for line in stream.lines():
+                try:
+                    yield Event.from_json(line)
+                except (ValueError, TypeError, ProtocolError):
+                    continue
+            result = stream.result()
+        if result.rc not in (0, 2, 3, 4, 5, 6):
+            raise RemoteError(
+                f"{self.host.name}: agent {req.verb} failed (rc {result.rc}): {_tail(result.stderr)}"
+            )
+
+
+def _tail(data: bytes, n: int = 3) -> str:
+    lines = data.decode("utf-8", "replace").strip().splitlines()
+    return " | ".join(lines[-n:]) or "no output"
+
+
+def revert_command(host: str, backup: str) -> str:
+    return shlex.join(["deployctl", "rollback", host, "--to", backup])

@@ -1,0 +1,144 @@
+"""Pure: an outcome -> the report a careful engineer writes afterwards (flags, pool, memory, way back)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.planner import Plan
+from agent.sglang.flags import FlagChange, diff_flags, flag_table
+
+TIGHT_RESERVE_GIB = 5.0  # below this, say plainly not to push the fraction higher
+RESULT_WORDS = {
+    "applied": "APPLIED",
+    "up_to_date": "UP TO DATE: nothing to do, no restart",
+    "rolled_back": "ROLLED BACK: the change was rejected; the old service is healthy again",
+    "rollback_failed": "ROLLBACK FAILED: a person must act",
+    "locked": "LOCKED: another deploy is running",
+    "error": "REFUSED: nothing was changed",
+}
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    host: str
+    unit: str
+    target: int
+    plan: Plan | None
+    before_flags: Mapping[str, Any]
+    after_flags: Mapping[str, Any]
+    outcome: str
+    message: str
+    data: Mapping[str, Any]
+    next_plan: Plan | None = None  # on a rejected change: what the measured figures now recommend
+
+
+def render_report(r: ApplyReport) -> str:
+    out = [f"== deployctl: {r.host} {r.unit}: {RESULT_WORDS.get(r.outcome, r.outcome.upper())}", r.message]
+    changes = diff_flags(r.before_flags, r.after_flags)
+    if changes and r.outcome != "up_to_date":
+        out += ["", "flags (before -> after):", _indent(flag_table(changes))]
+    summary: Mapping[str, Any] = r.data.get("summary") or {}
+    if r.outcome in ("applied", "rolled_back", "rollback_failed"):
+        out += ["", *_pool_lines(r, summary)]
+    smoke = r.data.get("smoke")
+    if smoke:
+        verdict = "passed" if smoke.get("passed") else "FAILED"
+        out.append(
+            f"smoke test:            {smoke['prompt_tokens']:,} prompt tokens, prefill+answer "
+            f"{smoke['seconds']:.1f} s, answer {smoke['answer']!r} ({verdict})"
+        )
+    out += _way_back(r)
+    if r.plan is not None and r.outcome == "applied":
+        out += _tradeoffs(r.plan, changes)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _pool_lines(r: ApplyReport, s: Mapping[str, Any]) -> list[str]:
+    measured = s.get("kv_tokens")
+    lines = [f"target context:        {r.target:,} tokens"]
+    if r.plan is not None:
+        lines.append(f"predicted pool:        {r.plan.predicted_pool_tokens:,} tokens ({r.plan.basis})")
+    if measured is not None:
+        ok = "meets" if measured >= r.target else "BELOW"
+        lines.append(f"measured pool:         {measured:,} tokens ({ok} the target)")
+        if r.plan is not None and r.plan.predicted_pool_tokens:
+            err = (measured - r.plan.predicted_pool_tokens) / r.plan.predicted_pool_tokens
+            lines.append(f"prediction error:      {err:+.2%}")
+        lines.append(f"full-context requests: {measured // r.target} at once (pool ÷ context)")
+    else:
+        lines.append("measured pool:         not logged")
+    free = s.get("available_gpu_mem_gb")
+    if free is not None:
+        warn = "  -- tight: do not push the fraction higher" if free < TIGHT_RESERVE_GIB else ""
+        lines.append(f"memory left per GPU:   {free:.2f} GB after the pool and CUDA graphs{warn}")
+    return lines
+
+
+def _way_back(r: ApplyReport) -> list[str]:
+    backup = r.data.get("backup")
+    lines: list[str] = []
+    if r.outcome == "applied" and backup:
+        lines += ["", f"backup kept:           {backup}"]
+        lines.append(
+            f"to revert:             {shlex.join(['deployctl', 'rollback', r.host, '--to', backup])}"
+        )
+    if r.outcome in ("rolled_back", "rollback_failed"):
+        lines += ["", f"why:                   {r.data.get('reason', r.message)}"]
+        if r.next_plan is not None:
+            lines.append(f"next recommendation:   {_next(r.next_plan)}")
+    if r.outcome == "rollback_failed":
+        lines += [
+            "what to do:            the old unit is back in place but did not start healthy;",
+            f"                       look at: journalctl -u {r.unit} -n 200",
+            f"                       the rejected unit is kept at {r.data.get('rejected')}",
+            f"                       once fixed: deployctl status {r.host}",
+        ]
+    return lines
+
+
+def _next(plan: Plan) -> str:
+    if plan.feasible:
+        return (
+            f"--mem-fraction-static {plan.mem_fraction_static:.3f} --max-running-requests "
+            f"{plan.max_running_requests} (predicted pool {plan.predicted_pool_tokens:,}, "
+            "calibrated on this start)"
+        )
+    alts = "; ".join(f"{a.change}: {a.effect}" for a in plan.alternatives[:3])
+    return f"the target does not fit on this hardware{': ' + alts if alts else ''}"
+
+
+def _tradeoffs(plan: Plan, changes: Sequence[FlagChange]) -> list[str]:
+    out = ["", "tradeoffs:"]
+    out += [f"  - {w}" for w in plan.warnings]
+    lowered = any(c.name == "max-running-requests" and c.before is not None for c in changes)
+    if lowered:
+        out.append(
+            "  - the lower --max-running-requests serves fewer short prompts at once: "
+            "less throughput for short work"
+        )
+    out.append("  - --context-length alone never grows the pool; --mem-fraction-static does")
+    return out
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def backups_table(host: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    """`deployctl backups`: newest first, with what each would change back."""
+    if not rows:
+        return f"{host}: no backups\n"
+    out = [f"{host}: {len(rows)} backup(s), newest first"]
+    for row in rows:
+        same = " (same as installed)" if row.get("same_as_installed") else ""
+        out.append(f"  {row['name']}  {row['taken']}  {row['size']} B{same}")
+        for name, before, after in row.get("changes", []):
+            out.append(f"      --{name}: {_v(before)} in the backup, {_v(after)} installed")
+    return "\n".join(out) + "\n"
+
+
+def _v(value: Any) -> str:
+    return "-" if value is None else "true" if value is True else str(value)

@@ -1,0 +1,82 @@
+"""`deployctl plan HOST --context 200k`: predict the KV pool and choose the flags, touching nothing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from agent.cli import add_target_args
+from agent.errors import UsageError
+from agent.inventory import load_host, units_dir
+from agent.output import Output
+from agent.planner import Plan, plan_for_host
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_target_args(p, context_required=True)
+    p.add_argument(
+        "--from-log",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="calibrate from an earlier start-up log of this host (repeatable: several starts are fitted)",
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.epilog = "example: deployctl plan ct200 --context 200k --from-log ct200-start.log"
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    host = load_host(args.host, units_dir(args.units))
+    history = [read_start(Path(name)) for name in args.from_log]
+    plan = plan_for_host(
+        host,
+        args.context,
+        history or None,
+        host.sglang.flags,
+        fraction=args.mem_fraction_static,
+        max_running=args.max_running_requests,
+    )
+    if args.json:
+        out.print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        out.print(render_plan(host.name, plan))
+    return 0  # an infeasible plan is information, not a failure
+
+
+def read_start(path: Path) -> dict[str, Any]:
+    """The summary of one start-up log file; a missing or unreadable file is a usage error."""
+    from agent.sglang.logs import summarize  # the log parser is optional for the architecture basis
+
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"--from-log {str(path)!r}: cannot read: {exc.strerror or exc}") from None
+    # journald and tqdm both end lines with \r at times: split on both.
+    return summarize(text.replace("\r", "\n").splitlines()).to_dict()
+
+
+def render_plan(host: str, plan: Plan) -> str:
+    """The plan and its tradeoffs in a few lines for a person."""
+    verdict = "feasible" if plan.feasible else "NOT FEASIBLE"
+    lines = [
+        f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis})",
+        f"  predicted pool  {plan.predicted_pool_tokens:,} tokens (target {plan.context_length:,}, "
+        f"with margin {plan.target_pool_tokens:,})",
+        "  flags           " + " ".join(f"--{k} {v}" for k, v in plan.flags().items()),
+        f"  full-context requests at once  {plan.concurrency_at_full_context}",
+        f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
+    ]
+    if not plan.feasible:
+        if plan.forced_fraction is not None:
+            lines.append(
+                f"  forced: the highest safe fraction {plan.forced_fraction:.3f} gives about "
+                f"{plan.forced_pool_tokens or 0:,} tokens"
+            )
+        for alt in plan.alternatives:
+            lines.append(f"  instead: {alt.change}")
+            lines.append(f"           {alt.effect}")
+    lines.extend(f"  warning: {w}" for w in plan.warnings)
+    lines.extend(f"  note: {n}" for n in plan.notes)
+    return "\n".join(lines)

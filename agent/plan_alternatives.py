@@ -1,0 +1,156 @@
+"""When a target does not fit: what would, each with its predicted pool."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from agent.inventory import FlagValue, HostConfig
+from agent.poolmodel import Flags, PoolModel, architecture_cell, flag, parallelism, version
+from agent.sglang import kvpool
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One change that would help, and what it is predicted to give."""
+
+    change: str
+    flags: dict[str, FlagValue]
+    mem_fraction_static: float | None
+    predicted_pool_tokens: int
+    reaches_target: bool
+    effect: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def best_fraction(
+    model: PoolModel, goal: int, requests: int, context: int, floor: float
+) -> tuple[float | None, int, bool]:
+    """(fraction, pool, reached): the smallest reaching the goal within the floor, else the highest safe."""
+    top = model.max_fraction(requests, context, floor)
+    low = model.min_fraction(goal)
+    if low is not None and top is not None and low <= top:
+        return low, model.pool(low), True
+    if top is not None:
+        return top, model.pool(top), False
+    return None, 0, False
+
+
+def alternatives(
+    host: HostConfig, flags: Flags, model: PoolModel, target: int, goal: int, requests: int
+) -> tuple[Alternative, ...]:
+    """fp8 KV, a smaller context, fewer requests, more GPUs: each predicted on this host's model."""
+    floor = host.planning.reserve_floor_gib
+    found = [
+        _fp8(host, flags, model, target, goal, requests, floor),
+        _smaller_context(host, model, target, requests, floor),
+        _fewer_requests(model, target, goal, requests, floor),
+        _more_gpus(host, flags, model, target, goal, requests, floor),
+    ]
+    return tuple(a for a in found if a is not None)
+
+
+def _outcome(fraction: float | None, pool: int, reaches: bool) -> str:
+    if fraction is None:
+        return "no fraction keeps the memory floor"
+    verdict = "reaches the target" if reaches else "still short of the target"
+    return f"at --mem-fraction-static {fraction:.3f} the pool is about {pool:,} tokens ({verdict})"
+
+
+def _rescaled(model: PoolModel, host: HostConfig, flags: Flags, new_flags: Flags, kv_dtype: str | None,
+              fallback: float) -> PoolModel:  # fmt: skip
+    """The model with the cell changed as the architecture says it would be (else by a fallback ratio)."""
+    old, _ = architecture_cell(host, flags)
+    new, _ = architecture_cell(host, new_flags, kv_dtype)
+    ratio = new / old if old and new else fallback
+    return replace(model, cell_bytes=model.cell_bytes * ratio)
+
+
+def _fp8(
+    host: HostConfig, flags: Flags, model: PoolModel, target: int, goal: int, requests: int, floor: float
+) -> Alternative | None:
+    dtype = str(flag(flags, "kv-cache-dtype") or "auto")
+    if kvpool.kv_elem_bytes(dtype, host.model.dtype_bytes) <= 1:
+        return None
+    fp8 = _rescaled(model, host, flags, {**flags, "kv-cache-dtype": "fp8_e4m3"}, "fp8_e4m3", 0.5)
+    fraction, pool, reaches = best_fraction(fp8, goal, requests, target, floor)
+    return Alternative(
+        change="fp8 KV cache (--kv-cache-dtype fp8_e4m3): about half the bytes per token, so the pool "
+        "roughly doubles; support for fp8 MLA KV depends on the attention backend and GPU",
+        flags={"kv-cache-dtype": "fp8_e4m3", **({"mem-fraction-static": fraction} if fraction else {})},
+        mem_fraction_static=fraction,
+        predicted_pool_tokens=pool,
+        reaches_target=reaches,
+        effect=_outcome(fraction, pool, reaches),
+    )
+
+
+def _smaller_context(
+    host: HostConfig, model: PoolModel, target: int, requests: int, floor: float
+) -> Alternative | None:
+    top = model.max_fraction(requests, target, floor)
+    if top is None:
+        return None
+    fits = int(model.pool(top) / (1 + host.planning.margin)) // 1000 * 1000
+    if fits <= 0:
+        return None
+    fraction, pool, reaches = best_fraction(model, math.ceil(fits * (1 + host.planning.margin)), requests,
+                                            fits, floor)  # fmt: skip
+    return Alternative(
+        change=f"a smaller context: {fits:,} tokens is the largest that fits with the margin",
+        flags={"context-length": fits, **({"mem-fraction-static": fraction} if fraction else {})},
+        mem_fraction_static=fraction,
+        predicted_pool_tokens=pool,
+        reaches_target=False,
+        effect=_outcome(fraction, pool, reaches).replace("the target", f"{fits:,}"),
+    )
+
+
+def _fewer_requests(
+    model: PoolModel, target: int, goal: int, requests: int, floor: float
+) -> Alternative | None:
+    if requests <= 1:
+        return None
+    fraction, pool, reaches = best_fraction(model, goal, 1, target, floor)
+    freed_mb = (model.need_gib(requests, target) - model.need_gib(1, target)) * kvpool.GIB / 1e6
+    return Alternative(
+        change=f"fewer concurrent requests (--max-running-requests 1 instead of {requests}): frees "
+        f"{freed_mb:.0f} MB of req_to_token plus some CUDA-graph memory, not credited here",
+        flags={"max-running-requests": 1, **({"mem-fraction-static": fraction} if fraction else {})},
+        mem_fraction_static=fraction,
+        predicted_pool_tokens=pool,
+        reaches_target=reaches,
+        effect=_outcome(fraction, pool, reaches),
+    )
+
+
+def _more_gpus(
+    host: HostConfig, flags: Flags, model: PoolModel, target: int, goal: int, requests: int, floor: float
+) -> Alternative | None:
+    tp, _ = parallelism(host, flags)
+    wider = {**flags, "tp-size": 2 * tp}
+    spec = host.draft is not None and version(host) >= (0, 5, 14, 0)
+    weights = host.model.weights_gib_per_gpu
+    if weights is not None and spec and host.draft is not None:
+        weights += host.draft.weights_gib_per_gpu or 0.0
+    per_gpu = weights if weights is not None else model.pre_gib - model.post_gib
+    # Twice the GPUs halve the weights per GPU; the pre-load free memory per GPU stays the same.
+    more = _rescaled(model, host, flags, wider, None, 1.0)
+    more = replace(more, post_gib=model.post_gib + per_gpu / 2)
+    fraction, pool, reaches = best_fraction(more, goal, requests, target, floor)
+    why = (
+        "the MLA pool is replicated on every TP rank, so more GPUs help only through smaller weights per GPU"
+        if host.model.attention == "mla"
+        else "fewer KV heads per rank and smaller weights per GPU"
+    )
+    return Alternative(
+        change=f"more GPUs (tensor parallel {2 * tp} instead of {tp}): {why}",
+        flags={"tp-size": 2 * tp, **({"mem-fraction-static": fraction} if fraction else {})},
+        mem_fraction_static=fraction,
+        predicted_pool_tokens=pool,
+        reaches_target=reaches,
+        effect=_outcome(fraction, pool, reaches),
+    )

@@ -1,0 +1,261 @@
+"""The plan: the flags that give a target context on a host, with the predicted pool and the tradeoffs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from agent.inventory import FlagValue, HostConfig
+from agent.plan_alternatives import Alternative, alternatives
+from agent.poolmodel import Flags, PoolModel, flag, from_architecture, from_calibration, version
+from agent.sglang import kvpool
+
+Calibration = Mapping[str, Any] | Sequence[Mapping[str, Any]]
+SPEC_DEFAULT_REQUESTS = 48  # EAGLE, DFLASH and DSPARK reset an unset --max-running-requests to 48
+PLAIN_DEFAULT_REQUESTS = 64
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run with and what it will give; flags() are the SGLang flag changes."""
+
+    mem_fraction_static: float
+    max_running_requests: int
+    context_length: int
+    predicted_pool_tokens: int
+    target_pool_tokens: int  # the context plus the planning margin
+    concurrency_at_full_context: int
+    reserve_gib_per_gpu: float
+    reserve_floor_gib: float
+    feasible: bool
+    basis: str
+    pre_gib: float
+    post_gib: float
+    cell_bytes: float
+    tokens_per_0_01: int
+    user_fraction: bool = False
+    forced_fraction: float | None = None
+    forced_pool_tokens: int | None = None
+    alternatives: tuple[Alternative, ...] = ()
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(default=())
+
+    def flags(self) -> dict[str, FlagValue]:
+        return {
+            "mem-fraction-static": self.mem_fraction_static,
+            "max-running-requests": self.max_running_requests,
+            "context-length": self.context_length,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["alternatives"] = [a.to_dict() for a in self.alternatives]
+        data["notes"], data["warnings"] = list(self.notes), list(self.warnings)
+        data["reserve_gib_per_gpu"] = round(self.reserve_gib_per_gpu, 3)
+        data["pre_gib"], data["post_gib"] = round(self.pre_gib, 4), round(self.post_gib, 4)
+        data["cell_bytes"] = round(self.cell_bytes, 1)
+        data["flags"] = self.flags()
+        return data
+
+
+def plan_for_host(
+    host: HostConfig,
+    target: int,
+    calibration: Calibration | None,
+    running_flags: Flags,
+    fraction: float | None = None,
+    max_running: int | None = None,
+) -> Plan:
+    """Plan a target context: calibrated from earlier starts when given, else from the architecture."""
+    notes: list[str] = []
+    model = from_calibration(host, running_flags, calibration) if calibration else None
+    if calibration and model is None:
+        notes.append("the earlier start(s) given did not log a pool and the memory lines; not used")
+    if model is None:
+        model = from_architecture(host, running_flags)
+        notes.append(
+            f"estimated from the architecture: pre {model.pre_gib:.2f} GiB (card minus CUDA context and "
+            f"NCCL), post {model.post_gib:.2f} GiB (minus the weights), {model.cell_bytes:,.0f} B/token; "
+            "the first real start will calibrate the plan"
+        )
+    notes.extend(model.notes)
+    options = [max_running] if max_running else _request_options(host, running_flags)
+    goal = math.ceil(target * (1 + host.planning.margin))
+    floor = host.planning.reserve_floor_gib
+    chosen: float | None
+    if fraction is not None:
+        chosen, requests = fraction, _fitting(model, fraction, options, target, floor)
+    else:
+        running = flag(running_flags, "mem-fraction-static")
+        chosen, requests = _recommend(model, goal, options, target, floor, _as_float(running))
+    pool = model.pool(chosen) if chosen is not None else 0
+    reserve = model.reserve_gib(chosen, requests, target) if chosen is not None else 0.0
+    feasible = chosen is not None and pool >= (goal if fraction is None else target) and reserve >= floor
+    forced = None if feasible else model.max_fraction(requests, target, floor)
+    if chosen is None:  # the target is out of reach: show what forcing the highest safe fraction gives
+        chosen = forced if forced is not None else _running_fraction(running_flags)
+        pool, reserve = model.pool(chosen), model.reserve_gib(chosen, requests, target)
+    plan = Plan(
+        mem_fraction_static=chosen,
+        max_running_requests=requests,
+        context_length=target,
+        predicted_pool_tokens=pool,
+        target_pool_tokens=goal,
+        concurrency_at_full_context=pool // target,
+        reserve_gib_per_gpu=reserve,
+        reserve_floor_gib=floor,
+        feasible=feasible,
+        basis=model.basis,
+        pre_gib=model.pre_gib,
+        post_gib=model.post_gib,
+        cell_bytes=model.cell_bytes,
+        tokens_per_0_01=model.tokens_per_step(),
+        user_fraction=fraction is not None,
+        forced_fraction=forced,
+        forced_pool_tokens=None if forced is None else model.pool(forced),
+        alternatives=() if feasible else alternatives(host, running_flags, model, target, goal, requests),
+    )
+    smallest = model.min_fraction(goal)
+    if fraction is None and plan.feasible and smallest is not None and smallest < plan.mem_fraction_static:
+        notes.append(
+            f"the running --mem-fraction-static {plan.mem_fraction_static:.3f} already reaches the target and "
+            f"is kept: {smallest:.3f} would too, with fewer tokens for concurrent requests"
+        )
+    plan = _explained(plan, host, running_flags, model, notes)
+    return plan if fraction is None else _against_recommendation(plan, model, goal, options, running_flags)
+
+
+def _request_options(host: HostConfig, flags: Flags) -> list[int]:
+    """The running --max-running-requests, then halvings: lowering it shrinks graph and activation memory."""
+    running = flag(flags, "max-running-requests")
+    spec = host.draft is not None and host.draft.algorithm != "NGRAM"
+    start = int(running) if running else SPEC_DEFAULT_REQUESTS if spec else PLAIN_DEFAULT_REQUESTS
+    options = [start]
+    while options[-1] > 1:
+        options.append(options[-1] // 2)
+    return options
+
+
+def _fitting(model: PoolModel, fraction: float, options: list[int], context: int, floor: float) -> int:
+    """The largest request count whose reserve keeps the floor at this fraction, else the first option."""
+    for requests in options:
+        if model.reserve_gib(fraction, requests, context) >= floor:
+            return requests
+    return options[0]
+
+
+def _recommend(
+    model: PoolModel, goal: int, options: list[int], context: int, floor: float, running: float | None
+) -> tuple[float | None, int]:
+    """The smallest fraction reaching the goal, with the most requests that keep the floor there.
+
+    A running fraction that already reaches the goal within the floor is kept: a smaller one would
+    only shrink the pool, and with it the number of requests served at once.
+    """
+    fraction = model.min_fraction(goal)
+    if fraction is None:
+        return None, options[0]
+    if running is not None and running > fraction:
+        keep = _fitting(model, running, options, context, floor)
+        if model.reserve_gib(running, keep, context) >= floor:
+            return running, keep
+    requests = _fitting(model, fraction, options, context, floor)
+    if model.reserve_gib(fraction, requests, context) < floor:
+        return None, requests
+    return fraction, requests
+
+
+def _against_recommendation(
+    plan: Plan, model: PoolModel, goal: int, options: list[int], flags: Flags
+) -> Plan:
+    """A fraction the user chose, compared with the one the planner would choose."""
+    running = _as_float(flag(flags, "mem-fraction-static"))
+    best, requests = _recommend(model, goal, options, plan.context_length, plan.reserve_floor_gib, running)
+    if best is None:
+        return replace(plan, notes=(*plan.notes, "no fraction reaches the target within the memory floor"))
+    note = (
+        f"the planner would choose --mem-fraction-static {best:.3f} with --max-running-requests "
+        f"{requests} (pool about {model.pool(best):,} tokens)"
+    )
+    # Changing the fraction is the whole fix here: the other alternatives would only distract.
+    return replace(plan, notes=(*plan.notes, note), alternatives=plan.alternatives if plan.feasible else ())
+
+
+def _running_fraction(flags: Flags) -> float:
+    return _as_float(flag(flags, "mem-fraction-static")) or 0.85
+
+
+def _as_float(value: FlagValue | None) -> float | None:
+    return None if value is None or isinstance(value, bool) else float(value)
+
+
+def _explained(plan: Plan, host: HostConfig, flags: Flags, model: PoolModel, notes: list[str]) -> Plan:
+    """The plan with its notes and warnings: what each number means and what it costs."""
+    t, f = plan.context_length, plan.mem_fraction_static
+    notes.append(
+        "--context-length alone does not grow the pool: only the memory the pool may take does "
+        f"(each 0.01 of --mem-fraction-static buys about {plan.tokens_per_0_01:,} tokens here)"
+    )
+    head = "NOT FEASIBLE: " if not plan.feasible else ""
+    notes.append(
+        f"{head}at --mem-fraction-static {f:.3f} the pool is predicted at {plan.predicted_pool_tokens:,} "
+        f"tokens for a target of {t:,} (+{host.planning.margin:.0%} margin = {plan.target_pool_tokens:,})"
+    )
+    fits = plan.concurrency_at_full_context
+    notes.append(f"{fits} request(s) of the full {t:,} tokens fit at once (pool ÷ context)")
+    notes.append(_reserve_note(plan, model))
+    notes.append(_requests_note(plan, flags))
+    warnings = []
+    if host.model.max_context is not None and t > host.model.max_context:
+        warnings.append(
+            f"{t:,} is above the model's own context length {host.model.max_context:,}: SGLang 0.5.3 and "
+            "newer refuse to start unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is set"
+        )
+    spec = host.draft is not None and host.draft.algorithm != "NGRAM"
+    if spec and version(host) < (0, 5, 14, 0):
+        warnings.append(
+            "before SGLang 0.5.14 the draft's weights, KV and CUDA graphs come out of the slack: a high "
+            "fraction risks running out of memory at graph capture rather than a smaller pool"
+        )
+    return replace(plan, notes=tuple(notes), warnings=tuple(warnings))
+
+
+def _reserve_note(plan: Plan, model: PoolModel) -> str:
+    """How the memory left per GPU is predicted, and how far the fraction may go."""
+    limit = model.max_fraction(plan.max_running_requests, plan.context_length, plan.reserve_floor_gib)
+    what = (
+        "the slack pre × (1 − f) minus what the runtime took at the earlier start (CUDA graphs, "
+        "activations) and the req_to_token table"
+        if model.runtime_measured
+        else "the slack pre × (1 − f) minus the req_to_token table; CUDA graphs and activations are not "
+        "measured before the first start, so the floor must cover them"
+    )
+    ceiling = f"do not push the fraction above {limit:.3f}" if limit is not None else "no fraction keeps it"
+    return (
+        f"memory left per GPU after the pool and graphs: {plan.reserve_gib_per_gpu:.2f} GiB, from {what}; "
+        f"the floor is {plan.reserve_floor_gib:.1f} GiB, so {ceiling}"
+    )
+
+
+def _requests_note(plan: Plan, flags: Flags) -> str:
+    """What --max-running-requests costs: req_to_token, graph memory, short-prompt throughput."""
+    requests = plan.max_running_requests
+    table_mb = kvpool.req_to_token_bytes(requests + 1, plan.context_length) / 1e6
+    running = flag(flags, "max-running-requests")
+    if running is not None and int(running) == requests:
+        change = f"--max-running-requests stays {requests}"
+    elif running is not None:
+        change = f"--max-running-requests goes from {running} to {requests}"
+    else:
+        change = (
+            f"--max-running-requests is set to {requests} (unset, SGLang sizes req_to_token for thousands)"
+        )
+    lower = (
+        "; fewer concurrent requests means fewer short prompts served at once (lower throughput)"
+        if running is None or requests < int(running)
+        else "; lowering it frees CUDA-graph and activation memory for a higher fraction, but serves fewer "
+        "short prompts at once (lower throughput)"
+    )
+    return f"{change}: its req_to_token table is {table_mb:.1f} MB at this context{lower}"

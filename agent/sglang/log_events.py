@@ -1,0 +1,184 @@
+"""The typed events read off SGLang start-up log lines (one frozen dataclass per kind)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+# Failure kinds: the root cause of a failed start, as named in reports and decisions.
+NOT_ENOUGH_MEMORY = "not_enough_memory"
+WEIGHTS_LEAVE_NO_MEMORY = "weights_leave_no_memory"
+CUDA_OOM = "cuda_oom"
+SCHEDULER_EXCEPTION = "scheduler_exception"
+SIGQUIT = "sigquit"
+RANK_DIED = "rank_died"
+MEMORY_UNBALANCED = "memory_unbalanced"
+CONTEXT_TOO_LONG = "context_too_long"
+CUDA_GRAPH_FAILED = "cuda_graph_failed"
+NEGATIVE_POOL = "negative_pool"
+ADDRESS_IN_USE = "address_in_use"
+INIT_FAILED = "init_failed"
+WATCHDOG_TIMEOUT = "watchdog_timeout"
+
+FAILURE_KINDS = frozenset(
+    {
+        NOT_ENOUGH_MEMORY,
+        WEIGHTS_LEAVE_NO_MEMORY,
+        CUDA_OOM,
+        SCHEDULER_EXCEPTION,
+        SIGQUIT,
+        RANK_DIED,
+        MEMORY_UNBALANCED,
+        CONTEXT_TOO_LONG,
+        CUDA_GRAPH_FAILED,
+        NEGATIVE_POOL,
+        ADDRESS_IN_USE,
+        INIT_FAILED,
+        WATCHDOG_TIMEOUT,
+    }
+)
+# Kinds that say "something died" without saying why; a later line usually names the cause.
+GENERIC_FAILURE_KINDS = frozenset({SCHEDULER_EXCEPTION, SIGQUIT, RANK_DIED, INIT_FAILED})
+
+
+@dataclass(frozen=True)
+class WeightsBegin:
+    kind: ClassVar[str] = "weights_begin"
+    rank: str | None
+    avail_gb: float
+
+
+@dataclass(frozen=True)
+class WeightsProgress:
+    kind: ClassVar[str] = "weights_progress"
+    rank: str | None
+    percent: int
+    n: int
+    total: int
+
+
+@dataclass(frozen=True)
+class WeightsEnd:
+    kind: ClassVar[str] = "weights_end"
+    rank: str | None
+    avail_gb: float
+    usage_gb: float | None
+    model_type: str | None
+    is_draft: bool
+
+
+@dataclass(frozen=True)
+class KvPool:
+    """One `KV Cache is allocated` line; size_gb is the KV size, or K + V for MHA."""
+
+    kind: ClassVar[str] = "kv_pool"
+    rank: str | None
+    tokens: int
+    size_gb: float | None
+    k_gb: float | None
+    v_gb: float | None
+    dtype: str | None
+    label: str | None  # "SWA", "Full", "va_upper_bound", "post_capture" or None
+    is_draft: bool
+
+
+@dataclass(frozen=True)
+class SwaPool:
+    """A sliding-window model's pool split: its extra KV lines are sub-pools, not a draft pool."""
+
+    kind: ClassVar[str] = "swa_pool"
+    rank: str | None
+    full_tokens: int | None
+    swa_tokens: int | None
+
+
+@dataclass(frozen=True)
+class MemoryPoolEnd:
+    kind: ClassVar[str] = "memory_pool_end"
+    rank: str | None
+    avail_gb: float
+
+
+@dataclass(frozen=True)
+class GraphBegin:
+    kind: ClassVar[str] = "graph_begin"
+    rank: str | None
+    avail_gb: float | None
+
+
+@dataclass(frozen=True)
+class GraphEnd:
+    kind: ClassVar[str] = "graph_end"
+    rank: str | None
+    avail_gb: float | None
+    usage_gb: float | None
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    kind: ClassVar[str] = "scheduler"
+    rank: str | None
+    max_total_num_tokens: int | None
+    context_len: int | None
+    max_running_requests: int | None
+    chunked_prefill_size: int | None
+    available_gpu_mem_gb: float | None
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """Resolved settings; source ranks how much to trust them (see SOURCE_RANK)."""
+
+    kind: ClassVar[str] = "server_args"
+    rank: str | None
+    mem_fraction_static: float | None
+    context_length: int | None
+    max_running_requests: int | None
+    source: str  # "command", "server_args", "error", "auto_reduce"
+
+
+# A later-resolved value beats an earlier one: flags < printed ServerArgs < value quoted by an error
+# < the multimodal auto-reduction, which happens after ServerArgs is printed.
+SOURCE_RANK = {"command": 0, "server_args": 1, "error": 2, "auto_reduce": 3}
+
+
+@dataclass(frozen=True)
+class UvicornRunning:
+    kind: ClassVar[str] = "uvicorn_running"
+    rank: str | None
+    url: str
+
+
+@dataclass(frozen=True)
+class Ready:
+    kind: ClassVar[str] = "ready"
+    rank: str | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failure line; weight ranks lines of one failure: 0 header/consequence, 1 exception, 2 cause."""
+
+    kind: ClassVar[str] = "failure"
+    rank: str | None
+    failure_kind: str
+    line: str
+    weight: int
+    min_fraction: float | None = None
+
+
+LogEvent = (
+    WeightsBegin
+    | WeightsProgress
+    | WeightsEnd
+    | KvPool
+    | SwaPool
+    | MemoryPoolEnd
+    | GraphBegin
+    | GraphEnd
+    | Scheduler
+    | ServerArgs
+    | UvicornRunning
+    | Ready
+    | Failure
+)

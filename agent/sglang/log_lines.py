@@ -1,0 +1,226 @@
+"""Turn one SGLang log line (journal MESSAGE or pasted text) into typed events; stateless and fast."""
+
+from __future__ import annotations
+
+import re
+
+from agent.sglang import log_events as ev
+from agent.sglang.log_failures import classify
+
+_NUM = r"(-?\d+(?:\.\d+)?)"
+_TAGS = r"((?: [A-Z][A-Z_]*\d+)*)"  # " DP0 PP0 ATTN_CP0 MOE_DP0 TP0 EP0"; tags of later versions too
+_PREFIX = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{3})?" + _TAGS + r"\] ?")
+_OLD_PREFIX = re.compile(r"\[((?:gpu|gpu_id|tp_rank|rank)=\d+)\] ?")  # 2024 builds: "[gpu_id=0] ..."
+_GLUED = re.compile(r"(?=\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{3})?(?: [A-Z][A-Z_]*\d+)*\] )")
+# `journalctl` output pasted into a file: "Nov 04 05:27:13 host sglang[123]: " or the ISO form.
+_JOURNAL = re.compile(
+    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.,+Z-]+) \S+ [^\s\[:]+(?:\[\d+\])?: "
+)
+
+_AVAIL = re.compile(r"avail mem=" + _NUM + r" ?GB")
+_USAGE = re.compile(r"mem usage=" + _NUM + r" ?GB")
+_TYPE = re.compile(r"\btype=([\w.]+)")
+_DRAFT_TYPE = re.compile(r"Draft|Eagle|EAGLE|NextN|MTP|Medusa")
+_PROGRESS = re.compile(r"shards:\s*(\d+)% Completed \| (\d+)/(\d+)")
+
+_KV = re.compile(r"(?:(\w+) )?KV Cache (is allocated|VA upper bound)\.")
+_POSTCAP = re.compile(r"Post-capture KV sizing: KV cache allocated\.")
+_TOKENS = re.compile(r"#tokens: (-?\d+)")
+_KV_SIZE = re.compile(r"\bKV size: " + _NUM + r" ?GB")
+_K_SIZE = re.compile(r"\bK size: " + _NUM + r" ?GB")
+_V_SIZE = re.compile(r"\bV size: " + _NUM + r" ?GB")
+_DTYPE = re.compile(r"\bdtype: ([\w.]+)")
+_SWA_FULL = re.compile(r"full(?:_layer_tokens=| size: )(\d+)")
+_SWA_SWA = re.compile(r"swa(?:_layer_tokens=| size: )(\d+)")
+
+_PAIR = re.compile(r"(\w+)=(-?\d+(?:\.\d+)?|None)")
+_ARG_MFS = re.compile(r"[(,{]\s*'?mem_fraction_static'?\s*[=:]\s*" + _NUM)
+_ARG_CTX = re.compile(r"[(,{]\s*'?context_length'?\s*[=:]\s*(\d+)")
+_ARG_MRR = re.compile(r"[(,{]\s*'?max_running_requests'?\s*[=:]\s*(\d+)")
+_FLAG_MFS = re.compile(r"--mem[-_]fraction[-_]static[= ]+" + _NUM)
+_FLAG_CTX = re.compile(r"--context[-_]length[= ]+(\d+)")
+_FLAG_MRR = re.compile(r"--max[-_]running[-_]requests[= ]+(\d+)")
+_ERR_MFS = re.compile(r"mem[-_]fraction[-_]static=" + _NUM)
+_AUTO_MFS = re.compile(r"reduce --mem-fraction-static to " + _NUM)
+_UVICORN = re.compile(r"Uvicorn running on (\S+)")
+
+
+def parse_line(text: str) -> list[ev.LogEvent]:
+    """Events of one MESSAGE: split on CR/LF (tqdm redraws) and before each glued `[date time]` prefix."""
+    pieces = text.splitlines() if ("\n" in text or "\r" in text) else (text,)
+    events: list[ev.LogEvent] = []
+    for piece in pieces:
+        if piece.find("[20", 1) == -1:
+            _parse_piece(piece, events)
+        else:
+            for part in _GLUED.split(piece):
+                if part:
+                    _parse_piece(part, events)
+    return events
+
+
+def _parse_piece(piece: str, out: list[ev.LogEvent]) -> None:
+    """Strip the prefix (rank tags kept), then try each known line shape, failures last."""
+    rank: str | None = None
+    msg = piece
+    head = piece[:1]
+    if head == "[":
+        m = _PREFIX.match(piece)
+        if m:
+            rank = m[1].strip() or None
+            msg = piece[m.end() :]
+        else:
+            m = _OLD_PREFIX.match(piece)
+            if m:
+                rank, msg = m[1], piece[m.end() :]
+    elif head.isalnum():
+        m = _JOURNAL.match(piece)
+        if m:
+            msg = piece[m.end() :]
+            if msg[:1] == "[":
+                _parse_piece(msg, out)
+                return
+    if not msg or msg.isspace():
+        return
+    if "ServerArgs(" in msg or "server_args={" in msg:  # first: the repr holds every other keyword
+        out.append(_server_args(msg, "server_args", _ARG_MFS, _ARG_CTX, _ARG_MRR))
+    elif not _parse_progress_lines(msg, rank, out):
+        _parse_other(piece.rstrip(), msg, rank, out)
+
+
+def _parse_progress_lines(msg: str, rank: str | None, out: list[ev.LogEvent]) -> bool:
+    """The start-up milestones: KV pool, weights, memory pool, CUDA graphs, tqdm shards."""
+    if "KV Cache" in msg or "KV cache allocated" in msg:
+        return _parse_kv(msg, rank, out)
+    if "avail mem" in msg:
+        return _parse_avail(msg, rank, out)
+    if "shards:" in msg:
+        m = _PROGRESS.search(msg)
+        if m:
+            out.append(ev.WeightsProgress(rank, int(m[1]), int(m[2]), int(m[3])))
+            return True
+    return False
+
+
+def _parse_avail(msg: str, rank: str | None, out: list[ev.LogEvent]) -> bool:
+    """Lines that report free GPU memory: weights begin/end, memory pool end, graph begin/end."""
+    m = _AVAIL.search(msg)
+    avail = float(m[1]) if m else None
+    if avail is not None and "Load weight begin" in msg:
+        out.append(ev.WeightsBegin(rank, avail))
+    elif avail is not None and "Load weight end" in msg:
+        t = _TYPE.search(msg)
+        model_type = t[1] if t else None
+        is_draft = bool(model_type and _DRAFT_TYPE.search(model_type))
+        out.append(ev.WeightsEnd(rank, avail, _float(_USAGE, msg), model_type, is_draft))
+    elif avail is not None and "Memory pool end" in msg:
+        out.append(ev.MemoryPoolEnd(rank, avail))
+    elif msg.startswith("Capture ") and "raph begin" in msg:
+        out.append(ev.GraphBegin(rank, avail))
+    elif msg.startswith("Capture ") and "raph end" in msg:
+        out.append(ev.GraphEnd(rank, avail, _float(_USAGE, msg)))
+    else:
+        return False
+    return True
+
+
+def _parse_kv(msg: str, rank: str | None, out: list[ev.LogEvent]) -> bool:
+    """`KV Cache is allocated` (all versions, optional SWA/Full label), VA upper bound, post-capture."""
+    label: str | None
+    m = _KV.search(msg)
+    if m:
+        label = "va_upper_bound" if m[2] == "VA upper bound" else m[1]
+        if label is not None and label not in ("SWA", "Full", "va_upper_bound"):
+            label = None  # a word before "KV Cache" that is not a pool label, e.g. "Hybrid"
+    elif _POSTCAP.search(msg):
+        label = "post_capture"
+    else:
+        return False
+    t = _TOKENS.search(msg, m.end() if m else 0)
+    if not t:
+        return False
+    tokens = int(t[1])
+    k_gb, v_gb = _float(_K_SIZE, msg), _float(_V_SIZE, msg)
+    size = _float(_KV_SIZE, msg)
+    if size is None and k_gb is not None and v_gb is not None:
+        size = round(k_gb + v_gb, 2)
+    d = _DTYPE.search(msg)
+    out.append(ev.KvPool(rank, tokens, size, k_gb, v_gb, d[1] if d else None, label, False))
+    if tokens <= 0:
+        out.append(ev.Failure(rank, ev.NEGATIVE_POOL, msg, 2))
+    return True
+
+
+def _parse_other(line: str, msg: str, rank: str | None, out: list[ev.LogEvent]) -> None:
+    """Scheduler summary, settings, HTTP server, readiness; else maybe a failure line."""
+    if "max_total_num_tokens=" in msg:
+        out.append(_scheduler(msg, rank))
+    elif "sliding window memory pool" in msg or "SWAKVPool" in msg:
+        out.append(ev.SwaPool(rank, _int(_SWA_FULL, msg), _int(_SWA_SWA, msg)))
+    elif "Uvicorn running on" in msg:
+        m = _UVICORN.search(msg)
+        out.append(ev.UvicornRunning(rank, m[1] if m else ""))
+    elif "ready to roll" in msg:
+        out.append(ev.Ready(rank))
+    elif "reduce --mem-fraction-static" in msg and _AUTO_MFS.search(msg):
+        out.append(ev.ServerArgs(rank, _float(_AUTO_MFS, msg), None, None, "auto_reduce"))
+    elif not _parse_command(msg, out):
+        _parse_failure(line, msg, rank, out)
+
+
+def _parse_command(msg: str, out: list[ev.LogEvent]) -> bool:
+    """A pasted launch command: its flags are the weakest source of settings."""
+    if ("launch_server" not in msg and "sglang serve" not in msg) or " --" not in msg:
+        return False
+    args = _server_args(msg, "command", _FLAG_MFS, _FLAG_CTX, _FLAG_MRR)
+    if args.mem_fraction_static is None and args.context_length is None and args.max_running_requests is None:
+        return False
+    out.append(args)
+    return True
+
+
+def _parse_failure(line: str, msg: str, rank: str | None, out: list[ev.LogEvent]) -> None:
+    found = classify(msg)
+    if found is None:
+        return
+    kind, weight, fraction = found
+    out.append(ev.Failure(rank, kind, line, weight, fraction))
+    if kind in (ev.NOT_ENOUGH_MEMORY, ev.WEIGHTS_LEAVE_NO_MEMORY):
+        mfs = _float(_ERR_MFS, msg)  # the value in force, quoted by the error itself
+        if mfs is not None:
+            out.append(ev.ServerArgs(None, mfs, None, None, "error"))
+
+
+def _scheduler(msg: str, rank: str | None) -> ev.Scheduler:
+    """Key=value pairs read one by one: some builds drop the middle keys."""
+    pairs = dict(_PAIR.findall(msg))
+
+    def num(key: str) -> int | None:
+        value = pairs.get(key)
+        return int(float(value)) if value and value != "None" else None
+
+    gpu = pairs.get("available_gpu_mem")
+    return ev.Scheduler(
+        rank,
+        num("max_total_num_tokens"),
+        num("context_len"),
+        num("max_running_requests"),
+        num("chunked_prefill_size"),
+        float(gpu) if gpu and gpu != "None" else None,
+    )
+
+
+def _server_args(
+    msg: str, source: str, mfs: re.Pattern[str], ctx: re.Pattern[str], mrr: re.Pattern[str]
+) -> ev.ServerArgs:
+    return ev.ServerArgs(None, _float(mfs, msg), _int(ctx, msg), _int(mrr, msg), source)
+
+
+def _float(pattern: re.Pattern[str], msg: str) -> float | None:
+    m = pattern.search(msg)
+    return float(m[1]) if m else None
+
+
+def _int(pattern: re.Pattern[str], msg: str) -> int | None:
+    m = pattern.search(msg)
+    return int(m[1]) if m else None

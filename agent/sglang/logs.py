@@ -1,0 +1,210 @@
+"""SGLang start-up logs: events per line (parse_line) and what one start said (SummaryBuilder, summarize)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.sglang import log_events as ev
+from agent.sglang.log_events import LogEvent
+from agent.sglang.log_lines import parse_line
+
+__all__ = ["PHASES", "LogEvent", "StartSummary", "SummaryBuilder", "parse_line", "summarize"]
+
+PHASES = ("starting", "loading_weights", "kv_pool", "cuda_graphs", "ready", "failed")
+_PHASE_OF = {
+    "weights_begin": 1,
+    "weights_progress": 1,
+    "weights_end": 2,
+    "kv_pool": 2,
+    "memory_pool_end": 2,
+    "graph_begin": 3,
+    "graph_end": 3,
+    "scheduler": 3,
+    "uvicorn_running": 3,
+    "ready": 4,
+}
+
+
+@dataclass(frozen=True)
+class StartSummary:
+    """What one start said; None where the log does not say. Pool figures are per GPU (per DP rank)."""
+
+    kv_tokens: int | None
+    kv_size_gb: float | None
+    k_size_gb: float | None
+    v_size_gb: float | None
+    draft_kv_tokens: int | None
+    max_total_num_tokens: int | None
+    context_len: int | None
+    max_running_requests: int | None
+    avail_mem_before_weights_gb: float | None
+    avail_mem_after_weights_gb: float | None
+    avail_mem_before_pool_gb: float | None
+    available_gpu_mem_gb: float | None
+    mem_fraction_static: float | None
+    ready: bool
+    failure: ev.Failure | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The machine form (the keys are a contract); k/v sizes stay out of it."""
+        d = dataclasses.asdict(self)
+        del d["k_size_gb"], d["v_size_gb"]
+        d["failure"] = (
+            None if self.failure is None else {"kind": self.failure.failure_kind, "line": self.failure.line}
+        )
+        return d
+
+
+class SummaryBuilder:
+    """Feed lines as they arrive (a followed journal or a file); ask for phase or summary at any time."""
+
+    def __init__(self) -> None:
+        self._first_begin: dict[str | None, float] = {}
+        self._target_end: dict[str | None, float] = {}
+        self._before_pool: dict[str | None, float] = {}
+        self._draft_weights: set[str | None] = set()
+        self._pools: dict[str | None, list[ev.KvPool]] = {}
+        self._swa = False
+        self._scheduler: ev.Scheduler | None = None
+        self._gpu_free: list[float] = []
+        self._args: dict[str, tuple[int, float | int]] = {}
+        self._ready = False
+        self._failure: ev.Failure | None = None
+        self._failed_last = False
+        self._phase = 0
+        self._percent: int | None = None
+
+    @property
+    def phase(self) -> str:
+        """Where the start is: one of PHASES."""
+        return "failed" if self._failed_last else PHASES[self._phase]
+
+    @property
+    def weights_percent(self) -> int | None:
+        """The latest checkpoint-shard progress (global rank 0 prints it), None before the first bar."""
+        return self._percent
+
+    def feed(self, text: str) -> list[LogEvent]:
+        """Parse one MESSAGE; the events come back with draft/target resolved from earlier lines."""
+        events = [self._resolve(e) for e in parse_line(text)]
+        for e in events:
+            self._apply(e)
+        return events
+
+    def _resolve(self, e: LogEvent) -> LogEvent:
+        """A rank's second weights load is a draft; its second pool too, unless SWA sub-pools explain it."""
+        if isinstance(e, ev.WeightsEnd) and not e.is_draft and e.rank in self._target_end:
+            return dataclasses.replace(e, is_draft=True)
+        if isinstance(e, ev.KvPool) and e.label is None and self._pools.get(e.rank):
+            draft = e.rank in self._draft_weights or not self._swa
+            return dataclasses.replace(e, is_draft=draft)
+        return e
+
+    def _apply(self, e: LogEvent) -> None:  # noqa: C901 - one branch per event kind
+        self._phase = max(self._phase, _PHASE_OF.get(e.kind, 0))
+        if isinstance(e, ev.WeightsBegin):
+            self._first_begin.setdefault(e.rank, e.avail_gb)
+        elif isinstance(e, ev.WeightsProgress):
+            self._percent = e.percent
+        elif isinstance(e, ev.WeightsEnd):
+            if e.is_draft:
+                self._draft_weights.add(e.rank)
+            else:
+                self._target_end.setdefault(e.rank, e.avail_gb)
+            if e.rank not in self._pools:
+                self._before_pool[e.rank] = e.avail_gb
+        elif isinstance(e, ev.KvPool):
+            self._swa = self._swa or e.label in ("SWA", "Full")
+            self._pools.setdefault(e.rank, []).append(e)
+        elif isinstance(e, ev.SwaPool):
+            self._swa = True
+        elif isinstance(e, ev.Scheduler):
+            self._scheduler = self._scheduler or e
+            if e.available_gpu_mem_gb is not None:
+                self._gpu_free.append(e.available_gpu_mem_gb)
+        elif isinstance(e, ev.ServerArgs):
+            self._apply_args(e)
+        elif isinstance(e, ev.Ready):
+            self._ready, self._failed_last = True, False
+        elif isinstance(e, ev.Failure):
+            self._apply_failure(e)
+
+    def _apply_args(self, e: ev.ServerArgs) -> None:
+        rank = ev.SOURCE_RANK[e.source]
+        for key, value in (
+            ("mem_fraction_static", e.mem_fraction_static),
+            ("context_length", e.context_length),
+            ("max_running_requests", e.max_running_requests),
+        ):
+            if value is not None and (key not in self._args or self._args[key][0] < rank):
+                self._args[key] = (rank, value)
+
+    def _apply_failure(self, e: ev.Failure) -> None:
+        # Root cause rule: keep the first failure line, except that a line of higher weight replaces it
+        # (a named cause beats a bare exception line, which beats a traceback header or a "child died"
+        # consequence such as sigquit), so "Traceback ..." then "torch.OutOfMemoryError" ends as cuda_oom.
+        self._failed_last = True
+        if self._failure is None or e.weight > self._failure.weight:
+            self._failure = e
+
+    def summary(self) -> StartSummary:
+        """The summary of everything fed so far."""
+        targets, drafts = self._split_pools()
+        target = min(targets, key=lambda p: p.tokens) if targets else None
+        sched = self._scheduler
+        kv_tokens = sched.max_total_num_tokens if sched else None
+        return StartSummary(
+            kv_tokens=kv_tokens if kv_tokens is not None else (target.tokens if target else None),
+            kv_size_gb=target.size_gb if target else None,
+            k_size_gb=target.k_gb if target else None,
+            v_size_gb=target.v_gb if target else None,
+            draft_kv_tokens=min(p.tokens for p in drafts) if drafts else None,
+            max_total_num_tokens=sched.max_total_num_tokens if sched else None,
+            context_len=sched.context_len if sched and sched.context_len else self._arg_int("context_length"),
+            max_running_requests=(
+                sched.max_running_requests
+                if sched and sched.max_running_requests
+                else self._arg_int("max_running_requests")
+            ),
+            avail_mem_before_weights_gb=_min(self._first_begin.values()),
+            avail_mem_after_weights_gb=_min(self._target_end.values()),
+            avail_mem_before_pool_gb=_min(self._before_pool.values()),
+            available_gpu_mem_gb=_min(self._gpu_free),
+            mem_fraction_static=self._arg_float("mem_fraction_static"),
+            ready=self._ready,
+            failure=self._failure,
+        )
+
+    def _split_pools(self) -> tuple[list[ev.KvPool], list[ev.KvPool]]:
+        """Per rank: the target pool (a post-capture resize wins) and the draft pool, if any."""
+        targets: list[ev.KvPool] = []
+        drafts: list[ev.KvPool] = []
+        for rank, pools in self._pools.items():
+            post = [p for p in pools if p.label == "post_capture"]
+            targets.append(post[-1] if post else pools[0])
+            # SWA seen only after a rank's second line (older builds print SWAKVPool last) still counts.
+            rank_drafts = [p for p in pools[1:] if p.is_draft]
+            if rank_drafts and (rank in self._draft_weights or not self._swa):
+                drafts.append(rank_drafts[0])
+        return targets, drafts
+
+    def _arg_int(self, key: str) -> int | None:
+        return int(self._args[key][1]) if key in self._args else None
+
+    def _arg_float(self, key: str) -> float | None:
+        return float(self._args[key][1]) if key in self._args else None
+
+
+def summarize(lines: Iterable[str]) -> StartSummary:
+    """The summary of a whole log, one MESSAGE (or pasted line) per item."""
+    builder = SummaryBuilder()
+    for line in lines:
+        builder.feed(line)
+    return builder.summary()
+
+
+def _min(values: Iterable[float]) -> float | None:
+    return min(values, default=None)

@@ -60,6 +60,7 @@ class SshTransport:
         if known_hosts is not None:  # an explicit file replaces every UserKnownHostsFile, for all hops
             resolved = _with_known_hosts(resolved, known_hosts)
         self.target = resolved
+        self._final = resolved.hop()
         self.name = name or resolved.alias
         self.accept_new = accept_new
         self.sudo = sudo
@@ -102,11 +103,11 @@ class SshTransport:
     def _log_retry(self, state: RetryCallState) -> None:
         failure = state.outcome.exception() if state.outcome else None
         delay = state.next_action.sleep if state.next_action else 0.0
-        log.info("%s; retrying in %.1fs (attempt %d of %d)", failure, delay, state.attempt_number + 1,
-                 self.retry.attempts)  # fmt: skip
+        upcoming = state.attempt_number + 1
+        log.info("%s; retrying in %.1fs (attempt %d of %d)", failure, delay, upcoming, self.retry.attempts)
 
     def _connect_chain(self) -> list[paramiko.SSHClient]:
-        hops = (*self.target.jumps, self.target.hop())
+        hops = (*self.target.jumps, self._final)
         clients: list[paramiko.SSHClient] = []
         try:
             sock: socket.socket | paramiko.Channel = self._open_socket(hops[0])
@@ -121,7 +122,8 @@ class SshTransport:
         return clients
 
     def _label(self, hop: SshTarget) -> str:
-        return self.name if hop.alias == self.target.alias else f"{self.name} (jump host {hop.alias})"
+        """How errors name a hop: the host's name, plus which jump host when it is not the last hop."""
+        return self.name if hop is self._final else f"{self.name} (jump host {hop.alias})"
 
     def _open_socket(self, hop: SshTarget) -> socket.socket:
         try:

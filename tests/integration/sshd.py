@@ -84,22 +84,22 @@ class Sshd:
             self.proc.wait()
 
 
-def start_sshd(root: Path, client_key: Path) -> Sshd:
-    """Start sshd -D -e on a free port, authorising client_key for root; wait until it greets."""
+def start_sshd(root: Path, client_key: Path, port: int | None = None) -> Sshd:
+    """Start sshd -D on port (else a free one), authorising client_key for root; wait until it greets."""
     root.mkdir(parents=True, exist_ok=True)
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     host_key = keygen(root / "ssh_host_ed25519_key")
     authorized = root / "authorized_keys"
     authorized.write_text(client_key.with_suffix(".pub").read_text())
     for _ in range(5):  # another process may grab the free port between probe and bind
-        port = free_port()
+        listen = port or free_port()
         conf = root / "sshd_config"
-        conf.write_text(_config(root, port, host_key, authorized))
+        conf.write_text(_config(root, listen, host_key, authorized))
         # -E, not -e: with -e the session's own stderr picks up sshd's debug lines.
         log = str(root / "sshd.log")
         proc = subprocess.Popen([str(SSHD), "-D", "-E", log, "-f", str(conf)], stdin=subprocess.DEVNULL)
-        if _wait_for_banner(port, proc):
-            return Sshd(root, port, proc, host_key, client_key)
+        if _wait_for_banner(listen, proc):
+            return Sshd(root, listen, proc, host_key, client_key)
         proc.kill()
         proc.wait()
     raise RuntimeError(f"sshd did not start; log:\n{(root / 'sshd.log').read_text()}")

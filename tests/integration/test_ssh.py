@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -178,6 +180,27 @@ def test_closed_port_fails_after_bounded_retries(lab: Lab) -> None:
         == f"ct200: cannot connect to 127.0.0.1:{port}: connection refused (after 3 attempts)"
     )
     assert time.monotonic() - started < 2
+
+
+def test_retries_until_the_host_comes_up(lab: Lab, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    late: list[Sshd] = []
+    boot = threading.Timer(0.4, lambda: late.append(start_sshd(tmp_path / "sshd", lab.sshd.client_key, port)))
+    config = tmp_path / "config"
+    config.write_text(f"Host 127.0.0.1\n  IdentityFile {lab.sshd.client_key}\n")
+    patient = ConnectRetry(attempts=10, initial_delay_s=0.1, max_delay_s=0.3, timeout_s=5)
+    caplog.set_level(logging.INFO, logger="deployctl.ssh")
+    boot.start()
+    try:
+        ssh = lab.transport(f"root@127.0.0.1:{port}", config_path=config, known_hosts=tmp_path / "kh",
+                            accept_new=True, retry=patient)  # fmt: skip
+        with ssh:
+            assert ssh.run(["true"]).ok
+    finally:
+        boot.join()
+        for sshd in late:
+            sshd.stop()
+    assert f"cannot connect to 127.0.0.1:{port}: connection refused; retrying in" in caplog.text
 
 
 def test_unresolvable_host_is_not_retried(lab: Lab) -> None:

@@ -1,0 +1,93 @@
+"""`python -m sglang.launch_server`: the simulated start-up, failures and serving loop."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+
+from . import sizing as sz
+from .startup import Launch
+
+V = tuple[int, int, int]
+
+
+def human_readable_int(text: str) -> int:
+    """200k -> 200000, 256Ki -> 262144 (case-sensitive SI and IEC suffixes)."""
+    m = re.fullmatch(r"(\d+)(k|M|G|T|Ki|Mi|Gi|Ti)?", text.strip())
+    if not m:
+        raise ValueError(text)
+    scale = {
+        "k": 10**3,
+        "M": 10**6,
+        "G": 10**9,
+        "T": 10**12,
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+    }
+    return int(m.group(1)) * scale.get(m.group(2) or "", 1)
+
+
+def build_parser(v: V) -> argparse.ArgumentParser:
+    """SGLang's flags that matter here, as the chosen version spells them."""
+    p = argparse.ArgumentParser(prog="sglang serve" if v >= (0, 5, 20) else "launch_server.py")
+    add = p.add_argument
+    add("--model-path", required=True)
+    add("--tokenizer-path")
+    add("--served-model-name")
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=30000)
+    add("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    add("--context-length", type=human_readable_int if v >= (0, 5, 10) else int)
+    add("--mem-fraction-static", type=float)
+    add("--max-running-requests", type=int)
+    add("--max-total-tokens", type=int)
+    add("--chunked-prefill-size", type=int)
+    add("--max-prefill-tokens", type=int, default=16384)
+    add("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"])
+    add("--page-size", type=int)
+    add("--attention-backend")
+    add("--trust-remote-code", action="store_true")
+    algos = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"] + (["DFLASH"] if v >= (0, 5, 11) else [])
+    add("--speculative-algorithm", choices=algos)
+    add("--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path")
+    add("--speculative-num-steps", type=int)
+    add("--speculative-eagle-topk", type=int)
+    add("--speculative-num-draft-tokens", type=int)
+    if v >= (0, 5, 14):
+        add("--cuda-graph-max-bs-decode", dest="cuda_graph_max_bs", type=int)
+        add("--cuda-graph-max-bs-prefill", type=int)
+        if v < (0, 5, 20):  # the deprecated alias; from 0.5.20 it is an ambiguous prefix
+            add("--cuda-graph-max-bs", dest="cuda_graph_max_bs", type=int)
+    else:
+        add("--cuda-graph-max-bs", type=int)
+    add("--disable-cuda-graph", action="store_true")
+    add("--enable-metrics", action="store_true")
+    add("--tool-call-parser")
+    add("--reasoning-parser")
+    add("--allow-auto-truncate", action="store_true")
+    add("--log-level", default="info")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    env = dict(os.environ)
+    hw = sz.hardware_from_env(env)
+    parser = build_parser(sz.version_tuple(hw.log_format))
+    args = parser.parse_args(argv)
+    if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static < 1:
+        parser.error(f"argument --mem-fraction-static: {args.mem_fraction_static} is not between 0 and 1")
+    if args.speculative_algorithm == "DFLASH" and not args.speculative_draft_model_path:
+        parser.error("--speculative-algorithm DFLASH requires --speculative-draft-model-path")
+    launch = Launch(args, hw, env)
+    signal.signal(signal.SIGTERM, launch.on_sigterm)
+    launch.run()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,234 @@
+"""HTTP side of the simulated SGLang server: health, info, models, chat completions, generate."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+WORD = re.compile(r"\w+|[^\w\s]")
+ANIMALS = {
+    *("dog", "cat", "fox", "horse", "cow", "bird", "mouse", "rabbit", "lion", "tiger", "bear", "wolf"),
+    *("sheep", "pig", "goat", "duck", "owl", "frog", "fish", "snake", "elephant", "monkey", "deer", "camel"),
+}
+
+
+def count_tokens(text: str) -> int:
+    """A stand-in tokenizer: one token per word or punctuation mark."""
+    return len(WORD.findall(text))
+
+
+def answer(prompt: str) -> str:
+    """Answer the smoke test's needle question from the prompt; anything else gets a fixed reply."""
+    if re.search(r"what animal", prompt, re.IGNORECASE):
+        found = [w.lower() for w in WORD.findall(prompt) if w.lower() in ANIMALS]
+        return found[-1].capitalize() if found else "None"
+    if re.search(r"capital .*France", prompt, re.IGNORECASE):
+        return "Paris."
+    return "This is a reply from the simulated SGLang server."
+
+
+@dataclass
+class State:
+    """What the HTTP side knows about the running server."""
+
+    version: tuple[int, int, int]
+    served_model_name: str
+    context_len: int
+    pool: int
+    prefill_tokens_per_s: float
+    allow_auto_truncate: bool
+    enable_metrics: bool
+    server_info: dict[str, Any]
+    model_info: dict[str, Any]
+    access_log: Callable[[str], None]
+    ready: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def max_req_input_len(self) -> int:
+        return min(self.context_len - 1, self.pool - 1) - 5
+
+
+class BadRequest(Exception):
+    """A request SGLang answers with HTTP 400."""
+
+
+def check_length(state: State, n: int, max_new: int | None) -> int:
+    """Apply SGLang's length checks; return the (possibly truncated) prompt length."""
+    if n >= state.context_len:
+        if not state.allow_auto_truncate:
+            raise BadRequest(
+                f"The input ({n} tokens) is longer than the model's context length "
+                f"({state.context_len} tokens)."
+            )
+        n = state.context_len - 1
+    if max_new is not None and n + max_new > state.context_len:
+        raise BadRequest(
+            "Requested token count exceeds the model's maximum context length of "
+            f"{state.context_len} tokens. "
+            f"You requested a total of {n + max_new} tokens: {n} tokens from the input messages and "
+            f"{max_new} tokens for the completion. Please reduce the number of tokens in the input messages "
+            "or the completion to fit within the limit."
+        )
+    if n > state.max_req_input_len:
+        if not state.allow_auto_truncate:
+            raise BadRequest(
+                f"Input length ({n} tokens) exceeds the maximum allowed length ({state.max_req_input_len} "
+                "tokens). Use a shorter input or enable --allow-auto-truncate."
+            )
+        n = state.max_req_input_len
+    return n
+
+
+def generate(state: State, prompt: str, prompt_tokens: int, max_new: int | None) -> tuple[str, int, int]:
+    """Run one simulated request: length checks, prefill time, a short answer."""
+    n = check_length(state, prompt_tokens, max_new)
+    time.sleep(n / state.prefill_tokens_per_s)
+    words = WORD.findall(answer(prompt))
+    if max_new is not None:
+        words = words[:max_new]
+    text = " ".join(words).replace(" .", ".").replace(" ,", ",")
+    return text, n, len(words)
+
+
+def message_text(content: Any) -> str:
+    """The text of an OpenAI message content (a string or a list of parts)."""
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+class Handler(BaseHTTPRequestHandler):
+    """One request; the routes mirror SGLang's FastAPI app."""
+
+    server_version = "uvicorn"
+    sys_version = ""
+    state: State
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        host, port = self.client_address[:2]
+        phrase = self.responses.get(int(code), ("",))[0] if str(code).isdigit() else ""
+        self.state.access_log(
+            f'{host}:{port} - "{self.command} {self.path} {self.request_version}" {code} {phrase}'
+        )
+
+    def reply(self, code: int, body: Any = None, ctype: str = "application/json") -> None:
+        data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        self.send_response(code)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def error(self, code: int, message: str) -> None:
+        self.reply(
+            code,
+            {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": code},
+        )
+
+    def do_GET(self) -> None:
+        s, path = self.state, self.path.split("?")[0]
+        new = s.version >= (0, 5, 10)
+        if path in ("/health", "/health_generate"):
+            always_up = path == "/health" and s.version < (0, 4, 10)
+            self.reply(200 if always_up or s.ready.is_set() else 503)
+        elif path == "/get_server_info" or (new and path == "/server_info"):
+            self.reply(200, s.server_info)
+        elif path == "/get_model_info" or (new and path == "/model_info"):
+            self.reply(200, s.model_info)
+        elif path == "/v1/models":
+            card = {
+                "id": s.served_model_name,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "sglang",
+            }
+            card |= {"root": s.served_model_name, "max_model_len": s.context_len}
+            self.reply(200, {"object": "list", "data": [card]})
+        elif path == "/metrics" and s.enable_metrics:
+            name = s.served_model_name
+            text = "# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV pool.\n"
+            text += "# TYPE sglang:max_total_num_tokens gauge\n"
+            text += f'sglang:max_total_num_tokens{{model_name="{name}"}} {s.pool}.0\n'
+            self.reply(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
+        else:
+            self.reply(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+        except ValueError:
+            self.error(400, "Invalid JSON body")
+            return
+        try:
+            if self.path == "/v1/chat/completions":
+                self.chat(body)
+            elif self.path == "/generate":
+                self.native_generate(body)
+            else:
+                self.reply(404, {"detail": "Not Found"})
+        except BadRequest as exc:
+            self.error(400, str(exc))
+
+    def chat(self, body: dict[str, Any]) -> None:
+        messages = body.get("messages") or []
+        prompt = "\n".join(message_text(m.get("content")) for m in messages)
+        # one role token per message stands in for the chat template
+        n = sum(count_tokens(message_text(m.get("content"))) + 1 for m in messages)
+        max_new = body.get("max_completion_tokens", body.get("max_tokens"))
+        text, n, m = generate(self.state, prompt, n, max_new)
+        usage = {
+            "prompt_tokens": n,
+            "total_tokens": n + m,
+            "completion_tokens": m,
+            "prompt_tokens_details": None,
+        }
+        head = {"id": uuid.uuid4().hex, "created": int(time.time()), "model": self.state.served_model_name}
+        if not body.get("stream"):
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "reasoning_content": None},
+            }
+            choice |= {"logprobs": None, "finish_reason": "stop", "matched_stop": None}
+            self.reply(200, {**head, "object": "chat.completion", "choices": [choice], "usage": usage})
+            return
+        chunks = [
+            {**head, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]}
+        ]
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+        data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        self.reply(200, data.encode(), "text/event-stream")
+
+    def native_generate(self, body: dict[str, Any]) -> None:
+        prompt = body.get("text") or ""
+        n = len(body["input_ids"]) if body.get("input_ids") else count_tokens(str(prompt))
+        max_new = (body.get("sampling_params") or {}).get("max_new_tokens", 128)
+        text, n, m = generate(self.state, str(prompt), n, max_new)
+        meta = {"id": uuid.uuid4().hex, "prompt_tokens": n, "completion_tokens": m, "cached_tokens": 0}
+        self.reply(
+            200, {"text": text, "meta_info": meta | {"finish_reason": {"type": "stop", "matcher": None}}}
+        )
+
+
+class SimServer(ThreadingHTTPServer):
+    """uvicorn's place: one thread per connection, none of them keeping the process alive."""
+
+    daemon_threads = True
+
+
+class SimServer6(SimServer):
+    address_family = socket.AF_INET6
+
+
+def make_server(host: str, port: int, state: State) -> ThreadingHTTPServer:
+    """Bind the listening socket (OSError when the port is taken)."""
+    handler = type("BoundHandler", (Handler,), {"state": state})
+    return (SimServer6 if ":" in host else SimServer)((host, port), handler)

@@ -1,0 +1,494 @@
+"""One simulated SGLang start: the log sequence of the chosen version, its failures, then serving."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, NoReturn
+
+from . import sizing as sz
+from .output import Out, traceback_lines
+from .serve import State, make_server
+
+SPEC_WITH_DRAFT = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "DFLASH"}
+MLA_PAGE64 = {"flashmla", "trtllm_mla", "cutedsl_mla"}
+SITE = "/usr/local/lib/python3.12/dist-packages/sglang/srt"
+HEADER = "Traceback (most recent call last):"
+Frame = tuple[str, int, str, str]
+SCHEDULER: list[Frame] = [
+    ("managers/scheduler.py", 3301, "run_scheduler_process", "scheduler = Scheduler("),
+    ("managers/scheduler.py", 412, "__init__", "self.init_model_worker()"),
+]
+
+
+def read_config(path: str | None) -> dict[str, Any]:
+    """The HF config.json next to the weights, or nothing."""
+    try:
+        data = json.loads((Path(path or "/nonexistent") / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def clock(seconds: float) -> str:
+    """tqdm's mm:ss."""
+    return f"{int(seconds) // 60:02d}:{int(seconds) % 60:02d}"
+
+
+class Launch:
+    """One simulated server start, from flags to 'fired up', and then serving."""
+
+    def __init__(self, args: argparse.Namespace, hw: sz.Hardware, env: dict[str, str]) -> None:
+        self.a, self.hw, self.env = args, hw, env
+        self.v = sz.version_tuple(hw.log_format)
+        self.ranks = args.tp_size * args.dp_size
+        self.out = Out(args.tp_size, args.dp_size, hw.fault == "garbage")
+        self.slow = hw.slow_factor if hw.fault == "slow_start" else 1.0
+        self.config = read_config(args.model_path)
+        self.target = sz.arch_from_config(self.config, sz.KIMI_K26)
+        self.spec: str | None = args.speculative_algorithm
+        self.has_draft = self.spec in SPEC_WITH_DRAFT
+        t = self.target
+        mtp = sz.Arch(t.architecture + "NextN", 1, t.kv_lora_rank, t.qk_rope_head_dim, t.kv_heads, t.head_dim)
+        default_draft = sz.DFLASH_DRAFT if self.spec == "DFLASH" else mtp
+        self.draft = sz.arch_from_config(read_config(args.speculative_draft_model_path), default_draft)
+        self.spreads = sz.rank_spreads(hw, self.ranks)
+        self.elem = sz.kv_elem(args.kv_cache_dtype, t.dtype)
+        fp8 = {"fp8_e5m2": "float8_e5m2", "fp8_e4m3": "float8_e4m3fn"}
+        self.kv_dtype = fp8.get(args.kv_cache_dtype, "bfloat16" if self.elem == 2 else t.dtype)
+        self.serving = False
+
+    def pause(self, seconds: float) -> None:
+        time.sleep(seconds * self.slow)
+
+    def order(self) -> list[int]:
+        """Ranks in the jumbled order parallel processes print in."""
+        return sorted(range(self.ranks), key=lambda r: (r * 5 + 3) % (self.ranks + 1))
+
+    def resolve(self) -> None:
+        """Fill in the defaults SGLang resolves before it prints server_args."""
+        a, hw = self.a, self.hw
+        a.served_model_name = a.served_model_name or a.model_path
+        a.tokenizer_path = a.tokenizer_path or a.model_path
+        a.chunked_prefill_size = a.chunked_prefill_size or (8192 if hw.gpu_mem_gib > 60 else 4096)
+        a.attention_backend = a.attention_backend or hw.attention_backend
+        a.page_size = a.page_size or (64 if self.target.mla and a.attention_backend in MLA_PAGE64 else 1)
+        if self.has_draft and a.max_running_requests is None:
+            a.max_running_requests = 48
+            self.out.log(
+                "Max running requests is reset to 48 for speculative decoding. You can override this "
+                "by explicitly setting --max-running-requests."
+            )
+        if self.spec == "DFLASH":
+            a.speculative_num_steps, a.speculative_eagle_topk = 1, 1
+            a.speculative_num_draft_tokens = a.speculative_num_draft_tokens or 16
+        elif self.spec:
+            a.speculative_num_steps = a.speculative_num_steps or 3
+            a.speculative_eagle_topk = a.speculative_eagle_topk or 1
+            a.speculative_num_draft_tokens = a.speculative_num_draft_tokens or 4
+        a.cuda_graph_max_bs = a.cuda_graph_max_bs or (512 if a.tp_size >= 4 else 256)
+        if a.max_running_requests is not None:
+            a.cuda_graph_max_bs = min(a.cuda_graph_max_bs, a.max_running_requests)
+        if a.mem_fraction_static is None:
+            a.mem_fraction_static = sz.default_fraction(
+                self.v, hw, self.target, a.tp_size, self.spec, a.chunked_prefill_size, a.cuda_graph_max_bs
+            )
+        env_context = int(self.env.get("SGLANG_SIM_MAX_CONTEXT") or 0)
+        self.derived = env_context or (self.target.max_context if self.config else hw.max_context)
+        self.context = a.context_length or self.derived
+
+    def server_args_line(self) -> str:
+        fields = dict(vars(self.a))
+        if self.v >= (0, 5, 20):
+            return f"server_args={fields!r}"
+        return "server_args=ServerArgs(" + ", ".join(f"{k}={val!r}" for k, val in fields.items()) + ")"
+
+    def check_context(self) -> None:
+        """A context above the model's derived one is refused from 0.5.3 (0.4.x only warns)."""
+        if self.context <= self.derived:
+            return
+        msg = (
+            f"Warning: User-specified context_length ({self.context}) is greater than the derived "
+            f"context_length ({self.derived}). This may lead to incorrect model outputs or CUDA errors. "
+            "Note that the derived context_length may differ from max_position_embeddings in the model's "
+            "config."
+        )
+        allowed = self.env.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "").lower() in ("1", "true")
+        if self.v < (0, 5, 3) or allowed:
+            self.out.log(msg)
+            return
+        frames: list[Frame] = [
+            ("entrypoints/engine.py", 812, "_launch_subprocesses", "tokenizer_manager = TokenizerManager("),
+            ("configs/model_config.py", 241, "__init__", "raise ValueError("),
+        ]
+        error = f"ValueError: {msg} To allow overriding this maximum, set the env var "
+        for line in [
+            HEADER,
+            *traceback_lines(SITE, frames, error + "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"),
+        ]:
+            self.out.raw(line)
+        os._exit(1)
+
+    def die(self, body: list[str], rank: int = 0, serving: bool = False) -> NoReturn:
+        """SGLang's way down: the scheduler traceback, SIGQUIT to the parent, kill_process_tree."""
+        self.out.log("Scheduler hit an exception: " + HEADER, rank)
+        for line in body:
+            self.out.raw(line)
+        self.pause(0.05)
+        if serving and self.v >= (0, 5, 3):
+            self.out.log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+        else:
+            self.out.log("Received sigquit from a child process. It usually means the child failed.")
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise SystemExit(137)
+
+    def dist_init(self) -> None:
+        for r in self.order():
+            used = self.hw.gpu_mem_gib - self.pre(r)
+            if self.v >= (0, 5, 21):
+                self.out.log("Init parallel begin.", r)
+                self.out.log("Init parallel ends. elapsed=0.84 s", r)
+                self.out.log(f"Memory baseline taken. mem usage={used:.2f} GB", r)
+            else:
+                self.out.log("Init torch distributed begin.", r)
+                elapsed = "elapsed=0.84 s, " if self.v >= (0, 5, 9) else ""
+                self.out.log(f"Init torch distributed ends. {elapsed}mem usage={used:.2f} GB", r)
+
+    def pre(self, r: int) -> float:
+        return self.hw.pre_gib + self.spreads[r]
+
+    def load(self, arch: sz.Arch, before: list[float], weights: float, shards: int, seconds: float) -> None:
+        """Per-rank begin/end lines around a progress bar on global rank 0 (\\r-redrawn from 0.5)."""
+        for r in self.order():
+            self.out.log(f"Load weight begin. avail mem={before[r]:.2f} GB", r)
+        cr, eol = ("", "\n") if self.v < (0, 5, 0) else ("\r", "")
+        bar = "Loading safetensors checkpoint shards: {:3.0f}% Completed | {}/{} [{}<{}, {}]"
+        start = time.monotonic()
+        self.out.raw(cr + bar.format(0, 0, shards, "00:00", "?", "?it/s"), end=eol)
+        for n in range(1, shards + 1):
+            self.pause(seconds / shards)
+            if self.hw.fault == "crash_loading" and n > shards // 2:
+                self.out.raw("")
+                self.crash_loading()
+            elapsed = time.monotonic() - start
+            rate = n / max(elapsed, 1e-6)
+            speed = f"{rate:5.2f}it/s" if rate >= 1 else f"{1 / rate:5.2f}s/it"
+            line = bar.format(100 * n / shards, n, shards, clock(elapsed), clock((shards - n) / rate), speed)
+            self.out.raw(cr + line, end=eol)
+        self.out.raw("", end="\n" if cr else "")
+        for r in self.order():
+            self.out.log(self.load_end(arch, before[r] - weights, weights, time.monotonic() - start), r)
+
+    def crash_loading(self) -> NoReturn:
+        frames: list[Frame] = [
+            ("model_loader/loader.py", 689, "load_weights_and_postprocess", "model.load_weights(weights)"),
+            (
+                "model_loader/weight_utils.py",
+                512,
+                "safetensors_weights_iterator",
+                "with safe_open(st_file) as f:",
+            ),
+        ]
+        error = "safetensors_rust.SafetensorError: Error while deserializing header: MetadataIncompleteBuffer"
+        self.die(traceback_lines(SITE, SCHEDULER + frames, error))
+
+    def load_end(self, arch: sz.Arch, avail: float, usage: float, elapsed: float) -> str:
+        mem = f"avail mem={avail:.2f} GB, mem usage={usage:.2f} GB."
+        if self.v < (0, 5, 9):
+            return f"Load weight end. type={arch.architecture}, dtype=torch.{arch.dtype}, {mem}"
+        quant = f"quant={arch.quant}, " if arch.quant else ""
+        middle = f"dtype=torch.{arch.dtype}, " if self.v < (0, 5, 10) else quant
+        return f"Load weight end. elapsed={elapsed:.2f} s, type={arch.architecture}, {middle}{mem}"
+
+    def kv_line(self, arch: sz.Arch, tokens: int, cell: int) -> str:
+        size = (tokens + self.a.page_size) * cell / sz.GIB
+        dtype = f"dtype: torch.{self.kv_dtype}, " if self.v >= (0, 5, 13) else ""
+        sizes = (
+            f"KV size: {size:.2f} GB" if arch.mla else f"K size: {size / 2:.2f} GB, V size: {size / 2:.2f} GB"
+        )
+        return f"KV Cache is allocated. {dtype}#tokens: {tokens}, {sizes}"
+
+    def no_memory(self, exc: sz.NoKvMemory) -> NoReturn:
+        f, m = self.a.mem_fraction_static, exc.min_fraction
+        if self.v >= (0, 5, 14):
+            error = (
+                "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+                f"--mem-fraction-static={f}. Raise --mem-fraction-static above {m:.3f} (minimum viable = "
+                f"1 - available/pre = {m:.4f}). If using speculative decoding, draft weights are now counted."
+            )
+            where = (
+                "mem_cache/kv_cache_configurator.py",
+                214,
+                "_profile_available_bytes",
+                "raise ValueError(",
+            )
+        else:
+            owner = "self.server_args." if self.v < (0, 5, 10) else ""
+            current = f" Current value: {owner}mem_fraction_static={f}" if self.v >= (0, 5, 3) else ""
+            error = f"RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.{current}"
+            where = ("model_executor/model_runner.py", 1290, "init_memory_pool", "raise RuntimeError(")
+        frames: list[Frame] = [
+            ("managers/scheduler.py", 640, "init_model_worker", "self.init_memory_pools()"),
+            where,
+        ]
+        self.die(traceback_lines(SITE, SCHEDULER + frames, error))
+
+    def oom(self, free: float, want: float) -> NoReturn:
+        """torch's OOM inside graph capture, re-raised by SGLang with its hint (a chained traceback)."""
+        # the failing allocation is always larger than what is left (fragmentation in the fault case)
+        total, free = self.hw.gpu_mem_gib, min(max(free, 0.02), 0.45)
+        want = max(want, free + 0.25)
+        torch_err = (
+            f"CUDA out of memory. Tried to allocate {want:.2f} GiB. GPU 0 has a total "
+            f"capacity of {total:.2f} GiB of which {free * 1024:.2f} MiB is free. Including non-PyTorch "
+            f"memory, this process has {total - free:.2f} GiB memory in use. If reserved but unallocated "
+            "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+            "fragmentation.  See documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+        )
+        flag = "--cuda-graph-max-bs-decode" if self.v >= (0, 5, 14) else "--cuda-graph-max-bs"
+        hint = (
+            "\nPossible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+            f"2. set {flag} to a smaller value (e.g., 16)\n"
+            "3. disable torch compile by not using --enable-torch-compile\n"
+            "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
+            "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
+        )
+        inner: list[Frame] = [("model_executor/cuda_graph_runner.py", 388, "__init__", "self.capture()")]
+        outer: list[Frame] = [
+            (
+                "model_executor/model_runner.py",
+                2104,
+                "init_device_graphs",
+                "self.graph_runner = CudaGraphRunner(self)",
+            ),
+            ("model_executor/cuda_graph_runner.py", 390, "__init__", "raise Exception("),
+        ]
+        body = traceback_lines(SITE, inner, "torch.OutOfMemoryError: " + torch_err)
+        body += ["", "During handling of the above exception, another exception occurred:", "", HEADER]
+        body += traceback_lines(
+            SITE, SCHEDULER + outer, f"Exception: Capture cuda graph failed: {torch_err}{hint}"
+        )
+        self.die(body)
+
+    def capture(self, role: str, avail: list[float], graph: float, bs: int) -> list[float]:
+        """Graph capture lines per rank; returns the free memory after it."""
+        sizes = sz.capture_sizes(bs)
+        for r in self.order():
+            if self.v >= (0, 5, 14):
+                k = self.a.speculative_num_draft_tokens if role == "target verify" else 1
+                head = f"Capture {role} CUDA graph begin. backend=full, num_tokens_per_req={k}, bs={sizes}, "
+            else:
+                head = "Capture cuda graph begin. This can take up to several minutes. "
+            self.out.log(f"{head}avail mem={avail[r]:.2f} GB", r)
+        if self.v < (0, 5, 14):
+            self.out.log(f"Capture cuda graph bs {sizes}", 0)
+        headroom = max(0.25, 0.5 * self.a.chunked_prefill_size / 8192)
+        if self.hw.fault == "oom_graph" or min(avail) - graph < headroom:
+            self.pause(self.hw.step_seconds)
+            self.oom(min(avail) - graph, headroom)
+        self.pause(self.hw.step_seconds)
+        for r in self.order():
+            left, mem = avail[r] - graph, f"mem usage={graph:.2f} GB"
+            if self.v >= (0, 5, 14):
+                self.out.log(
+                    f"Capture {role} CUDA graph end. elapsed=1.42 s, {mem}, avail mem={left:.2f} GB.", r
+                )
+            else:
+                self.out.log(
+                    f"Capture cuda graph end. Time elapsed: 1.42 s. {mem}. avail mem={left:.2f} GB.", r
+                )
+        return [x - graph for x in avail]
+
+    def pools(self, arch: sz.Arch, tokens: int, cell: int, avail: list[float]) -> None:
+        for r in self.order():
+            self.out.log(self.kv_line(arch, tokens, cell), r)
+        for r in self.order():
+            self.out.log(f"Memory pool end. avail mem={avail[r]:.2f} GB", r)
+
+    def size(self, used: float) -> int:
+        """The pool, as the version sizes it; dies as SGLang does when nothing is left."""
+        a, spec = self.a, self.spec if self.has_draft else None
+        cell = sz.sizing_cell(self.v, spec, self.target, self.draft, a.tp_size, self.elem)
+        try:
+            pool = sz.pool_tokens(
+                self.hw.pre_gib,
+                self.hw.pre_gib - used,
+                a.mem_fraction_static,
+                cell,
+                a.page_size,
+                a.max_total_tokens,
+            )
+        except sz.NoKvMemory as exc:
+            self.no_memory(exc)
+        if pool.cap_ignored:
+            self.out.log(
+                f"max_total_tokens={a.max_total_tokens} is larger than the profiled value {pool.profiled}. "
+                "Use the profiled value instead.",
+                0,
+            )
+        if spec and self.v < (0, 5, 8):  # before 0.5.8 the draft's headroom inflates the count
+            per_req = a.speculative_num_steps * a.speculative_eagle_topk + a.speculative_num_draft_tokens
+            return int(pool.tokens + a.max_running_requests * per_req + 100)
+        return pool.tokens
+
+    def run(self) -> None:
+        a, hw = self.a, self.hw
+        self.resolve()
+        self.out.log(self.server_args_line())
+        self.check_context()
+        self.pause(hw.step_seconds)
+        if self.ranks > hw.gpus:
+            frames: list[Frame] = [
+                ("distributed/parallel_state.py", 1210, "init", "torch.cuda.set_device(rank)")
+            ]
+            error = "RuntimeError: CUDA error: invalid device ordinal"
+            self.die(traceback_lines(SITE, SCHEDULER + frames, error))
+        self.dist_init()
+        self.pause(hw.step_seconds)
+        weights = hw.weights_gib * hw.gpus / a.tp_size
+        draft_w = hw.draft_weights_gib if self.has_draft else 0.0
+        self.early = self.has_draft and self.v >= (0, 5, 14)  # from 0.5.14 the draft loads before sizing
+        self.load(self.target, [self.pre(r) for r in range(self.ranks)], weights, 64, hw.load_seconds)
+        used = weights + (draft_w if self.early else 0.0)
+        if self.early:
+            before = [self.pre(r) - weights for r in range(self.ranks)]
+            self.load(self.draft, before, draft_w, 1, hw.load_seconds / 8)
+        if hw.fault == "hang_before_pool":
+            while True:
+                time.sleep(3600)
+        tokens = self.size(used)
+        if (0, 5, 3) <= self.v < (0, 5, 13):
+            self.out.log(f"Using KV cache dtype: torch.{self.kv_dtype}", 0)
+        running = sz.resolve_max_running(a.max_running_requests, self.spec, tokens, self.context)
+        free, kv, graph = self.allocate(tokens, running, used, draft_w)
+        self.scheduler_lines(tokens, running, free)
+        self.memory = {"weight": round(weights + draft_w, 2), "kvcache": round(kv, 2)}
+        self.memory |= {"token_capacity": tokens, "graph": round(graph, 2)}
+        self.serve(tokens, running)
+
+    def allocate(self, tokens: int, running: int, used: float, draft_w: float) -> tuple[float, float, float]:
+        """Pools, graphs and (before 0.5.14) the draft; returns TP0's free memory, KV and graph GiB."""
+        a, early = self.a, self.early
+        r2t = (running + 1) * (self.context + 4 + (a.speculative_num_draft_tokens or 0)) * 4 / sz.GIB
+        cell_t = sz.cell_bytes(self.target, a.tp_size, self.elem)
+        cell_d = sz.cell_bytes(self.draft, a.tp_size, self.elem) if self.has_draft else 0
+        kv_t, kv_d = ((tokens + a.page_size) * c / sz.GIB for c in (cell_t, cell_d))
+        avail = [self.pre(r) - used - kv_t - r2t for r in range(self.ranks)]
+        self.pools(self.target, tokens, cell_t, avail)
+        if early:
+            avail = [x - kv_d for x in avail]
+            self.pools(self.draft, tokens, cell_d, avail)
+        bs = min(a.cuda_graph_max_bs, running)
+        graph = sz.graph_gib(self.hw, bs, a.disable_cuda_graph)
+        if not a.disable_cuda_graph and early:
+            avail = self.capture("target verify", avail, graph * 0.8, bs)
+            avail = self.capture("draft decode", avail, graph * 0.2, bs)
+        elif not a.disable_cuda_graph:
+            avail = self.capture("target decode", avail, graph, bs)
+        if self.has_draft and not early:  # older versions take the whole draft out of the slack
+            self.load(self.draft, avail, draft_w, 1, self.hw.load_seconds / 8)
+            avail = [x - draft_w - kv_d for x in avail]
+            self.pools(self.draft, tokens, cell_d, avail)
+            if not a.disable_cuda_graph:
+                avail = self.capture("draft decode", avail, graph * 0.3, bs)
+                graph *= 1.3
+        return avail[0], kv_t + kv_d, graph
+
+    def scheduler_lines(self, tokens: int, running: int, free: float) -> None:
+        a, v = self.a, self.v
+        line = (
+            f"max_total_num_tokens={tokens}, chunked_prefill_size={a.chunked_prefill_size}, "
+            f"max_prefill_tokens={a.max_prefill_tokens}, max_running_requests={running}, "
+            f"context_len={self.context}"
+        )
+        self.out.log(line + (f", available_gpu_mem={free:.2f} GB" if v >= (0, 4, 10) else ""), 0)
+        if v >= (0, 5, 16) and a.max_running_requests is not None and running < a.max_running_requests:
+            self.out.log(
+                f"max_running_requests was reduced from the requested {a.max_running_requests} to {running} "
+                "(per dp worker) due to the available KV cache capacity.",
+                0,
+            )
+        if v >= (0, 5, 21) and tokens < self.context:
+            self.out.log(
+                f"KV pool holds {tokens} tokens, fewer than --context-length {self.context}. One full-length "
+                "request cannot fit, so long requests will be refused or truncated at serving time. Lower "
+                "--context-length, raise --mem-fraction-static, or free memory taken before the pool is "
+                "sized.",
+                0,
+            )
+
+    def serve(self, tokens: int, running: int) -> NoReturn:
+        """Bind as uvicorn does (after the pool and graphs), warm up through the socket, report ready."""
+        a, out = self.a, self.out
+        states = [{"memory_usage": self.memory, "effective_max_running_requests_per_dp": running}]
+        info = {**vars(a), "max_total_num_tokens": tokens, "version": self.hw.log_format}
+        info["internal_states"] = [{**states[0], "last_gen_throughput": 0.0}]
+        model_info = {"model_path": a.model_path, "tokenizer_path": a.tokenizer_path, "is_generation": True}
+        model_info |= {"served_model_name": a.served_model_name, "architectures": [self.target.architecture]}
+        state = State(
+            self.v, a.served_model_name, self.context, tokens, self.hw.prefill_tokens_per_s,
+            a.allow_auto_truncate, a.enable_metrics, info, model_info, lambda m: out.uvicorn(m, access=True),
+        )  # fmt: skip
+        info["max_req_input_len"] = state.max_req_input_len
+        for msg in (f"Started server process [{os.getpid()}]", "Waiting for application startup."):
+            out.uvicorn(msg)
+        out.uvicorn("Application startup complete.")
+        try:
+            if self.hw.fault == "port_taken":
+                raise OSError(98, "address already in use")
+            httpd = make_server(a.host, a.port, state)
+        except OSError as exc:
+            where = f"('{a.host}', {a.port})"
+            out.uvicorn(f"[Errno {exc.errno}] error while attempting to bind on address {where}: "
+                        "address already in use", level="ERROR")  # fmt: skip
+            out.uvicorn("Waiting for application shutdown.")
+            out.uvicorn("Application shutdown complete.")
+            os._exit(1)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        self.serving = True
+        out.uvicorn(f"Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)")
+        self.warmup(state)
+        if self.hw.fault == "die_after_ready":
+            threading.Timer(self.hw.die_after_s, self.die_serving).start()
+        while True:
+            time.sleep(3600)
+
+    def warmup(self, state: State) -> None:
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.a.host, self.a.host)
+        base = f"http://[{host}]:{self.a.port}" if ":" in host else f"http://{host}:{self.a.port}"
+        info_path = "/model_info" if self.v >= (0, 5, 10) else "/get_model_info"
+        urllib.request.urlopen(base + info_path, timeout=30).read()
+        self.pause(self.hw.warmup_seconds)
+        body = {
+            "text": "The capital city of France is",
+            "sampling_params": {"temperature": 0, "max_new_tokens": 8},
+        }
+        request = urllib.request.Request(base + "/generate", json.dumps(body).encode())
+        request.add_header("content-type", "application/json")
+        urllib.request.urlopen(request, timeout=30).read()
+        state.ready.set()
+        self.out.log("The server is fired up and ready to roll!")
+
+    def die_serving(self) -> None:
+        frames: list[Frame] = [("managers/scheduler.py", 1120, "event_loop_overlap", "self.run_batch(batch)")]
+        error = "RuntimeError: CUDA error: an illegal memory access was encountered"
+        self.die(traceback_lines(SITE, frames, error), serving=True)
+
+    def on_sigterm(self, signum: int, frame: object) -> None:
+        """Stop at once (systemd's stop and restart must be quick), with uvicorn's shutdown lines."""
+        if self.serving:
+            for msg in (
+                "Shutting down",
+                "Waiting for application shutdown.",
+                "Application shutdown complete.",
+            ):
+                self.out.uvicorn(msg)
+            self.out.uvicorn(f"Finished server process [{os.getpid()}]")
+        os._exit(0)

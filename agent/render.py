@@ -33,11 +33,16 @@ def check_text(field: str, value: str) -> str:
     """Refuse a value with a control character, naming the field; return it unchanged otherwise."""
     m = _CONTROL.search(value)
     if m:
-        shown = ascii(m.group())[1:-1]
+        label = _CONTROL.sub(lambda c: _escaped(c.group()), field)  # a flag name can carry one too
         raise RenderError(
-            f"{field}: contains a control character ({shown}); a newline must never reach a unit file"
+            f"{label}: contains a control character ({_escaped(m.group())}); "
+            "a newline must never reach a unit file"
         )
     return value
+
+
+def _escaped(char: str) -> str:
+    return ascii(char)[1:-1]
 
 
 def check_flag(name: str, value: FlagInput, field: str = "flags") -> None:

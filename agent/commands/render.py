@@ -58,7 +58,7 @@ def add_set_arg(p: argparse.ArgumentParser) -> None:
         default=[],
         type=parse_set,
         metavar="FLAG=VALUE",
-        help="set an SGLang flag over the baseline (no leading --; true/false for a bare flag)",
+        help="set an SGLang flag over the baseline: mem-fraction-static=0.94 (true/false for a bare flag)",
     )
 
 

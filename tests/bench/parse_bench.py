@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Iterator
 
-from agent.sglang.logs import SummaryBuilder, parse_line
+from agent.sglang.logs import SummaryBuilder, parse_line, summarize
 
 RANKS = [f"TP{i}" for i in range(8)]
 
@@ -97,6 +97,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     lines = journal(args.lines)
+    s = summarize(_startup())  # the synthetic lines must be real formats, or the rate means nothing
+    assert (s.kv_tokens, s.avail_mem_after_weights_gb, s.ready, s.failure) == (210000, 19.83, True, None), s
     startup = list(_startup()) * max(1, args.lines // 200)
     for name, data, builder in (
         ("parse_line, journal", lines, False),

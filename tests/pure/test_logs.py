@@ -75,11 +75,7 @@ def test_real_log_numbers(case: dict[str, Any]) -> None:
         else:
             assert got == want, f"{key}: want {want}, got {got}"
             checked += 1
-    assert (
-        checked
-        or case["outcome"] != "ok"
-        or all((case["id"], k) in NOT_IN_EXCERPT for k, v in case["derived"].items() if v is not None)
-    )
+    assert checked or case["outcome"] != "ok", "a healthy start must yield some number"
 
 
 @real_logs

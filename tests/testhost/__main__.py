@@ -1,4 +1,4 @@
-"""`python -m tests.testhost up|down|status`: a long-lived local test host for trying deployctl by hand."""
+"""`python -m tests.testhost up|down|status|sweep`: a long-lived local test host, and orphan clean-up."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import shlex
 import sys
 
-from tests.testhost.instance import INSTANCES, BootError, TestHost, remove_instance
+from tests.testhost.instance import INSTANCES, BootError, TestHost, orphans, remove_instance
 from tests.testhost.rootfs import TestHostUnavailable
 
 NAME = "deployctl-testhost"
@@ -16,7 +16,7 @@ def up() -> int:
     if (INSTANCES / NAME / "state.json").exists():
         print(f"{NAME} is already up", file=sys.stderr)
         return status()
-    host = TestHost.create(name=NAME)
+    host = TestHost.create(name=NAME, outlive_creator=True)
     print(f"{NAME} is up after {host.boot_seconds:.1f} s")
     return status()
 
@@ -45,12 +45,19 @@ def status() -> int:
     return 0
 
 
+def sweep() -> int:
+    for name in orphans():
+        TestHost.attach(name).stop()
+        print(f"stopped {name}: the process that started it is gone")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.testhost")
-    parser.add_argument("verb", choices=["up", "down", "status"])
+    parser.add_argument("verb", choices=["up", "down", "status", "sweep"])
     verb = parser.parse_args(argv).verb
     try:
-        return {"up": up, "down": down, "status": status}[verb]()
+        return {"up": up, "down": down, "status": status, "sweep": sweep}[verb]()
     except (TestHostUnavailable, BootError) as exc:
         print(f"testhost: error: {exc}", file=sys.stderr)
         return 1

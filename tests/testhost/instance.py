@@ -74,6 +74,7 @@ class TestHost:
         self.pid = 0  # the systemd-nspawn process
         self.leader_pid = 0  # the container's PID 1 (systemd), as this machine sees it
         self.boot_seconds = 0.0
+        self.owner_pid: int | None = os.getpid()  # None: meant to outlive its creator (`up`)
         self._proc: subprocess.Popen[bytes] | None = None
         self._binds: list[str] = []
 
@@ -177,6 +178,7 @@ class TestHost:
         enable_units: list[str] | None = None,
         mount_agent: bool = True,
         binds_ro: dict[str, str] | None = None,
+        outlive_creator: bool = False,
     ) -> TestHost:
         """Build the root filesystem if needed, then prepare and boot a new instance."""
         rootfs = ensure_rootfs()
@@ -184,6 +186,7 @@ class TestHost:
         name = name or f"dctl-{os.getpid()}-{time.monotonic_ns() % 100000}"
         ssh_port, sglang_port = free_ports(2)
         host = cls(name, ssh_port, sglang_port, INSTANCES / name)
+        host.owner_pid = None if outlive_creator else os.getpid()
         if host.dir.exists():
             raise TestHostUnavailable(f"a test host named {name} is already up (stop it first)")
         try:
@@ -335,7 +338,7 @@ class TestHost:
     # -- state for `python -m tests.testhost` -------------------------------------------------
     def _save_state(self) -> None:
         state = {"name": self.name, "pid": self.pid, "leader_pid": self.leader_pid}
-        state |= {"ssh_port": self.ssh_port, "sglang_port": self.sglang_port}
+        state |= {"ssh_port": self.ssh_port, "sglang_port": self.sglang_port, "owner_pid": self.owner_pid}
         (self.dir / "state.json").write_text(json.dumps(state))
 
     @classmethod
@@ -344,7 +347,20 @@ class TestHost:
         state = json.loads((INSTANCES / name / "state.json").read_text())
         host = cls(name, state["ssh_port"], state["sglang_port"], INSTANCES / name)
         host.pid, host.leader_pid = state["pid"], state["leader_pid"]
+        host.owner_pid = state.get("owner_pid")
         return host
+
+
+def orphans() -> list[str]:
+    """Running instances whose creating process is gone without stopping them (a killed test run)."""
+    found = []
+    for state_file in sorted(INSTANCES.glob("*/state.json")):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            state = json.loads(state_file.read_text())
+            owner = state.get("owner_pid")
+            if owner and not _alive(owner) and state["pid"] and _alive(state["pid"]):
+                found.append(str(state["name"]))
+    return found
 
 
 def remove_instance(path: Path) -> None:

@@ -39,7 +39,9 @@ class TestHostUnavailable(RuntimeError):
 def missing_prerequisites() -> list[str]:
     """What this machine lacks to build and boot the test host (empty when nothing)."""
     missing = [] if os.geteuid() == 0 else ["root privileges"]
-    tools = ("systemd-nspawn", "debootstrap", "ssh", "ssh-keygen", "mount", "umount")
+    tools = ["systemd-nspawn", "ssh", "ssh-keygen", "mount", "umount"]
+    if not (rootfs_path() / DONE_MARK).exists():
+        tools.append("debootstrap")  # only needed to build; a built tree for this recipe is reused
     missing += [f"the {tool} command" for tool in tools if shutil.which(tool) is None]
     return missing
 

@@ -146,8 +146,15 @@ class SummaryBuilder:
         # Root cause rule: keep the first failure line, except that a line of higher weight replaces it
         # (a named cause beats a bare exception line, which beats a traceback header or a "child died"
         # consequence such as sigquit), so "Traceback ..." then "torch.OutOfMemoryError" ends as cuda_oom.
+        # One refinement among causes: "Capture cuda graph failed: CUDA out of memory" wraps the OOM
+        # printed just before it, and names the phase whose flags are the fix.
         self._failed_last = True
-        if self._failure is None or e.weight > self._failure.weight:
+        current = self._failure
+        if (
+            current is None
+            or e.weight > current.weight
+            or (current.failure_kind == ev.CUDA_OOM and e.failure_kind == ev.CUDA_GRAPH_FAILED)
+        ):
             self._failure = e
 
     def summary(self) -> StartSummary:

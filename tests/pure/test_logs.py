@@ -411,6 +411,13 @@ def test_not_enough_memory_variants(tail: str, mfs: float | None) -> None:
         # A bare exception line names what happened better than the header.
         (["Traceback (most recent call last):", '  File "a.py", line 1, in f',
           "AttributeError: 'NoneType' object has no attribute 'cpu'"], ev.SCHEDULER_EXCEPTION, 2),
+        # An OOM inside graph capture is re-raised as a capture failure: that names the fix.
+        (["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 0.70 GiB.", "During handling of the above exception, another exception occurred:",
+          "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 0.70 GiB.",
+          "[2026-01-01 00:00:01] Received sigquit from a child process. It usually means the child failed."], ev.CUDA_GRAPH_FAILED, 2),
+        # Two causes otherwise: the first stays.
+        (["The memory capacity is unbalanced. Some GPUs may be occupied by other processes.",
+          "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."], ev.MEMORY_UNBALANCED, 0),
         # A consequence does not replace the header: the first of equal weight is kept.
         (["Traceback (most recent call last):", "Received sigquit from a child process."], ev.SCHEDULER_EXCEPTION, 0),
     ],

@@ -64,14 +64,15 @@ def apply(args: argparse.Namespace, out: Output) -> int:
     with session(args) as s:
         facts = s.client.call(base_request(s.host, "facts"))
         plan = make_plan(s.host, args, facts)
-        new_text = render_unit(s.host, plan.flags(), template_dir())
         old_text = facts.get("unit_text") or ""
-        show_plan(out, s.host, plan, old_text, new_text)
         if not plan.feasible and not args.force:
+            show_plan(out, s.host, plan, old_text, render_unit(s.host, plan.flags(), template_dir()))
             raise UsageError(
                 f"the plan cannot reach {args.context:,} tokens on {s.host.name}; nothing was changed",
                 hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
             )
+        new_text = render_unit(allow_context(s.host, args), plan.flags(), template_dir())
+        show_plan(out, s.host, plan, old_text, new_text)
         if args.dry_run:
             out.note("dry run: nothing was changed")
             return int(ExitCode.OK)
@@ -100,6 +101,21 @@ def apply(args: argparse.Namespace, out: Output) -> int:
         if not (args.quiet and report.outcome == "up_to_date") and out.style is not Style.JSON:
             out.print(render_report(report))
         return int(exit_code(report.outcome))
+
+
+def allow_context(host: HostConfig, args: argparse.Namespace) -> HostConfig:
+    """SGLang >= 0.5.3 refuses a context above the model's own; with --force the unit allows it."""
+    limit = host.model.max_context
+    if limit is None or args.context <= limit:
+        return host
+    if not args.force:
+        raise UsageError(
+            f"--context {args.context:,} is above the model's own context of {limit:,}: SGLang would refuse "
+            "to start; nothing was changed",
+            hint="pass --force to set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 in the unit anyway",
+        )
+    env = {**host.unit.environment, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+    return host.model_copy(update={"unit": host.unit.model_copy(update={"environment": env})})
 
 
 def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text: str) -> None:

@@ -120,8 +120,8 @@ def plan_for_host(
     smallest = model.min_fraction(goal)
     if fraction is None and plan.feasible and smallest is not None and smallest < plan.mem_fraction_static:
         notes.append(
-            f"the running --mem-fraction-static {plan.mem_fraction_static:.3f} already reaches the target and "
-            f"is kept: {smallest:.3f} would too, with fewer tokens for concurrent requests"
+            f"the running --mem-fraction-static {plan.mem_fraction_static:.3f} already reaches the target "
+            f"and is kept: {smallest:.3f} would too, with fewer tokens for concurrent requests"
         )
     plan = _explained(plan, host, running_flags, model, notes)
     return plan if fraction is None else _against_recommendation(plan, model, goal, options, running_flags)

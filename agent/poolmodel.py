@@ -17,6 +17,12 @@ from agent.sglang.kvpool import GIB
 CONTEXT_OVERHEAD_GIB = 2.8
 # Within this, the measured bytes per token are the architecture's cell seen through 2-decimal logs.
 CELL_AGREEMENT = 0.015
+# CUDA graphs are captured for batch sizes up to min(--max-running-requests, --cuda-graph-max-bs); part of
+# their memory is per captured size, part is fixed (the shared pool, the largest graph's buffers). We credit
+# half of the logged graph memory as scaling with the largest captured batch size: conservative, so a
+# lower --max-running-requests is never assumed to free more than it does.
+GRAPH_SCALING_SHARE = 0.5
+DEFAULT_GRAPH_MAX_BS = 512  # SGLang's decode max bs for TP >= 4 on 60-160 GB cards (server_args)
 Basis = Literal["calibrated", "architecture"]
 Flags = Mapping[str, FlagValue]
 
@@ -35,6 +41,9 @@ class PoolModel:
     max_total_tokens: int | None = None
     dp: int = 1  # attention-DP ranks: each owns a pool and its share of the requests
     notes: tuple[str, ...] = ()
+    graph_gib: float = 0.0  # CUDA-graph memory the calibration start logged (0: unknown)
+    graph_bs: int = 0  # the largest batch size that start captured
+    graph_max_bs: int = DEFAULT_GRAPH_MAX_BS
 
     def pool(self, fraction: float) -> int:
         return kvpool.pool_tokens(
@@ -48,7 +57,15 @@ class PoolModel:
 
     def need_gib(self, requests: int, context: int) -> float:
         """Memory the runtime takes from the slack: the measured part plus req_to_token for this plan."""
-        return self.runtime_gib + kvpool.req_to_token_bytes(req_rows(requests, self.dp), context) / GIB
+        table = kvpool.req_to_token_bytes(req_rows(requests, self.dp), context) / GIB
+        return self.runtime_gib - self.graph_credit_gib(requests) + table
+
+    def graph_credit_gib(self, requests: int) -> float:
+        """CUDA-graph memory freed (or, above the calibration start's count, taken) by this request count."""
+        if not self.graph_gib or not self.graph_bs or not requests:
+            return 0.0
+        bs = min(requests, self.graph_max_bs)
+        return GRAPH_SCALING_SHARE * self.graph_gib * (1 - bs / self.graph_bs)
 
     def reserve_gib(self, fraction: float, requests: int, context: int) -> float:
         """Free memory per GPU once the server is up (SGLang's available_gpu_mem): slack minus the need."""
@@ -182,6 +199,7 @@ class _Start:
     available: float | None
     requests: int | None
     context: int | None
+    graph: float | None = None
 
 
 def _start(figures: Mapping[str, Any], flags: Flags) -> _Start | None:
@@ -195,11 +213,13 @@ def _start(figures: Mapping[str, Any], flags: Flags) -> _Start | None:
     requests = figures.get("max_running_requests") or flag(flags, "max-running-requests")
     context = figures.get("context_len") or flag(flags, "context-length")
     available = figures.get("available_gpu_mem_gb")
+    graph = figures.get("graph_mem_gb")
     return _Start(
         float(pre), float(post), float(fraction), int(tokens),
         None if available is None else float(available),
         None if requests is None else int(requests),
         None if context is None else int(context),
+        None if graph is None else float(graph),
     )  # fmt: skip
 
 
@@ -232,7 +252,17 @@ def from_calibration(
     )
     note = f"calibrated from {len(starts)} earlier start(s): pre {pre:.2f} GiB, post {post:.4f} GiB, {how}"
     model = PoolModel(pre, post, cell, "calibrated", runtime, measured_runtime, **_common(host, flags))
-    return replace(model, notes=(note,))
+    return replace(model, notes=(note,), **_graphs(starts, flags))
+
+
+def _graphs(starts: Sequence[_Start], flags: Flags) -> dict[str, Any]:
+    """The latest start that logged its CUDA-graph memory, for crediting a lower request count."""
+    max_bs_flag = flag(flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs")
+    max_bs = int(str(max_bs_flag)) if max_bs_flag else DEFAULT_GRAPH_MAX_BS
+    for s in reversed(starts):
+        if s.graph and s.requests and s.available is not None:
+            return {"graph_gib": s.graph, "graph_bs": min(s.requests, max_bs), "graph_max_bs": max_bs}
+    return {}
 
 
 def _runtime(starts: Sequence[_Start], model: PoolModel) -> tuple[float, bool]:

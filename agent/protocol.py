@@ -62,6 +62,7 @@ class Outcome(str, Enum):
     ROLLBACK_FAILED = "rollback_failed"  # a person must act; both units kept
     LOCKED = "locked"
     ERROR = "error"  # refused before any change (bad request, write failure with the old unit intact)
+    AGENT_ERROR = "agent_error"  # the agent crashed; its recovery record makes the next run restore
 
 
 EXIT_CODES = {
@@ -71,6 +72,7 @@ EXIT_CODES = {
     Outcome.ROLLBACK_FAILED: ExitCode.ROLLBACK_FAILED,
     Outcome.LOCKED: ExitCode.LOCKED,
     Outcome.ERROR: ExitCode.REFUSED,
+    Outcome.AGENT_ERROR: ExitCode.INTERNAL,
 }
 
 

@@ -112,7 +112,7 @@ class AgentClient:
                 except (ValueError, TypeError, ProtocolError):
                     continue
             result = stream.result()
-        if result.rc not in (0, 2, 3, 4, 5, 6):
+        if result.rc not in (0, 2, 3, 4, 5, 6, 7):
             raise RemoteError(
                 f"{self.host.name}: agent {req.verb} failed (rc {result.rc}): {_tail(result.stderr)}"
             )

@@ -18,6 +18,7 @@ RESULT_WORDS = {
     "rollback_failed": "ROLLBACK FAILED: a person must act",
     "locked": "LOCKED: another deploy is running",
     "error": "REFUSED: nothing was changed",
+    "agent_error": "AGENT ERROR: the host restores the old unit on its next run",
 }
 
 

@@ -234,7 +234,7 @@ class Transaction:
         ok, why = self._restore(record)
         data: dict[str, Any] = {
             "reason": reason,
-            "kind": started.verdict.kind,
+            "failure_kind": started.verdict.kind,
             "summary": started.summary,
             "rejected": str(rejected),
         }

@@ -30,6 +30,8 @@ from agent.host.units import UnitFiles
 from agent.protocol import Event, Outcome, Request, Stage, exit_code
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import diff_flags, parse_unit_flags
+from agent.sglang.log_events import GraphEnd
+from agent.sglang.log_lines import parse_line
 from agent.sglang.logs import summarize
 
 RUN_DIR = "/run/deployctl"
@@ -64,13 +66,28 @@ def facts(req: Request) -> dict[str, Any]:
         "unit_text": text,
         "flags": parse_unit_flags(text) if text else None,
         "state": _state(req.unit),
-        "last_start": summarize(lines).to_dict() if lines else None,
+        "last_start": _last_start(lines),
         "history": state_dir.history(req.unit, 10),
         "gpus": _gpus(),
         "lock": _lock(req.unit).holder() if _lock(req.unit).is_held() else None,
         "last_txn": state_dir.last_txn(req.unit),
         "backups": [b.name for b in files.backups(req.unit)],
     }
+
+
+def _last_start(lines: list[str]) -> dict[str, Any] | None:
+    """The last start's summary, plus the CUDA-graph memory one rank logged (the planner credits it)."""
+    if not lines:
+        return None
+    summary = summarize(lines).to_dict()
+    graphs: dict[str | None, float] = {}
+    for line in lines:
+        for event in parse_line(line):
+            if isinstance(event, GraphEnd) and event.usage_gb is not None:
+                graphs[event.rank] = graphs.get(event.rank, 0.0) + event.usage_gb
+    if graphs:
+        summary["graph_mem_gb"] = round(max(graphs.values()), 3)
+    return summary
 
 
 def backups(req: Request) -> dict[str, Any]:
@@ -204,21 +221,39 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
             elif req.verb == "rollback":
                 result = t.rollback()
             else:
-                found = t.recover()
-                result = Result(
-                    Outcome.APPLIED if found != "failed" else Outcome.ROLLBACK_FAILED, f"recover: {found}"
-                )
+                result = _recovered(t.recover())
         log.emit(Stage.DONE, "outcome", result.message, outcome=result.outcome.value, **result.data)
         return int(exit_code(result.outcome.value))
     except Exception as exc:
-        # The recovery record is still there: the next run restores the old unit.
-        log.emit(
-            Stage.DONE, "outcome", f"agent error: {type(exc).__name__}: {exc}", outcome=Outcome.ERROR.value
-        )
+        # A bug must not leave the new unit half-verified: restore now; the record stays if this fails too.
+        recovered = _try_recover(req, txn, log)
+        msg = f"agent error: {type(exc).__name__}: {exc}; recovery: {recovered}"
+        log.emit(Stage.DONE, "outcome", msg, outcome=Outcome.AGENT_ERROR.value)
         raise
     finally:
         lock.release()
         log.close()
+
+
+def _try_recover(req: Request, txn: str, log: EventLog) -> str:
+    try:
+        with Systemd() as sd:
+            return str(Transaction(req, txn, sd, Journal(), log).recover() or "nothing to do")
+    except Exception as exc:  # the record is still on disk: the next agent start tries again
+        return f"failed ({type(exc).__name__}: {exc})"
+
+
+def _recovered(found: str | None) -> Result:
+    """What `recover` did, as an outcome: a restored old unit means the change was rolled back."""
+    if found is None:
+        return Result(Outcome.UP_TO_DATE, "nothing to recover")
+    if found == "kept":
+        return Result(Outcome.APPLIED, "the interrupted change had been verified: kept")
+    if found == "restored":
+        return Result(Outcome.ROLLED_BACK, "an interrupted change was rolled back; the old unit is healthy")
+    return Result(
+        Outcome.ROLLBACK_FAILED, "an interrupted change could not be rolled back: a person must act"
+    )
 
 
 def follow(req: Request, txn: str, out: TextIO) -> int:

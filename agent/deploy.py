@@ -207,7 +207,7 @@ def rollback(args: argparse.Namespace, out: Output) -> int:
         if out.style is not Style.JSON:
             changes = [(f, a, b) for f, b, a in chosen.get("changes", [])]
             report = ApplyReport(
-                s.host.name, s.host.unit.name, 1, None, {}, {}, result, outcome.message, outcome.data
+                s.host.name, s.host.unit.name, None, None, {}, {}, result, outcome.message, outcome.data
             )
             out.print(render_report(report).rstrip())
             if changes and result == "applied":

@@ -116,9 +116,14 @@ def _fewer_requests(
         return None
     fraction, pool, reaches = best_fraction(model, goal, 1, target, floor)
     freed_mb = (model.need_gib(requests, target) - model.need_gib(1, target)) * kvpool.GIB / 1e6
+    graphs = (
+        "its req_to_token rows and, as credited from the logged CUDA-graph memory, graph memory"
+        if model.graph_gib
+        else "its req_to_token rows; the CUDA-graph memory it also frees is not measured yet, so not credited"
+    )
     return Alternative(
         change=f"fewer concurrent requests (--max-running-requests 1 instead of {requests}): frees "
-        f"{freed_mb:.0f} MB of req_to_token plus some CUDA-graph memory, not credited here",
+        f"{freed_mb:.0f} MB: {graphs}",
         flags={"max-running-requests": 1, **({"mem-fraction-static": fraction} if fraction else {})},
         mem_fraction_static=fraction,
         predicted_pool_tokens=pool,

@@ -29,11 +29,17 @@ class Progress:
             self.phase = str(event.data.get("phase", self.phase))
             pct = event.data.get("percent")
             self.percent = float(pct) if isinstance(pct, (int, float)) else self.percent
+            latest = str(event.data.get("line") or event.message)[:100]
             if style is Style.TTY:
-                self._status(event.message)
-            elif time.monotonic() - self._last_plain >= PLAIN_PROGRESS_EVERY_S or "phase:" in event.message:
+                self._status(latest)
+                return
+            changed = event.message.startswith("phase:")
+            if changed or time.monotonic() - self._last_plain >= PLAIN_PROGRESS_EVERY_S:
                 self._last_plain = time.monotonic()
-                self._line(event, f"{self.phase}: {event.message}")
+                pct = f" {self.percent:.0f}%" if self.percent is not None and not changed else ""
+                elapsed = f"{time.monotonic() - self.t0:.0f} s"
+                tail = "" if changed else f" | {latest}"
+                self._line(event, f"sglang: {self.phase.replace('_', ' ')}{pct} ({elapsed}){tail}")
             return
         if event.kind == "log":
             return

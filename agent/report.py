@@ -26,7 +26,7 @@ RESULT_WORDS = {
 class ApplyReport:
     host: str
     unit: str
-    target: int
+    target: int | None  # None: a rollback, which only has to come back healthy
     plan: Plan | None
     before_flags: Mapping[str, Any]
     after_flags: Mapping[str, Any]
@@ -59,18 +59,21 @@ def render_report(r: ApplyReport) -> str:
 
 def _pool_lines(r: ApplyReport, s: Mapping[str, Any]) -> list[str]:
     measured = s.get("kv_tokens")
-    lines = [f"target context:        {r.target:,} tokens"]
+    context = r.target or s.get("context_len")
+    lines = [f"target context:        {r.target:,} tokens"] if r.target else []
     if r.plan is not None:
         lines.append(f"predicted pool:        {r.plan.predicted_pool_tokens:,} tokens ({r.plan.basis})")
-    if measured is not None:
-        ok = "meets" if measured >= r.target else "BELOW"
-        lines.append(f"measured pool:         {measured:,} tokens ({ok} the target)")
-        if r.plan is not None and r.plan.predicted_pool_tokens:
-            err = (measured - r.plan.predicted_pool_tokens) / r.plan.predicted_pool_tokens
-            lines.append(f"prediction error:      {err:+.2%}")
-        lines.append(f"full-context requests: {measured // r.target} at once (pool ÷ context)")
-    else:
-        lines.append("measured pool:         not logged")
+    if measured is None:
+        return [*lines, "measured pool:         not logged"]
+    verdict = "" if not r.target else " (meets the target)" if measured >= r.target else " (BELOW the target)"
+    lines.append(f"measured pool:         {measured:,} tokens{verdict}")
+    if r.plan is not None and r.plan.predicted_pool_tokens:
+        err = (measured - r.plan.predicted_pool_tokens) / r.plan.predicted_pool_tokens
+        lines.append(f"prediction error:      {err:+.2%}")
+    if context:
+        lines.append(
+            f"full-context requests: {measured // int(context)} at once (pool ÷ context {int(context):,})"
+        )
     free = s.get("available_gpu_mem_gb")
     if free is not None:
         warn = "  -- tight: do not push the fraction higher" if free < TIGHT_RESERVE_GIB else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from agent.errors import UsageError
 from agent.inventory import load_host, units_dir
 from agent.output import Output
 from agent.planner import Plan, plan_for_host
+from agent.remote import base_request
+from agent.sglang.logs import start_figures
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -23,18 +26,35 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="calibrate from an earlier start-up log of this host (repeatable: several starts are fitted)",
     )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="do not ask the host for its last start: plan from --from-log or the architecture",
+    )
+    p.add_argument("--accept-new-host-key", action="store_true", help="trust an unknown SSH host key once")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.epilog = "example: deployctl plan ct200 --context 200k --from-log ct200-start.log"
+    p.epilog = (
+        "Without --from-log or --offline the host's last start is read over SSH to calibrate the plan. "
+        "example: deployctl plan ct200 --context 200k --from-log ct200-start.log"
+    )
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     host = load_host(args.host, units_dir(args.units))
-    history = [read_start(Path(name)) for name in args.from_log]
+    history: list[dict[str, Any]] | None = [read_start(Path(name)) for name in args.from_log] or None
+    running: Mapping[str, Any] = host.sglang.flags
+    if not history and not args.offline:
+        from agent import deploy  # SSH only when the host is asked
+
+        with deploy.session(args) as s:
+            facts = s.client.call(base_request(s.host, "facts"))
+        history = [dict(h) for h in deploy.calibration_from(facts) or []] or None
+        running = facts.get("flags") or running
     plan = plan_for_host(
         host,
         args.context,
-        history or None,
-        host.sglang.flags,
+        history,
+        running,
         fraction=args.mem_fraction_static,
         max_running=args.max_running_requests,
     )
@@ -47,14 +67,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
 def read_start(path: Path) -> dict[str, Any]:
     """The summary of one start-up log file; a missing or unreadable file is a usage error."""
-    from agent.sglang.logs import summarize  # the log parser is optional for the architecture basis
-
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
         raise UsageError(f"--from-log {str(path)!r}: cannot read: {exc.strerror or exc}") from None
     # journald and tqdm both end lines with \r at times: split on both.
-    return summarize(text.replace("\r", "\n").splitlines()).to_dict()
+    return start_figures(text.replace("\r", "\n").splitlines())
 
 
 def render_plan(host: str, plan: Plan) -> str:

@@ -30,9 +30,7 @@ from agent.host.units import UnitFiles
 from agent.protocol import Event, Outcome, Request, Stage, exit_code
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import diff_flags, parse_unit_flags
-from agent.sglang.log_events import GraphEnd
-from agent.sglang.log_lines import parse_line
-from agent.sglang.logs import summarize
+from agent.sglang.logs import start_figures
 
 RUN_DIR = "/run/deployctl"
 CHANGING_VERBS = ("apply", "rollback", "recover")
@@ -66,28 +64,13 @@ def facts(req: Request) -> dict[str, Any]:
         "unit_text": text,
         "flags": parse_unit_flags(text) if text else None,
         "state": _state(req.unit),
-        "last_start": _last_start(lines),
+        "last_start": start_figures(lines) if lines else None,
         "history": state_dir.history(req.unit, 10),
         "gpus": _gpus(),
         "lock": _lock(req.unit).holder() if _lock(req.unit).is_held() else None,
         "last_txn": state_dir.last_txn(req.unit),
         "backups": [b.name for b in files.backups(req.unit)],
     }
-
-
-def _last_start(lines: list[str]) -> dict[str, Any] | None:
-    """The last start's summary, plus the CUDA-graph memory one rank logged (the planner credits it)."""
-    if not lines:
-        return None
-    summary = summarize(lines).to_dict()
-    graphs: dict[str | None, float] = {}
-    for line in lines:
-        for event in parse_line(line):
-            if isinstance(event, GraphEnd) and event.usage_gb is not None:
-                graphs[event.rank] = graphs.get(event.rank, 0.0) + event.usage_gb
-    if graphs:
-        summary["graph_mem_gb"] = round(max(graphs.values()), 3)
-    return summary
 
 
 def backups(req: Request) -> dict[str, Any]:

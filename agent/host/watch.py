@@ -80,7 +80,8 @@ def watch_start(
                 log.emit(stage, "progress", f"phase: {phase}", phase=phase, line=last_text[:200])
             elif now - last_progress >= PROGRESS_EVERY_S:
                 last_progress = now
-                log.emit(stage, "progress", last_text[:200], phase=phase, percent=builder.weights_percent)
+                pct = builder.weights_percent
+                log.emit(stage, "progress", last_text[:200], phase=phase, percent=pct, line=last_text[:200])
             if weights_done_at is None and phase not in ("starting", "loading_weights"):
                 weights_done_at = now
             if pool_at is None and summary.get("kv_tokens") is not None:

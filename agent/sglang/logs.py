@@ -215,3 +215,17 @@ def summarize(lines: Iterable[str]) -> StartSummary:
 
 def _min(values: Iterable[float]) -> float | None:
     return min(values, default=None)
+
+
+def start_figures(lines: Iterable[str]) -> dict[str, Any]:
+    """A start's summary plus the CUDA-graph memory one rank logged (the planner credits it per request)."""
+    builder = SummaryBuilder()
+    graphs: dict[str | None, float] = {}
+    for line in lines:
+        for event in builder.feed(line):
+            if isinstance(event, ev.GraphEnd) and event.usage_gb is not None:
+                graphs[event.rank] = graphs.get(event.rank, 0.0) + event.usage_gb
+    figures: dict[str, Any] = builder.summary().to_dict()
+    if graphs:
+        figures["graph_mem_gb"] = round(max(graphs.values()), 3)
+    return figures

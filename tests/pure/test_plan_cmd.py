@@ -108,7 +108,7 @@ def test_plan_human_output(units: Path, start_log: Path) -> None:
 
 
 def test_plan_400k_says_not_feasible_and_exits_0(units: Path) -> None:
-    code, stdout, _ = run("--units", str(units), "plan", "ct200", "--context", "400k")
+    code, stdout, _ = run("--units", str(units), "plan", "ct200", "--context", "400k", "--offline")
     assert code == 0
     assert "NOT FEASIBLE" in stdout
     assert "fp8 KV cache" in stdout and "more GPUs" in stdout

@@ -240,3 +240,18 @@ def test_golden_plan(path: Path, update_golden: bool) -> None:
         case["expected"] = got
         path.write_text(json.dumps(case, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     assert got == case["expected"], f"{path.name}: rerun with --update-golden and review the diff"
+
+
+def test_logged_graph_memory_lets_fewer_requests_keep_the_floor() -> None:
+    # The simulated ct200's real start at 0.85 with 64 requests: 3.06 GiB of runtime need, 3.08 of it graphs.
+    start = {**START_085, "available_gpu_mem_gb": 10.86, "graph_mem_gb": 3.08}
+    without_graphs = plan(host(), 200_000, {k: v for k, v in start.items() if k != "graph_mem_gb"})
+    assert not without_graphs.feasible  # 64 requests' graphs leave less than the 4 GiB floor at 0.929
+    p = plan(host(), 200_000, start)
+    assert p.feasible and true_pool(p.mem_fraction_static) >= 200_000
+    assert p.max_running_requests < 64  # lowered, as the seed's engineer did by hand
+    # half the graph memory is credited as scaling with the batch size: never more than the whole
+    credited = 0.5 * 3.08 * (1 - p.max_running_requests / 64)
+    assert p.reserve_gib_per_gpu == pytest.approx(
+        92.80 * (1 - p.mem_fraction_static) - (3.06 - credited), abs=0.1
+    )

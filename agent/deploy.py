@@ -19,8 +19,9 @@ from agent.protocol import Event, Request, exit_code, unit_sha256
 from agent.remote import AgentClient, base_request, open_transport
 from agent.render import redact, render_unit, template_dir, unit_diff
 from agent.report import ApplyReport, backups_table, render_report
-from agent.sglang.flags import diff_flags, flag_table, parse_unit_flags
+from agent.sglang.flags import FlagsError, diff_flags, flag_table, parse_unit_flags
 from agent.transport import ConnectionLost
+from agent.unitcheck import render_checked
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Session:
 @contextlib.contextmanager
 def session(args: argparse.Namespace) -> Iterator[Session]:
     host = load_host(args.host, units_dir(args.units))
+    if getattr(args, "local", False):
+        host = host.model_copy(update={"ssh": host.ssh.model_copy(update={"target": "local"})})
     transport = open_transport(host, getattr(args, "accept_new_host_key", False))
     try:
         yield Session(host, AgentClient(transport, host))
@@ -71,7 +74,7 @@ def apply(args: argparse.Namespace, out: Output) -> int:
                 f"the plan cannot reach {args.context:,} tokens on {s.host.name}; nothing was changed",
                 hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
             )
-        new_text = render_unit(allow_context(s.host, args), plan.flags(), template_dir())
+        new_text = render_checked(allow_context(s.host, args), plan.flags())
         show_plan(out, s.host, plan, old_text, new_text)
         if args.dry_run:
             out.note("dry run: nothing was changed")
@@ -91,7 +94,7 @@ def apply(args: argparse.Namespace, out: Output) -> int:
             s.host.unit.name,
             args.context,
             plan,
-            parse_unit_flags(old_text) if old_text else {},
+            facts.get("flags") or {},
             parse_unit_flags(new_text),
             str(outcome.data.get("outcome")),
             outcome.message,
@@ -122,7 +125,7 @@ def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text
     if out.style is Style.JSON:
         return
     secrets = host.unit.secret_environment
-    changes = diff_flags(parse_unit_flags(old_text) if old_text else {}, parse_unit_flags(new_text))
+    changes = diff_flags(_readable_flags(old_text), parse_unit_flags(new_text))
     out.note(f"== plan for {host.name} ({plan.basis})")
     for line in (*plan.warnings, *plan.notes):
         out.note(f"   {line}")
@@ -137,6 +140,14 @@ def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text
         out.note(redact(diff, secrets).rstrip())
     else:
         out.note("== the unit would not change")
+
+
+def _readable_flags(text: str) -> dict[str, Any]:
+    """The flags of a unit found on the host; {} when there is none or deployctl cannot read it."""
+    try:
+        return dict(parse_unit_flags(text)) if text else {}
+    except FlagsError:
+        return {}
 
 
 def confirm(out: Output, args: argparse.Namespace, host: HostConfig) -> None:

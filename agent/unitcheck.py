@@ -6,9 +6,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
-from agent.inventory import UNIT_NAME
+from agent.errors import RenderError
+from agent.inventory import UNIT_NAME, HostConfig
+from agent.render import render_unit, template_dir
+from agent.sglang.flags import FlagInput
 
 # The unit runs on the GPU server, so its executable is normally missing here. systemd-analyze reports
 # that as "Command X is not executable: No such file or directory", which says nothing about the unit
@@ -50,3 +54,13 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL
     )
+
+
+def render_checked(host: HostConfig, flags: Mapping[str, FlagInput]) -> str:
+    """Render the unit and have systemd-analyze verify it where this machine has it."""
+    text = render_unit(host, flags, template_dir())
+    complaint = verify_unit(text, host.unit.name)
+    if complaint:
+        said = "; ".join(complaint.splitlines())
+        raise RenderError(f"systemd-analyze verify refused the rendered {host.unit.name}: {said}")
+    return text

@@ -15,6 +15,11 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="trust an unknown SSH host key once and record it (a changed key is always refused)",
     )
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="run the agent on this machine, not over SSH (deployctl on the GPU host itself, e.g. cron)",
+    )
     p.add_argument("--json", action="store_true", help="print events and results as JSON lines")
     p.add_argument("--quiet", action="store_true", help="print nothing when nothing changed (cron)")
 

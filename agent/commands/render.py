@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from agent.argtypes import ArgError, parse_context, parse_fraction, parse_positive_int
 from agent.cli import add_target_args
-from agent.errors import RenderError, UsageError
+from agent.errors import UsageError
 from agent.inventory import HostConfig, load_host, units_dir
 from agent.output import Output
 from agent.render import (
@@ -20,7 +20,7 @@ from agent.render import (
     unit_diff,
 )
 from agent.sglang.flags import FlagInput, diff_flags, flag_table, parse_unit_flags
-from agent.unitcheck import verify_unit
+from agent.unitcheck import render_checked
 
 # Flags that have their own option: `--set` goes through the same check, and the two must not both be given.
 _OPTION_FLAGS: dict[str, tuple[str, Callable[[str, str], FlagInput]]] = {
@@ -84,16 +84,6 @@ def requested_flags(args: argparse.Namespace) -> dict[str, FlagInput]:
             raise UsageError(f"--set {flag} and --{attr.replace('_', '-')} both given; use one")
         flags[flag] = value
     return flags
-
-
-def render_checked(host: HostConfig, flags: Mapping[str, FlagInput]) -> str:
-    """Render the unit and have systemd-analyze verify it where this machine has it."""
-    text = render_unit(host, flags, template_dir())
-    complaint = verify_unit(text, host.unit.name)
-    if complaint:
-        said = "; ".join(complaint.splitlines())
-        raise RenderError(f"systemd-analyze verify refused the rendered {host.unit.name}: {said}")
-    return text
 
 
 def diff_report(host: HostConfig, baseline: str, text: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import secrets
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from typing import Any, TextIO
 
 from agent import __version__
 from agent.exitcodes import ExitCode
-from agent.host.events import EventLog, utc_now
+from agent.host.events import EventLog, journal_note, utc_now
 from agent.host.journal import Journal
 from agent.host.lock import Locked, UnitLock, describe_holder
 from agent.host.state import StateDir, write_json_atomic
@@ -29,7 +30,7 @@ from agent.host.transaction import Result, Transaction
 from agent.host.units import UnitFiles
 from agent.protocol import Event, Outcome, Request, Stage, exit_code
 from agent.protocol import unit_sha256 as sha256
-from agent.sglang.flags import diff_flags, parse_unit_flags
+from agent.sglang.flags import FlagsError, diff_flags, parse_unit_flags
 from agent.sglang.logs import start_figures
 
 RUN_DIR = "/run/deployctl"
@@ -62,7 +63,7 @@ def facts(req: Request) -> dict[str, Any]:
     return {
         "agent_version": __version__,
         "unit_text": text,
-        "flags": parse_unit_flags(text) if text else None,
+        "flags": _flags(text),
         "state": _state(req.unit),
         "last_start": start_figures(lines) if lines else None,
         "history": state_dir.history(req.unit, 10),
@@ -77,11 +78,11 @@ def backups(req: Request) -> dict[str, Any]:
     """Newest first, each with its flag differences against the installed unit."""
     files = UnitFiles(req.unit_dir)
     installed = files.read(req.unit) or ""
-    now_flags = parse_unit_flags(installed) if installed else {}
+    now_flags = _flags(installed) or {}
     rows = []
     for b in files.backups(req.unit):
         text = b.path.read_text(encoding="utf-8", errors="replace")
-        changes = diff_flags(parse_unit_flags(text), now_flags)
+        changes = diff_flags(_flags(text) or {}, now_flags)
         rows.append(
             {
                 "name": b.name,
@@ -107,6 +108,16 @@ def status(req: Request) -> dict[str, Any]:
         "last_events": events[-8:],
         "pending": state_dir.load_record(req.unit) is not None,
     }
+
+
+def _flags(text: str | None) -> dict[str, Any] | None:
+    """The unit's SGLang flags; None for a unit deployctl cannot read (hand-edited oddly), never a crash."""
+    if not text:
+        return None
+    try:
+        return dict(parse_unit_flags(text))
+    except FlagsError:
+        return None
 
 
 def _state(unit: str) -> dict[str, Any] | None:
@@ -143,8 +154,9 @@ def start(req: Request, out: TextIO) -> int:
     lock = _lock(req.unit)
     if lock.is_held():
         holder = lock.holder()
-        if req.verb == "apply" and holder.get("unit_sha256") == sha256(req.unit_text or ""):
-            return follow(req, str(holder["txn"]), out)  # the same change is running: re-attach
+        if _same_apply(holder, req):
+            out.write(_event_line(str(holder["txn"]), "step", f"re-attached: {describe_holder(holder)}"))
+            return follow(req, str(holder["txn"]), out)
         return _locked_outcome(holder, out)
     txn = new_txn_id()
     write_json_atomic(state_dir.txn_dir(txn) / "request.json", json.loads(req.to_json()))
@@ -168,6 +180,17 @@ def start(req: Request, out: TextIO) -> int:
     return run(req.state_dir, txn, echo=out)
 
 
+def _same_apply(holder: dict[str, Any], req: Request) -> bool:
+    """Whether a re-run of apply asks for the running change, so it re-attaches instead of failing."""
+    # The re-run plans from facts the running change already altered (new unit, a half-done start),
+    # so its unit may differ in a digit from the running one: the same target is the same request.
+    if req.verb != "apply" or holder.get("verb") != "apply" or not holder.get("txn"):
+        return False
+    same_unit = holder.get("unit_sha256") == sha256(req.unit_text or "")
+    same_target = req.target_context is not None and holder.get("target_context") == req.target_context
+    return same_unit or same_target
+
+
 def _self_argv() -> list[str]:
     """How to start this agent again: the bundle it was run from, or the installed package."""
     me = Path(sys.argv[0]).resolve()
@@ -184,6 +207,7 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
     lock = _lock(req.unit)
     holder = {"pid": os.getpid(), "since": utc_now(), "verb": req.verb, "txn": txn, "unit": req.unit}
     holder["unit_sha256"] = sha256(req.unit_text) if req.unit_text else None
+    holder["target_context"] = req.target_context
     try:
         lock.acquire(holder)
     except Locked as exc:
@@ -205,7 +229,16 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
                 result = t.rollback()
             else:
                 result = _recovered(t.recover())
-        log.emit(Stage.DONE, "outcome", result.message, outcome=result.outcome.value, **result.data)
+        # The runner's peak memory: following a chatty start must not grow it (the benchmark reads it).
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        log.emit(
+            Stage.DONE,
+            "outcome",
+            result.message,
+            outcome=result.outcome.value,
+            peak_rss_kib=peak,
+            **result.data,
+        )
         return int(exit_code(result.outcome.value))
     except Exception as exc:
         # A bug must not leave the new unit half-verified: restore now; the record stays if this fails too.
@@ -291,6 +324,7 @@ def _runner_alive(txn: str) -> bool:
 
 def _locked_outcome(holder: dict[str, Any], out: TextIO) -> int:
     msg = f"locked: {describe_holder(holder)}"
+    journal_note(f"{msg}; a second change was refused")  # cron's locked runs show on the host too
     out.write(
         _event_line(str(holder.get("txn", "-")), "outcome", msg, outcome=Outcome.LOCKED.value, holder=holder)
     )

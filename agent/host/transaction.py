@@ -26,6 +26,7 @@ from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchResult, watch_start
 from agent.protocol import Outcome, Request, Smoke, Stage
 from agent.protocol import unit_sha256 as sha256
+from agent.sglang.logs import summarize
 
 RESTART_JOB_TIMEOUT_S = 300.0
 
@@ -118,12 +119,17 @@ class Transaction:
         current = self.files.read(self.unit)
         backup_name: str | None = None
         try:
-            if current is not None:
+            if current == new:
+                # Written but not running as written: finish the start; go back to the last other unit.
+                backup_name = self._last_different_backup(new)
+                self.log.emit(Stage.COMPARE, "step", f"{self.unit} is installed but not running as written")
+            if current is not None and backup_name is None:
                 backup = self.files.backup(self.unit, self.now())
                 backup_name = backup.name
                 self.log.emit(Stage.BACKUP, "step", f"backed up to {backup.name}", backup=backup.name)
             self._record(PHASE_WRITTEN, backup_name, new)
-            self.files.write(self.unit, new)
+            if current != new:
+                self.files.write(self.unit, new)
         except UnitWriteError as exc:
             self.state.clear_record(self.unit)
             if current is not None and self.files.read(self.unit) != current:  # never the case: atomic
@@ -290,9 +296,19 @@ class Transaction:
         return bool(s.active_state == "active" and s.sub_state == "running" and not s.need_daemon_reload)
 
     def _met_target(self, sha: str) -> bool:
-        """The running start of this very unit was verified with a pool that meets the target."""
+        """The running start of this very unit logged a pool that meets the target, and is serving."""
         invocation = self.systemd.unit_state(self.unit).invocation_id
+        target = self.req.target_context or 0
         for entry in reversed(self.state.history(self.unit)):
             if entry.get("sha256") == sha and entry.get("invocation") == invocation:
-                return int(entry.get("kv_tokens") or 0) >= (self.req.target_context or 0)
-        return False
+                return int(entry.get("kv_tokens") or 0) >= target
+        # Not started by deployctl (or its history is gone): believe the running start's own log.
+        lines = self.journal.last_invocation_lines(self.unit, 20000)
+        figures = summarize(lines).to_dict() if lines else {}
+        return bool(figures.get("ready")) and int(figures.get("kv_tokens") or 0) >= target
+
+    def _last_different_backup(self, text: str) -> str | None:
+        for b in self.files.backups(self.unit):
+            if b.path.read_text(encoding="utf-8", errors="surrogateescape") != text:
+                return b.name
+        return None

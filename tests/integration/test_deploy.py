@@ -75,3 +75,18 @@ def test_cron_mode_refuses_without_yes_and_prints_plain_lines(sim):
     assert "not on a terminal" in r.stderr and "--yes" in r.stderr
     assert sim.unit_text() == unit
     assert "\x1b[" not in r.stderr + r.stdout
+
+
+def test_a_unit_written_but_not_running_as_written_is_finished(sim):
+    r = cli(sim, "apply", sim.name, "--context", "200k", "--yes")
+    assert r.returncode == ExitCode.OK, r.stderr
+    backups, unit, before = sim.backups(), sim.unit_text(), invocation(sim)
+    # As if an earlier run died between writing the unit and restarting: systemd has not reloaded it.
+    sim.host.ssh(["touch", "/etc/systemd/system/sglang.service"])
+    show = sim.host.ssh(["systemctl", "show", "-p", "NeedDaemonReload", "--value", "sglang.service"])
+    assert show.stdout.decode().strip() == "yes"
+    r = cli(sim, "apply", sim.name, "--context", "200k", "--yes")
+    assert r.returncode == ExitCode.OK, r.stderr
+    assert "APPLIED" in r.stdout and "not running as written" in r.stderr
+    assert invocation(sim) != before and sim.unit_text() == unit
+    assert sim.backups() == backups  # nothing new to keep: the way back is the earlier backup

@@ -23,6 +23,7 @@ BACKUP_NAME = re.compile(
 )
 TXN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # unit text may hold \t and \n, nothing else
+_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # names and paths: not even a newline
 
 
 def unit_sha256(text: str) -> str:
@@ -153,7 +154,7 @@ class Request:
         for name in ("unit_dir", "state_dir"):
             path = getattr(self, name)
             ok = isinstance(path, str) and path.startswith("/") and "/../" not in path + "/"
-            _check(ok and not _CONTROL.search(path), f"{name} must be an absolute path")
+            _check(ok and not _ANY_CONTROL.search(path), f"{name} must be an absolute path")
         _check(0 <= self.margin < 0.5, "margin must be in [0, 0.5)")
         _check(1 <= self.port <= 65535, "port out of range")
         _check(1 <= self.keep_backups <= 1000, "keep_backups out of range")
@@ -174,7 +175,7 @@ class Request:
             _check(TXN_ID.fullmatch(self.txn) is not None, f"bad transaction id {self.txn!r}")
         _check(self.smoke.prompt_tokens > 0 and self.smoke.timeout_s > 0, "bad smoke test settings")
         for text in (self.smoke.sentence, self.smoke.question, self.smoke.expect, *self.secret_names):
-            _check(not _CONTROL.search(text), "smoke test text contains a control character")
+            _check(not _ANY_CONTROL.search(text), "smoke test text contains a control character")
 
 
 def _check(ok: bool, message: str) -> None:

@@ -110,8 +110,8 @@ def _next(plan: Plan) -> str:
             f"{plan.max_running_requests} (predicted pool {plan.predicted_pool_tokens:,}, "
             "calibrated on this start)"
         )
-    alts = "; ".join(f"{a.change}: {a.effect}" for a in plan.alternatives[:3])
-    return f"the target does not fit on this hardware{': ' + alts if alts else ''}"
+    alts = "".join(f"\n                       - {a.change}: {a.effect}" for a in plan.alternatives[:4])
+    return f"the target does not fit on this hardware{'; instead:' + alts if alts else ''}"
 
 
 def _tradeoffs(plan: Plan, changes: Sequence[FlagChange]) -> list[str]:

@@ -28,7 +28,7 @@ class Output:
 
     @classmethod
     def from_process(cls) -> Output:
-        return cls(isatty=sys.stdout.isatty(), stdin_isatty=sys.stdin.isatty())
+        return cls(isatty=_isatty(sys.stdout), stdin_isatty=_isatty(sys.stdin))
 
     @property
     def style(self) -> Style:
@@ -45,3 +45,8 @@ class Output:
         """Progress and remarks: stderr, so a piped or mailed report stays clean."""
         if not self.quiet:
             print(text, file=self.stderr, flush=True)
+
+
+def _isatty(stream: TextIO | None) -> bool:
+    """A closed stream (cron may start us with fd 0 closed: Python then sets it to None) is no terminal."""
+    return stream is not None and stream.isatty()

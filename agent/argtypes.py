@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 MAX_CONTEXT = 10_000_000
+MAX_REQUESTS = 1_000_000  # far above any GPU's batch; a bigger number is a typo, not a plan
 
 _CONTEXT = re.compile(r"(?P<num>[0-9]+)(?P<unit>k|K|Ki|M|Mi)?")
 _UNITS = {None: 1, "k": 1000, "K": 1000, "Ki": 1024, "M": 1000**2, "Mi": 1024**2}
@@ -43,3 +44,11 @@ def parse_positive_int(text: str, flag: str) -> int:
     if not re.fullmatch(r"[0-9]+", text.strip()) or int(text) <= 0:
         raise ArgError(f"{flag} {text!r} must be a positive integer")
     return int(text)
+
+
+def parse_request_count(text: str, flag: str = "--max-running-requests") -> int:
+    """A positive number of requests, at most MAX_REQUESTS."""
+    value = parse_positive_int(text, flag)
+    if value > MAX_REQUESTS:
+        raise ArgError(f"{flag} {text!r} is more than {MAX_REQUESTS:,} requests")
+    return value

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent import __version__
-from agent.argtypes import ArgError, parse_context, parse_fraction, parse_positive_int
+from agent.argtypes import ArgError, parse_context, parse_fraction, parse_request_count
 from agent.errors import DeployError, UsageError
 from agent.exitcodes import ExitCode
 from agent.output import Output
@@ -25,6 +26,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("status", "show a host's service and its running or last transaction"),
     "parse-log": ("parse_log", "summarise an SGLang startup log (pool, memory, failure)"),
 }
+
+
+# C0, DEL and C1: a value echoed in a message must not move the cursor or recolour the terminal.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """One line fit for a terminal: control characters shown as escapes (\\n, \\x1b)."""
+    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,7 +69,7 @@ def add_target_args(p: argparse.ArgumentParser, *, context_required: bool) -> No
     p.add_argument("--mem-fraction-static", type=typed(parse_fraction, "--mem-fraction-static"))
     p.add_argument(
         "--max-running-requests",
-        type=typed(lambda t, f: parse_positive_int(t, f), "--max-running-requests"),
+        type=typed(parse_request_count, "--max-running-requests"),
     )
 
 
@@ -94,12 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse_dashes_value(args: Sequence[str]) -> None:
+    """`--flag=--` is refused here: argparse (3.11) turns it into [] without calling the flag's parser."""
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if arg.startswith("--") and eq and value == "--":
+            raise UsageError(f"{name}: '--' is not a value", hint="see: deployctl --help")
+
+
 def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     """Run one command; every expected failure ends as `deployctl: error: <one line>` and its code."""
     out = out or Output.from_process()
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_list
     try:
+        _refuse_dashes_value(args_list)
         args = build_parser().parse_args(args_list)
         if args.command is None:
             raise UsageError("a command is required", hint=f"one of: {', '.join(COMMANDS)}")
@@ -109,9 +128,9 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     except DeployError as exc:
         if debug:
             traceback.print_exc(file=out.stderr)
-        print(f"deployctl: error: {exc.message}", file=out.stderr)
+        print(f"deployctl: error: {printable(exc.message)}", file=out.stderr)
         if exc.hint:
-            print(f"deployctl: hint: {exc.hint}", file=out.stderr)
+            print(f"deployctl: hint: {printable(exc.hint)}", file=out.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         print("deployctl: interrupted", file=out.stderr)
@@ -121,6 +140,8 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     except Exception as exc:  # a bug: one line, the traceback with --debug
         if debug:
             traceback.print_exc(file=out.stderr)
-        print(f"deployctl: error: internal error: {type(exc).__name__}: {exc}", file=out.stderr)
+        print(
+            f"deployctl: error: internal error: {type(exc).__name__}: {printable(str(exc))}", file=out.stderr
+        )
         print("deployctl: hint: run again with --debug for the traceback", file=out.stderr)
         return int(ExitCode.INTERNAL)

@@ -17,7 +17,7 @@ from agent.planner import Plan, plan_for_host
 from agent.progress import Progress
 from agent.protocol import Event, Request, exit_code, unit_sha256
 from agent.remote import AgentClient, base_request, open_transport
-from agent.render import redact, render_unit, template_dir, unit_diff
+from agent.render import redact, redact_changes, redact_flags, render_unit, template_dir, unit_diff
 from agent.report import ApplyReport, backups_table, render_report
 from agent.sglang.flags import FlagsError, diff_flags, flag_table, parse_unit_flags
 from agent.transport import ConnectionLost
@@ -94,8 +94,8 @@ def apply(args: argparse.Namespace, out: Output) -> int:
             s.host.unit.name,
             args.context,
             plan,
-            facts.get("flags") or {},
-            parse_unit_flags(new_text),
+            redact_flags(facts.get("flags") or {}),
+            redact_flags(parse_unit_flags(new_text)),
             str(outcome.data.get("outcome")),
             outcome.message,
             outcome.data,
@@ -125,7 +125,7 @@ def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text
     if out.style is Style.JSON:
         return
     secrets = host.unit.secret_environment
-    changes = diff_flags(_readable_flags(old_text), parse_unit_flags(new_text))
+    changes = redact_changes(diff_flags(_readable_flags(old_text), parse_unit_flags(new_text)))
     out.note(f"== plan for {host.name} ({plan.basis})")
     for line in (*plan.warnings, *plan.notes):
         out.note(f"   {line}")

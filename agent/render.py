@@ -12,7 +12,7 @@ import jinja2
 
 from agent.errors import RenderError
 from agent.inventory import HostConfig
-from agent.sglang.flags import FlagChange, FlagInput, FlagsError, exec_start_lines
+from agent.sglang.flags import FlagChange, FlagInput, FlagsError, FlagValue, exec_start_lines
 
 # C0, DEL and C1: none of them has any business in a unit file, and \n would start a new directive.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -172,12 +172,19 @@ def check_rendered(text: str) -> None:
 def unit_diff(old_text: str, new_text: str, name: str) -> str:
     """A unified diff between two versions of the unit `name`; empty when they are equal."""
     lines = difflib.unified_diff(
-        old_text.splitlines(keepends=True),
-        new_text.splitlines(keepends=True),
+        _unit_file_lines(old_text),
+        _unit_file_lines(new_text),
         fromfile=f"a/{name}",
         tofile=f"b/{name}",
     )
     return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def _unit_file_lines(text: str) -> list[str]:
+    """The lines with their ends, split at \\n only, as systemd splits them."""
+    # Not str.splitlines(): it also splits at \u2028 or \x1e inside a value, which would cut a secret
+    # in two, out of the redaction's reach.
+    return [line for line in re.split(r"(?<=\n)", text) if line]
 
 
 # --- redaction -------------------------------------------------------------------------------------------
@@ -232,3 +239,8 @@ def redact_changes(changes: Sequence[FlagChange]) -> list[FlagChange]:
         )
         for c in changes
     ]
+
+
+def redact_flags(flags: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
+    """Flags fit to print: the values of secret flags (api-key, token...) replaced with ***."""
+    return {k: REDACTED if SECRET_FLAG.search(k) and v is not True else v for k, v in flags.items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from agent.argtypes import ArgError, parse_context, parse_fraction, parse_positive_int
+from agent.argtypes import ArgError, parse_context, parse_fraction, parse_request_count
 from agent.cli import add_target_args
 from agent.errors import UsageError
 from agent.inventory import HostConfig, load_host, units_dir
@@ -26,7 +26,7 @@ from agent.unitcheck import render_checked
 _OPTION_FLAGS: dict[str, tuple[str, Callable[[str, str], FlagInput]]] = {
     "context-length": ("context", parse_context),
     "mem-fraction-static": ("mem_fraction_static", parse_fraction),
-    "max-running-requests": ("max_running_requests", parse_positive_int),
+    "max-running-requests": ("max_running_requests", parse_request_count),
 }
 
 

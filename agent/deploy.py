@@ -66,6 +66,8 @@ def make_plan(host: HostConfig, args: argparse.Namespace, facts: Mapping[str, An
 def apply(args: argparse.Namespace, out: Output) -> int:
     with session(args) as s:
         facts = s.client.call(base_request(s.host, "facts"))
+        if recover_orphan(out, s, facts):
+            facts = s.client.call(base_request(s.host, "facts"))
         plan = make_plan(s.host, args, facts)
         old_text = facts.get("unit_text") or ""
         if not plan.feasible and not args.force:
@@ -243,6 +245,8 @@ def backups(args: argparse.Namespace, out: Output) -> int:
 def status(args: argparse.Namespace, out: Output) -> int:
     with session(args) as s:
         st = s.client.call(base_request(s.host, "status"))
+        if recover_orphan(out, s, st):
+            st = s.client.call(base_request(s.host, "status"))
         if args.follow and st.get("running"):
             outcome = follow(out, s, base_request(s.host, "follow", txn=st["running"]["txn"]))
             st = s.client.call(base_request(s.host, "status"))
@@ -252,6 +256,16 @@ def status(args: argparse.Namespace, out: Output) -> int:
         else:
             out.print(status_text(s.host.name, s.host.unit.name, st))
         return int(ExitCode.OK)
+
+
+def recover_orphan(out: Output, s: Session, answer: Mapping[str, Any]) -> bool:
+    """An earlier change's agent died (killed, host restarted): finish it before anything else."""
+    if not answer.get("orphan"):
+        return False
+    out.note(f"== {s.host.name}: the agent of an earlier change died before it finished; recovering first")
+    outcome = follow(out, s, base_request(s.host, "recover"))
+    out.note(f"== {s.host.name}: {outcome.message}")
+    return True
 
 
 def status_text(host: str, unit: str, st: Mapping[str, Any]) -> str:

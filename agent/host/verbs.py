@@ -49,8 +49,23 @@ def dispatch(req: Request, out: TextIO) -> int:
         assert req.txn is not None
         return follow(req, req.txn, out)
     result = {"facts": facts, "backups": backups, "status": status}[req.verb](req)
+    result["orphan"] = orphaned(req)
     out.write(json.dumps(result, sort_keys=True, default=str) + "\n")
     return 0
+
+
+def orphaned(req: Request) -> bool:
+    """A change whose agent died (SIGKILL, reboot) left its record: the caller runs `recover` next."""
+    state_dir = StateDir(req.state_dir)
+    if state_dir.load_record(req.unit) is None or _lock(req.unit).is_held():
+        return False
+    last = state_dir.last_txn(req.unit)
+    # a change that ended with a failed rollback waits for a person; one just starting is not orphaned
+    return last is None or not (_has_outcome(state_dir, last) or _runner_alive(last))
+
+
+def _has_outcome(state_dir: StateDir, txn: str) -> bool:
+    return any('"kind": "outcome"' in line for line in state_dir.read_events(txn))
 
 
 # -- read-only verbs ---------------------------------------------------------------------------
@@ -287,9 +302,21 @@ def follow(req: Request, txn: str, out: TextIO) -> int:
                 offset, outcome = _copy_new(path, offset, out)
                 if outcome is None:  # the runner died (killed, host rebooted): recover now
                     out.write(_event_line(txn, "warning", "the transaction's agent died; recovering"))
+                    if state_dir.load_record(req.unit) is None:
+                        return _died_without_record(state_dir, req.unit, txn, out)
                     rec = dataclasses.replace(req, verb="recover", txn=None)
                     return start(rec, out)
         time.sleep(FOLLOW_POLL_S)
+
+
+def _died_without_record(state_dir: StateDir, unit: str, txn: str, out: TextIO) -> int:
+    """No record left: the runner died before its first change, or after its commit cleared it."""
+    if any(h.get("txn") == txn for h in state_dir.history(unit, 5)):
+        outcome, msg = Outcome.APPLIED, "the change had been verified and committed before its agent died"
+    else:
+        outcome, msg = Outcome.ERROR, "the agent died before it changed anything; nothing changed: re-run"
+    out.write(_event_line(txn, "outcome", msg, outcome=outcome.value))
+    return int(exit_code(outcome.value))
 
 
 def _copy_new(path: Path, offset: int, out: TextIO) -> tuple[int, Event | None]:

@@ -23,6 +23,9 @@ Environment knobs (a systemd drop-in can set them), all prefixed SGLANG_SIM_:
     PREFILL_TOKENS_PER_S prefill speed of a request (100000; the real ct200 is about 1300)
     FAULT                crash_loading | oom_graph | hang_before_pool | die_after_ready | port_taken |
                          slow_start | garbage
+    FAULT_WHEN_CONTEXT   apply FAULT only to a start with this --context-length (e.g. the new unit's, so
+                         the restored old unit starts cleanly)
+    FAULT_WHEN_FRACTION  likewise for --mem-fraction-static; both given: both must match
     SLOW_FACTOR          delay multiplier for slow_start (10)
     DIE_AFTER_S          seconds of serving before die_after_ready dies (5)
 """

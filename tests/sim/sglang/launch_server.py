@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import signal
@@ -75,6 +76,15 @@ def build_parser(v: V) -> argparse.ArgumentParser:
     return p
 
 
+def fault_applies(args: argparse.Namespace, env: dict[str, str]) -> bool:
+    """FAULT_WHEN_CONTEXT / FAULT_WHEN_FRACTION limit the fault to starts with exactly these flags."""
+    context = env.get("SGLANG_SIM_FAULT_WHEN_CONTEXT")
+    fraction = env.get("SGLANG_SIM_FAULT_WHEN_FRACTION")
+    if context is not None and args.context_length != human_readable_int(context):
+        return False
+    return fraction is None or args.mem_fraction_static == float(fraction)
+
+
 def main(argv: list[str] | None = None) -> None:
     env = dict(os.environ)
     hw = sz.hardware_from_env(env)
@@ -84,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"argument --mem-fraction-static: {args.mem_fraction_static} is not between 0 and 1")
     if args.speculative_algorithm == "DFLASH" and not args.speculative_draft_model_path:
         parser.error("--speculative-algorithm DFLASH requires --speculative-draft-model-path")
+    if not fault_applies(args, env):
+        hw = dataclasses.replace(hw, fault="")
     launch = Launch(args, hw, env)
     signal.signal(signal.SIGTERM, launch.on_sigterm)
     launch.run()

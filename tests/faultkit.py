@@ -1,0 +1,262 @@
+"""Fault injection on the simulated ct200: hit a transaction at a named step, then check what is left.
+
+Step targeting: a small watcher runs inside the test host and polls the transaction's events file (the
+runner fsyncs every step event) every 0.2 ms; the moment the step's event appears it stops the runner
+with SIGSTOP, so the runner cannot go on to the next step while the fault is injected from outside
+(SIGKILL of the transient unit, a host restart, or the client's connection cut before SIGCONT). The
+watcher reports the last event the runner had logged when it stopped: `exact` says it was the step
+asked for. No hook in the agent is needed; the simulated server's start-up time keeps the slow steps
+(watch, verify_old) wide, and the fast file-level ones (backup, write, reload) are hit by the poll.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from agent.protocol import unit_sha256
+from agent.sglang.flags import parse_unit_flags
+from tests.simhost import SimHost
+
+UNIT = "/etc/systemd/system/sglang.service"
+STATE = "/var/lib/deployctl"
+WATCHER_PATH = "/root/deployctl-fault-watcher.py"
+# Runs inside the test host (its python3, stdlib only). argv: step [nth] [record-phase].
+WATCHER = r"""
+import json, os, signal, sys, time
+root = "/var/lib/deployctl/txn"
+step, nth = sys.argv[1], int(sys.argv[2])
+phase = sys.argv[3] if len(sys.argv) > 3 else ""
+record = "/var/lib/deployctl/units/sglang.service/pending.json"
+known = set(os.listdir(root)) if os.path.isdir(root) else set()
+print("armed", flush=True)
+
+def events(txn):
+    try:
+        with open(f"{root}/{txn}/events.jsonl", "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    return [json.loads(x) for x in data[: data.rfind(b"\n") + 1].splitlines()]
+
+def hit(txn):
+    evs = events(txn)
+    if phase:
+        try:
+            with open(record) as f:
+                return evs if json.load(f).get("phase") == phase else None
+        except (OSError, ValueError):
+            return None
+    seen = [e for e in evs if e["stage"] == step and e["kind"] != "outcome"]
+    return evs if len(seen) >= nth else None
+
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    new = sorted(set(os.listdir(root)) - known) if os.path.isdir(root) else []
+    for txn in new[-1:]:
+        evs = hit(txn)
+        if evs is None:
+            continue
+        pid = next((e["data"]["pid"] for e in evs if e["stage"] == "lock" and "pid" in e["data"]), None)
+        if pid is None:
+            continue
+        os.kill(pid, signal.SIGSTOP)
+        last = [e for e in events(txn) if e["kind"] != "progress"]
+        print(json.dumps({"txn": txn, "pid": pid, "last": last[-1]["stage"] if last else None}), flush=True)
+        sys.exit(0)
+    time.sleep(0.0002)
+print(json.dumps({"txn": None}), flush=True)
+"""
+
+
+@dataclass
+class Hit:
+    """Where the runner was stopped: its transaction, pid, and the last step it had logged."""
+
+    txn: str
+    pid: int
+    last: str | None
+    step: str
+
+    @property
+    def exact(self) -> bool:
+        return self.last == self.step
+
+
+class Watcher:
+    """The in-host watcher for one step; arm it before starting the action."""
+
+    def __init__(self, sim: SimHost, step: str, nth: int = 1, phase: str = "") -> None:
+        sim.host.put(WATCHER_PATH, WATCHER.encode())
+        self.step = phase or step
+        argv = ["python3", WATCHER_PATH, step, str(nth), *([phase] if phase else [])]
+        self.proc = subprocess.Popen(
+            [*sim.host.ssh_argv(), shlex.join(argv)],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "armed":
+            raise RuntimeError("fault watcher did not start")
+
+    def wait(self, timeout: float = 120) -> Hit:
+        out, _ = self.proc.communicate(timeout=timeout)
+        data = json.loads(out.strip().splitlines()[-1])
+        if not data.get("txn"):
+            raise AssertionError(f"the step {self.step!r} never came")
+        return Hit(data["txn"], int(data["pid"]), data.get("last"), self.step)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def sh(sim: SimHost, *argv: str, timeout: float = 60) -> str:
+    """A command inside the test host; its stdout, or AssertionError with its stderr."""
+    r = sim.host.ssh(list(argv), timeout=timeout)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)}: rc {r.returncode}: {r.stderr.decode(errors='replace')}")
+    return r.stdout.decode(errors="replace")
+
+
+def kill_runner(sim: SimHost, txn: str) -> None:
+    sh(sim, "systemctl", "kill", "--signal=SIGKILL", f"deployctl-{txn}.service")
+
+
+def kill_followers(sim: SimHost, verb: str) -> None:
+    """SIGKILL the agents that follow a transaction for a client (`agent-<sha>.pyz VERB`), by pid."""
+    r = sim.host.ssh(["pgrep", "-f", f"pyz {verb}$"], timeout=30)
+    for pid in r.stdout.decode().split():
+        sim.host.ssh(["kill", "-KILL", pid], timeout=30)
+
+
+def resume_runner(sim: SimHost, pid: int) -> None:
+    sh(sim, "kill", "-CONT", str(pid))
+
+
+def unit_state(sim: SimHost) -> dict[str, str]:
+    out = sh(sim, "systemctl", "show", "-p", "ActiveState,SubState,NRestarts", "sglang.service")
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def backup_texts(sim: SimHost) -> list[str]:
+    directory = sim.host.root / "etc/systemd/system"
+    return [p.read_text() for p in sorted(directory.glob("sglang.service.bak.*"))]
+
+
+def pending(sim: SimHost) -> bool:
+    return (sim.host.root / STATE.lstrip("/") / "units/sglang.service/pending.json").exists()
+
+
+def txn_events(sim: SimHost, txn: str) -> list[dict[str, object]]:
+    path = sim.host.root / STATE.lstrip("/") / "txn" / txn / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def outcome_of(sim: SimHost, txn: str) -> str | None:
+    ends = [e for e in txn_events(sim, txn) if e["kind"] == "outcome"]
+    return str(ends[-1]["data"].get("outcome")) if ends else None  # type: ignore[union-attr]
+
+
+def serving_flags(sim: SimHost, timeout: float = 60) -> dict[str, object]:
+    """server_info of the running service, once it answers."""
+    from tests.integration.conftest import server_info
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return server_info(sim)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def verified_problems(sim: SimHost, old: str, new: str | None = None) -> list[str]:
+    """What keeps the host from a verified state with the old (or new) unit; [] when it is in one."""
+    problems = []
+    unit = sim.unit_text()
+    if unit not in (old, new):
+        problems.append(f"the unit is neither the old nor the new one (sha {unit_sha256(unit)[:12]})")
+    if old != unit and old not in backup_texts(sim):
+        problems.append("the old unit's content is lost (neither installed nor a backup)")
+    state = unit_state(sim)
+    if (state.get("ActiveState"), state.get("SubState")) != ("active", "running"):
+        return [*problems, f"sglang.service is {state.get('ActiveState')}/{state.get('SubState')}"]
+    if pending(sim):
+        problems.append("a recovery record is still pending")
+    leftovers = list((sim.host.root / "etc/systemd/system").glob(".sglang.service.deployctl-tmp.*"))
+    if leftovers:
+        problems.append(f"temporary files left: {[p.name for p in leftovers]}")
+    try:
+        info = serving_flags(sim, timeout=30)
+    except OSError as exc:
+        return [*problems, f"the server does not answer: {exc}"]
+    flags = parse_unit_flags(unit)
+    if int(str(info.get("context_length"))) != int(str(flags["context-length"])):
+        problems.append(
+            f"serving context {info.get('context_length')}, the unit says {flags['context-length']}"
+        )
+    if not info.get("max_total_num_tokens"):
+        problems.append("no KV pool served")
+    return problems
+
+
+def wait_idle(sim: SimHost, timeout: float = 90) -> None:
+    """Until no transaction holds the unit's lock (a runner or a recovery is finishing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = sim.host.ssh(["flock", "-n", "/run/deployctl/sglang.service.lock", "true"], timeout=30)
+        if r.returncode == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError("a transaction still holds the lock")
+
+
+@contextmanager
+def timeouts(sim: SimHost, **values: float) -> Iterator[None]:
+    """The inventory's [timeouts] changed for a while (e.g. a hang detected in seconds)."""
+    path = sim.units_dir / f"{sim.name}.toml"
+    original = path.read_text()
+    text = original
+    for key, value in values.items():
+        text = re.sub(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+    path.write_text(text)
+    try:
+        yield
+    finally:
+        path.write_text(original)
+
+
+@contextmanager
+def small_unit_dir(sim: SimHost, free_pages: int) -> Iterator[None]:
+    """The unit directory on a full tmpfs (its content copied), with `free_pages` pages left free."""
+    script = (
+        "set -e; mkdir -p /run/small; mount -t tmpfs -o size=1m tmpfs /run/small; "
+        "cp -a /etc/systemd/system/. /run/small/; mount --bind /run/small /etc/systemd/system; "
+        "dd if=/dev/zero of=/etc/systemd/system/.filler bs=4096 2>/dev/null || true; "
+        f"truncate -s -{free_pages * 4096} /etc/systemd/system/.filler; sync"
+    )
+    sh(sim, "sh", "-c", script)
+    try:
+        yield
+    finally:
+        sh(sim, "sh", "-c", "umount /etc/systemd/system; umount /run/small; systemctl daemon-reload")
+
+
+@contextmanager
+def read_only_unit_dir(sim: SimHost) -> Iterator[None]:
+    d = "/etc/systemd/system"
+    sh(sim, "sh", "-c", f"mount --bind {d} {d} && mount -o remount,bind,ro {d}")
+    try:
+        yield
+    finally:
+        sh(sim, "umount", d)

@@ -1,0 +1,306 @@
+"""Faults on the real test host through the real CLI over SSH: every one ends with a verified host.
+
+Faults in the new start come from the simulated server's drop-in, limited to the new unit's
+--context-length (SGLANG_SIM_FAULT_WHEN_CONTEXT) so the restored old unit starts cleanly. Steps of a
+transaction are hit with the in-host watcher of tests.faultkit (the runner is stopped right at the step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+
+from agent.exitcodes import ExitCode
+from agent.sglang.flags import parse_unit_flags
+from tests import faultkit as fk
+from tests.integration.conftest import cli, invocation, popen, server_info, wait_pool
+
+pytestmark = pytest.mark.integration
+
+RESTART_DROPIN = "/etc/systemd/system/sglang.service.d/restart.conf"
+NEW_CONTEXT = "200000"
+
+
+@pytest.fixture
+def base(sim) -> Iterator[tuple[str, int]]:
+    """The baseline unit and its pool; afterwards the host is put back to it, whatever the test did."""
+    wait_pool(sim)
+    old, pool = sim.unit_text(), wait_pool(sim)
+    try:
+        yield old, pool
+    finally:
+        sim.set_sim_env({})
+        with contextlib.suppress(FileNotFoundError):
+            (sim.host.root / RESTART_DROPIN.lstrip("/")).unlink()
+        fk.wait_idle(sim)
+        if fk.verified_problems(sim, old, None):
+            sim.host.put("/etc/systemd/system/sglang.service", old.encode())
+            with contextlib.suppress(FileNotFoundError):
+                (sim.host.root / "var/lib/deployctl/units/sglang.service/pending.json").unlink()
+            fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
+        else:
+            fk.sh(sim, "systemctl", "daemon-reload")
+        wait_pool(sim)
+
+
+def fault_in_new_start(sim, fault: str) -> None:
+    sim.set_sim_env({"SGLANG_SIM_FAULT": fault, "SGLANG_SIM_FAULT_WHEN_CONTEXT": NEW_CONTEXT})
+
+
+def assert_old_back(sim, old: str, pool: int) -> None:
+    assert sim.unit_text().encode() == old.encode()
+    assert wait_pool(sim) == pool
+    assert server_info(sim)["context_length"] == int(parse_unit_flags(old)["context-length"])
+    assert fk.verified_problems(sim, old) == []
+
+
+def apply(sim, context: str = "200k", *extra: str):
+    return cli(sim, "apply", sim.name, "--context", context, "--yes", *extra)
+
+
+def last_txn(sim) -> str:
+    raw = sim.host.read("/var/lib/deployctl/units/sglang.service/last_txn.json")
+    return str(json.loads(raw)["txn"])
+
+
+def stage_times(sim, txn: str) -> dict[str, datetime]:
+    times: dict[str, datetime] = {}
+    for e in fk.txn_events(sim, txn):
+        times.setdefault(str(e["stage"]), datetime.fromisoformat(str(e["ts"]).replace("Z", "+00:00")))
+    return times
+
+
+@pytest.mark.parametrize("fault", ["crash_loading", "oom_graph"])
+def test_a_failing_new_start_rolls_back_by_itself(sim, base, fault):
+    old, pool = base
+    fault_in_new_start(sim, fault)
+    r = apply(sim)
+    assert r.returncode == ExitCode.ROLLED_BACK, r.stdout + r.stderr
+    assert "ROLLED BACK" in r.stdout
+    assert_old_back(sim, old, pool)
+
+
+def test_a_start_that_never_logs_a_pool_times_out_and_rolls_back(sim, base):
+    old, pool = base
+    fault_in_new_start(sim, "hang_before_pool")
+    with fk.timeouts(sim, pool_s=3, no_progress_s=3):
+        r = apply(sim)
+    assert r.returncode == ExitCode.ROLLED_BACK, r.stdout + r.stderr
+    assert "nothing logged for 3 s" in r.stdout or "no KV pool logged 3 s" in r.stdout, r.stdout
+    assert_old_back(sim, old, pool)
+
+
+def test_a_crash_loop_under_restart_always_is_seen_at_once(sim, base):
+    old, pool = base
+    sim.host.put(RESTART_DROPIN, b"[Service]\nRestart=always\nRestartSec=100ms\n")
+    fault_in_new_start(sim, "crash_loading")
+    r = apply(sim)
+    assert r.returncode == ExitCode.ROLLED_BACK, r.stdout + r.stderr
+    t = stage_times(sim, last_txn(sim))
+    assert (t["rollback"] - t["restart"]).total_seconds() < 3.0  # the phase timeouts are 30 s and more
+    assert_old_back(sim, old, pool)
+
+
+def test_a_silent_death_that_systemd_restarts_is_seen_on_the_bus(sim, base):
+    """No log line tells of this crash: NRestarts growing is what the watcher sees."""
+    old, pool = base
+    sim.host.put(RESTART_DROPIN, b"[Service]\nRestart=always\nRestartSec=100ms\n")
+    watcher = fk.Watcher(sim, "watch")
+    proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
+    hit = watcher.wait()
+    n0 = int(fk.unit_state(sim)["NRestarts"])
+    fk.sh(sim, "systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "sglang.service")
+    fk_wait(lambda: int(fk.unit_state(sim)["NRestarts"]) > n0)
+    fk.resume_runner(sim, hit.pid)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.ROLLED_BACK, out + err
+    assert "systemd restarted it" in out, out
+    assert_old_back(sim, old, pool)
+
+
+def test_garbage_output_never_crashes_the_agent(sim, base):
+    old, _ = base
+    sim.set_sim_env({"SGLANG_SIM_FAULT": "garbage"})  # both starts: invalid UTF-8, a 70k-char line, NULs
+    r = apply(sim)
+    assert r.returncode in (ExitCode.OK, ExitCode.ROLLED_BACK), r.stdout + r.stderr
+    assert "AGENT ERROR" not in r.stdout and "internal error" not in r.stderr
+    new = sim.unit_text()
+    assert fk.verified_problems(sim, old, new) == []
+    if r.returncode == ExitCode.OK:
+        assert wait_pool(sim) >= 200_000
+
+
+def test_when_the_old_unit_fails_too_both_are_kept_and_the_message_says_what_to_do(sim, base):
+    old, _ = base
+    sim.set_sim_env({"SGLANG_SIM_FAULT": "crash_loading"})  # every start crashes, the old one too
+    r = apply(sim)
+    assert r.returncode == ExitCode.ROLLBACK_FAILED, r.stdout + r.stderr
+    txn = last_txn(sim)
+    rejected = sim.host.read(f"/var/lib/deployctl/txn/{txn}/rejected-sglang.service").decode()
+    assert parse_unit_flags(rejected)["context-length"] == NEW_CONTEXT
+    assert sim.unit_text() == old  # the old unit is back in place ...
+    assert old in fk.backup_texts(sim)  # ... and kept as a backup
+    assert "journalctl -u sglang.service" in r.stdout
+    assert f"rejected unit is kept at /var/lib/deployctl/txn/{txn}/rejected-sglang.service" in r.stdout
+    assert f"deployctl status {sim.name}" in r.stdout
+    # a failed rollback waits for a person: status does not restart the service behind their back
+    st = cli(sim, "status", sim.name)
+    assert st.returncode == ExitCode.OK and "recovering first" not in st.stdout
+    assert "recovery record is present" in st.stdout
+
+
+def test_agent_sigkilled_while_watching_the_old_unit_comes_back(sim, base):
+    old, pool = base
+    watcher = fk.Watcher(sim, "watch")
+    proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
+    hit = watcher.wait()
+    fk.kill_runner(sim, hit.txn)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.ROLLED_BACK, out + err  # the follower started `recover`
+    assert "agent died" in out + err
+    assert_old_back(sim, old, pool)
+
+
+def test_agent_and_client_killed_then_status_recovers(sim, base):
+    old, pool = base
+    watcher = fk.Watcher(sim, "watch")
+    proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
+    hit = watcher.wait()
+    proc.kill()
+    proc.communicate()
+    fk.kill_followers(sim, "apply")  # else the host's follower of the killed client recovers by itself
+    fk.kill_runner(sim, hit.txn)
+    assert fk.pending(sim)
+    st = cli(sim, "status", sim.name)
+    assert st.returncode == ExitCode.OK, st.stderr
+    assert "recovering first" in st.stderr + st.stdout
+    assert_old_back(sim, old, pool)
+
+
+def test_agent_sigkilled_after_the_new_unit_was_verified_keeps_it(sim, base):
+    old, _ = base
+    watcher = fk.Watcher(sim, "", phase="verified")
+    proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
+    hit = watcher.wait()
+    fk.kill_runner(sim, hit.txn)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.OK, out + err
+    new = sim.unit_text()
+    assert parse_unit_flags(new)["context-length"] == NEW_CONTEXT
+    assert fk.verified_problems(sim, old, new) == []
+    assert wait_pool(sim) >= 200_000
+
+
+def test_host_restarted_mid_transaction_recovers_at_the_next_agent_start(sim, base):
+    old, pool = base
+    watcher = fk.Watcher(sim, "watch")
+    proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
+    watcher.wait()
+    sim.host.restart()
+    proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.UNREACHABLE
+    assert fk.pending(sim)  # the record survived the reboot; the host booted the unverified unit
+    st = cli(sim, "status", sim.name)
+    assert st.returncode == ExitCode.OK and "recovering first" in st.stderr + st.stdout
+    assert_old_back(sim, old, pool)
+
+
+def test_host_restarted_then_apply_again_recovers_first_then_applies(sim, base):
+    old, _ = base
+    watcher = fk.Watcher(sim, "restart")
+    proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
+    watcher.wait()
+    sim.host.restart()
+    proc.communicate(timeout=120)
+    r = apply(sim)
+    assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+    assert "recovering first" in r.stderr + r.stdout
+    assert fk.verified_problems(sim, old, sim.unit_text()) == []
+    assert wait_pool(sim) >= 200_000
+
+
+def test_two_applies_at_once_one_runs_the_other_gets_the_lock_code(sim, base):
+    old, _ = base
+    watcher = fk.Watcher(sim, "watch")
+    first = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
+    hit = watcher.wait()  # the first holds the lock, stopped in its watch
+    second = apply(sim, "190k")
+    assert second.returncode == ExitCode.LOCKED, second.stdout + second.stderr
+    assert f"transaction {hit.txn}" in second.stdout + second.stderr
+    assert f"pid {hit.pid}" in second.stdout + second.stderr
+    fk.resume_runner(sim, hit.pid)
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == ExitCode.OK, out + err
+    assert parse_unit_flags(sim.unit_text())["context-length"] == NEW_CONTEXT
+    # started together: still exactly one runs
+    a, b = popen(sim, "apply", sim.name, "--context", "150k", "--yes"), apply(sim, "160k")
+    a.communicate(timeout=120)
+    assert sorted([a.returncode, b.returncode]) == [ExitCode.OK, ExitCode.LOCKED], b.stdout + b.stderr
+    assert fk.verified_problems(sim, old, sim.unit_text()) == []
+
+
+def test_a_unit_edited_by_hand_after_the_plan_is_refused_never_overwritten(sim, base):
+    old, _ = base
+    watcher = fk.Watcher(sim, "lock")
+    proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
+    hit = watcher.wait()  # planned against `old`; stopped before it compares
+    edited = old.replace("[Service]\n", "[Service]\n# edited by hand\n")
+    sim.host.put("/etc/systemd/system/sglang.service", edited.encode())
+    fk.resume_runner(sim, hit.pid)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.REFUSED, out + err
+    assert "edited by hand" in out + err
+    assert sim.unit_text() == edited
+    assert fk.outcome_of(sim, hit.txn) == "error"
+    sim.host.put("/etc/systemd/system/sglang.service", old.encode())
+
+
+@pytest.mark.parametrize(("free_pages", "what"), [(0, r"sglang\.service\.bak\.\S+"), (1, r"sglang\.service")])
+def test_no_space_left_leaves_the_old_unit_intact(sim, base, free_pages, what):
+    old, _ = base
+    before = invocation(sim)
+    with fk.small_unit_dir(sim, free_pages):
+        r = apply(sim)
+        assert r.returncode == ExitCode.REFUSED, r.stdout + r.stderr
+        assert re.search(f"cannot write /etc/systemd/system/{what}: no space left on the device", r.stderr)
+        assert sim.unit_text().encode() == old.encode()
+        assert not list((sim.host.root / "etc/systemd/system").glob(".sglang.service.deployctl-tmp.*"))
+        assert not fk.pending(sim)
+    assert invocation(sim) == before  # never restarted
+
+
+def test_a_read_only_unit_directory_changes_nothing(sim, base):
+    old, _ = base
+    before, backups = invocation(sim), sim.backups()
+    with fk.read_only_unit_dir(sim):
+        r = apply(sim)
+    assert r.returncode == ExitCode.REFUSED, r.stdout + r.stderr
+    assert "Read-only file system" in r.stdout + r.stderr
+    assert sim.unit_text() == old and sim.backups() == backups and invocation(sim) == before
+    assert not fk.pending(sim)
+
+
+@pytest.mark.parametrize(("context", "code"), [("200k", ExitCode.OK), ("400k", ExitCode.ROLLED_BACK)])
+def test_journal_rotated_and_vacuumed_while_watching_the_gate_still_decides(sim, base, context, code):
+    old, _ = base
+    watcher = fk.Watcher(sim, "watch")
+    proc = popen(sim, "apply", sim.name, "--context", context, "--yes", "--force")
+    hit = watcher.wait()
+    fk.sh(sim, "journalctl", "--rotate", "--vacuum-files=1")
+    fk.resume_runner(sim, hit.pid)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, out + err
+    assert fk.verified_problems(sim, old, sim.unit_text()) == []
+    if code == ExitCode.OK:
+        assert wait_pool(sim) >= 200_000
+
+
+def fk_wait(predicate, timeout: float = 30) -> None:
+    from tests.integration.conftest import wait_for
+
+    wait_for(predicate, timeout=timeout, interval=0.05)

@@ -87,7 +87,7 @@ def apply(args: argparse.Namespace, out: Output) -> int:
             "apply",
             unit_text=new_text,
             target_context=args.context,
-            planned_pool=plan.predicted_pool_tokens,
+            planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
             expect_sha256=unit_sha256(old_text) if old_text else "absent",
         )
         outcome = follow(out, s, req)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from agent import deploy
 from agent.cli import add_target_args
 from agent.output import Output
 
@@ -35,5 +34,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    from agent import deploy  # SSH and the planner load only when a command runs
+
     out.json, out.quiet = args.json, args.quiet
     return deploy.apply(args, out)

@@ -13,7 +13,6 @@ from agent.errors import UsageError
 from agent.inventory import load_host, units_dir
 from agent.output import Output
 from agent.planner import Plan, plan_for_host
-from agent.remote import base_request
 from agent.sglang.logs import start_figures
 
 
@@ -45,6 +44,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     running: Mapping[str, Any] = host.sglang.flags
     if not history and not args.offline:
         from agent import deploy  # SSH only when the host is asked
+        from agent.remote import base_request
 
         with deploy.session(args) as s:
             facts = s.client.call(base_request(s.host, "facts"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from agent import deploy
 from agent.commands.apply import add_connection_args
 from agent.output import Output
 
@@ -19,5 +18,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    from agent import deploy  # SSH and the planner load only when a command runs
+
     out.json, out.quiet = args.json, args.quiet
     return deploy.rollback(args, out)

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.host.decide import Gate
 from agent.host.events import EventLog
-from agent.host.probe import Probe, ProbeError, SmokeResult
 from agent.host.state import (
     PHASE_RESTARTED,
     PHASE_ROLLING_BACK,
@@ -27,6 +26,9 @@ from agent.host.watch import JournalPort, WatchResult, watch_start
 from agent.protocol import Outcome, Request, Smoke, Stage
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.logs import summarize
+
+if TYPE_CHECKING:
+    from agent.host.probe import SmokeResult
 
 RESTART_JOB_TIMEOUT_S = 300.0
 
@@ -175,6 +177,7 @@ class Transaction:
 
     def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate) -> str | None:
         """After the log said ready: the HTTP API answers, and a long prompt really fits."""
+        from agent.host.probe import Probe, ProbeError  # requests: only once a start is ready
         probe = Probe(self.req.http_host, self.req.port)
         try:
             probe.wait_ready(self.req.timeouts.ready_s)
@@ -260,6 +263,7 @@ class Transaction:
 
     def _restore(self, record: Record) -> tuple[bool, str]:
         """Put the backup back (or remove a unit that had none), restart it and verify it is healthy."""
+        from agent.host.probe import Probe, ProbeError
         self.log.emit(Stage.RESTORE, "step", f"restoring {record.backup or 'no unit (there was none)'}")
         try:
             if record.backup is None:

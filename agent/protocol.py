@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -149,6 +150,7 @@ class Request:
 
     def validate(self) -> None:
         """Refuse anything that could write outside the unit directory or smuggle a newline."""
+        self._check_types()
         _check(self.verb in VERBS, f"unknown verb {self.verb!r}")
         _check(bool(UNIT_NAME.fullmatch(self.unit)) and ".." not in self.unit, f"bad unit name {self.unit!r}")
         for name in ("unit_dir", "state_dir"):
@@ -176,6 +178,35 @@ class Request:
         _check(self.smoke.prompt_tokens > 0 and self.smoke.timeout_s > 0, "bad smoke test settings")
         for text in (self.smoke.sentence, self.smoke.question, self.smoke.expect, *self.secret_names):
             _check(not _ANY_CONTROL.search(text), "smoke test text contains a control character")
+
+    def _check_types(self) -> None:
+        """JSON may put any type anywhere: refuse what the range checks could not even compare."""
+        for name in ("verb", "unit", "unit_dir", "state_dir", "http_host"):
+            _check(isinstance(getattr(self, name), str), f"{name} must be text")
+        for name in ("unit_text", "backup", "expect_sha256", "txn"):
+            value = getattr(self, name)
+            _check(value is None or isinstance(value, str), f"{name} must be text")
+        for name in ("port", "keep_backups", "version", "target_context", "planned_pool"):
+            value = getattr(self, name)
+            optional = name in ("target_context", "planned_pool")
+            _check((optional and value is None) or _is_int(value), f"{name} must be an integer")
+        _check(_is_number(self.margin), "margin must be a number")
+        _check(isinstance(self.detach, bool), "detach must be true or false")
+        _check(all(isinstance(name, str) for name in self.secret_names), "secret_names must be text")
+        s = self.smoke
+        texts = (s.sentence, s.question, s.expect)
+        ok = isinstance(s.enabled, bool) and _is_int(s.prompt_tokens) and _is_number(s.timeout_s)
+        _check(ok and all(isinstance(t, str) for t in texts), "bad smoke test settings")
+        limits = asdict(self.timeouts).values()
+        _check(all(_is_number(v) and v > 0 for v in limits), "timeouts must be positive numbers of seconds")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check(ok: bool, message: str) -> None:

@@ -30,9 +30,10 @@ class Record:
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write, fsync, rename: mode 0600 in a 0700 folder, as request.json holds the unit and its secrets."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
         json.dump(payload, f, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())

@@ -19,7 +19,7 @@ from agent.protocol import Event, Request, exit_code, unit_sha256
 from agent.remote import AgentClient, base_request, open_transport
 from agent.render import redact, redact_changes, redact_flags, render_unit, template_dir, unit_diff
 from agent.report import ApplyReport, backups_table, render_report
-from agent.sglang.flags import FlagsError, diff_flags, flag_table, parse_unit_flags
+from agent.sglang.flags import FlagChange, FlagsError, diff_flags, flag_table, parse_unit_flags
 from agent.transport import ConnectionLost
 from agent.unitcheck import render_checked
 
@@ -198,10 +198,18 @@ def _next_plan(host: HostConfig, args: argparse.Namespace, outcome: Event) -> Pl
         return None
 
 
+def backup_listing(s: Session) -> dict[str, Any]:
+    """The host's backups, with the values of secret flags (api-key, token...) replaced for printing."""
+    listing = s.client.call(base_request(s.host, "backups"))
+    for row in listing.get("backups") or []:
+        changes = redact_changes([FlagChange(*c) for c in row.get("changes", [])])
+        row["changes"] = [[c.name, c.before, c.after] for c in changes]
+    return listing
+
+
 def rollback(args: argparse.Namespace, out: Output) -> int:
     with session(args) as s:
-        listing = s.client.call(base_request(s.host, "backups"))
-        rows = listing.get("backups") or []
+        rows = backup_listing(s).get("backups") or []
         name = args.to or (rows[0]["name"] if rows else None)
         chosen = next((r for r in rows if r["name"] == name), None)
         if chosen is None:
@@ -234,7 +242,7 @@ def rollback(args: argparse.Namespace, out: Output) -> int:
 
 def backups(args: argparse.Namespace, out: Output) -> int:
     with session(args) as s:
-        listing = s.client.call(base_request(s.host, "backups"))
+        listing = backup_listing(s)
         if out.style is Style.JSON:
             out.print(json.dumps(listing, sort_keys=True))
         else:

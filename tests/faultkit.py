@@ -35,7 +35,8 @@ step, nth = sys.argv[1], int(sys.argv[2])
 phase = sys.argv[3] if len(sys.argv) > 3 else ""
 record = "/var/lib/deployctl/units/sglang.service/pending.json"
 known = set(os.listdir(root)) if os.path.isdir(root) else set()
-print("armed", flush=True)
+parent = os.getppid()
+print("armed", os.getpid(), flush=True)
 
 def events(txn):
     try:
@@ -57,7 +58,7 @@ def hit(txn):
     return evs if len(seen) >= nth else None
 
 deadline = time.monotonic() + 120
-while time.monotonic() < deadline:
+while time.monotonic() < deadline and os.getppid() == parent:  # gone with its ssh session
     new = sorted(set(os.listdir(root)) - known) if os.path.isdir(root) else []
     for txn in new[-1:]:
         evs = hit(txn)
@@ -67,8 +68,8 @@ while time.monotonic() < deadline:
         if pid is None:
             continue
         os.kill(pid, signal.SIGSTOP)
-        last = [e for e in events(txn) if e["kind"] != "progress"]
-        print(json.dumps({"txn": txn, "pid": pid, "last": last[-1]["stage"] if last else None}), flush=True)
+        last = events(txn)[-1]["stage"]
+        print(json.dumps({"txn": txn, "pid": pid, "last": last}), flush=True)
         sys.exit(0)
     time.sleep(0.0002)
 print(json.dumps({"txn": None}), flush=True)
@@ -103,20 +104,34 @@ class Watcher:
             text=True,
         )
         assert self.proc.stdout is not None
-        if self.proc.stdout.readline().strip() != "armed":
+        first = self.proc.stdout.readline().split()
+        if first[:1] != ["armed"]:
             raise RuntimeError("fault watcher did not start")
+        self.sim, self.remote_pid = sim, first[1]
 
-    def wait(self, timeout: float = 120) -> Hit:
-        out, _ = self.proc.communicate(timeout=timeout)
+    def wait(self, timeout: float = 90) -> Hit:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.close()
+            raise AssertionError(f"the step {self.step!r} never came") from None
         data = json.loads(out.strip().splitlines()[-1])
         if not data.get("txn"):
             raise AssertionError(f"the step {self.step!r} never came")
         return Hit(data["txn"], int(data["pid"]), data.get("last"), self.step)
 
     def close(self) -> None:
+        """Stop the watcher in the host too: a stale one would stop the next transaction's runner."""
         if self.proc.poll() is None:
+            self.sim.host.ssh(["kill", self.remote_pid], timeout=30)
             self.proc.kill()
             self.proc.wait()
+
+    def __enter__(self) -> Watcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def sh(sim: SimHost, *argv: str, timeout: float = 60) -> str:
@@ -214,7 +229,8 @@ def wait_idle(sim: SimHost, timeout: float = 90) -> None:
     """Until no transaction holds the unit's lock (a runner or a recovery is finishing)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        r = sim.host.ssh(["flock", "-n", "/run/deployctl/sglang.service.lock", "true"], timeout=30)
+        lock = "/run/deployctl/sglang.service.lock"  # gone after a reboot: then nobody holds it
+        r = sim.host.ssh(["sh", "-c", f"test ! -e {lock} || flock -n {lock} true"], timeout=30)
         if r.returncode == 0:
             return
         time.sleep(0.2)

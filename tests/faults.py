@@ -1,0 +1,295 @@
+"""`make faults`: the fault matrix on real test hosts, through the real CLI over real SSH.
+
+Every step of apply and of rollback is hit three ways, and the world fails in the ways the
+integration tests name; each fault is a named case. The last line printed is one JSON object:
+{"faults_tried": N, "survived": M, "units_lost": K, "failed": [names...]}; the exit code is 1 if any
+case failed.
+
+How a step is hit: a watcher inside the host polls the transaction's events file and stops the
+runner with SIGSTOP the moment the step's event is on disk (tests.faultkit), then the fault is
+injected while it stands still:
+  cut      the client is killed (its SSH connection drops), then the runner resumes: the host must
+           finish on its own (an outcome in the events file, no one re-attaching);
+  kill     the transient unit deployctl-<txn>.service gets SIGKILL; the client stays attached and
+           its host-side follower starts `recover` (the next agent start); `deployctl status` after;
+  restart  the test host is powered off and booted again (TestHost.restart()); then
+           `deployctl status` recovers what the record says.
+Each case then checks the host: sglang.service active and serving the flags of the installed
+unit, which is the old or the new unit, no recovery record left, and the old unit's content still
+on disk (as the unit or a backup; a case without it counts in units_lost). A case also fails if
+`kill` or `restart` kept a new unit that had never been verified.
+
+The watcher reports the last step the runner had logged when it stopped; a case whose runner had
+already logged a later step is marked `approx` in its line (the fast file-level steps backup,
+write and reload are the ones that can be overrun; in practice the poll lands on the step).
+Steps of the automatic rollback (rollback, restore, verify_old) come from an apply the pool cannot
+meet (--context 400k --force). Hosts are reused between cases and cases run on a few hosts at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent.exitcodes import ExitCode
+from agent.sglang.flags import parse_unit_flags
+from tests import faultkit as fk
+from tests import simhost
+from tests.integration import test_faults as world
+from tests.integration.conftest import cli, popen, wait_pool
+
+WORKERS = 3
+APPLY_STEPS = ["lock", "backup", "write", "reload", "restart", "watch", "gate"]
+FAILED_APPLY_STEPS = ["rollback", "restore", "verify_old"]
+INJECTIONS = ["cut", "kill", "restart"]
+# the failures of the world: (case, a word of the integration test's name, its arguments)
+WORLD: list[tuple[str, str, tuple[object, ...]]] = [
+    ("no_space_for_backup", "no_space_left", (0, r"sglang\.service\.bak\.\S+")),
+    ("no_space_for_unit", "no_space_left", (1, r"sglang\.service")),
+    ("read_only_unit_dir", "read_only_unit_directory", ()),
+    ("hand_edit", "edited_by_hand", ()),
+    ("journal_vacuum_pass", "journal_rotated", ("200k", ExitCode.OK)),
+    ("journal_vacuum_reject", "journal_rotated", ("400k", ExitCode.ROLLED_BACK)),
+    ("crash_loop", "crash_loop", ()),
+    ("silent_death_restarted", "silent_death", ()),
+    ("hang_before_pool", "never_logs_a_pool", ()),
+    ("crash_loading", "failing_new_start", ("crash_loading",)),
+    ("oom_graph", "failing_new_start", ("oom_graph",)),
+    ("garbage_output", "garbage_output", ()),
+    ("two_applies", "two_applies", ()),
+    ("killed_after_verified", "after_the_new_unit_was_verified", ()),
+]
+
+
+@dataclass
+class Outcome:
+    name: str
+    survived: bool = False
+    unit_lost: bool = False
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class Action:
+    argv: list[str]
+    new_text: Callable[[], str | None]
+
+
+def apply_action(sim: simhost.SimHost, failing: bool) -> Action:
+    """An apply to a context the host does not run yet (or one its pool cannot meet)."""
+    current = parse_unit_flags(sim.unit_text())["context-length"]
+    context = "400k" if failing else ("150k" if current == "200000" else "200k")
+    argv = ["apply", sim.name, "--context", context, "--yes", *(["--force"] if failing else [])]
+    return Action(argv, lambda: None)
+
+
+def rollback_action(sim: simhost.SimHost) -> Action:
+    """A manual rollback to the newest backup that differs from the installed unit."""
+    current = sim.unit_text()
+    directory = sim.host.root / "etc/systemd/system"
+    for path in sorted(directory.glob("sglang.service.bak.*"), reverse=True):
+        if path.read_text() != current:
+            text = path.read_text()
+            return Action(["rollback", sim.name, "--to", path.name, "--yes"], lambda t=text: t)
+    raise RuntimeError("no backup that differs from the installed unit")
+
+
+def new_unit(sim: simhost.SimHost, txn: str) -> str | None:
+    try:
+        req = json.loads(sim.host.read(f"/var/lib/deployctl/txn/{txn}/request.json"))
+    except FileNotFoundError:
+        return None
+    return req.get("unit_text")
+
+
+def step_case(sim: simhost.SimHost, verb: str, step: str, injection: str, out: Outcome) -> None:
+    old = sim.unit_text()
+    if verb == "rollback" and not any(t != old for t in fk.backup_texts(sim)):
+        r = cli(sim, *apply_action(sim, False).argv)  # a unit to roll back from
+        assert r.returncode == ExitCode.OK, r.stderr
+        old = sim.unit_text()
+    action = rollback_action(sim) if verb == "rollback" else apply_action(sim, verb == "apply-failing")
+    with fk.Watcher(sim, step) as watcher:
+        proc = popen(sim, *action.argv)
+        hit = watcher.wait(timeout=90)
+    if not hit.exact:
+        out.notes.append(f"approx: stopped after {hit.last}")
+    new = action.new_text() or new_unit(sim, hit.txn)
+    if injection == "cut":
+        proc.kill()
+        proc.communicate()
+        fk.resume_runner(sim, hit.pid)
+        deadline = time.monotonic() + 120
+        while fk.outcome_of(sim, hit.txn) is None:
+            assert time.monotonic() < deadline, "the host did not finish on its own"
+            time.sleep(0.1)
+        out.notes.append(f"finished on its own: {fk.outcome_of(sim, hit.txn)}")
+    elif injection == "kill":
+        fk.kill_runner(sim, hit.txn)
+        proc.communicate(timeout=180)
+        out.notes.append(f"client exit {proc.returncode}")
+    else:
+        sim.host.restart()
+        proc.communicate(timeout=180)
+    if injection != "cut":
+        st = cli(sim, "status", sim.name)  # the user's next run: recovers whatever is left
+        assert st.returncode == ExitCode.OK, st.stderr
+        if "recovering first" in st.stderr:
+            out.notes.append("status recovered")
+    settle(sim, out, old, new, must_be_old=injection != "cut")
+
+
+def settle(sim: simhost.SimHost, out: Outcome, old: str, new: str | None, must_be_old: bool) -> None:
+    fk.wait_idle(sim)
+    problems = fk.verified_problems(sim, old, new)
+    out.unit_lost = old != sim.unit_text() and old not in fk.backup_texts(sim)
+    if must_be_old and sim.unit_text() != old:
+        problems.append("an unverified new unit was kept")
+    out.notes += problems
+    out.survived = not problems
+
+
+def world_case(fn: Callable[..., None], *args: object) -> Callable[[simhost.SimHost, Outcome], None]:
+    """One of the integration tests' faults: its own assertions, then the host must be verified."""
+
+    def run(sim: simhost.SimHost, out: Outcome) -> None:
+        to_baseline(sim)  # the integration tests start from the baseline unit
+        old, pool = sim.unit_text(), wait_pool(sim)
+        fn(sim, (old, pool), *args)
+        settle(sim, out, old, sim.unit_text(), must_be_old=False)
+
+    return run
+
+
+def cases() -> list[tuple[str, Callable[[simhost.SimHost, Outcome], None]]]:
+    found: list[tuple[str, Callable[[simhost.SimHost, Outcome], None]]] = []
+    plan = [("apply", s) for s in APPLY_STEPS] + [("apply-failing", s) for s in FAILED_APPLY_STEPS]
+    plan += [("rollback", s) for s in APPLY_STEPS]
+    for verb, step in plan:
+        for inj in INJECTIONS:
+            found.append(
+                (
+                    f"{verb}:{step}:{inj}",
+                    lambda sim, out, v=verb, s=step, i=inj: step_case(sim, v, s, i, out),
+                )
+            )
+    for name, key, args in WORLD:
+        test = next(getattr(world, n) for n in dir(world) if n.startswith("test_") and key in n)
+        found.append((f"world:{name}", world_case(test, *args)))
+    found.append(("world:old_unit_fails_too", old_unit_fails_too))
+    return found
+
+
+def old_unit_fails_too(sim: simhost.SimHost, out: Outcome) -> None:
+    """Exit 5, both units kept; then a person does what the message says and the host is verified."""
+    to_baseline(sim)
+    old = sim.unit_text()
+    world.test_when_the_old_unit_fails_too_both_are_kept_and_the_message_says_what_to_do(sim, (old, 0))
+    sim.set_sim_env({})  # the person fixes the host ...
+    fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
+    wait_pool(sim)
+    r = cli(sim, "apply", sim.name, "--context", "200k", "--yes")  # ... and the next run finishes
+    assert r.returncode in (ExitCode.OK, ExitCode.ROLLED_BACK), r.stdout + r.stderr
+    settle(sim, out, old, sim.unit_text(), must_be_old=False)
+
+
+BASELINE: dict[int, str] = {}  # id(sim) -> its baseline unit (the SGLang port differs per host)
+
+
+def to_baseline(sim: simhost.SimHost) -> None:
+    baseline = BASELINE[id(sim)]
+    if sim.unit_text() != baseline:
+        sim.host.put("/etc/systemd/system/sglang.service", baseline.encode())
+        fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
+        wait_pool(sim)
+
+
+def repair(sim: simhost.SimHost, baseline: str) -> None:
+    """Back to a healthy host after a case, whatever it left (the case's result is already taken)."""
+    sim.set_sim_env({})
+    with contextlib.suppress(FileNotFoundError):
+        (sim.host.root / world.RESTART_DROPIN.lstrip("/")).unlink()
+    with contextlib.suppress(subprocess.SubprocessError, AssertionError):
+        fk.wait_idle(sim, timeout=60)
+    if fk.verified_problems(sim, baseline, sim.unit_text()):
+        sim.host.put("/etc/systemd/system/sglang.service", baseline.encode())
+        with contextlib.suppress(FileNotFoundError):
+            (sim.host.root / "var/lib/deployctl/units/sglang.service/pending.json").unlink()
+        fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
+    else:
+        fk.sh(sim, "systemctl", "daemon-reload")
+    wait_pool(sim)
+
+
+def worker(todo: queue.Queue[tuple[str, Callable[..., None]]], results: list[Outcome]) -> None:
+    sim = simhost.boot()
+    try:
+        wait_pool(sim)
+        baseline = BASELINE[id(sim)] = sim.unit_text()
+        while True:
+            try:
+                name, run = todo.get_nowait()
+            except queue.Empty:
+                return
+            out = Outcome(name)
+            t0 = time.monotonic()
+            try:
+                run(sim, out)
+            except Exception as exc:  # a failed assertion or a timeout: the case did not survive
+                out.survived = False
+                first = (str(exc).strip().splitlines() or [""])[0]
+                where = traceback.extract_tb(exc.__traceback__)[-1]
+                out.notes.append(f"{type(exc).__name__} at {where.name}:{where.lineno}: {first[:300]}")
+                with contextlib.suppress(Exception):
+                    out.unit_lost = baseline != sim.unit_text() and baseline not in fk.backup_texts(sim)
+            out.seconds = time.monotonic() - t0
+            results.append(out)
+            verdict = "survived" if out.survived else "FAILED"
+            print(f"{name:42s} {verdict:8s} {out.seconds:5.1f} s  {'; '.join(out.notes)}", flush=True)
+            try:
+                repair(sim, baseline)
+            except Exception:  # a host that cannot be repaired is replaced by a fresh one
+                sim.stop()
+                sim = simhost.boot()
+                wait_pool(sim)
+                baseline = BASELINE[id(sim)] = sim.unit_text()
+    finally:
+        sim.stop()
+
+
+def main() -> int:
+    todo: queue.Queue[tuple[str, Callable[..., None]]] = queue.Queue()
+    only = sys.argv[1:]
+    for name, run in cases():
+        if not only or any(o in name for o in only):
+            todo.put((name, run))
+    results: list[Outcome] = []
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(todo, results)) for _ in range(WORKERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failed = sorted(o.name for o in results if not o.survived)
+    print(f"{len(results)} faults in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    summary = {
+        "faults_tried": len(results),
+        "survived": sum(o.survived for o in results),
+        "units_lost": sum(o.unit_lost for o in results),
+        "failed": failed,
+    }
+    print(json.dumps(summary))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,6 +42,7 @@ class UnitFiles:
     def write(self, unit: str, text: str, like: Path | None = None) -> None:
         """Temp file in the same directory, fsync, rename, fsync the directory: all or nothing."""
         dest = self.path(unit)
+        self._sweep_stale_temps()
         template = like if like is not None and like.exists() else dest
         tmp = self.dir / f".{unit}.deployctl-tmp.{os.getpid()}"  # a name systemd never loads
         try:
@@ -62,6 +63,13 @@ class UnitFiles:
                 tmp.unlink()
             reason = "no space left on the device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
             raise UnitWriteError(exc.errno or 0, f"cannot write {dest}: {reason}") from exc
+
+    def _sweep_stale_temps(self) -> None:
+        """A writer killed between its temp file and the rename leaves the file; its pid names it."""
+        for p in self.dir.glob(".*.deployctl-tmp.*"):
+            pid = p.name.rsplit(".", 1)[-1]
+            if pid.isdigit() and not _alive(int(pid)):
+                p.unlink(missing_ok=True)
 
     def backup(self, unit: str, now: datetime) -> Backup:
         """Copy the installed unit to <unit>.bak.<UTC YYYYmmddTHHMMSSZ>, keeping mode and owner."""
@@ -117,6 +125,16 @@ def _copy_owner_and_mode(template: Path, fd: int) -> None:
     os.fchmod(fd, st.st_mode & 0o7777)
     with contextlib.suppress(PermissionError):
         os.fchown(fd, st.st_uid, st.st_gid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def _fsync_dir(directory: Path) -> None:

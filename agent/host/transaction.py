@@ -178,6 +178,7 @@ class Transaction:
     def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate) -> str | None:
         """After the log said ready: the HTTP API answers, and a long prompt really fits."""
         from agent.host.probe import Probe, ProbeError  # requests: only once a start is ready
+
         probe = Probe(self.req.http_host, self.req.port)
         try:
             probe.wait_ready(self.req.timeouts.ready_s)
@@ -264,6 +265,7 @@ class Transaction:
     def _restore(self, record: Record) -> tuple[bool, str]:
         """Put the backup back (or remove a unit that had none), restart it and verify it is healthy."""
         from agent.host.probe import Probe, ProbeError
+
         self.log.emit(Stage.RESTORE, "step", f"restoring {record.backup or 'no unit (there was none)'}")
         try:
             if record.backup is None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from agent.protocol import unit_sha256
 from agent.sglang.flags import parse_unit_flags
@@ -155,6 +156,19 @@ def kill_followers(sim: SimHost, verb: str) -> None:
 
 def resume_runner(sim: SimHost, pid: int) -> None:
     sh(sim, "kill", "-CONT", str(pid))
+
+
+def restart_host(sim: SimHost) -> None:
+    """TestHost.restart(), and make sure its leader pid is the container's init, not a boot helper."""
+    from tests.testhost.instance import _children
+
+    sim.host.restart()
+    deadline = time.monotonic() + 10
+    while not (sim.host.root / "etc/systemd/system").is_dir():
+        assert time.monotonic() < deadline, "the restarted host has no init to read files through"
+        kids = [p for p in _children(sim.host.pid) if Path(f"/proc/{p}/root/etc/systemd/system").is_dir()]
+        sim.host.leader_pid = kids[0] if kids else 0
+        time.sleep(0.05)
 
 
 def unit_state(sim: SimHost) -> dict[str, str]:

@@ -138,7 +138,7 @@ def step_case(sim: simhost.SimHost, verb: str, step: str, injection: str, out: O
         proc.communicate(timeout=180)
         out.notes.append(f"client exit {proc.returncode}")
     else:
-        sim.host.restart()
+        fk.restart_host(sim)
         proc.communicate(timeout=180)
     if injection != "cut":
         st = cli(sim, "status", sim.name)  # the user's next run: recovers whatever is left

@@ -202,7 +202,7 @@ def test_host_restarted_mid_transaction_recovers_at_the_next_agent_start(sim, ba
     watcher = fk.Watcher(sim, "watch")
     proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
     watcher.wait()
-    sim.host.restart()
+    fk.restart_host(sim)
     proc.communicate(timeout=120)
     assert proc.returncode == ExitCode.UNREACHABLE
     assert fk.pending(sim)  # the record survived the reboot; the host booted the unverified unit
@@ -216,7 +216,7 @@ def test_host_restarted_then_apply_again_recovers_first_then_applies(sim, base):
     watcher = fk.Watcher(sim, "restart")
     proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
     watcher.wait()
-    sim.host.restart()
+    fk.restart_host(sim)
     proc.communicate(timeout=120)
     r = apply(sim)
     assert r.returncode == ExitCode.OK, r.stdout + r.stderr

@@ -53,6 +53,15 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _leader(pid: int) -> int:
+    """The container's init among nspawn's children: the one running systemd."""
+    for kid in _children(pid):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{kid}/comm").read_text().strip() == "systemd":
+                return kid
+    return 0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -288,6 +297,8 @@ class TestHost:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     state = self.ssh(["systemctl", "is-system-running"], timeout=5).stdout.decode().strip()
                 if state in READY_STATES:
+                    # nspawn's first child can be a short-lived helper; by now PID 1 inside is systemd.
+                    self.leader_pid = _leader(self.pid) or self.leader_pid
                     self._save_state()
                     return
             time.sleep(0.05)

@@ -44,10 +44,13 @@ def session(args: argparse.Namespace) -> Iterator[Session]:
 
 def calibration_from(facts: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
     """The last start's figures (its journal), else the verified starts the agent remembers."""
+    history = [h for h in facts.get("history") or [] if h.get("kv_tokens")]
     last = facts.get("last_start")
     if last and last.get("kv_tokens") and last.get("avail_mem_before_weights_gb"):
+        if last.get("graph_mem_gb") is None:  # a start still capturing its graphs: borrow a finished one's
+            graphs = [h for h in history if h.get("graph_mem_gb") is not None]
+            return [last, *graphs[-1:]]
         return [last]
-    history = [h for h in facts.get("history") or [] if h.get("kv_tokens")]
     return history[-1:] or None
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.host.decide import Gate, Observation, Verdict, decide
 from agent.host.events import EventLog
 from agent.protocol import Stage
+from agent.sglang.log_events import GraphEnd
 from agent.sglang.logs import SummaryBuilder
 
 STATE_POLL_S = 0.05  # one unit_state call costs ~1 ms; a crash is seen within this
@@ -42,7 +43,63 @@ class WatchResult:
     pool_verdict_ms: float | None = None  # pool line seen -> verdict, for the benchmark
     lines: int = 0
     last_line: str = ""
-    timings: dict[str, float] = field(default_factory=dict)
+
+
+class _Start:
+    """What the journal has told so far about one start: its summary, phase and timings."""
+
+    def __init__(self, t0: float, log: EventLog, stage: Stage) -> None:
+        self.builder = SummaryBuilder()
+        self.log, self.stage = log, stage
+        self.summary: dict[str, Any] = self.builder.summary().to_dict()
+        self.graphs: dict[str | None, float] = {}
+        self.phase, self.lines, self.last_text = "starting", 0, ""
+        self.last_line_at, self.last_progress = t0, 0.0
+        self.weights_done_at: float | None = None
+        self.pool_at: float | None = None
+
+    def feed(self, message: str, now: float) -> None:
+        self.lines += 1
+        self.last_line_at = now
+        self.last_text = message[:300]
+        for event in self.builder.feed(message):
+            if isinstance(event, GraphEnd) and event.usage_gb is not None:
+                self.graphs[event.rank] = self.graphs.get(event.rank, 0.0) + event.usage_gb
+        self.summary = self.builder.summary().to_dict()
+        if self.graphs:  # what the next plan credits per request (see start_figures)
+            self.summary["graph_mem_gb"] = round(max(self.graphs.values()), 3)
+        self._progress(now)
+        if self.weights_done_at is None and self.phase not in ("starting", "loading_weights"):
+            self.weights_done_at = now
+        if self.pool_at is None and self.summary.get("kv_tokens") is not None:
+            self.pool_at = now
+
+    def _progress(self, now: float) -> None:
+        line = self.last_text[:200]
+        if self.builder.phase != self.phase:
+            self.phase = self.builder.phase
+            self.log.emit(self.stage, "progress", f"phase: {self.phase}", phase=self.phase, line=line)
+        elif now - self.last_progress >= PROGRESS_EVERY_S:
+            self.last_progress = now
+            pct = self.builder.weights_percent
+            self.log.emit(self.stage, "progress", line, phase=self.phase, percent=pct, line=line)
+
+    def observe(self, now: float, t0: float, state: Any, n_restarts0: int) -> Observation:
+        failure = self.summary.get("failure") or {}
+        return Observation(
+            now=now,
+            restarted_at=t0,
+            last_line_at=self.last_line_at,
+            weights_done_at=self.weights_done_at,
+            pool_at=self.pool_at,
+            kv_tokens=self.summary.get("kv_tokens"),
+            failure_kind=failure.get("kind"),
+            failure_line=failure.get("line"),
+            ready=bool(self.summary.get("ready")),
+            active_state=state.active_state,
+            sub_state=state.sub_state,
+            restarts_since=max(0, state.n_restarts - n_restarts0),
+        )
 
 
 def watch_start(
@@ -58,64 +115,26 @@ def watch_start(
     clock: Callable[[], float] = time.monotonic,
 ) -> WatchResult:
     """Decide on every new line and every state poll; return at ready or at the first failure."""
-    builder = SummaryBuilder()
     t0 = clock()
-    last_line_at, last_poll, last_progress = t0, 0.0, 0.0
-    weights_done_at: float | None = None
-    pool_at: float | None = None
-    pool_passed = False
-    state = systemd.unit_state(unit)
-    phase, lines, last_text, pool_ms = "starting", 0, "", None
+    seen = _Start(t0, log, stage)
+    state, last_poll, pool_passed, pool_ms = systemd.unit_state(unit), 0.0, False, None
     horizon = gate.timeouts.weights_s + gate.timeouts.pool_s + gate.timeouts.ready_s + 60
-    summary: dict[str, Any] = builder.summary().to_dict()
     for item in journal.follow(unit, cursor, invocation_id, time.monotonic() + horizon, 0.02):
         now = clock()
-        seen_at = now
         if item is not None:
-            lines += 1
-            last_line_at = now
-            last_text = item.message[:300]
-            builder.feed(item.message)
-            summary = builder.summary().to_dict()
-            if builder.phase != phase:
-                phase = builder.phase
-                log.emit(stage, "progress", f"phase: {phase}", phase=phase, line=last_text[:200])
-            elif now - last_progress >= PROGRESS_EVERY_S:
-                last_progress = now
-                pct = builder.weights_percent
-                log.emit(stage, "progress", last_text[:200], phase=phase, percent=pct, line=last_text[:200])
-            if weights_done_at is None and phase not in ("starting", "loading_weights"):
-                weights_done_at = now
-            if pool_at is None and summary.get("kv_tokens") is not None:
-                pool_at = now
+            seen.feed(item.message, now)
         if now - last_poll >= STATE_POLL_S:
-            state = systemd.unit_state(unit)
-            last_poll = now
-        obs = Observation(
-            now=now,
-            restarted_at=t0,
-            last_line_at=last_line_at,
-            weights_done_at=weights_done_at,
-            pool_at=pool_at,
-            kv_tokens=summary.get("kv_tokens"),
-            failure_kind=(summary.get("failure") or {}).get("kind"),
-            failure_line=(summary.get("failure") or {}).get("line"),
-            ready=bool(summary.get("ready")),
-            active_state=state.active_state,
-            sub_state=state.sub_state,
-            restarts_since=max(0, state.n_restarts - n_restarts0),
-        )
+            state, last_poll = systemd.unit_state(unit), now
+        obs = seen.observe(now, t0, state, n_restarts0)
         verdict = decide(obs, gate, pool_passed)
         if verdict.action == "pool_ok":
-            pool_passed = True
-            pool_ms = (clock() - seen_at) * 1000
+            pool_passed, pool_ms = True, (clock() - now) * 1000
             log.emit(
                 Stage.GATE, "step", verdict.reason, kv_tokens=obs.kv_tokens, verdict_ms=round(pool_ms, 2)
             )
-            continue
-        if verdict.action in ("ready", "fail"):
+        elif verdict.action in ("ready", "fail"):
             if verdict.kind == "pool_short":
-                pool_ms = (clock() - seen_at) * 1000
-            return WatchResult(verdict, summary, clock() - t0, pool_ms, lines, last_text)
-    reason = f"gave up after {horizon:.0f} s"
-    return WatchResult(Verdict("fail", reason, "timeout"), summary, clock() - t0, pool_ms, lines, last_text)
+                pool_ms = (clock() - now) * 1000
+            return WatchResult(verdict, seen.summary, clock() - t0, pool_ms, seen.lines, seen.last_text)
+    verdict = Verdict("fail", f"gave up after {horizon:.0f} s", "timeout")
+    return WatchResult(verdict, seen.summary, clock() - t0, pool_ms, seen.lines, seen.last_text)

@@ -95,6 +95,7 @@ def compare(sim: simhost.SimHost, a: argparse.Namespace, work: Path) -> dict[str
         dc_gate += dc_fail[-1].gate_ms  # the restored old unit's start passes its gate too
         an_fail.append(check(an.play(200_000, FAIL_FRACTION, forward[2], 200_000), 2, "play"))
     say("a chatty start (SGLANG_SIM_FAULT=garbage): the agent's peak memory")
+    wait_pool(sim)  # Ansible's rescue restarts without waiting: let that start finish, as an operator would
     sim.set_sim_env({"SGLANG_SIM_FAULT": "garbage"})
     chatty = check(dc.apply("200k"), 0, "apply")
     sim.set_sim_env({})

@@ -6,9 +6,11 @@ which is why the host side speaks stdlib dataclasses (agent/protocol.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import io
+import os
 import zipfile
 from functools import lru_cache
 from pathlib import Path
@@ -22,9 +24,18 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same code gives the same
 # The bundle's entry point. Importing from a zip compiles every module on every run (zipimport never
 # caches bytecode), which costs the host ~0.6 s per call; so the bundle unpacks itself once, next to
 # itself (atomically: a half-unpacked folder is never used), and runs from there with cached bytecode.
-_MAIN = """\
-import os, runpy, sys, tempfile, zipfile
+BAD_BUNDLE = 97  # the exit status of a bundle whose bytes do not match the checksum it was called with
+# `--sha256 HEX` first: the bundle checks its own bytes before anything runs (exit 97 on a mismatch), so
+# deployctl needs no separate round trip to verify it on every call.
+_MAIN = f"""\
+import hashlib, os, runpy, sys, tempfile, zipfile
 here = os.path.abspath(sys.argv[0])
+if sys.argv[1:2] == ["--sha256"]:
+    with open(here, "rb") as f:
+        if hashlib.sha256(f.read()).hexdigest() != sys.argv[2]:
+            print("deployctl-agent: bundle checksum mismatch: " + here, file=sys.stderr)
+            sys.exit({BAD_BUNDLE})
+    del sys.argv[1:3]
 unpacked = here + ".d"
 if not os.path.isdir(unpacked):
     tmp = tempfile.mkdtemp(prefix=".unpack-", dir=os.path.dirname(here))
@@ -57,23 +68,47 @@ def _files(root: Path, prefix: str) -> list[tuple[str, Path]]:
     ]
 
 
-@lru_cache(maxsize=1)
-def build() -> tuple[bytes, str]:
-    """The bundle's bytes and its sha256 (deterministic for the same sources)."""
+def _entries() -> list[tuple[str, Path]]:
     agent_dir = _package_dir("agent")
     entries: list[tuple[str, Path]] = []
     for part in HOST_PARTS:
         entries += _files(agent_dir / part, f"agent/{part}")
     for name in VENDORED:
         entries += _files(_package_dir(name), name)
+    return sorted(entries)
+
+
+def _cache_path(entries: list[tuple[str, Path]]) -> Path:
+    """Where a bundle of exactly these source files (by name, size and mtime) was kept by an earlier run."""
+    key = hashlib.sha256(_MAIN.encode())
+    for arcname, path in entries:
+        st = path.stat()
+        key.update(f"{arcname}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deployctl"
+    return base / f"bundle-{key.hexdigest()[:24]}.pyz"
+
+
+@lru_cache(maxsize=1)
+def build() -> tuple[bytes, str]:
+    """The bundle's bytes and its sha256 (deterministic for the same sources; cached between runs)."""
+    entries = _entries()
+    cached = _cache_path(entries)
+    with contextlib.suppress(OSError):
+        data = cached.read_bytes()
+        return data, hashlib.sha256(data).hexdigest()
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(zipfile.ZipInfo("__main__.py", _EPOCH), _MAIN.encode())
-        for arcname, path in sorted(entries):
+        for arcname, path in entries:
             info = zipfile.ZipInfo(arcname, _EPOCH)
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, path.read_bytes())
     data = buf.getvalue()
+    with contextlib.suppress(OSError):  # a cache that cannot be written only costs time
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        tmp.replace(cached)
     return data, hashlib.sha256(data).hexdigest()
 
 

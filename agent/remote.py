@@ -14,7 +14,7 @@ from agent.errors import RemoteError
 from agent.inventory import HostConfig
 from agent.protocol import Event, ProtocolError, Request, Smoke, Timeouts
 from agent.ssh import ConnectRetry, SshTransport
-from agent.transport import LocalTransport, Transport
+from agent.transport import LocalTransport, Result, Transport
 
 
 def open_transport(host: HostConfig, accept_new_host_key: bool = False) -> Transport:
@@ -59,22 +59,38 @@ class AgentClient:
     _argv: list[str] = field(default_factory=list)
 
     def ensure(self) -> list[str]:
-        """Upload the agent bundle unless the host already has this exact one (checked by sha256)."""
-        if self._argv:
-            return self._argv
-        if isinstance(self.transport, LocalTransport):
-            self._argv = [sys.executable, "-m", "agent.host"]
-            return self._argv
-        data, sha = bundle.build()
-        path = f"{self.host.ssh.agent_dir}/bin/{bundle.remote_name(sha)}"
-        have = self.transport.run(["sha256sum", path], timeout=30)
-        if not (have.ok and have.stdout.split(b" ")[0].decode() == sha):
-            self._upload(data, path)
-            check = self.transport.run(["sha256sum", path], timeout=30).check()
-            if check.stdout.split(b" ")[0].decode() != sha:
-                raise RemoteError(f"{self.host.name}: the agent bundle at {path} does not match its checksum")
-        self._argv = [self.host.ssh.python, path]
+        """How to call the agent: the bundle named by its sha256, which checks its own bytes on every run."""
+        if not self._argv:
+            if isinstance(self.transport, LocalTransport):
+                self._argv = [sys.executable, "-m", "agent.host"]
+            else:
+                _, sha = bundle.build()
+                path = f"{self.host.ssh.agent_dir}/bin/{bundle.remote_name(sha)}"
+                self._argv = [self.host.ssh.python, path, "--sha256", sha]
         return self._argv
+
+    def refresh(self) -> None:
+        """Upload the bundle (missing, damaged or an other version on the host) and check it arrived whole."""
+        data, sha = bundle.build()
+        path = self.ensure()[1]
+        self._upload(data, path)
+        check = self.transport.run(["sha256sum", path], timeout=30).check()
+        if check.stdout.split(b" ")[0].decode() != sha:
+            raise RemoteError(f"{self.host.name}: the agent bundle at {path} does not match its checksum")
+
+    def _bundle_broken(self, res: Result) -> bool:
+        """After a failed call: is the bundle on the host missing or not the one we built?
+
+        A damaged zipapp can fail in any way (Python even runs a truncated one as a script), so the
+        failure itself says little: the file's checksum decides. A healthy call costs no extra trip.
+        """
+        if isinstance(self.transport, LocalTransport) or res.ok:
+            return False
+        if res.rc == bundle.BAD_BUNDLE:
+            return True
+        path, sha = self.ensure()[1], self.ensure()[3]
+        have = self.transport.run(["sha256sum", path], timeout=30)
+        return not (have.ok and have.stdout.split(b" ")[0].decode() == sha)
 
     def _upload(self, data: bytes, path: str) -> None:
         directory = path.rsplit("/", 1)[0]
@@ -89,7 +105,11 @@ class AgentClient:
 
     def call(self, req: Request) -> dict[str, Any]:
         """A read-only verb: one JSON object back."""
-        res = self.transport.run([*self.ensure(), req.verb], input=req.to_json().encode(), timeout=120)
+        argv, payload = [*self.ensure(), req.verb], req.to_json().encode()
+        res = self.transport.run(argv, input=payload, timeout=120)
+        if self._bundle_broken(res):
+            self.refresh()
+            res = self.transport.run(argv, input=payload, timeout=120)
         if not res.ok:
             raise RemoteError(f"{self.host.name}: agent {req.verb} failed: {_tail(res.stderr)}")
         try:

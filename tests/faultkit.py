@@ -11,6 +11,7 @@ asked for. No hook in the agent is needed; the simulated server's start-up time 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from agent.protocol import unit_sha256
 from agent.sglang.flags import parse_unit_flags
 from tests.simhost import SimHost
+
+RESTART_DROPIN = "/etc/systemd/system/sglang.service.d/restart.conf"  # Restart=always, for crash loops
 
 UNIT = "/etc/systemd/system/sglang.service"
 STATE = "/var/lib/deployctl"
@@ -282,3 +285,22 @@ def read_only_unit_dir(sim: SimHost) -> Iterator[None]:
         yield
     finally:
         sh(sim, "umount", d)
+
+
+def repair(sim: SimHost, old: str, new: str | None = None, timeout: float = 90) -> None:
+    """Back to a healthy host after a case, whatever it left: no fault knobs, the old unit if need be."""
+    from tests.integration.conftest import wait_pool
+
+    sim.set_sim_env({})
+    with contextlib.suppress(FileNotFoundError):
+        (sim.host.root / RESTART_DROPIN.lstrip("/")).unlink()
+    with contextlib.suppress(subprocess.SubprocessError, AssertionError):
+        wait_idle(sim, timeout=timeout)
+    if verified_problems(sim, old, new):
+        sim.host.put("/etc/systemd/system/sglang.service", old.encode())
+        with contextlib.suppress(FileNotFoundError):
+            (sim.host.root / "var/lib/deployctl/units/sglang.service/pending.json").unlink()
+        sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
+    else:
+        sh(sim, "systemctl", "daemon-reload")
+    wait_pool(sim)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
-import subprocess
 import sys
 import threading
 import time
@@ -215,19 +214,7 @@ def to_baseline(sim: simhost.SimHost) -> None:
 
 def repair(sim: simhost.SimHost, baseline: str) -> None:
     """Back to a healthy host after a case, whatever it left (the case's result is already taken)."""
-    sim.set_sim_env({})
-    with contextlib.suppress(FileNotFoundError):
-        (sim.host.root / world.RESTART_DROPIN.lstrip("/")).unlink()
-    with contextlib.suppress(subprocess.SubprocessError, AssertionError):
-        fk.wait_idle(sim, timeout=60)
-    if fk.verified_problems(sim, baseline, sim.unit_text()):
-        sim.host.put("/etc/systemd/system/sglang.service", baseline.encode())
-        with contextlib.suppress(FileNotFoundError):
-            (sim.host.root / "var/lib/deployctl/units/sglang.service/pending.json").unlink()
-        fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
-    else:
-        fk.sh(sim, "systemctl", "daemon-reload")
-    wait_pool(sim)
+    fk.repair(sim, baseline, sim.unit_text(), timeout=60)
 
 
 def worker(todo: queue.Queue[tuple[str, Callable[..., None]]], results: list[Outcome]) -> None:

@@ -7,7 +7,6 @@ transaction are hit with the in-host watcher of tests.faultkit (the runner is st
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from tests.integration.conftest import cli, invocation, popen, server_info, wait
 
 pytestmark = pytest.mark.integration
 
-RESTART_DROPIN = "/etc/systemd/system/sglang.service.d/restart.conf"
+RESTART_DROPIN = fk.RESTART_DROPIN
 NEW_CONTEXT = "200000"
 
 
@@ -34,18 +33,7 @@ def base(sim) -> Iterator[tuple[str, int]]:
     try:
         yield old, pool
     finally:
-        sim.set_sim_env({})
-        with contextlib.suppress(FileNotFoundError):
-            (sim.host.root / RESTART_DROPIN.lstrip("/")).unlink()
-        fk.wait_idle(sim)
-        if fk.verified_problems(sim, old, None):
-            sim.host.put("/etc/systemd/system/sglang.service", old.encode())
-            with contextlib.suppress(FileNotFoundError):
-                (sim.host.root / "var/lib/deployctl/units/sglang.service/pending.json").unlink()
-            fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
-        else:
-            fk.sh(sim, "systemctl", "daemon-reload")
-        wait_pool(sim)
+        fk.repair(sim, old)
 
 
 def fault_in_new_start(sim, fault: str) -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 # A recovery record's phase says what `recover` must do after a crash.
-PHASE_BACKUP = "backup"  # about to back up: nothing changed yet (or only a backup file exists)
 PHASE_WRITTEN = "written"  # the new unit is on disk: restore the backup
 PHASE_RESTARTED = "restarted"  # the new unit was started: restore, restart, verify the old one
 PHASE_VERIFIED = "verified"  # the new unit passed the gate: keep it, just commit

@@ -99,7 +99,7 @@ def apply(args: argparse.Namespace, out: Output) -> int:
             s.host.unit.name,
             args.context,
             plan,
-            redact_flags(facts.get("flags") or {}),
+            redact_flags(_readable_flags(old_text)),
             redact_flags(parse_unit_flags(new_text)),
             str(outcome.data.get("outcome")),
             outcome.message,

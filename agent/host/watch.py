@@ -54,7 +54,7 @@ class _Start:
         self.summary: dict[str, Any] = self.builder.summary().to_dict()
         self.graphs: dict[str | None, float] = {}
         self.phase, self.lines, self.last_text = "starting", 0, ""
-        self.last_line_at, self.last_progress = t0, 0.0
+        self.last_line_at, self.last_progress = t0, t0  # the first periodic line after a second
         self.weights_done_at: float | None = None
         self.pool_at: float | None = None
 

@@ -167,7 +167,10 @@ def test_agent_and_client_killed_then_status_recovers(sim, base):
     assert fk.pending(sim)
     st = cli(sim, "status", sim.name)
     assert st.returncode == ExitCode.OK, st.stderr
-    assert "recovering first" in st.stderr + st.stdout
+    # status recovers, unless the host's own follower of the killed client got there first
+    said = st.stderr + st.stdout
+    assert "recovering first" in said or "running: recover transaction" in said, said
+    fk.wait_idle(sim)
     assert_old_back(sim, old, pool)
 
 

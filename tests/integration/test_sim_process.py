@@ -163,7 +163,7 @@ def test_seed_start_logs_the_pool_then_serves_and_stops_on_sigterm(sims: list[Si
     code, error = sim.chat(NEEDLE * 4)
     assert code == 400
     assert "is longer than the model's context length (200000 tokens)" in error["message"]
-    assert any('"POST /v1/chat/completions HTTP/1.1" 400 Bad Request' in line for line in sim.lines)
+    sim.wait_line('"POST /v1/chat/completions HTTP/1.1" 400 Bad Request')  # logged just after the reply
 
     sim.proc.send_signal(signal.SIGTERM)
     began = time.monotonic()

@@ -188,14 +188,19 @@ def test_agent_sigkilled_after_the_new_unit_was_verified_keeps_it(sim, base):
     assert wait_pool(sim) >= 200_000
 
 
-def test_host_restarted_mid_transaction_recovers_at_the_next_agent_start(sim, base):
-    old, pool = base
-    watcher = fk.Watcher(sim, "watch")
+def restart_host_at(sim, step: str) -> int:
+    """Start a 200k apply, restart the test host when its transaction reaches `step`; the client's exit."""
+    watcher = fk.Watcher(sim, step)
     proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
     watcher.wait()
     fk.restart_host(sim)
     proc.communicate(timeout=120)
-    assert proc.returncode == ExitCode.UNREACHABLE
+    return proc.returncode
+
+
+def test_host_restarted_mid_transaction_recovers_at_the_next_agent_start(sim, base):
+    old, pool = base
+    assert restart_host_at(sim, "watch") == ExitCode.UNREACHABLE
     assert fk.pending(sim)  # the record survived the reboot; the host booted the unverified unit
     st = cli(sim, "status", sim.name)
     assert st.returncode == ExitCode.OK and "recovering first" in st.stderr + st.stdout
@@ -204,11 +209,7 @@ def test_host_restarted_mid_transaction_recovers_at_the_next_agent_start(sim, ba
 
 def test_host_restarted_then_apply_again_recovers_first_then_applies(sim, base):
     old, _ = base
-    watcher = fk.Watcher(sim, "restart")
-    proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
-    watcher.wait()
-    fk.restart_host(sim)
-    proc.communicate(timeout=120)
+    restart_host_at(sim, "restart")
     r = apply(sim)
     assert r.returncode == ExitCode.OK, r.stdout + r.stderr
     assert "recovering first" in r.stderr + r.stdout

@@ -145,8 +145,21 @@ def sh(sim: SimHost, *argv: str, timeout: float = 60) -> str:
     return r.stdout.decode(errors="replace")
 
 
-def kill_runner(sim: SimHost, txn: str) -> None:
-    sh(sim, "systemctl", "kill", "--signal=SIGKILL", f"deployctl-{txn}.service")
+def kill_runner(sim: SimHost, txn: str, timeout: float = 30) -> None:
+    """SIGKILL the transaction's runner and wait until systemd has seen it die.
+
+    `systemctl kill` returns once the signal is sent; until systemd reaps the process the transient
+    unit still reads active, and the host (rightly) does not call a live runner's change orphaned.
+    """
+    unit = f"deployctl-{txn}.service"
+    sh(sim, "systemctl", "kill", "--signal=SIGKILL", unit)
+    deadline = time.monotonic() + timeout
+    while True:
+        r = sim.host.ssh(["systemctl", "is-active", unit], timeout=30)
+        if r.stdout.decode().strip() not in ("active", "activating", "deactivating", "reloading"):
+            return
+        assert time.monotonic() < deadline, f"{unit} still running {timeout:.0f} s after SIGKILL"
+        time.sleep(0.05)
 
 
 def kill_followers(sim: SimHost, verb: str) -> None:

@@ -29,6 +29,12 @@ RESTART_DROPIN = "/etc/systemd/system/sglang.service.d/restart.conf"  # Restart=
 
 UNIT = "/etc/systemd/system/sglang.service"
 STATE = "/var/lib/deployctl"
+# Point the unit's last transaction at argv[1], as the agent does before it starts a runner.
+SET_LAST_TXN = f"""
+import json, sys
+with open("{STATE}/units/sglang.service/last_txn.json", "w") as f:
+    json.dump({{"txn": sys.argv[1]}}, f)
+"""
 WATCHER_PATH = "/root/deployctl-fault-watcher.py"
 # Runs inside the test host (its python3, stdlib only). argv: step [nth] [record-phase].
 WATCHER = r"""
@@ -164,7 +170,7 @@ def kill_runner(sim: SimHost, txn: str, timeout: float = 30) -> None:
 
 def kill_followers(sim: SimHost, verb: str) -> None:
     """SIGKILL the agents that follow a transaction for a client (`agent-<sha>.pyz VERB`), by pid."""
-    r = sim.host.ssh(["pgrep", "-f", f"pyz {verb}$"], timeout=30)
+    r = sim.host.ssh(["pgrep", "-f", f"pyz( --sha256 [0-9a-f]+)? {verb}$"], timeout=30)
     for pid in r.stdout.decode().split():
         sim.host.ssh(["kill", "-KILL", pid], timeout=30)
 
@@ -247,13 +253,30 @@ def verified_problems(sim: SimHost, old: str, new: str | None = None) -> list[st
     return problems
 
 
+# Whether anyone holds a lock file's flock, read from /proc/locks: taking the lock to find out (`flock -n`)
+# would itself make a starting runner's acquire fail.
+_HELD = """
+import os, sys
+try:
+    st = os.stat(sys.argv[1])
+except FileNotFoundError:
+    sys.exit(1)
+dev = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+rows = [line.split() for line in open("/proc/locks")]
+sys.exit(0 if any(r[1:2] == ["FLOCK"] and r[5:6] == [dev] for r in rows) else 1)
+"""
+
+
+def lock_held(sim: SimHost) -> bool:
+    r = sim.host.ssh(["python3", "-c", _HELD, "/run/deployctl/sglang.service.lock"], timeout=30)
+    return r.returncode == 0
+
+
 def wait_idle(sim: SimHost, timeout: float = 90) -> None:
     """Until no transaction holds the unit's lock (a runner or a recovery is finishing)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        lock = "/run/deployctl/sglang.service.lock"  # gone after a reboot: then nobody holds it
-        r = sim.host.ssh(["sh", "-c", f"test ! -e {lock} || flock -n {lock} true"], timeout=30)
-        if r.returncode == 0:
+        if not lock_held(sim):
             return
         time.sleep(0.2)
     raise AssertionError("a transaction still holds the lock")

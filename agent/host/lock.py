@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+PROC_LOCKS = "/proc/locks"
+
 
 class Locked(Exception):
     """Another process holds the unit's lock; `holder` says who, since when, doing what."""
@@ -54,6 +56,19 @@ class UnitLock:
         return raw if isinstance(raw, dict) else {}
 
     def is_held(self) -> bool:
+        """Whether a process holds the lock, read from /proc/locks: asking must never take the lock,
+        or a runner's exclusive try could fail as LOCKED while a read-only `status` looks."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        try:
+            table = Path(PROC_LOCKS).read_text()
+        except OSError:  # no /proc: fall back to a brief shared probe
+            return self._probe()
+        return _flock_held(table, st)
+
+    def _probe(self) -> bool:
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -71,3 +86,17 @@ class UnitLock:
             os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing drops the flock
             self._fd = None
+
+
+def _flock_held(table: str, st: os.stat_result) -> bool:
+    """An exclusive flock on this file (device and inode) in a /proc/locks table.
+
+    Lines read `1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF` (the device as hex major:minor);
+    a blocked waiter's line has `->` after the number and does not count.
+    """
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[3] == "WRITE" and parts[5] == dev:
+            return True
+    return False

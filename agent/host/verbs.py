@@ -36,6 +36,7 @@ from agent.sglang.logs import start_figures
 RUN_DIR = "/run/deployctl"
 CHANGING_VERBS = ("apply", "rollback", "recover")
 FOLLOW_POLL_S = 0.02
+RUNNER_SETTLE_S = 10.0  # how long a started runner may take to lock (Python start-up on a loaded host)
 
 
 def new_txn_id() -> str:
@@ -57,11 +58,31 @@ def dispatch(req: Request, out: TextIO) -> int:
 def orphaned(req: Request) -> bool:
     """A change whose agent died (SIGKILL, reboot) left its record: the caller runs `recover` next."""
     state_dir = StateDir(req.state_dir)
-    if state_dir.load_record(req.unit) is None or _lock(req.unit).is_held():
+    if state_dir.load_record(req.unit) is None or running(req) is not None:
         return False
     last = state_dir.last_txn(req.unit)
-    # a change that ended with a failed rollback waits for a person; one just starting is not orphaned
-    return last is None or not (_has_outcome(state_dir, last) or _runner_alive(last))
+    # a change that ended with a failed rollback waits for a person
+    return last is None or not _has_outcome(state_dir, last)
+
+
+def running(req: Request) -> dict[str, Any] | None:
+    """The change running on this unit, decided from the lock and from systemd, never from timing.
+
+    A runner that systemd started but that has not taken the lock yet (or has released it and is
+    exiting) holds no lock for a moment: wait, boundedly, until it holds the lock or systemd says it
+    is gone, so that a caller never mistakes a change that is starting for one whose agent died.
+    """
+    lock = _lock(req.unit)
+    last = StateDir(req.state_dir).last_txn(req.unit)
+    deadline = time.monotonic() + RUNNER_SETTLE_S
+    while True:
+        if lock.is_held():
+            return lock.holder() or {"txn": last}
+        if last is None or not _runner_alive(last):
+            return None
+        if time.monotonic() > deadline:  # alive yet never locking: report it, never recover under it
+            return {"txn": last, "verb": "?", "since": "?", "pid": "?"}
+        time.sleep(0.05)
 
 
 def _has_outcome(state_dir: StateDir, txn: str) -> bool:
@@ -83,7 +104,7 @@ def facts(req: Request) -> dict[str, Any]:
         "last_start": start_figures(lines) if lines else None,
         "history": state_dir.history(req.unit, 10),
         "gpus": _gpus(),
-        "lock": _lock(req.unit).holder() if _lock(req.unit).is_held() else None,
+        "lock": running(req),
         "last_txn": state_dir.last_txn(req.unit),
         "backups": [b.name for b in files.backups(req.unit)],
     }
@@ -114,10 +135,9 @@ def status(req: Request) -> dict[str, Any]:
     state_dir = StateDir(req.state_dir)
     txn = state_dir.last_txn(req.unit)
     events = [json.loads(line) for line in state_dir.read_events(txn)] if txn else []
-    lock = _lock(req.unit)
     return {
         "state": _state(req.unit),
-        "running": lock.holder() if lock.is_held() else None,
+        "running": running(req),
         "last_txn": txn,
         "last_outcome": next((e for e in reversed(events) if e.get("kind") == "outcome"), None),
         "last_events": events[-8:],
@@ -166,9 +186,8 @@ def _lock(unit: str) -> UnitLock:
 # -- changing verbs: start detached, then follow -------------------------------------------------
 def start(req: Request, out: TextIO) -> int:
     state_dir = StateDir(req.state_dir)
-    lock = _lock(req.unit)
-    if lock.is_held():
-        holder = lock.holder()
+    holder = running(req)
+    if holder is not None:
         if _same_apply(holder, req):
             out.write(_event_line(str(holder["txn"]), "step", f"re-attached: {describe_holder(holder)}"))
             return follow(req, str(holder["txn"]), out)
@@ -344,7 +363,8 @@ def _copy_new(path: Path, offset: int, out: TextIO) -> tuple[int, Event | None]:
 def _runner_alive(txn: str) -> bool:
     try:
         with Systemd() as sd:
-            return str(sd.unit_state(f"deployctl-{txn}.service").active_state) in ("active", "activating")
+            state = str(sd.unit_state(f"deployctl-{txn}.service").active_state)
+            return state in ("active", "activating", "deactivating", "reloading")
     except SystemdError:
         return False
 

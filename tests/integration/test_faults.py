@@ -167,9 +167,36 @@ def test_agent_and_client_killed_then_status_recovers(sim, base):
     assert fk.pending(sim)
     st = cli(sim, "status", sim.name)
     assert st.returncode == ExitCode.OK, st.stderr
-    # status recovers, unless the host's own follower of the killed client got there first
     said = st.stderr + st.stdout
-    assert "recovering first" in said or "running: recover transaction" in said, said
+    assert "recovering first" in said, said
+    fk.wait_idle(sim)
+    assert_old_back(sim, old, pool)
+
+
+def test_status_never_recovers_under_a_runner_that_has_not_locked_yet(sim, base):
+    """A runner that systemd started but that has not taken the lock is a change starting, not an orphan."""
+    old, pool = base
+    watcher = fk.Watcher(sim, "watch")
+    proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
+    hit = watcher.wait()
+    proc.kill()
+    proc.communicate()
+    fk.kill_followers(sim, "apply")
+    fk.kill_runner(sim, hit.txn)
+    # The next change's runner, started by systemd and not locking yet (as in its Python start-up).
+    starting = "20990101T000000Z-0abcde"
+    fk.sh(sim, "systemd-run", f"--unit=deployctl-{starting}", "--collect", "--quiet", "sleep", "600")
+    fk.sh(sim, "python3", "-c", fk.SET_LAST_TXN, starting)
+    try:
+        st = cli(sim, "status", sim.name)
+        assert st.returncode == ExitCode.OK, st.stderr
+        said = st.stderr + st.stdout
+        assert "recovering first" not in said and f"running: ? transaction {starting}" in said, said
+        assert fk.pending(sim) and not fk.lock_held(sim)
+    finally:
+        fk.sh(sim, "systemctl", "stop", f"deployctl-{starting}.service")
+    st = cli(sim, "status", sim.name)  # systemd says it is gone: now the change is an orphan
+    assert "recovering first" in st.stderr + st.stdout, st.stderr + st.stdout
     fk.wait_idle(sim)
     assert_old_back(sim, old, pool)
 

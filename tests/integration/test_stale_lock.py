@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -98,3 +99,33 @@ def test_a_lock_in_another_process_blocks_only_its_own_unit(tmp_path: Path) -> N
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_asking_whether_the_lock_is_held_never_makes_an_acquire_fail(tmp_path: Path) -> None:
+    """A read-only `status` looks at the lock while a runner takes it: the runner must never see LOCKED."""
+    stop = threading.Event()
+
+    def look() -> None:
+        lock = UnitLock(tmp_path, "sglang.service")
+        while not stop.is_set():
+            lock.is_held()
+
+    lookers = [threading.Thread(target=look) for _ in range(2)]
+    for t in lookers:
+        t.start()
+    failures = 0
+    try:
+        for _ in range(300):
+            lock = UnitLock(tmp_path, "sglang.service")
+            try:
+                lock.acquire({"pid": os.getpid()})
+            except Locked:
+                failures += 1
+                continue
+            assert lock.is_held()
+            lock.release()
+    finally:
+        stop.set()
+        for t in lookers:
+            t.join()
+    assert failures == 0

@@ -30,7 +30,9 @@ def open_transport(host: HostConfig, accept_new_host_key: bool = False) -> Trans
 
 def base_request(host: HostConfig, verb: str, **fields: Any) -> Request:
     """A Request for `verb` with everything the inventory says about this host's unit."""
-    http_host = "127.0.0.1" if host.sglang.host in ("0.0.0.0", "::") else host.sglang.host
+    # A wildcard bind is reached on loopback of its own family: 0.0.0.0 takes IPv4 only, so 127.0.0.1; `::`
+    # on Linux also takes IPv4 unless net.ipv6.bindv6only is set, and only ::1 works in both cases.
+    http_host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host.sglang.host, host.sglang.host)
     req = Request(
         verb=verb,
         unit=host.unit.name,
@@ -59,20 +61,28 @@ class AgentClient:
     _argv: list[str] = field(default_factory=list)
 
     def ensure(self) -> list[str]:
-        """How to call the agent: the bundle named by its sha256, which checks its own bytes on every run."""
+        """How to call the agent: the bundle named by its sha256, which checks its own bytes on every run.
+
+        Always `python -I`: isolated from the caller's folder, PYTHONPATH and user site, so no file
+        planted where the operator stands (or in their environment) is imported, as root under sudo.
+        """
         if not self._argv:
             if isinstance(self.transport, LocalTransport):
-                self._argv = [sys.executable, "-m", "agent.host"]
+                self._argv = [sys.executable, "-I", "-m", "agent.host"]
             else:
-                _, sha = bundle.build()
-                path = f"{self.host.ssh.agent_dir}/bin/{bundle.remote_name(sha)}"
-                self._argv = [self.host.ssh.python, path, "--sha256", sha]
+                path, sha = self._bundle_path()
+                self._argv = [self.host.ssh.python, "-I", path, "--sha256", sha]
         return self._argv
+
+    def _bundle_path(self) -> tuple[str, str]:
+        """Where the bundle lives on the host, and its sha256."""
+        _, sha = bundle.build()
+        return f"{self.host.ssh.agent_dir}/bin/{bundle.remote_name(sha)}", sha
 
     def refresh(self) -> None:
         """Upload the bundle (missing, damaged or an other version on the host) and check it arrived whole."""
-        data, sha = bundle.build()
-        path = self.ensure()[1]
+        data, _ = bundle.build()
+        path, sha = self._bundle_path()
         self._upload(data, path)
         check = self.transport.run(["sha256sum", path], timeout=30).check()
         if check.stdout.split(b" ")[0].decode() != sha:
@@ -88,7 +98,7 @@ class AgentClient:
             return False
         if res.rc == bundle.BAD_BUNDLE:
             return True
-        path, sha = self.ensure()[1], self.ensure()[3]
+        path, sha = self._bundle_path()
         have = self.transport.run(["sha256sum", path], timeout=30)
         return not (have.ok and have.stdout.split(b" ")[0].decode() == sha)
 

@@ -162,7 +162,9 @@ class LocalTransport:
     def run(self, argv: Sequence[str], input: bytes | None = None, timeout: float | None = None) -> Result:
         full = command_argv(argv, self.sudo)
         try:
-            done = subprocess.run(full, input=input, capture_output=True, timeout=timeout, check=False)
+            done = subprocess.run(
+                full, input=input, capture_output=True, timeout=timeout, check=False, cwd="/"
+            )
         except FileNotFoundError:
             return _missing(argv)
         except subprocess.TimeoutExpired as exc:
@@ -176,6 +178,7 @@ class LocalTransport:
         try:
             proc = subprocess.Popen(
                 command_argv(argv, self.sudo),
+                cwd="/",  # never the operator's folder: nothing of it is found by what runs as root
                 stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -197,6 +197,7 @@ def start(req: Request, out: TextIO) -> int:
     state_dir.set_last_txn(req.unit, txn)
     if req.detach and shutil.which("systemd-run"):
         argv = ["systemd-run", f"--unit=deployctl-{txn}", "--collect", "--quiet", "--no-ask-password"]
+        argv += ["--working-directory=/"]
         argv += [
             f"--description=deployctl {req.verb} {req.unit}",
             "--",
@@ -229,8 +230,8 @@ def _self_argv() -> list[str]:
     """How to start this agent again: the bundle it was run from, or the installed package."""
     me = Path(sys.argv[0]).resolve()
     if me.suffix == ".pyz":
-        return [sys.executable, str(me)]
-    return [sys.executable, "-m", "agent.host"]
+        return [sys.executable, "-I", str(me)]
+    return [sys.executable, "-I", "-m", "agent.host"]  # -I: never the folder or PYTHONPATH it ran from
 
 
 def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import time
 import warnings
 from dataclasses import dataclass
@@ -28,10 +29,50 @@ class SmokeResult:
     detail: str = ""
 
 
+def url_host(host: str) -> str:
+    """`host` as it goes in a URL: IPv6 literals in brackets (`::1` -> `[::1]`), anything else as is."""
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:  # a name, or already bracketed
+        return host
+
+
+def chat_answer(data: object) -> tuple[str | None, str]:
+    """The assistant's text from a parsed chat-completions body, or None and why there is none."""
+    if not isinstance(data, dict):
+        return None, "reply is not a JSON object"
+    if "error" in data:
+        error = data["error"]
+        message = error.get("message", error) if isinstance(error, dict) else error
+        return None, f"server error: {str(message)[:200]}"
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return None, "reply has no choices"
+    message = choices[0].get("message") if isinstance(choices[0], dict) else None
+    if not isinstance(message, dict):
+        return None, "first choice has no message"
+    content = message.get("content")
+    if not isinstance(content, str):
+        return None, f"message content is {type(content).__name__}, not text"
+    return content.strip(), ""
+
+
+def prompt_tokens(data: object) -> int | None:
+    """usage.prompt_tokens when the body carries it as a number (bool excluded), else None."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
+
+
 class Probe:
     def __init__(self, host: str, port: int) -> None:
-        self.base = f"http://{host}:{port}"
+        self.base = f"http://{url_host(host)}:{port}"
         self.session = requests.Session()
+        # The server is on this host: talk to it directly. Without this, requests reads HTTP(S)_PROXY,
+        # ALL_PROXY and NO_PROXY from the environment (a unit or login shell may set them for downloads),
+        # sends loopback traffic to the proxy and every check fails; it would also add credentials from
+        # ~/.netrc or $NETRC and honour REQUESTS_CA_BUNDLE. trust_env=False turns all of that off at once.
+        self.session.trust_env = False
 
     def wait_ready(self, timeout_s: float) -> None:
         """Poll /health until 200 (SGLang answers 503 while it warms up); only this step retries."""
@@ -52,15 +93,26 @@ class Probe:
         return self.session.get(f"{self.base}/health", timeout=5).status_code == 200
 
     def server_info(self) -> dict[str, Any]:
+        """What the server reports about itself; {} when neither path answers with a JSON object."""
         for path in ("/server_info", "/get_server_info"):  # /server_info exists from 0.5.10 on
-            r = self.session.get(self.base + path, timeout=10)
+            try:
+                r = self.session.get(self.base + path, timeout=10)
+            except requests.RequestException as exc:
+                raise ProbeError(f"{self.base}{path} failed: {exc}") from None
             if r.status_code == 200:
-                data = r.json()
+                try:
+                    data = r.json()
+                except ValueError:  # requests' JSONDecodeError is one
+                    continue
                 return data if isinstance(data, dict) else {}
         return {}
 
     def smoke(self, smoke: Smoke, model: str | None = None) -> SmokeResult:
-        """A long prompt with a known answer: proves a request that needs the new context really fits."""
+        """A long prompt with a known answer: proves a request that needs the new context really fits.
+
+        Any reply but a well-formed completion is a failed test (passed=False, detail says why); only a
+        request that gets no reply at all raises ProbeError.
+        """
         words_per_sentence = max(1, len(smoke.sentence.replace(".", " .").split()))
         prompt = smoke.sentence * max(1, smoke.prompt_tokens // words_per_sentence) + smoke.question
         body: dict[str, Any] = {
@@ -77,8 +129,15 @@ class Probe:
         seconds = time.monotonic() - start
         if r.status_code != 200:
             return SmokeResult(0, seconds, "", False, f"HTTP {r.status_code}: {r.text[:200]}")
-        data = r.json()
-        answer = str(data["choices"][0]["message"]["content"]).strip()
-        tokens = int(data.get("usage", {}).get("prompt_tokens", 0))
+        try:
+            data: object = r.json()
+        except ValueError:
+            return SmokeResult(0, seconds, "", False, f"reply is not JSON: {r.text[:200]!r}")
+        answer, reason = chat_answer(data)
+        tokens = prompt_tokens(data)
+        if answer is None:
+            return SmokeResult(tokens or 0, seconds, "", False, reason)
+        if tokens is None:
+            return SmokeResult(0, seconds, answer, False, "reply has no numeric usage.prompt_tokens")
         passed = smoke.expect.lower() in answer.lower()
         return SmokeResult(tokens, seconds, answer, passed, "" if passed else f"expected {smoke.expect!r}")

@@ -73,6 +73,34 @@ def test_a_failing_new_start_rolls_back_by_itself(sim, base, fault):
     assert_old_back(sim, old, pool)
 
 
+@pytest.mark.parametrize("kind", ["not_json", "no_choices", "error", "list"])
+def test_an_odd_smoke_reply_is_a_failed_smoke_test_and_rolls_back(sim, base, kind):
+    old, pool = base
+    fault_in_new_start(sim, f"odd_reply_{kind}")
+    r = apply(sim)
+    assert r.returncode == ExitCode.ROLLED_BACK, r.stdout + r.stderr
+    assert "smoke test failed" in r.stdout and "agent error" not in r.stdout + r.stderr
+    assert_old_back(sim, old, pool)
+
+
+def test_a_proxy_in_the_hosts_environment_never_reaches_the_probes(sim, base):
+    """Transient units inherit systemd's manager environment: a proxy set there must not fail checks."""
+    proxy = "http://127.0.0.1:9"  # nothing listens: any probe sent through it fails
+    names = ("HTTP_PROXY", "http_proxy", "ALL_PROXY")
+    # SGLang itself is kept out of it (its own warm-up request would go to the proxy too).
+    noproxy = sim.host.root / "etc/systemd/system/sglang.service.d/noproxy.conf"
+    noproxy.write_text("[Service]\nUnsetEnvironment=" + " ".join(names) + "\n")
+    fk.sh(sim, "systemctl", "set-environment", *(f"{n}={proxy}" for n in names))
+    try:
+        r = apply(sim)
+    finally:
+        fk.sh(sim, "systemctl", "unset-environment", *names)
+        noproxy.unlink()
+        fk.sh(sim, "systemctl", "daemon-reload")
+    assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+    assert parse_unit_flags(sim.unit_text())["context-length"] == NEW_CONTEXT
+
+
 def test_a_start_that_never_logs_a_pool_times_out_and_rolls_back(sim, base):
     old, pool = base
     fault_in_new_start(sim, "hang_before_pool")

@@ -50,6 +50,7 @@ class State:
     model_info: dict[str, Any]
     access_log: Callable[[str], None]
     ready: threading.Event = field(default_factory=threading.Event)
+    odd_reply: str = ""  # a fault: chat completions answer with this kind of malformed body
 
     @property
     def max_req_input_len(self) -> int:
@@ -178,6 +179,9 @@ class Handler(BaseHTTPRequestHandler):
             self.error(400, str(exc))
 
     def chat(self, body: dict[str, Any]) -> None:
+        if self.state.odd_reply:
+            self.odd_chat_reply(self.state.odd_reply)
+            return
         messages = body.get("messages") or []
         prompt = "\n".join(message_text(m.get("content")) for m in messages)
         # one role token per message stands in for the chat template
@@ -206,6 +210,17 @@ class Handler(BaseHTTPRequestHandler):
             chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
         data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
         self.reply(200, data.encode(), "text/event-stream")
+
+    def odd_chat_reply(self, kind: str) -> None:
+        """A 200 reply no healthy server gives: the smoke test must fail on it, never crash."""
+        odd: dict[str, Any] = {
+            "not_json": b"<html>upstream says hello</html>",
+            "no_choices": {"id": "x", "object": "chat.completion", "choices": []},
+            "error": {"error": {"message": "internal server error", "code": 500}},
+            "list": [{"choices": [{"message": {"content": "dog"}}]}],
+        }
+        payload = odd[kind]
+        self.reply(200, payload, "text/html" if isinstance(payload, bytes) else "application/json")
 
     def native_generate(self, body: dict[str, Any]) -> None:
         prompt = body.get("text") or ""

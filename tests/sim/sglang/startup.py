@@ -436,6 +436,9 @@ class Launch:
             self.v, a.served_model_name, self.context, tokens, self.hw.prefill_tokens_per_s,
             a.allow_auto_truncate, a.enable_metrics, info, model_info, lambda m: out.uvicorn(m, access=True),
         )  # fmt: skip
+        state.odd_reply = (
+            self.hw.fault.removeprefix("odd_reply_") if self.hw.fault.startswith("odd_reply_") else ""
+        )
         info["max_req_input_len"] = state.max_req_input_len
         for msg in (f"Started server process [{os.getpid()}]", "Waiting for application startup."):
             out.uvicorn(msg)

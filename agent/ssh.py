@@ -56,7 +56,8 @@ class SshTransport:
         retry: ConnectRetry = ConnectRetry(),
         allow_agent: bool = True,
     ) -> None:
-        resolved = resolve(target, load_config(config_path or default_config_path()))
+        self._config = load_config(config_path or default_config_path())
+        resolved = resolve(target, self._config)
         if known_hosts is not None:  # an explicit file replaces every UserKnownHostsFile, for all hops
             resolved = _with_known_hosts(resolved, known_hosts)
         self.target = resolved
@@ -146,10 +147,8 @@ class SshTransport:
     def _handshake(self, hop: SshTarget, sock: socket.socket | paramiko.Channel) -> paramiko.SSHClient:
         label = self._label(hop)
         client = paramiko.SSHClient()
-        load_known_hosts(client.get_host_keys(), hop.known_hosts)
-        client.set_missing_host_key_policy(
-            KnownHostsPolicy(label, hop.address, hop.known_hosts[0], self.accept_new)
-        )
+        policy = self._host_key_policy(hop, client)
+        client.set_missing_host_key_policy(policy)
         auth = KeyAuth(hop.user, hop.identity_files, use_agent=self.allow_agent and not hop.identities_only)
         timeout = self.retry.timeout_s
         try:
@@ -160,6 +159,9 @@ class SshTransport:
         except BaseException as exc:
             client.close()
             sock.close()
+            revoked = policy.revoked_error(exc.key) if isinstance(exc, paramiko.BadHostKeyException) else None
+            if revoked is not None:  # a revoked key where another was recorded: say revoked, not changed
+                raise revoked from exc
             if isinstance(exc, paramiko.AuthenticationException):
                 tried = auth.describe_tried()
                 raise ConnectError(
@@ -171,6 +173,20 @@ class SshTransport:
             raise
         _active(client).set_keepalive(KEEPALIVE_S)
         return client
+
+    def _host_key_policy(self, hop: SshTarget, client: paramiko.SSHClient) -> KnownHostsPolicy:
+        """Load hop's known_hosts into client; the policy for keys not there, honouring HashKnownHosts."""
+        revoked = load_known_hosts(client.get_host_keys(), hop.known_hosts)
+        # SshTarget does not carry HashKnownHosts; the hop's alias is what resolve() looked up too.
+        hashed = self._config.lookup(hop.alias).get("hashknownhosts", "no").lower() == "yes"
+        return KnownHostsPolicy(
+            self._label(hop),
+            hop.address,
+            hop.known_hosts[0],
+            self.accept_new,
+            revoked=revoked,
+            hash_names=hashed,
+        )
 
     def _session(self) -> paramiko.Channel:
         client = self.connect()._clients[-1]

@@ -170,6 +170,41 @@ def test_changed_host_key_is_refused_even_with_accept_new(lab: Lab, tmp_path: Pa
     assert known_hosts.read_text() == f"[127.0.0.1]:{lab.sshd.port} {kind} {blob}\n"
 
 
+@pytest.mark.parametrize("recorded", ["same", "other", "none"])
+def test_revoked_host_key_is_refused_even_with_accept_new(lab: Lab, tmp_path: Path, recorded: str) -> None:
+    kind, blob = lab.sshd.host_key.with_suffix(".pub").read_text().split()[:2]
+    other = keygen(tmp_path / "other_host_key").with_suffix(".pub").read_text().split()[1]
+    # The host's own line lists the revoked key, another key of its type (BadHostKeyException), or none.
+    line = lab.sshd.known_hosts_line()
+    entries = {"same": line, "other": line.replace(blob, other), "none": ""}
+    known_hosts = tmp_path / "known_hosts"
+    # Revoked under an unrelated pattern: OpenSSH refuses the key for every host; @cert-authority is skipped.
+    content = f"@cert-authority *.lab {kind} {blob}\n@revoked *.elsewhere {kind} {blob}\n" + entries[recorded]
+    known_hosts.write_text(content)
+    with pytest.raises(ConnectError) as caught:
+        lab.transport(known_hosts=known_hosts, accept_new=True).connect()
+    message = caught.value.message
+    assert message.startswith(f"target: host key for 127.0.0.1:{lab.sshd.port} is revoked")
+    assert str(known_hosts) in message
+    assert known_hosts.read_text() == content
+
+
+def test_hash_known_hosts_records_a_hashed_entry(lab: Lab, tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text(_host("target", lab.sshd, lab.sshd.client_key, extra="  HashKnownHosts yes\n"))
+    known_hosts = tmp_path / "known_hosts"
+    with lab.transport(config_path=config, known_hosts=known_hosts, accept_new=True) as ssh:
+        ssh.run(["true"]).check()
+    with lab.transport(config_path=config, known_hosts=known_hosts) as ssh:  # our own loader matches it
+        ssh.run(["true"]).check()
+    assert known_hosts.read_text().startswith("|1|")
+    name = f"[127.0.0.1]:{lab.sshd.port}"
+    found = subprocess.run(
+        ["ssh-keygen", "-F", name, "-f", str(known_hosts)], capture_output=True, check=False
+    )
+    assert found.returncode == 0
+
+
 def test_closed_port_fails_after_bounded_retries(lab: Lab) -> None:
     port = free_port()
     started = time.monotonic()

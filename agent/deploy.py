@@ -213,13 +213,15 @@ def backup_listing(s: Session) -> dict[str, Any]:
 def rollback(args: argparse.Namespace, out: Output) -> int:
     with session(args) as s:
         rows = backup_listing(s).get("backups") or []
-        name = args.to or (rows[0]["name"] if rows else None)
+        # The default is the newest backup that differs from the installed unit: after an automatic
+        # rollback the newest one is a copy of what is installed, and restoring it would change nothing.
+        name = args.to or next((r["name"] for r in rows if not r.get("same_as_installed")), None)
         chosen = next((r for r in rows if r["name"] == name), None)
         if chosen is None:
             known = ", ".join(r["name"] for r in rows[:5]) or "none"
+            what = name or "that differs from the installed unit"
             raise UsageError(
-                f"{s.host.name}: no backup {name or ''} of {s.host.unit.name}".strip(),
-                hint=f"backups: {known}",
+                f"{s.host.name}: no backup {what} of {s.host.unit.name}", hint=f"backups: {known}"
             )
         if out.style is not Style.JSON:
             out.note(f"== rollback of {s.host.name} to {name}")
@@ -297,7 +299,12 @@ def status_text(host: str, unit: str, st: Mapping[str, Any]) -> str:
         lines.append(f"    {last['message']}")
     elif st.get("last_txn"):
         lines.append(f"  last transaction {st.get('last_txn')}: no outcome yet")
-    if st.get("pending"):
+    if st.get("record") == "corrupt":
+        lines.append(
+            "  the recovery record is unreadable: every change is refused until a person compares the unit"
+            " with its backups and removes the record"
+        )
+    elif st.get("pending"):
         lines.append(
             "  an unfinished transaction's recovery record is present: the next run restores the old unit"
         )

@@ -32,6 +32,10 @@ def unit_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
+# A lone surrogate: what Python makes of bytes that are not UTF-8; no unit text may carry one.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class ProtocolError(ValueError):
     """A request the agent refuses; the text is one line."""
 
@@ -167,6 +171,7 @@ class Request:
             _check(isinstance(self.unit_text, str) and self.target_context is not None, "apply needs a unit")
             assert self.unit_text is not None
             _check(not _CONTROL.search(self.unit_text), "unit text contains a control character")
+            _check(not _SURROGATE.search(self.unit_text), "unit text is not valid UTF-8 (a lone surrogate)")
             _check("ExecStart=" in self.unit_text, "unit text has no ExecStart=")
         if self.backup is not None:
             m = BACKUP_NAME.fullmatch(self.backup)

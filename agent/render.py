@@ -16,6 +16,8 @@ from agent.sglang.flags import FlagChange, FlagInput, FlagsError, FlagValue, exe
 
 # C0, DEL and C1: none of them has any business in a unit file, and \n would start a new directive.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # how Python reads bytes that are not UTF-8 (surrogateescape)
+_UNPRINTABLE = re.compile(f"{_CONTROL.pattern}|{_SURROGATE.pattern}")
 FLAG_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -30,10 +32,16 @@ def template_dir() -> Path:
 
 
 def check_text(field: str, value: str) -> str:
-    """Refuse a value with a control character, naming the field; return it unchanged otherwise."""
+    """Refuse a value with a control character or a lone surrogate, naming the field."""
+    label = _UNPRINTABLE.sub(lambda c: _escaped(c.group()), field)  # a flag name can carry one too
+    bad = _SURROGATE.search(value)
+    if bad:
+        raise RenderError(
+            f"{label}: is not valid UTF-8 ({_escaped(bad.group())}: bytes that are not text, "
+            "e.g. from a command line in another encoding)"
+        )
     m = _CONTROL.search(value)
     if m:
-        label = _CONTROL.sub(lambda c: _escaped(c.group()), field)  # a flag name can carry one too
         raise RenderError(
             f"{label}: contains a control character ({_escaped(m.group())}); "
             "a newline must never reach a unit file"

@@ -192,7 +192,7 @@ def unit_state(sim: SimHost) -> dict[str, str]:
 
 def backup_texts(sim: SimHost) -> list[str]:
     directory = sim.host.root / "etc/systemd/system"
-    return [p.read_text() for p in sorted(directory.glob("sglang.service.bak.*"))]
+    return [p.read_text(errors="surrogateescape") for p in sorted(directory.glob("sglang.service.bak.*"))]
 
 
 def pending(sim: SimHost) -> bool:

@@ -40,7 +40,7 @@ class SimHost:
         self.host.put("/etc/systemd/system/sglang.service.d/sim.conf", body.encode())
 
     def unit_text(self) -> str:
-        return self.host.read("/etc/systemd/system/sglang.service").decode()
+        return self.host.read("/etc/systemd/system/sglang.service").decode("utf-8", "surrogateescape")
 
     def backups(self) -> list[str]:
         directory = self.host.root / "etc/systemd/system"

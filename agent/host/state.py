@@ -10,11 +10,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.protocol import BACKUP_NAME
+
 # A recovery record's phase says what `recover` must do after a crash.
 PHASE_WRITTEN = "written"  # the new unit is on disk: restore the backup
 PHASE_RESTARTED = "restarted"  # the new unit was started: restore, restart, verify the old one
 PHASE_VERIFIED = "verified"  # the new unit passed the gate: keep it, just commit
 PHASE_ROLLING_BACK = "rolling_back"  # a rollback had begun: finish it
+PHASES = (PHASE_WRITTEN, PHASE_RESTARTED, PHASE_VERIFIED, PHASE_ROLLING_BACK)
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,18 @@ class Record:
     new_sha256: str
     verb: str = "apply"
     started: str = ""
+    wrote: bool = True  # whether the change wrote the unit file (not when it was already installed)
+    # The service's invocation when the record was written: the same one at recovery time means the
+    # service was never restarted since, so putting the file back is enough (no model load for nothing).
+    invocation: str = ""
+
+
+class CorruptRecord(Exception):
+    """A recovery record that cannot be read: nothing may change until a person has looked."""
+
+    def __init__(self, path: Path, detail: str) -> None:
+        super().__init__(f"the recovery record {path} is unreadable ({detail})")
+        self.path = path
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
@@ -60,18 +75,31 @@ class StateDir:
     def save_record(self, record: Record) -> None:
         write_json_atomic(self.unit_dir(record.unit) / "pending.json", asdict(record))
 
+    def record_path(self, unit: str) -> Path:
+        return self.unit_dir(unit) / "pending.json"
+
     def load_record(self, unit: str) -> Record | None:
+        """The unit's recovery record; CorruptRecord when one is there but unreadable (never "none")."""
+        path = self.record_path(unit)
         try:
-            raw = json.loads((self.unit_dir(unit) / "pending.json").read_text())
-            return Record(**raw)
+            raw = json.loads(path.read_bytes())
+            record = Record(**raw)
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError):  # a torn record cannot happen (atomic), but never crash on one
-            return None
+        except (ValueError, TypeError, OSError) as exc:  # atomic writes make this rare: a disk fault, a hand
+            raise CorruptRecord(path, f"{type(exc).__name__}: {exc}") from None
+        backup_ok = record.backup is None or (
+            isinstance(record.backup, str)
+            and (m := BACKUP_NAME.fullmatch(record.backup))
+            and m["unit"] == unit
+        )
+        if record.phase not in PHASES or not backup_ok:
+            raise CorruptRecord(path, "a phase or backup name deployctl never writes")
+        return record
 
     def clear_record(self, unit: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            (self.unit_dir(unit) / "pending.json").unlink()
+            self.record_path(unit).unlink()
 
     # history: one JSON line per verified start, newest last ----------------------------------
     def append_history(self, unit: str, entry: dict[str, Any]) -> None:

@@ -56,6 +56,7 @@ class UnitState:
     exec_main_code: int
     fragment_path: str
     active_enter_timestamp_us: int
+    drop_in_paths: tuple[str, ...] = ()
 
 
 class Systemd:
@@ -134,6 +135,7 @@ class Systemd:
             exec_main_code=int(service.get("ExecMainCode", 0)),
             fragment_path=str(props.get("FragmentPath", "")),
             active_enter_timestamp_us=int(props.get("ActiveEnterTimestamp", 0)),
+            drop_in_paths=tuple(str(p) for p in props.get("DropInPaths", ())),
         )
 
     def wait_for_change(self, unit: str, timeout: float) -> bool:

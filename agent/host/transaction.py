@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.host.decide import Gate
@@ -18,6 +19,7 @@ from agent.host.state import (
     PHASE_ROLLING_BACK,
     PHASE_VERIFIED,
     PHASE_WRITTEN,
+    CorruptRecord,
     Record,
     StateDir,
 )
@@ -29,6 +31,7 @@ from agent.sglang.logs import summarize
 
 if TYPE_CHECKING:
     from agent.host.probe import SmokeResult
+    from agent.host.systemd import UnitState
 
 RESTART_JOB_TIMEOUT_S = 300.0
 
@@ -62,13 +65,15 @@ class Transaction:
         self.state = StateDir(req.state_dir)
         self.unit = req.unit
         self.smoke_result: SmokeResult | None = None
+        self.unrecovered: Record | None = None  # the record whose recovery failed
 
     # -- the verbs ------------------------------------------------------------------------------
     def apply(self) -> Result:
         assert self.req.unit_text is not None and self.req.target_context is not None
         new = self.req.unit_text
-        self.log.emit(Stage.RECOVER, "step", "checking for an unfinished earlier run")
-        self.recover()
+        blocked = self._recover_first()
+        if blocked is not None:
+            return blocked
         current = self.files.read(self.unit)
         seen = sha256(current) if current is not None else "absent"
         if self.req.expect_sha256 not in (None, seen):
@@ -84,21 +89,58 @@ class Transaction:
 
     def rollback(self) -> Result:
         """Manual rollback: install a backup through the same change-and-verify path, so it can be undone."""
-        self.log.emit(Stage.RECOVER, "step", "checking for an unfinished earlier run")
-        self.recover()
-        backups = self.files.backups(self.unit)
-        name = self.req.backup or (backups[0].name if backups else None)
+        # An explicit --to is a person's own way out of a failed recovery; the default never is.
+        blocked = self._recover_first(explicit=self.req.backup is not None)
+        if blocked is not None:
+            return blocked
+        installed = self.files.read(self.unit)
+        # The default: the newest backup that differs from the installed unit (after an automatic
+        # rollback the newest backup is a copy of the installed unit: restoring it would change nothing).
+        backups = [b.name for b in self.files.backups(self.unit) if self.files.read(b.name) != installed]
+        name = self.req.backup or (backups[0] if backups else None)
         if name is None or not self.files.path(name).is_file():
-            return Result(Outcome.ERROR, f"no backup {name or 'at all'} of {self.unit}")
-        text = self.files.path(name).read_text(encoding="utf-8", errors="surrogateescape")
+            return Result(Outcome.ERROR, f"no backup {name or 'that differs from the installed unit'}")
+        text = self.files.read(name) or ""
         gate = Gate(None, None, 0.0, self.req.timeouts)
         result = self._change(text, gate, smoke=None, restored_from=name)
         result.data["restored_from"] = name
         return result
 
+    def _recover_first(self, explicit: bool = False) -> Result | None:
+        """Finish an earlier run's change; a failed or impossible recovery stops everything here."""
+        self.log.emit(Stage.RECOVER, "step", "checking for an unfinished earlier run")
+        found = self.recover()
+        if found == "corrupt":
+            path = self.state.record_path(self.unit)
+            return Result(
+                Outcome.ERROR,
+                f"the recovery record {path} is unreadable: nothing changed; compare {self.unit} with its "
+                f"backups (deployctl backups), restore the right one by hand, then remove {path}",
+            )
+        if found == "failed" and not explicit:
+            record = self.unrecovered
+            backup = record.backup if record else None
+            return Result(
+                Outcome.ROLLBACK_FAILED,
+                f"an earlier change ({record.txn if record else '?'}) could not be rolled back, so nothing "
+                f"else was changed: its good unit is the backup {backup or '(none: there was no unit)'}; "
+                f"fix what stops it from starting, then re-run (the restore is tried again), or choose a "
+                f"unit yourself with: deployctl rollback HOST --to {backup or 'BACKUP'}",
+                {"backup": backup},
+            )
+        return None
+
     def recover(self) -> str | None:
-        """Finish what an earlier run left: keep a verified unit, otherwise restore the backup."""
-        record = self.state.load_record(self.unit)
+        """Finish what an earlier run left: keep a verified unit, otherwise restore the backup.
+
+        The service is restarted only if it was restarted since the record was written: a run killed
+        before its restart only needs the file put back, never a model load for nothing.
+        """
+        try:
+            record = self.state.load_record(self.unit)
+        except CorruptRecord as exc:
+            self.log.emit(Stage.RECOVER, "warning", f"{exc}: refusing to change {self.unit}")
+            return "corrupt"
         if record is None:
             return None
         if record.phase == PHASE_VERIFIED:
@@ -108,20 +150,25 @@ class Transaction:
         self.log.emit(
             Stage.RECOVER, "warning", f"transaction {record.txn} did not finish: restoring the old unit"
         )
-        ok, reason = self._restore(record)
+        try:
+            ok, reason = self._restore(record)
+        except OSError as exc:  # a disk fault mid-restore: the record stays for the next run
+            ok, reason = False, str(exc)
         if ok:
             self.state.clear_record(self.unit)
             self.log.emit(Stage.RECOVER, "step", f"old unit of {record.txn} restored and healthy")
             return "restored"
+        self.unrecovered = record
         self.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
         return "failed"
 
     # -- the change ------------------------------------------------------------------------------
     def _change(self, new: str, gate: Gate, smoke: Smoke | None, restored_from: str | None = None) -> Result:
         current = self.files.read(self.unit)
+        wrote = current != new
         backup_name: str | None = None
         try:
-            if current == new:
+            if not wrote:
                 # Written but not running as written: finish the start; go back to the last other unit.
                 backup_name = self._last_different_backup(new)
                 self.log.emit(Stage.COMPARE, "step", f"{self.unit} is installed but not running as written")
@@ -129,17 +176,22 @@ class Transaction:
                 backup = self.files.backup(self.unit, self.now())
                 backup_name = backup.name
                 self.log.emit(Stage.BACKUP, "step", f"backed up to {backup.name}", backup=backup.name)
-            self._record(PHASE_WRITTEN, backup_name, new)
-            if current != new:
+            self._record(PHASE_WRITTEN, backup_name, new, wrote)
+            if wrote:
                 self.files.write(self.unit, new)
         except UnitWriteError as exc:
             self.state.clear_record(self.unit)
             if current is not None and self.files.read(self.unit) != current:  # never the case: atomic
                 self.files.write(self.unit, current)
             return Result(Outcome.ERROR, f"{exc.strerror}; {self.unit} left as it was")
-        self.files.prune(self.unit, self.req.keep_backups, protect=backup_name)
+        self.files.prune(self.unit, self.req.keep_backups, protect=(backup_name, restored_from))
         self.log.emit(Stage.WRITE, "step", f"wrote {self.files.path(self.unit)}", sha256=sha256(new))
-        self._record(PHASE_RESTARTED, backup_name, new)
+        self.systemd.daemon_reload()
+        self.log.emit(Stage.RELOAD, "step", "systemd reloaded its units")
+        elsewhere = self._loaded_elsewhere()
+        if elsewhere is not None:
+            return self._refuse_unloaded(elsewhere, backup_name, wrote)
+        self._record(PHASE_RESTARTED, backup_name, new, wrote)
         started = self._restart_and_watch(gate, Stage.WATCH)
         if started.verdict.action == "ready":
             verified = self._verify(started, smoke, gate)
@@ -150,9 +202,34 @@ class Transaction:
             reason = started.verdict.reason
         return self._roll_back(reason, started, backup_name, new)
 
+    def _loaded_elsewhere(self) -> str | None:
+        """Why what systemd loaded is not the file just written (another copy or a drop-in wins), or None.
+
+        A unit of the same name in /run/systemd/system (or any folder before ours) shadows the file we
+        wrote, and a drop-in that sets ExecStart= replaces our command: "applied" would be a lie.
+        """
+        state = self.systemd.unit_state(self.unit)
+        ours = str(self.files.path(self.unit))
+        if state.fragment_path and state.fragment_path != ours:
+            return f"systemd loads {self.unit} from {state.fragment_path}, not from {ours}"
+        for path in state.drop_in_paths:
+            if _sets_exec_start(path):
+                return f"the drop-in {path} sets ExecStart= for {self.unit}, overriding the unit written"
+        return None
+
+    def _refuse_unloaded(self, why: str, backup: str | None, wrote: bool) -> Result:
+        """Put the file back and reload; nothing was restarted, so nothing needs to be."""
+        self.log.emit(Stage.RELOAD, "warning", f"refusing: {why}")
+        if wrote:
+            if backup is None:
+                self.files.remove(self.unit)
+            else:
+                self.files.restore(self.unit, backup)
+            self.systemd.daemon_reload()
+        self.state.clear_record(self.unit)
+        return Result(Outcome.ERROR, f"{why}; {self.unit} put back as it was and nothing restarted")
+
     def _restart_and_watch(self, gate: Gate, stage: Stage) -> WatchResult:
-        self.systemd.daemon_reload()
-        self.log.emit(Stage.RELOAD, "step", "systemd reloaded its units")
         cursor = self.journal.cursor()
         before = self.systemd.unit_state(self.unit)
         job = self.systemd.restart(self.unit, RESTART_JOB_TIMEOUT_S)
@@ -238,8 +315,14 @@ class Transaction:
         rejected.parent.mkdir(parents=True, exist_ok=True)
         rejected.write_text(new, encoding="utf-8", errors="surrogateescape")
         record = Record(
-            self.txn, self.unit, PHASE_ROLLING_BACK, backup, sha256(new), started=self.now().isoformat()
-        )
+            self.txn,
+            self.unit,
+            PHASE_ROLLING_BACK,
+            backup,
+            sha256(new),
+            self.req.verb,
+            self.now().isoformat(),
+        )  # no invocation: the service runs the rejected unit, so the restore must restart it
         self.state.save_record(record)
         ok, why = self._restore(record)
         data: dict[str, Any] = {
@@ -263,20 +346,33 @@ class Transaction:
         )
 
     def _restore(self, record: Record) -> tuple[bool, str]:
-        """Put the backup back (or remove a unit that had none), restart it and verify it is healthy."""
+        """Put the backup back (or remove a unit that had none); restart and verify only if needed."""
         from agent.host.probe import Probe, ProbeError
 
         self.log.emit(Stage.RESTORE, "step", f"restoring {record.backup or 'no unit (there was none)'}")
+        state = self.systemd.unit_state(self.unit)
+        untouched = bool(record.invocation) and state.invocation_id == record.invocation
         try:
             if record.backup is None:
-                self.systemd.stop(self.unit, RESTART_JOB_TIMEOUT_S)
+                if not untouched:
+                    self.systemd.stop(self.unit, RESTART_JOB_TIMEOUT_S)
                 self.files.remove(self.unit)
                 self.systemd.daemon_reload()
                 return True, ""
+            if untouched and not record.wrote:
+                return True, ""  # nothing was written and nothing restarted: nothing to undo
             if self.files.read(self.unit) != self.files.read(record.backup):
                 self.files.restore(self.unit, record.backup)
         except (OSError, UnitWriteError) as exc:
             return False, f"cannot restore {record.backup}: {exc}"
+        self.systemd.daemon_reload()
+        if untouched or self._runs_restored_file(state):
+            # Never restarted since the record (or restarted from the restored file, e.g. by a reboot):
+            # the running start already is the old unit's.
+            self.log.emit(
+                Stage.RESTORE, "step", f"{self.unit} was not restarted with the new unit: no restart"
+            )
+            return True, ""
         old = self._restart_and_watch(Gate(None, None, 0.0, self.req.timeouts), Stage.VERIFY_OLD)
         if old.verdict.action != "ready":
             return False, old.verdict.reason
@@ -290,11 +386,21 @@ class Transaction:
         )
         return True, ""
 
+    def _runs_restored_file(self, state: UnitState) -> bool:
+        """The running start began after the unit file (now the old one) last changed, and is ready."""
+        if not (state.active_state == "active" and state.sub_state == "running"):
+            return False
+        if self.files.mtime_us(self.unit) >= state.active_enter_timestamp_us:
+            return False
+        lines = self.journal.last_invocation_lines(self.unit, 20000)
+        return bool(lines) and bool(summarize(lines).to_dict().get("ready"))
+
     # -- helpers ---------------------------------------------------------------------------------
-    def _record(self, phase: str, backup: str | None, new: str) -> None:
+    def _record(self, phase: str, backup: str | None, new: str, wrote: bool = True) -> None:
         started = self.now().isoformat()
+        invocation = self.systemd.unit_state(self.unit).invocation_id
         self.state.save_record(
-            Record(self.txn, self.unit, phase, backup, sha256(new), self.req.verb, started)
+            Record(self.txn, self.unit, phase, backup, sha256(new), self.req.verb, started, wrote, invocation)
         )
 
     def _running_as_installed(self) -> bool:
@@ -305,16 +411,39 @@ class Transaction:
         """The running start of this very unit logged a pool that meets the target, and is serving."""
         invocation = self.systemd.unit_state(self.unit).invocation_id
         target = self.req.target_context or 0
-        for entry in reversed(self.state.history(self.unit)):
-            if entry.get("sha256") == sha and entry.get("invocation") == invocation:
+        history = [e for e in self.state.history(self.unit) if e.get("sha256") == sha]
+        for entry in reversed(history):
+            if entry.get("invocation") == invocation:
                 return int(entry.get("kv_tokens") or 0) >= target
         # Not started by deployctl (or its history is gone): believe the running start's own log.
         lines = self.journal.last_invocation_lines(self.unit, 20000)
         figures = summarize(lines).to_dict() if lines else {}
-        return bool(figures.get("ready")) and int(figures.get("kv_tokens") or 0) >= target
+        if figures.get("kv_tokens"):
+            return bool(figures.get("ready")) and int(figures["kv_tokens"]) >= target
+        if history:
+            # This start's log is gone (a reboot, then the journal rotated): the same unit's verified
+            # start, kept in our own state, stands for it rather than a restart for nothing.
+            entry = history[-1]
+            self.log.emit(
+                Stage.COMPARE,
+                "step",
+                f"this start's log is gone; the same unit's start verified in {entry.get('txn')} "
+                f"logged a pool of {int(entry.get('kv_tokens') or 0):,} tokens",
+            )
+            return int(entry.get("kv_tokens") or 0) >= target
+        return False
 
     def _last_different_backup(self, text: str) -> str | None:
         for b in self.files.backups(self.unit):
-            if b.path.read_text(encoding="utf-8", errors="surrogateescape") != text:
+            if self.files.read(b.name) != text:
                 return b.name
         return None
+
+
+def _sets_exec_start(path: str) -> bool:
+    """Whether a drop-in file assigns ExecStart= (an empty assignment first, then its own command)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(line.strip().replace(" ", "").startswith("ExecStart=") for line in text.splitlines())

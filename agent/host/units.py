@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,10 +35,14 @@ class UnitFiles:
         return self.dir / unit
 
     def read(self, unit: str) -> str | None:
+        """The file's text, bytes-exact: a byte that is not UTF-8 (a hand edit) round-trips unchanged."""
         try:
-            return self.path(unit).read_text(encoding="utf-8", errors="replace")
+            return self.path(unit).read_text(encoding="utf-8", errors="surrogateescape")
         except FileNotFoundError:
             return None
+
+    def mtime_us(self, unit: str) -> int:
+        return self.path(unit).stat().st_mtime_ns // 1000
 
     def write(self, unit: str, text: str, like: Path | None = None) -> None:
         """Temp file in the same directory, fsync, rename, fsync the directory: all or nothing."""
@@ -48,7 +53,7 @@ class UnitFiles:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                data = text.encode("utf-8")
+                data = text.encode("utf-8", "surrogateescape")
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
@@ -79,8 +84,7 @@ class UnitFiles:
         while self.path(name).exists():
             n += 1
             name = f"{unit}.bak.{stamp}-{n}"
-        text = src.read_text(encoding="utf-8", errors="surrogateescape")
-        self.write(name, text, like=src)
+        self.write(name, self.read(unit) or "", like=src)
         return self._describe(name)
 
     def backups(self, unit: str) -> list[Backup]:
@@ -92,18 +96,26 @@ class UnitFiles:
                 found.append(self._describe(p.name))
         return sorted(found, key=lambda b: (b.taken, b.name), reverse=True)
 
-    def prune(self, unit: str, keep: int, protect: str | None = None) -> list[str]:
-        """Delete all but the newest `keep` backups; never the one the running transaction needs."""
-        removed = []
-        for b in self.backups(unit)[keep:]:
-            if b.name != protect:
-                b.path.unlink(missing_ok=True)
-                removed.append(b.name)
+    def prune(self, unit: str, keep: int, protect: Collection[str | None] = ()) -> list[str]:
+        """Keep the newest copy of each distinct content, then the newest `keep` of those.
+
+        Identical copies count once, so a nightly change that keeps failing cannot push the distinct
+        history out; a backup in `protect` (the one being restored, the one a record points at) stays.
+        """
+        seen: set[bytes] = set()
+        kept, removed = 0, []
+        for b in self.backups(unit):
+            content = b.path.read_bytes()
+            if b.name in protect or (content not in seen and kept < keep):
+                kept += content not in seen
+                seen.add(content)
+                continue
+            b.path.unlink(missing_ok=True)
+            removed.append(b.name)
         return removed
 
     def restore(self, unit: str, backup: str) -> None:
-        src = self.path(backup)
-        self.write(unit, src.read_text(encoding="utf-8", errors="surrogateescape"), like=src)
+        self.write(unit, self.read(backup) or "", like=self.path(backup))
 
     def remove(self, unit: str) -> None:
         self.path(unit).unlink(missing_ok=True)

@@ -24,7 +24,7 @@ from agent.exitcodes import ExitCode
 from agent.host.events import EventLog, journal_note, utc_now
 from agent.host.journal import Journal
 from agent.host.lock import Locked, UnitLock, describe_holder
-from agent.host.state import StateDir, write_json_atomic
+from agent.host.state import CorruptRecord, StateDir, write_json_atomic
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.transaction import Result, Transaction
 from agent.host.units import UnitFiles
@@ -58,8 +58,8 @@ def dispatch(req: Request, out: TextIO) -> int:
 def orphaned(req: Request) -> bool:
     """A change whose agent died (SIGKILL, reboot) left its record: the caller runs `recover` next."""
     state_dir = StateDir(req.state_dir)
-    if state_dir.load_record(req.unit) is None or running(req) is not None:
-        return False
+    if _record_state(state_dir, req.unit) != "pending" or running(req) is not None:
+        return False  # a corrupt record is not recovered: every change refuses until a person looks
     last = state_dir.last_txn(req.unit)
     # a change that ended with a failed rollback waits for a person
     return last is None or not _has_outcome(state_dir, last)
@@ -83,6 +83,14 @@ def running(req: Request) -> dict[str, Any] | None:
         if time.monotonic() > deadline:  # alive yet never locking: report it, never recover under it
             return {"txn": last, "verb": "?", "since": "?", "pid": "?"}
         time.sleep(0.05)
+
+
+def _record_state(state_dir: StateDir, unit: str) -> str:
+    """ "none", "pending" (an unfinished change's record) or "corrupt" (a record that cannot be read)."""
+    try:
+        return "none" if state_dir.load_record(unit) is None else "pending"
+    except CorruptRecord:
+        return "corrupt"
 
 
 def _has_outcome(state_dir: StateDir, txn: str) -> bool:
@@ -141,7 +149,8 @@ def status(req: Request) -> dict[str, Any]:
         "last_txn": txn,
         "last_outcome": next((e for e in reversed(events) if e.get("kind") == "outcome"), None),
         "last_events": events[-8:],
-        "pending": state_dir.load_record(req.unit) is not None,
+        "pending": _record_state(state_dir, req.unit) != "none",
+        "record": _record_state(state_dir, req.unit),
     }
 
 
@@ -302,6 +311,8 @@ def _recovered(found: str | None) -> Result:
         return Result(Outcome.APPLIED, "the interrupted change had been verified: kept")
     if found == "restored":
         return Result(Outcome.ROLLED_BACK, "an interrupted change was rolled back; the old unit is healthy")
+    if found == "corrupt":
+        return Result(Outcome.ERROR, "the recovery record is unreadable: nothing changed; a person must look")
     return Result(
         Outcome.ROLLBACK_FAILED, "an interrupted change could not be rolled back: a person must act"
     )
@@ -322,7 +333,7 @@ def follow(req: Request, txn: str, out: TextIO) -> int:
                 offset, outcome = _copy_new(path, offset, out)
                 if outcome is None:  # the runner died (killed, host rebooted): recover now
                     out.write(_event_line(txn, "warning", "the transaction's agent died; recovering"))
-                    if state_dir.load_record(req.unit) is None:
+                    if _record_state(state_dir, req.unit) == "none":
                         return _died_without_record(state_dir, req.unit, txn, out)
                     rec = dataclasses.replace(req, verb="recover", txn=None)
                     return start(rec, out)

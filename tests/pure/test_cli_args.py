@@ -177,3 +177,14 @@ def test_top_level_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     shown = capsys.readouterr().out
     assert all(command in shown for command in COMMANDS)
+
+
+@pytest.mark.parametrize(
+    "setting", ["api-key=ab\udcffcd", "ap\udcffi=1", "served-model-name=k\udce9"], ids=["value", "name", "e9"]
+)
+def test_bytes_that_are_not_utf8_are_refused_at_the_edge(setting: str) -> None:
+    """Python reads argv bytes that are not UTF-8 as lone surrogates: refused before anything is rendered
+    (apply renders through the same checks), so no unit that cannot be written ever reaches the host."""
+    err = assert_refused(run_cli("render", "ct200-sim", "--context", "200k", "--set", setting))
+    assert "not valid UTF-8" in err
+    err.encode("utf-8")  # the error line itself prints on any terminal

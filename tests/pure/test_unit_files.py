@@ -35,12 +35,48 @@ def test_two_backups_in_one_second_do_not_collide(files: UnitFiles) -> None:
     assert a.name != b.name and b.name.endswith("-1")
 
 
+def backups_of(files: UnitFiles, contents: list[str]) -> list[str]:
+    """One backup per content, a minute apart, oldest first."""
+    names = []
+    for i, text in enumerate(contents):
+        files.write("sglang.service", text)
+        names.append(files.backup("sglang.service", NOW + timedelta(minutes=i)).name)
+    return names
+
+
 def test_backups_newest_first_and_prune_keeps_n_and_the_protected_one(files: UnitFiles) -> None:
-    names = [files.backup("sglang.service", NOW + timedelta(minutes=i)).name for i in range(5)]
+    names = backups_of(files, [f"[Service]\nExecStart=/bin/v{i}\n" for i in range(5)])
     assert [b.name for b in files.backups("sglang.service")] == names[::-1]
-    removed = files.prune("sglang.service", keep=2, protect=names[0])
+    removed = files.prune("sglang.service", keep=2, protect=(names[0],))
     assert sorted(removed) == sorted(names[1:3])
     assert {b.name for b in files.backups("sglang.service")} == {names[4], names[3], names[0]}
+
+
+def test_identical_copies_count_once_so_failing_nightly_runs_keep_the_distinct_history(
+    files: UnitFiles,
+) -> None:
+    distinct = backups_of(files, ["[Service]\nExecStart=/bin/a\n", "[Service]\nExecStart=/bin/b\n"])
+    nightly = backups_of(files, ["[Service]\nExecStart=/bin/c\n"] * 6)  # the same unit, night after night
+    files.prune("sglang.service", keep=3)
+    assert {b.name for b in files.backups("sglang.service")} == {*distinct, nightly[-1]}
+
+
+def test_a_protected_copy_survives_even_when_it_is_a_duplicate(files: UnitFiles) -> None:
+    names = backups_of(files, ["[Service]\nExecStart=/bin/a\n"] * 3)
+    files.prune("sglang.service", keep=1, protect=(names[0], None))
+    assert {b.name for b in files.backups("sglang.service")} == {names[0], names[2]}
+
+
+def test_a_unit_with_bytes_that_are_not_utf8_is_backed_up_and_restored_byte_for_byte(
+    files: UnitFiles,
+) -> None:
+    raw = b"[Service]\nDescription=caf\xe9 (Latin-1, edited by hand)\nExecStart=/bin/old\n"
+    files.path("sglang.service").write_bytes(raw)
+    b = files.backup("sglang.service", NOW)
+    assert b.path.read_bytes() == raw
+    files.write("sglang.service", "[Service]\nExecStart=/bin/new\n")
+    files.restore("sglang.service", b.name)
+    assert files.path("sglang.service").read_bytes() == raw
 
 
 def test_write_is_atomic_and_keeps_mode(files: UnitFiles) -> None:

@@ -2,8 +2,8 @@
 
 Every step of apply and of rollback is hit three ways, and the world fails in the ways the
 integration tests name; each fault is a named case. The last line printed is one JSON object:
-{"faults_tried": N, "survived": M, "units_lost": K, "failed": [names...]}; the exit code is 1 if any
-case failed.
+{"faults_tried": N, "survived": M, "units_lost": K, "needless_restarts": R, "failed": [names...]}; the
+exit code is 1 if any case failed or restarted the service for nothing.
 
 How a step is hit: a watcher inside the host polls the transaction's events file and stops the
 runner with SIGSTOP the moment the step's event is on disk (tests.faultkit), then the fault is
@@ -43,12 +43,14 @@ from agent.sglang.flags import parse_unit_flags
 from tests import faultkit as fk
 from tests import simhost
 from tests.integration import test_faults as world
-from tests.integration.conftest import cli, popen, wait_pool
+from tests.integration import test_recovery as recovery
+from tests.integration.conftest import cli, invocation, popen, wait_pool
 
 WORKERS = 3
 APPLY_STEPS = ["lock", "backup", "write", "reload", "restart", "watch", "gate"]
 FAILED_APPLY_STEPS = ["rollback", "restore", "verify_old"]
 INJECTIONS = ["cut", "kill", "restart"]
+BEFORE_RESTART = ("lock", "backup", "write", "reload")  # the service must not be restarted for these
 # the failures of the world: (case, a word of the integration test's name, its arguments)
 WORLD: list[tuple[str, str, tuple[object, ...]]] = [
     ("no_space_for_backup", "no_space_left", (0, r"sglang\.service\.bak\.\S+")),
@@ -65,6 +67,20 @@ WORLD: list[tuple[str, str, tuple[object, ...]]] = [
     ("garbage_output", "garbage_output", ()),
     ("two_applies", "two_applies", ()),
     ("killed_after_verified", "after_the_new_unit_was_verified", ()),
+    ("smoke_not_json", "odd_smoke_reply", ("not_json",)),
+    ("smoke_no_choices", "odd_smoke_reply", ("no_choices",)),
+    ("smoke_error_body", "odd_smoke_reply", ("error",)),
+    ("smoke_json_list", "odd_smoke_reply", ("list",)),
+    ("proxy_in_host_environment", "proxy_in_the_hosts_environment", ()),
+    ("status_while_runner_starts", "has_not_locked_yet", ()),
+    ("failed_recovery_stops_all", "failed_recovery_stops_everything", ()),
+    ("corrupt_record", "corrupt_record", ()),
+    ("unit_not_utf8", "not_utf8", ()),
+    ("rollback_to_oldest", "oldest_backup_keeps_it", ()),
+    ("rollback_default_differs", "restores_a_different_unit", ()),
+    ("drop_in_sets_exec_start", "would_not_run_as_written", ("drop-in",)),
+    ("shadowing_unit_copy", "would_not_run_as_written", ("run",)),
+    ("verified_log_gone", "verified_starts_log_is_gone", ()),
 ]
 
 
@@ -73,6 +89,7 @@ class Outcome:
     name: str
     survived: bool = False
     unit_lost: bool = False
+    needless_restart: bool = False
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -117,6 +134,7 @@ def step_case(sim: simhost.SimHost, verb: str, step: str, injection: str, out: O
         assert r.returncode == ExitCode.OK, r.stderr
         old = sim.unit_text()
     action = rollback_action(sim) if verb == "rollback" else apply_action(sim, verb == "apply-failing")
+    serving = invocation(sim)  # the start that serves before the change
     with fk.Watcher(sim, step) as watcher:
         proc = popen(sim, *action.argv)
         hit = watcher.wait(timeout=90)
@@ -139,12 +157,29 @@ def step_case(sim: simhost.SimHost, verb: str, step: str, injection: str, out: O
     else:
         fk.restart_host(sim)
         proc.communicate(timeout=180)
+        # The reboot itself started the service, from whatever unit file was on disk: recovery must
+        # restart it only if that start is not the unit it keeps.
+        wait_pool(sim)
+        serving, booted_flags = invocation(sim), served(sim)
     if injection != "cut":
         st = cli(sim, "status", sim.name)  # the user's next run: recovers whatever is left
         assert st.returncode == ExitCode.OK, st.stderr
         if "recovering first" in st.stderr:
             out.notes.append("status recovered")
     settle(sim, out, old, new, must_be_old=injection != "cut")
+    restarted = invocation(sim) != serving
+    if injection == "kill" and step in BEFORE_RESTART:
+        out.needless_restart = restarted
+    elif injection == "restart":
+        out.needless_restart = restarted and served(sim) == booted_flags
+    if out.needless_restart:
+        out.notes.append("NEEDLESS RESTART")
+
+
+def served(sim: simhost.SimHost) -> tuple[object, ...]:
+    """The flags the running start serves with: a restart into the same ones was for nothing."""
+    info = fk.serving_flags(sim)
+    return tuple(info.get(k) for k in ("context_length", "mem_fraction_static", "max_running_requests"))
 
 
 def settle(sim: simhost.SimHost, out: Outcome, old: str, new: str | None, must_be_old: bool) -> None:
@@ -182,7 +217,9 @@ def cases() -> list[tuple[str, Callable[[simhost.SimHost, Outcome], None]]]:
                 )
             )
     for name, key, args in WORLD:
-        test = next(getattr(world, n) for n in dir(world) if n.startswith("test_") and key in n)
+        test = next(
+            getattr(m, n) for m in (world, recovery) for n in dir(m) if n.startswith("test_") and key in n
+        )
         found.append((f"world:{name}", world_case(test, *args)))
     found.append(("world:old_unit_fails_too", old_unit_fails_too))
     return found
@@ -272,10 +309,11 @@ def main() -> int:
         "faults_tried": len(results),
         "survived": sum(o.survived for o in results),
         "units_lost": sum(o.unit_lost for o in results),
+        "needless_restarts": sum(o.needless_restart for o in results),
         "failed": failed,
     }
     print(json.dumps(summary))
-    return 1 if failed else 0
+    return 1 if failed or summary["needless_restarts"] else 0
 
 
 if __name__ == "__main__":

@@ -17,7 +17,16 @@ from agent.planner import Plan, plan_for_host
 from agent.progress import Progress
 from agent.protocol import Event, Request, exit_code, unit_sha256
 from agent.remote import AgentClient, base_request, open_transport
-from agent.render import redact, redact_changes, redact_flags, render_unit, template_dir, unit_diff
+from agent.render import (
+    redact,
+    redact_changes,
+    redact_flags,
+    render_unit,
+    secret_values,
+    secrets_line,
+    template_dir,
+    unit_diff,
+)
 from agent.report import ApplyReport, backups_table, render_report
 from agent.sglang.flags import FlagChange, FlagsError, diff_flags, flag_table, parse_unit_flags
 from agent.transport import ConnectionLost
@@ -79,7 +88,9 @@ def apply(args: argparse.Namespace, out: Output) -> int:
                 f"the plan cannot reach {args.context:,} tokens on {s.host.name}; nothing was changed",
                 hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
             )
-        new_text = render_checked(allow_context(s.host, args), plan.flags())
+        target_host = allow_context(s.host, args)
+        new_text = render_checked(target_host, plan.flags())
+        env_secrets, flag_secrets = secret_values(target_host, plan.flags())
         show_plan(out, s.host, plan, old_text, new_text)
         if args.dry_run:
             out.note("dry run: nothing was changed")
@@ -92,6 +103,8 @@ def apply(args: argparse.Namespace, out: Output) -> int:
             target_context=args.context,
             planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
             expect_sha256=unit_sha256(old_text) if old_text else "absent",
+            secret_env=env_secrets,
+            secret_flags=flag_secrets,
         )
         outcome = follow(out, s, req)
         report = ApplyReport(
@@ -132,6 +145,9 @@ def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text
     secrets = host.unit.secret_environment
     changes = redact_changes(diff_flags(_readable_flags(old_text), parse_unit_flags(new_text)))
     out.note(f"== plan for {host.name} ({plan.basis})")
+    env_secrets, flag_secrets = secret_values(host, plan.flags())
+    if env_secrets or flag_secrets:
+        out.note("   " + secrets_line(host, env_secrets, flag_secrets))
     for line in (*plan.warnings, *plan.notes):
         out.note(f"   {line}")
     if not plan.feasible:
@@ -228,7 +244,9 @@ def rollback(args: argparse.Namespace, out: Output) -> int:
             for flag, before, after in chosen.get("changes", []):
                 out.note(f"   --{flag}: {after} -> {before}")
         confirm(out, args, s.host)
-        outcome = follow(out, s, base_request(s.host, "rollback", backup=name))
+        # Only a backup the person named goes on the wire: the host picks the same default itself, and
+        # treats a named one as a person's own way out of a failed recovery.
+        outcome = follow(out, s, base_request(s.host, "rollback", backup=args.to))
         result = str(outcome.data.get("outcome"))
         if out.style is not Style.JSON:
             changes = [(f, a, b) for f, b, a in chosen.get("changes", [])]

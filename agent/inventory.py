@@ -104,6 +104,9 @@ class Unit(_Model):
     secret_environment: list[Text] = Field(
         default_factory=list, description="names whose values are redacted"
     )
+    secrets_directory: AbsPath = Field(
+        default="/etc/deployctl/secrets", description="root-only folder of secret values on the host"
+    )
     keep_backups: int = Field(default=10, ge=1, le=1000)
     start_timeout_s: int = Field(default=3600, ge=10)
 

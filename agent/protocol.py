@@ -36,6 +36,15 @@ def unit_sha256(text: str) -> str:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# Secret SGLang flags reach the server as this systemd credential, read with SGLang's --config.
+SECRET_CREDENTIAL = "sglang-secrets.yaml"
+
+
+def secret_path(directory: str, unit: str, kind: str) -> str:
+    """Where a unit's secrets of one kind ("env" or "flags.yaml") live on the host."""
+    return f"{directory.rstrip('/')}/{unit}.{kind}"
+
+
 class ProtocolError(ValueError):
     """A request the agent refuses; the text is one line."""
 
@@ -127,6 +136,11 @@ class Request:
     txn: str | None = None  # follow
     detach: bool = True  # run the transaction in its own transient unit
     secret_names: tuple[str, ...] = ()
+    # apply: secret values, never in the unit: environment variables (EnvironmentFile=) and SGLang flags
+    # (a --config file passed as a systemd credential), written root-only under secrets_dir
+    secret_env: dict[str, str] = field(default_factory=dict)
+    secret_flags: dict[str, str] = field(default_factory=dict)
+    secrets_dir: str = "/etc/deployctl/secrets"
     version: int = VERSION
 
     def to_json(self) -> str:
@@ -157,7 +171,7 @@ class Request:
         self._check_types()
         _check(self.verb in VERBS, f"unknown verb {self.verb!r}")
         _check(bool(UNIT_NAME.fullmatch(self.unit)) and ".." not in self.unit, f"bad unit name {self.unit!r}")
-        for name in ("unit_dir", "state_dir"):
+        for name in ("unit_dir", "state_dir", "secrets_dir"):
             path = getattr(self, name)
             ok = isinstance(path, str) and path.startswith("/") and "/../" not in path + "/"
             _check(ok and not _ANY_CONTROL.search(path), f"{name} must be an absolute path")
@@ -198,6 +212,15 @@ class Request:
         _check(_is_number(self.margin), "margin must be a number")
         _check(isinstance(self.detach, bool), "detach must be true or false")
         _check(all(isinstance(name, str) for name in self.secret_names), "secret_names must be text")
+        for label, secrets in (("secret_env", self.secret_env), ("secret_flags", self.secret_flags)):
+            _check(isinstance(secrets, dict), f"{label} must be an object")
+            for key, value in secrets.items():
+                named = isinstance(key, str) and re.fullmatch(r"[A-Za-z0-9_-]+", key) is not None
+                _check(
+                    named and isinstance(value, str),
+                    f"{label}: names are letters, digits, _ and -; values are text",
+                )
+                _check(not _ANY_CONTROL.search(value) and not _SURROGATE.search(value), f"{label}: bad value")
         s = self.smoke
         texts = (s.sentence, s.question, s.expect)
         ok = isinstance(s.enabled, bool) and _is_int(s.prompt_tokens) and _is_number(s.timeout_s)

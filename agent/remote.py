@@ -45,6 +45,7 @@ def base_request(host: HostConfig, verb: str, **fields: Any) -> Request:
         timeouts=Timeouts(**host.timeouts.model_dump()),
         keep_backups=host.unit.keep_backups,
         secret_names=tuple(host.unit.secret_environment),
+        secrets_dir=host.unit.secrets_directory,
         **fields,
     )
     try:

@@ -12,6 +12,7 @@ import jinja2
 
 from agent.errors import RenderError
 from agent.inventory import HostConfig
+from agent.protocol import SECRET_CREDENTIAL, secret_path
 from agent.sglang.flags import FlagChange, FlagInput, FlagsError, FlagValue, exec_start_lines
 
 # C0, DEL and C1: none of them has any business in a unit file, and \n would start a new directive.
@@ -20,6 +21,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")  # how Python reads bytes that are no
 _UNPRINTABLE = re.compile(f"{_CONTROL.pattern}|{_SURROGATE.pattern}")
 FLAG_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SECRETS_DIR = re.compile(r"/[A-Za-z0-9_./-]*")  # written into EnvironmentFile= and LoadCredential= as is
 USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 SECRET_ENV = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASS", re.IGNORECASE)
 SECRET_FLAG = re.compile(r"(^|-)(key|api-key|token|secret|password|passwd)$")
@@ -64,6 +66,46 @@ def check_flag(name: str, value: FlagInput, field: str = "flags") -> None:
             check_text(f"{field}.{name}", word)
         elif isinstance(word, float) and not math.isfinite(word):
             raise RenderError(f"{field}.{name}: {word!r} is not a finite number")
+
+
+def secret_env(host: HostConfig) -> dict[str, str]:
+    """The environment variables whose values go to the root-only file, never into the unit."""
+    return {k: v for k, v in host.unit.environment.items() if is_secret_env(k, host.unit.secret_environment)}
+
+
+def split_secret_flags(
+    flags: Mapping[str, FlagInput], unit: str
+) -> tuple[dict[str, FlagInput], dict[str, str]]:
+    """(flags for ExecStart=, secret flags for the root-only --config file): no secret in argv, which
+    any user reads in /proc/<pid>/cmdline, `ps` and `systemctl show`."""
+    public: dict[str, FlagInput] = {}
+    secret: dict[str, str] = {}
+    for name, value in flags.items():
+        if not SECRET_FLAG.search(name) or value is True:
+            public[name] = value
+        elif isinstance(value, tuple):
+            raise RenderError(f"flags.{name}: a secret flag takes one value")
+        else:
+            secret[name] = str(value)
+    if secret and "config" in public:
+        raise RenderError(
+            "flags.config: secret flags (" + ", ".join(f"--{n}" for n in secret) + ") reach SGLang through "
+            "its --config file; move your own --config settings into [sglang.flags]"
+        )
+    if secret:
+        public["config"] = f"/run/credentials/{unit}/{SECRET_CREDENTIAL}"  # systemd's own place for it
+    return public, secret
+
+
+def secret_values(host: HostConfig, flags: Mapping[str, FlagInput]) -> tuple[dict[str, str], dict[str, str]]:
+    """The secret environment and secret flags the unit rendered for `flags` refers to."""
+    return secret_env(host), split_secret_flags(effective_flags(host, flags), host.unit.name)[1]
+
+
+def secrets_line(host: HostConfig, env: Mapping[str, str], flags: Mapping[str, str]) -> str:
+    """What is said about secrets: their names and where they live, never their values."""
+    names = ", ".join([*env, *(f"--{f}" for f in flags)])
+    return f"secrets (values never shown): {names}: root-only files under {host.unit.secrets_directory}"
 
 
 def effective_flags(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[str, FlagInput]:
@@ -116,6 +158,10 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
         raise RenderError(f"unit.user: {host.unit.user!r} is not a user name")
     if host.unit.description.endswith("\\"):
         raise RenderError("unit.description: must not end with a backslash (it would continue the line)")
+    if not SECRETS_DIR.fullmatch(host.unit.secrets_directory):
+        raise RenderError(
+            f"unit.secrets_directory: {host.unit.secrets_directory!r} must match {SECRETS_DIR.pattern}"
+        )
     if not host.sglang.executable or not host.sglang.executable[0].startswith("/"):
         raise RenderError("sglang.executable[0]: must be an absolute path")
     if "/" in host.unit.template or host.unit.template.startswith("."):
@@ -135,16 +181,26 @@ def _env_word(name: str, value: str) -> str:
 
 def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[str, object]:
     """The values the template sees, every one already quoted or escaped for its directive."""
+    public, secret = split_secret_flags(effective_flags(host, flags), host.unit.name)
     try:
-        exec_start = exec_start_lines(host.sglang.executable, effective_flags(host, flags))
+        exec_start = exec_start_lines(host.sglang.executable, public)
     except FlagsError as exc:
         raise RenderError(f"flags: {exc}") from None
+    secrets_dir, unit = host.unit.secrets_directory, host.unit.name
     return {
         "host_name": host.name,
         "template_name": host.unit.template,
         "description": _specifiers(host.unit.description),
         "user": _specifiers(host.unit.user) if host.unit.user else None,
-        "environment": [_env_word(k, v) for k, v in host.unit.environment.items()],
+        "environment": [
+            _env_word(k, v) for k, v in host.unit.environment.items() if k not in secret_env(host)
+        ],
+        "environment_file": _specifiers(secret_path(secrets_dir, unit, "env")) if secret_env(host) else None,
+        "load_credential": (
+            _specifiers(f"{SECRET_CREDENTIAL}:{secret_path(secrets_dir, unit, 'flags.yaml')}")
+            if secret
+            else None
+        ),
         "exec_start": exec_start,
         "start_timeout_s": host.unit.start_timeout_s,
     }

@@ -16,6 +16,8 @@ from agent.render import (
     redact,
     redact_changes,
     render_unit,
+    secret_values,
+    secrets_line,
     template_dir,
     unit_diff,
 )
@@ -86,7 +88,7 @@ def requested_flags(args: argparse.Namespace) -> dict[str, FlagInput]:
     return flags
 
 
-def diff_report(host: HostConfig, baseline: str, text: str) -> str:
+def diff_report(host: HostConfig, baseline: str, text: str, flags: dict[str, FlagInput]) -> str:
     """The flag table and the unified diff against the baseline unit, secrets redacted."""
     changes = redact_changes(diff_flags(parse_unit_flags(baseline), parse_unit_flags(text)))
     secret = host.unit.secret_environment
@@ -94,7 +96,9 @@ def diff_report(host: HostConfig, baseline: str, text: str) -> str:
         return f"{host.unit.name} for {host.name}: no change from the baseline unit\n"
     table = flag_table(changes) if changes else "no flag changes"
     diff = redact(unit_diff(baseline, text, host.unit.name), secret)
-    return f"flags of {host.unit.name} on {host.name}, baseline -> rendered:\n{table}\n\n{diff}"
+    env, secret_flags = secret_values(host, flags)
+    said = secrets_line(host, env, secret_flags) + "\n" if env or secret_flags else ""
+    return f"flags of {host.unit.name} on {host.name}, baseline -> rendered:\n{table}\n{said}\n{diff}"
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -102,7 +106,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     flags = requested_flags(args)
     text = render_checked(host, flags)
     if args.diff:
-        report = diff_report(host, render_unit(host, {}, template_dir()), text)
+        report = diff_report(host, render_unit(host, {}, template_dir()), text, flags)
         out.stdout.write(report)
     else:
         out.stdout.write(text)

@@ -65,9 +65,11 @@ def prompt_tokens(data: object) -> int | None:
 
 
 class Probe:
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, api_key: str | None = None) -> None:
         self.base = f"http://{url_host(host)}:{port}"
         self.session = requests.Session()
+        if api_key:  # a server started with --api-key answers /v1/* only with it
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
         # The server is on this host: talk to it directly. Without this, requests reads HTTP(S)_PROXY,
         # ALL_PROXY and NO_PROXY from the environment (a unit or login shell may set them for downloads),
         # sends loopback traffic to the proxy and every check fails; it would also add credentials from

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.host.decide import Gate
 from agent.host.events import EventLog
+from agent.host.secrets import SecretFiles
 from agent.host.state import (
     PHASE_RESTARTED,
     PHASE_ROLLING_BACK,
@@ -62,10 +63,12 @@ class Transaction:
         self.log = log
         self.now = now
         self.files = UnitFiles(req.unit_dir)
+        self.secrets = SecretFiles(req.secrets_dir, req.unit)
         self.state = StateDir(req.state_dir)
         self.unit = req.unit
         self.smoke_result: SmokeResult | None = None
         self.unrecovered: Record | None = None  # the record whose recovery failed
+        self.recovered: str | None = None  # what the last recover() did
 
     # -- the verbs ------------------------------------------------------------------------------
     def apply(self) -> Result:
@@ -80,12 +83,14 @@ class Transaction:
             msg = f"{self.files.path(self.unit)} changed on the host since it was planned (edited by hand?)"
             self.log.emit(Stage.COMPARE, "warning", msg)
             return Result(Outcome.ERROR, msg + "; nothing changed: re-run to plan against it")
-        if current == new and self._running_as_installed() and self._met_target(sha256(new)):
+        secrets = self.secrets.wanted(self.req.secret_env, self.req.secret_flags)
+        same = current == new and self.secrets.current() == secrets
+        if same and self._running_as_installed() and self._met_target(sha256(new)):
             msg = f"{self.unit} is already up to date and its pool meets the target: nothing to do"
             self.log.emit(Stage.COMPARE, "step", msg)
             return Result(Outcome.UP_TO_DATE, msg)
         gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts)
-        return self._change(new, gate, smoke=self.req.smoke)
+        return self._change(new, secrets, gate, smoke=self.req.smoke)
 
     def rollback(self) -> Result:
         """Manual rollback: install a backup through the same change-and-verify path, so it can be undone."""
@@ -102,14 +107,25 @@ class Transaction:
             return Result(Outcome.ERROR, f"no backup {name or 'that differs from the installed unit'}")
         text = self.files.read(name) or ""
         gate = Gate(None, None, 0.0, self.req.timeouts)
-        result = self._change(text, gate, smoke=None, restored_from=name)
+        result = self._change(text, self.secrets.of_backup(name), gate, smoke=None, restored_from=name)
         result.data["restored_from"] = name
         return result
+
+    def recover_only(self) -> Result:
+        """The `recover` verb: what finishing an earlier run's change came to, as an outcome."""
+        blocked = self._recover_first()
+        if blocked is not None:
+            return blocked
+        if self.recovered is None:
+            return Result(Outcome.UP_TO_DATE, "nothing to recover")
+        if self.recovered == "kept":
+            return Result(Outcome.APPLIED, "the interrupted change had been verified: kept")
+        return Result(Outcome.ROLLED_BACK, "an interrupted change was rolled back; the old unit is healthy")
 
     def _recover_first(self, explicit: bool = False) -> Result | None:
         """Finish an earlier run's change; a failed or impossible recovery stops everything here."""
         self.log.emit(Stage.RECOVER, "step", "checking for an unfinished earlier run")
-        found = self.recover()
+        found = self.recovered = self.recover()
         if found == "corrupt":
             path = self.state.record_path(self.unit)
             return Result(
@@ -163,9 +179,17 @@ class Transaction:
         return "failed"
 
     # -- the change ------------------------------------------------------------------------------
-    def _change(self, new: str, gate: Gate, smoke: Smoke | None, restored_from: str | None = None) -> Result:
+    def _change(
+        self,
+        new: str,
+        secrets: dict[str, str | None],
+        gate: Gate,
+        smoke: Smoke | None,
+        restored_from: str | None = None,
+    ) -> Result:
+        """Back up, write (secrets, then the unit), reload, restart, watch, gate: commit or roll back."""
         current = self.files.read(self.unit)
-        wrote = current != new
+        wrote = current != new or self.secrets.current() != secrets
         backup_name: str | None = None
         try:
             if not wrote:
@@ -175,16 +199,22 @@ class Transaction:
             if current is not None and backup_name is None:
                 backup = self.files.backup(self.unit, self.now())
                 backup_name = backup.name
+                self.secrets.backup(backup_name)
                 self.log.emit(Stage.BACKUP, "step", f"backed up to {backup.name}", backup=backup.name)
             self._record(PHASE_WRITTEN, backup_name, new, wrote)
             if wrote:
-                self.files.write(self.unit, new)
+                self.secrets.write(secrets)  # first: the unit that names them never runs without them
+                if current != new:
+                    self.files.write(self.unit, new)
         except UnitWriteError as exc:
             self.state.clear_record(self.unit)
             if current is not None and self.files.read(self.unit) != current:  # never the case: atomic
                 self.files.write(self.unit, current)
+            if wrote and (backup_name is not None or current is None):
+                self.secrets.restore(backup_name)
             return Result(Outcome.ERROR, f"{exc.strerror}; {self.unit} left as it was")
         self.files.prune(self.unit, self.req.keep_backups, protect=(backup_name, restored_from))
+        self.secrets.prune({b.name for b in self.files.backups(self.unit)})
         self.log.emit(Stage.WRITE, "step", f"wrote {self.files.path(self.unit)}", sha256=sha256(new))
         self.systemd.daemon_reload()
         self.log.emit(Stage.RELOAD, "step", "systemd reloaded its units")
@@ -225,6 +255,7 @@ class Transaction:
                 self.files.remove(self.unit)
             else:
                 self.files.restore(self.unit, backup)
+            self.secrets.restore(backup)
             self.systemd.daemon_reload()
         self.state.clear_record(self.unit)
         return Result(Outcome.ERROR, f"{why}; {self.unit} put back as it was and nothing restarted")
@@ -256,7 +287,7 @@ class Transaction:
         """After the log said ready: the HTTP API answers, and a long prompt really fits."""
         from agent.host.probe import Probe, ProbeError  # requests: only once a start is ready
 
-        probe = Probe(self.req.http_host, self.req.port)
+        probe = Probe(self.req.http_host, self.req.port, self.secrets.api_key())
         try:
             probe.wait_ready(self.req.timeouts.ready_s)
             self.log.emit(Stage.READY, "step", "the server answers /health")
@@ -357,12 +388,14 @@ class Transaction:
                 if not untouched:
                     self.systemd.stop(self.unit, RESTART_JOB_TIMEOUT_S)
                 self.files.remove(self.unit)
+                self.secrets.restore(None)
                 self.systemd.daemon_reload()
                 return True, ""
             if untouched and not record.wrote:
                 return True, ""  # nothing was written and nothing restarted: nothing to undo
             if self.files.read(self.unit) != self.files.read(record.backup):
                 self.files.restore(self.unit, record.backup)
+            self.secrets.restore(record.backup)
         except (OSError, UnitWriteError) as exc:
             return False, f"cannot restore {record.backup}: {exc}"
         self.systemd.daemon_reload()
@@ -377,7 +410,9 @@ class Transaction:
         if old.verdict.action != "ready":
             return False, old.verdict.reason
         try:
-            Probe(self.req.http_host, self.req.port).wait_ready(self.req.timeouts.ready_s)
+            Probe(self.req.http_host, self.req.port, self.secrets.api_key()).wait_ready(
+                self.req.timeouts.ready_s
+            )
         except ProbeError as exc:
             return False, str(exc)
         pool = old.summary.get("kv_tokens")

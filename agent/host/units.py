@@ -28,8 +28,9 @@ class Backup:
 class UnitFiles:
     """One unit directory; every write lands inside it, never a partial or empty unit."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, mode: int | None = None) -> None:
         self.dir = Path(directory)
+        self.mode = mode  # every file written here gets this mode (the secrets folder: 0600)
 
     def path(self, unit: str) -> Path:
         return self.dir / unit
@@ -44,20 +45,29 @@ class UnitFiles:
     def mtime_us(self, unit: str) -> int:
         return self.path(unit).stat().st_mtime_ns // 1000
 
-    def write(self, unit: str, text: str, like: Path | None = None) -> None:
-        """Temp file in the same directory, fsync, rename, fsync the directory: all or nothing."""
+    def write(self, unit: str, text: str, like: Path | None = None, mode: int | None = None) -> None:
+        """Temp file in the same directory, fsync, rename, fsync the directory: all or nothing.
+
+        The file gets `mode` (else the folder's own mode for it, else the mode and owner of `like`
+        or of the file it replaces, else 0644); the temp file is 0600 until then, so no other user
+        can open it and keep reading what it holds.
+        """
         dest = self.path(unit)
         self._sweep_stale_temps()
         template = like if like is not None and like.exists() else dest
         tmp = self.dir / f".{unit}.deployctl-tmp.{os.getpid()}"  # a name systemd never loads
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            tmp.unlink(missing_ok=True)  # our own pid's leftover (pid reuse): O_EXCL below needs it gone
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 data = text.encode("utf-8", "surrogateescape")
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
-                _copy_owner_and_mode(template, fd)
+                if (mode := mode if mode is not None else self.mode) is not None:
+                    os.fchmod(fd, mode)
+                elif not _copy_owner_and_mode(template, fd):
+                    os.fchmod(fd, 0o644)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -77,14 +87,17 @@ class UnitFiles:
                 p.unlink(missing_ok=True)
 
     def backup(self, unit: str, now: datetime) -> Backup:
-        """Copy the installed unit to <unit>.bak.<UTC YYYYmmddTHHMMSSZ>, keeping mode and owner."""
-        src = self.path(unit)
+        """Copy the installed unit to <unit>.bak.<UTC YYYYmmddTHHMMSSZ>, root-only (0600).
+
+        Root-only, whatever the unit's own mode: a unit written before secrets moved out of units (or
+        by hand) may hold them inline, and a backup is read by nobody but the agent.
+        """
         stamp = now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         name, n = f"{unit}.bak.{stamp}", 0
         while self.path(name).exists():
             n += 1
             name = f"{unit}.bak.{stamp}-{n}"
-        self.write(name, self.read(unit) or "", like=src)
+        self.write(name, self.read(unit) or "", mode=0o600)
         return self._describe(name)
 
     def backups(self, unit: str) -> list[Backup]:
@@ -115,7 +128,8 @@ class UnitFiles:
         return removed
 
     def restore(self, unit: str, backup: str) -> None:
-        self.write(unit, self.read(backup) or "", like=self.path(backup))
+        """The backup's bytes back in place, with the mode and owner of the unit they replace."""
+        self.write(unit, self.read(backup) or "")
 
     def remove(self, unit: str) -> None:
         self.path(unit).unlink(missing_ok=True)
@@ -129,14 +143,15 @@ class UnitFiles:
         return Backup(name=name, path=p, taken=taken, size=p.stat().st_size)
 
 
-def _copy_owner_and_mode(template: Path, fd: int) -> None:
+def _copy_owner_and_mode(template: Path, fd: int) -> bool:
     try:
         st = template.stat()
     except FileNotFoundError:
-        return
+        return False
     os.fchmod(fd, st.st_mode & 0o7777)
     with contextlib.suppress(PermissionError):
         os.fchown(fd, st.st_uid, st.st_gid)
+    return True
 
 
 def _alive(pid: int) -> bool:

@@ -26,7 +26,7 @@ from agent.host.journal import Journal
 from agent.host.lock import Locked, UnitLock, describe_holder
 from agent.host.state import CorruptRecord, StateDir, write_json_atomic
 from agent.host.systemd import Systemd, SystemdError
-from agent.host.transaction import Result, Transaction
+from agent.host.transaction import Transaction
 from agent.host.units import UnitFiles
 from agent.protocol import Event, Outcome, Request, Stage, exit_code
 from agent.protocol import unit_sha256 as sha256
@@ -272,7 +272,7 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
             elif req.verb == "rollback":
                 result = t.rollback()
             else:
-                result = _recovered(t.recover())
+                result = t.recover_only()
         # The runner's peak memory: following a chatty start must not grow it (the benchmark reads it).
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         log.emit(
@@ -301,21 +301,6 @@ def _try_recover(req: Request, txn: str, log: EventLog) -> str:
             return str(Transaction(req, txn, sd, Journal(), log).recover() or "nothing to do")
     except Exception as exc:  # the record is still on disk: the next agent start tries again
         return f"failed ({type(exc).__name__}: {exc})"
-
-
-def _recovered(found: str | None) -> Result:
-    """What `recover` did, as an outcome: a restored old unit means the change was rolled back."""
-    if found is None:
-        return Result(Outcome.UP_TO_DATE, "nothing to recover")
-    if found == "kept":
-        return Result(Outcome.APPLIED, "the interrupted change had been verified: kept")
-    if found == "restored":
-        return Result(Outcome.ROLLED_BACK, "an interrupted change was rolled back; the old unit is healthy")
-    if found == "corrupt":
-        return Result(Outcome.ERROR, "the recovery record is unreadable: nothing changed; a person must look")
-    return Result(
-        Outcome.ROLLBACK_FAILED, "an interrupted change could not be rolled back: a person must act"
-    )
 
 
 def follow(req: Request, txn: str, out: TextIO) -> int:

@@ -48,15 +48,25 @@ def test_killed_before_the_restart_step_puts_the_file_back_without_a_restart(sim
     )
 
 
-def test_a_failed_recovery_stops_everything_and_names_the_good_backup(sim, base):
+@pytest.mark.parametrize("via", ["apply", "orphan"])
+def test_a_failed_recovery_stops_everything_and_names_the_good_backup(sim, base, via):
+    """`apply` finds the record itself, or (its runner gone without an outcome) recovers it first."""
     old, _ = base
     good = "sglang.service.bak.20260101T000000Z"
     put_backup(sim, good, old)
-    record = {"txn": "20260101T000000Z-abcdef", "unit": "sglang.service", "phase": "restarted"}
+    put_backup(
+        sim, "sglang.service.bak.20250101T000000Z", old + "# an older one\n"
+    )  # a default to roll back to
+    txn = "20260101T000000Z-abcdef"
+    record = {"txn": txn, "unit": "sglang.service", "phase": "restarted"}
     record |= {"backup": good, "new_sha256": "0" * 64, "verb": "apply", "started": "2026-01-01T00:00:00"}
     sim.host.put(RECORD, json.dumps(record).encode())
-    sim.set_sim_env({"SGLANG_SIM_FAULT": "crash_loading"})  # the old unit cannot start either
+    fk.sh(sim, "python3", "-c", fk.SET_LAST_TXN, txn)
+    if via == "apply":  # that transaction ended (with an outcome): apply meets the record on its own
+        sim.host.put(f"{fk.STATE}/txn/{txn}/events.jsonl", b'{"kind": "outcome", "message": "x"}\n')
+    sim.set_sim_env({"SGLANG_SIM_FAULT": "crash_loading"})  # the old unit cannot start either ...
     fk.sh(sim, "systemctl", "daemon-reload")
+    fk.sh(sim, "systemctl", "restart", "--no-block", "sglang.service")  # ... and is not running now
     backups = sim.backups()
     try:
         r = apply(sim)

@@ -13,7 +13,7 @@ import pytest
 from agent.errors import RenderError
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_host
-from agent.render import effective_flags, redact, render_unit, template_dir, unit_diff
+from agent.render import effective_flags, redact, render_unit, secret_values, template_dir, unit_diff
 from agent.sglang.flags import FlagInput, normalize, parse_unit
 from agent.unitcheck import verify_unit
 
@@ -197,8 +197,21 @@ def test_redacted_diff_of_a_rendered_unit_keeps_no_secret() -> None:
     new = render_unit(host, {"api-key": "sk-live-secret"}, template_dir())
     old = render_unit(load_host("ct200", UNITS), {}, template_dir())
     shown = redact(unit_diff(old, new, "sglang.service"), host.unit.secret_environment)
-    assert "secret" not in shown
-    assert '+Environment="HF_TOKEN=***"' in shown
+    assert "hf_live_secret" not in shown and "sk-live-secret" not in shown
+    # Not redacted but absent: the unit names root-only files, the values travel beside it.
+    assert "hf_live_secret" not in new and "sk-live-secret" not in new
+    assert "+EnvironmentFile=/etc/deployctl/secrets/sglang.service.env" in shown
+    assert "+LoadCredential=sglang-secrets.yaml:/etc/deployctl/secrets/sglang.service.flags.yaml" in shown
+    assert "--config /run/credentials/sglang.service/sglang-secrets.yaml" in new
+    assert secret_values(host, {"api-key": "sk-live-secret"}) == (
+        {"HF_TOKEN": "hf_live_secret"},
+        {"api-key": "sk-live-secret"},
+    )
+
+
+def test_a_secret_flag_and_a_config_of_ones_own_are_refused_together() -> None:
+    with pytest.raises(RenderError, match=r"flags\.config"):
+        render_unit(load_host("ct200", UNITS), {"api-key": "k", "config": "/etc/x.yaml"}, template_dir())
 
 
 # --- systemd-analyze -------------------------------------------------------------------------------------

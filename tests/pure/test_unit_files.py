@@ -21,12 +21,12 @@ def files(tmp_path: Path) -> UnitFiles:
     return UnitFiles(tmp_path)
 
 
-def test_backup_is_named_by_utc_time_and_keeps_the_mode(files: UnitFiles) -> None:
+def test_backup_is_named_by_utc_time_and_is_root_only(files: UnitFiles) -> None:
     b = files.backup("sglang.service", NOW.astimezone(timezone(timedelta(hours=2))))
     assert b.name == "sglang.service.bak.20261202T153005Z"
     assert BACKUP_NAME.fullmatch(b.name)
     assert not b.name.endswith(".service")  # systemd never loads it
-    assert (b.path.stat().st_mode & 0o777) == 0o640
+    assert (b.path.stat().st_mode & 0o777) == 0o600  # root-only: an old unit may hold secrets inline
     assert b.path.read_text() == "[Service]\nExecStart=/bin/old\n"
 
 

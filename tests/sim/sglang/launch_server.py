@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -73,7 +74,25 @@ def build_parser(v: V) -> argparse.ArgumentParser:
     add("--reasoning-parser")
     add("--allow-auto-truncate", action="store_true")
     add("--log-level", default="info")
+    add("--api-key")
+    add("--admin-api-key")
     return p
+
+
+def with_config(argv: list[str]) -> list[str]:
+    """SGLang's --config FILE.yaml: its `key: value` lines become flags placed before the command line's
+    (so the command line wins). The simulator reads the subset deployctl writes: a JSON scalar per key."""
+    if "--config" not in argv:
+        return argv
+    i = argv.index("--config")
+    path, rest = argv[i + 1], argv[:i] + argv[i + 2 :]
+    extra: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            key, sep, value = line.partition(":")
+            if sep and not key.startswith("#"):
+                extra += [f"--{key.strip()}", str(json.loads(value.strip()))]
+    return extra + rest
 
 
 def fault_applies(args: argparse.Namespace, env: dict[str, str]) -> bool:
@@ -89,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     env = dict(os.environ)
     hw = sz.hardware_from_env(env)
     parser = build_parser(sz.version_tuple(hw.log_format))
-    args = parser.parse_args(argv)
+    args = parser.parse_args(with_config(list(sys.argv[1:] if argv is None else argv)))
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static < 1:
         parser.error(f"argument --mem-fraction-static: {args.mem_fraction_static} is not between 0 and 1")
     if args.speculative_algorithm == "DFLASH" and not args.speculative_draft_model_path:

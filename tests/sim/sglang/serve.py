@@ -51,6 +51,7 @@ class State:
     access_log: Callable[[str], None]
     ready: threading.Event = field(default_factory=threading.Event)
     odd_reply: str = ""  # a fault: chat completions answer with this kind of malformed body
+    api_key: str | None = None  # --api-key: /v1/* answers 401 without `Authorization: Bearer <key>`
 
     @property
     def max_req_input_len(self) -> int:
@@ -134,7 +135,19 @@ class Handler(BaseHTTPRequestHandler):
             {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": code},
         )
 
+    def refused(self) -> bool:
+        """SGLang's API-key check: only the OpenAI-style routes need the key here."""
+        key = self.state.api_key
+        if not key or not self.path.startswith("/v1/"):
+            return False
+        if self.headers.get("authorization") == f"Bearer {key}":
+            return False
+        self.reply(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self) -> None:
+        if self.refused():
+            return
         s, path = self.state, self.path.split("?")[0]
         new = s.version >= (0, 5, 10)
         if path in ("/health", "/health_generate"):
@@ -163,6 +176,8 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(404, {"detail": "Not Found"})
 
     def do_POST(self) -> None:
+        if self.refused():
+            return
         try:
             body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
         except ValueError:

@@ -439,6 +439,7 @@ class Launch:
         state.odd_reply = (
             self.hw.fault.removeprefix("odd_reply_") if self.hw.fault.startswith("odd_reply_") else ""
         )
+        state.api_key = a.api_key
         info["max_req_input_len"] = state.max_req_input_len
         for msg in (f"Started server process [{os.getpid()}]", "Waiting for application startup."):
             out.uvicorn(msg)

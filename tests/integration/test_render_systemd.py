@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from agent.render import effective_flags, render_unit, template_dir
+from agent.host.secrets import env_file_text
+from agent.protocol import secret_path
+from agent.render import effective_flags, render_unit, secret_values, template_dir
 from agent.sglang.flags import flag_words
 from tests.pure.test_render import GOLDEN, case_inputs
 from tests.testhost import TestHost
@@ -54,6 +56,11 @@ def test_systemd_passes_every_word_of_the_quoting_case(testhost: TestHost) -> No
             ),
         }
     )
+    # The secret variables come from the root-only file the agent writes, in its own quoting.
+    env, _ = secret_values(host, flags)
+    text = env_file_text(env)
+    assert text is not None
+    testhost.put(secret_path(host.unit.secrets_directory, UNIT, "env"), text.encode(), 0o600)
     seen = _run_unit(testhost, render_unit(host, flags, template_dir()))
     expected_argv = [w for k, v in effective_flags(host, flags).items() for w in flag_words(k, v)]
     assert seen["argv"] == expected_argv

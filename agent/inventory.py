@@ -142,6 +142,17 @@ class Planning(_Model):
     reserve_floor_gib: float = Field(default=4.0, gt=0, description="memory left per GPU for graphs")
 
 
+class Metrics(_Model):
+    enabled: bool = True
+    # "": deployctl_<unit>.prom in node_exporter's textfile folder (Debian's prometheus-node-exporter)
+    path: Text = Field(default="", description="the .prom file the agent writes after every run")
+
+    def file_for(self, unit: str) -> str | None:
+        if not self.enabled:
+            return None
+        return self.path or f"/var/lib/prometheus/node-exporter/deployctl_{unit}.prom"
+
+
 class HostConfig(_Model):
     name: Text = ""
     ssh: Ssh
@@ -153,6 +164,7 @@ class HostConfig(_Model):
     smoke: Smoke = Field(default_factory=Smoke)
     timeouts: Timeouts = Field(default_factory=Timeouts)
     planning: Planning = Field(default_factory=Planning)
+    metrics: Metrics = Field(default_factory=Metrics)
 
     @property
     def unit_path(self) -> str:

@@ -141,6 +141,8 @@ class Request:
     secret_env: dict[str, str] = field(default_factory=dict)
     secret_flags: dict[str, str] = field(default_factory=dict)
     secrets_dir: str = "/etc/deployctl/secrets"
+    host_name: str = ""  # the inventory's name for the host: the metrics' host label
+    metrics_file: str | None = None  # the node_exporter textfile written after each run; None: none
     version: int = VERSION
 
     def to_json(self) -> str:
@@ -212,6 +214,11 @@ class Request:
         _check(_is_number(self.margin), "margin must be a number")
         _check(isinstance(self.detach, bool), "detach must be true or false")
         _check(all(isinstance(name, str) for name in self.secret_names), "secret_names must be text")
+        _check(isinstance(self.host_name, str) and not _ANY_CONTROL.search(self.host_name), "bad host_name")
+        if self.metrics_file is not None:
+            ok = isinstance(self.metrics_file, str) and "/../" not in self.metrics_file
+            ok = ok and re.fullmatch(r"/[A-Za-z0-9_./@+-]*\.prom", self.metrics_file) is not None
+            _check(ok, "metrics_file must be an absolute path ending in .prom")
         for label, secrets in (("secret_env", self.secret_env), ("secret_flags", self.secret_flags)):
             _check(isinstance(secrets, dict), f"{label} must be an object")
             for key, value in secrets.items():

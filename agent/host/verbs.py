@@ -26,7 +26,7 @@ from agent.host.journal import Journal
 from agent.host.lock import Locked, UnitLock, describe_holder
 from agent.host.state import CorruptRecord, StateDir, write_json_atomic
 from agent.host.systemd import Systemd, SystemdError
-from agent.host.transaction import Transaction
+from agent.host.transaction import Result, Transaction
 from agent.host.units import UnitFiles
 from agent.protocol import Event, Outcome, Request, Stage, exit_code
 from agent.protocol import unit_sha256 as sha256
@@ -273,6 +273,7 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
                 result = t.rollback()
             else:
                 result = t.recover_only()
+        _write_metrics(req, txn, result, state_dir, log)
         # The runner's peak memory: following a chatty start must not grow it (the benchmark reads it).
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         log.emit(
@@ -293,6 +294,32 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
     finally:
         lock.release()
         log.close()
+
+
+def _write_metrics(req: Request, txn: str, result: Result, state_dir: StateDir, log: EventLog) -> None:
+    """The node_exporter textfile for alerting; a failure to write it never changes the outcome."""
+    if req.metrics_file is None:
+        return
+    from agent.host import metrics
+
+    events = [Event.from_json(line) for line in state_dir.read_events(txn) if line.startswith("{")]
+    data: dict[str, Any] = {
+        **result.data,
+        "target_context": req.target_context,
+        "planned_pool": req.planned_pool,
+    }
+    if result.outcome is Outcome.ROLLED_BACK:  # the start that runs now is the restored old one
+        old = [e.data.get("kv_tokens") for e in events if e.stage == Stage.VERIFY_OLD.value]
+        data["summary"] = {"kv_tokens": next((k for k in reversed(old) if k), None)}
+    installed = UnitFiles(req.unit_dir).read(req.unit)
+    data["unit_sha256"] = sha256(installed) if installed is not None else None
+    try:
+        run = metrics.run_from(req.host_name, req.unit, result.outcome, time.time(), data, events)
+        metrics.record_run(state_dir.unit_dir(req.unit) / "metrics.json", Path(req.metrics_file), run)
+    except Exception as exc:  # a bug or a full disk here must never turn a verified change into an error
+        log.emit(
+            Stage.DONE, "warning", f"metrics not written to {req.metrics_file}: {type(exc).__name__}: {exc}"
+        )
 
 
 def _try_recover(req: Request, txn: str, log: EventLog) -> str:

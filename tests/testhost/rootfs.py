@@ -26,6 +26,7 @@ PACKAGES = (
     "python3-venv",
     "procps",
     "iproute2",
+    "prometheus-node-exporter",  # the metrics test scrapes the real one
 )
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 # The file every complete build ends with: a folder without it is never used.
@@ -57,6 +58,10 @@ def configure(rootfs: Path) -> None:
     (rootfs / "var/log/journal").mkdir(parents=True, exist_ok=True)
     # An empty machine-id makes systemd create one on the first boot of each instance.
     (rootfs / "etc/machine-id").write_text("")
+    # node_exporter runs only where a test starts it (on a port of its own): many hosts share one network.
+    for wants in (rootfs / "etc/systemd/system").rglob("prometheus-node-exporter*"):
+        if wants.is_symlink():
+            wants.unlink()
     # Mount points for the per-instance binds, created here so the lower layer already has them.
     for mount_point in ("etc/ssh/deployctl", "opt/deployctl/agent", "opt/deployctl/jeepney"):
         (rootfs / mount_point).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,184 @@
+"""Metrics for alerting: a node_exporter textfile (`.prom`) written atomically after every run.
+
+node_exporter's textfile collector reads every `*.prom` file of its folder at each scrape; a file it reads
+half-written would be dropped, so the file is written to a temp name and renamed. Counters (rollbacks) and
+the last success survive between runs in the agent's own state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+
+from agent.protocol import EXIT_CODES, Event, Outcome, Stage
+
+SUCCESS = (Outcome.APPLIED, Outcome.UP_TO_DATE)
+# A phase lasts from its stage's first event to the next phase's first event.
+PHASES = (Stage.BACKUP, Stage.WRITE, Stage.RELOAD, Stage.RESTART, Stage.WATCH, Stage.READY, Stage.SMOKE)
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one run came to, read off its outcome and its events."""
+
+    host: str
+    unit: str
+    outcome: Outcome
+    at: float  # seconds since the epoch
+    target_tokens: int | None = None
+    predicted_tokens: int | None = None
+    pool_tokens: int | None = None
+    unit_sha256: str | None = None
+    downtime_s: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def timings(events: Iterable[Event]) -> tuple[float | None, dict[str, float]]:
+    """(restart downtime, seconds per phase) from a transaction's events.
+
+    Downtime runs from the restart job (the old server stops answering) to the first "ready" of a start
+    (the new one's, or the restored old one's).
+    """
+    first: dict[str, float] = {}
+    for e in events:
+        with contextlib.suppress(ValueError):
+            first.setdefault(e.stage, datetime.fromisoformat(e.ts.replace("Z", "+00:00")).timestamp())
+    seen: list[tuple[str, float]] = [(s.value, first[s.value]) for s in PHASES if s.value in first]
+    ends = [t for _, t in seen[1:]] + ([max(first.values())] if seen else [])
+    phases = {name: round(max(0.0, end - start), 3) for (name, start), end in zip(seen, ends, strict=True)}
+    stop = first.get(Stage.RESTART.value, first.get(Stage.RELOAD.value))
+    back = first.get(Stage.READY.value) or first.get(Stage.VERIFY_OLD.value)
+    downtime = round(back - stop, 3) if stop is not None and back is not None and back >= stop else None
+    return downtime, phases
+
+
+def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str:
+    """The textfile, metric names and help texts after Prometheus' conventions."""
+    labels = f'host="{_escape(run.host)}",unit="{_escape(run.unit)}"'
+    out: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, value: float | None, extra: str = "") -> None:
+        if value is None:
+            return
+        if not any(line.startswith(f"# HELP {name} ") for line in out):
+            out.extend((f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"))
+        number = str(int(value)) if float(value).is_integer() else repr(float(value))  # full precision
+        out.append(f"{name}{{{labels}{extra}}} {number}")
+
+    metric("deployctl_last_run_timestamp_seconds", "gauge", "When deployctl last ran on this unit.", run.at)
+    for o in Outcome:
+        if o is not Outcome.LOCKED:
+            metric(
+                "deployctl_last_run_outcome",
+                "gauge",
+                "1 for the outcome of the last run, 0 for the others.",
+                float(o is run.outcome),
+                f',outcome="{o.value}"',
+            )
+    code = EXIT_CODES.get(run.outcome)
+    metric(
+        "deployctl_last_run_exit_code",
+        "gauge",
+        "The exit code of the last run.",
+        1 if code is None else int(code),
+    )
+    metric(
+        "deployctl_last_success_timestamp_seconds",
+        "gauge",
+        "When a run last ended applied or up to date.",
+        last_success,
+    )
+    metric("deployctl_rollbacks_total", "counter", "Changes rejected and rolled back.", rollbacks_total)
+    metric(
+        "deployctl_kv_pool_tokens", "gauge", "The KV pool the last verified start logged.", run.pool_tokens
+    )
+    metric(
+        "deployctl_target_context_tokens",
+        "gauge",
+        "The context the last change had to reach.",
+        run.target_tokens,
+    )
+    metric("deployctl_predicted_pool_tokens", "gauge", "The pool the plan predicted.", run.predicted_tokens)
+    metric(
+        "deployctl_restart_downtime_seconds",
+        "gauge",
+        "From the restart to the first ready start in the last run.",
+        run.downtime_s,
+    )
+    for phase, seconds in run.phases.items():
+        metric(
+            "deployctl_phase_seconds",
+            "gauge",
+            "Seconds per phase of the last run.",
+            seconds,
+            f',phase="{phase}"',
+        )
+    if run.unit_sha256:
+        metric(
+            "deployctl_unit_info",
+            "gauge",
+            "The installed unit's sha256 (1 for the current one).",
+            1,
+            f',sha256="{run.unit_sha256}"',
+        )
+    return "\n".join(out) + "\n"
+
+
+def record_run(state_file: Path, prom_file: Path, run: Run) -> None:
+    """Update the counters kept in `state_file`, then write the textfile atomically (0644)."""
+    try:
+        kept = json.loads(state_file.read_text())
+        kept = kept if isinstance(kept, dict) else {}
+    except (OSError, ValueError):
+        kept = {}
+    rollbacks = int(kept.get("rollbacks_total") or 0) + (run.outcome is Outcome.ROLLED_BACK)
+    last_success = run.at if run.outcome in SUCCESS else kept.get("last_success")
+    if run.pool_tokens is None:  # a run that started nothing (a no-op): the running start's pool stands
+        run = replace(run, pool_tokens=_int(kept.get("pool_tokens")))
+    state = {"rollbacks_total": rollbacks, "last_success": last_success, "pool_tokens": run.pool_tokens}
+    _write(state_file, json.dumps(state), 0o600)
+    _write(prom_file, prom_text(run, rollbacks, last_success), 0o644)
+
+
+def run_from(
+    host: str, unit: str, outcome: Outcome, at: float, data: Mapping[str, object], events: Iterable[Event]
+) -> Run:
+    summary = data.get("summary")
+    pool = summary.get("kv_tokens") if isinstance(summary, dict) else None
+    downtime, phases = timings(events)
+    return Run(
+        host,
+        unit,
+        outcome,
+        at,
+        _int(data.get("target_context")),
+        _int(data.get("planned_pool")),
+        _int(pool),
+        str(data["unit_sha256"]) if data.get("unit_sha256") else None,
+        downtime,
+        phases,
+    )
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700 if mode == 0o600 else 0o755)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fchmod(f.fileno(), mode)
+        os.fsync(f.fileno())
+    os.rename(tmp, path)

@@ -1,0 +1,52 @@
+"""The metrics textfile: phase times from events, Prometheus' text format, counters kept between runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.host.metrics import Run, prom_text, record_run, timings
+from agent.protocol import Event, Outcome
+
+
+def event(stage: str, second: int) -> Event:
+    return Event("t", second, f"2026-12-03T10:00:{second:02d}.000Z", stage, "step", stage, {})
+
+
+def test_phase_times_and_downtime_from_the_events() -> None:
+    events = [
+        event(s, t) for s, t in [("lock", 0), ("backup", 1), ("write", 2), ("reload", 3), ("restart", 5)]
+    ]
+    events += [event("watch", 6), event("ready", 16), event("smoke", 17), event("commit", 20)]
+    downtime, phases = timings(events)
+    assert downtime == 11.0  # restart (the old server stops) -> ready
+    assert phases == {
+        "backup": 1.0, "write": 1.0, "reload": 2.0, "restart": 1.0, "watch": 10.0, "ready": 1.0, "smoke": 3.0
+    }  # fmt: skip
+
+
+def test_a_run_that_changed_nothing_has_no_phases() -> None:
+    assert timings([event("lock", 0), event("compare", 1), event("done", 2)]) == (None, {})
+
+
+def test_the_text_format_groups_each_metric_once_with_its_help() -> None:
+    run = Run('ct"200', "sglang.service", Outcome.APPLIED, 1796293015.25, 200000, 204146, 204141, "ab" * 32)
+    text = prom_text(run, 3, 1796293015.25)
+    helps = [line for line in text.splitlines() if line.startswith("# HELP deployctl_last_run_outcome ")]
+    assert len(helps) == 1
+    assert 'deployctl_last_run_outcome{host="ct\\"200",unit="sglang.service",outcome="applied"} 1' in text
+    assert "deployctl_last_success_timestamp_seconds" in text and "1796293015.25" in text
+    assert 'deployctl_rollbacks_total{host="ct\\"200",unit="sglang.service"} 3' in text
+    assert "deployctl_restart_downtime_seconds" not in text  # unknown: left out, not 0
+
+
+def test_counters_survive_between_runs_and_a_failure_keeps_the_last_success(tmp_path: Path) -> None:
+    state, prom = tmp_path / "state" / "metrics.json", tmp_path / "prom" / "deployctl_x.prom"
+    record_run(state, prom, Run("h", "u", Outcome.APPLIED, 100.0, pool_tokens=5))
+    record_run(state, prom, Run("h", "u", Outcome.ROLLED_BACK, 200.0))
+    record_run(state, prom, Run("h", "u", Outcome.ROLLED_BACK, 300.0))
+    text = prom.read_text()
+    assert 'deployctl_rollbacks_total{host="h",unit="u"} 2' in text
+    assert 'deployctl_last_success_timestamp_seconds{host="h",unit="u"} 100' in text
+    assert 'deployctl_kv_pool_tokens{host="h",unit="u"} 5' in text
+    assert oct(prom.stat().st_mode & 0o777) == "0o644" and oct(state.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in prom.parent.iterdir()] == ["deployctl_x.prom"]  # no temp file left

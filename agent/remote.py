@@ -83,13 +83,20 @@ class AgentClient:
         return f"{self.host.ssh.agent_dir}/bin/{bundle.remote_name(sha)}", sha
 
     def refresh(self) -> None:
-        """Upload the bundle (missing, damaged or an other version on the host) and check it arrived whole."""
+        """Install the bundle (missing, damaged or an other version on the host), checked before it is used.
+
+        The bytes go over the command's stdin to a small writer (bundle.WRITER) run as the agent will be
+        (through sudo when the inventory says so): no staging file under a name another user could plant
+        something at, no SFTP, and the writer renames the file into place only once its checksum matches.
+        """
         data, _ = bundle.build()
         path, sha = self._bundle_path()
-        self._upload(data, path)
-        check = self.transport.run(["sha256sum", path], timeout=30).check()
-        if check.stdout.split(b" ")[0].decode() != sha:
-            raise RemoteError(f"{self.host.name}: the agent bundle at {path} does not match its checksum")
+        argv = [self.host.ssh.python, "-I", "-c", bundle.WRITER, path, sha]
+        res = self.transport.run(argv, input=data, timeout=120)
+        if not res.ok:
+            raise RemoteError(
+                f"{self.host.name}: cannot install the agent bundle at {path}: {_tail(res.stderr)}"
+            )
 
     def _bundle_broken(self, res: Result) -> bool:
         """After a failed call: is the bundle on the host missing or not the one we built?
@@ -104,17 +111,6 @@ class AgentClient:
         path, sha = self._bundle_path()
         have = self.transport.run(["sha256sum", path], timeout=30)
         return not (have.ok and have.stdout.split(b" ")[0].decode() == sha)
-
-    def _upload(self, data: bytes, path: str) -> None:
-        directory = path.rsplit("/", 1)[0]
-        if self.host.ssh.sudo:  # SFTP writes as the login user: stage in /tmp, install with sudo
-            staged = f"/tmp/{path.rsplit('/', 1)[1]}"
-            self.transport.put(data, staged, 0o644)
-            self.transport.run(["install", "-D", "-m", "0644", staged, path], timeout=60).check()
-            self.transport.run(["rm", "-f", staged], timeout=30)
-        else:
-            self.transport.run(["mkdir", "-p", directory], timeout=30).check()
-            self.transport.put(data, path, 0o644)
 
     def call(self, req: Request) -> dict[str, Any]:
         """A read-only verb: one JSON object back."""

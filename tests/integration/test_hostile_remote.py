@@ -226,7 +226,11 @@ def test_the_request_the_agent_refuses_is_otherwise_good(sim: SimHost) -> None:
 
 # --- what a normal apply writes, and how ------------------------------------------------------------------
 
-ALLOWED = re.compile(r"(etc/systemd/system/sglang\.service|var/lib/deployctl/)")
+# the unit and its backups, the agent's state, and the metrics textfile for node_exporter
+ALLOWED = re.compile(
+    r"(etc/systemd/system/sglang\.service|var/lib/deployctl/"
+    r"|var/lib/prometheus/node-exporter/deployctl_sglang\.service\.prom$)"
+)
 
 
 def test_apply_writes_only_the_unit_its_backup_and_the_agent_state_and_keeps_mode_and_owner(

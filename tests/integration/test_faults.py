@@ -183,8 +183,8 @@ def test_agent_sigkilled_while_watching_the_old_unit_comes_back(sim, base):
     assert_old_back(sim, old, pool)
 
 
-def test_agent_and_client_killed_then_status_recovers(sim, base):
-    old, pool = base
+def orphan_a_change(sim) -> None:
+    """Kill a 200k apply's client, its follower on the host and its runner while the start is watched."""
     watcher = fk.Watcher(sim, "watch")
     proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
     hit = watcher.wait()
@@ -192,6 +192,11 @@ def test_agent_and_client_killed_then_status_recovers(sim, base):
     proc.communicate()
     fk.kill_followers(sim, "apply")  # else the host's follower of the killed client recovers by itself
     fk.kill_runner(sim, hit.txn)
+
+
+def test_agent_and_client_killed_then_status_recovers(sim, base):
+    old, pool = base
+    orphan_a_change(sim)
     assert fk.pending(sim)
     st = cli(sim, "status", sim.name)
     assert st.returncode == ExitCode.OK, st.stderr
@@ -204,13 +209,7 @@ def test_agent_and_client_killed_then_status_recovers(sim, base):
 def test_status_never_recovers_under_a_runner_that_has_not_locked_yet(sim, base):
     """A runner that systemd started but that has not taken the lock is a change starting, not an orphan."""
     old, pool = base
-    watcher = fk.Watcher(sim, "watch")
-    proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
-    hit = watcher.wait()
-    proc.kill()
-    proc.communicate()
-    fk.kill_followers(sim, "apply")
-    fk.kill_runner(sim, hit.txn)
+    orphan_a_change(sim)
     # The next change's runner, started by systemd and not locking yet (as in its Python start-up).
     starting = "20990101T000000Z-0abcde"
     fk.sh(sim, "systemd-run", f"--unit=deployctl-{starting}", "--collect", "--quiet", "sleep", "600")

@@ -1,12 +1,29 @@
-"""Where a command writes: the report to stdout, progress and errors to stderr; style chosen once."""
+"""Where a command writes: the report to stdout, progress and errors to stderr; style chosen once.
+
+Everything printed through Output passes terminal_text: much of it comes from the host (SGLang's log
+lines, failure reasons, event messages, backup names, status), and a control character in it must not
+reach the terminal, where an escape sequence can retitle the window, clear the screen or rewrite lines.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TextIO
+
+# C0, DEL and C1, and lone surrogates (bytes that were not UTF-8, which a strict stream cannot encode).
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def terminal_text(text: str, keep: str = "\n\t") -> str:
+    """Text fit for a terminal: each control character but those in `keep` shown as its escape (\\x1b).
+
+    JSON from json.dumps (ensure_ascii, the default) passes unchanged: it escapes them all itself.
+    """
+    return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else ascii(m.group())[1:-1], text)
 
 
 class Style(str, Enum):
@@ -39,12 +56,12 @@ class Output:
         return Style.PLAIN
 
     def print(self, text: str = "") -> None:
-        print(text, file=self.stdout, flush=True)
+        print(terminal_text(text), file=self.stdout, flush=True)
 
     def note(self, text: str) -> None:
         """Progress and remarks: stderr, so a piped or mailed report stays clean."""
         if not self.quiet:
-            print(text, file=self.stderr, flush=True)
+            print(terminal_text(text), file=self.stderr, flush=True)
 
 
 def _isatty(stream: TextIO | None) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from agent.output import Output, Style
+from agent.output import Output, Style, terminal_text
 from agent.protocol import Event
 
 PLAIN_PROGRESS_EVERY_S = 15.0  # under cron a line per phase change plus one every 15 s is plenty
@@ -29,7 +29,8 @@ class Progress:
             self.phase = str(event.data.get("phase", self.phase))
             pct = event.data.get("percent")
             self.percent = float(pct) if isinstance(pct, (int, float)) else self.percent
-            latest = str(event.data.get("line") or event.message)[:100]
+            # One line, whatever the host sent: a newline or \r in it would break the live status line.
+            latest = terminal_text(str(event.data.get("line") or event.message), keep="")[:100]
             if style is Style.TTY:
                 self._status(latest)
                 return
@@ -48,7 +49,7 @@ class Progress:
     def _status(self, latest: str) -> None:
         elapsed = time.monotonic() - self.t0
         pct = f" {self.percent:3.0f}%" if self.percent is not None and self.phase == "loading_weights" else ""
-        text = f"[{elapsed:6.1f}s] {self.phase}{pct} | {latest}"
+        text = terminal_text(f"[{elapsed:6.1f}s] {self.phase}{pct} | {latest}", keep="")
         width = 118
         self.out.stderr.write("\r\x1b[2K" + text[:width])
         self.out.stderr.flush()

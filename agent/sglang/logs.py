@@ -89,7 +89,10 @@ class SummaryBuilder:
 
     def feed(self, text: str) -> list[LogEvent]:
         """Parse one MESSAGE; the events come back with draft/target resolved from earlier lines."""
-        events = [self._resolve(e) for e in parse_line(text)]
+        events = parse_line(text)
+        if not events:  # most lines: skip building a resolved copy
+            return events
+        events = [self._resolve(e) for e in events]
         for e in events:
             self._apply(e)
         return events

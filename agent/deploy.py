@@ -13,10 +13,11 @@ from agent.errors import ConnectError, UsageError
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_host, units_dir
 from agent.output import Output, Style
-from agent.planner import Plan, plan_for_host
+from agent.plan.choose import Plan, plan_for_host
 from agent.progress import Progress
 from agent.protocol import Event, Request, exit_code, unit_sha256
-from agent.remote import AgentClient, base_request, open_transport
+from agent.remote.client import AgentClient, base_request, open_transport
+from agent.remote.transport import ConnectionLost
 from agent.render import (
     redact,
     redact_changes,
@@ -29,8 +30,7 @@ from agent.render import (
 )
 from agent.report import ApplyReport, backups_table, render_report
 from agent.sglang.flags import FlagChange, FlagsError, diff_flags, flag_table, parse_unit_flags
-from agent.transport import ConnectionLost
-from agent.unitcheck import render_checked
+from agent.verify import render_checked
 
 
 @dataclass

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.planner import Plan
+from agent.plan.choose import Plan
 from agent.sglang.flags import FlagChange, diff_flags, flag_table
 
 TIGHT_RESERVE_GIB = 5.0  # below this, say plainly not to push the fraction higher

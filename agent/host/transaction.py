@@ -28,7 +28,7 @@ from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchResult, watch_start
 from agent.protocol import Outcome, Request, Smoke, Stage
 from agent.protocol import unit_sha256 as sha256
-from agent.sglang.logs import summarize
+from agent.sglang.logs.summary import summarize
 
 if TYPE_CHECKING:
     from agent.host.probe import SmokeResult

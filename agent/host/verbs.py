@@ -31,7 +31,7 @@ from agent.host.units import UnitFiles
 from agent.protocol import Event, Outcome, Request, Stage, exit_code
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import FlagsError, diff_flags, parse_unit_flags
-from agent.sglang.logs import start_figures
+from agent.sglang.logs.summary import start_figures
 
 RUN_DIR = "/run/deployctl"
 CHANGING_VERBS = ("apply", "rollback", "recover")

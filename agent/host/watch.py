@@ -10,8 +10,8 @@ from typing import Any, Protocol
 from agent.host.decide import Gate, Observation, Verdict, decide
 from agent.host.events import EventLog
 from agent.protocol import Stage
-from agent.sglang.log_events import GraphEnd
-from agent.sglang.logs import SummaryBuilder
+from agent.sglang.logs.events import GraphEnd
+from agent.sglang.logs.summary import SummaryBuilder
 
 STATE_POLL_S = 0.05  # one unit_state call costs ~1 ms; a crash is seen within this
 PROGRESS_EVERY_S = 1.0  # progress events while weights load: enough for a live line, not a flood

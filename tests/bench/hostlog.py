@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agent.sglang.logs import StartSummary, SummaryBuilder
+from agent.sglang.logs.summary import StartSummary, SummaryBuilder
 from tests.simhost import SimHost
 
 UNIT = "sglang.service"

@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Iterator
 
-from agent.sglang.logs import SummaryBuilder, parse_line, summarize
+from agent.sglang.logs.summary import SummaryBuilder, parse_line, summarize
 
 RANKS = [f"TP{i}" for i in range(8)]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import bundle
 from agent.exitcodes import ExitCode
+from agent.remote import bundle
 from tests import simhost
 from tests.integration.conftest import DEPLOYCTL
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import bundle
 from agent.exitcodes import ExitCode
+from agent.remote import bundle
 from tests import simhost
 from tests.integration.conftest import DEPLOYCTL, invocation, wait_for, wait_pool
 from tests.testhost.instance import free_ports

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from agent import bundle
 from agent.exitcodes import ExitCode
 from agent.protocol import Request
+from agent.remote import bundle
 from tests import faultkit as fk
 from tests.integration.conftest import DEPLOYCTL, cli, wait_pool
 from tests.simhost import SimHost

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from agent.cli.main import main
 from agent.output import Output
 
 REPO = Path(__file__).resolve().parents[2]

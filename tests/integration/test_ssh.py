@@ -15,8 +15,8 @@ import pytest
 
 from agent.errors import ConnectError
 from agent.exitcodes import ExitCode
-from agent.ssh import ConnectRetry, SshTransport
-from agent.transport import ConnectionLost
+from agent.remote.ssh.transport import ConnectRetry, SshTransport
+from agent.remote.transport import ConnectionLost
 from tests.integration.sshd import Sshd, fingerprint_of, free_port, keygen, skip_unless_sshd, start_sshd
 
 pytestmark = pytest.mark.integration

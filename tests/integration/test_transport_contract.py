@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.errors import RemoteError
-from agent.ssh import ConnectRetry, SshTransport
-from agent.transport import CommandTimedOut, LocalTransport, RemoteCommandFailed, Transport
+from agent.remote.ssh.transport import ConnectRetry, SshTransport
+from agent.remote.transport import CommandTimedOut, LocalTransport, RemoteCommandFailed, Transport
 from tests.integration.sshd import Sshd, keygen, skip_unless_sshd, start_sshd
 
 pytestmark = pytest.mark.integration

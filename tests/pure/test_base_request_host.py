@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from agent.inventory import HostConfig
-from agent.remote import base_request
+from agent.remote.client import base_request
 
 HOST: dict[str, Any] = {
     "name": "h",

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import bundle
 from agent.exitcodes import ExitCode
+from agent.remote import bundle
 
 NOBODY = 65534
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import COMMANDS, main
+from agent.cli.main import COMMANDS, main
 from agent.exitcodes import ExitCode
 from agent.output import Output
 

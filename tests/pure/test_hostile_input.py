@@ -24,12 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.cli import main
+from agent.cli.main import main
 from agent.deploy import show_plan
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig
 from agent.output import Output
-from agent.planner import plan_for_host
+from agent.plan.choose import plan_for_host
 from agent.render import render_unit, template_dir
 from agent.sglang.flags import FlagValue, parse_unit, split_words, unit_lines
 

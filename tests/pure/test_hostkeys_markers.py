@@ -10,8 +10,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from agent.hostkeys import HostKeyError, KnownHostsPolicy, load_known_hosts, revoked_key_error
-from agent.ssh import SshTransport
+from agent.remote.ssh.hostkeys import HostKeyError, KnownHostsPolicy, load_known_hosts, revoked_key_error
+from agent.remote.ssh.transport import SshTransport
 
 HOST = "gpu-1.lab"
 

@@ -12,12 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.sglang import log_failures, log_lines
-from agent.sglang.log_lines import may_have_events, parse_line, parse_line_unfiltered
+from agent.sglang.logs import failures as log_failures
+from agent.sglang.logs import lines as log_lines
+from agent.sglang.logs.lines import may_have_events, parse_line, parse_line_unfiltered
 from tests.bench import parse_bench
 
 ROOT = Path(__file__).resolve().parents[2]
-PARSER_FILES = [ROOT / "agent/sglang/log_lines.py", ROOT / "agent/sglang/log_failures.py"]
+PARSER_FILES = [ROOT / "agent/sglang/logs/lines.py", ROOT / "agent/sglang/logs/failures.py"]
 
 # Literals the parser tests that need no key of their own: each is consulted only on a line that
 # already passed a guard holding a key, or it excludes lines rather than admitting them.

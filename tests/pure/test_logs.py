@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.sglang import log_events as ev
-from agent.sglang.logs import StartSummary, SummaryBuilder, parse_line, summarize
+from agent.sglang.logs import events as ev
+from agent.sglang.logs.summary import StartSummary, SummaryBuilder, parse_line, summarize
 
 # Real SGLang start-up logs that users pasted into public issue threads, verbatim, with the numbers read off
 # each (the `derived` field) and their outcome.

@@ -1,7 +1,7 @@
 """No shell string is ever built from input: the code is scanned for shells and string commands.
 
 A command is an argv list everywhere; the one place where argv becomes a shell string is
-agent.transport.remote_command (SSH's exec request needs one), and paramiko's exec_command only ever
+agent.remote.transport.remote_command (SSH's exec request needs one), and paramiko's exec_command only ever
 gets its result.
 """
 
@@ -117,7 +117,9 @@ def test_no_shell_and_no_string_command_anywhere() -> None:
 
 def test_the_one_quoting_function_builds_the_ssh_command() -> None:
     uses = [p for p in SCANNED if "exec_command(" in p.read_text(encoding="utf-8")]
-    assert [str(p.relative_to(ROOT)) for p in uses if p.parent.name == "agent"] == ["agent/ssh.py"]
+    assert [str(p.relative_to(ROOT)) for p in uses if p.parts[len(ROOT.parts)] == "agent"] == [
+        "agent/remote/ssh/transport.py"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.commands import parse_log
+from agent.cli.commands import parse_log
 from agent.errors import UsageError
 from agent.exitcodes import ExitCode
 from agent.output import Output

@@ -12,7 +12,7 @@ import pytest
 
 from agent.errors import UsageError
 from agent.inventory import HostConfig
-from agent.planner import Plan, plan_for_host
+from agent.plan.choose import Plan, plan_for_host
 from agent.sglang import kvpool
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "plan"

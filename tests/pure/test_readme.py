@@ -33,7 +33,7 @@ def test_exit_code_table_is_exitcode() -> None:
 
 
 def test_every_command_has_an_example() -> None:
-    from agent.cli import COMMANDS
+    from agent.cli.main import COMMANDS
 
     text = "\n".join(section("Commands"))
     assert all(f"deployctl {name} " in text for name in COMMANDS)

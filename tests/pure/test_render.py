@@ -15,7 +15,7 @@ from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_host
 from agent.render import effective_flags, redact, render_unit, secret_values, template_dir, unit_diff
 from agent.sglang.flags import FlagInput, normalize, parse_unit
-from agent.unitcheck import verify_unit
+from agent.verify import verify_unit
 
 if sys.version_info >= (3, 11):
     import tomllib

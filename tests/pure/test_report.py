@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.inventory import load_host
-from agent.planner import plan_for_host
+from agent.plan.choose import plan_for_host
 from agent.report import ApplyReport, backups_table, render_report
 
 REPO = Path(__file__).resolve().parents[2]

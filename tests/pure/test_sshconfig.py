@@ -8,7 +8,7 @@ import paramiko
 import pytest
 
 from agent.errors import UsageError
-from agent.sshconfig import expand_includes, resolve, split_target
+from agent.remote.ssh.config import expand_includes, resolve, split_target
 
 
 @pytest.mark.parametrize(

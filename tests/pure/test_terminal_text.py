@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.cli import main
-from agent.commands import parse_log
+from agent.cli.commands import parse_log
+from agent.cli.main import main
 from agent.deploy import status_text
 from agent.output import Output, terminal_text
 from agent.progress import Progress

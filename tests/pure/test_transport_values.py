@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from agent.transport import RemoteCommandFailed, Result, Source, Stream, command_argv, remote_command
+from agent.remote.transport import RemoteCommandFailed, Result, Source, Stream, command_argv, remote_command
 
 
 def test_quoting_happens_once_and_round_trips() -> None:

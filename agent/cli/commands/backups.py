@@ -1,16 +1,15 @@
-"""deployctl status HOST: the service, and the running or last transaction (re-attach after a drop)."""
+"""deployctl backups HOST: the unit's backups, newest first, with their flag differences."""
 
 from __future__ import annotations
 
 import argparse
 
-from agent.commands.apply import add_connection_args
+from agent.cli.commands.apply import add_connection_args
 from agent.output import Output
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("host", help="host name: units/<host>.toml")
-    p.add_argument("--follow", action="store_true", help="follow a running transaction until it ends")
     add_connection_args(p)
 
 
@@ -18,4 +17,4 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent import deploy  # SSH and the planner load only when a command runs
 
     out.json = args.json
-    return deploy.status(args, out)
+    return deploy.backups(args, out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli import add_target_args
+from agent.cli.main import add_target_args
 from agent.output import Output
 
 

@@ -17,12 +17,12 @@ import paramiko
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from agent.errors import ConnectError, RemoteError
-from agent.hostkeys import KnownHostsPolicy, load_known_hosts
-from agent.sshauth import KeyAuth
-from agent.sshchannel import ChannelDropped, ChannelTimeout, pump
-from agent.sshconfig import SshTarget, default_config_path, load_config, resolve
-from agent.sshfailure import TransientConnectError, connect_error
-from agent.transport import CommandTimedOut, ConnectionLost, Result, Source, Stream, remote_command
+from agent.remote.ssh.auth import KeyAuth
+from agent.remote.ssh.channel import ChannelDropped, ChannelTimeout, pump
+from agent.remote.ssh.config import SshTarget, default_config_path, load_config, resolve
+from agent.remote.ssh.failures import TransientConnectError, connect_error
+from agent.remote.ssh.hostkeys import KnownHostsPolicy, load_known_hosts
+from agent.remote.transport import CommandTimedOut, ConnectionLost, Result, Source, Stream, remote_command
 
 KEEPALIVE_S = 15
 # With keepalives flowing, data unacknowledged this long means the peer is gone: the kernel then

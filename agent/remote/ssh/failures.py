@@ -8,8 +8,8 @@ import socket
 import paramiko
 
 from agent.errors import ConnectError
-from agent.hostkeys import changed_key_error
-from agent.sshconfig import SshTarget
+from agent.remote.ssh.config import SshTarget
+from agent.remote.ssh.hostkeys import changed_key_error
 
 
 class TransientConnectError(ConnectError):

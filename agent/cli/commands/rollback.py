@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.commands.apply import add_connection_args
+from agent.cli.commands.apply import add_connection_args
 from agent.output import Output
 
 

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.cli import add_target_args
+from agent.cli.main import add_target_args
 from agent.errors import UsageError
 from agent.inventory import load_host, units_dir
 from agent.output import Output
-from agent.planner import Plan, plan_for_host
-from agent.sglang.logs import start_figures
+from agent.plan.choose import Plan, plan_for_host
+from agent.sglang.logs.summary import start_figures
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     running: Mapping[str, Any] = host.sglang.flags
     if not history and not args.offline:
         from agent import deploy  # SSH only when the host is asked
-        from agent.remote import base_request
+        from agent.remote.client import base_request
 
         with deploy.session(args) as s:
             facts = s.client.call(base_request(s.host, "facts"))

@@ -7,7 +7,7 @@ import time
 
 import paramiko
 
-from agent.transport import Source
+from agent.remote.transport import Source
 
 CHUNK = 65536
 SEND_POLL_S = 0.05  # while stdin is pending, wake up this often to see if the window opened

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from agent.inventory import FlagValue, HostConfig
-from agent.plan_alternatives import Alternative, alternatives
-from agent.poolmodel import Flags, PoolModel, flag, from_architecture, from_calibration, version
+from agent.plan.alternatives import Alternative, alternatives
+from agent.plan.model import Flags, PoolModel, flag, from_architecture, from_calibration, version
 from agent.sglang import kvpool
 
 Calibration = Mapping[str, Any] | Sequence[Mapping[str, Any]]

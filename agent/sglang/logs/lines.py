@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from agent.sglang import log_events as ev
-from agent.sglang.log_failures import classify
+from agent.sglang.logs import events as ev
+from agent.sglang.logs.failures import classify
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _TAGS = r"((?: [A-Z][A-Z_]*\d+)*)"  # " DP0 PP0 ATTN_CP0 MOE_DP0 TP0 EP0"; tags of later versions too

@@ -8,7 +8,7 @@ import sys
 
 from agent.errors import UsageError
 from agent.output import Output
-from agent.sglang.logs import StartSummary, summarize
+from agent.sglang.logs.summary import StartSummary, summarize
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

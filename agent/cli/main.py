@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent import __version__
-from agent.argtypes import ArgError, parse_context, parse_fraction, parse_request_count
+from agent.cli.options import ArgError, parse_context, parse_fraction, parse_request_count
 from agent.errors import DeployError, UsageError
 from agent.exitcodes import ExitCode
 from agent.output import Output
 
-# name -> (module under agent.commands, one-line help). Names are the public contract.
+# name -> (module under agent.cli.commands, one-line help). Names are the public contract.
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "predict the KV pool and choose the flags for a target context"),
     "render": ("render", "render the unit for a host and show its flag differences"),
@@ -93,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         _add_common(p, top=False)
         try:
-            mod = importlib.import_module(f"agent.commands.{module}")
+            mod = importlib.import_module(f"agent.cli.commands.{module}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"agent.commands.{module}":
+            if exc.name != f"agent.cli.commands.{module}":
                 raise
             p.set_defaults(run=None)
             continue

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from agent.argtypes import ArgError, parse_context, parse_fraction, parse_request_count
-from agent.cli import add_target_args
+from agent.cli.main import add_target_args
+from agent.cli.options import ArgError, parse_context, parse_fraction, parse_request_count
 from agent.errors import UsageError
 from agent.inventory import HostConfig, load_host, units_dir
 from agent.output import Output
@@ -22,7 +22,7 @@ from agent.render import (
     unit_diff,
 )
 from agent.sglang.flags import FlagInput, diff_flags, flag_table, parse_unit_flags
-from agent.unitcheck import render_checked
+from agent.verify import render_checked
 
 # Flags that have their own option: `--set` goes through the same check, and the two must not both be given.
 _OPTION_FLAGS: dict[str, tuple[str, Callable[[str, str], FlagInput]]] = {

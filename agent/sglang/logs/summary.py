@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.sglang import log_events as ev
-from agent.sglang.log_events import LogEvent
-from agent.sglang.log_lines import parse_line
+from agent.sglang.logs import events as ev
+from agent.sglang.logs.events import LogEvent
+from agent.sglang.logs.lines import parse_line
 
 __all__ = ["PHASES", "LogEvent", "StartSummary", "SummaryBuilder", "parse_line", "summarize"]
 

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import bundle
 from agent.errors import RemoteError
 from agent.inventory import HostConfig
 from agent.protocol import Event, ProtocolError, Request, Smoke, Timeouts
-from agent.ssh import ConnectRetry, SshTransport
-from agent.transport import LocalTransport, Result, Transport
+from agent.remote import bundle
+from agent.remote.ssh.transport import ConnectRetry, SshTransport
+from agent.remote.transport import LocalTransport, Result, Transport
 
 
 def open_transport(host: HostConfig, accept_new_host_key: bool = False) -> Transport:

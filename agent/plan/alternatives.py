@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from agent.inventory import FlagValue, HostConfig
-from agent.poolmodel import Flags, PoolModel, architecture_cell, flag, parallelism, version
+from agent.plan.model import Flags, PoolModel, architecture_cell, flag, parallelism, version
 from agent.sglang import kvpool
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from agent.sglang import log_events as ev
+from agent.sglang.logs import events as ev
 
 # Weights of a failure line (see log_events.Failure): the summary keeps the first line of the highest weight.
 HEADER, EXCEPTION, CAUSE = 0, 1, 2

@@ -20,6 +20,7 @@ else:  # pragma: no cover - Python 3.10
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+GROUP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
 
 
@@ -41,7 +42,25 @@ def _absolute(value: str) -> str:
     return value
 
 
+def _group_name(value: str) -> str:
+    # Ansible host patterns treat ':', ',', '&', '!', '[' and '*' as operators; "all" and "ungrouped"
+    # are its own groups.
+    if not GROUP_NAME.fullmatch(value) or value in ("all", "ungrouped"):
+        raise ValueError(
+            f"group {value!r} must start with a letter or '_' and hold only letters, digits, '_' and '-' "
+            "(not 'all' or 'ungrouped')"
+        )
+    return value
+
+
+def _distinct(values: list[str]) -> list[str]:
+    if len(set(values)) != len(values):
+        raise ValueError("names a group twice")
+    return values
+
+
 Text = Annotated[str, AfterValidator(_no_control)]
+GroupName = Annotated[str, AfterValidator(_group_name)]
 AbsPath = Annotated[str, AfterValidator(_no_control), AfterValidator(_absolute)]
 FlagValue = str | int | float | bool
 
@@ -155,6 +174,8 @@ class Metrics(_Model):
 
 class HostConfig(_Model):
     name: Text = ""
+    # Inventory groups for a fleet rollout (deployctl fleet, the Ansible inventory plugin).
+    groups: Annotated[list[GroupName], AfterValidator(_distinct)] = Field(default_factory=list)
     ssh: Ssh
     gpus: Gpus
     model: Model

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollback": ("rollback", "restore a backup of the unit and verify the service"),
     "backups": ("backups", "list a host's unit backups and their flag differences"),
     "status": ("status", "show a host's service and its running or last transaction"),
+    "fleet": ("fleet", "roll a change across an inventory group on Ansible: canary, batches, halt"),
     "parse-log": ("parse_log", "summarise an SGLang startup log (pool, memory, failure)"),
 }
 

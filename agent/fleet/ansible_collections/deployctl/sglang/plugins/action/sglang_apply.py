@@ -1,0 +1,20 @@
+# The controller side of deployctl.sglang.sglang_apply: all logic lives in agent.fleet (typed, tested).
+from __future__ import annotations
+
+from ansible.plugins.action import ActionBase
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False  # deployctl reaches the host itself (its SSH rules, its agent bundle)
+    _VALID_ARGS = frozenset(("context", "canary", "units_dir", "host"))
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        from agent.fleet import plugin
+
+        hostvars = task_vars.get("hostvars") or {}
+        peers = [plugin.raw_fact(hostvars, name) for name in list(hostvars)]
+        result.update(plugin.apply(dict(self._task.args), task_vars, [p for p in peers if p]))
+        return result

@@ -1,0 +1,108 @@
+"""deployctl fleet apply|status: validate, run the playbook, stream one line per host and phase, report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from typing import Any
+
+from agent.errors import UsageError
+from agent.exitcodes import ExitCode
+from agent.fleet.inventory import group_hosts
+from agent.fleet.results import FleetReport, progress_line, render_fleet, results_from_events
+from agent.fleet.runner import ansible_failed, forks_for, run_playbook
+from agent.inventory import GROUP_NAME, units_dir
+from agent.output import Output
+
+BATCH = re.compile(r"[1-9][0-9]{0,5}|(?:100|[1-9][0-9]?)%")
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not (GROUP_NAME.fullmatch(args.group) or args.group == "all"):
+        raise UsageError(f"group {args.group!r} is not a valid group name (letters, digits, '_', '-')")
+
+
+def _printer(out: Output, as_json: bool) -> Any:
+    def show(event: dict[str, Any]) -> None:
+        if as_json:
+            out.print(json.dumps(event, sort_keys=True, default=str))
+            return
+        line = progress_line(event)
+        if line:
+            out.note(line)
+
+    return show
+
+
+def apply(args: argparse.Namespace, out: Output) -> int:
+    _check(args)
+    if not BATCH.fullmatch(args.batch):
+        raise UsageError(f"--batch {args.batch!r}: a host count (4) or a percentage (25%)")
+    if args.canary < 1:
+        raise UsageError("--canary must be at least 1: the canary is what halts a bad rollout early")
+    if not 0 <= args.max_fail <= 100:
+        raise UsageError("--max-fail is a percentage from 0 to 100")
+    folder = units_dir(args.units)
+    hosts = [h.name for h in group_hosts(folder, args.group)]
+    if not args.yes:
+        if not out.stdin_isatty:
+            raise UsageError(
+                "not on a terminal and --yes not given: refusing to restart without confirmation"
+            )
+        answer = input(f"roll {args.context:,} tokens out to {len(hosts)} hosts of {args.group}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise UsageError("not confirmed; nothing was changed")
+    extra = {
+        "deployctl_group": args.group,
+        "deployctl_context": args.context,
+        "deployctl_canary": args.canary,
+        "deployctl_batch": args.batch,
+        "deployctl_max_fail": args.max_fail,
+    }
+    if not args.json:
+        out.note(
+            f"== fleet {args.group}: {len(hosts)} hosts, canary {args.canary}, then batches of {args.batch}"
+        )
+    forks = forks_for(len(hosts), args.canary, args.batch)
+    run = run_playbook("rollout", folder, extra, forks, _printer(out, args.json))
+    results = results_from_events(run.events)
+    if not results:
+        raise ansible_failed(run)
+    report = FleetReport(args.group, tuple(hosts), results, args.context)
+    if args.json:
+        out.print(json.dumps({"kind": "report", **report.to_dict()}, sort_keys=True, default=str))
+    else:
+        out.print(render_fleet(report).rstrip())
+    return int(report.exit_code())
+
+
+def status(args: argparse.Namespace, out: Output) -> int:
+    _check(args)
+    folder = units_dir(args.units)
+    hosts = [h.name for h in group_hosts(folder, args.group)]
+    extra: dict[str, Any] = {"deployctl_group": args.group}
+    if args.context:
+        extra["deployctl_context"] = args.context
+    run = run_playbook("status", folder, extra, min(64, len(hosts)), lambda _e: None)
+    found = {e["host"]: e["status"] for e in run.events if e.get("kind") == "status"}
+    if not found:
+        raise ansible_failed(run)
+    rows = [found.get(h, {"host": h, "reachable": False, "message": "no answer"}) for h in hosts]
+    if args.json:
+        out.print(json.dumps({"group": args.group, "hosts": rows}, sort_keys=True, default=str))
+    else:
+        out.print(f"{'host':<20} {'state':<10} {'drift':<6} {'pool':>10}  flags")
+        for r in rows:
+            if not r.get("reachable"):
+                out.print(f"{r['host']:<20} {'unreachable':<10} {'-':<6} {'-':>10}  {r.get('message', '')}")
+                continue
+            flags = r.get("flags") or {}
+            brief = " ".join(
+                f"{k}={flags[k]}" for k in ("context-length", "mem-fraction-static") if k in flags
+            )
+            pool = f"{r['measured_pool']:,}" if r.get("measured_pool") else "-"
+            drift = "yes" if r.get("drift") else "no"
+            out.print(f"{r['host']:<20} {r.get('active') or '?':<10} {drift:<6} {pool:>10}  {brief}")
+    unreachable = any(not r.get("reachable") for r in rows)
+    return int(ExitCode.UNREACHABLE if unreachable else ExitCode.OK)

@@ -1,0 +1,230 @@
+"""One host's part of a rollout, run on the controller: facts, plan, render, the host transaction.
+
+The Ansible action plugins call these functions; they reach the host through deployctl's own client (its
+SSH rules, the bundle pushed only when its checksum differs, the transaction detached on the host), so a
+dropped connection loses nothing: the host finishes on its own and this side re-attaches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from agent.deploy import allow_context, calibration_from
+from agent.errors import ConnectError, DeployError
+from agent.fleet.calibrate import Measured, peer_key
+from agent.fleet.results import HostResult, PlanFigures
+from agent.inventory import HostConfig
+from agent.plan.choose import Plan, plan_for_host
+from agent.protocol import Event, Request, unit_sha256
+from agent.remote.client import AgentClient, base_request, open_transport
+from agent.remote.transport import ConnectionLost
+from agent.render import redact_flags, render_unit, secret_values, template_dir
+from agent.sglang.flags import FlagsError, parse_unit_flags
+from agent.verify import render_checked
+
+Emit = Callable[[str, str], None]  # (phase, message)
+REATTACH_TRIES = 5
+
+
+@contextmanager
+def connected(host: HostConfig, accept_new_host_key: bool = False) -> Iterator[AgentClient]:
+    transport = open_transport(host, accept_new_host_key)
+    try:
+        yield AgentClient(transport, host)
+    finally:
+        transport.close()
+
+
+def _flags(text: str | None) -> dict[str, Any]:
+    try:
+        return dict(parse_unit_flags(text)) if text else {}
+    except FlagsError:
+        return {}
+
+
+def plan_host(
+    host: HostConfig, context: int, facts: Mapping[str, Any], peers: Sequence[Measured]
+) -> tuple[Plan, tuple[str, ...]]:
+    """Plan from the host's own last start plus the canaries' measured starts, else the architecture."""
+    running = facts.get("flags") or dict(host.sglang.flags)
+    own = list(calibration_from(facts) or [])
+    calibration = [*own, *(p.start for p in peers)]
+    sources = (("own start",) if own else ()) + tuple(f"canary {p.host}" for p in peers)
+    plan = plan_for_host(host, context, calibration or None, running)
+    return plan, sources if plan.basis == "calibrated" else ()
+
+
+def apply_host(
+    host: HostConfig,
+    context: int,
+    peers: Sequence[Measured],
+    emit: Emit,
+    accept_new_host_key: bool = False,
+) -> HostResult:
+    """Plan, render and apply on one host; every expected failure becomes a result, never a raise."""
+    try:
+        with connected(host, accept_new_host_key) as client:
+            return _apply(client, host, context, peers, emit)
+    except ConnectionLost as exc:  # re-attaching failed too: the host finishes on its own
+        return HostResult(
+            host.name, "unreachable", f"connection lost and not regained: {exc.message}", context
+        )
+    except ConnectError as exc:
+        return HostResult(host.name, "unreachable", exc.message, context)
+    except DeployError as exc:
+        return HostResult(host.name, "error", exc.message, context)
+
+
+def _apply(
+    client: AgentClient, host: HostConfig, context: int, peers: Sequence[Measured], emit: Emit
+) -> HostResult:
+    facts = client.call(base_request(host, "facts"))
+    if facts.get("orphan"):
+        emit("recover", "an earlier change's agent died before it finished; recovering first")
+        _follow(client, host, base_request(host, "recover"), emit)
+        facts = client.call(base_request(host, "facts"))
+    plan, sources = plan_host(host, context, facts, peers)
+    figures = PlanFigures(
+        plan.mem_fraction_static,
+        plan.max_running_requests,
+        plan.predicted_pool_tokens,
+        plan.feasible,
+        plan.basis,
+        sources,
+    )
+    basis = ", ".join(sources) or "architecture"
+    emit(
+        "plan",
+        f"fraction {plan.mem_fraction_static:.3f}, {plan.max_running_requests} requests, "
+        f"predicted pool {plan.predicted_pool_tokens:,} ({basis})",
+    )
+    old_text = facts.get("unit_text") or ""
+    before = redact_flags(_flags(old_text))
+    if not plan.feasible:
+        return HostResult(
+            host.name, "not_feasible", f"the plan cannot reach {context:,} tokens; nothing was changed",
+            context, figures, before=before,
+        )  # fmt: skip
+    target_host = allow_context(host, argparse.Namespace(context=context, force=False))
+    new_text = render_checked(target_host, plan.flags())
+    env_secrets, flag_secrets = secret_values(target_host, plan.flags())
+    req = base_request(
+        host,
+        "apply",
+        unit_text=new_text,
+        target_context=context,
+        planned_pool=plan.predicted_pool_tokens,
+        expect_sha256=unit_sha256(old_text) if old_text else "absent",
+        secret_env=env_secrets,
+        secret_flags=flag_secrets,
+    )
+    message, data = _follow(client, host, req, emit)
+    outcome = str(data.get("outcome"))
+    summary = data.get("summary") or {}
+    if outcome == "up_to_date":
+        summary = facts.get("last_start") or {}
+    smoke = data.get("smoke") or {}
+    measured = summary if summary.get("kv_tokens") and outcome in ("applied", "up_to_date") else None
+    return HostResult(
+        host.name,
+        outcome,
+        message,
+        context,
+        figures,
+        measured_pool=summary.get("kv_tokens"),
+        before=before,
+        after=redact_flags(_flags(new_text)) if outcome in ("applied", "up_to_date") else before,
+        backup=data.get("backup"),
+        smoke_seconds=smoke.get("seconds"),
+        downtime_s=data.get("start_seconds"),
+        measured_start=dict(measured) if measured else None,
+    )
+
+
+def _follow(client: AgentClient, host: HostConfig, req: Request, emit: Emit) -> tuple[str, dict[str, Any]]:
+    """The transaction's outcome (message, data with "outcome"); re-attaches after a dropped link."""
+    try:
+        return _stream(client, req, emit)
+    except ConnectionLost as exc:
+        emit("reattach", f"connection lost ({exc.message}); the host goes on alone, re-attaching")
+    for attempt in range(REATTACH_TRIES):
+        time.sleep(min(2.0 * (attempt + 1), 10.0))
+        try:
+            with connected(host) as again:
+                st = again.call(base_request(host, "status"))
+                if st.get("running"):
+                    return _stream(again, base_request(host, "follow", txn=st["running"]["txn"]), emit)
+                last = st.get("last_outcome")
+                if last:
+                    return str(last.get("message", "")), {**last.get("data", {})}
+        except ConnectError:
+            continue
+    raise ConnectionLost(f"{host.name}: could not re-attach to the transaction")
+
+
+def _stream(client: AgentClient, req: Request, emit: Emit) -> tuple[str, dict[str, Any]]:
+    outcome: Event | None = None
+    for event in client.events(req):
+        if event.is_outcome:
+            outcome = event
+        elif event.kind in ("step", "warning"):
+            emit(event.stage, event.message)
+    if outcome is None:
+        raise ConnectionLost("the agent ended without an outcome")
+    return outcome.message, dict(outcome.data)
+
+
+def measurement(host: HostConfig, result: HostResult) -> Measured | None:
+    """The fact later hosts read from hostvars to recalibrate."""
+    if result.measured_start is None:
+        return None
+    return Measured(host.name, peer_key(host, result.after or dict(host.sglang.flags)), result.measured_start)
+
+
+def rollback_host(host: HostConfig, backup: str | None, emit: Emit) -> HostResult:
+    try:
+        with connected(host) as client:
+            message, data = _follow(client, host, base_request(host, "rollback", backup=backup), emit)
+    except ConnectError as exc:
+        return HostResult(host.name, "unreachable", exc.message)
+    except DeployError as exc:
+        return HostResult(host.name, "error", exc.message)
+    summary = data.get("summary") or {}
+    return HostResult(
+        host.name, str(data.get("outcome")), message, measured_pool=summary.get("kv_tokens"),
+        backup=data.get("backup"), downtime_s=data.get("start_seconds"),
+    )  # fmt: skip
+
+
+def host_status(host: HostConfig, context: int | None) -> dict[str, Any]:
+    """Drift and the measured pool: does the installed unit differ from what the plan renders?"""
+    try:
+        with connected(host) as client:
+            facts = client.call(base_request(host, "facts"))
+    except ConnectError as exc:
+        return {"host": host.name, "reachable": False, "message": exc.message}
+    text = facts.get("unit_text") or ""
+    last = facts.get("last_start") or {}
+    state = facts.get("state") or {}
+    status: dict[str, Any] = {
+        "host": host.name,
+        "reachable": True,
+        "active": state.get("active_state"),
+        "measured_pool": last.get("kv_tokens"),
+        "flags": redact_flags(_flags(text)),
+        "unit_sha256": unit_sha256(text) if text else None,
+    }
+    if context is not None:
+        plan, _ = plan_host(host, context, facts, ())
+        wanted = render_checked(
+            allow_context(host, argparse.Namespace(context=context, force=True)), plan.flags()
+        )
+        status["drift"] = wanted != text
+        status["planned_fraction"] = plan.mem_fraction_static
+    else:  # no target given: drift from the inventory's baseline
+        status["drift"] = render_unit(host, {}, template_dir()) != text
+    return status

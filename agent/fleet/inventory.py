@@ -1,0 +1,25 @@
+"""The fleet's view of the inventory: the hosts of units/*.toml and the groups they name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.errors import UsageError
+from agent.inventory import HostConfig, known_hosts, load_host
+
+
+def all_hosts(directory: Path) -> list[HostConfig]:
+    """Every host file, validated, in name order (the rollout order)."""
+    return [load_host(name, directory) for name in known_hosts(directory)]
+
+
+def group_hosts(directory: Path, group: str) -> list[HostConfig]:
+    hosts = all_hosts(directory)
+    found = [h for h in hosts if group in h.groups or group == "all"]
+    if not found:
+        known = sorted({g for h in hosts for g in h.groups})
+        raise UsageError(
+            f"no host in {directory} is in group {group!r}",
+            hint=f"groups: {', '.join(known) or 'none (add groups = [...] to a host file)'}",
+        )
+    return found

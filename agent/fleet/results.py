@@ -1,0 +1,168 @@
+"""What one host's part of a rollout came to, and the fleet report: data in, text out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agent.exitcodes import ExitCode
+
+FAILED = ("rolled_back", "rollback_failed", "unreachable", "error", "agent_error", "locked")
+
+
+@dataclass(frozen=True)
+class PlanFigures:
+    """The plan as the report shows it: what was chosen, and from which measurements."""
+
+    fraction: float
+    requests: int
+    predicted_pool: int
+    feasible: bool
+    basis: str  # "calibrated" or "architecture"
+    calibrated_from: tuple[str, ...] = ()  # "own start", "canary ct200-a"...
+
+
+@dataclass(frozen=True)
+class HostResult:
+    host: str
+    outcome: str  # an agent Outcome, or "unreachable", or "not_feasible"
+    message: str
+    target: int | None = None
+    plan: PlanFigures | None = None
+    measured_pool: int | None = None
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+    backup: str | None = None
+    smoke_seconds: float | None = None
+    downtime_s: float | None = None
+    measured_start: dict[str, Any] | None = None  # the start's figures, for recalibrating later hosts
+
+    @property
+    def changed(self) -> bool:
+        """The unit on the host differs from before (a rollback restored it: unchanged)."""
+        return self.outcome == "applied"
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in FAILED or self.outcome == "not_feasible"
+
+    @property
+    def revert(self) -> str | None:
+        return f"deployctl rollback {self.host} --to {self.backup}" if self.changed and self.backup else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(changed=self.changed, failed=self.failed, revert=self.revert)
+        if self.plan is not None:
+            data["plan"]["calibrated_from"] = list(self.plan.calibrated_from)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HostResult:
+        names = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in data.items() if k in names}
+        plan = values.get("plan")
+        if plan is not None:
+            values["plan"] = PlanFigures(
+                **{**plan, "calibrated_from": tuple(plan.get("calibrated_from", ()))}
+            )
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class FleetReport:
+    group: str
+    hosts: tuple[str, ...]  # every host of the group, in rollout order
+    results: dict[str, HostResult]
+    target: int | None = None
+
+    @property
+    def untouched(self) -> list[str]:
+        return [h for h in self.hosts if h not in self.results]
+
+    @property
+    def halted(self) -> bool:
+        return bool(self.untouched) and any(r.failed for r in self.results.values())
+
+    def exit_code(self) -> ExitCode:
+        outcomes = {r.outcome for r in self.results.values()}
+        if "rollback_failed" in outcomes:
+            return ExitCode.ROLLBACK_FAILED
+        if outcomes & {"rolled_back", "not_feasible", "error", "agent_error", "locked"}:
+            return ExitCode.ROLLED_BACK
+        if "unreachable" in outcomes:
+            return ExitCode.UNREACHABLE
+        if self.untouched:  # Ansible stopped before these hosts for a reason of its own
+            return ExitCode.ROLLED_BACK
+        return ExitCode.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "target": self.target,
+            "halted": self.halted,
+            "untouched": self.untouched,
+            "exit_code": int(self.exit_code()),
+            "hosts": [self.results[h].to_dict() for h in self.hosts if h in self.results],
+        }
+
+
+def _n(value: int | None) -> str:
+    return f"{value:,}" if value is not None else "-"
+
+
+def _flag_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    keys = ("context-length", "mem-fraction-static", "max-running-requests")
+    parts = [f"{k} {before.get(k, '-')}->{after.get(k, '-')}" for k in keys if before.get(k) != after.get(k)]
+    return ", ".join(parts) or "no flag change"
+
+
+def render_fleet(report: FleetReport) -> str:
+    """Per host: outcome, flags before -> after, predicted vs measured pool, downtime, the way back."""
+    lines = [f"== fleet {report.group}: {len(report.results)} of {len(report.hosts)} hosts run"]
+    header = (
+        f"{'host':<20} {'outcome':<15} {'fraction':>8} {'predicted':>10} {'measured':>10} {'downtime':>9}"
+    )
+    lines.append(header)
+    for host in report.hosts:
+        r = report.results.get(host)
+        if r is None:
+            lines.append(f"{host:<20} {'not touched':<15}")
+            continue
+        fraction = f"{r.plan.fraction:.3f}" if r.plan else "-"
+        predicted = _n(r.plan.predicted_pool) if r.plan else "-"
+        downtime = f"{r.downtime_s:.1f} s" if r.downtime_s is not None else "-"
+        measured = _n(r.measured_pool)
+        lines.append(f"{host:<20} {r.outcome:<15} {fraction:>8} {predicted:>10} {measured:>10} {downtime:>9}")
+        detail = [_flag_change(r.before, r.after)] if r.before or r.after else []
+        if r.plan is not None:
+            detail.append("planned from " + (", ".join(r.plan.calibrated_from) or "the architecture"))
+        if r.failed:
+            detail.append(r.message)
+        lines.extend(f"  {d}" for d in detail)
+        if r.revert:
+            lines.append(f"  revert: {r.revert}")
+    if report.halted:
+        lines.append(f"halted: {', '.join(report.untouched)} not touched")
+    return "\n".join(lines) + "\n"
+
+
+def results_from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, HostResult]:
+    """The last result event of each host (a re-run task replaces an earlier one)."""
+    found: dict[str, HostResult] = {}
+    for event in events:
+        if event.get("kind") == "result" and isinstance(event.get("result"), Mapping):
+            result = HostResult.from_dict(event["result"])
+            found[result.host] = result
+    return found
+
+
+def progress_line(event: Mapping[str, Any]) -> str | None:
+    """One line per host and phase for a person watching."""
+    if event.get("kind") == "phase":
+        return f"{event.get('host')}: {event.get('phase')}: {event.get('message')}"
+    if event.get("kind") == "result":
+        r = event.get("result") or {}
+        return f"{r.get('host')}: done: {r.get('outcome')}: {r.get('message')}"
+    return None

@@ -157,3 +157,46 @@ def test_later_hosts_are_planned_from_the_canarys_measured_start(fleet: Fleet) -
         assert float(flags["mem-fraction-static"]) == implied.mem_fraction_static
         # Predicted from the canary against measured on this host: within the planning margin.
         assert abs(h["measured_pool"] - h["plan"]["predicted_pool"]) < 0.02 * h["plan"]["predicted_pool"]
+
+
+BIN = Path(DEPLOYCTL).parent
+COLLECTION = Path(__file__).resolve().parents[2] / "agent/fleet/ansible_collections/deployctl/sglang"
+
+
+def test_the_inventory_plugin_serves_the_same_hosts_and_groups(tmp_path: Path) -> None:
+    units = tmp_path / "units"
+    units.mkdir()
+    base = (Path(__file__).resolve().parents[2] / "units/ct200-sim.toml").read_text()
+    (units / "a.toml").write_text('groups = ["ct-fleet", "blackwell"]\n' + base)
+    (units / "b.toml").write_text('groups = ["ct-fleet"]\n' + base)
+    (tmp_path / "fleet.deployctl.yml").write_text("plugin: deployctl.sglang.units\nunits_dir: units\n")
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTION.parents[2])}
+    argv = [str(BIN / "ansible-inventory"), "-i", str(tmp_path / "fleet.deployctl.yml"), "--list"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    listing = json.loads(proc.stdout)
+    assert sorted(listing["ct-fleet"]["hosts"]) == ["a", "b"]
+    assert listing["blackwell"]["hosts"] == ["a"]
+    folder = listing["_meta"]["hostvars"]["a"]["deployctl_units_dir"]
+    assert str(units) in (folder, folder.get("__ansible_unsafe") if isinstance(folder, dict) else None)
+    (units / "b.toml").write_text('groups = ["all"]\n' + base)  # a bad host file: Ansible says which
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert "b.toml: groups" in proc.stderr
+
+
+def test_the_collection_builds_with_ansible_galaxy(tmp_path: Path) -> None:
+    argv = [
+        str(BIN / "ansible-galaxy"),
+        "collection",
+        "build",
+        str(COLLECTION),
+        "--output-path",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (built,) = tmp_path.glob("deployctl-sglang-*.tar.gz")
+    listing = subprocess.run(["tar", "tzf", str(built)], capture_output=True, text=True, check=True).stdout
+    for path in ("plugins/action/sglang_apply.py", "plugins/inventory/units.py", "playbooks/rollout.yml"):
+        assert path in listing.splitlines()
+    assert "__pycache__" not in listing

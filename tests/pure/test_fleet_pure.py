@@ -1,0 +1,122 @@
+"""The fleet's pure parts: inventory groups, which starts recalibrate a host, the report's verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.errors import InventoryError, UsageError
+from agent.exitcodes import ExitCode
+from agent.fleet.calibrate import Measured, peer_key, peers_for
+from agent.fleet.inventory import group_hosts
+from agent.fleet.results import FleetReport, HostResult, PlanFigures, render_fleet, results_from_events
+from agent.inventory import load_host
+
+UNITS = Path(__file__).resolve().parents[2] / "units"
+
+
+def _units(tmp_path: Path, groups: dict[str, str]) -> Path:
+    for name, line in groups.items():
+        (tmp_path / f"{name}.toml").write_text(line + "\n" + (UNITS / "ct200-sim.toml").read_text())
+    return tmp_path
+
+
+def test_groups_are_read_and_selected(tmp_path: Path) -> None:
+    units = _units(
+        tmp_path, {"b": 'groups = ["ct-fleet", "blackwell"]', "a": 'groups = ["ct-fleet"]', "c": ""}
+    )
+    assert load_host("b", units).groups == ["ct-fleet", "blackwell"]
+    assert load_host("c", units).groups == []
+    assert [h.name for h in group_hosts(units, "ct-fleet")] == ["a", "b"]
+    assert [h.name for h in group_hosts(units, "blackwell")] == ["b"]
+    with pytest.raises(UsageError, match=r"no host .* in group 'gpu'"):
+        group_hosts(units, "gpu")
+
+
+@pytest.mark.parametrize("bad", ['["a:b"]', '["all"]', '["9x"]', '["x", "x"]', '"ct-fleet"', '["a b"]'])
+def test_a_bad_group_is_refused_naming_the_key(tmp_path: Path, bad: str) -> None:
+    units = _units(tmp_path, {"h": f"groups = {bad}"})
+    with pytest.raises(InventoryError, match=r"h\.toml: groups"):
+        load_host("h", units)
+
+
+def test_only_comparable_hosts_recalibrate(tmp_path: Path) -> None:
+    units = _units(tmp_path, {"a": "", "b": ""})
+    host = load_host("a", units)
+    flags = dict(host.sglang.flags)
+    start = {"kv_tokens": 1, "avail_mem_before_weights_gb": 92.8}
+    same = Measured("b", peer_key(host, flags), start).to_fact()
+    other_tp = Measured("c", peer_key(host, {**flags, "tp-size": 4}), start).to_fact()
+    itself = Measured("a", peer_key(host, flags), start).to_fact()
+    found = peers_for(host, flags, [other_tp, itself, same, {"junk": 1}])
+    assert [m.host for m in found] == ["b"]
+    other_version = load_host("a", units).model_copy(
+        update={"sglang": host.sglang.model_copy(update={"version": "0.5.10"})}
+    )
+    assert peers_for(other_version, flags, [same]) == []
+
+
+def _result(host: str, outcome: str, backup: str | None = "sglang.service.bak.1") -> HostResult:
+    plan = PlanFigures(0.9, 64, 204_000, True, "calibrated", ("canary a",))
+    return HostResult(host, outcome, "msg", 200_000, plan, 204_100, {"mem-fraction-static": 0.85},
+                      {"mem-fraction-static": 0.9}, backup)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "code"),
+    [
+        ({"a": "applied", "b": "up_to_date"}, ExitCode.OK),
+        ({"a": "applied", "b": "rolled_back"}, ExitCode.ROLLED_BACK),
+        ({"a": "applied"}, ExitCode.ROLLED_BACK),  # b never ran: halted
+        ({"a": "applied", "b": "unreachable"}, ExitCode.UNREACHABLE),
+        ({"a": "rollback_failed", "b": "unreachable"}, ExitCode.ROLLBACK_FAILED),
+        ({"a": "not_feasible", "b": "applied"}, ExitCode.ROLLED_BACK),
+    ],
+)
+def test_the_fleet_exit_code(outcomes: dict[str, str], code: ExitCode) -> None:
+    report = FleetReport("g", ("a", "b"), {h: _result(h, o) for h, o in outcomes.items()}, 200_000)
+    assert report.exit_code() is code
+
+
+def test_results_round_trip_through_events_and_render() -> None:
+    applied, failed = _result("a", "applied"), _result("b", "rolled_back")
+    events = [
+        {"kind": "phase", "host": "a"},
+        *({"kind": "result", "result": r.to_dict()} for r in (applied, failed)),
+    ]
+    found = results_from_events(events)
+    assert found == {"a": applied, "b": failed}
+    assert found["a"].changed and not found["a"].failed and not found["b"].changed and found["b"].failed
+    text = render_fleet(FleetReport("g", ("a", "b", "c"), found, 200_000))
+    assert "revert: deployctl rollback a --to sglang.service.bak.1" in text
+    assert "rollback b" not in text  # a rolled-back host has nothing to revert
+    assert "c                    not touched" in text and "halted: c not touched" in text
+    assert "204,000" in text and "204,100" in text and "planned from canary a" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["apply", "ct-fleet", "--context", "200k", "--batch", "0", "--yes"], "--batch '0'"),
+        (["apply", "ct-fleet", "--context", "200k", "--batch", "120%", "--yes"], "--batch '120%'"),
+        (["apply", "ct-fleet", "--context", "200k", "--canary", "0", "--yes"], "--canary must be at least 1"),
+        (["apply", "ct-fleet", "--context", "200k", "--max-fail", "101", "--yes"], "--max-fail"),
+        (["apply", "a:b", "--context", "200k", "--yes"], "not a valid group name"),
+        (["apply", "nogroup", "--context", "200k", "--yes"], "in group 'nogroup'"),
+        (["apply", "ct-fleet", "--context", "200k"], "--yes not given"),
+        (["status", "nogroup"], "in group 'nogroup'"),
+    ],
+)
+def test_bad_fleet_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
+    import io
+
+    from agent.cli.main import main
+    from agent.output import Output
+
+    units = _units(tmp_path, {"a": 'groups = ["ct-fleet"]'})
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO(), isatty=False, stdin_isatty=False)
+    code = main(["--units", str(units), "fleet", *args], out)
+    err = out.stderr.getvalue()  # type: ignore[union-attr]
+    assert code == ExitCode.USAGE
+    assert err.startswith("deployctl: error: ") and says in err.splitlines()[0], err

@@ -64,11 +64,15 @@ def apply_host(
     peers: Sequence[Measured],
     emit: Emit,
     accept_new_host_key: bool = False,
+    check: bool = False,
 ) -> HostResult:
-    """Plan, render and apply on one host; every expected failure becomes a result, never a raise."""
+    """Plan, render and apply on one host; every expected failure becomes a result, never a raise.
+
+    check: Ansible's check mode: plan and render only; the outcome says whether the unit would change.
+    """
     try:
         with connected(host, accept_new_host_key) as client:
-            return _apply(client, host, context, peers, emit)
+            return _apply(client, host, context, peers, emit, check)
     except ConnectionLost as exc:  # re-attaching failed too: the host finishes on its own
         return HostResult(
             host.name, "unreachable", f"connection lost and not regained: {exc.message}", context
@@ -80,7 +84,7 @@ def apply_host(
 
 
 def _apply(
-    client: AgentClient, host: HostConfig, context: int, peers: Sequence[Measured], emit: Emit
+    client: AgentClient, host: HostConfig, context: int, peers: Sequence[Measured], emit: Emit, check: bool
 ) -> HostResult:
     facts = client.call(base_request(host, "facts"))
     if facts.get("orphan"):
@@ -111,6 +115,13 @@ def _apply(
         )  # fmt: skip
     target_host = allow_context(host, argparse.Namespace(context=context, force=False))
     new_text = render_checked(target_host, plan.flags())
+    if check:
+        differs = new_text != old_text
+        return HostResult(
+            host.name, "would_change" if differs else "up_to_date",
+            "check mode: the unit would change" if differs else "check mode: the unit would not change",
+            context, figures, before=before, after=redact_flags(_flags(new_text)),
+        )  # fmt: skip
     env_secrets, flag_secrets = secret_values(target_host, plan.flags())
     req = base_request(
         host,

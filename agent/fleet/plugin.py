@@ -53,7 +53,10 @@ def _bad_args(exc: DeployError) -> dict[str, Any]:
 
 
 def apply(
-    args: Mapping[str, Any], task_vars: Mapping[str, Any], peer_facts: list[Mapping[str, Any]]
+    args: Mapping[str, Any],
+    task_vars: Mapping[str, Any],
+    peer_facts: list[Mapping[str, Any]],
+    check: bool = False,
 ) -> dict[str, Any]:
     """sglang_apply: the host's result; a canary also publishes its measured start as a fact."""
     try:
@@ -62,7 +65,7 @@ def apply(
     except DeployError as exc:
         return _bad_args(exc)
     peers = peers_for(host, task_vars.get("deployctl_flags") or dict(host.sglang.flags), peer_facts)
-    result = apply_host(host, context, peers, events.emitter(host.name))
+    result = apply_host(host, context, peers, events.emitter(host.name), check=check)
     data = _module_result(result)
     measured = measurement(host, result)
     if args.get("canary") and measured is not None:

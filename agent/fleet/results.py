@@ -41,7 +41,7 @@ class HostResult:
     @property
     def changed(self) -> bool:
         """The unit on the host differs from before (a rollback restored it: unchanged)."""
-        return self.outcome == "applied"
+        return self.outcome in ("applied", "would_change")
 
     @property
     def failed(self) -> bool:
@@ -49,7 +49,8 @@ class HostResult:
 
     @property
     def revert(self) -> str | None:
-        return f"deployctl rollback {self.host} --to {self.backup}" if self.changed and self.backup else None
+        applied = self.outcome == "applied" and self.backup
+        return f"deployctl rollback {self.host} --to {self.backup}" if applied else None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

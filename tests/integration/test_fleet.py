@@ -24,6 +24,8 @@ BASELINE_POOL = 101_134  # the simulated ct200 at 0.85
 CRASH_AT_200K = {"SGLANG_SIM_FAULT": "crash_loading", "SGLANG_SIM_FAULT_WHEN_CONTEXT": "200000"}
 # Lighter weights than the inventory says: the architecture's guess asks for more memory than needed.
 LIGHT = {"SGLANG_SIM_WEIGHTS_GIB": "66.0"}
+BIN = Path(DEPLOYCTL).parent
+COLLECTION = Path(__file__).resolve().parents[2] / "agent/fleet/ansible_collections/deployctl/sglang"
 
 
 def _boot(specs: list[HostSpec]) -> Fleet:
@@ -139,6 +141,62 @@ def test_an_unreachable_host_counts_as_failed(fleet: Fleet, tmp_path: Path) -> N
     assert all(hosts[h]["outcome"] == "up_to_date" for h in ("f1", "f2", "f3", "f4"))
 
 
+def test_a_failing_canary_halts_before_any_other_host(fleet: Fleet) -> None:
+    fleet.set_sim_env("f1", {**CRASH_AT_200K, "SGLANG_SIM_FAULT_WHEN_CONTEXT": "210000"})
+    others = ("f2", "f3", "f4")
+    units = {h: fleet.unit(h) for h in ("f1", *others)}
+    invocations = {h: invocation(fleet, h) for h in others}
+    backups = {h: fleet.backups(h) for h in others}
+    try:
+        rc, report, output = fleet_cli(
+            fleet, "apply", "ct-fleet", "--context", "210k", "--batch", "3", "--yes"
+        )
+    finally:
+        fleet.set_sim_env("f1", {})
+    assert rc == 4, output
+    assert [h["host"] for h in report["hosts"]] == ["f1"] and report["hosts"][0]["outcome"] == "rolled_back"
+    assert report["untouched"] == list(others)
+    assert {h: fleet.unit(h) for h in units} == units  # f1: its old unit again
+    assert {h: invocation(fleet, h) for h in others} == invocations
+    assert {h: fleet.backups(h) for h in others} == backups
+
+
+def ansible(f: Fleet, tmp: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    """An ad-hoc ansible run of one of the collection's modules on one host: its result."""
+    inventory = tmp / "fleet.deployctl.yml"
+    inventory.write_text(f"plugin: deployctl.sglang.units\nunits_dir: {f.units_dir}\n")
+    env = {
+        **os.environ,
+        **f.env,
+        "ANSIBLE_COLLECTIONS_PATH": str(COLLECTION.parents[2]),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",  # "host | CHANGED => {json}"
+    }
+    proc = subprocess.run(
+        [str(BIN / "ansible"), "-i", str(inventory), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    host, _, result = proc.stdout.partition(" => ")
+    assert result, proc.stdout + proc.stderr
+    return proc.returncode, {host.split(" |")[0]: json.loads(result)}
+
+
+def test_check_mode_changes_nothing_and_sglang_rollback_restores(fleet: Fleet, tmp_path: Path) -> None:
+    unit, backups = fleet.unit("f4"), fleet.backups("f4")
+    rc, hosts = ansible(
+        fleet, tmp_path, "f4", "-m", "deployctl.sglang.sglang_apply", "-a", "context=100k", "--check"
+    )
+    assert rc == 0 and hosts["f4"]["changed"] and hosts["f4"]["outcome"] == "would_change", hosts
+    assert str(hosts["f4"]["after"]["context-length"]) == "100000"
+    assert fleet.unit("f4") == unit and fleet.backups("f4") == backups
+    rc, hosts = ansible(fleet, tmp_path, "f4", "-m", "deployctl.sglang.sglang_rollback")
+    assert rc == 0 and hosts["f4"]["outcome"] == "applied", hosts
+    assert parse_unit_flags(fleet.unit("f4").decode())["context-length"] == "32768"
+    assert hosts["f4"]["measured_pool"] == BASELINE_POOL
+
+
 def test_later_hosts_are_planned_from_the_canarys_measured_start(fleet: Fleet) -> None:
     rc, report, output = fleet_cli(fleet, "apply", "fresh", "--context", "200k", "--batch", "2", "--yes")
     assert rc == 0, output
@@ -157,10 +215,6 @@ def test_later_hosts_are_planned_from_the_canarys_measured_start(fleet: Fleet) -
         assert float(flags["mem-fraction-static"]) == implied.mem_fraction_static
         # Predicted from the canary against measured on this host: within the planning margin.
         assert abs(h["measured_pool"] - h["plan"]["predicted_pool"]) < 0.02 * h["plan"]["predicted_pool"]
-
-
-BIN = Path(DEPLOYCTL).parent
-COLLECTION = Path(__file__).resolve().parents[2] / "agent/fleet/ansible_collections/deployctl/sglang"
 
 
 def test_the_inventory_plugin_serves_the_same_hosts_and_groups(tmp_path: Path) -> None:

@@ -16,5 +16,6 @@ class ActionModule(ActionBase):
 
         hostvars = task_vars.get("hostvars") or {}
         peers = [plugin.raw_fact(hostvars, name) for name in list(hostvars)]
-        result.update(plugin.apply(dict(self._task.args), task_vars, [p for p in peers if p]))
+        check = bool(self._task.check_mode)  # --check: plan and render only, nothing applied
+        result.update(plugin.apply(dict(self._task.args), task_vars, [p for p in peers if p], check))
         return result

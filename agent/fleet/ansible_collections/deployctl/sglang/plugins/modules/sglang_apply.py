@@ -13,6 +13,7 @@ description:
   - C(failed) when the change was rolled back, the rollback failed, the plan cannot reach the target, or
     the host is unreachable (an unreachable host counts as failed, so it counts toward max_fail_percentage).
   - A host already at the target is a no-op (C(changed=false)).
+  - Check mode (C(--check)) plans and renders only; C(changed) says whether the unit would change.
 options:
   context:
     description: Target context, e.g. 200000, 200k or 128Ki.
@@ -28,7 +29,10 @@ options:
 """
 
 RETURN = r"""
-outcome: {description: applied, up_to_date, rolled_back, rollback_failed, unreachable, not_feasible, error}
+outcome:
+  description: >-
+    applied, up_to_date, would_change (check mode), rolled_back, rollback_failed, unreachable,
+    not_feasible, error
 plan: {description: "fraction, requests, predicted_pool, feasible, basis, calibrated_from"}
 measured_pool: {description: the pool the new start logged}
 target: {description: the target context}

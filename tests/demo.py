@@ -1,4 +1,5 @@
-"""make demo: raise the context of the simulated ct200 to 200k, watch a 400k try roll back, roll back by hand.
+"""make demo: raise the context of the simulated ct200 to 200k, watch a 400k try roll back, roll back by hand;
+then a fleet of three on Ansible whose failing canary halts the rollout.
 
 Each step runs the real CLI over SSH against a local systemd host, and the demo checks each outcome
 itself: it exits non-zero if any step did not do what it should.
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from agent.exitcodes import ExitCode
 from agent.sglang.flags import parse_unit_flags
-from tests import simhost
+from tests import fleethosts, simhost
 
 DEPLOYCTL = str(Path(sys.executable).with_name("deployctl"))
 
@@ -25,9 +26,9 @@ def banner(text: str) -> None:
     print(f"\n\033[1m### {text}\033[0m" if sys.stdout.isatty() else f"\n### {text}", flush=True)
 
 
-def deployctl(*args: str, expect: ExitCode) -> None:
+def deployctl(*args: str, expect: ExitCode, env: dict[str, str] | None = None) -> None:
     print("$ deployctl " + " ".join(args), flush=True)
-    code = subprocess.run([DEPLOYCTL, *args], env=os.environ.copy(), check=False).returncode
+    code = subprocess.run([DEPLOYCTL, *args], env={**os.environ, **(env or {})}, check=False).returncode
     if code != expect:
         raise SystemExit(
             f"demo: `deployctl {' '.join(args)}` exited {code}, expected {int(expect)} ({expect.name})"
@@ -88,8 +89,35 @@ def main() -> int:
         )
         check(pool(sim) == base, f"the baseline pool {base:,} is back")
         banner("tearing the test host down")
+    fleet_act()
     print(f"\ndemo passed in {time.monotonic() - t0:.0f} s", flush=True)
     return 0
+
+
+def fleet_act() -> None:
+    """4. Three hosts in one group on Ansible: a failing canary halts the rollout; fixed, it goes through."""
+    banner("4. fleet: three hosts in group ct-fleet on Ansible; the canary's new start crashes")
+    specs = [fleethosts.HostSpec(f"ct200-{x}", ("ct-fleet",)) for x in "abc"]
+    fleet = fleethosts.boot(specs)
+    try:
+        crash = {"SGLANG_SIM_FAULT": "crash_loading", "SGLANG_SIM_FAULT_WHEN_CONTEXT": "200000"}
+        fleet.set_sim_env("ct200-a", crash)
+        others = {h: fleet.unit(h) for h in ("ct200-b", "ct200-c")}
+        old = fleet.unit("ct200-a")
+        args = ("fleet", "apply", "ct-fleet", "--context", "200k", "--batch", "2", "--yes")
+        deployctl(*args, expect=ExitCode.ROLLED_BACK, env=fleet.env)
+        check(fleet.unit("ct200-a") == old, "the canary rolled back to its old unit")
+        check(
+            {h: fleet.unit(h) for h in others} == others, "the rollout halted: ct200-b and ct200-c untouched"
+        )
+        banner("4b. the fault is gone: canary, then the other two as one batch")
+        fleet.set_sim_env("ct200-a", {})
+        deployctl(*args, expect=ExitCode.OK, env=fleet.env)
+        contexts = {parse_unit_flags(fleet.unit(h).decode())["context-length"] for h in fleet.hosts}
+        check(contexts == {"200000"}, "every host of ct-fleet runs the 200k unit")
+        banner("tearing the three test hosts down")
+    finally:
+        fleet.stop()
 
 
 if __name__ == "__main__":

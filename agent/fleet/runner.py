@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from agent.errors import DeployError, UsageError
 from agent.fleet import events
@@ -80,16 +80,13 @@ def run_playbook(
         ]  # fmt: skip
         log_path = work / "ansible.log"
         seen: list[dict[str, Any]] = []
+        pending = bytearray()
         with open(log_path, "wb") as log, open(feed, "rb") as follow:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
             try:
                 while True:
                     done = proc.poll() is not None
-                    for line in follow.readlines():
-                        try:
-                            event = json.loads(line)
-                        except ValueError:
-                            continue
+                    for event in _complete_lines(follow, pending):
                         seen.append(event)
                         on_event(event)
                     if done:
@@ -100,6 +97,20 @@ def run_playbook(
                 proc.wait()
                 raise
         return Run(proc.returncode, seen, log_path.read_text(errors="replace"))
+
+
+def _complete_lines(follow: BinaryIO, pending: bytearray) -> list[dict[str, Any]]:
+    """The events whose whole line has been written: a read can end inside a line a worker is writing."""
+    pending += follow.read()
+    *whole, rest = bytes(pending).split(b"\n")
+    pending[:] = rest
+    found = []
+    for line in whole:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return found
 
 
 def ansible_failed(run: Run) -> DeployError:

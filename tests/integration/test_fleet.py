@@ -89,7 +89,10 @@ def test_a_host_short_in_a_later_batch_halts_there(fleet: Fleet) -> None:
     status = fleet.hosts["f3"].ssh(["systemctl", "is-active", "sglang.service"]).stdout.decode().strip()
     assert status == "active"
     # The canary's measurement planned f2: predicted against measured is in the report.
-    assert hosts["f2"]["plan"]["calibrated_from"] == ["own start", "canary f1"]
+    assert hosts["f2"]["plan"]["calibrated_from"] == ["canary f1", "own start"]
+    # Identical hosts: planned from the canary's start plus their own, they get the canary's flags.
+    keys = ("mem-fraction-static", "max-running-requests", "context-length")
+    assert [hosts["f2"]["after"][k] for k in keys] == [hosts["f1"]["after"][k] for k in keys]
     assert hosts["f2"]["measured_pool"] >= 200_000
 
 

@@ -120,3 +120,14 @@ def test_bad_fleet_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
     err = out.stderr.getvalue()  # type: ignore[union-attr]
     assert code == ExitCode.USAGE
     assert err.startswith("deployctl: error: ") and says in err.splitlines()[0], err
+
+
+def test_a_line_still_being_written_is_held_back_until_it_is_whole() -> None:
+    import io
+
+    from agent.fleet.runner import _complete_lines
+
+    feed, pending = io.BytesIO(b'{"kind": "phase"}\n{"kind": "res'), bytearray()
+    assert _complete_lines(feed, pending) == [{"kind": "phase"}]
+    feed = io.BytesIO(b'ult"}\n')
+    assert _complete_lines(feed, pending) == [{"kind": "result"}] and pending == b""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,51 @@ def test_check_mode_changes_nothing_and_sglang_rollback_restores(fleet: Fleet, t
     assert rc == 0 and hosts["f4"]["outcome"] == "applied", hosts
     assert parse_unit_flags(fleet.unit("f4").decode())["context-length"] == "32768"
     assert hosts["f4"]["measured_pool"] == BASELINE_POOL
+
+
+def _session_of(f: Fleet, name: str, verb: str) -> int:
+    """The host-side sshd process of the session that runs the agent following `verb` for the client."""
+    root = f.hosts[name].root
+    for status in root.glob("proc/[0-9]*/cmdline"):
+        try:
+            argv = status.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b".pyz") for a in argv) and argv[-2:-1] == [verb.encode()]:
+            pid = int(status.parent.name)
+            while pid > 1:
+                comm = (root / f"proc/{pid}/comm").read_text().strip()
+                if comm.startswith("sshd") and "root@" in (root / f"proc/{pid}/cmdline").read_text():
+                    return pid
+                pid = int((root / f"proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return 0
+
+
+def test_a_dropped_connection_is_re_attached(fleet: Fleet, tmp_path: Path) -> None:
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / "f2.toml").write_text((fleet.units_dir / "f2.toml").read_text())
+    fleet.set_sim_env("f2", {"SGLANG_SIM_LOAD_SECONDS": "8"})  # a start wide enough to cut into
+    env = {**os.environ, **fleet.env, "DEPLOYCTL_UNITS": str(units)}
+    argv = [DEPLOYCTL, "fleet", "apply", "ct-fleet", "--context", "100k", "--yes", "--json"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid := _session_of(fleet, "f2", "apply")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the apply never started"
+            time.sleep(0.05)
+        fleet.hosts["f2"].ssh(["kill", "-KILL", str(pid)])
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        fleet.set_sim_env("f2", {})
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, out + err
+    assert any(e.get("phase") == "reattach" for e in events), out
+    (result,) = [e["result"] for e in events if e.get("kind") == "result"]
+    assert result["outcome"] == "applied" and result["measured_pool"] >= 100_000
+    assert parse_unit_flags(fleet.unit("f2").decode())["context-length"] == "100000"
 
 
 def test_later_hosts_are_planned_from_the_canarys_measured_start(fleet: Fleet) -> None:

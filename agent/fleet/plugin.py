@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from agent.cli.options import ArgError, parse_context
@@ -29,7 +28,7 @@ def raw_fact(hostvars: Any, name: str) -> Mapping[str, Any] | None:
 def _host(args: Mapping[str, Any], task_vars: Mapping[str, Any]) -> HostConfig:
     name = str(args.get("host") or task_vars.get("inventory_hostname"))
     folder = args.get("units_dir") or task_vars.get("deployctl_units_dir")
-    return load_host(name, units_dir(str(folder) if folder else None) if not folder else Path(str(folder)))
+    return load_host(name, units_dir(str(folder) if folder else None))
 
 
 def _context(value: Any) -> int:

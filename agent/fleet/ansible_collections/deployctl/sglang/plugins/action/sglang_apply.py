@@ -7,7 +7,7 @@ from ansible.plugins.action import ActionBase
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False  # deployctl reaches the host itself (its SSH rules, its agent bundle)
-    _VALID_ARGS = frozenset(("context", "canary", "units_dir", "host"))
+    _VALID_ARGS = frozenset(("context", "canary", "measured_on", "units_dir", "host"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -15,7 +15,10 @@ class ActionModule(ActionBase):
         from agent.fleet import plugin
 
         hostvars = task_vars.get("hostvars") or {}
-        peers = [plugin.raw_fact(hostvars, name) for name in list(hostvars)]
+        # Read only the canaries' facts when the play names them: each read merges a host's variables,
+        # and reading every host for every host grows with the square of the fleet.
+        names = self._task.args.get("measured_on") or list(hostvars)
+        peers = [plugin.raw_fact(hostvars, name) for name in names]
         check = bool(self._task.check_mode)  # --check: plan and render only, nothing applied
         result.update(plugin.apply(dict(self._task.args), task_vars, [p for p in peers if p], check))
         return result

@@ -22,6 +22,10 @@ options:
     description: Publish the measured start as the fact deployctl_measured for later hosts to plan from.
     type: bool
     default: false
+  measured_on:
+    description: The hosts whose published measurements to read (default every host in the inventory).
+    type: list
+    elements: str
   units_dir:
     description: The inventory folder (default the inventory plugin's, else $DEPLOYCTL_UNITS or ./units).
   host:

@@ -232,13 +232,15 @@ def host_status(host: HostConfig, context: int | None) -> dict[str, Any]:
         "flags": redact_flags(_flags(text)),
         "unit_sha256": unit_sha256(text) if text else None,
     }
-    if context is not None:
-        plan, _ = plan_host(host, context, facts, ())
-        wanted = render_checked(
-            allow_context(host, argparse.Namespace(context=context, force=True)), plan.flags()
-        )
-        status["drift"] = wanted != text
+    # Without a target: the context of the last start the agent verified (what it was deployed to).
+    verified = [h.get("context_len") for h in facts.get("history") or [] if h.get("context_len")]
+    against = context or (int(verified[-1]) if verified else None)
+    if against is not None:
+        plan, _ = plan_host(host, against, facts, ())
+        forced = allow_context(host, argparse.Namespace(context=against, force=True))
+        status["drift"] = render_checked(forced, plan.flags()) != text
         status["planned_fraction"] = plan.mem_fraction_static
-    else:  # no target given: drift from the inventory's baseline
+    else:  # never deployed by deployctl: drift from the inventory's baseline
         status["drift"] = render_unit(host, {}, template_dir()) != text
+    status["drift_against"] = against
     return status

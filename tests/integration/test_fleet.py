@@ -129,6 +129,11 @@ def test_status_shows_no_drift_and_the_measured_pools(fleet: Fleet) -> None:
     assert all(r["measured_pool"] >= 200_000 for r in rows.values())
     rc, report, output = fleet_cli(fleet, "status", "ct-fleet", "--context", "300k")
     assert all(r["drift"] for r in by_host(report).values()), output
+    # No target given: against the context each host was last deployed to.
+    rc, report, output = fleet_cli(fleet, "status", "ct-fleet")
+    assert rc == 0 and {(r["drift"], r["drift_against"]) for r in by_host(report).values()} == {
+        (False, 200_000)
+    }
 
 
 def test_an_unreachable_host_counts_as_failed(fleet: Fleet, tmp_path: Path) -> None:

@@ -28,7 +28,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     a.set_defaults(fleet_run="apply")
     s = sub.add_parser("status", help="each host's measured pool and drift from what the plan renders")
     s.add_argument("group")
-    s.add_argument("--context", type=typed(parse_context, "--context"), help="drift against this plan")
+    s.add_argument(
+        "--context",
+        type=typed(parse_context, "--context"),
+        help="drift against the plan for this context (default: the one each host was last deployed to)",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(fleet_run="status")
 

@@ -154,7 +154,7 @@ def _apply(
         after=redact_flags(_flags(new_text)) if outcome in ("applied", "up_to_date") else before,
         backup=data.get("backup"),
         smoke_seconds=smoke.get("seconds"),
-        downtime_s=data.get("start_seconds"),
+        downtime_s=_downtime(data),
         measured_start=dict(measured) if measured else None,
     )
 
@@ -192,6 +192,12 @@ def _stream(client: AgentClient, req: Request, emit: Emit) -> tuple[str, dict[st
     return outcome.message, dict(outcome.data)
 
 
+def _downtime(data: Mapping[str, Any]) -> float | None:
+    """The restart's downtime: the agent's stop-to-answer figure where it reports one, else the start's."""
+    seconds = (data.get("downtime") or {}).get("seconds")
+    return float(seconds) if seconds is not None else data.get("start_seconds")
+
+
 def measurement(host: HostConfig, result: HostResult) -> Measured | None:
     """The fact later hosts read from hostvars to recalibrate."""
     if result.measured_start is None:
@@ -210,7 +216,7 @@ def rollback_host(host: HostConfig, backup: str | None, emit: Emit) -> HostResul
     summary = data.get("summary") or {}
     return HostResult(
         host.name, str(data.get("outcome")), message, measured_pool=summary.get("kv_tokens"),
-        backup=data.get("backup"), downtime_s=data.get("start_seconds"),
+        backup=data.get("backup"), downtime_s=_downtime(data),
     )  # fmt: skip
 
 

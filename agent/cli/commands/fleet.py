@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli.main import typed
-from agent.cli.options import parse_context
+from agent.cli.options import ArgError, parse_context
+from agent.errors import UsageError
 from agent.output import Output
+
+
+def context(text: str) -> int:
+    """--context for argparse's type=, with the one-line message of the other commands."""
+    try:
+        return parse_context(text, "--context")
+    except ArgError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -14,7 +22,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     sub.required = True
     a = sub.add_parser("apply", help="canary first, then batches; halts when a host fails its gate")
     a.add_argument("group", help="an inventory group (groups = [...] in units/<host>.toml), or all")
-    a.add_argument("--context", required=True, type=typed(parse_context, "--context"))
+    a.add_argument("--context", required=True, type=context)
     a.add_argument("--canary", type=int, default=1, help="hosts in the canary batch (default 1)")
     a.add_argument("--batch", default="25%", help="later batches: a host count or a percentage (25%%)")
     a.add_argument(
@@ -30,7 +38,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     s.add_argument("group")
     s.add_argument(
         "--context",
-        type=typed(parse_context, "--context"),
+        type=context,
         help="drift against the plan for this context (default: the one each host was last deployed to)",
     )
     s.add_argument("--json", action="store_true")

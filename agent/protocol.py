@@ -71,6 +71,8 @@ class Stage(str, Enum):
 
 
 class Outcome(str, Enum):
+    """How a transaction ended; its exit code and the report's headline come from OUTCOMES."""
+
     APPLIED = "applied"
     UP_TO_DATE = "up_to_date"
     ROLLED_BACK = "rolled_back"  # rejected; the old unit restored and verified healthy
@@ -79,23 +81,42 @@ class Outcome(str, Enum):
     ERROR = "error"  # refused before any change (bad request, write failure with the old unit intact)
     AGENT_ERROR = "agent_error"  # the agent crashed; its recovery record makes the next run restore
 
+    @property
+    def exit_code(self) -> ExitCode:
+        return OUTCOMES[self][0]
 
-EXIT_CODES = {
-    Outcome.APPLIED: ExitCode.OK,
-    Outcome.UP_TO_DATE: ExitCode.OK,
-    Outcome.ROLLED_BACK: ExitCode.ROLLED_BACK,
-    Outcome.ROLLBACK_FAILED: ExitCode.ROLLBACK_FAILED,
-    Outcome.LOCKED: ExitCode.LOCKED,
-    Outcome.ERROR: ExitCode.REFUSED,
-    Outcome.AGENT_ERROR: ExitCode.INTERNAL,
+    @property
+    def headline(self) -> str:
+        return OUTCOMES[self][1]
+
+    @classmethod
+    def read(cls, value: object) -> Outcome | None:
+        """An outcome as the wire carries it; None for anything else (an older or broken agent)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+
+# The one table: an outcome -> the exit code scripts rely on, and the report's headline.
+OUTCOMES: dict[Outcome, tuple[ExitCode, str]] = {
+    Outcome.APPLIED: (ExitCode.OK, "APPLIED"),
+    Outcome.UP_TO_DATE: (ExitCode.OK, "UP TO DATE: nothing to do, no restart"),
+    Outcome.ROLLED_BACK: (
+        ExitCode.ROLLED_BACK,
+        "ROLLED BACK: the change was rejected; the old service is healthy again",
+    ),
+    Outcome.ROLLBACK_FAILED: (ExitCode.ROLLBACK_FAILED, "ROLLBACK FAILED: a person must act"),
+    Outcome.LOCKED: (ExitCode.LOCKED, "LOCKED: another deploy is running"),
+    Outcome.ERROR: (ExitCode.REFUSED, "REFUSED: nothing was changed"),
+    Outcome.AGENT_ERROR: (ExitCode.INTERNAL, "AGENT ERROR: the host restores the old unit on its next run"),
 }
 
 
-def exit_code(outcome: str) -> ExitCode:
-    try:
-        return EXIT_CODES[Outcome(outcome)]
-    except ValueError:
-        return ExitCode.INTERNAL
+def exit_code(outcome: object) -> ExitCode:
+    """The exit code of an outcome read off the wire; an unknown one is an internal error."""
+    known = Outcome.read(outcome)
+    return known.exit_code if known else ExitCode.INTERNAL
 
 
 @dataclass(frozen=True)

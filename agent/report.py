@@ -8,18 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.plan.choose import Plan
+from agent.protocol import Outcome
 from agent.sglang.flags import FlagChange, diff_flags, flag_table
 
 TIGHT_RESERVE_GIB = 5.0  # below this, say plainly not to push the fraction higher
-RESULT_WORDS = {
-    "applied": "APPLIED",
-    "up_to_date": "UP TO DATE: nothing to do, no restart",
-    "rolled_back": "ROLLED BACK: the change was rejected; the old service is healthy again",
-    "rollback_failed": "ROLLBACK FAILED: a person must act",
-    "locked": "LOCKED: another deploy is running",
-    "error": "REFUSED: nothing was changed",
-    "agent_error": "AGENT ERROR: the host restores the old unit on its next run",
-}
 
 
 @dataclass(frozen=True)
@@ -37,7 +29,9 @@ class ApplyReport:
 
 
 def render_report(r: ApplyReport) -> str:
-    out = [f"== deployctl: {r.host} {r.unit}: {RESULT_WORDS.get(r.outcome, r.outcome.upper())}", r.message]
+    known = Outcome.read(r.outcome)
+    headline = known.headline if known else r.outcome.upper()
+    out = [f"== deployctl: {r.host} {r.unit}: {headline}", r.message]
     changes = diff_flags(r.before_flags, r.after_flags)
     if changes and r.outcome != "up_to_date":
         out += ["", "flags (before -> after):", _indent(flag_table(changes))]
@@ -146,3 +140,28 @@ def backups_table(host: str, rows: Sequence[Mapping[str, Any]]) -> str:
 
 def _v(value: Any) -> str:
     return "-" if value is None else "true" if value is True else str(value)
+
+
+def render_plan(host: str, plan: Plan) -> str:
+    """The plan and its tradeoffs in a few lines for a person."""
+    verdict = "feasible" if plan.feasible else "NOT FEASIBLE"
+    lines = [
+        f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis})",
+        f"  predicted pool  {plan.predicted_pool_tokens:,} tokens (target {plan.context_length:,}, "
+        f"with margin {plan.target_pool_tokens:,})",
+        "  flags           " + " ".join(f"--{k} {v}" for k, v in plan.flags().items()),
+        f"  full-context requests at once  {plan.concurrency_at_full_context}",
+        f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
+    ]
+    if not plan.feasible:
+        if plan.forced_fraction is not None:
+            lines.append(
+                f"  forced: the highest safe fraction {plan.forced_fraction:.3f} gives about "
+                f"{plan.forced_pool_tokens or 0:,} tokens"
+            )
+        for alt in plan.alternatives:
+            lines.append(f"  instead: {alt.change}")
+            lines.append(f"           {alt.effect}")
+    lines.extend(f"  warning: {w}" for w in plan.warnings)
+    lines.extend(f"  note: {n}" for n in plan.notes)
+    return "\n".join(lines)

@@ -3,28 +3,28 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 from agent import __version__
-from agent.cli.options import ArgError, parse_context, parse_fraction, parse_request_count
+from agent.cli.commands import apply, backups, parse_log, plan, render, rollback, status
 from agent.errors import DeployError, UsageError
 from agent.exitcodes import ExitCode
 from agent.output import Output
 
-# name -> (module under agent.cli.commands, one-line help). Names are the public contract.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("plan", "predict the KV pool and choose the flags for a target context"),
-    "render": ("render", "render the unit for a host and show its flag differences"),
-    "apply": ("apply", "plan, render and apply a change on a host, with automatic rollback"),
-    "rollback": ("rollback", "restore a backup of the unit and verify the service"),
-    "backups": ("backups", "list a host's unit backups and their flag differences"),
-    "status": ("status", "show a host's service and its running or last transaction"),
-    "parse-log": ("parse_log", "summarise an SGLang startup log (pool, memory, failure)"),
+# name -> (its module: configure(parser) and run(args, out), one-line help). Names are the public contract.
+COMMANDS: dict[str, tuple[ModuleType, str]] = {
+    "plan": (plan, "predict the KV pool and choose the flags for a target context"),
+    "render": (render, "render the unit for a host and show its flag differences"),
+    "apply": (apply, "plan, render and apply a change on a host, with automatic rollback"),
+    "rollback": (rollback, "restore a backup of the unit and verify the service"),
+    "backups": (backups, "list a host's unit backups and their flag differences"),
+    "status": (status, "show a host's service and its running or last transaction"),
+    "parse-log": (parse_log, "summarise an SGLang startup log (pool, memory, failure)"),
 }
 
 
@@ -42,35 +42,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message, hint=f"see: {self.prog} --help")
-
-
-def typed(parse: Callable[[str, str], Any], flag: str) -> Callable[[str], Any]:
-    """Wrap a value parser for argparse's type=, keeping our one-line message."""
-
-    def convert(text: str) -> Any:
-        try:
-            return parse(text, flag)
-        except ArgError as exc:
-            raise UsageError(str(exc)) from None
-
-    convert.__name__ = flag.lstrip("-")
-    return convert
-
-
-def add_target_args(p: argparse.ArgumentParser, *, context_required: bool) -> None:
-    """The flags shared by plan, render and apply."""
-    p.add_argument("host", help="host name: units/<host>.toml")
-    p.add_argument(
-        "--context",
-        required=context_required,
-        type=typed(parse_context, "--context"),
-        help="target context in tokens: 200000, 200k (x1000) or 128Ki (x1024)",
-    )
-    p.add_argument("--mem-fraction-static", type=typed(parse_fraction, "--mem-fraction-static"))
-    p.add_argument(
-        "--max-running-requests",
-        type=typed(parse_request_count, "--max-running-requests"),
-    )
 
 
 def _add_common(p: argparse.ArgumentParser, *, top: bool) -> None:
@@ -92,15 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         _add_common(p, top=False)
-        try:
-            mod = importlib.import_module(f"agent.cli.commands.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"agent.cli.commands.{module}":
-                raise
-            p.set_defaults(run=None)
-            continue
-        mod.configure(p)
-        p.set_defaults(run=mod.run)
+        module.configure(p)
+        p.set_defaults(run=module.run)
     return parser
 
 
@@ -122,8 +86,6 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
         args = build_parser().parse_args(args_list)
         if args.command is None:
             raise UsageError("a command is required", hint=f"one of: {', '.join(COMMANDS)}")
-        if args.run is None:
-            raise UsageError(f"'{args.command}' is not available in this version")
         return int(args.run(args, out))
     except DeployError as exc:
         if debug:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
-from agent.protocol import EXIT_CODES, Event, Outcome, Stage
+from agent.protocol import Event, Outcome, Stage
 
 SUCCESS = (Outcome.APPLIED, Outcome.UP_TO_DATE)
 # A phase lasts from its stage's first event to the next phase's first event.
@@ -80,12 +80,11 @@ def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str
                 float(o is run.outcome),
                 f',outcome="{o.value}"',
             )
-    code = EXIT_CODES.get(run.outcome)
     metric(
         "deployctl_last_run_exit_code",
         "gauge",
         "The exit code of the last run.",
-        1 if code is None else int(code),
+        int(run.outcome.exit_code),
     )
     metric(
         "deployctl_last_success_timestamp_seconds",

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.host.decide import Gate
+from agent.host.decide import Action, Gate
 from agent.host.events import EventLog
 from agent.host.secrets import SecretFiles
 from agent.host.state import (
@@ -223,7 +223,7 @@ class Transaction:
             return self._refuse_unloaded(elsewhere, backup_name, wrote)
         self._record(PHASE_RESTARTED, backup_name, new, wrote)
         started = self._restart_and_watch(gate, Stage.WATCH)
-        if started.verdict.action == "ready":
+        if started.verdict.action is Action.READY:
             verified = self._verify(started, smoke, gate)
             if verified is None:
                 return self._commit(started, new, backup_name, restored_from)
@@ -407,7 +407,7 @@ class Transaction:
             )
             return True, ""
         old = self._restart_and_watch(Gate(None, None, 0.0, self.req.timeouts), Stage.VERIFY_OLD)
-        if old.verdict.action != "ready":
+        if old.verdict.action is not Action.READY:
             return False, old.verdict.reason
         try:
             Probe(self.req.http_host, self.req.port, self.secrets.api_key()).wait_ready(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -150,7 +149,3 @@ class AgentClient:
 def _tail(data: bytes, n: int = 3) -> str:
     lines = data.decode("utf-8", "replace").strip().splitlines()
     return " | ".join(lines[-n:]) or "no output"
-
-
-def revert_command(host: str, backup: str) -> str:
-    return shlex.join(["deployctl", "rollback", host, "--to", backup])

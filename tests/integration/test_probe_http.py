@@ -105,7 +105,6 @@ def server6() -> Iterator[Server]:
 def test_a_good_server_passes(server: Server) -> None:
     probe = Probe(server.host, server.port)
     probe.wait_ready(5)
-    assert probe.server_info() == {"max_total_num_tokens": 1000}
     res = probe.smoke(SMOKE)
     assert res.passed and res.prompt_tokens == 57 and res.answer == "Dog."
 
@@ -123,7 +122,6 @@ def test_proxies_in_the_environment_are_ignored(
     monkeypatch.setenv("NETRC", str(netrc))
     probe = Probe(server.host, server.port)
     probe.wait_ready(2)
-    assert probe.server_info() == {"max_total_num_tokens": 1000}
     assert probe.smoke(SMOKE).passed
     assert server.headers and not any("Authorization" in h for h in server.headers), "used .netrc"
 
@@ -132,7 +130,6 @@ def test_ipv6_loopback(server6: Server) -> None:
     probe = Probe("::1", server6.port)
     assert probe.base == f"http://[::1]:{server6.port}"
     probe.wait_ready(2)
-    assert probe.server_info() == {"max_total_num_tokens": 1000}
     assert probe.smoke(SMOKE).passed
 
 

@@ -12,19 +12,18 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from agent.errors import InventoryError, UsageError
+from agent.protocol import UNIT_NAME, find_control
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
 
 
 def _no_control(value: str) -> str:
-    if _CONTROL.search(value):
+    if find_control(value):
         raise ValueError("must not contain control characters (newline, tab, escape...)")
     return value
 

@@ -19,21 +19,23 @@ from agent.exitcodes import ExitCode
 VERSION = 1
 VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow")
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
-BACKUP_NAME = re.compile(
-    r"(?P<unit>[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service)\.bak\.(?P<ts>\d{8}T\d{6}Z)(?:-\d+)?"
-)
+BACKUP_NAME = re.compile(rf"(?P<unit>{UNIT_NAME.pattern})\.bak\.(?P<ts>\d{{8}}T\d{{6}}Z)(?:-\d+)?")
 TXN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # unit text may hold \t and \n, nothing else
-_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # names and paths: not even a newline
+# The one definition of a control character (C0, DEL and C1) and of a lone surrogate (how Python reads
+# bytes that are not UTF-8): no name, path, flag or unit line may carry one, and none reaches a terminal.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+SURROGATE = re.compile("[\ud800-\udfff]")
+UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def find_control(text: str, allow: str = "") -> str | None:
+    """The first control character in text that is not in `allow`, or None."""
+    return next((c for c in CONTROL.findall(text) if c not in allow), None)
 
 
 def unit_sha256(text: str) -> str:
     """The identity of a unit's content, on both sides of the wire."""
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-# A lone surrogate: what Python makes of bytes that are not UTF-8; no unit text may carry one.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # Secret SGLang flags reach the server as this systemd credential, read with SGLang's --config.
@@ -197,7 +199,7 @@ class Request:
         for name in ("unit_dir", "state_dir", "secrets_dir"):
             path = getattr(self, name)
             ok = isinstance(path, str) and path.startswith("/") and "/../" not in path + "/"
-            _check(ok and not _ANY_CONTROL.search(path), f"{name} must be an absolute path")
+            _check(ok and not find_control(path), f"{name} must be an absolute path")
         _check(0 <= self.margin < 0.5, "margin must be in [0, 0.5)")
         _check(1 <= self.port <= 65535, "port out of range")
         _check(1 <= self.keep_backups <= 1000, "keep_backups out of range")
@@ -207,8 +209,8 @@ class Request:
         if self.verb == "apply":
             _check(isinstance(self.unit_text, str) and self.target_context is not None, "apply needs a unit")
             assert self.unit_text is not None
-            _check(not _CONTROL.search(self.unit_text), "unit text contains a control character")
-            _check(not _SURROGATE.search(self.unit_text), "unit text is not valid UTF-8 (a lone surrogate)")
+            _check(not find_control(self.unit_text, "\t\n"), "unit text contains a control character")
+            _check(not SURROGATE.search(self.unit_text), "unit text is not valid UTF-8 (a lone surrogate)")
             _check("ExecStart=" in self.unit_text, "unit text has no ExecStart=")
         if self.backup is not None:
             m = BACKUP_NAME.fullmatch(self.backup)
@@ -219,7 +221,7 @@ class Request:
             _check(TXN_ID.fullmatch(self.txn) is not None, f"bad transaction id {self.txn!r}")
         _check(self.smoke.prompt_tokens > 0 and self.smoke.timeout_s > 0, "bad smoke test settings")
         for text in (self.smoke.sentence, self.smoke.question, self.smoke.expect, *self.secret_names):
-            _check(not _ANY_CONTROL.search(text), "smoke test text contains a control character")
+            _check(not find_control(text), "smoke test text contains a control character")
 
     def _check_types(self) -> None:
         """JSON may put any type anywhere: refuse what the range checks could not even compare."""
@@ -235,7 +237,7 @@ class Request:
         _check(_is_number(self.margin), "margin must be a number")
         _check(isinstance(self.detach, bool), "detach must be true or false")
         _check(all(isinstance(name, str) for name in self.secret_names), "secret_names must be text")
-        _check(isinstance(self.host_name, str) and not _ANY_CONTROL.search(self.host_name), "bad host_name")
+        _check(isinstance(self.host_name, str) and not find_control(self.host_name), "bad host_name")
         if self.metrics_file is not None:
             ok = isinstance(self.metrics_file, str) and "/../" not in self.metrics_file
             ok = ok and re.fullmatch(r"/[A-Za-z0-9_./@+-]*\.prom", self.metrics_file) is not None
@@ -248,7 +250,7 @@ class Request:
                     named and isinstance(value, str),
                     f"{label}: names are letters, digits, _ and -; values are text",
                 )
-                _check(not _ANY_CONTROL.search(value) and not _SURROGATE.search(value), f"{label}: bad value")
+                _check(not find_control(value) and not SURROGATE.search(value), f"{label}: bad value")
         s = self.smoke
         texts = (s.sentence, s.question, s.expect)
         ok = isinstance(s.enabled, bool) and _is_int(s.prompt_tokens) and _is_number(s.timeout_s)

@@ -12,13 +12,9 @@ import jinja2
 
 from agent.errors import RenderError
 from agent.inventory import HostConfig
-from agent.protocol import SECRET_CREDENTIAL, secret_path
+from agent.protocol import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.sglang.flags import FlagChange, FlagInput, FlagsError, FlagValue, exec_start_lines
 
-# C0, DEL and C1: none of them has any business in a unit file, and \n would start a new directive.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_SURROGATE = re.compile("[\ud800-\udfff]")  # how Python reads bytes that are not UTF-8 (surrogateescape)
-_UNPRINTABLE = re.compile(f"{_CONTROL.pattern}|{_SURROGATE.pattern}")
 FLAG_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SECRETS_DIR = re.compile(r"/[A-Za-z0-9_./-]*")  # written into EnvironmentFile= and LoadCredential= as is
@@ -35,14 +31,14 @@ def template_dir() -> Path:
 
 def check_text(field: str, value: str) -> str:
     """Refuse a value with a control character or a lone surrogate, naming the field."""
-    label = _UNPRINTABLE.sub(lambda c: _escaped(c.group()), field)  # a flag name can carry one too
-    bad = _SURROGATE.search(value)
+    label = UNPRINTABLE.sub(lambda c: _escaped(c.group()), field)  # a flag name can carry one too
+    bad = SURROGATE.search(value)
     if bad:
         raise RenderError(
             f"{label}: is not valid UTF-8 ({_escaped(bad.group())}: bytes that are not text, "
             "e.g. from a command line in another encoding)"
         )
-    m = _CONTROL.search(value)
+    m = CONTROL.search(value)
     if m:
         raise RenderError(
             f"{label}: contains a control character ({_escaped(m.group())}); "
@@ -229,7 +225,7 @@ def render_unit(host: HostConfig, flags: Mapping[str, FlagInput], template_dir: 
 def check_rendered(text: str) -> None:
     """The last guard: only \\n may appear as a control character, and only between lines."""
     for number, line in enumerate(text.split("\n"), 1):
-        if _CONTROL.search(line):
+        if CONTROL.search(line):
             raise RenderError(f"rendered line {number}: contains a control character")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -14,7 +13,7 @@ from agent import __version__
 from agent.cli.commands import apply, backups, parse_log, plan, render, rollback, status
 from agent.errors import DeployError, UsageError
 from agent.exitcodes import ExitCode
-from agent.output import Output
+from agent.output import Output, terminal_text
 
 # name -> (its module: configure(parser) and run(args, out), one-line help). Names are the public contract.
 COMMANDS: dict[str, tuple[ModuleType, str]] = {
@@ -26,15 +25,6 @@ COMMANDS: dict[str, tuple[ModuleType, str]] = {
     "status": (status, "show a host's service and its running or last transaction"),
     "parse-log": (parse_log, "summarise an SGLang startup log (pool, memory, failure)"),
 }
-
-
-# C0, DEL and C1: a value echoed in a message must not move the cursor or recolour the terminal.
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """One line fit for a terminal: control characters shown as escapes (\\n, \\x1b)."""
-    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,9 +80,9 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     except DeployError as exc:
         if debug:
             traceback.print_exc(file=out.stderr)
-        print(f"deployctl: error: {printable(exc.message)}", file=out.stderr)
+        print(f"deployctl: error: {terminal_text(exc.message, keep='')}", file=out.stderr)
         if exc.hint:
-            print(f"deployctl: hint: {printable(exc.hint)}", file=out.stderr)
+            print(f"deployctl: hint: {terminal_text(exc.hint, keep='')}", file=out.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         print("deployctl: interrupted", file=out.stderr)
@@ -103,7 +93,8 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
         if debug:
             traceback.print_exc(file=out.stderr)
         print(
-            f"deployctl: error: internal error: {type(exc).__name__}: {printable(str(exc))}", file=out.stderr
+            f"deployctl: error: internal error: {type(exc).__name__}: {terminal_text(str(exc), keep='')}",
+            file=out.stderr,
         )
         print("deployctl: hint: run again with --debug for the traceback", file=out.stderr)
         return int(ExitCode.INTERNAL)

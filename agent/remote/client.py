@@ -13,7 +13,7 @@ from agent.inventory import HostConfig
 from agent.protocol import Event, ProtocolError, Request, Smoke, Timeouts
 from agent.remote import bundle
 from agent.remote.ssh.transport import ConnectRetry, SshTransport
-from agent.remote.transport import LocalTransport, Result, Transport
+from agent.remote.transport import LocalTransport, Result, Transport, tail_lines
 
 
 def open_transport(host: HostConfig, accept_new_host_key: bool = False) -> Transport:
@@ -94,7 +94,7 @@ class AgentClient:
         res = self.transport.run(argv, input=data, timeout=120)
         if not res.ok:
             raise RemoteError(
-                f"{self.host.name}: cannot install the agent bundle at {path}: {_tail(res.stderr)}"
+                f"{self.host.name}: cannot install the agent bundle at {path}: {_last(res.stderr)}"
             )
 
     def _bundle_broken(self, res: Result) -> bool:
@@ -119,12 +119,12 @@ class AgentClient:
             self.refresh()
             res = self.transport.run(argv, input=payload, timeout=120)
         if not res.ok:
-            raise RemoteError(f"{self.host.name}: agent {req.verb} failed: {_tail(res.stderr)}")
+            raise RemoteError(f"{self.host.name}: agent {req.verb} failed: {_last(res.stderr)}")
         try:
             data = json.loads(res.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
         except (ValueError, IndexError):
             raise RemoteError(
-                f"{self.host.name}: agent {req.verb} gave no JSON: {_tail(res.stdout)}"
+                f"{self.host.name}: agent {req.verb} gave no JSON: {_last(res.stdout)}"
             ) from None
         if not isinstance(data, dict):
             raise RemoteError(f"{self.host.name}: agent {req.verb} gave no JSON object")
@@ -142,10 +142,10 @@ class AgentClient:
             result = stream.result()
         if result.rc not in (0, 2, 3, 4, 5, 6, 7):
             raise RemoteError(
-                f"{self.host.name}: agent {req.verb} failed (rc {result.rc}): {_tail(result.stderr)}"
+                f"{self.host.name}: agent {req.verb} failed (rc {result.rc}): {_last(result.stderr)}"
             )
 
 
-def _tail(data: bytes, n: int = 3) -> str:
-    lines = data.decode("utf-8", "replace").strip().splitlines()
-    return " | ".join(lines[-n:]) or "no output"
+def _last(data: bytes) -> str:
+    """A command's last three lines on one line, for an error message."""
+    return " | ".join(tail_lines(data, 3)) or "no output"

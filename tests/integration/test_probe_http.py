@@ -193,19 +193,6 @@ def test_a_wrong_answer_fails_the_smoke_test(server: Server) -> None:
     assert not res.passed and res.answer == "cat" and "dog" in res.detail
 
 
-@pytest.mark.parametrize("body", [b"not json", b"[1, 2]"], ids=["non-JSON", "JSON list"])
-def test_server_info_survives_odd_bodies(server: Server, body: bytes) -> None:
-    server.reply("/server_info", body)
-    server.reply("/get_server_info", body)
-    assert Probe(server.host, server.port).server_info() == {}
-
-
-def test_server_info_falls_back_to_the_old_path(server: Server) -> None:
-    server.reply("/server_info", b"nope", status=404)
-    server.reply("/get_server_info", {"max_total_num_tokens": 7})
-    assert Probe(server.host, server.port).server_info() == {"max_total_num_tokens": 7}
-
-
 def test_a_dead_server_is_a_probe_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -215,5 +202,3 @@ def test_a_dead_server_is_a_probe_error() -> None:
             probe.wait_ready(0.3)
         with pytest.raises(ProbeError):
             probe.smoke(SMOKE)
-        with pytest.raises(ProbeError):
-            probe.server_info()

@@ -65,7 +65,9 @@ def start(req: Request, out: TextIO) -> int:
     holder = running(req)
     if holder is not None:
         if _same_apply(holder, req):
-            out.write(_event_line(str(holder["txn"]), "step", f"re-attached: {describe_holder(holder)}"))
+            out.write(
+                _event_line(str(holder["txn"]), "step", f"re-attached: {describe_holder(holder)}", Stage.LOCK)
+            )
             return follow(req, str(holder["txn"]), out)
         return _locked_outcome(holder, out)
     txn = new_txn_id()
@@ -86,7 +88,9 @@ def start(req: Request, out: TextIO) -> int:
         if proc.returncode == 0:
             return follow(req, txn, out)
         out.write(
-            _event_line(txn, "warning", f"systemd-run failed ({proc.stderr.strip()}); running attached")
+            _event_line(
+                txn, "warning", f"systemd-run failed ({proc.stderr.strip()}); running attached", Stage.LOCK
+            )
         )
     return run(req.state_dir, txn, echo=out)
 
@@ -203,10 +207,12 @@ def follow(req: Request, txn: str, out: TextIO) -> int:
             if not _runner_alive(txn) and not _lock(req.unit).is_held():
                 offset, outcome = _copy_new(path, offset, out)
                 if outcome is None:  # the runner died (killed, host rebooted): recover now
-                    out.write(_event_line(txn, "warning", "the transaction's agent died; recovering"))
+                    out.write(
+                        _event_line(txn, "warning", "the transaction's agent died; recovering", Stage.RECOVER)
+                    )
                     if recovery.record_state(state_dir, req.unit) is recovery.RecordState.NONE:
                         outcome_, msg = recovery.died_without_record(state_dir, req.unit, txn)
-                        out.write(_event_line(txn, "outcome", msg, outcome=outcome_.value))
+                        out.write(_event_line(txn, "outcome", msg, Stage.RECOVER, outcome=outcome_.value))
                         return int(outcome_.exit_code)
                     rec = dataclasses.replace(req, verb="recover", txn=None)
                     return start(rec, out)
@@ -248,13 +254,21 @@ def _locked_outcome(holder: dict[str, Any], out: TextIO) -> int:
     msg = f"locked: {describe_holder(holder)}"
     journal_note(f"{msg}; a second change was refused")  # cron's locked runs show on the host too
     out.write(
-        _event_line(str(holder.get("txn", "-")), "outcome", msg, outcome=Outcome.LOCKED.value, holder=holder)
+        _event_line(
+            str(holder.get("txn", "-")),
+            "outcome",
+            msg,
+            Stage.LOCK,
+            outcome=Outcome.LOCKED.value,
+            holder=holder,
+        )
     )
     return int(ExitCode.LOCKED)
 
 
-def _event_line(txn: str, kind: str, message: str, **data: Any) -> str:
-    return Event(txn, 0, utc_now(), Stage.LOCK.value, kind, message, data).to_json() + "\n"
+def _event_line(txn: str, kind: str, message: str, stage: Stage, **data: Any) -> str:
+    """An event the runner's caller writes itself (no runner wrote it): stamped with the stage it is about."""
+    return Event(txn, 0, utc_now(), stage.value, kind, message, data).to_json() + "\n"
 
 
 def _lock(unit: str) -> UnitLock:

@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.errors import RemoteError
 from agent.inventory import HostConfig
-from agent.protocol import Event, ProtocolError, Request, Smoke, Timeouts
+from agent.protocol import Event, ProtocolError, Request, Smoke, Stage, Timeouts
 from agent.remote import bundle
 from agent.remote.ssh.transport import ConnectRetry, SshTransport
 from agent.remote.transport import LocalTransport, Result, Transport, tail_lines
@@ -138,7 +138,7 @@ class AgentClient:
                 try:
                     yield Event.from_json(line)
                 except (ValueError, TypeError, ProtocolError):
-                    continue
+                    yield unreadable(line)  # never dropped silently: an older agent or a stray print
             result = stream.result()
         if result.rc not in (0, 2, 3, 4, 5, 6, 7):
             raise RemoteError(
@@ -149,3 +149,9 @@ class AgentClient:
 def _last(data: bytes) -> str:
     """A command's last three lines on one line, for an error message."""
     return " | ".join(tail_lines(data, 3)) or "no output"
+
+
+def unreadable(line: str) -> Event:
+    """A line from the agent that is not an event of this protocol, shown as a warning."""
+    shown = line if len(line) <= 200 else line[:200] + "..."
+    return Event("-", 0, "", Stage.WATCH.value, "warning", f"unreadable line from the agent: {shown}")

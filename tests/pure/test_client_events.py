@@ -29,7 +29,9 @@ class ScriptedTransport(LocalTransport):
 
 
 def test_a_line_that_is_not_an_event_becomes_a_warning() -> None:
-    good = Event("20261203T000000Z-abcdef", 1, "t", Stage.DONE.value, "outcome", "done", {"outcome": "applied"})
+    good = Event(
+        "20261203T000000Z-abcdef", 1, "t", Stage.DONE.value, "outcome", "done", {"outcome": "applied"}
+    )
     stdout = b"Traceback (most recent call last): boom\n" + good.to_json().encode() + b"\n"
     host = load_host("ct200-sim", UNITS)
     client = AgentClient(ScriptedTransport(stdout), host)

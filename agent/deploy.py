@@ -118,10 +118,16 @@ def apply(conn: Connection, change: Change, out: Output) -> int:
             outcome.message,
             outcome.data,
             next_plan=_next_plan(s.host, change.context, outcome),
+            previous_downtime=_previous_downtime(facts),
         )
         if not (out.quiet and report.outcome == "up_to_date") and out.style is not Style.JSON:
             out.print(render_report(report))
         return int(exit_code(report.outcome))
+
+
+def _previous_downtime(facts: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The downtime of the newest verified start the host remembers (before this change)."""
+    return next((h["downtime"] for h in reversed(facts.get("history") or []) if h.get("downtime")), None)
 
 
 def allow_context(host: HostConfig, change: Change) -> HostConfig:

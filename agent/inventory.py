@@ -152,6 +152,11 @@ class Metrics(_Model):
         return self.path or f"/var/lib/prometheus/node-exporter/deployctl_{unit}.prom"
 
 
+class Prewarm(_Model):
+    enabled: bool = Field(default=True, description="read the new weights into the page cache first")
+    margin_gib: float = Field(default=8.0, ge=0, description="host memory that pre-warming leaves free")
+
+
 class HostConfig(_Model):
     name: Text = ""
     ssh: Ssh
@@ -164,6 +169,7 @@ class HostConfig(_Model):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     planning: Planning = Field(default_factory=Planning)
     metrics: Metrics = Field(default_factory=Metrics)
+    prewarm: Prewarm = Field(default_factory=Prewarm)
 
     @property
     def unit_path(self) -> str:

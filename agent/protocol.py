@@ -60,6 +60,7 @@ class Stage(str, Enum):
     BACKUP = "backup"
     WRITE = "write"
     RELOAD = "reload"
+    PREWARM = "prewarm"
     RESTART = "restart"
     WATCH = "watch"
     GATE = "gate"
@@ -70,6 +71,10 @@ class Stage(str, Enum):
     RESTORE = "restore"
     VERIFY_OLD = "verify_old"
     DONE = "done"
+
+
+# A restart's downtime, phase by phase in the order they happen (host/timeline.py measures them).
+DOWNTIME_PHASES = ("stop", "init", "weights", "pool", "cuda_graphs", "ready", "smoke", "rollback")
 
 
 class Outcome(str, Enum):
@@ -165,6 +170,8 @@ class Request:
     secret_flags: dict[str, str] = field(default_factory=dict)
     secrets_dir: str = "/etc/deployctl/secrets"
     host_name: str = ""  # the inventory's name for the host: the metrics' host label
+    prewarm: bool = True  # read the new unit's weights into the page cache before the restart
+    prewarm_margin_gib: float = 8.0  # host memory that pre-warming leaves free
     metrics_file: str | None = None  # the node_exporter textfile written after each run; None: none
     version: int = VERSION
 
@@ -236,6 +243,8 @@ class Request:
             _check((optional and value is None) or _is_int(value), f"{name} must be an integer")
         _check(_is_number(self.margin), "margin must be a number")
         _check(isinstance(self.detach, bool), "detach must be true or false")
+        _check(isinstance(self.prewarm, bool), "prewarm must be true or false")
+        _check(_is_number(self.prewarm_margin_gib) and self.prewarm_margin_gib >= 0, "bad prewarm margin")
         _check(all(isinstance(name, str) for name in self.secret_names), "secret_names must be text")
         _check(isinstance(self.host_name, str) and not find_control(self.host_name), "bad host_name")
         if self.metrics_file is not None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.plan.choose import Plan
-from agent.protocol import Outcome
+from agent.protocol import DOWNTIME_PHASES, Outcome
 from agent.sglang.flags import FlagChange, diff_flags, flag_table
 
 TIGHT_RESERVE_GIB = 5.0  # below this, say plainly not to push the fraction higher
@@ -26,6 +26,7 @@ class ApplyReport:
     message: str
     data: Mapping[str, Any]
     next_plan: Plan | None = None  # on a rejected change: what the measured figures now recommend
+    previous_downtime: Mapping[str, Any] | None = None  # the last verified start's, on the same host
 
 
 def render_report(r: ApplyReport) -> str:
@@ -45,10 +46,40 @@ def render_report(r: ApplyReport) -> str:
             f"smoke test:            {smoke['prompt_tokens']:,} prompt tokens, prefill+answer "
             f"{smoke['seconds']:.1f} s, answer {smoke['answer']!r} ({verdict})"
         )
+    out += _downtime_lines(r.data.get("prewarm"), r.data.get("downtime"), r.previous_downtime)
     out += _way_back(r)
     if r.plan is not None and r.outcome == "applied":
         out += _tradeoffs(r.plan, changes)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _downtime_lines(
+    prewarm: Mapping[str, Any] | None, now: Mapping[str, Any] | None, before: Mapping[str, Any] | None
+) -> list[str]:
+    """The restart's downtime by phase, next to the previous start's on this host."""
+    lines = []
+    if prewarm and prewarm.get("skip"):
+        lines.append(f"pre-warm:              skipped: {prewarm['skip']}")
+    elif prewarm:
+        gib = prewarm["read_bytes"] / 2**30
+        lines.append(
+            f"pre-warm:              {gib:.2f} GiB of weights read in {prewarm['seconds']:.1f} s "
+            "while the old server served"
+        )
+    if not now or now.get("seconds") is None:
+        return lines
+    phases = _phases(now["phases"])
+    lines.append(f"downtime:              {now['seconds']:.1f} s ({phases})")
+    if before and before.get("seconds"):
+        was = _phases(before.get("phases") or {})
+        ratio = now["seconds"] / before["seconds"]
+        lines.append(f"previous start:        {before['seconds']:.1f} s ({was}); now {ratio:.2f}x")
+    return lines
+
+
+def _phases(seconds: Mapping[str, float]) -> str:
+    """Phases in the order they happen (the wire sorts keys by name)."""
+    return ", ".join(f"{p} {seconds[p]:.1f}" for p in DOWNTIME_PHASES if p in seconds)
 
 
 def _pool_lines(r: ApplyReport, s: Mapping[str, Any]) -> list[str]:

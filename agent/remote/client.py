@@ -47,6 +47,8 @@ def base_request(host: HostConfig, verb: str, **fields: Any) -> Request:
         secrets_dir=host.unit.secrets_directory,
         host_name=host.name,
         metrics_file=host.metrics.file_for(host.unit.name),
+        prewarm=host.prewarm.enabled,
+        prewarm_margin_gib=host.prewarm.margin_gib,
         **fields,
     )
     try:

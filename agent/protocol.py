@@ -17,7 +17,7 @@ from typing import Any
 from agent.exitcodes import ExitCode
 
 VERSION = 1
-VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow")
+VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow", "inspect")
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
 BACKUP_NAME = re.compile(
     r"(?P<unit>[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service)\.bak\.(?P<ts>\d{8}T\d{6}Z)(?:-\d+)?"
@@ -141,6 +141,8 @@ class Request:
     secret_env: dict[str, str] = field(default_factory=dict)
     secret_flags: dict[str, str] = field(default_factory=dict)
     secrets_dir: str = "/etc/deployctl/secrets"
+    # apply: secret variables whose values stay on the host (an adopted unit's): taken from what it has
+    keep_secret_env: tuple[str, ...] = ()
     host_name: str = ""  # the inventory's name for the host: the metrics' host label
     metrics_file: str | None = None  # the node_exporter textfile written after each run; None: none
     version: int = VERSION
@@ -162,6 +164,7 @@ class Request:
             smoke = Smoke(**raw.pop("smoke", {}))
             timeouts = Timeouts(**raw.pop("timeouts", {}))
             raw["secret_names"] = tuple(raw.get("secret_names", ()))
+            raw["keep_secret_env"] = tuple(raw.get("keep_secret_env", ()))
             req = cls(smoke=smoke, timeouts=timeouts, **raw)
         except TypeError as exc:
             raise ProtocolError(f"bad request: {exc}") from None
@@ -214,6 +217,11 @@ class Request:
         _check(_is_number(self.margin), "margin must be a number")
         _check(isinstance(self.detach, bool), "detach must be true or false")
         _check(all(isinstance(name, str) for name in self.secret_names), "secret_names must be text")
+        kept = self.keep_secret_env
+        _check(
+            all(isinstance(n, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) for n in kept),
+            "bad keep_secret_env",
+        )
         _check(isinstance(self.host_name, str) and not _ANY_CONTROL.search(self.host_name), "bad host_name")
         if self.metrics_file is not None:
             ok = isinstance(self.metrics_file, str) and "/../" not in self.metrics_file

@@ -23,6 +23,8 @@ FAST_SIM = {
     "SGLANG_SIM_STEP_SECONDS": "0.1",
     "SGLANG_SIM_WARMUP_SECONDS": "0.2",
 }
+# The `sglang` console script of SGLang's wheel (entry point sglang.cli.main:main): `sglang serve ...`.
+SGLANG_SCRIPT = b"#!/usr/bin/python3\nimport sys\nfrom sglang.cli.main import main\nsys.exit(main())\n"
 
 
 @dataclass
@@ -77,6 +79,7 @@ def boot(sim_env: Mapping[str, str] | None = None) -> SimHost:
         files = {
             "/etc/systemd/system/sglang.service": (unit.encode(), 0o644),
             "/etc/systemd/system/sglang.service.d/sim.conf": (dropin.encode(), 0o644),
+            "/usr/local/bin/sglang": (SGLANG_SCRIPT, 0o755),
         }
         host = TestHost.create(files=files, enable_units=["sglang.service"], mount_agent=False)
         ssh_config = work / "ssh_config"

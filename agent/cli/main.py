@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "backups": ("backups", "list a host's unit backups and their flag differences"),
     "status": ("status", "show a host's service and its running or last transaction"),
     "parse-log": ("parse_log", "summarise an SGLang startup log (pool, memory, failure)"),
+    "adopt": ("adopt", "write a host's inventory from the SGLang unit it already runs"),
 }
 
 

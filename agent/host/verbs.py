@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from agent import __version__
 from agent.exitcodes import ExitCode
+from agent.host import adopt
 from agent.host.events import EventLog, journal_note, utc_now
 from agent.host.journal import Journal
 from agent.host.lock import Locked, UnitLock, describe_holder
@@ -49,7 +50,7 @@ def dispatch(req: Request, out: TextIO) -> int:
     if req.verb == "follow":
         assert req.txn is not None
         return follow(req, req.txn, out)
-    result = {"facts": facts, "backups": backups, "status": status}[req.verb](req)
+    result = {"facts": facts, "backups": backups, "status": status, "inspect": adopt.inspect}[req.verb](req)
     result["orphan"] = orphaned(req)
     out.write(json.dumps(result, sort_keys=True, default=str) + "\n")
     return 0

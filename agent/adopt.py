@@ -53,6 +53,7 @@ class Inspected:
     def from_json(cls, raw: Mapping[str, Any]) -> Inspected:
         data = dict(raw)
         data["directives"] = [tuple(d) for d in data.get("directives", [])]
+        data["environment"] = dict(data.get("environment") or [])
         data["drop_ins"] = [
             DropIn(d["path"], list(d.get("lines", [])), bool(d.get("sets_exec_start")))
             for d in data.get("drop_ins", [])

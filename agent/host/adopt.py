@@ -84,7 +84,7 @@ def _describe(
     info.update(
         description=hand.description,
         user=hand.user,
-        environment=hand.environment,
+        environment=[[k, v] for k, v in hand.environment.items()],  # a list: the reply's keys are sorted
         secret_environment=hand.secret_environment,
         directives=[[d.section, d.key, d.value] for d in hand.other],
         exec_start_raw_count=len(hand.exec_start),

@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.chart import draw, from_plan
 from agent.cli.main import add_target_args
 from agent.errors import UsageError
 from agent.inventory import load_host, units_dir
-from agent.output import Output
+from agent.output import Output, Style
 from agent.plan.choose import Plan, plan_for_host
 from agent.sglang.logs.summary import start_figures
 
@@ -62,7 +63,18 @@ def run(args: argparse.Namespace, out: Output) -> int:
         out.print(json.dumps(plan.to_dict(), indent=2))
     else:
         out.print(render_plan(host.name, plan))
-    return 0  # an infeasible plan is information, not a failure
+        out.print()
+        out.print(draw(from_plan(plan, _fraction(running)), unicode=out.style is Style.TTY))
+    return 0
+
+
+def _fraction(flags: Mapping[str, Any]) -> float | None:
+    """The running --mem-fraction-static, if the unit sets one that reads as a number."""
+    try:
+        value = float(flags["mem-fraction-static"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return value if 0 < value < 1 else None  # an infeasible plan is information, not a failure
 
 
 def read_start(path: Path) -> dict[str, Any]:

@@ -127,9 +127,11 @@ def _ticks(frame: _Frame) -> str:
     return " " * (LABEL + 1) + "".join(ticks).rstrip()
 
 
-def _legend(chart: PoolChart, m: Marks) -> list[str]:
+def _legend(chart: PoolChart, frame: _Frame, m: Marks) -> list[str]:
+    shared = " (the target's row)" if frame.row(chart.goal) == frame.row(chart.target) else ""
     lines = [
-        f"  {m.curve} predicted pool  {m.target} target {chart.target:,}  {m.goal} with margin {chart.goal:,}"
+        f"  {m.curve} predicted pool  {m.target} target {chart.target:,}  "
+        f"{m.goal} with margin {chart.goal:,}{shared}"
     ]
     chosen = f"  {m.chosen} chosen {chart.chosen:.3f}: {chart.chosen_pool:,} tokens"
     if chart.current is not None:
@@ -155,4 +157,4 @@ def draw(chart: PoolChart, unicode: bool = False) -> str:
         lines.append(f"{labels.get(r, ''):>{LABEL - 1}} {m.axis_y}{''.join(grid[r])}".rstrip())
     lines.append(f"{'0':>{LABEL - 1}} {m.corner}{m.axis_x * WIDTH}")
     lines.append(_ticks(frame))
-    return "\n".join(lines + _legend(chart, m))
+    return "\n".join(lines + _legend(chart, frame, m))

@@ -14,7 +14,7 @@ from agent.inventory import load_host
 from agent.render import render_unit, template_dir
 from agent.sglang.flags import diff_flags, normalize, parse_flag_words, parse_unit_flags
 from tests.integration.conftest import cli, invocation, wait_for, wait_pool
-from tests.simhost import SimHost
+from tests.simhost import DROP_IN, TOKEN, SimHost, hand_unit, install_hand_written
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,46 +24,9 @@ else:  # pragma: no cover
 pytestmark = pytest.mark.integration
 
 HOST = "ct200-hand"
-TOKEN = "hf_'q\"$x`y"
 UNIT = "/etc/systemd/system/sglang.service"
 COPY = "dctl-adopted.service"  # the rendered unit, loaded next to the hand-written one to compare them
 HAND_COPY = "dctl-hand.service"  # the hand-written unit under a name that differs as little
-
-
-def hand_unit(port: int) -> str:
-    """Written by hand: `sglang serve`, odd but valid quoting, a token inline, extra directives."""
-    token = TOKEN.replace("\\", "\\\\").replace('"', '\\"')
-    return f"""# SGLang on ct200, by hand
-[Unit]
-Description=SGLang by hand 100%%
-After=network-online.target
-StartLimitIntervalSec=0
-
-[Service]
-User=sglang
-Group=sglang
-Environment="SGLANG_LOG_MS=1" 'NOTE=two  spaces' HF_TOKEN="{token}"
-ExecStartPre=/bin/sh -c 'test -d /tmp || exit 1'
-ExecStart=/usr/local/bin/sglang serve --model-path /models/Kimi-K2.6 \\
-    --served-model-name "kimi-k2.6" '--tp-size=8' --context-length 32768 \\
-# the baseline the team agreed on
-    --mem-fraction-static 0.85 --max-running-requests 64 --chunked-prefill-size 8192 \\
-    --trust-remote-code --speculative-algorithm DFLASH \\
-    --speculative-draft-model-path "/models/Kimi-K2.6-DFlash" --host 127.0.0.1 --port {port}
-LimitNOFILE=524288
-Nice=5
-CPUAffinity=0
-Restart=on-failure
-RestartSec=7
-KillMode=mixed
-TimeoutStopSec=20
-
-[Install]
-WantedBy=multi-user.target
-"""
-
-
-DROP_IN = "[Service]\nEnvironment=FROM_DROP_IN=1\nLimitCORE=0\n"
 
 
 def _show(sim: SimHost, unit: str) -> dict[str, str]:
@@ -86,16 +49,6 @@ def _command(argv: list[str] | tuple[str, ...]) -> tuple[list[str], list[tuple[s
     """(the words before the first flag, the flags in order): how SGLang reads argv."""
     first = next(i for i, w in enumerate(argv) if w.startswith("--"))
     return list(argv[:first]), list(parse_flag_words(argv[first:]).items())
-
-
-def _install_hand_written(sim: SimHost, text: str) -> None:
-    made = sim.host.ssh(["useradd", "--system", "--no-create-home", "--user-group", "sglang"])
-    assert made.returncode == 0, made.stderr.decode()
-    sim.host.put(UNIT, text.encode())
-    sim.host.put("/etc/systemd/system/sglang.service.d/10-hand.conf", DROP_IN.encode())
-    done = sim.host.ssh(["sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service"])
-    assert done.returncode == 0, done.stderr.decode()
-    wait_for(lambda: _alive(sim), timeout=120, interval=0.3)
 
 
 def _alive(sim: SimHost) -> bool:
@@ -140,7 +93,8 @@ def test_adopt_render_apply_rollback(fresh_sim: SimHost) -> None:
     sim = fresh_sim
     port = int(str(parse_unit_flags(sim.unit_text())["port"]))
     hand = hand_unit(port)
-    _install_hand_written(sim, hand)
+    install_hand_written(sim, hand)
+    wait_for(lambda: _alive(sim), timeout=120, interval=0.3)
     argv_before, env_before = _proc(sim)
     assert env_before["HF_TOKEN"] == TOKEN and argv_before[1:3] == ["/usr/local/bin/sglang", "serve"]
 

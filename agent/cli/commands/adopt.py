@@ -54,5 +54,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     out.print(f"adopted {unit.name} ({unit.fragment_path}) from {args.ssh} into {path}")
     if unit.secret_environment:
         out.print(f"secrets kept on the host (values never read here): {', '.join(unit.secret_environment)}")
-    out.print(f"next: deployctl render {args.host} --diff   then   deployctl apply {args.host} --context ...")
+    out.print(
+        f"next: deployctl apply {args.host} --context 200k --dry-run   (the plan and the diff; no change)"
+    )
     return 0

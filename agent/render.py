@@ -177,6 +177,10 @@ _DIRECTIVE_LINE = re.compile(r"[A-Z][A-Za-z0-9]*=.*")
 
 def _validate_adopted(host: HostConfig) -> None:
     """The verbatim directives and the kept secret names of an adopted unit."""
+    if host.unit.verbatim and host.unit.template == "sglang.service.j2":
+        raise RenderError(
+            "unit.verbatim: only templates/sglang-adopted.service.j2 renders it (unit.template)"
+        )
     for section, lines in host.unit.verbatim.items():
         for i, line in enumerate(lines):
             field = f"unit.verbatim.{section}[{i}]"

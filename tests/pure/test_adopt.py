@@ -11,7 +11,7 @@ import pytest
 
 from agent.adopt import choose_unit, inventory_text, split_command
 from agent.cli.main import main
-from agent.errors import UsageError
+from agent.errors import RenderError, UsageError
 from agent.exitcodes import ExitCode
 from agent.host.adopt import _describe, kept_secret_env
 from agent.host.secrets import env_file_text
@@ -229,3 +229,27 @@ def test_an_existing_inventory_is_not_overwritten_without_force(tmp_path: Path) 
     assert code == ExitCode.USAGE
     assert "ct200.toml exists" in err.getvalue() and "--force" in err.getvalue()
     assert (tmp_path / "ct200.toml").read_text() == "# mine\n"
+
+
+def test_odd_values_survive_the_toml_and_the_render(tmp_path: Path) -> None:
+    odd = 'q"uote back\\slash é $HOME %n'
+    text = HAND.replace(
+        "Environment=SGLANG_LOG_MS=1",
+        "Environment='ODD=" + odd.replace("\\", "\\\\").replace("%", "%%") + "'",
+    )
+    assert read_unit(text).environment["ODD"] == odd
+    host = adopted(tmp_path, text)
+    assert host.unit.environment["ODD"] == odd
+    assert read_unit(render_unit(host, {}, template_dir())).environment["ODD"] == odd
+
+
+def test_verbatim_lines_need_the_adopted_template_and_must_be_directives(tmp_path: Path) -> None:
+    host = adopted(tmp_path)
+    for unit, message in (
+        ({"template": "sglang.service.j2"}, "only templates/sglang-adopted"),
+        ({"verbatim": {"Service": ["not a directive"]}}, "is not a Key=value directive"),
+        ({"verbatim": {"Service": ["Nice=5\\"]}}, "must not end with a backslash"),
+    ):
+        bad = host.model_copy(update={"unit": host.unit.model_copy(update=unit)})
+        with pytest.raises(RenderError, match=message):
+            render_unit(bad, {}, template_dir())

@@ -28,7 +28,7 @@ from agent.render import (
     template_dir,
     unit_diff,
 )
-from agent.report import ApplyReport, backups_table, render_plan, render_report
+from agent.report import ApplyReport, backups_table, plan_with_chart, render_report
 from agent.sglang.flags import FlagChange, FlagsError, diff_flags, flag_table, parse_unit_flags
 from agent.verify import render_checked
 
@@ -150,7 +150,8 @@ def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text
         return
     secrets = host.unit.secret_environment
     changes = redact_changes(diff_flags(_readable_flags(old_text), parse_unit_flags(new_text)))
-    out.note(render_plan(host.name, plan))  # the same text `deployctl plan` prints
+    # the same text `deployctl plan` prints
+    out.note(plan_with_chart(host.name, plan, _readable_flags(old_text), unicode=out.style is Style.TTY))
     env_secrets, flag_secrets = secret_values(host, plan.flags())
     if env_secrets or flag_secrets:
         out.note("   " + secrets_line(host, env_secrets, flag_secrets))

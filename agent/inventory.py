@@ -106,6 +106,15 @@ class Unit(_Model):
     secrets_directory: AbsPath = Field(
         default="/etc/deployctl/secrets", description="root-only folder of secret values on the host"
     )
+    secret_environment_on_host: list[Text] = Field(
+        default_factory=list,
+        description="secret variables whose values stay on the host (adopt): the agent moves them from the "
+        "unit it replaces into the root-only file",
+    )
+    verbatim: dict[Literal["Unit", "Service", "Install"], list[Text]] = Field(
+        default_factory=dict,
+        description="directives the template does not model, per section, kept as written (adopt)",
+    )
     keep_backups: int = Field(default=10, ge=1, le=1000)
     start_timeout_s: int = Field(default=3600, ge=10)
 

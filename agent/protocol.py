@@ -17,7 +17,7 @@ from typing import Any
 from agent.exitcodes import ExitCode
 
 VERSION = 1
-VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow")
+VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow", "inspect")
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
 BACKUP_NAME = re.compile(rf"(?P<unit>{UNIT_NAME.pattern})\.bak\.(?P<ts>\d{{8}}T\d{{6}}Z)(?:-\d+)?")
 TXN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
@@ -169,6 +169,8 @@ class Request:
     secret_env: dict[str, str] = field(default_factory=dict)
     secret_flags: dict[str, str] = field(default_factory=dict)
     secrets_dir: str = "/etc/deployctl/secrets"
+    # apply: secret variables whose values stay on the host (an adopted unit's): taken from what it has
+    keep_secret_env: tuple[str, ...] = ()
     host_name: str = ""  # the inventory's name for the host: the metrics' host label
     prewarm: bool = True  # read the new unit's weights into the page cache before the restart
     prewarm_margin_gib: float = 8.0  # host memory that pre-warming leaves free
@@ -192,6 +194,7 @@ class Request:
             smoke = Smoke(**raw.pop("smoke", {}))
             timeouts = Timeouts(**raw.pop("timeouts", {}))
             raw["secret_names"] = tuple(raw.get("secret_names", ()))
+            raw["keep_secret_env"] = tuple(raw.get("keep_secret_env", ()))
             req = cls(smoke=smoke, timeouts=timeouts, **raw)
         except TypeError as exc:
             raise ProtocolError(f"bad request: {exc}") from None
@@ -246,6 +249,11 @@ class Request:
         _check(isinstance(self.prewarm, bool), "prewarm must be true or false")
         _check(_is_number(self.prewarm_margin_gib) and self.prewarm_margin_gib >= 0, "bad prewarm margin")
         _check(all(isinstance(name, str) for name in self.secret_names), "secret_names must be text")
+        kept = self.keep_secret_env
+        _check(
+            all(isinstance(n, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) for n in kept),
+            "bad keep_secret_env",
+        )
         _check(isinstance(self.host_name, str) and not find_control(self.host_name), "bad host_name")
         if self.metrics_file is not None:
             ok = isinstance(self.metrics_file, str) and "/../" not in self.metrics_file

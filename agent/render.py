@@ -106,8 +106,11 @@ def secrets_line(host: HostConfig, env: Mapping[str, str], flags: Mapping[str, s
 
 def effective_flags(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[str, FlagInput]:
     """The inventory's baseline flags updated by `flags`, with the model, draft and listen address added."""
-    merged: dict[str, FlagInput] = {"model-path": host.model.path}
-    if host.model.served_name:
+    merged: dict[str, FlagInput] = {}
+    # An adopted baseline lists --model-path where the hand-written unit had it: keep that order.
+    if "model-path" not in host.sglang.flags:
+        merged["model-path"] = host.model.path
+    if host.model.served_name and "served-model-name" not in host.sglang.flags:
         merged["served-model-name"] = host.model.served_name
     merged.update(host.sglang.flags)
     merged.update(flags)
@@ -160,8 +163,35 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
         )
     if not host.sglang.executable or not host.sglang.executable[0].startswith("/"):
         raise RenderError("sglang.executable[0]: must be an absolute path")
+    _validate_adopted(host)
     if "/" in host.unit.template or host.unit.template.startswith("."):
         raise RenderError(f"unit.template: {host.unit.template!r} must be a file name in the template folder")
+
+
+_DIRECTIVE_LINE = re.compile(r"[A-Z][A-Za-z0-9]*=.*")
+
+
+def _validate_adopted(host: HostConfig) -> None:
+    """The verbatim directives and the kept secret names of an adopted unit."""
+    if host.unit.verbatim and host.unit.template == "sglang.service.j2":
+        raise RenderError(
+            "unit.verbatim: only templates/sglang-adopted.service.j2 renders it (unit.template)"
+        )
+    for section, lines in host.unit.verbatim.items():
+        for i, line in enumerate(lines):
+            field = f"unit.verbatim.{section}[{i}]"
+            check_text(field, line)
+            if not _DIRECTIVE_LINE.fullmatch(line):
+                raise RenderError(f"{field}: {line!r} is not a Key=value directive")
+            if (len(line) - len(line.rstrip("\\"))) % 2:
+                raise RenderError(f"{field}: must not end with a backslash (it would continue the line)")
+    if host.sglang.flags.get("model-path", host.model.path) != host.model.path:
+        raise RenderError("sglang.flags.model-path: must be the same as model.path")
+    for name in host.unit.secret_environment_on_host:
+        if not ENV_NAME.fullmatch(name) or name in host.unit.environment:
+            raise RenderError(
+                f"unit.secret_environment_on_host: {name!r} must be a variable name not in unit.environment"
+            )
 
 
 def _specifiers(text: str) -> str:
@@ -191,7 +221,12 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
         "environment": [
             _env_word(k, v) for k, v in host.unit.environment.items() if k not in secret_env(host)
         ],
-        "environment_file": _specifiers(secret_path(secrets_dir, unit, "env")) if secret_env(host) else None,
+        "environment_file": (
+            _specifiers(secret_path(secrets_dir, unit, "env"))
+            if secret_env(host) or host.unit.secret_environment_on_host
+            else None
+        ),
+        "verbatim": host.unit.verbatim,
         "load_credential": (
             _specifiers(f"{SECRET_CREDENTIAL}:{secret_path(secrets_dir, unit, 'flags.yaml')}")
             if secret

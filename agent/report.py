@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.chart import draw, from_plan
 from agent.plan.choose import Plan
 from agent.protocol import DOWNTIME_PHASES, Outcome
 from agent.sglang.flags import FlagChange, diff_flags, flag_table
@@ -196,3 +197,18 @@ def render_plan(host: str, plan: Plan) -> str:
     lines.extend(f"  warning: {w}" for w in plan.warnings)
     lines.extend(f"  note: {n}" for n in plan.notes)
     return "\n".join(lines)
+
+
+def plan_with_chart(host: str, plan: Plan, running: Mapping[str, Any], *, unicode: bool) -> str:
+    """What `plan` and `apply --dry-run` both print: the plan, then the pool against the fraction."""
+    chart = draw(from_plan(plan, _running_fraction(running)), unicode=unicode)
+    return f"{render_plan(host, plan)}\n\n{chart}"
+
+
+def _running_fraction(flags: Mapping[str, Any]) -> float | None:
+    """The running --mem-fraction-static, if the unit sets one that reads as a number."""
+    try:
+        value = float(flags["mem-fraction-static"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return value if 0 < value < 1 else None

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.host.adopt import kept_secret_env
 from agent.host.decide import Action, Gate
 from agent.host.events import EventLog, utc_now
 from agent.host.secrets import SecretFiles
@@ -89,7 +90,13 @@ class Transaction:
             msg = f"{self.files.path(self.unit)} changed on the host since it was planned (edited by hand?)"
             self.log.emit(Stage.COMPARE, "warning", msg)
             return Result(Outcome.ERROR, msg + "; nothing changed: re-run to plan against it")
-        secrets = self.secrets.wanted(self.req.secret_env, self.req.secret_flags)
+        kept = kept_secret_env(self.req.keep_secret_env, self.secrets.current()["env"], current)
+        missing = [n for n in self.req.keep_secret_env if n not in kept]
+        if missing:
+            msg = f"no value on the host for the kept secret variable(s) {', '.join(missing)}"
+            self.log.emit(Stage.COMPARE, "warning", msg)
+            return Result(Outcome.ERROR, msg + "; nothing changed: set them in the inventory's environment")
+        secrets = self.secrets.wanted({**kept, **self.req.secret_env}, self.req.secret_flags)
         same = current == new and self.secrets.current() == secrets
         if same and self._running_as_installed() and self._met_target(sha256(new)):
             msg = f"{self.unit} is already up to date and its pool meets the target: nothing to do"

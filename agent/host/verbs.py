@@ -9,7 +9,7 @@ import subprocess
 from typing import Any, TextIO
 
 from agent import __version__
-from agent.host import recovery, runner
+from agent.host import adopt, recovery, runner
 from agent.host.journal import Journal
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
@@ -28,7 +28,7 @@ def dispatch(req: Request, out: TextIO) -> int:
     if req.verb == "follow":
         assert req.txn is not None
         return runner.follow(req, req.txn, out)
-    result = {"facts": facts, "backups": backups, "status": status}[req.verb](req)
+    result = {"facts": facts, "backups": backups, "status": status, "inspect": adopt.inspect}[req.verb](req)
     result["orphan"] = recovery.orphaned(req, runner.running(req))
     out.write(json.dumps(result, sort_keys=True, default=str) + "\n")
     return 0

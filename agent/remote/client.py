@@ -45,6 +45,7 @@ def base_request(host: HostConfig, verb: str, **fields: Any) -> Request:
         keep_backups=host.unit.keep_backups,
         secret_names=tuple(host.unit.secret_environment),
         secrets_dir=host.unit.secrets_directory,
+        keep_secret_env=tuple(host.unit.secret_environment_on_host),
         host_name=host.name,
         metrics_file=host.metrics.file_for(host.unit.name),
         prewarm=host.prewarm.enabled,

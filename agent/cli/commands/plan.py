@@ -11,9 +11,9 @@ from typing import Any
 from agent.cli.options import Connection, add_target_args
 from agent.errors import UsageError
 from agent.inventory import load_host, units_dir
-from agent.output import Output
+from agent.output import Output, Style
 from agent.plan.choose import plan_for_host
-from agent.report import render_plan
+from agent.report import plan_with_chart
 from agent.sglang.logs.summary import start_figures
 
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.json:
         out.print(json.dumps(plan.to_dict(), indent=2))
     else:
-        out.print(render_plan(host.name, plan))
+        out.print(plan_with_chart(host.name, plan, running, unicode=out.style is Style.TTY))
     return 0  # an infeasible plan is information, not a failure
 
 

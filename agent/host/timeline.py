@@ -60,9 +60,11 @@ def downtime(events: Iterable[Event]) -> Downtime:
             marks.setdefault("smoke", at)
             answered = answered or at
         elif e.stage == Stage.SMOKE.value and e.data.get("passed") is True:
-            answered = at
+            answered = marks["answered_by_smoke"] = at
     if "stop" not in marks or answered is None:
         return Downtime(None)
+    if "answered_by_smoke" not in marks and "rollback" not in marks:
+        marks.pop("smoke", None)  # no smoke test ran: /health was the answer
     order = [(p, marks[p]) for p in DOWNTIME_PHASES if p in marks]
     ends = [t for _, t in order[1:]] + [answered]
     phases = {p: round(max(0.0, end - start), 3) for (p, start), end in zip(order, ends, strict=True)}

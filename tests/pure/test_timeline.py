@@ -41,6 +41,11 @@ def test_a_rejected_start_runs_on_until_the_old_server_is_back() -> None:
     assert d.seconds == 23.0 and d.phases["rollback"] == 9.0
 
 
+def test_without_a_smoke_test_health_is_the_answer() -> None:
+    d = downtime([*start(3)[:-1], ev(14, "commit")])
+    assert d.seconds == 11.0 and "smoke" not in d.phases and d.phases["ready"] == 1.0
+
+
 def test_no_answer_no_figure() -> None:
     assert downtime(start(3)[:4]).seconds is None
     assert downtime([ev(0, "lock"), ev(1, "compare"), ev(2, "done", "outcome")]).seconds is None

@@ -37,35 +37,53 @@ def downtime(events: Iterable[Event]) -> Downtime:
 
     A rejected start's downtime runs on until the old server is healthy again ("rollback" phase).
     """
-    marks: dict[str, float] = {}
-    answered: float | None = None
+    marks = _Marks()
     for e in events:
+        marks.see(e)
+    return marks.downtime()
+
+
+class _Marks:
+    """When each phase began, and when the server answered, as the events tell it."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, float] = {}
+        self.answered: float | None = None
+        self.smoked = False
+
+    def see(self, e: Event) -> None:
         at = seconds_of(e.ts)
-        if e.stage == Stage.RESTART.value and e.kind == "step" and "stop" not in marks:
+        if e.stage == Stage.RESTART.value and e.kind == "step" and "stop" not in self.at:
             stopping = e.data.get("stopping_at")
-            marks["stop"] = seconds_of(stopping) if isinstance(stopping, str) else at
-            marks["init"] = at
-        elif "stop" not in marks:
-            continue
-        elif "rollback" in marks:
+            self.at["stop"] = seconds_of(stopping) if isinstance(stopping, str) else at
+            self.at["init"] = at
+        elif "stop" not in self.at:
+            return
+        elif "rollback" in self.at:
             if e.stage == Stage.VERIFY_OLD.value and e.kind == "step" and "kv_tokens" in e.data:
-                answered = at  # the old server is back and healthy
+                self.answered = at  # the old server is back and healthy
         elif e.stage in (Stage.ROLLBACK.value, Stage.RESTORE.value):
-            marks["rollback"], answered = at, None
-        elif e.stage == Stage.WATCH.value and e.kind == "progress":
+            self.at["rollback"], self.answered = at, None
+        else:
+            self._new_start(e, at)
+
+    def _new_start(self, e: Event, at: float) -> None:
+        if e.stage == Stage.WATCH.value and e.kind == "progress":
             phase = _LOG_PHASE.get(str(e.data.get("phase")))
             if phase is not None:
-                marks.setdefault(phase, at)
+                self.at.setdefault(phase, at)
         elif e.stage == Stage.READY.value and e.kind == "step":
-            marks.setdefault("smoke", at)
-            answered = answered or at
+            self.at.setdefault("smoke", at)
+            self.answered = self.answered or at
         elif e.stage == Stage.SMOKE.value and e.data.get("passed") is True:
-            answered = marks["answered_by_smoke"] = at
-    if "stop" not in marks or answered is None:
-        return Downtime(None)
-    if "answered_by_smoke" not in marks and "rollback" not in marks:
-        marks.pop("smoke", None)  # no smoke test ran: /health was the answer
-    order = [(p, marks[p]) for p in DOWNTIME_PHASES if p in marks]
-    ends = [t for _, t in order[1:]] + [answered]
-    phases = {p: round(max(0.0, end - start), 3) for (p, start), end in zip(order, ends, strict=True)}
-    return Downtime(round(answered - marks["stop"], 3), phases)
+            self.answered, self.smoked = at, True
+
+    def downtime(self) -> Downtime:
+        if "stop" not in self.at or self.answered is None:
+            return Downtime(None)
+        if not self.smoked and "rollback" not in self.at:
+            self.at.pop("smoke", None)  # no smoke test ran: /health was the answer
+        order = [(p, self.at[p]) for p in DOWNTIME_PHASES if p in self.at]
+        ends = [t for _, t in order[1:]] + [self.answered]
+        phases = {p: round(max(0.0, end - start), 3) for (p, start), end in zip(order, ends, strict=True)}
+        return Downtime(round(self.answered - self.at["stop"], 3), phases)

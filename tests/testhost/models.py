@@ -14,20 +14,27 @@ from tests.testhost.rootfs import STATE_DIR
 
 MODELS = STATE_DIR / "models"
 MIB = 1 << 20
-# folder in the test host -> (shards, MiB per shard)
+# folder in the test host -> (shards, MiB per shard). The benchmark scales the shards up (a load that
+# dominates the restart, as on a real host) with DEPLOYCTL_TESTHOST_WEIGHTS_SCALE; each scale has its own
+# folder, so tests and benchmark never rewrite each other's files.
 LAYOUT = {"/models/Kimi-K2.6": (8, 96), "/models/Kimi-K2.6-DFlash": (1, 32)}
+
+
+def scale() -> int:
+    return max(1, int(os.environ.get("DEPLOYCTL_TESTHOST_WEIGHTS_SCALE", "1")))
 
 
 def shard_paths(inside: str) -> list[Path]:
     shards, _ = LAYOUT[inside]
-    folder = MODELS / Path(inside).name
+    folder = MODELS / f"x{scale()}" / Path(inside).name
     return [folder / f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
 
 
 def ensure_models() -> dict[str, str]:
     """Create the folders once (a size that changed is rewritten); {folder here: folder in the host}."""
     binds = {}
-    for inside, (_, mib) in LAYOUT.items():
+    for inside, (_, shard_mib) in LAYOUT.items():
+        mib = shard_mib * scale()
         for path in shard_paths(inside):
             if not path.exists() or path.stat().st_size != mib * MIB:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -37,7 +44,7 @@ def ensure_models() -> dict[str, str]:
                     for _ in range(mib):
                         f.write(block)
                 os.replace(tmp, path)
-        binds[str(MODELS / Path(inside).name)] = inside
+        binds[str(shard_paths(inside)[0].parent)] = inside
     return binds
 
 

@@ -197,6 +197,22 @@ def inventory_text(
     return tomlkit.dumps(doc)
 
 
+def _verbatim_table(unit: Inspected) -> Any:
+    """The directives the template does not model, section by section, as written."""
+    verbatim = tomlkit.table()
+    for section in ("Unit", "Service", "Install"):
+        lines = [f"{k}={v}" for s, k, v in unit.directives if s == section]
+        if lines:
+            array = tomlkit.array()
+            array.extend(lines)
+            array.multiline(True)
+            verbatim.add(section, array)
+    others = sorted({s for s, _k, _v in unit.directives} - {"Unit", "Service", "Install"})
+    if others:
+        raise UsageError(f"{unit.name}: section [{others[0]}] is not supported in an adopted unit")
+    return verbatim
+
+
 def _unit_table(unit: Inspected) -> Any:
     table = tomlkit.table()
     table.add("name", unit.name)
@@ -217,17 +233,7 @@ def _unit_table(unit: Inspected) -> Any:
         table.add(tomlkit.comment("a root-only file (EnvironmentFile=) and keeps them there."))
         table.add("secret_environment", list(unit.secret_environment))
         table.add("secret_environment_on_host", list(unit.secret_environment))
-    verbatim = tomlkit.table()
-    for section in ("Unit", "Service", "Install"):
-        lines = [f"{k}={v}" for s, k, v in unit.directives if s == section]
-        if lines:
-            array = tomlkit.array()
-            array.extend(lines)
-            array.multiline(True)
-            verbatim.add(section, array)
-    others = sorted({s for s, _k, _v in unit.directives} - {"Unit", "Service", "Install"})
-    if others:
-        raise UsageError(f"{unit.name}: section [{others[0]}] is not supported in an adopted unit")
+    verbatim = _verbatim_table(unit)
     if unit.drop_ins:
         table.add(tomlkit.comment("Drop-ins: left on the host as they are; systemd keeps merging them."))
         for d in unit.drop_ins:

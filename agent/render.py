@@ -144,11 +144,7 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
     """Check every value before anything is rendered; the first bad one raises RenderError."""
     for field, value in _host_fields(host):
         check_text(field, value)
-    for name, env_value in host.unit.environment.items():
-        check_text(f"unit.environment.{name}", name)
-        if not ENV_NAME.fullmatch(name):
-            raise RenderError(f"unit.environment.{name}: a variable name must match {ENV_NAME.pattern}")
-        check_text(f"unit.environment.{name}", env_value)
+    _validate_environment(host.unit.environment)
     for flag, baseline_value in host.sglang.flags.items():
         check_flag(flag, baseline_value, "sglang.flags")
     for flag, flag_value in flags.items():
@@ -166,6 +162,14 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
     _validate_adopted(host)
     if "/" in host.unit.template or host.unit.template.startswith("."):
         raise RenderError(f"unit.template: {host.unit.template!r} must be a file name in the template folder")
+
+
+def _validate_environment(environment: Mapping[str, str]) -> None:
+    for name, env_value in environment.items():
+        check_text(f"unit.environment.{name}", name)
+        if not ENV_NAME.fullmatch(name):
+            raise RenderError(f"unit.environment.{name}: a variable name must match {ENV_NAME.pattern}")
+        check_text(f"unit.environment.{name}", env_value)
 
 
 _DIRECTIVE_LINE = re.compile(r"[A-Z][A-Za-z0-9]*=.*")

@@ -236,15 +236,21 @@ class Transaction:
             return self._refuse_unloaded(elsewhere, backup_name, wrote)
         self._prewarm(new)
         self._record(PHASE_RESTARTED, backup_name, new, wrote)
+        return self._start_and_decide(new, gate, smoke, backup_name, restored_from)
+
+    def _start_and_decide(
+        self, new: str, gate: Gate, smoke: Smoke | None, backup: str | None, restored_from: str | None
+    ) -> Result:
+        """Restart, watch, gate, verify: commit the new unit, or roll back to the backup."""
         started = self._restart_and_watch(gate, Stage.WATCH)
         if started.verdict.action is Action.READY:
             verified = self._verify(started, smoke, gate)
             if verified is None:
-                return self._commit(started, new, backup_name, restored_from)
+                return self._commit(started, new, backup, restored_from)
             reason = verified
         else:
             reason = started.verdict.reason
-        return self._roll_back(reason, started, backup_name, new)
+        return self._roll_back(reason, started, backup, new)
 
     def _loaded_elsewhere(self) -> str | None:
         """Why what systemd loaded is not the file just written (another copy or a drop-in wins), or None.

@@ -79,18 +79,23 @@ def read_unit(text: str) -> HandUnit:
             unit.user = value.replace("%%", "%") or None
         elif key == "ExecStart":
             unit.exec_start = [*unit.exec_start, value] if value else []  # empty: resets the list
-        elif not value:
-            unit.environment.clear()  # Environment= with nothing resets the variables set so far
-            unit.secret_environment.clear()
         else:
-            for name, val in split_environment(value):
-                if is_secret_env(name):
-                    unit.environment.pop(name, None)
-                    if name not in unit.secret_environment:
-                        unit.secret_environment.append(name)
-                else:
-                    unit.environment[name] = val
+            _read_environment(unit, value)
     return unit
+
+
+def _read_environment(unit: HandUnit, value: str) -> None:
+    """One Environment= line: NAME=VALUE words, secret names kept apart; an empty one resets them all."""
+    if not value:
+        unit.environment.clear()
+        unit.secret_environment.clear()
+    for name, val in split_environment(value) if value else []:
+        if is_secret_env(name):
+            unit.environment.pop(name, None)
+            if name not in unit.secret_environment:
+                unit.secret_environment.append(name)
+        else:
+            unit.environment[name] = val
 
 
 def runs_sglang(argv: Sequence[str]) -> bool:

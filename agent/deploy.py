@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.cli.options import Change, Connection
 from agent.errors import ConnectError, UsageError
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_host, units_dir
@@ -28,7 +28,7 @@ from agent.render import (
     template_dir,
     unit_diff,
 )
-from agent.report import ApplyReport, backups_table, render_report
+from agent.report import ApplyReport, backups_table, plan_with_chart, render_report
 from agent.sglang.flags import FlagChange, FlagsError, diff_flags, flag_table, parse_unit_flags
 from agent.verify import render_checked
 
@@ -40,11 +40,11 @@ class Session:
 
 
 @contextlib.contextmanager
-def session(args: argparse.Namespace) -> Iterator[Session]:
-    host = load_host(args.host, units_dir(args.units))
-    if getattr(args, "local", False):
+def session(conn: Connection) -> Iterator[Session]:
+    host = load_host(conn.host, units_dir(conn.units))
+    if conn.local:
         host = host.model_copy(update={"ssh": host.ssh.model_copy(update={"target": "local"})})
-    transport = open_transport(host, getattr(args, "accept_new_host_key", False))
+    transport = open_transport(host, conn.accept_new_host_key)
     try:
         yield Session(host, AgentClient(transport, host))
     finally:
@@ -63,44 +63,44 @@ def calibration_from(facts: Mapping[str, Any]) -> list[Mapping[str, Any]] | None
     return history[-1:] or None
 
 
-def make_plan(host: HostConfig, args: argparse.Namespace, facts: Mapping[str, Any]) -> Plan:
+def make_plan(host: HostConfig, change: Change, facts: Mapping[str, Any]) -> Plan:
     running = facts.get("flags") or dict(host.sglang.flags)
     return plan_for_host(
         host,
-        args.context,
+        change.context,
         calibration_from(facts),
         running,
-        args.mem_fraction_static,
-        args.max_running_requests,
+        change.mem_fraction_static,
+        change.max_running_requests,
     )
 
 
-def apply(args: argparse.Namespace, out: Output) -> int:
-    with session(args) as s:
+def apply(conn: Connection, change: Change, out: Output) -> int:
+    with session(conn) as s:
         facts = s.client.call(base_request(s.host, "facts"))
         if recover_orphan(out, s, facts):
             facts = s.client.call(base_request(s.host, "facts"))
-        plan = make_plan(s.host, args, facts)
+        plan = make_plan(s.host, change, facts)
         old_text = facts.get("unit_text") or ""
-        if not plan.feasible and not args.force:
+        if not plan.feasible and not change.force:
             show_plan(out, s.host, plan, old_text, render_unit(s.host, plan.flags(), template_dir()))
             raise UsageError(
-                f"the plan cannot reach {args.context:,} tokens on {s.host.name}; nothing was changed",
+                f"the plan cannot reach {change.context:,} tokens on {s.host.name}; nothing was changed",
                 hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
             )
-        target_host = allow_context(s.host, args)
+        target_host = allow_context(s.host, change)
         new_text = render_checked(target_host, plan.flags())
         env_secrets, flag_secrets = secret_values(target_host, plan.flags())
         show_plan(out, s.host, plan, old_text, new_text)
-        if args.dry_run:
+        if change.dry_run:
             out.note("dry run: nothing was changed")
             return int(ExitCode.OK)
-        confirm(out, args, s.host)
+        confirm(out, change.yes, s.host)
         req = base_request(
             s.host,
             "apply",
             unit_text=new_text,
-            target_context=args.context,
+            target_context=change.context,
             planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
             expect_sha256=unit_sha256(old_text) if old_text else "absent",
             secret_env=env_secrets,
@@ -110,29 +110,35 @@ def apply(args: argparse.Namespace, out: Output) -> int:
         report = ApplyReport(
             s.host.name,
             s.host.unit.name,
-            args.context,
+            change.context,
             plan,
             redact_flags(_readable_flags(old_text)),
             redact_flags(parse_unit_flags(new_text)),
             str(outcome.data.get("outcome")),
             outcome.message,
             outcome.data,
-            next_plan=_next_plan(s.host, args, outcome),
+            next_plan=_next_plan(s.host, change.context, outcome),
+            previous_downtime=_previous_downtime(facts),
         )
-        if not (args.quiet and report.outcome == "up_to_date") and out.style is not Style.JSON:
+        if not (out.quiet and report.outcome == "up_to_date") and out.style is not Style.JSON:
             out.print(render_report(report))
         return int(exit_code(report.outcome))
 
 
-def allow_context(host: HostConfig, args: argparse.Namespace) -> HostConfig:
+def _previous_downtime(facts: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The downtime of the newest verified start the host remembers (before this change)."""
+    return next((h["downtime"] for h in reversed(facts.get("history") or []) if h.get("downtime")), None)
+
+
+def allow_context(host: HostConfig, change: Change) -> HostConfig:
     """SGLang >= 0.5.3 refuses a context above the model's own; with --force the unit allows it."""
     limit = host.model.max_context
-    if limit is None or args.context <= limit:
+    if limit is None or change.context <= limit:
         return host
-    if not args.force:
+    if not change.force:
         raise UsageError(
-            f"--context {args.context:,} is above the model's own context of {limit:,}: SGLang would refuse "
-            "to start; nothing was changed",
+            f"--context {change.context:,} is above the model's own context of {limit:,}: "
+            "SGLang would refuse to start; nothing was changed",
             hint="pass --force to set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 in the unit anyway",
         )
     env = {**host.unit.environment, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
@@ -144,16 +150,11 @@ def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text
         return
     secrets = host.unit.secret_environment
     changes = redact_changes(diff_flags(_readable_flags(old_text), parse_unit_flags(new_text)))
-    out.note(f"== plan for {host.name} ({plan.basis})")
+    # the same text `deployctl plan` prints
+    out.note(plan_with_chart(host.name, plan, _readable_flags(old_text), unicode=out.style is Style.TTY))
     env_secrets, flag_secrets = secret_values(host, plan.flags())
     if env_secrets or flag_secrets:
         out.note("   " + secrets_line(host, env_secrets, flag_secrets))
-    for line in (*plan.warnings, *plan.notes):
-        out.note(f"   {line}")
-    if not plan.feasible:
-        out.note("   NOT FEASIBLE. Alternatives:")
-        for alt in plan.alternatives:
-            out.note(f"   - {alt.change}: {alt.effect}")
     if changes:
         out.note("== flag changes")
         out.note("\n".join("   " + line for line in flag_table(changes).splitlines()))
@@ -171,9 +172,9 @@ def _readable_flags(text: str) -> dict[str, Any]:
         return {}
 
 
-def confirm(out: Output, args: argparse.Namespace, host: HostConfig) -> None:
+def confirm(out: Output, yes: bool, host: HostConfig) -> None:
     """Ask on a terminal unless --yes; never ask without one (cron): then --yes is required."""
-    if args.yes:
+    if yes:
         return
     if not out.stdin_isatty:
         raise UsageError("not on a terminal and --yes not given: refusing to restart without confirmation")
@@ -206,13 +207,13 @@ def follow(out: Output, s: Session, req: Request) -> Event:
     return outcome
 
 
-def _next_plan(host: HostConfig, args: argparse.Namespace, outcome: Event) -> Plan | None:
+def _next_plan(host: HostConfig, context: int, outcome: Event) -> Plan | None:
     """After a rejected change, re-plan from what that very start measured."""
     summary = outcome.data.get("summary") or {}
     if outcome.data.get("outcome") not in ("rolled_back", "rollback_failed") or not summary.get("kv_tokens"):
         return None
     try:
-        return plan_for_host(host, args.context, [summary], {**host.sglang.flags}, None, None)
+        return plan_for_host(host, context, [summary], {**host.sglang.flags}, None, None)
     except UsageError:
         return None
 
@@ -226,12 +227,12 @@ def backup_listing(s: Session) -> dict[str, Any]:
     return listing
 
 
-def rollback(args: argparse.Namespace, out: Output) -> int:
-    with session(args) as s:
+def rollback(conn: Connection, to: str | None, out: Output, *, yes: bool) -> int:
+    with session(conn) as s:
         rows = backup_listing(s).get("backups") or []
         # The default is the newest backup that differs from the installed unit: after an automatic
         # rollback the newest one is a copy of what is installed, and restoring it would change nothing.
-        name = args.to or next((r["name"] for r in rows if not r.get("same_as_installed")), None)
+        name = to or next((r["name"] for r in rows if not r.get("same_as_installed")), None)
         chosen = next((r for r in rows if r["name"] == name), None)
         if chosen is None:
             known = ", ".join(r["name"] for r in rows[:5]) or "none"
@@ -243,10 +244,10 @@ def rollback(args: argparse.Namespace, out: Output) -> int:
             out.note(f"== rollback of {s.host.name} to {name}")
             for flag, before, after in chosen.get("changes", []):
                 out.note(f"   --{flag}: {after} -> {before}")
-        confirm(out, args, s.host)
+        confirm(out, yes, s.host)
         # Only a backup the person named goes on the wire: the host picks the same default itself, and
         # treats a named one as a person's own way out of a failed recovery.
-        outcome = follow(out, s, base_request(s.host, "rollback", backup=args.to))
+        outcome = follow(out, s, base_request(s.host, "rollback", backup=to))
         result = str(outcome.data.get("outcome"))
         if out.style is not Style.JSON:
             changes = [(f, a, b) for f, b, a in chosen.get("changes", [])]
@@ -263,8 +264,8 @@ def rollback(args: argparse.Namespace, out: Output) -> int:
         return int(exit_code(result))
 
 
-def backups(args: argparse.Namespace, out: Output) -> int:
-    with session(args) as s:
+def backups(conn: Connection, out: Output) -> int:
+    with session(conn) as s:
         listing = backup_listing(s)
         if out.style is Style.JSON:
             out.print(json.dumps(listing, sort_keys=True))
@@ -273,12 +274,12 @@ def backups(args: argparse.Namespace, out: Output) -> int:
         return int(ExitCode.OK)
 
 
-def status(args: argparse.Namespace, out: Output) -> int:
-    with session(args) as s:
+def status(conn: Connection, out: Output, *, follow_running: bool) -> int:
+    with session(conn) as s:
         st = s.client.call(base_request(s.host, "status"))
         if recover_orphan(out, s, st):
             st = s.client.call(base_request(s.host, "status"))
-        if args.follow and st.get("running"):
+        if follow_running and st.get("running"):
             outcome = follow(out, s, base_request(s.host, "follow", txn=st["running"]["txn"]))
             st = s.client.call(base_request(s.host, "status"))
             st["followed_outcome"] = outcome.data.get("outcome")

@@ -32,18 +32,6 @@ class ConnectError(DeployError):
     exit_code = ExitCode.UNREACHABLE
 
 
-class LockedError(DeployError):
-    exit_code = ExitCode.LOCKED
-
-
-class RolledBack(DeployError):
-    exit_code = ExitCode.ROLLED_BACK
-
-
-class RollbackFailed(DeployError):
-    exit_code = ExitCode.ROLLBACK_FAILED
-
-
 class RemoteError(DeployError):
     """The host agent failed in a way that is not one of the outcomes above."""
 

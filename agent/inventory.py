@@ -12,20 +12,19 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from agent.errors import InventoryError, UsageError
+from agent.protocol import UNIT_NAME, find_control
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 GROUP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
-UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
 
 
 def _no_control(value: str) -> str:
-    if _CONTROL.search(value):
+    if find_control(value):
         raise ValueError("must not contain control characters (newline, tab, escape...)")
     return value
 
@@ -126,6 +125,15 @@ class Unit(_Model):
     secrets_directory: AbsPath = Field(
         default="/etc/deployctl/secrets", description="root-only folder of secret values on the host"
     )
+    secret_environment_on_host: list[Text] = Field(
+        default_factory=list,
+        description="secret variables whose values stay on the host (adopt): the agent moves them from the "
+        "unit it replaces into the root-only file",
+    )
+    verbatim: dict[Literal["Unit", "Service", "Install"], list[Text]] = Field(
+        default_factory=dict,
+        description="directives the template does not model, per section, kept as written (adopt)",
+    )
     keep_backups: int = Field(default=10, ge=1, le=1000)
     start_timeout_s: int = Field(default=3600, ge=10)
 
@@ -172,6 +180,11 @@ class Metrics(_Model):
         return self.path or f"/var/lib/prometheus/node-exporter/deployctl_{unit}.prom"
 
 
+class Prewarm(_Model):
+    enabled: bool = Field(default=True, description="read the new weights into the page cache first")
+    margin_gib: float = Field(default=8.0, ge=0, description="host memory that pre-warming leaves free")
+
+
 class HostConfig(_Model):
     name: Text = ""
     # Inventory groups for a fleet rollout (deployctl fleet, the Ansible inventory plugin).
@@ -186,6 +199,7 @@ class HostConfig(_Model):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     planning: Planning = Field(default_factory=Planning)
     metrics: Metrics = Field(default_factory=Metrics)
+    prewarm: Prewarm = Field(default_factory=Prewarm)
 
     @property
     def unit_path(self) -> str:

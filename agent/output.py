@@ -8,14 +8,12 @@ reach the terminal, where an escape sequence can retitle the window, clear the s
 from __future__ import annotations
 
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TextIO
 
-# C0, DEL and C1, and lone surrogates (bytes that were not UTF-8, which a strict stream cannot encode).
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+from agent.protocol import UNPRINTABLE
 
 
 def terminal_text(text: str, keep: str = "\n\t") -> str:
@@ -23,7 +21,7 @@ def terminal_text(text: str, keep: str = "\n\t") -> str:
 
     JSON from json.dumps (ensure_ascii, the default) passes unchanged: it escapes them all itself.
     """
-    return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else ascii(m.group())[1:-1], text)
+    return UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else ascii(m.group())[1:-1], text)
 
 
 class Style(str, Enum):

@@ -17,23 +17,25 @@ from typing import Any
 from agent.exitcodes import ExitCode
 
 VERSION = 1
-VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow")
+VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow", "inspect")
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
-BACKUP_NAME = re.compile(
-    r"(?P<unit>[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service)\.bak\.(?P<ts>\d{8}T\d{6}Z)(?:-\d+)?"
-)
+BACKUP_NAME = re.compile(rf"(?P<unit>{UNIT_NAME.pattern})\.bak\.(?P<ts>\d{{8}}T\d{{6}}Z)(?:-\d+)?")
 TXN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # unit text may hold \t and \n, nothing else
-_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # names and paths: not even a newline
+# The one definition of a control character (C0, DEL and C1) and of a lone surrogate (how Python reads
+# bytes that are not UTF-8): no name, path, flag or unit line may carry one, and none reaches a terminal.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+SURROGATE = re.compile("[\ud800-\udfff]")
+UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def find_control(text: str, allow: str = "") -> str | None:
+    """The first control character in text that is not in `allow`, or None."""
+    return next((c for c in CONTROL.findall(text) if c not in allow), None)
 
 
 def unit_sha256(text: str) -> str:
     """The identity of a unit's content, on both sides of the wire."""
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-# A lone surrogate: what Python makes of bytes that are not UTF-8; no unit text may carry one.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # Secret SGLang flags reach the server as this systemd credential, read with SGLang's --config.
@@ -58,6 +60,7 @@ class Stage(str, Enum):
     BACKUP = "backup"
     WRITE = "write"
     RELOAD = "reload"
+    PREWARM = "prewarm"
     RESTART = "restart"
     WATCH = "watch"
     GATE = "gate"
@@ -70,7 +73,13 @@ class Stage(str, Enum):
     DONE = "done"
 
 
+# A restart's downtime, phase by phase in the order they happen (host/timeline.py measures them).
+DOWNTIME_PHASES = ("stop", "init", "weights", "pool", "cuda_graphs", "ready", "smoke", "rollback")
+
+
 class Outcome(str, Enum):
+    """How a transaction ended; its exit code and the report's headline come from OUTCOMES."""
+
     APPLIED = "applied"
     UP_TO_DATE = "up_to_date"
     ROLLED_BACK = "rolled_back"  # rejected; the old unit restored and verified healthy
@@ -79,23 +88,42 @@ class Outcome(str, Enum):
     ERROR = "error"  # refused before any change (bad request, write failure with the old unit intact)
     AGENT_ERROR = "agent_error"  # the agent crashed; its recovery record makes the next run restore
 
+    @property
+    def exit_code(self) -> ExitCode:
+        return OUTCOMES[self][0]
 
-EXIT_CODES = {
-    Outcome.APPLIED: ExitCode.OK,
-    Outcome.UP_TO_DATE: ExitCode.OK,
-    Outcome.ROLLED_BACK: ExitCode.ROLLED_BACK,
-    Outcome.ROLLBACK_FAILED: ExitCode.ROLLBACK_FAILED,
-    Outcome.LOCKED: ExitCode.LOCKED,
-    Outcome.ERROR: ExitCode.REFUSED,
-    Outcome.AGENT_ERROR: ExitCode.INTERNAL,
+    @property
+    def headline(self) -> str:
+        return OUTCOMES[self][1]
+
+    @classmethod
+    def read(cls, value: object) -> Outcome | None:
+        """An outcome as the wire carries it; None for anything else (an older or broken agent)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+
+# The one table: an outcome -> the exit code scripts rely on, and the report's headline.
+OUTCOMES: dict[Outcome, tuple[ExitCode, str]] = {
+    Outcome.APPLIED: (ExitCode.OK, "APPLIED"),
+    Outcome.UP_TO_DATE: (ExitCode.OK, "UP TO DATE: nothing to do, no restart"),
+    Outcome.ROLLED_BACK: (
+        ExitCode.ROLLED_BACK,
+        "ROLLED BACK: the change was rejected; the old service is healthy again",
+    ),
+    Outcome.ROLLBACK_FAILED: (ExitCode.ROLLBACK_FAILED, "ROLLBACK FAILED: a person must act"),
+    Outcome.LOCKED: (ExitCode.LOCKED, "LOCKED: another deploy is running"),
+    Outcome.ERROR: (ExitCode.REFUSED, "REFUSED: nothing was changed"),
+    Outcome.AGENT_ERROR: (ExitCode.INTERNAL, "AGENT ERROR: the host restores the old unit on its next run"),
 }
 
 
-def exit_code(outcome: str) -> ExitCode:
-    try:
-        return EXIT_CODES[Outcome(outcome)]
-    except ValueError:
-        return ExitCode.INTERNAL
+def exit_code(outcome: object) -> ExitCode:
+    """The exit code of an outcome read off the wire; an unknown one is an internal error."""
+    known = Outcome.read(outcome)
+    return known.exit_code if known else ExitCode.INTERNAL
 
 
 @dataclass(frozen=True)
@@ -141,7 +169,11 @@ class Request:
     secret_env: dict[str, str] = field(default_factory=dict)
     secret_flags: dict[str, str] = field(default_factory=dict)
     secrets_dir: str = "/etc/deployctl/secrets"
+    # apply: secret variables whose values stay on the host (an adopted unit's): taken from what it has
+    keep_secret_env: tuple[str, ...] = ()
     host_name: str = ""  # the inventory's name for the host: the metrics' host label
+    prewarm: bool = True  # read the new unit's weights into the page cache before the restart
+    prewarm_margin_gib: float = 8.0  # host memory that pre-warming leaves free
     metrics_file: str | None = None  # the node_exporter textfile written after each run; None: none
     version: int = VERSION
 
@@ -162,6 +194,7 @@ class Request:
             smoke = Smoke(**raw.pop("smoke", {}))
             timeouts = Timeouts(**raw.pop("timeouts", {}))
             raw["secret_names"] = tuple(raw.get("secret_names", ()))
+            raw["keep_secret_env"] = tuple(raw.get("keep_secret_env", ()))
             req = cls(smoke=smoke, timeouts=timeouts, **raw)
         except TypeError as exc:
             raise ProtocolError(f"bad request: {exc}") from None
@@ -176,7 +209,7 @@ class Request:
         for name in ("unit_dir", "state_dir", "secrets_dir"):
             path = getattr(self, name)
             ok = isinstance(path, str) and path.startswith("/") and "/../" not in path + "/"
-            _check(ok and not _ANY_CONTROL.search(path), f"{name} must be an absolute path")
+            _check(ok and not find_control(path), f"{name} must be an absolute path")
         _check(0 <= self.margin < 0.5, "margin must be in [0, 0.5)")
         _check(1 <= self.port <= 65535, "port out of range")
         _check(1 <= self.keep_backups <= 1000, "keep_backups out of range")
@@ -186,8 +219,8 @@ class Request:
         if self.verb == "apply":
             _check(isinstance(self.unit_text, str) and self.target_context is not None, "apply needs a unit")
             assert self.unit_text is not None
-            _check(not _CONTROL.search(self.unit_text), "unit text contains a control character")
-            _check(not _SURROGATE.search(self.unit_text), "unit text is not valid UTF-8 (a lone surrogate)")
+            _check(not find_control(self.unit_text, "\t\n"), "unit text contains a control character")
+            _check(not SURROGATE.search(self.unit_text), "unit text is not valid UTF-8 (a lone surrogate)")
             _check("ExecStart=" in self.unit_text, "unit text has no ExecStart=")
         if self.backup is not None:
             m = BACKUP_NAME.fullmatch(self.backup)
@@ -198,7 +231,7 @@ class Request:
             _check(TXN_ID.fullmatch(self.txn) is not None, f"bad transaction id {self.txn!r}")
         _check(self.smoke.prompt_tokens > 0 and self.smoke.timeout_s > 0, "bad smoke test settings")
         for text in (self.smoke.sentence, self.smoke.question, self.smoke.expect, *self.secret_names):
-            _check(not _ANY_CONTROL.search(text), "smoke test text contains a control character")
+            _check(not find_control(text), "smoke test text contains a control character")
 
     def _check_types(self) -> None:
         """JSON may put any type anywhere: refuse what the range checks could not even compare."""
@@ -213,8 +246,15 @@ class Request:
             _check((optional and value is None) or _is_int(value), f"{name} must be an integer")
         _check(_is_number(self.margin), "margin must be a number")
         _check(isinstance(self.detach, bool), "detach must be true or false")
+        _check(isinstance(self.prewarm, bool), "prewarm must be true or false")
+        _check(_is_number(self.prewarm_margin_gib) and self.prewarm_margin_gib >= 0, "bad prewarm margin")
         _check(all(isinstance(name, str) for name in self.secret_names), "secret_names must be text")
-        _check(isinstance(self.host_name, str) and not _ANY_CONTROL.search(self.host_name), "bad host_name")
+        kept = self.keep_secret_env
+        _check(
+            all(isinstance(n, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) for n in kept),
+            "bad keep_secret_env",
+        )
+        _check(isinstance(self.host_name, str) and not find_control(self.host_name), "bad host_name")
         if self.metrics_file is not None:
             ok = isinstance(self.metrics_file, str) and "/../" not in self.metrics_file
             ok = ok and re.fullmatch(r"/[A-Za-z0-9_./@+-]*\.prom", self.metrics_file) is not None
@@ -227,7 +267,7 @@ class Request:
                     named and isinstance(value, str),
                     f"{label}: names are letters, digits, _ and -; values are text",
                 )
-                _check(not _ANY_CONTROL.search(value) and not _SURROGATE.search(value), f"{label}: bad value")
+                _check(not find_control(value) and not SURROGATE.search(value), f"{label}: bad value")
         s = self.smoke
         texts = (s.sentence, s.question, s.expect)
         ok = isinstance(s.enabled, bool) and _is_int(s.prompt_tokens) and _is_number(s.timeout_s)

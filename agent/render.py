@@ -12,13 +12,9 @@ import jinja2
 
 from agent.errors import RenderError
 from agent.inventory import HostConfig
-from agent.protocol import SECRET_CREDENTIAL, secret_path
+from agent.protocol import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.sglang.flags import FlagChange, FlagInput, FlagsError, FlagValue, exec_start_lines
 
-# C0, DEL and C1: none of them has any business in a unit file, and \n would start a new directive.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_SURROGATE = re.compile("[\ud800-\udfff]")  # how Python reads bytes that are not UTF-8 (surrogateescape)
-_UNPRINTABLE = re.compile(f"{_CONTROL.pattern}|{_SURROGATE.pattern}")
 FLAG_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SECRETS_DIR = re.compile(r"/[A-Za-z0-9_./-]*")  # written into EnvironmentFile= and LoadCredential= as is
@@ -35,14 +31,14 @@ def template_dir() -> Path:
 
 def check_text(field: str, value: str) -> str:
     """Refuse a value with a control character or a lone surrogate, naming the field."""
-    label = _UNPRINTABLE.sub(lambda c: _escaped(c.group()), field)  # a flag name can carry one too
-    bad = _SURROGATE.search(value)
+    label = UNPRINTABLE.sub(lambda c: _escaped(c.group()), field)  # a flag name can carry one too
+    bad = SURROGATE.search(value)
     if bad:
         raise RenderError(
             f"{label}: is not valid UTF-8 ({_escaped(bad.group())}: bytes that are not text, "
             "e.g. from a command line in another encoding)"
         )
-    m = _CONTROL.search(value)
+    m = CONTROL.search(value)
     if m:
         raise RenderError(
             f"{label}: contains a control character ({_escaped(m.group())}); "
@@ -110,8 +106,11 @@ def secrets_line(host: HostConfig, env: Mapping[str, str], flags: Mapping[str, s
 
 def effective_flags(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[str, FlagInput]:
     """The inventory's baseline flags updated by `flags`, with the model, draft and listen address added."""
-    merged: dict[str, FlagInput] = {"model-path": host.model.path}
-    if host.model.served_name:
+    merged: dict[str, FlagInput] = {}
+    # An adopted baseline lists --model-path where the hand-written unit had it: keep that order.
+    if "model-path" not in host.sglang.flags:
+        merged["model-path"] = host.model.path
+    if host.model.served_name and "served-model-name" not in host.sglang.flags:
         merged["served-model-name"] = host.model.served_name
     merged.update(host.sglang.flags)
     merged.update(flags)
@@ -145,11 +144,7 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
     """Check every value before anything is rendered; the first bad one raises RenderError."""
     for field, value in _host_fields(host):
         check_text(field, value)
-    for name, env_value in host.unit.environment.items():
-        check_text(f"unit.environment.{name}", name)
-        if not ENV_NAME.fullmatch(name):
-            raise RenderError(f"unit.environment.{name}: a variable name must match {ENV_NAME.pattern}")
-        check_text(f"unit.environment.{name}", env_value)
+    _validate_environment(host.unit.environment)
     for flag, baseline_value in host.sglang.flags.items():
         check_flag(flag, baseline_value, "sglang.flags")
     for flag, flag_value in flags.items():
@@ -164,8 +159,43 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
         )
     if not host.sglang.executable or not host.sglang.executable[0].startswith("/"):
         raise RenderError("sglang.executable[0]: must be an absolute path")
+    _validate_adopted(host)
     if "/" in host.unit.template or host.unit.template.startswith("."):
         raise RenderError(f"unit.template: {host.unit.template!r} must be a file name in the template folder")
+
+
+def _validate_environment(environment: Mapping[str, str]) -> None:
+    for name, env_value in environment.items():
+        check_text(f"unit.environment.{name}", name)
+        if not ENV_NAME.fullmatch(name):
+            raise RenderError(f"unit.environment.{name}: a variable name must match {ENV_NAME.pattern}")
+        check_text(f"unit.environment.{name}", env_value)
+
+
+_DIRECTIVE_LINE = re.compile(r"[A-Z][A-Za-z0-9]*=.*")
+
+
+def _validate_adopted(host: HostConfig) -> None:
+    """The verbatim directives and the kept secret names of an adopted unit."""
+    if host.unit.verbatim and host.unit.template == "sglang.service.j2":
+        raise RenderError(
+            "unit.verbatim: only templates/sglang-adopted.service.j2 renders it (unit.template)"
+        )
+    for section, lines in host.unit.verbatim.items():
+        for i, line in enumerate(lines):
+            field = f"unit.verbatim.{section}[{i}]"
+            check_text(field, line)
+            if not _DIRECTIVE_LINE.fullmatch(line):
+                raise RenderError(f"{field}: {line!r} is not a Key=value directive")
+            if (len(line) - len(line.rstrip("\\"))) % 2:
+                raise RenderError(f"{field}: must not end with a backslash (it would continue the line)")
+    if host.sglang.flags.get("model-path", host.model.path) != host.model.path:
+        raise RenderError("sglang.flags.model-path: must be the same as model.path")
+    for name in host.unit.secret_environment_on_host:
+        if not ENV_NAME.fullmatch(name) or name in host.unit.environment:
+            raise RenderError(
+                f"unit.secret_environment_on_host: {name!r} must be a variable name not in unit.environment"
+            )
 
 
 def _specifiers(text: str) -> str:
@@ -195,7 +225,12 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
         "environment": [
             _env_word(k, v) for k, v in host.unit.environment.items() if k not in secret_env(host)
         ],
-        "environment_file": _specifiers(secret_path(secrets_dir, unit, "env")) if secret_env(host) else None,
+        "environment_file": (
+            _specifiers(secret_path(secrets_dir, unit, "env"))
+            if secret_env(host) or host.unit.secret_environment_on_host
+            else None
+        ),
+        "verbatim": host.unit.verbatim,
         "load_credential": (
             _specifiers(f"{SECRET_CREDENTIAL}:{secret_path(secrets_dir, unit, 'flags.yaml')}")
             if secret
@@ -229,7 +264,7 @@ def render_unit(host: HostConfig, flags: Mapping[str, FlagInput], template_dir: 
 def check_rendered(text: str) -> None:
     """The last guard: only \\n may appear as a control character, and only between lines."""
     for number, line in enumerate(text.split("\n"), 1):
-        if _CONTROL.search(line):
+        if CONTROL.search(line):
             raise RenderError(f"rendered line {number}: contains a control character")
 
 

@@ -7,19 +7,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.chart import draw, from_plan
 from agent.plan.choose import Plan
+from agent.protocol import DOWNTIME_PHASES, Outcome
 from agent.sglang.flags import FlagChange, diff_flags, flag_table
 
 TIGHT_RESERVE_GIB = 5.0  # below this, say plainly not to push the fraction higher
-RESULT_WORDS = {
-    "applied": "APPLIED",
-    "up_to_date": "UP TO DATE: nothing to do, no restart",
-    "rolled_back": "ROLLED BACK: the change was rejected; the old service is healthy again",
-    "rollback_failed": "ROLLBACK FAILED: a person must act",
-    "locked": "LOCKED: another deploy is running",
-    "error": "REFUSED: nothing was changed",
-    "agent_error": "AGENT ERROR: the host restores the old unit on its next run",
-}
 
 
 @dataclass(frozen=True)
@@ -34,10 +27,13 @@ class ApplyReport:
     message: str
     data: Mapping[str, Any]
     next_plan: Plan | None = None  # on a rejected change: what the measured figures now recommend
+    previous_downtime: Mapping[str, Any] | None = None  # the last verified start's, on the same host
 
 
 def render_report(r: ApplyReport) -> str:
-    out = [f"== deployctl: {r.host} {r.unit}: {RESULT_WORDS.get(r.outcome, r.outcome.upper())}", r.message]
+    known = Outcome.read(r.outcome)
+    headline = known.headline if known else r.outcome.upper()
+    out = [f"== deployctl: {r.host} {r.unit}: {headline}", r.message]
     changes = diff_flags(r.before_flags, r.after_flags)
     if changes and r.outcome != "up_to_date":
         out += ["", "flags (before -> after):", _indent(flag_table(changes))]
@@ -51,10 +47,40 @@ def render_report(r: ApplyReport) -> str:
             f"smoke test:            {smoke['prompt_tokens']:,} prompt tokens, prefill+answer "
             f"{smoke['seconds']:.1f} s, answer {smoke['answer']!r} ({verdict})"
         )
+    out += _downtime_lines(r.data.get("prewarm"), r.data.get("downtime"), r.previous_downtime)
     out += _way_back(r)
     if r.plan is not None and r.outcome == "applied":
         out += _tradeoffs(r.plan, changes)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _downtime_lines(
+    prewarm: Mapping[str, Any] | None, now: Mapping[str, Any] | None, before: Mapping[str, Any] | None
+) -> list[str]:
+    """The restart's downtime by phase, next to the previous start's on this host."""
+    lines = []
+    if prewarm and prewarm.get("skip"):
+        lines.append(f"pre-warm:              skipped: {prewarm['skip']}")
+    elif prewarm:
+        gib = prewarm["read_bytes"] / 2**30
+        lines.append(
+            f"pre-warm:              {gib:.2f} GiB of weights read in {prewarm['seconds']:.1f} s "
+            "while the old server served"
+        )
+    if not now or now.get("seconds") is None:
+        return lines
+    phases = _phases(now["phases"])
+    lines.append(f"downtime:              {now['seconds']:.1f} s ({phases})")
+    if before and before.get("seconds"):
+        was = _phases(before.get("phases") or {})
+        ratio = now["seconds"] / before["seconds"]
+        lines.append(f"previous start:        {before['seconds']:.1f} s ({was}); now {ratio:.2f}x")
+    return lines
+
+
+def _phases(seconds: Mapping[str, float]) -> str:
+    """Phases in the order they happen (the wire sorts keys by name)."""
+    return ", ".join(f"{p} {seconds[p]:.1f}" for p in DOWNTIME_PHASES if p in seconds)
 
 
 def _pool_lines(r: ApplyReport, s: Mapping[str, Any]) -> list[str]:
@@ -146,3 +172,43 @@ def backups_table(host: str, rows: Sequence[Mapping[str, Any]]) -> str:
 
 def _v(value: Any) -> str:
     return "-" if value is None else "true" if value is True else str(value)
+
+
+def render_plan(host: str, plan: Plan) -> str:
+    """The plan and its tradeoffs in a few lines for a person."""
+    verdict = "feasible" if plan.feasible else "NOT FEASIBLE"
+    lines = [
+        f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis})",
+        f"  predicted pool  {plan.predicted_pool_tokens:,} tokens (target {plan.context_length:,}, "
+        f"with margin {plan.target_pool_tokens:,})",
+        "  flags           " + " ".join(f"--{k} {v}" for k, v in plan.flags().items()),
+        f"  full-context requests at once  {plan.concurrency_at_full_context}",
+        f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
+    ]
+    if not plan.feasible:
+        if plan.forced_fraction is not None:
+            lines.append(
+                f"  forced: the highest safe fraction {plan.forced_fraction:.3f} gives about "
+                f"{plan.forced_pool_tokens or 0:,} tokens"
+            )
+        for alt in plan.alternatives:
+            lines.append(f"  instead: {alt.change}")
+            lines.append(f"           {alt.effect}")
+    lines.extend(f"  warning: {w}" for w in plan.warnings)
+    lines.extend(f"  note: {n}" for n in plan.notes)
+    return "\n".join(lines)
+
+
+def plan_with_chart(host: str, plan: Plan, running: Mapping[str, Any], *, unicode: bool) -> str:
+    """What `plan` and `apply --dry-run` both print: the plan, then the pool against the fraction."""
+    chart = draw(from_plan(plan, _running_fraction(running)), unicode=unicode)
+    return f"{render_plan(host, plan)}\n\n{chart}"
+
+
+def _running_fraction(flags: Mapping[str, Any]) -> float | None:
+    """The running --mem-fraction-static, if the unit sets one that reads as a number."""
+    try:
+        value = float(flags["mem-fraction-static"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return value if 0 < value < 1 else None

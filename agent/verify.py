@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from agent.errors import RenderError
-from agent.inventory import UNIT_NAME, HostConfig
+from agent.inventory import HostConfig
+from agent.protocol import UNIT_NAME
 from agent.render import render_unit, template_dir
 from agent.sglang.flags import FlagInput
 

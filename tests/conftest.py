@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import atexit
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from tests.testhost import TestHost, TestHostUnavailable, ensure_rootfs, missing_prerequisites
+
+# The same examples on every run: CI must not pass or fail by the luck of a draw. A person exploring
+# locally can run with HYPOTHESIS_PROFILE=explore for fresh random examples.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

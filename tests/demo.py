@@ -1,5 +1,6 @@
-"""make demo: raise the context of the simulated ct200 to 200k, watch a 400k try roll back, roll back by hand;
-then a fleet of three on Ansible whose failing canary halts the rollout.
+"""make demo: adopt the hand-written unit of the simulated ct200, raise its context to 200k, watch a 400k try
+roll back, roll back by hand to the hand-written unit; then a fleet of three on Ansible whose failing canary
+halts the rollout.
 
 Each step runs the real CLI over SSH against a local systemd host, and the demo checks each outcome
 itself: it exits non-zero if any step did not do what it should.
@@ -16,7 +17,8 @@ import urllib.request
 from pathlib import Path
 
 from agent.exitcodes import ExitCode
-from agent.sglang.flags import parse_unit_flags
+from agent.render import redact
+from agent.sglang.flags import diff_flags, parse_unit_flags
 from tests import fleethosts, simhost
 
 DEPLOYCTL = str(Path(sys.executable).with_name("deployctl"))
@@ -57,36 +59,53 @@ def check(ok: bool, what: str) -> None:
         raise SystemExit(f"demo: check failed: {what}")
 
 
+HOST = "ct200"  # the inventory name adopt writes: units/ct200.toml
+
+
 def main() -> int:
     t0 = time.monotonic()
-    banner("booting the local test host (systemd, journald, sshd) with the simulated ct200 at its baseline")
+    banner("booting the local test host (systemd, journald, sshd) with the simulated ct200")
     with simhost.booted() as sim:
+        wait_baseline(sim)
+        port = int(str(parse_unit_flags(sim.unit_text())["port"]))
+        hand = simhost.hand_unit(port)
+        simhost.install_hand_written(sim, hand)
         base = wait_baseline(sim)
+
+        banner("0. ct200 already runs SGLang from a unit written by hand: adopt it")
+        print(redact(hand).rstrip(), flush=True)
+        deployctl("adopt", HOST, "--ssh", sim.name, expect=ExitCode.OK)
+        inventory = (sim.units_dir / f"{HOST}.toml").read_text()
+        print(inventory.rstrip(), flush=True)
+        check(simhost.TOKEN not in inventory, "the token's value never left the host")
         print(
             f"baseline: --context-length 32768 --mem-fraction-static 0.85, KV pool {base:,} tokens",
             flush=True,
         )
 
         banner("1. raise the context to 200k: one restart, pool >= 200,000, smoke test")
-        deployctl("apply", sim.name, "--context", "200k", "--yes", expect=ExitCode.OK)
+        deployctl("apply", HOST, "--context", "200k", "--yes", expect=ExitCode.OK)
         raised = pool(sim)
         check(raised >= 200_000, f"pool {raised:,} >= 200,000 after one restart")
-        check(len(sim.backups()) == 1, "the baseline unit was backed up")
+        check(len(sim.backups()) == 1, "the hand-written unit was backed up")
+        changed = {c.name for c in diff_flags(parse_unit_flags(hand), parse_unit_flags(sim.unit_text()))}
+        planned = {"context-length", "mem-fraction-static", "max-running-requests"}
+        check(
+            bool(changed) and changed <= planned,
+            f"only the planned flags changed: {', '.join(sorted(changed))}",
+        )
         good_unit = sim.unit_text()
 
         banner("2. ask for 400k: the plan says it cannot fit; forced, the pool falls short and it rolls back")
-        deployctl("plan", sim.name, "--context", "400k", expect=ExitCode.OK)
-        deployctl("apply", sim.name, "--context", "400k", "--yes", "--force", expect=ExitCode.ROLLED_BACK)
+        deployctl("plan", HOST, "--context", "400k", expect=ExitCode.OK)
+        deployctl("apply", HOST, "--context", "400k", "--yes", "--force", expect=ExitCode.ROLLED_BACK)
         check(sim.unit_text() == good_unit, "the 200k unit is back in place")
         check(pool(sim) == raised, f"the old service is healthy again with its pool of {raised:,}")
 
-        banner("3. the backups, and a manual rollback to the baseline")
-        deployctl("backups", sim.name, expect=ExitCode.OK)
-        baseline_backup = sim.backups()[0]
-        deployctl("rollback", sim.name, "--to", baseline_backup, "--yes", expect=ExitCode.OK)
-        check(
-            parse_unit_flags(sim.unit_text())["context-length"] == "32768", "the baseline unit is installed"
-        )
+        banner("3. the backups, and a manual rollback to the hand-written unit")
+        deployctl("backups", HOST, expect=ExitCode.OK)
+        deployctl("rollback", HOST, "--to", sim.backups()[0], "--yes", expect=ExitCode.OK)
+        check(sim.unit_text() == hand, "the hand-written unit is back, byte for byte")
         check(pool(sim) == base, f"the baseline pool {base:,} is back")
         banner("tearing the test host down")
     fleet_act()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import subprocess
 import sys
 import threading
 import time
@@ -143,14 +144,7 @@ def step_case(sim: simhost.SimHost, verb: str, step: str, injection: str, out: O
         out.notes.append(f"approx: stopped after {hit.last}")
     new = action.new_text() or new_unit(sim, hit.txn)
     if injection == "cut":
-        proc.kill()
-        proc.communicate()
-        fk.resume_runner(sim, hit.pid)
-        deadline = time.monotonic() + 120
-        while fk.outcome_of(sim, hit.txn) is None:
-            assert time.monotonic() < deadline, "the host did not finish on its own"
-            time.sleep(0.1)
-        out.notes.append(f"finished on its own: {fk.outcome_of(sim, hit.txn)}")
+        cut_connection(sim, proc, hit, out)
     elif injection == "kill":
         fk.kill_runner(sim, hit.txn)
         proc.communicate(timeout=180)
@@ -175,6 +169,18 @@ def step_case(sim: simhost.SimHost, verb: str, step: str, injection: str, out: O
         out.needless_restart = restarted and served(sim) == booted_flags
     if out.needless_restart:
         out.notes.append("NEEDLESS RESTART")
+
+
+def cut_connection(sim: simhost.SimHost, proc: subprocess.Popen[str], hit: fk.Hit, out: Outcome) -> None:
+    """The laptop's side dies mid-change: the host must finish on its own."""
+    proc.kill()
+    proc.communicate()
+    fk.resume_runner(sim, hit.pid)
+    deadline = time.monotonic() + 120
+    while fk.outcome_of(sim, hit.txn) is None:
+        assert time.monotonic() < deadline, "the host did not finish on its own"
+        time.sleep(0.1)
+    out.notes.append(f"finished on its own: {fk.outcome_of(sim, hit.txn)}")
 
 
 def served(sim: simhost.SimHost) -> tuple[object, ...]:

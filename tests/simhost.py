@@ -23,6 +23,8 @@ FAST_SIM = {
     "SGLANG_SIM_STEP_SECONDS": "0.1",
     "SGLANG_SIM_WARMUP_SECONDS": "0.2",
 }
+# The `sglang` console script of SGLang's wheel (entry point sglang.cli.main:main): `sglang serve ...`.
+SGLANG_SCRIPT = b"#!/usr/bin/python3\nimport sys\nfrom sglang.cli.main import main\nsys.exit(main())\n"
 
 
 @dataclass
@@ -77,6 +79,7 @@ def boot(sim_env: Mapping[str, str] | None = None) -> SimHost:
         files = {
             "/etc/systemd/system/sglang.service": (unit.encode(), 0o644),
             "/etc/systemd/system/sglang.service.d/sim.conf": (dropin.encode(), 0o644),
+            "/usr/local/bin/sglang": (SGLANG_SCRIPT, 0o755),
         }
         host = TestHost.create(files=files, enable_units=["sglang.service"], mount_agent=False)
         ssh_config = work / "ssh_config"
@@ -108,3 +111,54 @@ def booted(sim_env: Mapping[str, str] | None = None) -> Iterator[SimHost]:
             else:
                 os.environ[k] = v
         sim.stop()
+
+
+# --- a unit written by hand, for `deployctl adopt` (the adopt test and `make demo`) ---------------------
+
+TOKEN = "hf_'q\"$x`y"  # a secret with quotes, a dollar and a backtick, inline in the unit as people do
+DROP_IN = "[Service]\nEnvironment=FROM_DROP_IN=1\nLimitCORE=0\n"
+
+
+def hand_unit(port: int) -> str:
+    """Written by hand: `sglang serve`, odd but valid quoting, a token inline, extra directives."""
+    token = TOKEN.replace("\\", "\\\\").replace('"', '\\"')
+    return f"""# SGLang on ct200, by hand
+[Unit]
+Description=SGLang by hand 100%%
+After=network-online.target
+StartLimitIntervalSec=0
+
+[Service]
+User=sglang
+Group=sglang
+Environment="SGLANG_LOG_MS=1" 'NOTE=two  spaces' HF_TOKEN="{token}"
+ExecStartPre=/bin/sh -c 'test -d /tmp || exit 1'
+ExecStart=/usr/local/bin/sglang serve --model-path /models/Kimi-K2.6 \\
+    --served-model-name "kimi-k2.6" '--tp-size=8' --context-length 32768 \\
+# the baseline the team agreed on
+    --mem-fraction-static 0.85 --max-running-requests 64 --chunked-prefill-size 8192 \\
+    --trust-remote-code --speculative-algorithm DFLASH \\
+    --speculative-draft-model-path "/models/Kimi-K2.6-DFlash" --host 127.0.0.1 --port {port}
+LimitNOFILE=524288
+Nice=5
+CPUAffinity=0
+Restart=on-failure
+RestartSec=7
+KillMode=mixed
+TimeoutStopSec=20
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def install_hand_written(sim: SimHost, text: str) -> None:
+    """Replace the rendered unit by a hand-written one (plus a drop-in of its own) and restart it."""
+    made = sim.host.ssh(["useradd", "--system", "--no-create-home", "--user-group", "sglang"])
+    if made.returncode != 0:
+        raise RuntimeError(f"useradd sglang: {made.stderr.decode().strip()}")
+    sim.host.put("/etc/systemd/system/sglang.service", text.encode())
+    sim.host.put("/etc/systemd/system/sglang.service.d/10-hand.conf", DROP_IN.encode())
+    done = sim.host.ssh(["sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service"])
+    if done.returncode != 0:
+        raise RuntimeError(f"restart of the hand-written unit: {done.stderr.decode().strip()}")

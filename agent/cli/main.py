@@ -3,39 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import re
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 from agent import __version__
-from agent.cli.options import ArgError, parse_context, parse_fraction, parse_request_count
+from agent.cli.commands import adopt, apply, backups, fleet, parse_log, plan, render, rollback, status
 from agent.errors import DeployError, UsageError
 from agent.exitcodes import ExitCode
-from agent.output import Output
+from agent.output import Output, terminal_text
 
-# name -> (module under agent.cli.commands, one-line help). Names are the public contract.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("plan", "predict the KV pool and choose the flags for a target context"),
-    "render": ("render", "render the unit for a host and show its flag differences"),
-    "apply": ("apply", "plan, render and apply a change on a host, with automatic rollback"),
-    "rollback": ("rollback", "restore a backup of the unit and verify the service"),
-    "backups": ("backups", "list a host's unit backups and their flag differences"),
-    "status": ("status", "show a host's service and its running or last transaction"),
-    "fleet": ("fleet", "roll a change across an inventory group on Ansible: canary, batches, halt"),
-    "parse-log": ("parse_log", "summarise an SGLang startup log (pool, memory, failure)"),
+# name -> (its module: configure(parser) and run(args, out), one-line help). Names are the public contract.
+COMMANDS: dict[str, tuple[ModuleType, str]] = {
+    "plan": (plan, "predict the KV pool and choose the flags for a target context"),
+    "render": (render, "render the unit for a host and show its flag differences"),
+    "apply": (apply, "plan, render and apply a change on a host, with automatic rollback"),
+    "rollback": (rollback, "restore a backup of the unit and verify the service"),
+    "backups": (backups, "list a host's unit backups and their flag differences"),
+    "status": (status, "show a host's service and its running or last transaction"),
+    "fleet": (fleet, "roll a change across an inventory group on Ansible: canary, batches, halt"),
+    "parse-log": (parse_log, "summarise an SGLang startup log (pool, memory, failure)"),
+    "adopt": (adopt, "write a host's inventory from the SGLang unit it already runs"),
 }
-
-
-# C0, DEL and C1: a value echoed in a message must not move the cursor or recolour the terminal.
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """One line fit for a terminal: control characters shown as escapes (\\n, \\x1b)."""
-    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,35 +34,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message, hint=f"see: {self.prog} --help")
-
-
-def typed(parse: Callable[[str, str], Any], flag: str) -> Callable[[str], Any]:
-    """Wrap a value parser for argparse's type=, keeping our one-line message."""
-
-    def convert(text: str) -> Any:
-        try:
-            return parse(text, flag)
-        except ArgError as exc:
-            raise UsageError(str(exc)) from None
-
-    convert.__name__ = flag.lstrip("-")
-    return convert
-
-
-def add_target_args(p: argparse.ArgumentParser, *, context_required: bool) -> None:
-    """The flags shared by plan, render and apply."""
-    p.add_argument("host", help="host name: units/<host>.toml")
-    p.add_argument(
-        "--context",
-        required=context_required,
-        type=typed(parse_context, "--context"),
-        help="target context in tokens: 200000, 200k (x1000) or 128Ki (x1024)",
-    )
-    p.add_argument("--mem-fraction-static", type=typed(parse_fraction, "--mem-fraction-static"))
-    p.add_argument(
-        "--max-running-requests",
-        type=typed(parse_request_count, "--max-running-requests"),
-    )
 
 
 def _add_common(p: argparse.ArgumentParser, *, top: bool) -> None:
@@ -93,15 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         _add_common(p, top=False)
-        try:
-            mod = importlib.import_module(f"agent.cli.commands.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"agent.cli.commands.{module}":
-                raise
-            p.set_defaults(run=None)
-            continue
-        mod.configure(p)
-        p.set_defaults(run=mod.run)
+        module.configure(p)
+        p.set_defaults(run=module.run)
     return parser
 
 
@@ -123,15 +78,13 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
         args = build_parser().parse_args(args_list)
         if args.command is None:
             raise UsageError("a command is required", hint=f"one of: {', '.join(COMMANDS)}")
-        if args.run is None:
-            raise UsageError(f"'{args.command}' is not available in this version")
         return int(args.run(args, out))
     except DeployError as exc:
         if debug:
             traceback.print_exc(file=out.stderr)
-        print(f"deployctl: error: {printable(exc.message)}", file=out.stderr)
+        print(f"deployctl: error: {terminal_text(exc.message, keep='')}", file=out.stderr)
         if exc.hint:
-            print(f"deployctl: hint: {printable(exc.hint)}", file=out.stderr)
+            print(f"deployctl: hint: {terminal_text(exc.hint, keep='')}", file=out.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         print("deployctl: interrupted", file=out.stderr)
@@ -142,7 +95,8 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
         if debug:
             traceback.print_exc(file=out.stderr)
         print(
-            f"deployctl: error: internal error: {type(exc).__name__}: {printable(str(exc))}", file=out.stderr
+            f"deployctl: error: internal error: {type(exc).__name__}: {terminal_text(str(exc), keep='')}",
+            file=out.stderr,
         )
         print("deployctl: hint: run again with --debug for the traceback", file=out.stderr)
         return int(ExitCode.INTERNAL)

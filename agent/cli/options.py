@@ -1,8 +1,18 @@
-"""Parse command-line values into types where bad values cannot exist; errors name the flag."""
+"""Command-line values and shared option groups: bad values never get past argparse; errors name the flag.
+
+The typed values built here (Connection, Change) are what the layers below take: no argparse.Namespace
+travels further than a command's run().
+"""
 
 from __future__ import annotations
 
+import argparse
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import UsageError
 
 MAX_CONTEXT = 10_000_000
 MAX_REQUESTS = 1_000_000  # far above any GPU's batch; a bigger number is a typo, not a plan
@@ -52,3 +62,100 @@ def parse_request_count(text: str, flag: str = "--max-running-requests") -> int:
     if value > MAX_REQUESTS:
         raise ArgError(f"{flag} {text!r} is more than {MAX_REQUESTS:,} requests")
     return value
+
+
+def typed(parse: Callable[[str, str], Any], flag: str) -> Callable[[str], Any]:
+    """Wrap a value parser for argparse's type=, keeping our one-line message."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text, flag)
+        except ArgError as exc:
+            raise UsageError(str(exc)) from None
+
+    convert.__name__ = flag.lstrip("-")
+    return convert
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Which host, and how to reach it."""
+
+    host: str  # the inventory's name: units/<host>.toml
+    units: str | None = None  # the inventory folder (None: $DEPLOYCTL_UNITS or ./units)
+    local: bool = False  # the agent runs on this machine, not over SSH
+    accept_new_host_key: bool = False
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Connection:
+        return cls(
+            args.host,
+            args.units,
+            getattr(args, "local", False),
+            getattr(args, "accept_new_host_key", False),
+        )
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a person asked an apply (or a plan) for."""
+
+    context: int
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    force: bool = False
+    dry_run: bool = False
+    yes: bool = False
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Change:
+        return cls(
+            args.context,
+            args.mem_fraction_static,
+            args.max_running_requests,
+            getattr(args, "force", False),
+            getattr(args, "dry_run", False),
+            getattr(args, "yes", False),
+        )
+
+
+def add_host_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host", help="host name: units/<host>.toml")
+
+
+def add_target_args(p: argparse.ArgumentParser, *, context_required: bool) -> None:
+    """The flags shared by plan, render and apply."""
+    add_host_arg(p)
+    p.add_argument(
+        "--context",
+        required=context_required,
+        type=typed(parse_context, "--context"),
+        help="target context in tokens: 200000, 200k (x1000) or 128Ki (x1024)",
+    )
+    p.add_argument("--mem-fraction-static", type=typed(parse_fraction, "--mem-fraction-static"))
+    p.add_argument(
+        "--max-running-requests",
+        type=typed(parse_request_count, "--max-running-requests"),
+    )
+
+
+def add_yes_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--yes", "-y", action="store_true", help="do not ask for confirmation (required without a tty)"
+    )
+
+
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    """How to reach the host, and how to print: shared by apply, rollback, backups and status."""
+    p.add_argument(
+        "--accept-new-host-key",
+        action="store_true",
+        help="trust an unknown SSH host key once and record it (a changed key is always refused)",
+    )
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="run the agent on this machine, not over SSH (deployctl on the GPU host itself, e.g. cron)",
+    )
+    p.add_argument("--json", action="store_true", help="print events and results as JSON lines")
+    p.add_argument("--quiet", action="store_true", help="print nothing when nothing changed (cron)")

@@ -7,12 +7,12 @@ dropped connection loses nothing: the host finishes on its own and this side re-
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from agent.cli.options import Change
 from agent.deploy import allow_context, calibration_from
 from agent.errors import ConnectError, DeployError
 from agent.fleet.calibrate import Measured, peer_key
@@ -116,7 +116,7 @@ def _apply(
             host.name, "not_feasible", f"the plan cannot reach {context:,} tokens; nothing was changed",
             context, figures, before=before,
         )  # fmt: skip
-    target_host = allow_context(host, argparse.Namespace(context=context, force=False))
+    target_host = allow_context(host, Change(context))
     new_text = render_checked(target_host, plan.flags())
     if check:
         differs = new_text != old_text
@@ -243,7 +243,7 @@ def host_status(host: HostConfig, context: int | None) -> dict[str, Any]:
     against = context or (int(verified[-1]) if verified else None)
     if against is not None:
         plan, _ = plan_host(host, against, facts, ())
-        forced = allow_context(host, argparse.Namespace(context=against, force=True))
+        forced = allow_context(host, Change(against, force=True))
         status["drift"] = render_checked(forced, plan.flags()) != text
         status["planned_fraction"] = plan.mem_fraction_static
     else:  # never deployed by deployctl: drift from the inventory's baseline

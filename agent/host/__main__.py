@@ -9,13 +9,13 @@ from agent.protocol import TXN_ID, ProtocolError, Request
 
 
 def main(argv: list[str]) -> int:
-    from agent.host import verbs  # after argv checks: a bad call fails fast and cheaply
+    from agent.host import runner, verbs  # after argv checks: a bad call fails fast and cheaply
 
     if len(argv) == 3 and argv[1] == "run":
         if not argv[0].startswith("/") or TXN_ID.fullmatch(argv[2]) is None:
             print("deployctl-agent: error: bad state directory or transaction id", file=sys.stderr)
             return int(ExitCode.USAGE)
-        return verbs.run(argv[0], argv[2])
+        return runner.run(argv[0], argv[2])
     if len(argv) != 1:
         print("usage: agent.host VERB < request.json  |  agent.host STATE_DIR run TXN", file=sys.stderr)
         return int(ExitCode.USAGE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from agent.protocol import Timeouts
 
@@ -46,35 +47,60 @@ class Observation:
     restarts_since: int  # NRestarts grew by this much since our restart: a crash loop
 
 
+class Action(str, Enum):
+    """What the watcher does next."""
+
+    WAIT = "wait"
+    POOL_OK = "pool_ok"  # the pool passed the gate; wait for ready
+    READY = "ready"
+    FAIL = "fail"
+
+
+class Failure(str, Enum):
+    """Why a start failed: the words the outcome carries on the wire."""
+
+    POOL_SHORT = "pool_short"
+    SGLANG_FAILURE = "sglang_failure"
+    SERVICE_FAILED = "service_failed"
+    TIMEOUT = "timeout"
+    NO_PROGRESS = "no_progress"
+
+
 @dataclass(frozen=True)
 class Verdict:
-    action: str  # "wait" | "pool_ok" | "ready" | "fail"
+    action: Action
     reason: str = ""
-    kind: str = ""  # for "fail": pool_short | sglang_failure | service_failed | timeout | no_progress
+    kind: Failure | None = None  # set when action is FAIL
 
 
-WAIT = Verdict("wait")
+def fail(reason: str, kind: Failure) -> Verdict:
+    return Verdict(Action.FAIL, reason, kind)
+
+
+WAIT = Verdict(Action.WAIT)
 
 
 def decide(obs: Observation, gate: Gate, pool_passed: bool) -> Verdict:
     """One step of the watch loop; called for every new line and every state poll."""
     if obs.failure_kind is not None:
-        return Verdict("fail", f"SGLang failed ({obs.failure_kind}): {obs.failure_line}", "sglang_failure")
+        return fail(f"SGLang failed ({obs.failure_kind}): {obs.failure_line}", Failure.SGLANG_FAILURE)
     if obs.restarts_since > 0:
-        return Verdict(
-            "fail", f"the service crashed and systemd restarted it ({obs.restarts_since}x)", "service_failed"
+        return fail(
+            f"the service crashed and systemd restarted it ({obs.restarts_since}x)", Failure.SERVICE_FAILED
         )
     if obs.active_state in _DEAD_ACTIVE or obs.sub_state in _DEAD_SUB:
-        return Verdict("fail", f"the service stopped: {obs.active_state}/{obs.sub_state}", "service_failed")
+        return fail(f"the service stopped: {obs.active_state}/{obs.sub_state}", Failure.SERVICE_FAILED)
     if obs.kv_tokens is not None and not pool_passed:
         need = gate.required_pool
         if need is not None and obs.kv_tokens < need:
-            return Verdict("fail", _short(obs.kv_tokens, gate), "pool_short")
-        return Verdict("pool_ok", f"KV pool {obs.kv_tokens:,} tokens" + (f" >= {need:,}" if need else ""))
+            return fail(_short(obs.kv_tokens, gate), Failure.POOL_SHORT)
+        return Verdict(
+            Action.POOL_OK, f"KV pool {obs.kv_tokens:,} tokens" + (f" >= {need:,}" if need else "")
+        )
     if obs.ready:
         if obs.kv_tokens is None:
-            return Verdict("fail", "the server is ready but logged no KV pool size", "sglang_failure")
-        return Verdict("ready", "the server is fired up and ready")
+            return fail("the server is ready but logged no KV pool size", Failure.SGLANG_FAILURE)
+        return Verdict(Action.READY, "the server is fired up and ready")
     return _timeouts(obs, gate.timeouts)
 
 
@@ -88,13 +114,13 @@ def _short(pool: int, gate: Gate) -> str:
 
 def _timeouts(obs: Observation, t: Timeouts) -> Verdict:
     if obs.now - obs.last_line_at > t.no_progress_s:
-        return Verdict("fail", f"nothing logged for {t.no_progress_s:.0f} s", "no_progress")
+        return fail(f"nothing logged for {t.no_progress_s:.0f} s", Failure.NO_PROGRESS)
     if obs.pool_at is not None:
         if obs.now - obs.pool_at > t.ready_s:
-            return Verdict("fail", f"not ready {t.ready_s:.0f} s after the KV pool was sized", "timeout")
+            return fail(f"not ready {t.ready_s:.0f} s after the KV pool was sized", Failure.TIMEOUT)
     elif obs.weights_done_at is not None:
         if obs.now - obs.weights_done_at > t.pool_s:
-            return Verdict("fail", f"no KV pool logged {t.pool_s:.0f} s after the weights loaded", "timeout")
+            return fail(f"no KV pool logged {t.pool_s:.0f} s after the weights loaded", Failure.TIMEOUT)
     elif obs.now - obs.restarted_at > t.weights_s:
-        return Verdict("fail", f"weights not loaded {t.weights_s:.0f} s after the restart", "timeout")
+        return fail(f"weights not loaded {t.weights_s:.0f} s after the restart", Failure.TIMEOUT)
     return WAIT

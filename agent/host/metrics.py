@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
-from agent.protocol import EXIT_CODES, Event, Outcome, Stage
+from agent.host.timeline import downtime
+from agent.protocol import Event, Outcome, Stage
 
 SUCCESS = (Outcome.APPLIED, Outcome.UP_TO_DATE)
 # A phase lasts from its stage's first event to the next phase's first event.
@@ -39,11 +40,12 @@ class Run:
 
 
 def timings(events: Iterable[Event]) -> tuple[float | None, dict[str, float]]:
-    """(restart downtime, seconds per phase) from a transaction's events.
+    """(restart downtime, seconds per transaction stage) from a transaction's events.
 
-    Downtime runs from the restart job (the old server stops answering) to the first "ready" of a start
-    (the new one's, or the restored old one's).
+    The downtime is timeline's: from the restart job to the new server's smoke answer, or to the old
+    server's return after a rollback.
     """
+    events = list(events)
     first: dict[str, float] = {}
     for e in events:
         with contextlib.suppress(ValueError):
@@ -51,10 +53,7 @@ def timings(events: Iterable[Event]) -> tuple[float | None, dict[str, float]]:
     seen: list[tuple[str, float]] = [(s.value, first[s.value]) for s in PHASES if s.value in first]
     ends = [t for _, t in seen[1:]] + ([max(first.values())] if seen else [])
     phases = {name: round(max(0.0, end - start), 3) for (name, start), end in zip(seen, ends, strict=True)}
-    stop = first.get(Stage.RESTART.value, first.get(Stage.RELOAD.value))
-    back = first.get(Stage.READY.value) or first.get(Stage.VERIFY_OLD.value)
-    downtime = round(back - stop, 3) if stop is not None and back is not None and back >= stop else None
-    return downtime, phases
+    return downtime(events).seconds, phases
 
 
 def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str:
@@ -80,12 +79,11 @@ def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str
                 float(o is run.outcome),
                 f',outcome="{o.value}"',
             )
-    code = EXIT_CODES.get(run.outcome)
     metric(
         "deployctl_last_run_exit_code",
         "gauge",
         "The exit code of the last run.",
-        1 if code is None else int(code),
+        int(run.outcome.exit_code),
     )
     metric(
         "deployctl_last_success_timestamp_seconds",

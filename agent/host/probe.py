@@ -94,21 +94,6 @@ class Probe:
     def _healthy(self) -> bool:
         return self.session.get(f"{self.base}/health", timeout=5).status_code == 200
 
-    def server_info(self) -> dict[str, Any]:
-        """What the server reports about itself; {} when neither path answers with a JSON object."""
-        for path in ("/server_info", "/get_server_info"):  # /server_info exists from 0.5.10 on
-            try:
-                r = self.session.get(self.base + path, timeout=10)
-            except requests.RequestException as exc:
-                raise ProbeError(f"{self.base}{path} failed: {exc}") from None
-            if r.status_code == 200:
-                try:
-                    data = r.json()
-                except ValueError:  # requests' JSONDecodeError is one
-                    continue
-                return data if isinstance(data, dict) else {}
-        return {}
-
     def smoke(self, smoke: Smoke, model: str | None = None) -> SmokeResult:
         """A long prompt with a known answer: proves a request that needs the new context really fits.
 

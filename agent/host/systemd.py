@@ -138,6 +138,17 @@ class Systemd:
             drop_in_paths=tuple(str(p) for p in props.get("DropInPaths", ())),
         )
 
+    def exec_commands(self, unit: str, prop: str = "ExecStart") -> list[tuple[str, tuple[str, ...]]]:
+        """systemd's own parse of a unit's ExecStart= (or ExecStartPre=...): (path, argv) per command,
+        specifiers expanded, quotes and escapes removed; `$VAR` and `$$` are left for exec time."""
+        return [(str(cmd[0]), tuple(str(w) for w in cmd[1])) for cmd in self.service_property(unit, prop)]
+
+    def service_property(self, unit: str, prop: str) -> Any:
+        """One property of a service unit, as systemd holds it (Environment: a list of NAME=value)."""
+        address = DBusAddress(self.unit_path(unit), bus_name=SYSTEMD, interface=SERVICE_IFACE)
+        ((_sig, value),) = self._call(Properties(address).get(prop), f"Get {prop} {unit}")
+        return value
+
     def wait_for_change(self, unit: str, timeout: float) -> bool:
         """Block until the unit's properties change or timeout passes; True if they (may have) changed.
 

@@ -12,8 +12,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.host.decide import Gate
-from agent.host.events import EventLog
+from agent.host.adopt import kept_secret_env
+from agent.host.decide import Action, Gate
+from agent.host.events import EventLog, utc_now
 from agent.host.secrets import SecretFiles
 from agent.host.state import (
     PHASE_RESTARTED,
@@ -24,13 +25,16 @@ from agent.host.state import (
     Record,
     StateDir,
 )
+from agent.host.timeline import downtime
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchResult, watch_start
-from agent.protocol import Outcome, Request, Smoke, Stage
+from agent.protocol import Event, Outcome, Request, Smoke, Stage
 from agent.protocol import unit_sha256 as sha256
+from agent.sglang.flags import parse_unit_flags
 from agent.sglang.logs.summary import summarize
 
 if TYPE_CHECKING:
+    from agent.host.prewarm import Prewarmed
     from agent.host.probe import SmokeResult
     from agent.host.systemd import UnitState
 
@@ -69,6 +73,9 @@ class Transaction:
         self.smoke_result: SmokeResult | None = None
         self.unrecovered: Record | None = None  # the record whose recovery failed
         self.recovered: str | None = None  # what the last recover() did
+        self.prewarmed: Prewarmed | None = None
+        self.events: list[Event] = []  # this run's events: the downtime is read off them
+        log.listeners.append(self.events.append)
 
     # -- the verbs ------------------------------------------------------------------------------
     def apply(self) -> Result:
@@ -83,7 +90,13 @@ class Transaction:
             msg = f"{self.files.path(self.unit)} changed on the host since it was planned (edited by hand?)"
             self.log.emit(Stage.COMPARE, "warning", msg)
             return Result(Outcome.ERROR, msg + "; nothing changed: re-run to plan against it")
-        secrets = self.secrets.wanted(self.req.secret_env, self.req.secret_flags)
+        kept = kept_secret_env(self.req.keep_secret_env, self.secrets.current()["env"], current)
+        missing = [n for n in self.req.keep_secret_env if n not in kept]
+        if missing:
+            msg = f"no value on the host for the kept secret variable(s) {', '.join(missing)}"
+            self.log.emit(Stage.COMPARE, "warning", msg)
+            return Result(Outcome.ERROR, msg + "; nothing changed: set them in the inventory's environment")
+        secrets = self.secrets.wanted({**kept, **self.req.secret_env}, self.req.secret_flags)
         same = current == new and self.secrets.current() == secrets
         if same and self._running_as_installed() and self._met_target(sha256(new)):
             msg = f"{self.unit} is already up to date and its pool meets the target: nothing to do"
@@ -221,16 +234,23 @@ class Transaction:
         elsewhere = self._loaded_elsewhere()
         if elsewhere is not None:
             return self._refuse_unloaded(elsewhere, backup_name, wrote)
+        self._prewarm(new)
         self._record(PHASE_RESTARTED, backup_name, new, wrote)
+        return self._start_and_decide(new, gate, smoke, backup_name, restored_from)
+
+    def _start_and_decide(
+        self, new: str, gate: Gate, smoke: Smoke | None, backup: str | None, restored_from: str | None
+    ) -> Result:
+        """Restart, watch, gate, verify: commit the new unit, or roll back to the backup."""
         started = self._restart_and_watch(gate, Stage.WATCH)
-        if started.verdict.action == "ready":
+        if started.verdict.action is Action.READY:
             verified = self._verify(started, smoke, gate)
             if verified is None:
-                return self._commit(started, new, backup_name, restored_from)
+                return self._commit(started, new, backup, restored_from)
             reason = verified
         else:
             reason = started.verdict.reason
-        return self._roll_back(reason, started, backup_name, new)
+        return self._roll_back(reason, started, backup, new)
 
     def _loaded_elsewhere(self) -> str | None:
         """Why what systemd loaded is not the file just written (another copy or a drop-in wins), or None.
@@ -260,13 +280,32 @@ class Transaction:
         self.state.clear_record(self.unit)
         return Result(Outcome.ERROR, f"{why}; {self.unit} put back as it was and nothing restarted")
 
+    def _prewarm(self, new: str) -> None:
+        """Read the new unit's weights into the page cache while the old server still serves."""
+        if not self.req.prewarm:
+            return
+        from agent.host.prewarm import GIB, prewarm
+
+        try:
+            self.prewarmed = prewarm(parse_unit_flags(new), int(self.req.prewarm_margin_gib * GIB))
+        except Exception as exc:  # only ever a slower start: never a reason to stop the change
+            self.log.emit(Stage.PREWARM, "warning", f"pre-warm failed: {type(exc).__name__}: {exc}")
+            return
+        self.log.emit(Stage.PREWARM, "step", self.prewarmed.describe(), **self.prewarmed.to_dict())
+
     def _restart_and_watch(self, gate: Gate, stage: Stage) -> WatchResult:
         cursor = self.journal.cursor()
         before = self.systemd.unit_state(self.unit)
+        stopping_at = utc_now()  # the old server stops answering from here: the downtime begins
         job = self.systemd.restart(self.unit, RESTART_JOB_TIMEOUT_S)
         after = self.systemd.unit_state(self.unit)
         self.log.emit(
-            Stage.RESTART, "step", f"restart job {job.result}", invocation=after.invocation_id, job=job.result
+            Stage.RESTART,
+            "step",
+            f"restart job {job.result}",
+            invocation=after.invocation_id,
+            job=job.result,
+            stopping_at=stopping_at,
         )
         n0 = after.n_restarts
         if after.invocation_id == before.invocation_id and not job.ok:
@@ -324,6 +363,7 @@ class Transaction:
             "sha256": sha256(new),
             "invocation": state.invocation_id,
             "start_seconds": round(started.seconds, 2),
+            "downtime": downtime(self.events).to_dict(),
             **started.summary,
         }
         self.state.append_history(self.unit, entry)
@@ -333,7 +373,10 @@ class Transaction:
             "summary": started.summary,
             "backup": backup,
             "start_seconds": started.seconds,
+            "downtime": entry["downtime"],
         }
+        if self.prewarmed is not None:
+            data["prewarm"] = self.prewarmed.to_dict()
         if self.smoke_result is not None:
             data["smoke"] = self.smoke_result.__dict__
         what = f"restored {restored_from}" if restored_from else "applied"
@@ -407,7 +450,7 @@ class Transaction:
             )
             return True, ""
         old = self._restart_and_watch(Gate(None, None, 0.0, self.req.timeouts), Stage.VERIFY_OLD)
-        if old.verdict.action != "ready":
+        if old.verdict.action is not Action.READY:
             return False, old.verdict.reason
         try:
             Probe(self.req.http_host, self.req.port, self.secrets.api_key()).wait_ready(

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.host.decide import Gate, Observation, Verdict, decide
+from agent.host.decide import Action, Failure, Gate, Observation, Verdict, decide, fail
 from agent.host.events import EventLog
 from agent.protocol import Stage
 from agent.sglang.logs.events import GraphEnd
@@ -15,10 +15,6 @@ from agent.sglang.logs.summary import SummaryBuilder
 
 STATE_POLL_S = 0.05  # one unit_state call costs ~1 ms; a crash is seen within this
 PROGRESS_EVERY_S = 1.0  # progress events while weights load: enough for a live line, not a flood
-
-
-class _Line(Protocol):
-    message: str
 
 
 class JournalPort(Protocol):
@@ -40,9 +36,6 @@ class WatchResult:
     verdict: Verdict
     summary: dict[str, Any]
     seconds: float
-    pool_verdict_ms: float | None = None  # pool line seen -> verdict, for the benchmark
-    lines: int = 0
-    last_line: str = ""
 
 
 class _Start:
@@ -117,7 +110,7 @@ def watch_start(
     """Decide on every new line and every state poll; return at ready or at the first failure."""
     t0 = clock()
     seen = _Start(t0, log, stage)
-    state, last_poll, pool_passed, pool_ms = systemd.unit_state(unit), 0.0, False, None
+    state, last_poll, pool_passed = systemd.unit_state(unit), 0.0, False
     horizon = gate.timeouts.weights_s + gate.timeouts.pool_s + gate.timeouts.ready_s + 60
     for item in journal.follow(unit, cursor, invocation_id, time.monotonic() + horizon, 0.02):
         now = clock()
@@ -127,14 +120,12 @@ def watch_start(
             state, last_poll = systemd.unit_state(unit), now
         obs = seen.observe(now, t0, state, n_restarts0)
         verdict = decide(obs, gate, pool_passed)
-        if verdict.action == "pool_ok":
-            pool_passed, pool_ms = True, (clock() - now) * 1000
+        if verdict.action is Action.POOL_OK:
+            pool_passed, verdict_ms = True, (clock() - now) * 1000
             log.emit(
-                Stage.GATE, "step", verdict.reason, kv_tokens=obs.kv_tokens, verdict_ms=round(pool_ms, 2)
+                Stage.GATE, "step", verdict.reason, kv_tokens=obs.kv_tokens, verdict_ms=round(verdict_ms, 2)
             )
-        elif verdict.action in ("ready", "fail"):
-            if verdict.kind == "pool_short":
-                pool_ms = (clock() - now) * 1000
-            return WatchResult(verdict, seen.summary, clock() - t0, pool_ms, seen.lines, seen.last_text)
-    verdict = Verdict("fail", f"gave up after {horizon:.0f} s", "timeout")
-    return WatchResult(verdict, seen.summary, clock() - t0, pool_ms, seen.lines, seen.last_text)
+        elif verdict.action in (Action.READY, Action.FAIL):
+            return WatchResult(verdict, seen.summary, clock() - t0)
+    verdict = fail(f"gave up after {horizon:.0f} s", Failure.TIMEOUT)
+    return WatchResult(verdict, seen.summary, clock() - t0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -11,10 +10,10 @@ from typing import Any
 
 from agent.errors import RemoteError
 from agent.inventory import HostConfig
-from agent.protocol import Event, ProtocolError, Request, Smoke, Timeouts
+from agent.protocol import Event, ProtocolError, Request, Smoke, Stage, Timeouts
 from agent.remote import bundle
 from agent.remote.ssh.transport import ConnectRetry, SshTransport
-from agent.remote.transport import LocalTransport, Result, Transport
+from agent.remote.transport import LocalTransport, Result, Transport, tail_lines
 
 
 def open_transport(host: HostConfig, accept_new_host_key: bool = False) -> Transport:
@@ -46,8 +45,11 @@ def base_request(host: HostConfig, verb: str, **fields: Any) -> Request:
         keep_backups=host.unit.keep_backups,
         secret_names=tuple(host.unit.secret_environment),
         secrets_dir=host.unit.secrets_directory,
+        keep_secret_env=tuple(host.unit.secret_environment_on_host),
         host_name=host.name,
         metrics_file=host.metrics.file_for(host.unit.name),
+        prewarm=host.prewarm.enabled,
+        prewarm_margin_gib=host.prewarm.margin_gib,
         **fields,
     )
     try:
@@ -95,7 +97,7 @@ class AgentClient:
         res = self.transport.run(argv, input=data, timeout=120)
         if not res.ok:
             raise RemoteError(
-                f"{self.host.name}: cannot install the agent bundle at {path}: {_tail(res.stderr)}"
+                f"{self.host.name}: cannot install the agent bundle at {path}: {_last(res.stderr)}"
             )
 
     def _bundle_broken(self, res: Result) -> bool:
@@ -120,12 +122,12 @@ class AgentClient:
             self.refresh()
             res = self.transport.run(argv, input=payload, timeout=120)
         if not res.ok:
-            raise RemoteError(f"{self.host.name}: agent {req.verb} failed: {_tail(res.stderr)}")
+            raise RemoteError(f"{self.host.name}: agent {req.verb} failed: {_last(res.stderr)}")
         try:
             data = json.loads(res.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
         except (ValueError, IndexError):
             raise RemoteError(
-                f"{self.host.name}: agent {req.verb} gave no JSON: {_tail(res.stdout)}"
+                f"{self.host.name}: agent {req.verb} gave no JSON: {_last(res.stdout)}"
             ) from None
         if not isinstance(data, dict):
             raise RemoteError(f"{self.host.name}: agent {req.verb} gave no JSON object")
@@ -139,18 +141,20 @@ class AgentClient:
                 try:
                     yield Event.from_json(line)
                 except (ValueError, TypeError, ProtocolError):
-                    continue
+                    yield unreadable(line)  # never dropped silently: an older agent or a stray print
             result = stream.result()
         if result.rc not in (0, 2, 3, 4, 5, 6, 7):
             raise RemoteError(
-                f"{self.host.name}: agent {req.verb} failed (rc {result.rc}): {_tail(result.stderr)}"
+                f"{self.host.name}: agent {req.verb} failed (rc {result.rc}): {_last(result.stderr)}"
             )
 
 
-def _tail(data: bytes, n: int = 3) -> str:
-    lines = data.decode("utf-8", "replace").strip().splitlines()
-    return " | ".join(lines[-n:]) or "no output"
+def _last(data: bytes) -> str:
+    """A command's last three lines on one line, for an error message."""
+    return " | ".join(tail_lines(data, 3)) or "no output"
 
 
-def revert_command(host: str, backup: str) -> str:
-    return shlex.join(["deployctl", "rollback", host, "--to", backup])
+def unreadable(line: str) -> Event:
+    """A line from the agent that is not an event of this protocol, shown as a warning."""
+    shown = line if len(line) <= 200 else line[:200] + "..."
+    return Event("-", 0, "", Stage.WATCH.value, "warning", f"unreadable line from the agent: {shown}")

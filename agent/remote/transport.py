@@ -50,7 +50,7 @@ class RemoteCommandFailed(RemoteError):
         self.result = result
         super().__init__(f"command {shlex.join(result.argv)} exited with code {result.rc}")
         # DeployError squeezes the message onto one line; the stderr tail keeps its lines in str().
-        self.stderr_tail = _tail(result.stderr, STDERR_TAIL_LINES)
+        self.stderr_tail = "\n".join(tail_lines(result.stderr, STDERR_TAIL_LINES))
 
     def __str__(self) -> str:
         if not self.stderr_tail:
@@ -66,9 +66,9 @@ class ConnectionLost(ConnectError):
     """The connection died while a command ran: its exit status is unknown."""
 
 
-def _tail(data: bytes, lines: int) -> str:
-    text = data.decode("utf-8", errors="replace").rstrip("\n")
-    return "\n".join(text.splitlines()[-lines:])
+def tail_lines(data: bytes, lines: int) -> list[str]:
+    """The last lines of a command's output, decoded leniently (it may not be UTF-8)."""
+    return data.decode("utf-8", errors="replace").strip().splitlines()[-lines:]
 
 
 def command_argv(argv: Sequence[str], sudo: bool) -> list[str]:

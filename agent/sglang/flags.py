@@ -55,8 +55,10 @@ class FlagChange:
 # --- reading ---------------------------------------------------------------------------------------------
 
 
-def split_words(text: str) -> list[str]:
-    """Split an ExecStart value into words as systemd does (quotes, C escapes, then `%%` and `$$`)."""
+def split_words(text: str, dollars: bool = True) -> list[str]:
+    """Split an ExecStart value into words as systemd does (quotes, C escapes, then `%%` and `$$`).
+
+    dollars=False: for Environment=, where systemd expands no variable, so `$$` stays two dollars."""
     words: list[str] = []
     i, n = 0, len(text)
     while True:
@@ -76,7 +78,8 @@ def split_words(text: str) -> list[str]:
                 i += 1
         # systemd expands specifiers after unquoting and $VAR when it runs the command: `%%` and `$$`
         # are their escapes. Other specifiers and variables are kept as written.
-        words.append("".join(chars).replace("%%", "%").replace("$$", "$"))
+        word = "".join(chars).replace("%%", "%")
+        words.append(word.replace("$$", "$") if dollars else word)
 
 
 def _quoted(text: str, i: int, chars: list[str]) -> int:
@@ -123,6 +126,11 @@ def parse_exec_start(text: str) -> tuple[list[str], dict[str, FlagValue]]:
         raise FlagsError(f"ExecStart has no command: {text!r}")
     first = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
     return words[:first], _parse_flags(words[first:])
+
+
+def parse_flag_words(words: Sequence[str]) -> dict[str, FlagValue]:
+    """argv words from the first --flag on -> the flags in order."""
+    return _parse_flags(words)
 
 
 def _parse_flags(words: Sequence[str]) -> dict[str, FlagValue]:

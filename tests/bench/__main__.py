@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.sglang.flags import parse_unit_flags
 from tests import simhost
-from tests.bench import parse_bench, restarts
+from tests.bench import parse_bench, restart, restarts
 from tests.bench.tools import Ansible, Deployctl, Run
 from tests.integration.conftest import wait_pool
 
@@ -49,6 +49,7 @@ def args_() -> argparse.Namespace:
     ap.add_argument("--ansible-delay", type=float, default=1.0, help="seconds between journal polls")
     ap.add_argument("--ansible-retries", type=int, default=30)
     ap.add_argument("--parse-lines", type=int, default=300_000)
+    ap.add_argument("--downtime-rounds", type=int, default=_env_int("DOWNTIME_ROUNDS", 3))
     return ap.parse_args()
 
 
@@ -203,12 +204,15 @@ def main() -> int:
     a = args_()
     t0 = time.monotonic()
     say("booting the local test host with the simulated ct200 at its baseline")
-    with simhost.booted() as sim, tempfile.TemporaryDirectory(prefix="deployctl-bench-") as tmp:
-        wait_pool(sim)
-        compared = compare(sim, a, Path(tmp))
-        counted = restart_counts(sim, compared["dc"])
+    with tempfile.TemporaryDirectory(prefix="deployctl-bench-") as tmp:
+        with simhost.booted() as sim:
+            wait_pool(sim)
+            compared = compare(sim, a, Path(tmp))
+            counted = restart_counts(sim, compared["dc"])
+        say("booting a test host whose simulated weights are big enough to dominate a restart")
+        downtime = restart.measure(a.downtime_rounds, Path(tmp), say)
     say("parser throughput")
-    f = figures(compared, counted, parser_rate(a.parse_lines))
+    f = figures(compared, counted, parser_rate(a.parse_lines)) | downtime
     table(f, a)
     f["date"] = datetime.date.today().isoformat()
     f["machine"] = f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"

@@ -13,6 +13,18 @@ from tests.integration.conftest import cli, invocation, server_info, wait_pool
 pytestmark = pytest.mark.integration
 
 
+def test_plan_and_dry_run_print_the_same_plan(sim):
+    wait_pool(sim)
+    unit = sim.unit_text()
+    plan = cli(sim, "plan", sim.name, "--context", "200k")
+    dry = cli(sim, "apply", sim.name, "--context", "200k", "--dry-run")
+    assert plan.returncode == ExitCode.OK and dry.returncode == ExitCode.OK, (plan.stderr, dry.stderr)
+    assert "predicted pool" in plan.stdout
+    assert plan.stdout.strip() in dry.stdout + dry.stderr
+    assert "dry run: nothing was changed" in dry.stdout + dry.stderr
+    assert sim.unit_text() == unit
+
+
 def test_raise_to_200k_in_one_restart_then_rerun_is_a_noop(sim):
     before = invocation(sim)
     r = cli(sim, "apply", sim.name, "--context", "200k", "--yes")

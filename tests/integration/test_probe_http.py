@@ -105,7 +105,6 @@ def server6() -> Iterator[Server]:
 def test_a_good_server_passes(server: Server) -> None:
     probe = Probe(server.host, server.port)
     probe.wait_ready(5)
-    assert probe.server_info() == {"max_total_num_tokens": 1000}
     res = probe.smoke(SMOKE)
     assert res.passed and res.prompt_tokens == 57 and res.answer == "Dog."
 
@@ -123,7 +122,6 @@ def test_proxies_in_the_environment_are_ignored(
     monkeypatch.setenv("NETRC", str(netrc))
     probe = Probe(server.host, server.port)
     probe.wait_ready(2)
-    assert probe.server_info() == {"max_total_num_tokens": 1000}
     assert probe.smoke(SMOKE).passed
     assert server.headers and not any("Authorization" in h for h in server.headers), "used .netrc"
 
@@ -132,7 +130,6 @@ def test_ipv6_loopback(server6: Server) -> None:
     probe = Probe("::1", server6.port)
     assert probe.base == f"http://[::1]:{server6.port}"
     probe.wait_ready(2)
-    assert probe.server_info() == {"max_total_num_tokens": 1000}
     assert probe.smoke(SMOKE).passed
 
 
@@ -196,19 +193,6 @@ def test_a_wrong_answer_fails_the_smoke_test(server: Server) -> None:
     assert not res.passed and res.answer == "cat" and "dog" in res.detail
 
 
-@pytest.mark.parametrize("body", [b"not json", b"[1, 2]"], ids=["non-JSON", "JSON list"])
-def test_server_info_survives_odd_bodies(server: Server, body: bytes) -> None:
-    server.reply("/server_info", body)
-    server.reply("/get_server_info", body)
-    assert Probe(server.host, server.port).server_info() == {}
-
-
-def test_server_info_falls_back_to_the_old_path(server: Server) -> None:
-    server.reply("/server_info", b"nope", status=404)
-    server.reply("/get_server_info", {"max_total_num_tokens": 7})
-    assert Probe(server.host, server.port).server_info() == {"max_total_num_tokens": 7}
-
-
 def test_a_dead_server_is_a_probe_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -218,5 +202,3 @@ def test_a_dead_server_is_a_probe_error() -> None:
             probe.wait_ready(0.3)
         with pytest.raises(ProbeError):
             probe.smoke(SMOKE)
-        with pytest.raises(ProbeError):
-            probe.server_info()

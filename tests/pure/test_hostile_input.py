@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent.cli.main import main
@@ -30,7 +30,7 @@ from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig
 from agent.output import Output
 from agent.plan.choose import plan_for_host
-from agent.render import render_unit, template_dir
+from agent.render import is_secret_env, render_unit, template_dir
 from agent.sglang.flags import FlagValue, parse_unit, split_words, unit_lines
 
 if sys.version_info >= (3, 11):
@@ -407,10 +407,16 @@ ENV_NAMES = st.one_of(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=Tr
 
 @FEW
 @given(ENV_NAMES, WEIRD)
+@example("KEY", "")  # a secret-looking name, as a random draw once found
+@example("PATH", "/usr/bin")
 def test_environment_reads_back_exactly_or_is_refused(place: Place, name: str, value: str) -> None:
     run = render_patched(place, "unit", "environment", {name: value})
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or CONTROL.search(value):
         assert_refused(run)
+    elif is_secret_env(name):  # KEY, API_TOKEN...: the value goes to a root-only EnvironmentFile=
+        assert (run.code, run.stderr) == (0, ""), run
+        assert name not in unit_environment(run.stdout)
+        assert "EnvironmentFile=" in run.stdout
     else:
         assert (run.code, run.stderr) == (0, ""), run
         assert unit_environment(run.stdout) == {name: value}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import paramiko
@@ -9,6 +11,8 @@ import pytest
 
 from agent.errors import UsageError
 from agent.remote.ssh.config import expand_includes, resolve, split_target
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -96,3 +100,28 @@ def test_include_recursion_is_bounded(tmp_path: Path) -> None:
     (tmp_path / "self.conf").write_text(f"Include {tmp_path / 'self.conf'}\n")
     with pytest.raises(UsageError, match="nested deeper"):
         expand_includes((tmp_path / "self.conf").read_text(), tmp_path)
+
+
+def _fresh_python(code: str) -> str:
+    """Run code in a new interpreter, where nothing has imported paramiko yet."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_invoke_is_not_imported_for_a_config_without_match_exec() -> None:
+    code = "import sys, agent.deploy; print(sys.modules.get('invoke') is None)"
+    assert _fresh_python(code) == "True"
+
+
+def test_match_exec_still_works_and_loads_invoke(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text('Match exec "true"\n  Port 2222\nMatch exec "false"\n  User nobody\nHost *\n')
+    code = (
+        "import sys; from pathlib import Path; from agent.remote.ssh.config import load_config; "
+        f"c = load_config(Path({str(config)!r})).lookup('gpu1'); "
+        "print(c.get('port'), c.get('user'), sys.modules.get('invoke') is not None)"
+    )
+    assert _fresh_python(code) == "2222 None True"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from tests.testhost.models import ensure_models
 from tests.testhost.rootfs import STATE_DIR, TestHostUnavailable, ensure_rootfs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -238,6 +239,7 @@ class TestHost:
         }
         if SIM_SGLANG.is_dir():
             binds[str(SIM_SGLANG)] = SIM_TARGET
+            binds.update(ensure_models())  # the weights the simulated server reads
         if mount_agent:
             import jeepney
 

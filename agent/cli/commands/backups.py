@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli.commands.apply import add_connection_args
+from agent.cli.options import Connection, add_connection_args, add_host_arg
 from agent.output import Output
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("host", help="host name: units/<host>.toml")
+    add_host_arg(p)
     add_connection_args(p)
 
 
@@ -17,4 +17,4 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent import deploy  # SSH and the planner load only when a command runs
 
     out.json = args.json
-    return deploy.backups(args, out)
+    return deploy.backups(Connection.of(args), out)

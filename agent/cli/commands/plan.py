@@ -8,11 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.cli.main import add_target_args
+from agent.cli.options import Connection, add_target_args
 from agent.errors import UsageError
 from agent.inventory import load_host, units_dir
-from agent.output import Output
-from agent.plan.choose import Plan, plan_for_host
+from agent.output import Output, Style
+from agent.plan.choose import plan_for_host
+from agent.report import plan_with_chart
 from agent.sglang.logs.summary import start_figures
 
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         from agent import deploy  # SSH only when the host is asked
         from agent.remote.client import base_request
 
-        with deploy.session(args) as s:
+        with deploy.session(Connection.of(args)) as s:
             facts = s.client.call(base_request(s.host, "facts"))
         history = [dict(h) for h in deploy.calibration_from(facts) or []] or None
         running = facts.get("flags") or running
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.json:
         out.print(json.dumps(plan.to_dict(), indent=2))
     else:
-        out.print(render_plan(host.name, plan))
+        out.print(plan_with_chart(host.name, plan, running, unicode=out.style is Style.TTY))
     return 0  # an infeasible plan is information, not a failure
 
 
@@ -73,28 +74,3 @@ def read_start(path: Path) -> dict[str, Any]:
         raise UsageError(f"--from-log {str(path)!r}: cannot read: {exc.strerror or exc}") from None
     # journald and tqdm both end lines with \r at times: split on both.
     return start_figures(text.replace("\r", "\n").splitlines())
-
-
-def render_plan(host: str, plan: Plan) -> str:
-    """The plan and its tradeoffs in a few lines for a person."""
-    verdict = "feasible" if plan.feasible else "NOT FEASIBLE"
-    lines = [
-        f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis})",
-        f"  predicted pool  {plan.predicted_pool_tokens:,} tokens (target {plan.context_length:,}, "
-        f"with margin {plan.target_pool_tokens:,})",
-        "  flags           " + " ".join(f"--{k} {v}" for k, v in plan.flags().items()),
-        f"  full-context requests at once  {plan.concurrency_at_full_context}",
-        f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
-    ]
-    if not plan.feasible:
-        if plan.forced_fraction is not None:
-            lines.append(
-                f"  forced: the highest safe fraction {plan.forced_fraction:.3f} gives about "
-                f"{plan.forced_pool_tokens or 0:,} tokens"
-            )
-        for alt in plan.alternatives:
-            lines.append(f"  instead: {alt.change}")
-            lines.append(f"           {alt.effect}")
-    lines.extend(f"  warning: {w}" for w in plan.warnings)
-    lines.extend(f"  note: {n}" for n in plan.notes)
-    return "\n".join(lines)

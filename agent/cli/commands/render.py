@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from agent.cli.main import add_target_args
-from agent.cli.options import ArgError, parse_context, parse_fraction, parse_request_count
+from agent.cli.options import ArgError, add_target_args, parse_context, parse_fraction, parse_request_count
 from agent.errors import UsageError
 from agent.inventory import HostConfig, load_host, units_dir
 from agent.output import Output

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli.commands.apply import add_connection_args
+from agent.cli.options import Connection, add_connection_args, add_host_arg, add_yes_arg
 from agent.output import Output
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("host", help="host name: units/<host>.toml")
+    add_host_arg(p)
     p.add_argument("--to", metavar="BACKUP", help="the backup to restore (default: the newest)")
-    p.add_argument(
-        "--yes", "-y", action="store_true", help="do not ask for confirmation (required without a tty)"
-    )
+    add_yes_arg(p)
     add_connection_args(p)
 
 
@@ -21,4 +19,4 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent import deploy  # SSH and the planner load only when a command runs
 
     out.json, out.quiet = args.json, args.quiet
-    return deploy.rollback(args, out)
+    return deploy.rollback(Connection.of(args), args.to, out, yes=args.yes)

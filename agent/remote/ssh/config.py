@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import getpass
 import glob
+import importlib
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,6 +25,7 @@ DEFAULT_KNOWN_HOSTS = ("known_hosts", "known_hosts2")
 
 _INCLUDE = re.compile(r"^\s*include(?:\s*=\s*|\s+)(?P<args>.+?)\s*$", re.IGNORECASE)
 _BLOCK = re.compile(r"^\s*(?:host|match)(?:\s*=\s*|\s+)\S", re.IGNORECASE)
+_MATCH_EXEC = re.compile(r"^\s*match\b.*\bexec\b", re.IGNORECASE | re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -115,9 +118,22 @@ def load_config(path: Path) -> paramiko.SSHConfig:
     if not path.exists():
         return paramiko.SSHConfig()
     try:
-        return paramiko.SSHConfig.from_text(expand_includes(path.read_text(), ssh_dir()))
+        text = expand_includes(path.read_text(), ssh_dir())
+        if _MATCH_EXEC.search(text):
+            _load_invoke()
+        return paramiko.SSHConfig.from_text(text)
     except (OSError, UnicodeDecodeError, paramiko.ConfigParseError) as exc:
         raise UsageError(f"cannot read ssh config {path}: {exc}") from exc
+
+
+def _load_invoke() -> None:
+    """`Match exec` runs its command through invoke, which agent.remote.ssh kept from loading."""
+    if sys.modules.get("invoke", False) is None:
+        del sys.modules["invoke"]
+    try:
+        paramiko.config.invoke = importlib.import_module("invoke")  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise UsageError(f"the ssh config uses Match exec, which needs the invoke package: {exc}") from None
 
 
 def resolve(target: str, config: paramiko.SSHConfig, depth: int = 0) -> SshTarget:

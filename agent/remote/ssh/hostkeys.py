@@ -28,11 +28,6 @@ def fingerprint(key: paramiko.PKey) -> str:
     return str(key.fingerprint)
 
 
-def known_hosts_name(hostname: str, port: int) -> str:
-    """The name known_hosts files use: bare for port 22, [host]:port otherwise."""
-    return hostname if port == 22 else f"[{hostname}]:{port}"
-
-
 def load_known_hosts(into: paramiko.HostKeys, files: Sequence[Path]) -> RevokedKeys:
     """Add the entries (plain and hashed) of those files that exist; return the keys they mark @revoked.
 

@@ -36,6 +36,23 @@ def read_config(path: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def weight_files(folder: str | None) -> list[Path]:
+    """The checkpoint's shards: *.safetensors at the top of the model folder, in name order."""
+    try:
+        return sorted(Path(folder).glob("*.safetensors")) if folder else []
+    except OSError:
+        return []
+
+
+def read_files(paths: list[Path]) -> None:
+    """Read each file through, as a checkpoint loader does: from disk when cold, from memory when cached."""
+    buf = bytearray(8 << 20)
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
 def clock(seconds: float) -> str:
     """tqdm's mm:ss."""
     return f"{int(seconds) // 60:02d}:{int(seconds) % 60:02d}"
@@ -163,8 +180,21 @@ class Launch:
     def pre(self, r: int) -> float:
         return self.hw.pre_gib + self.spreads[r]
 
-    def load(self, arch: sz.Arch, before: list[float], weights: float, shards: int, seconds: float) -> None:
-        """Per-rank begin/end lines around a progress bar on global rank 0 (\\r-redrawn from 0.5)."""
+    def load(
+        self,
+        arch: sz.Arch,
+        before: list[float],
+        weights: float,
+        shards: int,
+        seconds: float,
+        folder: str | None,
+    ) -> None:
+        """Per-rank begin/end lines around a progress bar on global rank 0 (\\r-redrawn from 0.5).
+
+        With weight files in the model folder, each shard really reads its share of them (so the page cache
+        matters, as it does for SGLang); without, each shard takes its share of `seconds`.
+        """
+        files = weight_files(folder)
         for r in self.order():
             self.out.log(f"Load weight begin. avail mem={before[r]:.2f} GB", r)
         cr, eol = ("", "\n") if self.v < (0, 5, 0) else ("\r", "")
@@ -172,7 +202,10 @@ class Launch:
         start = time.monotonic()
         self.out.raw(cr + bar.format(0, 0, shards, "00:00", "?", "?it/s"), end=eol)
         for n in range(1, shards + 1):
-            self.pause(seconds / shards)
+            if files:
+                read_files(files[(n - 1) * len(files) // shards : n * len(files) // shards])
+            else:
+                self.pause(seconds / shards)
             if self.hw.fault == "crash_loading" and n > shards // 2:
                 self.out.raw("")
                 self.crash_loading()
@@ -355,11 +388,13 @@ class Launch:
         weights = hw.weights_gib * hw.gpus / a.tp_size
         draft_w = hw.draft_weights_gib if self.has_draft else 0.0
         self.early = self.has_draft and self.v >= (0, 5, 14)  # from 0.5.14 the draft loads before sizing
-        self.load(self.target, [self.pre(r) for r in range(self.ranks)], weights, 64, hw.load_seconds)
+        self.load(
+            self.target, [self.pre(r) for r in range(self.ranks)], weights, 64, hw.load_seconds, a.model_path
+        )
         used = weights + (draft_w if self.early else 0.0)
         if self.early:
             before = [self.pre(r) - weights for r in range(self.ranks)]
-            self.load(self.draft, before, draft_w, 1, hw.load_seconds / 8)
+            self.load(self.draft, before, draft_w, 1, hw.load_seconds / 8, a.speculative_draft_model_path)
         if hw.fault == "hang_before_pool":
             while True:
                 time.sleep(3600)
@@ -393,7 +428,9 @@ class Launch:
         elif not a.disable_cuda_graph:
             avail = self.capture("target decode", avail, graph, bs)
         if self.has_draft and not early:  # older versions take the whole draft out of the slack
-            self.load(self.draft, avail, draft_w, 1, self.hw.load_seconds / 8)
+            self.load(
+                self.draft, avail, draft_w, 1, self.hw.load_seconds / 8, self.a.speculative_draft_model_path
+            )
             avail = [x - draft_w - kv_d for x in avail]
             self.pools(self.draft, tokens, cell_d, avail)
             if not a.disable_cuda_graph:

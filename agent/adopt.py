@@ -1,0 +1,264 @@
+"""`deployctl adopt`: a hand-written SGLang unit, as the host's `inspect` verb read it -> units/HOST.toml.
+
+Pure: the host's answer in, TOML text out. The inventory renders (with the adopted template) a unit that
+systemd runs as it ran the hand-written one: the same argv, environment, user and other directives.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import tomlkit
+
+from agent.errors import UsageError
+from agent.sglang.flags import FlagValue, parse_flag_words
+from agent.sglang.unitfile import AdoptError, command_words
+
+TEMPLATE = "sglang-adopted.service.j2"
+DRAFT_ALGORITHMS = ("DFLASH", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+
+
+@dataclass(frozen=True)
+class DropIn:
+    path: str
+    lines: list[str]
+    sets_exec_start: bool = False
+
+
+@dataclass(frozen=True)
+class Inspected:
+    """One unit as the host's `inspect` verb described it (no secret value in it)."""
+
+    name: str
+    fragment_path: str
+    problems: list[str] = field(default_factory=list)
+    description: str | None = None
+    user: str | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    secret_environment: list[str] = field(default_factory=list)
+    directives: list[tuple[str, str, str]] = field(default_factory=list)
+    exec_start_raw_count: int = 0
+    exec_start_prefix: str = ""
+    exec_path: str | None = None
+    exec_argv: list[str] = field(default_factory=list)
+    secret_flags: list[str] = field(default_factory=list)
+    config_json: str | None = None
+    sglang_version: str | None = None
+    drop_ins: list[DropIn] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Inspected:
+        data = dict(raw)
+        data["directives"] = [tuple(d) for d in data.get("directives", [])]
+        data["environment"] = dict(data.get("environment") or [])
+        data["drop_ins"] = [
+            DropIn(d["path"], list(d.get("lines", [])), bool(d.get("sets_exec_start")))
+            for d in data.get("drop_ins", [])
+        ]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def choose_unit(answer: Mapping[str, Any], wanted: str | None) -> Inspected:
+    """The unit to adopt: --unit, else the one unit that runs SGLang; none or several is refused."""
+    units = answer.get("units") or {}
+    candidates = list(answer.get("candidates") or [])
+    if wanted:
+        if wanted not in units:
+            raise UsageError(f"--unit {wanted}: no such loaded unit on the host")
+        return Inspected.from_json(units[wanted])
+    if not candidates:
+        raise UsageError(
+            "no unit on the host runs SGLang (ExecStart= with `-m sglang.launch_server` or `sglang serve`)",
+            hint="name it with --unit NAME",
+        )
+    if len(candidates) > 1:
+        raise UsageError(
+            f"several units run SGLang: {', '.join(candidates)}", hint="choose one with --unit NAME"
+        )
+    return Inspected.from_json(units[candidates[0]])
+
+
+def _refuse_unmodelable(unit: Inspected) -> None:
+    where = f"{unit.name} ({unit.fragment_path})"
+    if unit.problems:
+        raise UsageError(f"{where}: {unit.problems[0]}")
+    for d in unit.drop_ins:
+        if d.sets_exec_start:
+            raise UsageError(
+                f"{d.path} sets ExecStart=: deployctl writes the command in {unit.fragment_path}",
+                hint="move the ExecStart= into the unit file first",
+            )
+    if unit.exec_start_raw_count != 1 or unit.exec_path is None:
+        raise UsageError(f"{where}: expected exactly one ExecStart= in the unit file")
+    if unit.exec_start_prefix in tuple("-@+!:"):
+        raise UsageError(f"{where}: ExecStart={unit.exec_start_prefix}... (a prefix) is not supported")
+    if unit.secret_flags:
+        raise UsageError(
+            f"{where}: the command line holds secret flags (--{', --'.join(unit.secret_flags)})",
+            hint="their values would have to leave the host: add them to the inventory by hand after adopt",
+        )
+
+
+def _toml_value(value: FlagValue) -> str | int | float | bool:
+    """The inventory value that renders back to exactly the same word."""
+    if isinstance(value, tuple):
+        raise UsageError(f"a flag with several values ({' '.join(value)}) is not supported by the inventory")
+    if value is True:
+        return True
+    assert isinstance(value, str)
+    if value.isdigit() and str(int(value)) == value:
+        return int(value)
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return number if repr(number) == value else value
+
+
+def split_command(unit: Inspected) -> tuple[list[str], dict[str, FlagValue]]:
+    """systemd's argv -> (the executable words, the flags in order); argv[0] is systemd's resolved path."""
+    assert unit.exec_path is not None
+    try:
+        words = command_words(unit.exec_argv)
+    except AdoptError as exc:
+        raise UsageError(str(exc)) from None
+    first = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
+    return [unit.exec_path, *words[1:first]], parse_flag_words(words[first:])
+
+
+def _gpus_table(gpus: Sequence[Mapping[str, Any]], flags: Mapping[str, FlagValue]) -> Any:
+    table = tomlkit.table()
+    if gpus:
+        table.add("count", len(gpus))
+        table.add("memory_gib", round(float(gpus[0]["total_mib"]) / 1024, 1))
+        table.add("name", str(gpus[0]["name"]))
+        return table
+    table.add(tomlkit.comment("CHECK: nvidia-smi gave nothing on the host; the count is --tp-size"))
+    table.add("count", int(str(flags.get("tp-size", flags.get("tp", "1")))))
+    table.add("memory_gib", 80.0)
+    table["memory_gib"].comment("CHECK: per GPU, as the driver reports it")
+    return table
+
+
+def inventory_text(
+    host: str,
+    ssh_target: str,
+    sudo: bool,
+    unit: Inspected,
+    gpus: Sequence[Mapping[str, Any]] = (),
+) -> str:
+    """The commented units/HOST.toml for a hand-written unit."""
+    _refuse_unmodelable(unit)
+    executable, flags = split_command(unit)
+    model_path = flags.get("model-path")
+    if not isinstance(model_path, str) or not model_path.startswith("/"):
+        raise UsageError(
+            f"{unit.name}: no absolute --model-path in ExecStart (a positional model path "
+            "or a hub name cannot be planned for)"
+        )
+    doc = tomlkit.document()
+    doc.add(
+        tomlkit.comment(f"{host}: adopted from the hand-written {unit.fragment_path} by `deployctl adopt`.")
+    )
+    doc.add(tomlkit.comment("Rendering this inventory without a change gives a unit systemd runs as it ran"))
+    doc.add(tomlkit.comment("that one; `deployctl apply` then changes only what its plan changes."))
+    doc.add(tomlkit.nl())
+    ssh = tomlkit.table()
+    ssh.add("target", ssh_target)
+    ssh.add("sudo", sudo)
+    doc.add("ssh", ssh)
+    doc.add("gpus", _gpus_table(gpus, flags))
+
+    model = tomlkit.table()
+    model.add("path", model_path)
+    served = flags.get("served-model-name")
+    if isinstance(served, str):
+        model.add("served_name", served)
+    if unit.config_json:
+        model.add("config_json", unit.config_json)
+        model["config_json"].comment("the planner reads the architecture here on the host")
+    else:
+        model.add(tomlkit.comment("CHECK: no config.json under the model path; give the architecture here"))
+    doc.add("model", model)
+
+    algorithm, draft_path = flags.get("speculative-algorithm"), flags.get("speculative-draft-model-path")
+    if algorithm in DRAFT_ALGORITHMS and isinstance(draft_path, str) and draft_path.startswith("/"):
+        draft = tomlkit.table()
+        draft.add("algorithm", str(algorithm))
+        draft.add("path", draft_path)
+        doc.add("draft", draft)
+
+    doc.add("unit", _unit_table(unit))
+    doc.add("sglang", _sglang_table(unit, executable, flags))
+    return tomlkit.dumps(doc)
+
+
+def _verbatim_table(unit: Inspected) -> Any:
+    """The directives the template does not model, section by section, as written."""
+    verbatim = tomlkit.table()
+    for section in ("Unit", "Service", "Install"):
+        lines = [f"{k}={v}" for s, k, v in unit.directives if s == section]
+        if lines:
+            array = tomlkit.array()
+            array.extend(lines)
+            array.multiline(True)
+            verbatim.add(section, array)
+    others = sorted({s for s, _k, _v in unit.directives} - {"Unit", "Service", "Install"})
+    if others:
+        raise UsageError(f"{unit.name}: section [{others[0]}] is not supported in an adopted unit")
+    return verbatim
+
+
+def _unit_table(unit: Inspected) -> Any:
+    table = tomlkit.table()
+    table.add("name", unit.name)
+    table.add("directory", posixpath.dirname(unit.fragment_path))
+    table.add("template", TEMPLATE)
+    # systemd's own Description is the unit's name when the file gives none
+    table.add("description", unit.description if unit.description is not None else unit.name)
+    if unit.user:
+        table.add("user", unit.user)
+    if unit.environment:
+        env = tomlkit.inline_table()
+        env.update(unit.environment)
+        table.add("environment", env)
+    if unit.secret_environment:
+        table.add(
+            tomlkit.comment("Values never left the host: the first apply moves them from the unit into")
+        )
+        table.add(tomlkit.comment("a root-only file (EnvironmentFile=) and keeps them there."))
+        table.add("secret_environment", list(unit.secret_environment))
+        table.add("secret_environment_on_host", list(unit.secret_environment))
+    verbatim = _verbatim_table(unit)
+    if unit.drop_ins:
+        table.add(tomlkit.comment("Drop-ins: left on the host as they are; systemd keeps merging them."))
+        for d in unit.drop_ins:
+            table.add(tomlkit.comment(f"  {d.path}"))
+            for line in d.lines:
+                table.add(tomlkit.comment(f"    {line}"))
+    if verbatim:
+        table.add(tomlkit.comment("The directives the template does not model, kept exactly as written."))
+        table.add("verbatim", verbatim)
+    return table
+
+
+def _sglang_table(unit: Inspected, executable: list[str], flags: Mapping[str, FlagValue]) -> Any:
+    table = tomlkit.table()
+    table.add(tomlkit.comment("As the unit runs it: [python, -m, sglang.launch_server] or [sglang, serve]"))
+    table.add("executable", executable)
+    if unit.sglang_version:
+        table.add("version", unit.sglang_version)
+    else:
+        table.add(tomlkit.comment("CHECK: SGLang's version was not found next to the executable"))
+    table.add("host", str(flags.get("host", "127.0.0.1")))
+    table.add("port", int(str(flags.get("port", "30000"))))
+    baseline = tomlkit.table()
+    for name, value in flags.items():
+        baseline.add(name, _toml_value(value))
+    table.add(tomlkit.comment("The flags in the order the unit gives them; the planner changes a few."))
+    table.add("flags", baseline)
+    return table

@@ -1,0 +1,165 @@
+"""The `inspect` verb: find the unit that runs SGLang and read it for `deployctl adopt`. Read-only.
+
+What leaves the host: the unit's modeled parts, its other directives, its drop-ins, and systemd's own parse
+of ExecStart=. Never a secret value: secret environment variables are named only, secret flags' values
+and secret variables in drop-ins are replaced by ***.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from agent.host.systemd import Systemd, SystemdError
+from agent.protocol import Request
+from agent.sglang.flags import FlagsError, unit_lines
+from agent.sglang.unitfile import (
+    AdoptError,
+    read_unit,
+    redact_secret_flags,
+    runs_sglang,
+    split_environment,
+)
+
+# systemd's unit search path for system units, highest priority first.
+UNIT_DIRS = (
+    "/etc/systemd/system",
+    "/run/systemd/system",
+    "/usr/local/lib/systemd/system",
+    "/usr/lib/systemd/system",
+    "/lib/systemd/system",
+)
+
+
+def inspect(req: Request) -> dict[str, Any]:
+    """The SGLang units on this host (`candidates`) and, for each and for req.unit, what adopt needs."""
+    names = _mentioning_sglang()
+    units: dict[str, Any] = {}
+    candidates: list[str] = []
+    with Systemd() as sd:
+        for name in sorted(names | {req.unit}):
+            try:
+                state = sd.unit_state(name)
+                commands = sd.exec_commands(name) if state.load_state == "loaded" else []
+            except SystemdError:
+                continue
+            if state.load_state != "loaded":
+                continue
+            if any(runs_sglang(argv) for _path, argv in commands):
+                candidates.append(name)
+            elif name != req.unit:
+                continue
+            units[name] = _describe(name, state.fragment_path, state.drop_in_paths, commands)
+    return {"candidates": candidates, "units": units}
+
+
+def _mentioning_sglang() -> set[str]:
+    """Service units whose file or drop-ins mention sglang: the cheap filter before asking systemd."""
+    names: set[str] = set()
+    for directory in UNIT_DIRS:
+        for path in glob.glob(f"{directory}/*.service") + glob.glob(f"{directory}/*.service.d/*.conf"):
+            unit = Path(path).name if path.endswith(".service") else Path(path).parent.name[: -len(".d")]
+            if "@" in unit:
+                continue  # template units: an instance names itself
+            with contextlib.suppress(OSError):
+                if b"sglang" in Path(path).read_bytes():
+                    names.add(unit)
+    return names
+
+
+def _describe(
+    name: str, fragment: str, drop_ins: tuple[str, ...], commands: list[tuple[str, tuple[str, ...]]]
+) -> dict[str, Any]:
+    info: dict[str, Any] = {"name": name, "fragment_path": fragment, "problems": []}
+    try:
+        text = Path(fragment).read_bytes().decode("utf-8")
+        hand = read_unit(text)
+    except (OSError, UnicodeDecodeError, AdoptError) as exc:
+        info["problems"].append(f"{fragment}: cannot read: {exc}")
+        return info
+    info.update(
+        description=hand.description,
+        user=hand.user,
+        environment=[[k, v] for k, v in hand.environment.items()],  # a list: the reply's keys are sorted
+        secret_environment=hand.secret_environment,
+        directives=[[d.section, d.key, d.value] for d in hand.other],
+        exec_start_raw_count=len(hand.exec_start),
+        exec_start_prefix=(hand.exec_start[0][:1] if hand.exec_start else ""),
+    )
+    if len(commands) == 1:
+        path, argv = commands[0]
+        shown, secret_flags = redact_secret_flags(argv)
+        info.update(exec_path=path, exec_argv=shown, secret_flags=secret_flags)
+        info["config_json"] = _config_json(argv)
+        info["sglang_version"] = _sglang_version(path)
+    info["drop_ins"] = [_drop_in(p) for p in drop_ins]
+    return info
+
+
+def _drop_in(path: str) -> dict[str, Any]:
+    """A drop-in's directives, secret variables' values replaced: it stays on the host as it is."""
+    try:
+        hand = read_unit(Path(path).read_bytes().decode("utf-8", "replace"))
+    except (OSError, AdoptError) as exc:
+        return {"path": path, "lines": [], "problem": str(exc)}
+    lines = []
+    for d in hand.other:
+        lines.append(f"[{d.section}] {d.line}")
+    if hand.user:
+        lines.append(f"[Service] User={hand.user}")
+    for key, value in hand.environment.items():
+        lines.append(f"[Service] Environment={key}={value}")
+    lines += [f"[Service] Environment={k}=***" for k in hand.secret_environment]
+    lines += [f"[Service] ExecStart={v}" for v in hand.exec_start]  # refused by adopt, shown to say why
+    return {"path": path, "lines": lines, "sets_exec_start": bool(hand.exec_start)}
+
+
+def _config_json(argv: tuple[str, ...]) -> str | None:
+    """The model's config.json on the host, where the planner reads the architecture from."""
+    words = list(argv)
+    for i, word in enumerate(words):
+        value = word.partition("=")[2] if word.startswith("--model-path=") else None
+        if word == "--model-path" and i + 1 < len(words):
+            value = words[i + 1]
+        if value and value.startswith("/") and os.path.isfile(f"{value}/config.json"):
+            return f"{value}/config.json"
+    return None
+
+
+def _sglang_version(path: str) -> str | None:
+    """SGLang's version from its installed metadata next to the executable: read, never run."""
+    prefix = Path(path).parent.parent  # <venv>/bin/python -> <venv>
+    for root in (prefix, Path("/usr/local"), Path("/usr")):
+        for meta in sorted(glob.glob(f"{root}/lib/python3*/*-packages/sglang-*.dist-info/METADATA")):
+            with contextlib.suppress(OSError):
+                for line in Path(meta).read_text(errors="replace").splitlines():
+                    if line.startswith("Version: "):
+                        return line.split(": ", 1)[1].strip()
+    return None
+
+
+def kept_secret_env(names: tuple[str, ...], env_file: str | None, unit_text: str | None) -> dict[str, str]:
+    """The values of the secret variables an adopted inventory keeps on the host: from the root-only file
+    deployctl wrote, else from the Environment= lines of the hand-written unit being replaced."""
+    found = {k: v for k, v in _env_file_values(env_file).items() if k in names}
+    with contextlib.suppress(FlagsError, AdoptError):
+        for section, key, value in unit_lines(unit_text or ""):
+            if section == "Service" and key == "Environment" and value:
+                for name, val in split_environment(value):
+                    if name in names and name not in found:
+                        found[name] = val
+    return found
+
+
+def _env_file_values(text: str | None) -> dict[str, str]:
+    """secrets.env_file_text() read back: NAME="value" with \\ \" \\$ \\` escaped."""
+    values = {}
+    for line in (text or "").splitlines():
+        name, eq, quoted = line.partition("=")
+        if eq and len(quoted) >= 2 and quoted[0] == quoted[-1] == '"':
+            values[name] = re.sub(r"\\(.)", r"\1", quoted[1:-1])
+    return values

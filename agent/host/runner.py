@@ -1,0 +1,275 @@
+"""Changing verbs (apply, rollback, recover): start a runner detached from the SSH session, run it, follow it.
+
+The runner is a transient systemd unit (systemd-run) that writes its events to a file; callers follow
+that file, so a dropped connection changes nothing. A runner that died is finished by recovery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import resource
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from agent.exitcodes import ExitCode
+from agent.host import recovery
+from agent.host.events import EventLog, journal_note, utc_now
+from agent.host.journal import Journal
+from agent.host.lock import Locked, UnitLock, describe_holder
+from agent.host.state import StateDir, write_json_atomic
+from agent.host.systemd import Systemd, SystemdError
+from agent.host.transaction import Result, Transaction
+from agent.host.units import UnitFiles
+from agent.protocol import Event, Outcome, Request, Stage, exit_code
+from agent.protocol import unit_sha256 as sha256
+
+RUN_DIR = "/run/deployctl"
+FOLLOW_POLL_S = 0.02
+RUNNER_SETTLE_S = 10.0  # how long a started runner may take to lock (Python start-up on a loaded host)
+
+
+def new_txn_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def running(req: Request) -> dict[str, Any] | None:
+    """The change running on this unit, decided from the lock and from systemd, never from timing.
+
+    A runner that systemd started but that has not taken the lock yet (or has released it and is
+    exiting) holds no lock for a moment: wait, boundedly, until it holds the lock or systemd says it
+    is gone, so that a caller never mistakes a change that is starting for one whose agent died.
+    """
+    lock = _lock(req.unit)
+    last = StateDir(req.state_dir).last_txn(req.unit)
+    deadline = time.monotonic() + RUNNER_SETTLE_S
+    while True:
+        if lock.is_held():
+            return lock.holder() or {"txn": last}
+        if last is None or not _runner_alive(last):
+            return None
+        if time.monotonic() > deadline:  # alive yet never locking: report it, never recover under it
+            return {"txn": last, "verb": "?", "since": "?", "pid": "?"}
+        time.sleep(0.05)
+
+
+def start(req: Request, out: TextIO) -> int:
+    state_dir = StateDir(req.state_dir)
+    holder = running(req)
+    if holder is not None:
+        if _same_apply(holder, req):
+            out.write(
+                _event_line(str(holder["txn"]), "step", f"re-attached: {describe_holder(holder)}", Stage.LOCK)
+            )
+            return follow(req, str(holder["txn"]), out)
+        return _locked_outcome(holder, out)
+    txn = new_txn_id()
+    write_json_atomic(state_dir.txn_dir(txn) / "request.json", json.loads(req.to_json()))
+    state_dir.set_last_txn(req.unit, txn)
+    if req.detach and shutil.which("systemd-run"):
+        argv = ["systemd-run", f"--unit=deployctl-{txn}", "--collect", "--quiet", "--no-ask-password"]
+        argv += ["--working-directory=/"]
+        argv += [
+            f"--description=deployctl {req.verb} {req.unit}",
+            "--",
+            *_self_argv(),
+            req.state_dir,
+            "run",
+            txn,
+        ]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        if proc.returncode == 0:
+            return follow(req, txn, out)
+        out.write(
+            _event_line(
+                txn, "warning", f"systemd-run failed ({proc.stderr.strip()}); running attached", Stage.LOCK
+            )
+        )
+    return run(req.state_dir, txn, echo=out)
+
+
+def _same_apply(holder: dict[str, Any], req: Request) -> bool:
+    """Whether a re-run of apply asks for the running change, so it re-attaches instead of failing."""
+    # The re-run plans from facts the running change already altered (new unit, a half-done start),
+    # so its unit may differ in a digit from the running one: the same target is the same request.
+    if req.verb != "apply" or holder.get("verb") != "apply" or not holder.get("txn"):
+        return False
+    same_unit = holder.get("unit_sha256") == sha256(req.unit_text or "")
+    same_target = req.target_context is not None and holder.get("target_context") == req.target_context
+    return same_unit or same_target
+
+
+def _self_argv() -> list[str]:
+    """How to start this agent again: the bundle it was run from, or the installed package."""
+    me = Path(sys.argv[0]).resolve()
+    if me.suffix == ".pyz":
+        return [sys.executable, "-I", str(me)]
+    return [sys.executable, "-I", "-m", "agent.host"]  # -I: never the folder or PYTHONPATH it ran from
+
+
+def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
+    """The transaction itself: take the lock, run the verb, write the outcome event."""
+    state_dir = StateDir(state_root)
+    req = Request.from_json((state_dir.txn_dir(txn) / "request.json").read_text())
+    log = EventLog(txn, state_dir.events_path(txn), echo)
+    lock = _lock(req.unit)
+    holder = {"pid": os.getpid(), "since": utc_now(), "verb": req.verb, "txn": txn, "unit": req.unit}
+    holder["unit_sha256"] = sha256(req.unit_text) if req.unit_text else None
+    holder["target_context"] = req.target_context
+    try:
+        lock.acquire(holder)
+    except Locked as exc:
+        log.emit(
+            Stage.LOCK,
+            "outcome",
+            f"{req.unit} is locked: {exc}",
+            outcome=Outcome.LOCKED.value,
+            holder=exc.holder,
+        )
+        return int(ExitCode.LOCKED)
+    try:
+        log.emit(Stage.LOCK, "step", f"locked {req.unit}", pid=os.getpid())
+        with Systemd() as sd:
+            t = Transaction(req, txn, sd, Journal(), log)
+            if req.verb == "apply":
+                result = t.apply()
+            elif req.verb == "rollback":
+                result = t.rollback()
+            else:
+                result = t.recover_only()
+        _write_metrics(req, txn, result, state_dir, log)
+        # The runner's peak memory: following a chatty start must not grow it (the benchmark reads it).
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        log.emit(
+            Stage.DONE,
+            "outcome",
+            result.message,
+            outcome=result.outcome.value,
+            peak_rss_kib=peak,
+            **result.data,
+        )
+        return int(exit_code(result.outcome.value))
+    except Exception as exc:
+        # A bug must not leave the new unit half-verified: restore now; the record stays if this fails too.
+        recovered = recovery.try_recover(req, txn, log)
+        msg = f"agent error: {type(exc).__name__}: {exc}; recovery: {recovered}"
+        log.emit(Stage.DONE, "outcome", msg, outcome=Outcome.AGENT_ERROR.value)
+        raise
+    finally:
+        lock.release()
+        log.close()
+
+
+def _write_metrics(req: Request, txn: str, result: Result, state_dir: StateDir, log: EventLog) -> None:
+    """The node_exporter textfile for alerting; a failure to write it never changes the outcome."""
+    if req.metrics_file is None:
+        return
+    from agent.host import metrics
+
+    events = [Event.from_json(line) for line in state_dir.read_events(txn) if line.startswith("{")]
+    data: dict[str, Any] = {
+        **result.data,
+        "target_context": req.target_context,
+        "planned_pool": req.planned_pool,
+    }
+    if result.outcome is Outcome.ROLLED_BACK:  # the start that runs now is the restored old one
+        old = [e.data.get("kv_tokens") for e in events if e.stage == Stage.VERIFY_OLD.value]
+        data["summary"] = {"kv_tokens": next((k for k in reversed(old) if k), None)}
+    installed = UnitFiles(req.unit_dir).read(req.unit)
+    data["unit_sha256"] = sha256(installed) if installed is not None else None
+    try:
+        run = metrics.run_from(req.host_name, req.unit, result.outcome, time.time(), data, events)
+        metrics.record_run(state_dir.unit_dir(req.unit) / "metrics.json", Path(req.metrics_file), run)
+    except Exception as exc:  # a bug or a full disk here must never turn a verified change into an error
+        log.emit(
+            Stage.DONE, "warning", f"metrics not written to {req.metrics_file}: {type(exc).__name__}: {exc}"
+        )
+
+
+def follow(req: Request, txn: str, out: TextIO) -> int:
+    """Copy a transaction's events to `out` until its outcome; finish the job if its runner died."""
+    state_dir = StateDir(req.state_dir)
+    path = state_dir.events_path(txn)
+    offset, quiet_since = 0, time.monotonic()
+    while True:
+        offset, outcome = _copy_new(path, offset, out)
+        if outcome is not None:
+            return int(exit_code(str(outcome.data.get("outcome", "error"))))
+        if time.monotonic() - quiet_since > 2.0:
+            quiet_since = time.monotonic()
+            if not _runner_alive(txn) and not _lock(req.unit).is_held():
+                offset, outcome = _copy_new(path, offset, out)
+                if outcome is None:  # the runner died (killed, host rebooted): recover now
+                    out.write(
+                        _event_line(txn, "warning", "the transaction's agent died; recovering", Stage.RECOVER)
+                    )
+                    if recovery.record_state(state_dir, req.unit) is recovery.RecordState.NONE:
+                        outcome_, msg = recovery.died_without_record(state_dir, req.unit, txn)
+                        out.write(_event_line(txn, "outcome", msg, Stage.RECOVER, outcome=outcome_.value))
+                        return int(outcome_.exit_code)
+                    rec = dataclasses.replace(req, verb="recover", txn=None)
+                    return start(rec, out)
+        time.sleep(FOLLOW_POLL_S)
+
+
+def _copy_new(path: Path, offset: int, out: TextIO) -> tuple[int, Event | None]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return offset, None
+    end = chunk.rfind(b"\n") + 1  # only whole lines: the writer may be mid-line
+    outcome = None
+    for raw in chunk[:end].splitlines():
+        line = raw.decode("utf-8", "replace")
+        out.write(line + "\n")
+        try:
+            event = Event.from_json(line)
+        except (ValueError, TypeError):
+            continue
+        if event.is_outcome:
+            outcome = event
+    out.flush()
+    return offset + end, outcome
+
+
+def _runner_alive(txn: str) -> bool:
+    try:
+        with Systemd() as sd:
+            state = str(sd.unit_state(f"deployctl-{txn}.service").active_state)
+            return state in ("active", "activating", "deactivating", "reloading")
+    except SystemdError:
+        return False
+
+
+def _locked_outcome(holder: dict[str, Any], out: TextIO) -> int:
+    msg = f"locked: {describe_holder(holder)}"
+    journal_note(f"{msg}; a second change was refused")  # cron's locked runs show on the host too
+    out.write(
+        _event_line(
+            str(holder.get("txn", "-")),
+            "outcome",
+            msg,
+            Stage.LOCK,
+            outcome=Outcome.LOCKED.value,
+            holder=holder,
+        )
+    )
+    return int(ExitCode.LOCKED)
+
+
+def _event_line(txn: str, kind: str, message: str, stage: Stage, **data: Any) -> str:
+    """An event the runner's caller writes itself (no runner wrote it): stamped with the stage it is about."""
+    return Event(txn, 0, utc_now(), stage.value, kind, message, data).to_json() + "\n"
+
+
+def _lock(unit: str) -> UnitLock:
+    return UnitLock(os.environ.get("DEPLOYCTL_RUN_DIR", RUN_DIR), unit)

@@ -1,0 +1,107 @@
+"""Restart downtime with and without pre-warming, and the cost of a no-op run against a bare ssh call.
+
+Pre-warm vs cold: the simulated server reads real weight files (tests/testhost/models.py), scaled up here
+so that loading them dominates the restart as it does on a GPU host. Before each timed apply the files are
+dropped from the page cache (posix_fadvise DONTNEED); one apply pre-warms, the other does not; downtime is
+deployctl's own figure (restart job sent -> smoke test answered). The modes alternate, medians compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from tests import simhost
+from tests.bench.tools import DEPLOYCTL
+from tests.integration.conftest import wait_pool
+from tests.testhost import models
+
+WEIGHTS_SCALE = "6"  # 8 x 576 MiB for the target: ~4.5 GiB, several seconds from disk on this machine kind
+
+
+def _units(sim: simhost.SimHost, work: Path, prewarm: bool) -> Path:
+    units = work / ("prewarm" if prewarm else "cold")
+    shutil.copytree(sim.units_dir, units, dirs_exist_ok=True)
+    toml = units / f"{sim.name}.toml"
+    text = re.sub(r"\n\[prewarm\][^\[]*", "\n", toml.read_text())
+    toml.write_text(text + f"\n[prewarm]\nenabled = {'true' if prewarm else 'false'}\n")
+    return units
+
+
+def _deployctl(sim: simhost.SimHost, units: Path, *args: str) -> tuple[float, list[dict[str, Any]]]:
+    env = {**os.environ, **sim.env, "DEPLOYCTL_UNITS": str(units)}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [DEPLOYCTL, *args], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: deployctl {' '.join(args)} exited {proc.returncode}\n{proc.stderr[-3000:]}")
+    return wall, [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def _downtime(events: list[dict[str, Any]]) -> float | None:
+    outcome = next((e for e in events if e["kind"] == "outcome"), None)
+    seconds = ((outcome or {}).get("data") or {}).get("downtime", {}).get("seconds")
+    return float(seconds) if seconds is not None else None
+
+
+def measure(rounds: int, work: Path, say: Any) -> dict[str, Any]:
+    os.environ["DEPLOYCTL_TESTHOST_WEIGHTS_SCALE"] = WEIGHTS_SCALE
+    try:
+        with simhost.booted() as sim:
+            wait_pool(sim)
+            return _measure(sim, rounds, work, say)
+    finally:
+        os.environ.pop("DEPLOYCTL_TESTHOST_WEIGHTS_SCALE", None)
+
+
+def _measure(sim: simhost.SimHost, rounds: int, work: Path, say: Any) -> dict[str, Any]:
+    units = {mode: _units(sim, work, mode) for mode in (True, False)}
+    gib = sum(p.stat().st_size for p in models.shard_paths("/models/Kimi-K2.6")) / 2**30
+    say(f"downtime: {gib:.1f} GiB of weights, evicted before each timed apply; pre-warm and cold alternate")
+    downtime: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(rounds):
+        for mode in (True, False) if i % 2 == 0 else (False, True):
+            for inside in models.LAYOUT:
+                models.evict(inside)
+            _, events = _deployctl(
+                sim, units[mode], "apply", sim.name, "--context", "200k", "--yes", "--json"
+            )
+            seconds = _downtime(events)
+            if seconds is not None:
+                downtime[mode].append(seconds)
+            _deployctl(sim, units[mode], "rollback", sim.name, "--yes", "--json")
+            say(f"  round {i + 1}: {'pre-warmed' if mode else 'cold':10} downtime {seconds} s")
+    noop, bare = _overhead(sim, units[True], rounds)
+    warm, cold = statistics.median(downtime[True]), statistics.median(downtime[False])
+    return {
+        "downtime_prewarm_s_median": warm,
+        "downtime_cold_s_median": cold,
+        "downtime_prewarm_ratio": round(warm / cold, 3),
+        "weights_gib": round(gib, 2),
+        "noop_s": noop,
+        "bare_ssh_s": bare,
+        "noop_vs_bare_ssh": round(noop / bare, 2),
+    }
+
+
+def _overhead(sim: simhost.SimHost, units: Path, rounds: int) -> tuple[float, float]:
+    """A no-op apply (nothing changed: cron's usual run) against `ssh host true`, medians."""
+    context = sim.unit_text().split("--context-length ")[1].split()[0]
+    noops, bares = [], []
+    for _ in range(rounds):
+        wall, events = _deployctl(sim, units, "apply", sim.name, "--context", context, "--yes", "--json")
+        assert any((e.get("data") or {}).get("outcome") == "up_to_date" for e in events), events[-1:]
+        noops.append(wall)
+        t0 = time.monotonic()
+        subprocess.run(["ssh", "-F", str(sim.ssh_config), sim.name, "true"], check=True, timeout=60)
+        bares.append(time.monotonic() - t0)
+    return round(statistics.median(noops), 3), round(statistics.median(bares), 3)

@@ -194,8 +194,16 @@ def _dflash_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, dtype
     if inp.draft is None:
         raise UsageError("DFLASH / DSPARK: the facts need the draft's config.json (draft)")
     draft = read_layout(inp.draft.config, is_draft=True)
-    draft_dtype = str(_flag(inp.flags, "speculative-draft-kv-cache-dtype") or dtype)
-    elem = pools.elem_bytes(draft_dtype if draft_dtype != "auto" else "auto", draft)
+    # mem_cache/draft_kv_budget.py: the draft resolves --speculative-draft-kv-cache-dtype, else
+    # --kv-cache-dtype, against its own dtype and no quant config (auto = the draft's dtype); an fa4
+    # draft backend keeps its compute dtype (mem_cache/kv_cache_dtype.py).
+    flag = (
+        _flag(inp.flags, "speculative-draft-kv-cache-dtype") or _flag(inp.flags, "kv-cache-dtype") or "auto"
+    )
+    draft_dtype = "auto" if _flag(inp.flags, "speculative-draft-attention-backend") == "fa4" else str(flag)
+    if draft_dtype != "auto" and draft_dtype not in pools.KV_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {draft_dtype!r}: SGLang 0.5.23 refuses it")
+    elem = pools.elem_bytes(draft_dtype, draft)
     heads = pools.heads_per_rank(draft.kv_heads, par.attn_tp)
     return cell + int(heads * (draft.head_dim + draft.v_head_dim) * draft.layers * elem) * par.dcp
 
@@ -310,6 +318,11 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
             layout = replace(layout, family="mha", kv_layers=tuple(range(layout.layers)), swa_layers=())
             notes.append("--disable-hybrid-swa-memory: every layer holds full-size KV (model_config.py)")
         par = parallel(inp)
+        if par.dcp > 1:
+            raise Unsupported(
+                "--dcp-size > 1: decode context parallel counts logical tokens over ranks, which deployctl "
+                "does not follow yet"
+            )
         dtype = pools.kv_dtype(str(_flag(inp.flags, "kv-cache-dtype") or "auto"), layout, inp.sm_major)
         sizer = _cells(inp, layout, dtype, par, notes)
     except Unsupported as exc:

@@ -174,7 +174,7 @@ def plan_input_from_host(
         return None
     sources = dict(facts.sources)
     gpus = facts.gpus
-    if "gpus" in host.model_fields_set:
+    if not gpus:  # nvidia-smi said nothing: the inventory's cards
         gpus = tuple(Gpu(host.gpus.name, host.gpus.memory_gib * 1024) for _ in range(host.gpus.count))
         sources["gpus"] = "inventory: gpus"
     model = facts.model
@@ -182,7 +182,7 @@ def plan_input_from_host(
         tp = int(str(host.sglang.flags.get("tp-size") or facts.flags.get("tp-size") or len(gpus)))
         model = ModelInput(model.config, int(host.model.weights_gib_per_gpu * 2**30 * tp), model.path)
         sources["weights"] = "inventory: model.weights_gib_per_gpu (overrides the host's)"
-    flags = {**facts.flags, **host.sglang.flags}
+    flags = {**host.sglang.flags, **facts.flags}  # the running unit's flags over the inventory's baseline
     return PlanInput(
         name=host.name or facts.name,
         gpus=gpus,

@@ -6,14 +6,14 @@ notes; a kind deployctl does not follow is refused in one line.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.choose import Plan, plan_for_host
-from agent.plan.facts import PlanInput
+from agent.plan.facts import PlanInput, parse_facts, plan_input_from_host
 from agent.plan.model import CELL_AGREEMENT, PoolModel, _runtime, _Start, _start
 from agent.plan.overhead import pre_weights_overhead
 from agent.sglang import kvpool, memory_defaults, pools
@@ -493,3 +493,31 @@ def plan_from_facts(
         ):
             extra.append("SGLang refuses this: 'SWA pool ... cannot hold even one request' (raise the ratio)")
     return replace(plan, notes=(*extra, *plan.notes))
+
+
+def plan_from_host_facts(
+    host: HostConfig,
+    facts: Mapping[str, Any],
+    calibration: Sequence[Mapping[str, Any]] | None,
+    context: int,
+    fraction: float | None = None,
+    max_running: int | None = None,
+) -> Plan | None:
+    """The plan from what the host's agent read (config.json, safetensors headers, nvidia-smi), the
+    inventory's figures overriding; None when the host gave no config.json (the inventory plans then)."""
+    doc = facts.get("model_facts")
+    if not isinstance(doc, Mapping):
+        return None
+    doc = dict(doc)
+    if not (doc.get("sglang") or {}).get("version"):
+        doc["sglang"] = {"version": host.sglang.version}
+    inventory_gpus = not doc.get("gpus")
+    if inventory_gpus:  # no nvidia-smi on the host: the inventory's cards
+        card = {"name": host.gpus.name, "memory_total_mib": host.gpus.memory_gib * 1024}
+        doc["gpus"] = [card] * host.gpus.count
+    inp = plan_input_from_host(host, parse_facts(doc, name=f"{host.name} (host facts)"),
+                               starts=tuple(calibration or ()))  # fmt: skip
+    assert inp is not None
+    if inventory_gpus:
+        inp = replace(inp, sources={**inp.sources, "gpus": "inventory: gpus (no nvidia-smi rows)"})
+    return plan_from_facts(inp, context, fraction, max_running)

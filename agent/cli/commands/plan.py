@@ -62,6 +62,15 @@ def run(args: argparse.Namespace, out: Output) -> int:
             facts = s.client.call(base_request(s.host, "facts"))
         history = [dict(h) for h in deploy.calibration_from(facts) or []] or None
         running = facts.get("flags") or running
+        from agent.plan.from_facts import plan_from_host_facts
+
+        from_host = plan_from_host_facts(
+            host, facts, history, args.context, args.mem_fraction_static, args.max_running_requests
+        )
+        if from_host is not None:
+            chart = plan_with_chart(host.name, from_host, running, unicode=out.style is Style.TTY)
+            out.print(json.dumps(from_host.to_dict(), indent=2) if args.json else chart)
+            return 0
     plan = plan_for_host(
         host,
         args.context,

@@ -142,7 +142,9 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
         )
     else:
         layers = stage_kv
-        cell = pools.full_cell(layout, dtype, par.attn_tp, layers, sm, par.dcp)
+        prefill, decode = _flag(f, "dsa-prefill-backend"), _flag(f, "dsa-decode-backend")
+        backends = (None if prefill is None else str(prefill), None if decode is None else str(decode))
+        cell = pools.full_cell(layout, dtype, par.attn_tp, layers, sm, par.dcp, backends)
         if algorithm in EAGLE_STYLE:
             cell = _eagle_cell(inp, layout, int(cell), layers, dtype, sm, par, algorithm)
         elif algorithm in DFLASH_FAMILY:
@@ -275,7 +277,10 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         decode_max_bs=_int(inp.flags, "cuda-graph-max-bs-decode"),
         max_running_requests=_int(inp.flags, "max-running-requests"),
         max_total_tokens=_int(inp.flags, "max-total-tokens"),
-        cuda_graph=not _on(inp.flags, "disable-cuda-graph") if "disable-cuda-graph" in inp.flags else True,
+        cuda_graph=not (
+            ("disable-cuda-graph" in inp.flags and _on(inp.flags, "disable-cuda-graph"))
+            or _flag(inp.flags, "cuda-graph-backend-decode") == "disabled"
+        ),
     )
     notes.append(
         f"--mem-fraction-static is not set: SGLang 0.5.23 would use {settings.fraction:.4f} on this card "

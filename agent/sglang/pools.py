@@ -58,11 +58,21 @@ def heads_per_rank(kv_heads: int, attn_tp: int, dcp: int = 1) -> int:
     return max(1, kv_heads // max(1, attn_tp // dcp))
 
 
-def _mla_dim(layout: KVLayout, dtype: str, sm_major: int | None) -> int:
-    """mem_cache/kv_cache_configurator.py calculate_mla_kv_cache_dim: DSA on Hopper with fp8 stores the
-    scaled row (latent + its scales + bf16 rope: 656 for 512/64); trtllm (SM >= 10) and bf16 the raw row."""
+def _mla_dim(
+    layout: KVLayout, dtype: str, sm_major: int | None, backends: tuple[str | None, str | None] = (None, None)
+) -> int:
+    """mem_cache/kv_cache_configurator.py calculate_mla_kv_cache_dim.
+
+    DSA with fp8 stores the scaled row (latent + 4 B per 128 + rope in bf16: 656 for 512/64) unless a
+    backend reads the raw row: trtllm on either side, or tilelang on both. Default DSA backends for fp8
+    (arg_groups/overrides.py _dsa_split_backend_resolution): trtllm on SM >= 10, flashmla_kv before.
+    """
     raw = layout.kv_lora_rank + layout.qk_rope_head_dim
-    if layout.family != "dsa" or dtype != "fp8_e4m3" or (sm_major or 9) >= 10:
+    if layout.family != "dsa" or dtype != "fp8_e4m3":
+        return raw
+    default = "trtllm" if (sm_major or 9) >= 10 else "flashmla_kv"
+    prefill, decode = (b or default for b in backends)
+    if "trtllm" in (prefill, decode) or prefill == decode == "tilelang":
         return raw
     return layout.kv_lora_rank + layout.kv_lora_rank // DSA_QUANT_BLOCK * 4 + layout.qk_rope_head_dim * 2
 
@@ -77,13 +87,19 @@ def dsa_indexer_bytes(layout: KVLayout, layers: int) -> int:
 
 
 def full_cell(
-    layout: KVLayout, dtype: str, attn_tp: int, layers: int, sm_major: int | None, dcp: int = 1
+    layout: KVLayout,
+    dtype: str,
+    attn_tp: int,
+    layers: int,
+    sm_major: int | None,
+    dcp: int = 1,
+    dsa_backends: tuple[str | None, str | None] = (None, None),
 ) -> int:
     """pool_configurator.py DefaultPoolConfigurator._compute_cell_size for `layers` full-attention layers."""
     elem = elem_bytes(dtype, layout)
     block = 0 if dtype == "auto" else KV_DTYPES[dtype][1]
     if layout.kv_lora_rank:
-        dim = _mla_dim(layout, dtype, sm_major)
+        dim = _mla_dim(layout, dtype, sm_major, dsa_backends)
         # fp4: half the bytes plus one scale byte per 16 (the is_float4_e2m1fn_x2 branch).
         cell = dim * layers // 2 + dim // 16 * layers if block == 16 else int(dim * layers * elem)
         if layout.family == "dsa":

@@ -237,3 +237,43 @@ def test_cli_bad_facts_are_one_line_errors(tmp_path: Path, mutate: Any, message:
     assert code == 2 and out == ""
     first = err.splitlines()[0]
     assert first.startswith("deployctl: error: ") and message in first
+
+
+def test_dsa_scaled_fp8_row_matches_a_real_b200_start() -> None:
+    # sgl-project/sglang#11309: DeepSeek-V3.2-Exp on 8 x B200 with the flashmla_kv fp8 layout of its day:
+    # "KV Cache is allocated. #tokens: 975424, KV size: 43.67 GB" (buffers hold tokens + one page).
+    flags = {
+        "kv-cache-dtype": "fp8_e4m3",
+        "dsa-prefill-backend": "flashmla_kv",
+        "dsa-decode-backend": "flashmla_kv",
+    }
+    per_token, page = cell(cfg.DEEPSEEK_V32, ("NVIDIA B200", 183359, "10.0"), 8, **flags)
+    assert per_token == 61 * (656 + 132)
+    assert (975_424 + page) * per_token / 2**30 == pytest.approx(43.67, abs=0.005)
+
+
+def test_render_refuses_what_0_5_23_rejects_and_warns_on_what_it_deprecates(tmp_path: Path) -> None:
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / "h.toml").write_text(
+        '[ssh]\ntarget = "h"\n[gpus]\ncount = 1\nmemory_gib = 79.6\n[model]\npath = "/m"\n'
+        '[sglang]\nversion = "0.5.23"\n[sglang.flags]\nmodel-path = "/m"\n'
+    )
+    code, out, err = run(
+        "--units", str(units), "render", "h", "--context", "32k", "--set", "cuda-graph-max-bs=64"
+    )
+    assert code == 2 and out == ""
+    assert (
+        "--cuda-graph-max-bs is not accepted by SGLang 0.5.23" in err and "--cuda-graph-max-bs-decode" in err
+    )
+    code, out, err = run(
+        "--units", str(units), "render", "h", "--context", "32k", "--set", "disable-cuda-graph=true"
+    )
+    assert code == 0 and "deployctl: warning: --disable-cuda-graph is deprecated" in err
+    assert "--cuda-graph-backend-decode disabled" in err
+    # An older SGLang still takes the old name.
+    (units / "h.toml").write_text((units / "h.toml").read_text().replace("0.5.23", "0.5.14"))
+    code, out, err = run(
+        "--units", str(units), "render", "h", "--context", "32k", "--set", "cuda-graph-max-bs=64"
+    )
+    assert code == 0 and "warning" not in err

@@ -184,7 +184,7 @@ def _eagle_cell(
     draft's own indexer rows."""
     draft_layers, _ = _draft_layers(inp, layout, algorithm)
     if layout.family == "dsa":
-        indexer = pools.dsa_indexer_bytes(layout, layers) * par.dcp
+        indexer = pools.dsa_indexer_bytes(layout, max(0, layers - layout.dsa_shared_layers)) * par.dcp
         latent = int(int(cell - indexer) * draft_layers / layers)
         return cell + latent * par.dcp + pools.dsa_indexer_bytes(layout, draft_layers) * par.dcp
     return cell + int(cell * draft_layers / layers)
@@ -262,6 +262,21 @@ def _mamba(
     return pools.MambaShare(per_slot_bytes=per_req, ratio=ratio, cache_size=size)
 
 
+def _multimodal(inp: PlanInput, layout: KVLayout, notes: list[str]) -> KVLayout:
+    """configs/model_config.py: --language-only (or language_model_only) serves the LM alone; Gemma 3,
+    Llama 4 and Step3-VL serve text only unless --enable-multimodal."""
+    f = inp.flags
+    if not layout.multimodal:
+        return layout
+    lm_only = any(name in f and _on(f, name) for name in ("language-only", "language-model-only"))
+    enabled = "enable-multimodal" in f and _on(f, "enable-multimodal")
+    if lm_only or (layout.multimodal_off_by_default and not enabled):
+        why = "--language-only" if lm_only else "SGLang disables it for this model unless --enable-multimodal"
+        notes.append(f"{layout.arch} served as text only ({why}): no multimodal reservation")
+        return replace(layout, multimodal=False)
+    return layout
+
+
 def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str]) -> float:
     """The running fraction: the flag, else SGLang's own default (arg_groups/memory_hook.py)."""
     given = _float(inp.flags, "mem-fraction-static")
@@ -322,6 +337,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
         ):
             layout = replace(layout, family="mha", kv_layers=tuple(range(layout.layers)), swa_layers=())
             notes.append("--disable-hybrid-swa-memory: every layer holds full-size KV (model_config.py)")
+        layout = _multimodal(inp, layout, notes)
         par = parallel(inp)
         if par.dcp > 1:
             raise Unsupported(

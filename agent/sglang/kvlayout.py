@@ -87,6 +87,9 @@ MULTIMODAL_ARCHS = frozenset(
         "PixtralForConditionalGeneration",
     }
 )
+MM_OFF_BY_DEFAULT = frozenset(
+    {"Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration", "Step3VLForConditionalGeneration"}
+)
 # configs/model_config.py is_hybrid_swa_model (hybrid_swa_archs and SWA_SINK_ARCHS).
 HYBRID_SWA_ARCHS = frozenset(
     {
@@ -187,8 +190,10 @@ class KVLayout:
     sliding_window: int | None = None
     dsa_index_head_dim: int = 0
     dsa_index_kpool: int = 1
+    dsa_shared_layers: int = 0  # layers that reuse the previous top-k: their index-K rows are elided
     linear: LinearState | None = None
     multimodal: bool = False
+    multimodal_off_by_default: bool = False
     vit_layers: int = 0
     vit_hidden: int = 0
     dtype_bytes: int = 2  # the model dtype: what --kv-cache-dtype auto means
@@ -214,7 +219,7 @@ def _int(cfg: Mapping[str, Any], name: str, what: str) -> int:
 
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """hf_text_config: text_config / llm_config / language_config for multimodal configs, else the config."""
-    for key in ("text_config", "llm_config", "language_config"):
+    for key in ("thinker_config", "llm_config", "language_config", "text_config"):
         sub = config.get(key)
         if isinstance(sub, Mapping) and (sub.get("num_hidden_layers") or sub.get("hybrid_override_pattern")):
             return sub
@@ -289,9 +294,13 @@ def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayou
             f"{arch}: SGLang 0.5.23 sizes compressed sliding-window pools, which deployctl does not follow"
         )
     text = text_config(config)
+    # configs/model_config.py: multimodal when the arch is listed or the LM config is a sub-config
+    # (has_multimodal_subconfig); Gemma 3, Llama 4, Step3-VL turn it off unless --enable-multimodal.
+    structural = arch in MULTIMODAL_ARCHS or text is not config
     common: dict[str, Any] = {
         "arch": arch,
-        "multimodal": arch in MULTIMODAL_ARCHS and not is_draft,
+        "multimodal": structural and not is_draft,
+        "multimodal_off_by_default": arch in MM_OFF_BY_DEFAULT,
         "dtype_bytes": _dtype_bytes(config, text),
         "kv_quant_fp8": _kv_quant_fp8(config, text),
         "context_len": context_length(text),
@@ -315,6 +324,7 @@ def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayou
                 **mla,
                 **common,
                 dsa_index_head_dim=_int(text, "index_head_dim", arch),
+                dsa_shared_layers=sum(_dsa_skips_topk(text, i) for i in range(layers)),
                 dsa_index_kpool=int(text.get("index_kpool") or 1),
             )
         if arch in KDA_ARCHS:
@@ -329,6 +339,24 @@ def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayou
     return KVLayout(
         family="mha", layers=layers, kv_layers=everything, **heads, **common, swa_disabled_by_sglang=why
     )
+
+
+def _dsa_skips_topk(cfg: Mapping[str, Any], layer: int) -> bool:
+    """configs/model_config.py dsa_layer_skips_topk: a layer reusing the previous layer's top-k."""
+    types = cfg.get("indexer_types")
+    if isinstance(types, Sequence) and not isinstance(types, str):
+        return 0 <= layer < len(types) and types[layer] == "shared"
+    cli = int(cfg.get("cli_factor") or 1)
+    if cli > 1:
+        return layer % cli != 0
+    pattern = cfg.get("index_topk_pattern")
+    if isinstance(pattern, (str, Sequence)) and pattern:
+        return layer < len(pattern) and pattern[layer] == "S"
+    freq = int(cfg.get("index_topk_freq") or 1)
+    offset = cfg.get("index_skip_topk_offset")
+    if offset is not None:
+        return max(layer - int(offset) + 1, 0) % freq != 0
+    return max(layer - 1, 0) % freq != 0
 
 
 def _mha_heads(text: Mapping[str, Any], arch: str) -> dict[str, Any]:

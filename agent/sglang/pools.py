@@ -103,7 +103,8 @@ def full_cell(
         # fp4: half the bytes plus one scale byte per 16 (the is_float4_e2m1fn_x2 branch).
         cell = dim * layers // 2 + dim // 16 * layers if block == 16 else int(dim * layers * elem)
         if layout.family == "dsa":
-            cell += dsa_indexer_bytes(layout, layers) * dcp
+            # Shared-top-k layers get no index-K rows (_should_elide_dsa_index_k, the target by default).
+            cell += dsa_indexer_bytes(layout, max(0, layers - layout.dsa_shared_layers)) * dcp
         return cell
     n = heads_per_rank(layout.kv_heads, attn_tp, dcp)
     width = n * (layout.head_dim + layout.v_head_dim) * layers

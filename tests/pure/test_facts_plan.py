@@ -277,3 +277,17 @@ def test_render_refuses_what_0_5_23_rejects_and_warns_on_what_it_deprecates(tmp_
         "--units", str(units), "render", "h", "--context", "32k", "--set", "cuda-graph-max-bs=64"
     )
     assert code == 0 and "warning" not in err
+
+
+def test_multimodal_is_what_sglang_serves_as_multimodal() -> None:
+    def reserve(config: dict[str, Any], **flags: Any) -> float:
+        doc = facts(config, weights=10**9, flags={"tp-size": 1, "mem-fraction-static": 0.88, **flags})
+        sizer = pool_model(parse_facts(doc), 32_768).pool.sizer
+        assert sizer is not None
+        return sizer.reserve_gib
+
+    assert reserve(cfg.KIMI_K26) == pytest.approx(100 / 1024)  # listed, and a text_config inside
+    assert reserve(cfg.KIMI_K26, **{"language-only": True}) == 0.0
+    assert reserve(cfg.GEMMA3_27B) == 0.0  # SGLang serves Gemma 3 as text unless --enable-multimodal
+    assert reserve(cfg.GEMMA3_27B, **{"enable-multimodal": True}) == pytest.approx(100 / 1024)
+    assert reserve(cfg.LLAMA31_8B) == 0.0

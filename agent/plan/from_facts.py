@@ -464,8 +464,8 @@ def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostCon
         "dtype_bytes": layout.dtype_bytes,
         "max_context": layout.context_len,
     }
+    model["attention"] = "mla" if layout.kv_lora_rank else "gqa"
     if layout.family in ("mla", "mha") and not layout.linear:
-        model["attention"] = "mla" if layout.kv_lora_rank else "gqa"
         model["layers"] = len(layout.kv_layers)
         if layout.kv_lora_rank:
             model.update(kv_lora_rank=layout.kv_lora_rank, qk_rope_head_dim=layout.qk_rope_head_dim)

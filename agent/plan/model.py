@@ -70,6 +70,11 @@ class PoolModel:
                       margin_gib=0.0)  # fmt: skip
         return kvpool.search_fraction(low.pool, tokens)
 
+    def scaled_cell(self, ratio: float) -> PoolModel:
+        """The same host with every KV byte per token times ratio (another dtype, another TP)."""
+        sizer = None if self.sizer is None else replace(self.sizer, cell_bytes=self.sizer.cell_bytes * ratio)
+        return replace(self, cell_bytes=self.cell_bytes * ratio, sizer=sizer)
+
     def cell_bytes_effective(self) -> float:
         return self.sizer.effective_cell() if self.sizer is not None else self.cell_bytes
 

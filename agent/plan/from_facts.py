@@ -196,6 +196,10 @@ def _dflash_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, dtype
     if inp.draft is None:
         raise UsageError("DFLASH / DSPARK: the facts need the draft's config.json (draft)")
     draft = read_layout(inp.draft.config, is_draft=True)
+    version = _version(inp)
+    if version is not None and version < kvpool.DFLASH_EXACT_FROM:
+        # 0.5.11-0.5.17: the target cell scaled by layers (the exact draft term starts at 0.5.18).
+        return -(-cell * (layers + draft.layers) // layers)
     # mem_cache/draft_kv_budget.py: the draft resolves --speculative-draft-kv-cache-dtype, else
     # --kv-cache-dtype, against its own dtype and no quant config (auto = the draft's dtype); an fa4
     # draft backend keeps its compute dtype (mem_cache/kv_cache_dtype.py).
@@ -208,6 +212,13 @@ def _dflash_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, dtype
     elem = pools.elem_bytes(draft_dtype, draft)
     heads = pools.heads_per_rank(draft.kv_heads, par.attn_tp)
     return cell + int(heads * (draft.head_dim + draft.v_head_dim) * draft.layers * elem) * par.dcp
+
+
+def _version(inp: PlanInput) -> tuple[int, int, int, int] | None:
+    try:
+        return kvpool.parse_version(inp.sglang_version)
+    except ValueError:
+        return None
 
 
 def _default_page(layout: KVLayout, sm: int | None) -> int:
@@ -504,6 +515,28 @@ def plan_from_facts(
     )
     sources = [f"{k}: {v}" for k, v in inp.sources.items()]
     extra = [*fm.notes, "figures from " + "; ".join(sources)]
+    warnings = list(plan.warnings)
+    version = _version(inp)
+    if version is None or version[:3] != (0, 5, 23):
+        warnings.append(
+            f"the host runs SGLang {inp.sglang_version}: this plan follows 0.5.23's sizing rules "
+            "(the versions differ in drafts before 0.5.14, DFLASH before 0.5.18 and the hybrid pools); "
+            "let the first start calibrate it"
+        )
+    if parallel(inp).attn_dp > 1 and fm.pool.basis == "architecture":
+        extra.append(
+            "attention DP replicates the attention weights on every rank: the cold post is optimistic"
+        )
+    sizer = fm.pool.sizer
+    if sizer is not None and sizer.mamba is not None and plan.mem_fraction_static:
+        rest = fm.pool.post_gib - fm.pool.pre_gib * (1 - plan.mem_fraction_static * fm.pool.fraction_scale)
+        slots = sizer.mamba.slots(rest - sizer.reserve_gib)
+        # kv_cache_configurator.resolve_max_num_reqs: 3 state slots per request (1 without radix cache).
+        per = 1 if _on(inp.flags, "disable-radix-cache") and "disable-radix-cache" in inp.flags else 3
+        extra.append(
+            f"the state cache holds {slots:,} slots: SGLang caps --max-running-requests at {slots // per:,} "
+            f"({per} slot(s) per request)"
+        )
     if fm.pool.sizer is not None and fm.pool.sizer.swa_ratio is not None:
         swa = fm.pool.sizer.swa_tokens(plan.predicted_pool_tokens)
         extra.append(f"the sliding-window layers hold {swa:,} tokens (window {fm.layout.sliding_window})")
@@ -513,7 +546,7 @@ def plan_from_facts(
             and swa <= fm.layout.sliding_window + fm.pool.page_size
         ):
             extra.append("SGLang refuses this: 'SWA pool ... cannot hold even one request' (raise the ratio)")
-    return replace(plan, notes=(*extra, *plan.notes))
+    return replace(plan, notes=(*extra, *plan.notes), warnings=tuple(warnings))
 
 
 def plan_from_host_facts(

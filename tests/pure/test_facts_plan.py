@@ -304,3 +304,18 @@ def test_alternatives_resize_the_familys_own_pool() -> None:
     assert fp8.predicted_pool_tokens == pytest.approx(2 * model.pool(fp8.mem_fraction_static), rel=0.001)
     gpus = next(a for a in p.alternatives if a.change.startswith("more GPUs"))
     assert "replicated" not in gpus.change
+
+
+def test_dflash_before_0_5_18_scales_by_layers_and_the_plan_warns_about_the_version() -> None:
+    old = ct200(sglang={"version": "0.5.17"}, last_start=None)
+    fm = pool_model(parse_facts(old), 200_000)
+    assert fm.pool.cell_bytes == -(-70_272 * 64 // 61)
+    p = plan_from_facts(parse_facts(old), 200_000)
+    assert any("follows 0.5.23's sizing rules" in w for w in p.warnings)
+    assert not any("follows 0.5.23" in w for w in plan_from_facts(parse_facts(ct200()), 200_000).warnings)
+
+
+def test_linear_hybrid_plan_names_the_request_cap_of_the_state_cache() -> None:
+    doc = facts(cfg.QWEN3_NEXT, n=4, weights=160 * 10**9, flags={"tp-size": 4, "mem-fraction-static": 0.88})
+    p = plan_from_facts(parse_facts(doc), 131_072)
+    assert any("SGLang caps --max-running-requests at" in n for n in p.notes)

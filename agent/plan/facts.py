@@ -165,6 +165,23 @@ def load_facts(path: Path) -> PlanInput:
     return parse_facts(data, name=path.name)
 
 
+def inventory_draft(host: HostConfig, tp: int) -> dict[str, Any] | None:
+    """The inventory's draft as a facts `draft` entry (a config.json of its KV shape), or None."""
+    d = host.draft
+    if d is None or d.layers is None or d.algorithm == "NGRAM":
+        return None
+    heads = d.kv_heads or 1
+    config = {
+        "architectures": ["InventoryDraft"],
+        "num_hidden_layers": d.layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "head_dim": d.head_dim or 128,
+    }
+    weights = None if d.weights_gib_per_gpu is None else int(d.weights_gib_per_gpu * 2**30 * tp)
+    return {"config": config, "weights_bytes": weights, "path": d.path, "source": "inventory"}
+
+
 def plan_input_from_host(
     host: HostConfig, facts: PlanInput | None = None, starts: tuple[Mapping[str, Any], ...] = ()
 ) -> PlanInput | None:
@@ -183,12 +200,18 @@ def plan_input_from_host(
         model = ModelInput(model.config, int(host.model.weights_gib_per_gpu * 2**30 * tp), model.path)
         sources["weights"] = "inventory: model.weights_gib_per_gpu (overrides the host's)"
     flags = {**host.sglang.flags, **facts.flags}  # the running unit's flags over the inventory's baseline
+    draft = facts.draft
+    stand_in = inventory_draft(host, int(str(flags.get("tp-size") or len(gpus))))
+    if stand_in is not None and (draft is None or (host.draft is not None and host.draft.kv_heads)):
+        # The inventory's draft figures stand in for (or override) the draft config.json.
+        draft = ModelInput(stand_in["config"], stand_in["weights_bytes"], stand_in["path"])
+        sources["draft"] = "inventory: draft (layers, kv_heads, head_dim, weights_gib_per_gpu)"
     return PlanInput(
         name=host.name or facts.name,
         gpus=gpus,
         sglang_version=host.sglang.version or facts.sglang_version,
         model=model,
-        draft=facts.draft,
+        draft=draft,
         flags=flags,
         env={**facts.env, **host.unit.environment},
         starts=starts or facts.starts,

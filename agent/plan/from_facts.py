@@ -14,7 +14,7 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.choose import Plan, plan_for_host
 from agent.plan.facts import PlanInput, parse_facts, plan_input_from_host
-from agent.plan.model import CELL_AGREEMENT, PoolModel, _runtime, _Start, _start
+from agent.plan.model import CELL_AGREEMENT, PoolModel, _graphs, _runtime, _Start, _start
 from agent.plan.overhead import pre_weights_overhead
 from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
@@ -381,7 +381,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     starts = [s for s in (_start(f, flags_for_start) for f in inp.starts) if s is not None]
     memory = [f for f in inp.starts if f.get("avail_mem_before_weights_gb") and _post(f)]
     if starts:
-        model = _calibrated(starts, sizer, common, notes)
+        model = _calibrated(starts, sizer, common, notes, inp.flags)
     elif memory:  # a start that died before its pool still tells pre and post
         pre, post = float(memory[-1]["avail_mem_before_weights_gb"]), float(_post(memory[-1]) or 0.0)
         notes.append(
@@ -436,7 +436,11 @@ def _cold(
 
 
 def _calibrated(
-    starts: list[_Start], sizer: pools.PoolSizer, common: dict[str, Any], notes: list[str]
+    starts: list[_Start],
+    sizer: pools.PoolSizer,
+    common: dict[str, Any],
+    notes: list[str],
+    flags: Mapping[str, FlagValue],
 ) -> PoolModel:
     """Fit post to the logged pools (2-decimal logs); a cell far from the architecture's is measured."""
     pre = sum(s.pre for s in starts) / len(starts)
@@ -464,7 +468,8 @@ def _calibrated(
     notes.append(
         f"calibrated from {len(starts)} earlier start(s): pre {pre:.2f} GiB, post {post:.4f} GiB, {how}"
     )
-    return replace(base, runtime_gib=runtime, runtime_measured=measured_runtime)
+    # The CUDA-graph memory the start logged, credited per request count (model.py GRAPH_SCALING_SHARE).
+    return replace(base, runtime_gib=runtime, runtime_measured=measured_runtime, **_graphs(starts, flags))
 
 
 def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostConfig:

@@ -253,16 +253,28 @@ def _dtype_bytes(config: Mapping[str, Any], text: Mapping[str, Any]) -> int:
 
 
 def _kv_quant_fp8(config: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
-    """mem_cache/kv_cache_dtype.py: auto means fp8 when the quant config's kv_cache_quant_algo is FP8."""
+    """mem_cache/kv_cache_dtype.py: auto means fp8 when the loaded quant config's kv_cache_quant_algo is FP8.
+
+    How each method derives it (layers/quantization/): modelopt's flat config from kv_cache_scheme (float,
+    8 bits) or kv_cache_quant_algo; compressed-tensors only for a static symmetric per-tensor fp8 scheme;
+    fp8 and others from kv_cache_quant_algo.
+    """
     for cfg in (config, text):
         quant = cfg.get("quantization_config")
-        if isinstance(quant, Mapping):
-            algo = quant.get("kv_cache_quant_algo")
-            if isinstance(algo, str) and algo.upper() == "FP8":
-                return True
-            scheme = quant.get("kv_cache_scheme")
-            if isinstance(scheme, Mapping) and scheme.get("type") == "float" and scheme.get("num_bits") == 8:
-                return True
+        if not isinstance(quant, Mapping):
+            continue
+        scheme = quant.get("kv_cache_scheme")
+        method = str(quant.get("quant_method") or "")
+        if method == "compressed-tensors":
+            return (
+                isinstance(scheme, Mapping) and scheme.get("type") == "float" and scheme.get("num_bits") == 8
+                and scheme.get("strategy") == "tensor" and bool(scheme.get("symmetric", True))
+                and not scheme.get("dynamic", False)
+            )  # fmt: skip
+        if quant.get("quant_algo") is not None and isinstance(scheme, Mapping):
+            return scheme.get("type") == "float" and scheme.get("num_bits") == 8
+        algo = quant.get("kv_cache_quant_algo")
+        return isinstance(algo, str) and algo.upper() == "FP8"
     return False
 
 
@@ -291,7 +303,8 @@ def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayou
         raise Unsupported(f"{arch}: SGLang 0.5.23 sizes {REFUSED[arch]}, which deployctl does not follow")
     if arch in SWA_COMPRESS_ARCHS:
         raise Unsupported(
-            f"{arch}: SGLang 0.5.23 sizes compressed sliding-window pools, which deployctl does not follow"
+            f"{arch}: SGLang 0.5.23 sizes its sliding-window pool with separate global and sliding head "
+            "shapes (is_hybrid_swa_compress), which deployctl does not follow yet"
         )
     text = text_config(config)
     # configs/model_config.py: multimodal when the arch is listed or the LM config is a sub-config

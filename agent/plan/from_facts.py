@@ -151,9 +151,9 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
             cell = _dflash_cell(inp, layout, int(cell), layers, dtype, par)
     if algorithm not in (None, "NGRAM", *EAGLE_STYLE, *DFLASH_FAMILY):
         raise Unsupported(f"--speculative-algorithm {algorithm}: its pool is not followed by deployctl")
-    page = _int(f, "page-size") or _default_page(layout, sm)
-    env = inp.env
-    reserve = pools.mm_reservation_gib(layout, env, str(_flag(f, "mm-feature-transport") or "") or None)
+    page = _int(f, "page-size") or _default_page(layout, f, sm)
+    env, transport = _mm_transport(inp, layout)
+    reserve = pools.mm_reservation_gib(layout, env, transport)
     if reserve:
         notes.append(
             f"multimodal model: SGLang reserves {reserve:.2f} GB of the KV budget "
@@ -168,6 +168,35 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
         max_total_tokens=_int(f, "max-total-tokens"),
         swa_ratio=swa_ratio,
     )
+
+
+def _mm_transport(inp: PlanInput, layout: KVLayout) -> tuple[dict[str, str], str | None]:
+    """The environment and feature transport the multimodal reservation is sized with.
+
+    arg_groups/serving_hook.py: an unset --mm-feature-transport is cpu on one node (the legacy
+    SGLANG_USE_CUDA_IPC_TRANSPORT=1 means cuda_ipc). arg_groups/model_overrides/qwen3_vl.py: Qwen3-VL on a
+    Hopper card of 60 GiB or more turns the embedding cache off (SGLANG_VLM_CACHE_SIZE_MB=0) and, without
+    cache retention, picks cuda_ipc, whose feature pool is 1 GiB (3 GiB from 400 running requests).
+    """
+    f, env = inp.flags, dict(inp.env)
+    transport = _flag(f, "mm-feature-transport")
+    if transport is None and env.get("SGLANG_USE_CUDA_IPC_TRANSPORT"):
+        transport = (
+            "cuda_ipc" if env["SGLANG_USE_CUDA_IPC_TRANSPORT"] not in ("0", "false", "False") else "cpu"
+        )
+    hopper = inp.sm_major == 9 and inp.gpu.memory_total_mib >= 60 * 1024
+    if layout.multimodal and hopper and layout.model_type in ("qwen3_vl", "qwen3_vl_moe"):
+        env.setdefault("SGLANG_VLM_CACHE_SIZE_MB", "0")
+        preprocess = _int(f, "mm-preprocess-cache-size-mb") or 0
+        retention = preprocess > 0 or int(env["SGLANG_VLM_CACHE_SIZE_MB"]) > 0
+        nodes = _int(f, "nnodes") or 1
+        if transport is None and nodes == 1 and not retention:
+            transport = "cuda_ipc"
+        running = _int(f, "max-running-requests") or 0
+        wide = running >= 400 and not retention and transport == "cuda_ipc"
+        if wide and "SGLANG_MM_FEATURE_CACHE_MB" not in env:
+            env["SGLANG_MM_FEATURE_CACHE_MB"] = str(3 * 1024)
+    return env, None if transport is None else str(transport)
 
 
 def _eagle_cell(
@@ -196,6 +225,14 @@ def _dflash_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, dtype
     if inp.draft is None:
         raise UsageError("DFLASH / DSPARK: the facts need the draft's config.json (draft)")
     draft = read_layout(inp.draft.config, is_draft=True)
+    dflash = inp.draft.config.get("dflash_config")
+    ids = dflash.get("target_layer_ids") if isinstance(dflash, Mapping) else None
+    if isinstance(ids, list) and any(not isinstance(i, int) or not 0 <= i < layout.layers for i in ids):
+        # speculative/dflash_utils.py resolve_target_layer_ids: SGLang refuses the start.
+        raise ValueError(
+            f"the DFLASH draft reads target layers {ids}, but the target has {layout.layers}: SGLang refuses "
+            "it (target_layer_ids contains an out-of-range layer id); is it the draft of another model?"
+        )
     version = _version(inp)
     if version is not None and version < kvpool.DFLASH_EXACT_FROM:
         # 0.5.11-0.5.17: the target cell scaled by layers (the exact draft term starts at 0.5.18).
@@ -221,13 +258,37 @@ def _version(inp: PlanInput) -> tuple[int, int, int, int] | None:
         return None
 
 
-def _default_page(layout: KVLayout, sm: int | None) -> int:
-    """DSA pages by 64; MLA on SM100 defaults to trtllm_mla (page 64); otherwise 1 (FACTS 1.4)."""
+def _refusals(layout: KVLayout, flags: Mapping[str, FlagValue], dtype: str, sm: int | None) -> None:
+    """KV dtypes SGLang 0.5.23 refuses at start on this hardware (ValueError, as SGLang raises)."""
+    if _flag(flags, "kv-cache-dtype") == "mxfp8" and (sm or 0) < 10:
+        # arg_groups/kv_cache_hook.py handle_mxfp8_kv_cache_compatibility
+        raise ValueError("--kv-cache-dtype mxfp8 requires an SM100+ (Blackwell) GPU (SGLang refuses it)")
+    backend = _flag(flags, "decode-attention-backend", "attention-backend")
+    trtllm_mla = backend == "trtllm_mla" or (backend is None and sm == 10 and layout.family == "mla")
+    if trtllm_mla and dtype not in ("fp8_e4m3", "bf16", "bfloat16", "auto"):
+        # arg_groups/overrides.py _mla_kv_cache_dtype_checks
+        raise ValueError(
+            f"--kv-cache-dtype {dtype}: SGLang's TensorRT-LLM MLA backend takes fp8_e4m3, bf16 or auto"
+        )
+
+
+def _default_page(layout: KVLayout, flags: Mapping[str, FlagValue], sm: int | None) -> int:
+    """The page size SGLang resolves.
+
+    arg_groups/overrides.py _mla_backend_page_constraints and _page_size_default, model_override_base.py
+    get_default_attn_backend: DSA pages by 64; flashmla, trtllm_mla, cutedsl_mla and trtllm_mha need 32/64
+    (64 when unset); SM100 defaults MHA to trtllm_mha (fa4 for unequal K/V widths) and DeepSeek/Kimi MLA
+    to trtllm_mla; otherwise 1.
+    """
     if layout.family == "dsa":
         return pools.DSA_PAGE
-    if layout.kv_lora_rank and sm is not None and sm == 10:
-        return 64
-    return 1
+    backend = _flag(flags, "decode-attention-backend", "attention-backend")
+    if backend is None and sm == 10:
+        if layout.kv_lora_rank:
+            backend = "trtllm_mla"
+        elif layout.head_dim == layout.v_head_dim:
+            backend = "trtllm_mha"
+    return 64 if backend in ("flashmla", "trtllm_mla", "cutedsl_mla", "trtllm_mha") else 1
 
 
 def _mamba(
@@ -356,6 +417,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
                 "does not follow yet"
             )
         dtype = pools.kv_dtype(str(_flag(inp.flags, "kv-cache-dtype") or "auto"), layout, inp.sm_major)
+        _refusals(layout, inp.flags, dtype, inp.sm_major)
         sizer = _cells(inp, layout, dtype, par, notes)
     except Unsupported as exc:
         raise UsageError(f"cannot plan this model: {exc}") from None

@@ -194,6 +194,7 @@ class KVLayout:
     linear: LinearState | None = None
     multimodal: bool = False
     multimodal_off_by_default: bool = False
+    model_type: str = ""
     vit_layers: int = 0
     vit_hidden: int = 0
     dtype_bytes: int = 2  # the model dtype: what --kv-cache-dtype auto means
@@ -279,14 +280,17 @@ def _kv_quant_fp8(config: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
 
 
 def _vision(config: Mapping[str, Any]) -> tuple[int, int]:
-    """(vit layers, vit hidden) for the default fraction's multimodal factor (arg_groups/memory_hook.py)."""
+    """(vit layers, vit hidden) for the default fraction's multimodal factor.
+
+    arg_groups/memory_hook.py adjust_mem_fraction_for_vlm reads vision_config.num_hidden_layers and
+    hidden_size, 24 and 1024 when absent: a Qwen-VL `depth` is not read. Kimi K2.5's vision config class
+    (configs/kimi_k25.py) names them vt_num_hidden_layers / vt_hidden_size.
+    """
     vision = config.get("vision_config")
     if not isinstance(vision, Mapping):
         return 0, 0
-    # adjust_mem_fraction_for_vlm reads num_hidden_layers / hidden_size (HF maps depth, vt_*...);
-    # 24 / 1024 when absent.
-    layers = _get(vision, "num_hidden_layers", "depth", "vt_num_hidden_layers", "num_layers")
-    hidden = _get(vision, "hidden_size", "vt_hidden_size", "embed_dim", "width")
+    layers = _get(vision, "num_hidden_layers", "vt_num_hidden_layers")
+    hidden = _get(vision, "hidden_size", "vt_hidden_size")
     return (layers if isinstance(layers, int) else 24), (hidden if isinstance(hidden, int) else 1024)
 
 
@@ -314,6 +318,7 @@ def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayou
         "arch": arch,
         "multimodal": structural and not is_draft,
         "multimodal_off_by_default": arch in MM_OFF_BY_DEFAULT,
+        "model_type": str(config.get("model_type") or ""),
         "dtype_bytes": _dtype_bytes(config, text),
         "kv_quant_fp8": _kv_quant_fp8(config, text),
         "context_len": context_length(text),

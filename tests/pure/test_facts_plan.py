@@ -109,7 +109,13 @@ def test_gqa_cell_over_attention_tp_and_replicated_beyond_the_heads() -> None:
     # attention DP 2 of TP 8: heads over attention TP 4
     assert cell(cfg.LLAMA31_8B, n=8, **{"attn-dp-size": 2})[0] == 2 * 256 * 32 * 2
     assert cell(cfg.LLAMA31_8B, **{"kv-cache-dtype": "fp8_e4m3"})[0] == 8 * 256 * 32
-    assert cell(cfg.LLAMA31_8B, **{"kv-cache-dtype": "mxfp8"})[0] == 8 * 256 * 32 + 8 * 256 * 32 // 32
+    b200 = ("NVIDIA B200", 183359, "10.0")
+    assert cell(cfg.LLAMA31_8B, b200, **{"kv-cache-dtype": "mxfp8"}) == (
+        8 * 256 * 32 + 8 * 256 * 32 // 32,
+        64,
+    )
+    with pytest.raises(UsageError, match="mxfp8 requires an SM100"):  # SGLang refuses it before Blackwell
+        cell(cfg.LLAMA31_8B, **{"kv-cache-dtype": "mxfp8"})
 
 
 def test_sglang_refuses_fp16_kv_and_so_does_the_plan() -> None:

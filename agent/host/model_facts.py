@@ -48,7 +48,7 @@ def safetensors_bytes(path: Path) -> int | None:
             if size > MAX_HEADER_BYTES:
                 return None
             header = json.loads(f.read(size))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: a hostile deeply nested JSON
         return None
     if not isinstance(header, dict):
         return None
@@ -71,7 +71,7 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
         weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
         if isinstance(weight_map, dict):
             return sorted({model_dir / str(f) for f in weight_map.values()})
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         pass
     return sorted(model_dir.glob("*.safetensors"))
 
@@ -90,7 +90,7 @@ def read_config(model_dir: Path) -> dict[str, Any] | None:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             return None
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: a hostile deeply nested JSON
         return None
     return data if isinstance(data, dict) else None
 

@@ -90,3 +90,15 @@ def test_inventory_figures_override_the_hosts_and_the_plan_says_so(host: HostCon
     assert any("inventory: model.weights_gib_per_gpu" in n for n in plan.notes)
     assert any("inventory: gpus" in n for n in plan.notes)  # no nvidia-smi rows
     assert plan_from_host_facts(host, {"model_facts": None}, None, 200_000) is None
+
+
+def test_hostile_files_give_no_facts_never_a_crash(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)  # nested past the recursion limit
+    assert model_facts.read_config(folder) is None
+    raw = b"[" * 50_000 + b"]" * 50_000
+    (folder / "x.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    assert model_facts.safetensors_bytes(folder / "x.safetensors") is None
+    (folder / "y.safetensors").write_bytes(struct.pack("<Q", 2**62))  # a header length far past the file
+    assert model_facts.safetensors_bytes(folder / "y.safetensors") is None

@@ -23,8 +23,12 @@ def shard(tensors: dict[str, tuple[str, list[int]]]) -> bytes:
 
 def test_facts_are_read_on_the_host_and_plan_online_and_offline(sim, tmp_path: Path) -> None:
     wait_pool(sim)
-    sim.host.put("/models/Kimi-K2.6/config.json", json.dumps(cfg.KIMI_K26).encode())
-    sim.host.put("/models/Kimi-K2.6/model-00001.safetensors", shard({"w": ("BF16", [7168, 7168])}))
+    # The test host's /models is a read-only mount of zero-filled shards: a writable copy with a config.json
+    # and a real safetensors header, named by the unit file (the service itself is not restarted).
+    sim.host.put("/srv/models/Kimi-K2.6/config.json", json.dumps(cfg.KIMI_K26).encode())
+    sim.host.put("/srv/models/Kimi-K2.6/model-00001.safetensors", shard({"w": ("BF16", [7168, 7168])}))
+    unit = "/etc/systemd/system/sglang.service"
+    sim.host.put(unit, sim.unit_text().replace("--model-path /models/", "--model-path /srv/models/").encode())
     r = cli(sim, "facts", sim.name, "--json")
     assert r.returncode == ExitCode.OK, r.stderr
     doc = json.loads(r.stdout)

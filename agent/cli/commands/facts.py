@@ -11,9 +11,10 @@ from agent.output import Output
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("host", help="host name: units/<host>.toml")
-    p.add_argument("--json", action="store_true", help="print the facts file (deployctl-facts/1)")
-    p.add_argument("--accept-new-host-key", action="store_true", help="trust an unknown SSH host key once")
+    from agent.cli.options import add_connection_args, add_host_arg
+
+    add_host_arg(p)
+    add_connection_args(p)  # --json prints the facts file (deployctl-facts/1)
     p.epilog = (
         "The JSON plans offline: deployctl facts ct200 --json > ct200.json; "
         "deployctl plan --facts ct200.json --context 200k"

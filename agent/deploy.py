@@ -64,6 +64,14 @@ def calibration_from(facts: Mapping[str, Any]) -> list[Mapping[str, Any]] | None
 
 
 def make_plan(host: HostConfig, change: Change, facts: Mapping[str, Any]) -> Plan:
+    from agent.plan.from_facts import plan_from_host_facts  # the host read its config.json: plan from that
+
+    from_host = plan_from_host_facts(
+        host, facts, calibration_from(facts), change.context, change.mem_fraction_static,
+        change.max_running_requests,
+    )  # fmt: skip
+    if from_host is not None:
+        return from_host
     running = facts.get("flags") or dict(host.sglang.flags)
     return plan_for_host(
         host,

@@ -104,7 +104,7 @@ class Model(_Model):
 
 
 class Draft(_Model):
-    algorithm: Literal["DFLASH", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
+    algorithm: Literal["DFLASH", "DSPARK", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "FROZEN_KV_MTP", "NGRAM"]
     path: AbsPath
     layers: int | None = Field(default=None, ge=1)
     kv_heads: int | None = Field(default=None, ge=1)

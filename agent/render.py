@@ -13,6 +13,7 @@ import jinja2
 from agent.errors import RenderError
 from agent.inventory import HostConfig
 from agent.protocol import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
+from agent.sglang import version_flags
 from agent.sglang.flags import FlagChange, FlagInput, FlagsError, FlagValue, exec_start_lines
 
 FLAG_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
@@ -149,6 +150,8 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
         check_flag(flag, baseline_value, "sglang.flags")
     for flag, flag_value in flags.items():
         check_flag(flag, flag_value)
+    for refusal in version_flags.refused(host.sglang.version, {**host.sglang.flags, **flags}):
+        raise RenderError(refusal)
     if host.unit.user is not None and not USER_NAME.fullmatch(host.unit.user):
         raise RenderError(f"unit.user: {host.unit.user!r} is not a user name")
     if host.unit.description.endswith("\\"):

@@ -10,7 +10,7 @@ from types import ModuleType
 from typing import Any
 
 from agent import __version__
-from agent.cli.commands import adopt, apply, backups, fleet, parse_log, plan, render, rollback, status
+from agent.cli.commands import adopt, apply, backups, facts, fleet, parse_log, plan, render, rollback, status
 from agent.errors import DeployError, UsageError
 from agent.exitcodes import ExitCode
 from agent.output import Output, terminal_text
@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[ModuleType, str]] = {
     "fleet": (fleet, "roll a change across an inventory group on Ansible: canary, batches, halt"),
     "parse-log": (parse_log, "summarise an SGLang startup log (pool, memory, failure)"),
     "adopt": (adopt, "write a host's inventory from the SGLang unit it already runs"),
+    "facts": (facts, "print what a host knows for planning (deployctl-facts/1)"),
 }
 
 

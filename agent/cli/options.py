@@ -119,13 +119,15 @@ class Change:
         )
 
 
-def add_host_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("host", help="host name: units/<host>.toml")
+def add_host_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("host", nargs=None if required else "?", help="host name: units/<host>.toml")
 
 
-def add_target_args(p: argparse.ArgumentParser, *, context_required: bool) -> None:
+def add_target_args(
+    p: argparse.ArgumentParser, *, context_required: bool, host_required: bool = True
+) -> None:
     """The flags shared by plan, render and apply."""
-    add_host_arg(p)
+    add_host_arg(p, required=host_required)
     p.add_argument(
         "--context",
         required=context_required,

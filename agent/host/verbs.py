@@ -9,7 +9,7 @@ import subprocess
 from typing import Any, TextIO
 
 from agent import __version__
-from agent.host import adopt, recovery, runner
+from agent.host import adopt, model_facts, recovery, runner
 from agent.host.journal import Journal
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
@@ -52,6 +52,7 @@ def facts(req: Request) -> dict[str, Any]:
         "lock": runner.running(req),
         "last_txn": state_dir.last_txn(req.unit),
         "backups": [b.name for b in files.backups(req.unit)],
+        "model_facts": model_facts.collect(text, lines, req.secret_names),
     }
 
 

@@ -66,7 +66,7 @@ def _rescaled(model: PoolModel, host: HostConfig, flags: Flags, new_flags: Flags
     old, _ = architecture_cell(host, flags)
     new, _ = architecture_cell(host, new_flags, kv_dtype)
     ratio = new / old if old and new else fallback
-    return replace(model, cell_bytes=model.cell_bytes * ratio)
+    return model.scaled_cell(ratio)
 
 
 def _fp8(

@@ -67,12 +67,20 @@ def plan_for_host(
     running_flags: Flags,
     fraction: float | None = None,
     max_running: int | None = None,
+    model: PoolModel | None = None,
 ) -> Plan:
-    """Plan a target context: calibrated from earlier starts when given, else from the architecture."""
+    """Plan a target context: calibrated from earlier starts when given, else from the architecture;
+    a model built elsewhere (from a host's facts) is taken as it is."""
     notes: list[str] = []
-    model = from_calibration(host, running_flags, calibration) if calibration else None
-    if calibration and model is None:
-        notes.append("the earlier start(s) given did not log a pool and the memory lines; not used")
+    if model is None and calibration:
+        model = from_calibration(host, running_flags, calibration)
+        if model is None:
+            notes.append("the earlier start(s) given did not log a pool and the memory lines; not used")
+    elif model is not None and model.basis == "architecture":
+        notes.append(
+            f"estimated from the host's facts: pre {model.pre_gib:.2f} GiB, post {model.post_gib:.2f} GiB, "
+            f"{model.cell_bytes_effective():,.0f} B/token; the first real start will calibrate the plan"
+        )
     if model is None:
         model = from_architecture(host, running_flags)
         notes.append(

@@ -11,6 +11,7 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.sglang import kvpool
 from agent.sglang.kvpool import GIB
+from agent.sglang.pools import PoolSizer
 
 # Free memory lost before the weights load: CUDA context, NCCL and custom-allreduce buffers. SGLang's
 # "Init torch distributed ends. mem usage=" shows 1.5-4 GiB on big cards; the first start replaces it.
@@ -44,16 +45,38 @@ class PoolModel:
     graph_gib: float = 0.0  # CUDA-graph memory the calibration start logged (0: unknown)
     graph_bs: int = 0  # the largest batch size that start captured
     graph_max_bs: int = DEFAULT_GRAPH_MAX_BS
+    # The family's own sizing (hybrid SWA, state caches, reservations); None: the plain cell rule.
+    sizer: PoolSizer | None = None
+    # Uncertainty of pre (and so post) without an earlier start: fractions are chosen for the low end.
+    margin_gib: float = 0.0
+    # SGLang's own change to the fraction given (AMD aiter above 8k context: x 0.85); 1 = as given.
+    fraction_scale: float = 1.0
 
     def pool(self, fraction: float) -> int:
+        fraction *= self.fraction_scale
+        if self.sizer is not None:
+            return self.sizer.tokens(self.post_gib - self.pre_gib * (1.0 - fraction))
         return kvpool.pool_tokens(
             self.pre_gib, self.post_gib, fraction, self.cell_bytes, self.page_size, self.max_total_tokens
         )
 
     def min_fraction(self, tokens: int) -> float | None:
-        return kvpool.min_fraction(
-            self.pre_gib, self.post_gib, self.cell_bytes, tokens, self.page_size, self.max_total_tokens
-        )
+        if self.sizer is None and not self.margin_gib and self.fraction_scale == 1.0:
+            return kvpool.min_fraction(
+                self.pre_gib, self.post_gib, self.cell_bytes, tokens, self.page_size, self.max_total_tokens
+            )
+        # The low end of pre: both pre and post lower by the margin (the weights stay what they are).
+        low = replace(self, pre_gib=self.pre_gib - self.margin_gib, post_gib=self.post_gib - self.margin_gib,
+                      margin_gib=0.0)  # fmt: skip
+        return kvpool.search_fraction(low.pool, tokens)
+
+    def scaled_cell(self, ratio: float) -> PoolModel:
+        """The same host with every KV byte per token times ratio (another dtype, another TP)."""
+        sizer = None if self.sizer is None else replace(self.sizer, cell_bytes=self.sizer.cell_bytes * ratio)
+        return replace(self, cell_bytes=self.cell_bytes * ratio, sizer=sizer)
+
+    def cell_bytes_effective(self) -> float:
+        return self.sizer.effective_cell() if self.sizer is not None else self.cell_bytes
 
     def need_gib(self, requests: int, context: int) -> float:
         """Memory the runtime takes from the slack: the measured part plus req_to_token for this plan."""
@@ -69,17 +92,17 @@ class PoolModel:
 
     def reserve_gib(self, fraction: float, requests: int, context: int) -> float:
         """Free memory per GPU once the server is up (SGLang's available_gpu_mem): slack minus the need."""
-        return self.pre_gib * (1.0 - fraction) - self.need_gib(requests, context)
+        return self.pre_gib * (1.0 - fraction * self.fraction_scale) - self.need_gib(requests, context)
 
     def max_fraction(self, requests: int, context: int, floor_gib: float) -> float | None:
         """The highest fraction (0.001 steps) that still leaves floor_gib free per GPU."""
-        top = 1.0 - (self.need_gib(requests, context) + floor_gib) / self.pre_gib
+        top = (1.0 - (self.need_gib(requests, context) + floor_gib) / self.pre_gib) / self.fraction_scale
         steps = math.floor(round(top / kvpool.FRACTION_STEP, 6))
         fraction = round(min(steps, 999) * kvpool.FRACTION_STEP, 3)
         return fraction if fraction > 0 else None
 
     def tokens_per_step(self) -> int:
-        return kvpool.tokens_per_step(self.pre_gib, self.cell_bytes)
+        return kvpool.tokens_per_step(self.pre_gib, self.cell_bytes_effective())
 
 
 def req_rows(requests: int, dp: int) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 GIB = 2**30
 FRACTION_STEP = 0.001  # the planner emits fractions with three decimals
@@ -24,7 +24,12 @@ _KV_DTYPE_BYTES: Mapping[str, int] = {
 }
 # Algorithms whose draft KV is budgeted by layer scaling from 0.5.14 on
 # (Scheduler.init_model_worker loads drafts before init_memory_pools).
-EAGLE_STYLE = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"})
+# FROZEN_KV_MTP counts as EAGLE there (speculative/spec_info.py is_eagle), so its cell is scaled too.
+EAGLE_STYLE = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "FROZEN_KV_MTP"})
+# DSPARK is of the DFLASH family (spec_info.py is_dflash_family): the same draft term.
+DFLASH_FAMILY = frozenset({"DFLASH", "DSPARK"})
+# The exact DFLASH draft term starts at 0.5.18 (FACTS corrections); 0.5.11-0.5.17 scale by layers.
+DFLASH_EXACT_FROM = (0, 5, 18, 0)
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.?post(\d+))?(?:[.+-].*)?")
 
 
@@ -82,7 +87,7 @@ def with_draft(
     """The target cell enlarged by the speculative draft's own KV, as each SGLang version budgets it."""
     if algorithm is None or algorithm == "NGRAM":
         return cell  # NGRAM has no draft model and no draft pool
-    if algorithm == "DFLASH":
+    if algorithm in DFLASH_FAMILY:
         return _dflash_cell(
             cell, version, layers, draft_layers, draft_kv_heads, draft_head_dim, draft_v_head_dim,
             draft_elem, attn_tp,
@@ -109,12 +114,16 @@ def _dflash_cell(
     elem: int,
     attn_tp: int,
 ) -> int:
-    """DFLASH: layer scaling in 0.5.11-0.5.19, an exact draft term from 0.5.20."""
+    """DFLASH/DSPARK: layer scaling in 0.5.11-0.5.17, an exact draft term from 0.5.18.
+
+    pool_configurator.py DefaultPoolConfigurator and speculative/dflash_utils.py
+    scale_kv_cell_size_per_token_for_dflash: target cell + the draft's own K and V per rank.
+    """
     if version < (0, 5, 11, 0):
         raise ValueError("DFLASH speculative decoding needs SGLang 0.5.11 or newer")
     if draft_layers is None:
         raise ValueError("the draft's layer count is needed to size the pool")
-    if version < (0, 5, 20, 0):
+    if version < DFLASH_EXACT_FROM:
         return math.ceil(cell * (layers + draft_layers) / layers)
     if kv_heads is None or head_dim is None:
         raise ValueError("the draft's KV heads and head_dim are needed to size the pool")
@@ -169,6 +178,21 @@ def min_fraction(
             return fraction
         steps += 1
     return None
+
+
+def search_fraction(pool: Callable[[float], int], target_tokens: int) -> float | None:
+    """The smallest 0.001 step whose pool(fraction) holds target_tokens, for any family's sizing rule
+    (each is monotonic in the fraction); None when even 0.999 falls short."""
+    lo, hi = 1, 999
+    if pool(round(hi * FRACTION_STEP, 3)) < target_tokens:
+        return None
+    while lo < hi:  # about ten evaluations
+        mid = (lo + hi) // 2
+        if pool(round(mid * FRACTION_STEP, 3)) >= target_tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    return round(lo * FRACTION_STEP, 3)
 
 
 def tokens_per_step(pre_gib: float, cell_bytes: int | float, step: float = 0.01) -> int:

@@ -51,7 +51,7 @@ def _draft(version: tuple[int, int, int, int], algorithm: str, **kw: int) -> int
     return kvpool.with_draft(70_272, algorithm=algorithm, version=version, layers=61, **kw)  # type: ignore[arg-type]
 
 
-def test_dflash_exact_draft_term_from_0_5_20() -> None:
+def test_dflash_exact_draft_term_from_0_5_18() -> None:
     # The seed host: 3 draft layers, 32 KV heads of 128 over TP 8 -> 4 heads per rank -> 6,144 B.
     cell = _draft(V0523, "DFLASH", draft_layers=3, draft_kv_heads=32, draft_head_dim=128, attn_tp=8)
     assert cell == 70_272 + 6_144
@@ -59,10 +59,17 @@ def test_dflash_exact_draft_term_from_0_5_20() -> None:
         V0523, "DFLASH", draft_layers=3, draft_kv_heads=32, draft_head_dim=128, draft_elem=1, attn_tp=8
     )
     assert fp8_draft == 70_272 + 3_072
+    # The boundary is 0.5.18 (read in the 0.5.18 wheel), not 0.5.20; DSPARK is of the same family.
+    assert (
+        _draft((0, 5, 18, 0), "DFLASH", draft_layers=3, draft_kv_heads=32, draft_head_dim=128, attn_tp=8)
+        == cell
+    )
+    assert _draft(V0523, "DSPARK", draft_layers=3, draft_kv_heads=32, draft_head_dim=128, attn_tp=8) == cell
 
 
-def test_dflash_layer_scaling_before_0_5_20() -> None:
+def test_dflash_layer_scaling_before_0_5_18() -> None:
     assert _draft((0, 5, 16, 0), "DFLASH", draft_layers=3) == -(-70_272 * 64 // 61)
+    assert _draft((0, 5, 17, 0), "DFLASH", draft_layers=3) == -(-70_272 * 64 // 61)
     with pytest.raises(ValueError, match=r"0\.5\.11"):
         _draft((0, 5, 10, 0), "DFLASH", draft_layers=3)
 

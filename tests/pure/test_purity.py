@@ -12,6 +12,11 @@ AGENT = Path(__file__).resolve().parents[2] / "agent"
 IO = {"paramiko", "jeepney", "requests", "subprocess", "socket", "os", "shutil", "tempfile", "urllib"}
 PURE = [
     "sglang/kvpool.py",
+    "sglang/kvlayout.py",
+    "sglang/pools.py",
+    "sglang/memory_defaults.py",
+    "plan/from_facts.py",
+    "plan/overhead.py",
     "sglang/logs/summary.py",
     "sglang/logs/lines.py",
     "sglang/logs/events.py",

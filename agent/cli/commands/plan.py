@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,13 @@ from agent.sglang.logs.summary import start_figures
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    add_target_args(p, context_required=True)
+    add_target_args(p, context_required=True, host_required=False)
+    p.add_argument(
+        "--facts",
+        metavar="FILE",
+        help="plan offline from a facts file (deployctl-facts/1, as `deployctl facts HOST --json` prints): "
+        "no inventory, no SSH",
+    )
     p.add_argument(
         "--from-log",
         action="append",
@@ -40,6 +47,10 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    if args.facts:
+        return _run_facts(args, out)
+    if not args.host:
+        raise UsageError("a host is required (or --facts FILE)", hint="see: deployctl plan --help")
     host = load_host(args.host, units_dir(args.units))
     history: list[dict[str, Any]] | None = [read_start(Path(name)) for name in args.from_log] or None
     running: Mapping[str, Any] = host.sglang.flags
@@ -51,6 +62,15 @@ def run(args: argparse.Namespace, out: Output) -> int:
             facts = s.client.call(base_request(s.host, "facts"))
         history = [dict(h) for h in deploy.calibration_from(facts) or []] or None
         running = facts.get("flags") or running
+        from agent.plan.from_facts import plan_from_host_facts
+
+        from_host = plan_from_host_facts(
+            host, facts, history, args.context, args.mem_fraction_static, args.max_running_requests
+        )
+        if from_host is not None:
+            chart = plan_with_chart(host.name, from_host, running, unicode=out.style is Style.TTY)
+            out.print(json.dumps(from_host.to_dict(), indent=2) if args.json else chart)
+            return 0
     plan = plan_for_host(
         host,
         args.context,
@@ -64,6 +84,22 @@ def run(args: argparse.Namespace, out: Output) -> int:
     else:
         out.print(plan_with_chart(host.name, plan, running, unicode=out.style is Style.TTY))
     return 0  # an infeasible plan is information, not a failure
+
+
+def _run_facts(args: argparse.Namespace, out: Output) -> int:
+    """Plan from a facts file alone; --from-log adds earlier starts to the one the file may carry."""
+    from agent.plan.facts import load_facts
+    from agent.plan.from_facts import plan_from_facts
+
+    if args.host:
+        raise UsageError("give a host or --facts FILE, not both")
+    inp = load_facts(Path(args.facts))
+    if args.from_log:
+        inp = replace(inp, starts=(*inp.starts, *(read_start(Path(n)) for n in args.from_log)))
+    plan = plan_from_facts(inp, args.context, args.mem_fraction_static, args.max_running_requests)
+    chart = plan_with_chart(inp.name, plan, inp.flags, unicode=out.style is Style.TTY)
+    out.print(json.dumps(plan.to_dict(), indent=2) if args.json else chart)
+    return 0
 
 
 def read_start(path: Path) -> dict[str, Any]:

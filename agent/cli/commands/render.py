@@ -20,6 +20,7 @@ from agent.render import (
     template_dir,
     unit_diff,
 )
+from agent.sglang import version_flags
 from agent.sglang.flags import FlagInput, diff_flags, flag_table, parse_unit_flags
 from agent.verify import render_checked
 
@@ -104,6 +105,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = load_host(args.host, units_dir(args.units))
     flags = requested_flags(args)
     text = render_checked(host, flags)
+    for warning in version_flags.deprecated(host.sglang.version, {**host.sglang.flags, **flags}):
+        print(f"deployctl: warning: {warning}", file=out.stderr)
     if args.diff:
         report = diff_report(host, render_unit(host, {}, template_dir()), text, flags)
         out.stdout.write(report)

@@ -22,6 +22,11 @@ _EXC_LINE = re.compile(
 # (needle, kind, weight), tried in order after the cases that need more than a substring.
 _NEEDLES: tuple[tuple[str, str, int], ...] = (
     ("Not enough memory", ev.NOT_ENOUGH_MEMORY, CAUSE),
+    # 0.5.23 hybrid pools (mem_cache/kv_cache_configurator.py, model_executor/pool_configurator.py)
+    ("Not enough GPU memory for hybrid", ev.NOT_ENOUGH_MEMORY, CAUSE),
+    ("state cache is too small to serve any requests", ev.NOT_ENOUGH_MEMORY, CAUSE),
+    ("admission floor is sliding_window_size", ev.NOT_ENOUGH_MEMORY, CAUSE),  # "SWA pool ... cannot hold"
+    ("leaves no room for the full KV pool", ev.NOT_ENOUGH_MEMORY, CAUSE),
     ("memory capacity is unbalanced", ev.MEMORY_UNBALANCED, CAUSE),
     ("graph failed", ev.CUDA_GRAPH_FAILED, CAUSE),
     ("Graph failed", ev.CUDA_GRAPH_FAILED, CAUSE),

@@ -23,7 +23,8 @@ _TYPE = re.compile(r"\btype=([\w.]+)")
 _DRAFT_TYPE = re.compile(r"Draft|Eagle|EAGLE|NextN|MTP|Medusa")
 _PROGRESS = re.compile(r"shards:\s*(\d+)% Completed \| (\d+)/(\d+)")
 
-_KV = re.compile(r"(?:(\w+) )?KV Cache (is allocated|VA upper bound)\.")
+_KV = re.compile(r"(?:(\w+) )?KV Cache (is allocated|VA upper bound|skipped)[. ]")
+_SKIPPED = re.compile(r"KV Cache skipped \(no-op pool\)\. Logical #tokens: (-?\d+)")
 _POSTCAP = re.compile(r"Post-capture KV sizing: KV cache allocated\.")
 _TOKENS = re.compile(r"#tokens: (-?\d+)")
 _KV_SIZE = re.compile(r"\bKV size: " + _NUM + r" ?GB")
@@ -164,9 +165,17 @@ def _parse_kv(msg: str, rank: str | None, out: list[ev.LogEvent]) -> bool:
     """`KV Cache is allocated` (all versions, optional SWA/Full label), VA upper bound, post-capture."""
     label: str | None
     m = _KV.search(msg)
+    if m and m[2] == "skipped":  # 0.5.23 no-op pool (prefill-only embedding): logical tokens, no memory
+        t = _SKIPPED.search(msg)
+        if not t:
+            return False
+        out.append(ev.KvPool(rank, int(t[1]), 0.0, None, None, None, "skipped", False))
+        return True
     if m:
         label = "va_upper_bound" if m[2] == "VA upper bound" else m[1]
-        if label is not None and label not in ("SWA", "Full", "va_upper_bound"):
+        if label == "index":  # MiniMax's "MiniMax MSA index KV Cache": the sparse index pool, not a draft
+            pass
+        elif label is not None and label not in ("SWA", "Full", "va_upper_bound"):
             label = None  # a word before "KV Cache" that is not a pool label, e.g. "Hybrid"
     elif _POSTCAP.search(msg):
         label = "post_capture"

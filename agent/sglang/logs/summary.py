@@ -101,7 +101,8 @@ class SummaryBuilder:
         """A rank's second weights load is a draft; its second pool too, unless SWA sub-pools explain it."""
         if isinstance(e, ev.WeightsEnd) and not e.is_draft and e.rank in self._target_end:
             return dataclasses.replace(e, is_draft=True)
-        if isinstance(e, ev.KvPool) and e.label is None and self._pools.get(e.rank):
+        earlier = [p for p in self._pools.get(e.rank, ()) if p.label != "index"]  # MiniMax's index pool
+        if isinstance(e, ev.KvPool) and e.label is None and earlier:
             draft = e.rank in self._draft_weights or not self._swa
             return dataclasses.replace(e, is_draft=draft)
         return e
@@ -194,9 +195,10 @@ class SummaryBuilder:
         drafts: list[ev.KvPool] = []
         for rank, pools in self._pools.items():
             post = [p for p in pools if p.label == "post_capture"]
-            targets.append(post[-1] if post else pools[0])
+            main = [p for p in pools if p.label != "index"] or pools  # MiniMax's index pool is not the pool
+            targets.append(post[-1] if post else main[0])
             # SWA seen only after a rank's second line (older builds print SWAKVPool last) still counts.
-            rank_drafts = [p for p in pools[1:] if p.is_draft]
+            rank_drafts = [p for p in main[1:] if p.is_draft]
             if rank_drafts and (rank in self._draft_weights or not self._swa):
                 drafts.append(rank_drafts[0])
         return targets, drafts

@@ -191,8 +191,8 @@ class Launch:
     ) -> None:
         """Per-rank begin/end lines around a progress bar on global rank 0 (\\r-redrawn from 0.5).
 
-        With weight files in the model folder, each shard really reads its share of them (so the page cache
-        matters, as it does for SGLang); without, each shard takes its share of `seconds`.
+        Each shard really reads its share of the weight files in the model folder (so the page cache matters,
+        as it does for SGLang), and takes at least its share of `seconds` in all.
         """
         files = weight_files(folder)
         for r in self.order():
@@ -202,10 +202,11 @@ class Launch:
         start = time.monotonic()
         self.out.raw(cr + bar.format(0, 0, shards, "00:00", "?", "?it/s"), end=eol)
         for n in range(1, shards + 1):
-            if files:
-                read_files(files[(n - 1) * len(files) // shards : n * len(files) // shards])
-            else:
-                self.pause(seconds / shards)
+            began = time.monotonic()
+            read_files(files[(n - 1) * len(files) // shards : n * len(files) // shards])
+            # the rest of the shard's share of `seconds`: the work besides the read (unpacking, copying to
+            # the GPU) that a page cache does not save
+            self.pause(max(0.0, seconds / shards - (time.monotonic() - began) / self.slow))
             if self.hw.fault == "crash_loading" and n > shards // 2:
                 self.out.raw("")
                 self.crash_loading()

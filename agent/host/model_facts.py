@@ -1,0 +1,216 @@
+"""On the GPU host: the facts a plan needs (deployctl-facts/1), read without loading anything big.
+
+config.json (with text_config and quantization_config inside), the checkpoint's tensor bytes from the
+safetensors headers (dtype x shape; the tensor data is never read), the draft's likewise, nvidia-smi's
+cards, and the SGLang version installed in the unit's Python. Every reader returns None (or []) when it
+cannot tell, never raises: the facts verb must answer whatever the host looks like.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import struct
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.sglang.flags import FlagsError, parse_unit, unit_lines
+
+FORMAT = "deployctl-facts/1"
+MAX_CONFIG_BYTES = 4 * 2**20
+MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit on the JSON header
+# safetensors dtype names -> bytes per element (sub-byte types as fractions: F4 packs two per byte).
+DTYPE_BYTES: Mapping[str, float] = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1, "F4": 0.5, "F6_E2M3": 0.75,
+    "F6_E3M2": 0.75,
+}  # fmt: skip
+# Start-up lines worth carrying (the planner's parser reads these; the rest is noise and maybe private).
+_KEEP = re.compile(
+    r"avail mem|KV Cache|Mamba Cache|max_total_num_tokens|server_args|Memory pool|Load weight|CUDA graph|"
+    r"cuda graph|Not enough|OutOfMemory|out of memory|mem_fraction_static|Reserving|SWA|#tokens|Scheduler hit"
+)
+_SECRET_FLAGS = frozenset({"api-key", "admin-api-key", "hf-token"})
+
+
+def safetensors_bytes(path: Path) -> int | None:
+    """Tensor bytes of one .safetensors file from its header: sum of dtype size x product of the shape."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                return None
+            (size,) = struct.unpack("<Q", head)
+            if size > MAX_HEADER_BYTES:
+                return None
+            header = json.loads(f.read(size))
+    except (OSError, ValueError, RecursionError):  # RecursionError: a hostile deeply nested JSON
+        return None
+    if not isinstance(header, dict):
+        return None
+    total = 0.0
+    for name, info in header.items():
+        if name == "__metadata__" or not isinstance(info, dict):
+            continue
+        per = DTYPE_BYTES.get(str(info.get("dtype")))
+        shape = info.get("shape")
+        if per is None or not isinstance(shape, list):
+            return None
+        total += per * math.prod(int(d) for d in shape)
+    return int(total)
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The shards the safetensors index names, else every *.safetensors in the folder."""
+    index = model_dir / "model.safetensors.index.json"
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        if isinstance(weight_map, dict):
+            return sorted({model_dir / str(f) for f in weight_map.values()})
+    except (OSError, ValueError, AttributeError, RecursionError):
+        pass
+    return sorted(model_dir.glob("*.safetensors"))
+
+
+def weights_bytes(model_dir: Path) -> int | None:
+    files = checkpoint_files(model_dir)
+    sizes = [safetensors_bytes(f) for f in files]
+    if not files or any(s is None for s in sizes):
+        return None
+    return sum(s for s in sizes if s is not None)
+
+
+def read_config(model_dir: Path) -> dict[str, Any] | None:
+    path = model_dir / "config.json"
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # RecursionError: a hostile deeply nested JSON
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def model_fact(path: str | None) -> dict[str, Any] | None:
+    """{"config", "weights_bytes", "path"} for a local checkpoint folder; None for a hub id or no config."""
+    if not path:
+        return None
+    folder = Path(path)
+    config = read_config(folder)
+    if config is None:
+        return None
+    return {"config": config, "weights_bytes": weights_bytes(folder), "path": str(folder)}
+
+
+def parse_gpus(csv: str) -> list[dict[str, Any]]:
+    """nvidia-smi --query-gpu=name,memory.total,memory.free,compute_cap --format=csv,noheader,nounits."""
+    gpus = []
+    for line in csv.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3:
+            continue
+        try:
+            card: dict[str, Any] = {"name": parts[0], "memory_total_mib": float(parts[1]),
+                                    "memory_free_mib": float(parts[2])}  # fmt: skip
+        except ValueError:
+            continue
+        if len(parts) > 3 and re.fullmatch(r"[0-9]+\.[0-9]+", parts[3]):
+            card["compute_capability"] = parts[3]
+        gpus.append(card)
+    return gpus
+
+
+def gpus() -> list[dict[str, Any]]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    query = "--query-gpu=name,memory.total,memory.free,compute_cap"
+    argv = ["nvidia-smi", query, "--format=csv,noheader,nounits"]
+    try:
+        text = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return parse_gpus(text)
+
+
+def unit_python(executable: Sequence[str]) -> str | None:
+    """The Python the unit runs SGLang with: the command itself, or a console script's shebang."""
+    if not executable:
+        return None
+    first = executable[0]
+    if re.search(r"python[0-9.]*$", first):
+        return first
+    try:
+        with open(first, "rb") as f:
+            line = f.readline(256).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    if line.startswith("#!") and "python" in line:
+        return line[2:].split()[0]
+    return None
+
+
+def sglang_version(python: str | None) -> str | None:
+    if python is None:
+        return None
+    code = "import importlib.metadata as m; print(m.version('sglang'))"
+    try:
+        done = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    version = done.stdout.strip()
+    return version if done.returncode == 0 and re.fullmatch(r"[0-9][0-9A-Za-z.+-]*", version) else None
+
+
+def unit_environment(unit_text: str, secret_names: Iterable[str]) -> dict[str, str]:
+    """Environment= assignments of the unit, secret names left out (their values live elsewhere anyway)."""
+    secret = set(secret_names)
+    env: dict[str, str] = {}
+    try:
+        for section, key, value in unit_lines(unit_text):
+            if section == "Service" and key == "Environment":
+                for word in value.split():
+                    name, eq, val = word.strip('"').partition("=")
+                    if eq and name not in secret:
+                        env[name] = val
+    except FlagsError:
+        return {}
+    return env
+
+
+def start_excerpt(lines: Iterable[str]) -> str | None:
+    """SGLang's own memory and pool lines of the newest start, as the facts' last_start text."""
+    kept = [line for line in lines if _KEEP.search(line)]
+    return "\n".join(kept[-2000:]) + "\n" if kept else None
+
+
+def collect(
+    unit_text: str | None, journal_lines: Sequence[str], secret_names: Iterable[str]
+) -> dict[str, Any] | None:
+    """The facts document for the unit's model, or None when the unit names no local config.json."""
+    if not unit_text:
+        return None
+    try:
+        executable, flags = parse_unit(unit_text)
+    except FlagsError:
+        return None
+    path = flags.get("model-path") or flags.get("model")
+    model = model_fact(str(path)) if isinstance(path, str) else None
+    if model is None:
+        return None
+    draft_path = flags.get("speculative-draft-model-path")
+    return {
+        "format": FORMAT,
+        "gpus": gpus(),
+        "sglang": {"version": sglang_version(unit_python(executable))},
+        "model": model,
+        "draft": model_fact(str(draft_path)) if isinstance(draft_path, str) else None,
+        "flags": {
+            k: " ".join(v) if isinstance(v, tuple) else v for k, v in flags.items() if k not in _SECRET_FLAGS
+        },
+        "env": unit_environment(unit_text, secret_names),
+        "last_start": start_excerpt(journal_lines),
+    }

@@ -1,0 +1,219 @@
+"""The facts format (deployctl-facts/1): what a host knows, enough to plan offline.
+
+A file other tools may write by hand; `deployctl facts HOST --json` prints it. It is validated here with
+pydantic (unknown keys are kept, not refused: the format grows) and turned into one PlanInput, the value
+the pool model takes. The inventory path builds the same value (plan_input_from_host).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent.errors import UsageError
+from agent.inventory import FlagValue, HostConfig
+
+FORMAT = "deployctl-facts/1"
+MIB = 2**20
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+class GpuFact(_Open):
+    name: str = "GPU"
+    memory_total_mib: float = Field(gt=0)
+    memory_free_mib: float | None = Field(default=None, ge=0)
+    compute_capability: str | None = Field(default=None, pattern=r"^[0-9]+\.[0-9]+$")
+
+
+class SglangFact(_Open):
+    version: str
+
+
+class ModelFact(_Open):
+    config: dict[str, Any]
+    weights_bytes: int | None = Field(default=None, ge=0)
+    path: str | None = None
+
+
+class FactsFile(_Open):
+    format: Literal["deployctl-facts/1"]
+    gpus: list[GpuFact] = Field(min_length=1)
+    sglang: SglangFact
+    model: ModelFact
+    draft: ModelFact | None = None
+    flags: dict[str, FlagValue] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    last_start: str | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_total_mib: float
+    compute_capability: tuple[int, int] | None = None
+    memory_free_mib: float | None = None
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_total_mib / 1024
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """One checkpoint: its config.json and its tensors' bytes (whole checkpoint, all ranks together)."""
+
+    config: Mapping[str, Any]
+    weights_bytes: int | None
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """Everything the pool model needs about one host, and where each figure came from."""
+
+    name: str
+    gpus: tuple[Gpu, ...]
+    sglang_version: str
+    model: ModelInput
+    draft: ModelInput | None
+    flags: Mapping[str, FlagValue]
+    env: Mapping[str, str] = field(default_factory=dict)
+    starts: tuple[Mapping[str, Any], ...] = ()  # start_figures() of earlier starts, oldest first
+    sources: Mapping[str, str] = field(default_factory=dict)  # figure -> where it came from
+
+    @property
+    def gpu(self) -> Gpu:
+        """The smallest card: SGLang's figures are minima over ranks (get_available_gpu_memory)."""
+        return min(self.gpus, key=lambda g: g.memory_total_mib)
+
+    @property
+    def sm_major(self) -> int | None:
+        caps = [g.compute_capability for g in self.gpus if g.compute_capability is not None]
+        return min(caps)[0] if caps else None
+
+
+def _capability(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    return f"{where}: {err['msg'].removeprefix('Value error, ')}"
+
+
+def parse_facts(data: Any, name: str = "facts") -> PlanInput:
+    """A decoded facts document -> PlanInput; a bad one is a usage error naming the first bad key."""
+    if isinstance(data, Mapping) and data.get("format") not in (None, FORMAT):
+        raise UsageError(f"{name}: format {data.get('format')!r} is not {FORMAT!r}")
+    try:
+        facts = FactsFile.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(f"{name}: {_first_error(exc)}") from None
+    starts: tuple[Mapping[str, Any], ...] = ()
+    if facts.last_start:
+        from agent.sglang.logs.summary import start_figures
+
+        starts = (start_figures(facts.last_start.replace("\r", "\n").splitlines()),)
+    sources = {
+        "gpus": f"{name}: gpus ({len(facts.gpus)} x {facts.gpus[0].name})",
+        "architecture": f"{name}: model.config",
+        "weights": f"{name}: model.weights_bytes" if facts.model.weights_bytes is not None else "absent",
+        "flags": f"{name}: flags",
+    }
+    if starts:
+        sources["calibration"] = f"{name}: last_start"
+
+    def model(m: ModelFact) -> ModelInput:
+        return ModelInput(config=m.config, weights_bytes=m.weights_bytes, path=m.path)
+
+    return PlanInput(
+        name=name,
+        gpus=tuple(
+            Gpu(g.name, g.memory_total_mib, _capability(g.compute_capability), g.memory_free_mib)
+            for g in facts.gpus
+        ),
+        sglang_version=facts.sglang.version,
+        model=model(facts.model),
+        draft=model(facts.draft) if facts.draft is not None else None,
+        flags=dict(facts.flags),
+        env=dict(facts.env),
+        starts=starts,
+        sources=sources,
+    )
+
+
+def load_facts(path: Path) -> PlanInput:
+    """Read a facts file; unreadable or not JSON is a usage error."""
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise UsageError(f"--facts {str(path)!r}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"--facts {str(path)!r}: not JSON: {exc}") from None
+    return parse_facts(data, name=path.name)
+
+
+def inventory_draft(host: HostConfig, tp: int) -> dict[str, Any] | None:
+    """The inventory's draft as a facts `draft` entry (a config.json of its KV shape), or None."""
+    d = host.draft
+    if d is None or d.layers is None or d.algorithm == "NGRAM":
+        return None
+    heads = d.kv_heads or 1
+    config = {
+        "architectures": ["InventoryDraft"],
+        "num_hidden_layers": d.layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "head_dim": d.head_dim or 128,
+    }
+    weights = None if d.weights_gib_per_gpu is None else int(d.weights_gib_per_gpu * 2**30 * tp)
+    return {"config": config, "weights_bytes": weights, "path": d.path, "source": "inventory"}
+
+
+def plan_input_from_host(
+    host: HostConfig, facts: PlanInput | None = None, starts: tuple[Mapping[str, Any], ...] = ()
+) -> PlanInput | None:
+    """The inventory's view as a PlanInput: what the host reported (facts), with the inventory's figures as
+    overrides; None when neither gives a config.json (the inventory-only planner answers then)."""
+    if facts is None:
+        return None
+    sources = dict(facts.sources)
+    gpus = facts.gpus
+    if not gpus:  # nvidia-smi said nothing: the inventory's cards
+        gpus = tuple(Gpu(host.gpus.name, host.gpus.memory_gib * 1024) for _ in range(host.gpus.count))
+        sources["gpus"] = "inventory: gpus"
+    model = facts.model
+    if host.model.weights_gib_per_gpu is not None:
+        tp = int(str(host.sglang.flags.get("tp-size") or facts.flags.get("tp-size") or len(gpus)))
+        model = ModelInput(model.config, int(host.model.weights_gib_per_gpu * 2**30 * tp), model.path)
+        sources["weights"] = "inventory: model.weights_gib_per_gpu (overrides the host's)"
+    flags = {**host.sglang.flags, **facts.flags}  # the running unit's flags over the inventory's baseline
+    draft = facts.draft
+    stand_in = inventory_draft(host, int(str(flags.get("tp-size") or len(gpus))))
+    if stand_in is not None and (draft is None or (host.draft is not None and host.draft.kv_heads)):
+        # The inventory's draft figures stand in for (or override) the draft config.json.
+        draft = ModelInput(stand_in["config"], stand_in["weights_bytes"], stand_in["path"])
+        sources["draft"] = "inventory: draft (layers, kv_heads, head_dim, weights_gib_per_gpu)"
+    return PlanInput(
+        name=host.name or facts.name,
+        gpus=gpus,
+        sglang_version=host.sglang.version or facts.sglang_version,
+        model=model,
+        draft=draft,
+        flags=flags,
+        env={**facts.env, **host.unit.environment},
+        starts=starts or facts.starts,
+        sources=sources,
+    )

@@ -1,0 +1,644 @@
+"""A PoolModel from a host's facts (PlanInput): config.json, weights, GPUs, flags, env, the last start.
+
+Follows SGLang 0.5.23 (files named per rule, relative to sglang/srt/). Every figure's origin goes into the
+notes; a kind deployctl does not follow is refused in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agent.errors import UsageError
+from agent.inventory import FlagValue, HostConfig
+from agent.plan.choose import Plan, plan_for_host
+from agent.plan.facts import PlanInput, parse_facts, plan_input_from_host
+from agent.plan.model import CELL_AGREEMENT, PoolModel, _graphs, _runtime, _Start, _start
+from agent.plan.overhead import pre_weights_overhead
+from agent.sglang import kvpool, memory_defaults, pools
+from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
+from agent.sglang.kvpool import GIB
+
+EAGLE_STYLE = kvpool.EAGLE_STYLE
+DFLASH_FAMILY = kvpool.DFLASH_FAMILY
+_AMD = ("AMD", "Instinct", "MI300", "MI325", "MI355")
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tp: int
+    pp: int = 1
+    attn_dp: int = 1
+    dcp: int = 1
+
+    @property
+    def attn_tp(self) -> int:
+        return max(1, self.tp // self.attn_dp)
+
+
+@dataclass(frozen=True)
+class FactsModel:
+    pool: PoolModel
+    layout: KVLayout
+    kv_dtype: str
+    fraction: float  # the running fraction: the flag, else SGLang's own default
+    notes: tuple[str, ...]
+
+
+def _flag(flags: Mapping[str, FlagValue], *names: str) -> FlagValue | None:
+    for name in names:
+        if name in flags and flags[name] is not None:
+            return flags[name]
+    return None
+
+
+def _int(flags: Mapping[str, FlagValue], *names: str) -> int | None:
+    value = _flag(flags, *names)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        raise UsageError(f"flags: --{names[0]} {value!r} is not an integer") from None
+
+
+def _float(flags: Mapping[str, FlagValue], *names: str) -> float | None:
+    value = _flag(flags, *names)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(str(value))
+    except ValueError:
+        raise UsageError(f"flags: --{names[0]} {value!r} is not a number") from None
+
+
+def _on(flags: Mapping[str, FlagValue], name: str) -> bool:
+    value = flags.get(name)
+    return value is True or str(value).lower() in ("true", "1", "yes", "")
+
+
+def parallel(inp: PlanInput) -> Parallel:
+    """TP (default every GPU... SGLang's default is 1; a facts file names it), PP, attention DP, DCP.
+
+    --attn-dp-size (0.5.23), or the deprecated --enable-dp-attention with --dp-size
+    (arg_groups/parallel_hook.py).
+    """
+    f = inp.flags
+    tp = _int(f, "tp-size", "tp", "tensor-parallel-size") or 1
+    pp = _int(f, "pp-size", "pp", "pipeline-parallel-size") or 1
+    dp = _int(f, "attn-dp-size")
+    if dp is None and "enable-dp-attention" in f and _on(f, "enable-dp-attention"):
+        dp = _int(f, "dp-size", "dp")
+    return Parallel(tp=tp, pp=pp, attn_dp=max(1, dp or 1), dcp=_int(f, "dcp-size") or 1)
+
+
+def _draft_layers(inp: PlanInput, layout: KVLayout, algorithm: str) -> tuple[int, KVLayout | None]:
+    """The draft's KV layers and layout: its config.json, else the target's MTP layers (NEXTN)."""
+    if inp.draft is not None:
+        draft = read_layout(inp.draft.config, is_draft=True)
+        return len(draft.kv_layers) or draft.layers, draft
+    if algorithm in ("NEXTN", "EAGLE", "FROZEN_KV_MTP") and layout.nextn_layers:
+        return layout.nextn_layers, None
+    raise UsageError(f"--speculative-algorithm {algorithm}: the facts need the draft's config.json (draft)")
+
+
+def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: list[str]) -> pools.PoolSizer:
+    """Bytes per pool token and the family's sizing rule (pool_configurator.py)."""
+    f, sm = inp.flags, inp.sm_major
+    algorithm = str(_flag(f, "speculative-algorithm") or "").upper() or None
+    # PP: each stage sizes its own layers and the pool is the minimum over stages (kv_cache_configurator
+    # _apply_token_constraints, all-reduce MIN): the stage with the most KV layers, weights being even.
+    stages = pools.pp_stage_layers(layout.layers, par.pp)
+    kv = set(layout.kv_layers)
+    stage_kv = max(sum(1 for i in st if i in kv) for st in stages)
+    if par.pp > 1:
+        notes.append(
+            f"pipeline parallel {par.pp}: the stage with the most KV layers ({stage_kv}) sets the pool"
+        )
+    swa_ratio = None
+    if layout.family == "swa":
+        full_bytes, swa_bytes = pools.swa_cells(layout, dtype, par.attn_tp)
+        ratio = _float(f, "swa-full-tokens-ratio") or pools.SWA_FULL_TOKENS_RATIO
+        if not 0 < ratio <= 1:
+            raise UsageError(
+                "--swa-full-tokens-ratio should be in range (0, 1.0] (arg_groups/kv_cache_hook.py)"
+            )
+        if _on(f, "disable-radix-cache") and "disable-radix-cache" in f and _int(f, "max-running-requests"):
+            raise Unsupported(
+                f"{layout.arch}: the SWA request-cap pool (--disable-radix-cache with "
+                "--max-running-requests, "
+                "SWARequestCapPoolConfigurator) is not followed by deployctl"
+            )
+        full_layer = full_bytes // max(1, len(layout.kv_layers))
+        if algorithm in EAGLE_STYLE:
+            draft_layers, _ = _draft_layers(inp, layout, algorithm)
+            full_bytes += full_layer * draft_layers  # draft layers are full-attention rows
+        cell: float = full_bytes + ratio * swa_bytes
+        swa_ratio = ratio
+        notes.append(
+            f"hybrid sliding-window pool: {len(layout.kv_layers)} full and {len(layout.swa_layers)} sliding "
+            f"layers, sliding tokens = {ratio:g} x full (pool_configurator.py HybridSWAPoolConfigurator)"
+        )
+    else:
+        layers = stage_kv
+        prefill, decode = _flag(f, "dsa-prefill-backend"), _flag(f, "dsa-decode-backend")
+        backends = (None if prefill is None else str(prefill), None if decode is None else str(decode))
+        cell = pools.full_cell(layout, dtype, par.attn_tp, layers, sm, par.dcp, backends)
+        if algorithm in EAGLE_STYLE:
+            cell = _eagle_cell(inp, layout, int(cell), layers, dtype, sm, par, algorithm)
+        elif algorithm in DFLASH_FAMILY:
+            cell = _dflash_cell(inp, layout, int(cell), layers, dtype, par)
+    if algorithm not in (None, "NGRAM", *EAGLE_STYLE, *DFLASH_FAMILY):
+        raise Unsupported(f"--speculative-algorithm {algorithm}: its pool is not followed by deployctl")
+    page = _int(f, "page-size") or _default_page(layout, f, sm)
+    env, transport = _mm_transport(inp, layout)
+    reserve = pools.mm_reservation_gib(layout, env, transport)
+    if reserve:
+        notes.append(
+            f"multimodal model: SGLang reserves {reserve:.2f} GB of the KV budget "
+            "(SGLANG_VLM_CACHE_SIZE_MB; mem_cache/kv_cache_configurator.py mm_runtime_reservation_gb)"
+        )
+    mamba = _mamba(inp, layout, par, algorithm, stages, notes)
+    return pools.PoolSizer(
+        cell_bytes=cell,
+        page_size=page,
+        reserve_gib=reserve,
+        mamba=mamba,
+        max_total_tokens=_int(f, "max-total-tokens"),
+        swa_ratio=swa_ratio,
+    )
+
+
+def _mm_transport(inp: PlanInput, layout: KVLayout) -> tuple[dict[str, str], str | None]:
+    """The environment and feature transport the multimodal reservation is sized with.
+
+    arg_groups/serving_hook.py: an unset --mm-feature-transport is cpu on one node (the legacy
+    SGLANG_USE_CUDA_IPC_TRANSPORT=1 means cuda_ipc). arg_groups/model_overrides/qwen3_vl.py: Qwen3-VL on a
+    Hopper card of 60 GiB or more turns the embedding cache off (SGLANG_VLM_CACHE_SIZE_MB=0) and, without
+    cache retention, picks cuda_ipc, whose feature pool is 1 GiB (3 GiB from 400 running requests).
+    """
+    f, env = inp.flags, dict(inp.env)
+    transport = _flag(f, "mm-feature-transport")
+    if transport is None and env.get("SGLANG_USE_CUDA_IPC_TRANSPORT"):
+        transport = (
+            "cuda_ipc" if env["SGLANG_USE_CUDA_IPC_TRANSPORT"] not in ("0", "false", "False") else "cpu"
+        )
+    hopper = inp.sm_major == 9 and inp.gpu.memory_total_mib >= 60 * 1024
+    if layout.multimodal and hopper and layout.model_type in ("qwen3_vl", "qwen3_vl_moe"):
+        env.setdefault("SGLANG_VLM_CACHE_SIZE_MB", "0")
+        preprocess = _int(f, "mm-preprocess-cache-size-mb") or 0
+        retention = preprocess > 0 or int(env["SGLANG_VLM_CACHE_SIZE_MB"]) > 0
+        nodes = _int(f, "nnodes") or 1
+        if transport is None and nodes == 1 and not retention:
+            transport = "cuda_ipc"
+        running = _int(f, "max-running-requests") or 0
+        wide = running >= 400 and not retention and transport == "cuda_ipc"
+        if wide and "SGLANG_MM_FEATURE_CACHE_MB" not in env:
+            env["SGLANG_MM_FEATURE_CACHE_MB"] = str(3 * 1024)
+    return env, None if transport is None else str(transport)
+
+
+def _eagle_cell(
+    inp: PlanInput,
+    layout: KVLayout,
+    cell: int,
+    layers: int,
+    dtype: str,
+    sm: int | None,
+    par: Parallel,
+    algorithm: str,
+) -> int:
+    """DefaultPoolConfigurator: cell + int(cell * L_draft / L); DSA scales the latent part and adds the
+    draft's own indexer rows."""
+    draft_layers, _ = _draft_layers(inp, layout, algorithm)
+    if layout.family == "dsa":
+        indexer = pools.dsa_indexer_bytes(layout, max(0, layers - layout.dsa_shared_layers)) * par.dcp
+        latent = int(int(cell - indexer) * draft_layers / layers)
+        return cell + latent * par.dcp + pools.dsa_indexer_bytes(layout, draft_layers) * par.dcp
+    return cell + int(cell * draft_layers / layers)
+
+
+def _dflash_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, dtype: str, par: Parallel) -> int:
+    """DFLASH/DSPARK from 0.5.18: the target cell plus the draft's own K and V (speculative/dflash_utils.py),
+    times the DCP size (pool_configurator.py _dflash_draft_cell_size)."""
+    if inp.draft is None:
+        raise UsageError("DFLASH / DSPARK: the facts need the draft's config.json (draft)")
+    draft = read_layout(inp.draft.config, is_draft=True)
+    dflash = inp.draft.config.get("dflash_config")
+    ids = dflash.get("target_layer_ids") if isinstance(dflash, Mapping) else None
+    if isinstance(ids, list) and any(not isinstance(i, int) or not 0 <= i < layout.layers for i in ids):
+        # speculative/dflash_utils.py resolve_target_layer_ids: SGLang refuses the start.
+        raise ValueError(
+            f"the DFLASH draft reads target layers {ids}, but the target has {layout.layers}: SGLang refuses "
+            "it (target_layer_ids contains an out-of-range layer id); is it the draft of another model?"
+        )
+    version = _version(inp)
+    if version is not None and version < kvpool.DFLASH_EXACT_FROM:
+        # 0.5.11-0.5.17: the target cell scaled by layers (the exact draft term starts at 0.5.18).
+        return -(-cell * (layers + draft.layers) // layers)
+    # mem_cache/draft_kv_budget.py: the draft resolves --speculative-draft-kv-cache-dtype, else
+    # --kv-cache-dtype, against its own dtype and no quant config (auto = the draft's dtype); an fa4
+    # draft backend keeps its compute dtype (mem_cache/kv_cache_dtype.py).
+    flag = (
+        _flag(inp.flags, "speculative-draft-kv-cache-dtype") or _flag(inp.flags, "kv-cache-dtype") or "auto"
+    )
+    draft_dtype = "auto" if _flag(inp.flags, "speculative-draft-attention-backend") == "fa4" else str(flag)
+    if draft_dtype != "auto" and draft_dtype not in pools.KV_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {draft_dtype!r}: SGLang 0.5.23 refuses it")
+    elem = pools.elem_bytes(draft_dtype, draft)
+    heads = pools.heads_per_rank(draft.kv_heads, par.attn_tp)
+    return cell + int(heads * (draft.head_dim + draft.v_head_dim) * draft.layers * elem) * par.dcp
+
+
+def _version(inp: PlanInput) -> tuple[int, int, int, int] | None:
+    try:
+        return kvpool.parse_version(inp.sglang_version)
+    except ValueError:
+        return None
+
+
+def _refusals(layout: KVLayout, flags: Mapping[str, FlagValue], dtype: str, sm: int | None) -> None:
+    """KV dtypes SGLang 0.5.23 refuses at start on this hardware (ValueError, as SGLang raises)."""
+    if _flag(flags, "kv-cache-dtype") == "mxfp8" and (sm or 0) < 10:
+        # arg_groups/kv_cache_hook.py handle_mxfp8_kv_cache_compatibility
+        raise ValueError("--kv-cache-dtype mxfp8 requires an SM100+ (Blackwell) GPU (SGLang refuses it)")
+    backend = _flag(flags, "decode-attention-backend", "attention-backend")
+    trtllm_mla = backend == "trtllm_mla" or (backend is None and sm == 10 and layout.family == "mla")
+    if trtllm_mla and dtype not in ("fp8_e4m3", "bf16", "bfloat16", "auto"):
+        # arg_groups/overrides.py _mla_kv_cache_dtype_checks
+        raise ValueError(
+            f"--kv-cache-dtype {dtype}: SGLang's TensorRT-LLM MLA backend takes fp8_e4m3, bf16 or auto"
+        )
+
+
+def _default_page(layout: KVLayout, flags: Mapping[str, FlagValue], sm: int | None) -> int:
+    """The page size SGLang resolves.
+
+    arg_groups/overrides.py _mla_backend_page_constraints and _page_size_default, model_override_base.py
+    get_default_attn_backend: DSA pages by 64; flashmla, trtllm_mla, cutedsl_mla and trtllm_mha need 32/64
+    (64 when unset); SM100 defaults MHA to trtllm_mha (fa4 for unequal K/V widths) and DeepSeek/Kimi MLA
+    to trtllm_mla; otherwise 1.
+    """
+    if layout.family == "dsa":
+        return pools.DSA_PAGE
+    backend = _flag(flags, "decode-attention-backend", "attention-backend")
+    if backend is None and sm == 10:
+        if layout.kv_lora_rank:
+            backend = "trtllm_mla"
+        elif layout.head_dim == layout.v_head_dim:
+            backend = "trtllm_mha"
+    return 64 if backend in ("flashmla", "trtllm_mla", "cutedsl_mla", "trtllm_mha") else 1
+
+
+def _mamba(
+    inp: PlanInput,
+    layout: KVLayout,
+    par: Parallel,
+    algorithm: str | None,
+    stages: list[range],
+    notes: list[str],
+) -> pools.MambaShare | None:
+    """kv_cache_configurator._handle_max_mamba_cache: the state cache takes rest x r/(1+r) (r =
+    --mamba-full-memory-ratio, 0.9), or --max-mamba-cache-size slots; the KV pool gets the remainder."""
+    if layout.linear is None:
+        return None
+    if algorithm not in (None, "NGRAM"):
+        raise Unsupported(
+            f"{layout.arch} with --speculative-algorithm {algorithm}: the state cache's intermediate share "
+            "is not followed by deployctl"
+        )
+    linear = layout.linear
+    per_req = linear.per_request_bytes(par.attn_tp)
+    if par.pp > 1:  # the largest stage's share of the linear layers
+        most = max(sum(1 for i in linear.layers if i in st) for st in stages)
+        per_req = int(per_req * most / max(1, len(linear.layers)))
+    f = inp.flags
+    ratio = _float(f, "mamba-full-memory-ratio") or pools.MAMBA_FULL_MEMORY_RATIO
+    size = _int(f, "max-mamba-cache-size")
+    running = _int(f, "max-running-requests")
+    if size is not None:
+        size //= par.attn_dp
+    elif "disable-radix-cache" in f and _on(f, "disable-radix-cache") and running:
+        size = max(1, running // par.attn_dp)
+    notes.append(
+        f"{linear.kind} linear-attention state: {per_req / 2**20:.1f} MiB per request slot over "
+        f"{len(linear.layers)} layers; only the {len(layout.kv_layers)} full-attention layers are in "
+        "the KV cell; "
+        + (
+            f"{size} state slots (--max-mamba-cache-size)"
+            if size is not None
+            else f"the state cache takes {ratio:g}/(1+{ratio:g}) of the budget"
+        )
+    )
+    return pools.MambaShare(per_slot_bytes=per_req, ratio=ratio, cache_size=size)
+
+
+def _multimodal(inp: PlanInput, layout: KVLayout, notes: list[str]) -> KVLayout:
+    """configs/model_config.py: --language-only (or language_model_only) serves the LM alone; Gemma 3,
+    Llama 4 and Step3-VL serve text only unless --enable-multimodal."""
+    f = inp.flags
+    if not layout.multimodal:
+        return layout
+    lm_only = any(name in f and _on(f, name) for name in ("language-only", "language-model-only"))
+    enabled = "enable-multimodal" in f and _on(f, "enable-multimodal")
+    if lm_only or (layout.multimodal_off_by_default and not enabled):
+        why = "--language-only" if lm_only else "SGLang disables it for this model unless --enable-multimodal"
+        notes.append(f"{layout.arch} served as text only ({why}): no multimodal reservation")
+        return replace(layout, multimodal=False)
+    return layout
+
+
+def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str]) -> float:
+    """The running fraction: the flag, else SGLang's own default (arg_groups/memory_hook.py)."""
+    given = _float(inp.flags, "mem-fraction-static")
+    if given is not None:
+        return given
+    settings = memory_defaults.default_fraction(
+        layout,
+        inp.gpu.memory_total_mib,
+        tp=par.tp,
+        pp=par.pp,
+        attn_dp=par.attn_dp,
+        chunked_prefill=_int(inp.flags, "chunked-prefill-size"),
+        decode_max_bs=_int(inp.flags, "cuda-graph-max-bs-decode"),
+        max_running_requests=_int(inp.flags, "max-running-requests"),
+        max_total_tokens=_int(inp.flags, "max-total-tokens"),
+        cuda_graph=not (
+            ("disable-cuda-graph" in inp.flags and _on(inp.flags, "disable-cuda-graph"))
+            or _flag(inp.flags, "cuda-graph-backend-decode") == "disabled"
+        ),
+    )
+    notes.append(
+        f"--mem-fraction-static is not set: SGLang 0.5.23 would use {settings.fraction:.4f} on this card "
+        "(arg_groups/memory_hook.py handle_gpu_memory_settings)"
+    )
+    return settings.fraction
+
+
+def _aiter_scale(inp: PlanInput, context: int, explicit: bool, notes: list[str]) -> float:
+    """arg_groups/attention_hook.py: aiter above 8k context runs at 0.85 x the fraction."""
+    backend = _flag(inp.flags, "attention-backend")
+    amd = any(word in inp.gpu.name for word in _AMD)
+    if backend is None and amd:
+        backend = "aiter"  # SGLang's default attention backend on AMD Instinct with aiter installed
+    honor = bool(inp.env.get("SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION"))
+    scale = memory_defaults.aiter_fraction(
+        1.0, backend=str(backend) if backend else None, context_len=context, explicit=explicit, honor=honor
+    )
+    if scale != 1.0:
+        notes.append(
+            "AMD aiter with a context above 8,192: SGLang runs at 0.85 x the given --mem-fraction-static "
+            "(arg_groups/attention_hook.py); set SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION=1 in the unit to "
+            "use the fraction as given. The plan accounts for the 0.85"
+        )
+    return scale
+
+
+def pool_model(inp: PlanInput, context: int) -> FactsModel:
+    """The PoolModel for this host: cold from the facts, or calibrated by the last start's memory lines."""
+    notes: list[str] = []
+    try:
+        layout = read_layout(inp.model.config)
+        if layout.swa_disabled_by_sglang:
+            notes.append(layout.swa_disabled_by_sglang)
+        if (
+            layout.family == "swa"
+            and "disable-hybrid-swa-memory" in inp.flags
+            and _on(inp.flags, "disable-hybrid-swa-memory")
+        ):
+            layout = replace(layout, family="mha", kv_layers=tuple(range(layout.layers)), swa_layers=())
+            notes.append("--disable-hybrid-swa-memory: every layer holds full-size KV (model_config.py)")
+        layout = _multimodal(inp, layout, notes)
+        par = parallel(inp)
+        if par.dcp > 1:
+            raise Unsupported(
+                "--dcp-size > 1: decode context parallel counts logical tokens over ranks, which deployctl "
+                "does not follow yet"
+            )
+        dtype = pools.kv_dtype(str(_flag(inp.flags, "kv-cache-dtype") or "auto"), layout, inp.sm_major)
+        _refusals(layout, inp.flags, dtype, inp.sm_major)
+        sizer = _cells(inp, layout, dtype, par, notes)
+    except Unsupported as exc:
+        raise UsageError(f"cannot plan this model: {exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"{inp.name}: {exc}") from None
+    notes.append(
+        f"{layout.arch}: {layout.family} pool, {sizer.cell_bytes:,.0f} B per token per GPU "
+        f"(KV dtype {dtype if dtype != 'auto' else f'auto = {layout.dtype_bytes} B'}, "
+        f"attention TP {par.attn_tp}, "
+        f"page {sizer.page_size}); architecture from {inp.sources.get('architecture', 'config.json')}"
+    )
+    fraction = _fraction(inp, layout, par, notes)
+    explicit = _flag(inp.flags, "mem-fraction-static") is not None
+    scale = _aiter_scale(inp, context, explicit, notes)
+    common: dict[str, Any] = {
+        "page_size": sizer.page_size,
+        "max_total_tokens": sizer.max_total_tokens,
+        "dp": par.attn_dp,
+        "sizer": sizer,
+        "fraction_scale": scale,
+    }
+    flags_for_start = {**inp.flags, "mem-fraction-static": fraction}
+    starts = [s for s in (_start(f, flags_for_start) for f in inp.starts) if s is not None]
+    memory = [f for f in inp.starts if f.get("avail_mem_before_weights_gb") and _post(f)]
+    if starts:
+        model = _calibrated(starts, sizer, common, notes, inp.flags)
+    elif memory:  # a start that died before its pool still tells pre and post
+        pre, post = float(memory[-1]["avail_mem_before_weights_gb"]), float(_post(memory[-1]) or 0.0)
+        notes.append(
+            f"pre {pre:.2f} GiB and post {post:.2f} GiB from the last start's memory lines "
+            "(it logged no pool: the cell is the architecture's)"
+        )
+        model = PoolModel(pre, post, sizer.cell_bytes, "calibrated", 0.0, False, **common)
+    else:
+        model = _cold(inp, layout, par, sizer, common, notes)
+    return FactsModel(model, layout, dtype, fraction, tuple(notes))
+
+
+def _post(figures: Mapping[str, Any]) -> float | None:
+    value = figures.get("avail_mem_before_pool_gb") or figures.get("avail_mem_after_weights_gb")
+    return None if value is None else float(value)
+
+
+def _cold(
+    inp: PlanInput,
+    layout: KVLayout,
+    par: Parallel,
+    sizer: pools.PoolSizer,
+    common: dict[str, Any],
+    notes: list[str],
+) -> PoolModel:
+    """No start yet: pre = card - overhead (overhead.py), post = pre - weights per GPU (target + draft:
+    0.5.14+ loads the draft before sizing, Scheduler.init_model_worker)."""
+    if inp.model.weights_bytes is None:
+        raise UsageError(
+            f"cannot plan {inp.name} without an earlier start: the facts lack model.weights_bytes",
+            hint="add weights_bytes (the checkpoint's tensor bytes) or last_start (a start-up log)",
+        )
+    over = pre_weights_overhead(inp.gpu.memory_gib, par.tp, par.pp)
+    pre = inp.gpu.memory_gib - over.gib
+    shards = par.tp * par.pp
+    weights = inp.model.weights_bytes / shards / GIB
+    draft = (inp.draft.weights_bytes or 0) / par.tp / GIB if inp.draft is not None else 0.0
+    notes.append(
+        f"cold estimate: {over.why}; weights {weights:.2f} GiB per GPU"
+        + (f" + draft {draft:.2f} GiB" if draft else "")
+    )
+    return PoolModel(
+        pre,
+        pre - weights - draft,
+        sizer.cell_bytes,
+        "architecture",
+        0.0,
+        False,
+        margin_gib=over.margin_gib,
+        **common,
+    )
+
+
+def _calibrated(
+    starts: list[_Start],
+    sizer: pools.PoolSizer,
+    common: dict[str, Any],
+    notes: list[str],
+    flags: Mapping[str, FlagValue],
+) -> PoolModel:
+    """Fit post to the logged pools (2-decimal logs); a cell far from the architecture's is measured."""
+    pre = sum(s.pre for s in starts) / len(starts)
+    posts, measured = [], []
+    for s in starts:
+        # The logged fraction is the resolved one (the server_args line): SGLang's own scaling is in it.
+        rest = s.post - s.pre * (1 - s.fraction)
+        predicted = sizer.tokens(rest)
+        measured.append(predicted / s.tokens if s.tokens else 1.0)
+        # Move post by what the logged token count says the 2-decimal figure hid.
+        posts.append(s.post + (s.tokens - predicted) * sizer.effective_cell() / GIB)
+    off = max(abs(m - 1) for m in measured)
+    if off <= CELL_AGREEMENT:
+        post, cell, how = sum(posts) / len(posts), sizer.cell_bytes, "the architecture's cell"
+    else:
+        post = sum(s.post for s in starts) / len(starts)
+        sizer = replace(sizer, cell_bytes=sizer.cell_bytes * sum(measured) / len(measured))
+        cell, how = (
+            sizer.cell_bytes,
+            f"a measured cell (the architecture's is {off:.1%} off: check the facts)",
+        )
+        common = {**common, "sizer": sizer}
+    base = PoolModel(pre, post, cell, "calibrated", 0.0, True, **common)
+    runtime, measured_runtime = _runtime(starts, base)
+    notes.append(
+        f"calibrated from {len(starts)} earlier start(s): pre {pre:.2f} GiB, post {post:.4f} GiB, {how}"
+    )
+    # The CUDA-graph memory the start logged, credited per request count (model.py GRAPH_SCALING_SHARE).
+    return replace(base, runtime_gib=runtime, runtime_measured=measured_runtime, **_graphs(starts, flags))
+
+
+def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostConfig:
+    """The inventory-shaped view the plan's notes and alternatives read (no SSH: it is never contacted)."""
+    par = parallel(inp)
+    model: dict[str, Any] = {
+        "path": inp.model.path or "/facts/model",
+        "dtype_bytes": layout.dtype_bytes,
+        "max_context": layout.context_len,
+    }
+    model["attention"] = "mla" if layout.kv_lora_rank else "gqa"
+    if layout.family in ("mla", "mha") and not layout.linear:
+        model["layers"] = len(layout.kv_layers)
+        if layout.kv_lora_rank:
+            model.update(kv_lora_rank=layout.kv_lora_rank, qk_rope_head_dim=layout.qk_rope_head_dim)
+        else:
+            model.update(kv_heads=layout.kv_heads, head_dim=layout.head_dim, v_head_dim=layout.v_head_dim)
+    if inp.model.weights_bytes:
+        model["weights_gib_per_gpu"] = inp.model.weights_bytes / par.tp / par.pp / GIB
+    algorithm = str(_flag(inp.flags, "speculative-algorithm") or "").upper()
+    draft = {"algorithm": algorithm, "path": "/facts/draft"} if algorithm else None
+    gpu = inp.gpu
+    data: dict[str, Any] = {
+        "name": inp.name,
+        "ssh": {"target": "local"},
+        "gpus": {"count": len(inp.gpus), "memory_gib": gpu.memory_gib, "name": gpu.name},
+        "model": model,
+        "draft": draft,
+        "sglang": {
+            "version": inp.sglang_version,
+            "flags": {**{k: v for k, v in inp.flags.items()}, "mem-fraction-static": fraction},
+        },
+    }
+    try:
+        return HostConfig.model_validate(data)
+    except Exception as exc:  # pragma: no cover - shapes above are fixed
+        raise UsageError(f"{inp.name}: {exc}") from None
+
+
+def plan_from_facts(
+    inp: PlanInput, context: int, fraction: float | None = None, max_running: int | None = None
+) -> Plan:
+    """deployctl plan --facts FILE: the plan, its notes naming every figure's origin."""
+    fm = pool_model(inp, context)
+    host = synthetic_host(inp, fm.layout, fm.fraction)
+    plan = plan_for_host(
+        host, context, None, host.sglang.flags, fraction=fraction, max_running=max_running, model=fm.pool
+    )
+    sources = [f"{k}: {v}" for k, v in inp.sources.items()]
+    extra = [*fm.notes, "figures from " + "; ".join(sources)]
+    warnings = list(plan.warnings)
+    version = _version(inp)
+    if version is None or version[:3] != (0, 5, 23):
+        warnings.append(
+            f"the host runs SGLang {inp.sglang_version}: this plan follows 0.5.23's sizing rules "
+            "(the versions differ in drafts before 0.5.14, DFLASH before 0.5.18 and the hybrid pools); "
+            "let the first start calibrate it"
+        )
+    if parallel(inp).attn_dp > 1 and fm.pool.basis == "architecture":
+        extra.append(
+            "attention DP replicates the attention weights on every rank: the cold post is optimistic"
+        )
+    sizer = fm.pool.sizer
+    if sizer is not None and sizer.mamba is not None and plan.mem_fraction_static:
+        rest = fm.pool.post_gib - fm.pool.pre_gib * (1 - plan.mem_fraction_static * fm.pool.fraction_scale)
+        slots = sizer.mamba.slots(rest - sizer.reserve_gib)
+        # kv_cache_configurator.resolve_max_num_reqs: 3 state slots per request (1 without radix cache).
+        per = 1 if _on(inp.flags, "disable-radix-cache") and "disable-radix-cache" in inp.flags else 3
+        extra.append(
+            f"the state cache holds {slots:,} slots: SGLang caps --max-running-requests at {slots // per:,} "
+            f"({per} slot(s) per request)"
+        )
+    if fm.pool.sizer is not None and fm.pool.sizer.swa_ratio is not None:
+        swa = fm.pool.sizer.swa_tokens(plan.predicted_pool_tokens)
+        extra.append(f"the sliding-window layers hold {swa:,} tokens (window {fm.layout.sliding_window})")
+        if (
+            fm.layout.sliding_window
+            and swa is not None
+            and swa <= fm.layout.sliding_window + fm.pool.page_size
+        ):
+            extra.append("SGLang refuses this: 'SWA pool ... cannot hold even one request' (raise the ratio)")
+    return replace(plan, notes=(*extra, *plan.notes), warnings=tuple(warnings))
+
+
+def plan_from_host_facts(
+    host: HostConfig,
+    facts: Mapping[str, Any],
+    calibration: Sequence[Mapping[str, Any]] | None,
+    context: int,
+    fraction: float | None = None,
+    max_running: int | None = None,
+) -> Plan | None:
+    """The plan from what the host's agent read (config.json, safetensors headers, nvidia-smi), the
+    inventory's figures overriding; None when the host gave no config.json (the inventory plans then)."""
+    doc = facts.get("model_facts")
+    if not isinstance(doc, Mapping):
+        return None
+    doc = dict(doc)
+    if not (doc.get("sglang") or {}).get("version"):
+        doc["sglang"] = {"version": host.sglang.version}
+    inventory_gpus = not doc.get("gpus")
+    if inventory_gpus:  # no nvidia-smi on the host: the inventory's cards
+        card = {"name": host.gpus.name, "memory_total_mib": host.gpus.memory_gib * 1024}
+        doc["gpus"] = [card] * host.gpus.count
+    inp = plan_input_from_host(host, parse_facts(doc, name=f"{host.name} (host facts)"),
+                               starts=tuple(calibration or ()))  # fmt: skip
+    assert inp is not None
+    if inventory_gpus:
+        inp = replace(inp, sources={**inp.sources, "gpus": "inventory: gpus (no nvidia-smi rows)"})
+    return plan_from_facts(inp, context, fraction, max_running)

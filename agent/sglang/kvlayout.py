@@ -1,0 +1,497 @@
+"""What a model's config.json says about its KV pool, read as SGLang 0.5.23 reads it.
+
+Stdlib only (this module may run on the host). Each rule names the file it follows, relative to
+sglang/srt/ in the 0.5.23 wheel. A kind SGLang sizes with its own configurator that this module does not
+follow raises Unsupported with one line naming the kind: never a guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Family = Literal["mha", "mla", "dsa", "swa", "linear"]
+LinearKind = Literal["gdn", "mamba2", "kda"]
+
+
+class Unsupported(ValueError):
+    """A model kind SGLang sizes in a way deployctl does not follow; the text names the kind."""
+
+
+# configs/model_config.py _derive_model_shapes: the architectures sized as MLA (latent + rope per layer).
+MLA_ARCHS = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
+        "Glm4MoeLiteForCausalLM",
+        "Glm4MoeLiteForCausalLMNextN",
+        "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+        "MistralLarge3ForCausalLM",
+        "MistralLarge3ForCausalLMEagle",
+        "KimiK25ForConditionalGeneration",
+        "Eagle3DeepseekV2ForCausalLM",
+        "KimiVLForConditionalGeneration",
+        "KimiLinearForCausalLM",
+        "DeepseekVL2ForCausalLM",
+        "MiniCPM3ForCausalLM",
+        "BailingMoeV2_5ForCausalLM",
+        "SarvamMLAForCausalLM",
+    }
+)
+# configs/model_config.py is_deepseek_dsa: these with index_topk carry the DSA indexer.
+DSA_ARCHS = frozenset(
+    {
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
+        "MistralLarge3ForCausalLM",
+        "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+    }
+)
+# configs/model_config.py multimodal_model_archs (the ones people serve; the list there is longer).
+MULTIMODAL_ARCHS = frozenset(
+    {
+        "KimiK25ForConditionalGeneration",
+        "KimiVLForConditionalGeneration",
+        "Gemma3ForConditionalGeneration",
+        "Gemma3nForConditionalGeneration",
+        "Gemma4ForConditionalGeneration",
+        "Llama4ForConditionalGeneration",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen3VLForConditionalGeneration",
+        "Qwen3VLMoeForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+        "Mistral3ForConditionalGeneration",
+        "Glm4vForConditionalGeneration",
+        "Glm4vMoeForConditionalGeneration",
+        "InternVLChatModel",
+        "LlavaForConditionalGeneration",
+        "MllamaForConditionalGeneration",
+        "Step3VLForConditionalGeneration",
+        "NemotronH_Nano_VL_V2",
+        "DeepseekVL2ForCausalLM",
+        "MiniCPMV",
+        "MiniCPMO",
+        "Phi4MMForCausalLM",
+        "PixtralForConditionalGeneration",
+    }
+)
+MM_OFF_BY_DEFAULT = frozenset(
+    {"Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration", "Step3VLForConditionalGeneration"}
+)
+# configs/model_config.py is_hybrid_swa_model (hybrid_swa_archs and SWA_SINK_ARCHS).
+HYBRID_SWA_ARCHS = frozenset(
+    {
+        "Llama4ForConditionalGeneration",
+        "GptOssForCausalLM",
+        "GraniteSWAForCausalLM",
+        "GraniteMoeSWAForCausalLM",
+        "Step3p5ForCausalLM",
+        "MiMoV2FlashForCausalLM",
+        "BeamForCausalLM",
+        "LagunaForCausalLM",
+        "MellumForCausalLM",
+    }
+)
+# Hybrid SWA archs whose pool this module does not follow (compressed SWA, request-ring SWA).
+SWA_COMPRESS_ARCHS = frozenset(
+    {"Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "InklingForConditionalGeneration"}
+)
+# configs/hybrid_arch.py: linear-attention state caches.
+GDN_ARCHS = frozenset(
+    {
+        "Qwen3NextForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM",
+    }
+)
+MAMBA2_ARCHS = frozenset({"NemotronHForCausalLM", "NemotronH_Nano_VL_V2"})
+KDA_ARCHS = frozenset({"KimiLinearForCausalLM"})
+REFUSED: Mapping[str, str] = {
+    "DeepseekV4ForCausalLM": "DeepSeek V4 compressed attention pools (DSV4PoolConfigurator)",
+    "DeepseekV4ForCausalLMNextN": "DeepSeek V4 compressed attention pools (DSV4PoolConfigurator)",
+    "MiniMaxM3SparseForCausalLM": "MiniMax sparse attention pools (MiniMaxSparseKVPool)",
+    "MiniMaxM3SparseForConditionalGeneration": "MiniMax sparse attention pools (MiniMaxSparseKVPool)",
+    "Glm5NextForConditionalGeneration": "GLM-5 Next hybrid KDA + DSA pools",
+    "KimiK3ForConditionalGeneration": "Kimi K3 linear-attention pools",
+    "FalconH1ForCausalLM": "Falcon-H1 Mamba pools",
+    "MambaForCausalLM": "pure Mamba state caches",
+    "Mamba2ForCausalLM": "pure Mamba state caches",
+    "FalconMambaForCausalLM": "pure Mamba state caches",
+    "Lfm2ForCausalLM": "LFM2 short-convolution state caches",
+}
+# configs/model_config.py: swa_attention_layer_ids for architectures with a fixed pattern.
+_LLAMA4 = "Llama4ForConditionalGeneration"
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+
+
+@dataclass(frozen=True)
+class LinearState:
+    """A linear-attention / Mamba layer's per-request state shape (configs/mamba_utils.py)."""
+
+    kind: LinearKind
+    layers: tuple[int, ...]
+    num_heads: int  # value heads (GDN), mamba heads (Mamba2), heads (KDA)
+    head_dim: int
+    state_size: int  # key head dim (GDN), ssm_state_size (Mamba2), head_dim (KDA)
+    n_groups: int  # key heads (GDN), n_groups (Mamba2), key heads (KDA)
+    conv_kernel: int
+    ssm_dtype_bytes: int  # mamba_ssm_dtype, float32 unless the config says otherwise
+
+    def per_request_bytes(self, attn_tp: int, conv_dtype_bytes: int = 2) -> int:
+        """mamba_cache_per_req: conv + temporal state, every linear layer, this rank's share."""
+        if self.kind == "kda":
+            # KimiLinearStateShape.create: q, k, v convs of heads*head_dim; temporal (heads, d, d).
+            proj = self.num_heads * self.head_dim // attn_tp
+            proj_k = self.n_groups * self.head_dim // attn_tp
+            conv = (self.conv_kernel - 1) * (proj + 2 * proj_k)
+            temporal = self.num_heads // attn_tp * self.head_dim * self.head_dim
+        else:
+            # Mamba2StateShape.create: groups padded to the TP size when they do not divide it.
+            groups = self.n_groups
+            if groups % attn_tp:
+                groups += attn_tp - groups
+            conv_dim = self.num_heads * self.head_dim + 2 * groups * self.state_size
+            conv = conv_dim // attn_tp * (self.conv_kernel - 1)
+            temporal = self.num_heads // attn_tp * self.head_dim * self.state_size
+        return (conv * conv_dtype_bytes + temporal * self.ssm_dtype_bytes) * len(self.layers)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The figures of config.json that size SGLang's pool, already resolved as SGLang resolves them."""
+
+    arch: str
+    family: Family
+    layers: int  # num_hidden_layers
+    kv_layers: tuple[int, ...]  # layers with a full-attention KV entry (all layers for plain models)
+    kv_heads: int = 0
+    head_dim: int = 0
+    v_head_dim: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    swa_layers: tuple[int, ...] = ()
+    swa_kv_heads: int = 0
+    swa_head_dim: int = 0
+    swa_v_head_dim: int = 0
+    sliding_window: int | None = None
+    dsa_index_head_dim: int = 0
+    dsa_index_kpool: int = 1
+    dsa_shared_layers: int = 0  # layers that reuse the previous top-k: their index-K rows are elided
+    linear: LinearState | None = None
+    multimodal: bool = False
+    multimodal_off_by_default: bool = False
+    model_type: str = ""
+    vit_layers: int = 0
+    vit_hidden: int = 0
+    dtype_bytes: int = 2  # the model dtype: what --kv-cache-dtype auto means
+    kv_quant_fp8: bool = False  # quantization_config.kv_cache_quant_algo == FP8
+    context_len: int = 2048
+    nextn_layers: int = 0  # num_nextn_predict_layers (MTP drafts)
+    swa_disabled_by_sglang: str | None = None  # why SGLang sizes a sliding-window model as full attention
+
+
+def _get(cfg: Mapping[str, Any], *names: str) -> Any:
+    for name in names:
+        if cfg.get(name) is not None:
+            return cfg[name]
+    return None
+
+
+def _int(cfg: Mapping[str, Any], name: str, what: str) -> int:
+    value = cfg.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"config.json of {what} lacks an integer {name!r}")
+    return value
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """hf_text_config: text_config / llm_config / language_config for multimodal configs, else the config."""
+    for key in ("thinker_config", "llm_config", "language_config", "text_config"):
+        sub = config.get(key)
+        if isinstance(sub, Mapping) and (sub.get("num_hidden_layers") or sub.get("hybrid_override_pattern")):
+            return sub
+    return config
+
+
+def context_length(cfg: Mapping[str, Any]) -> int:
+    """utils/hf_transformers/common.py get_context_length: the first length key times the rope factor;
+    the factor counts 1 with original_max_position_embeddings or llama3 rope; 2048 when no key is there."""
+    rope = cfg.get("rope_scaling")
+    factor: float = 1
+    if isinstance(rope, Mapping) and rope:
+        factor = rope.get("factor", 1)
+        if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+            factor = 1
+    for key in (
+        "max_sequence_length",
+        "seq_length",
+        "max_seq_len",
+        "model_max_length",
+        "max_position_embeddings",
+    ):
+        if cfg.get(key) is not None:
+            return int(factor * cfg[key])
+    return 2048
+
+
+def _dtype_bytes(config: Mapping[str, Any], text: Mapping[str, Any]) -> int:
+    name = _get(text, "torch_dtype", "dtype") or _get(config, "torch_dtype", "dtype") or "bfloat16"
+    return _DTYPE_BYTES.get(str(name).removeprefix("torch."), 2)
+
+
+def _kv_quant_fp8(config: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
+    """mem_cache/kv_cache_dtype.py: auto means fp8 when the loaded quant config's kv_cache_quant_algo is FP8.
+
+    How each method derives it (layers/quantization/): modelopt's flat config from kv_cache_scheme (float,
+    8 bits) or kv_cache_quant_algo; compressed-tensors only for a static symmetric per-tensor fp8 scheme;
+    fp8 and others from kv_cache_quant_algo.
+    """
+    for cfg in (config, text):
+        quant = cfg.get("quantization_config")
+        if not isinstance(quant, Mapping):
+            continue
+        scheme = quant.get("kv_cache_scheme")
+        method = str(quant.get("quant_method") or "")
+        if method == "compressed-tensors":
+            return (
+                isinstance(scheme, Mapping) and scheme.get("type") == "float" and scheme.get("num_bits") == 8
+                and scheme.get("strategy") == "tensor" and bool(scheme.get("symmetric", True))
+                and not scheme.get("dynamic", False)
+            )  # fmt: skip
+        if quant.get("quant_algo") is not None and isinstance(scheme, Mapping):
+            return scheme.get("type") == "float" and scheme.get("num_bits") == 8
+        algo = quant.get("kv_cache_quant_algo")
+        return isinstance(algo, str) and algo.upper() == "FP8"
+    return False
+
+
+def _vision(config: Mapping[str, Any]) -> tuple[int, int]:
+    """(vit layers, vit hidden) for the default fraction's multimodal factor.
+
+    arg_groups/memory_hook.py adjust_mem_fraction_for_vlm reads vision_config.num_hidden_layers and
+    hidden_size, 24 and 1024 when absent: a Qwen-VL `depth` is not read. Kimi K2.5's vision config class
+    (configs/kimi_k25.py) names them vt_num_hidden_layers / vt_hidden_size.
+    """
+    vision = config.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return 0, 0
+    layers = _get(vision, "num_hidden_layers", "vt_num_hidden_layers")
+    hidden = _get(vision, "hidden_size", "vt_hidden_size")
+    return (layers if isinstance(layers, int) else 24), (hidden if isinstance(hidden, int) else 1024)
+
+
+def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayout:
+    """config.json (as published) -> KVLayout.
+
+    Unsupported for kinds not followed, ValueError for bad input.
+    """
+    archs = config.get("architectures")
+    if not isinstance(archs, Sequence) or not archs or not isinstance(archs[0], str):
+        raise ValueError("config.json has no 'architectures' list")
+    arch = archs[0]
+    if arch in REFUSED:
+        raise Unsupported(f"{arch}: SGLang 0.5.23 sizes {REFUSED[arch]}, which deployctl does not follow")
+    if arch in SWA_COMPRESS_ARCHS:
+        raise Unsupported(
+            f"{arch}: SGLang 0.5.23 sizes its sliding-window pool with separate global and sliding head "
+            "shapes (is_hybrid_swa_compress), which deployctl does not follow yet"
+        )
+    text = text_config(config)
+    # configs/model_config.py: multimodal when the arch is listed or the LM config is a sub-config
+    # (has_multimodal_subconfig); Gemma 3, Llama 4, Step3-VL turn it off unless --enable-multimodal.
+    structural = arch in MULTIMODAL_ARCHS or text is not config
+    common: dict[str, Any] = {
+        "arch": arch,
+        "multimodal": structural and not is_draft,
+        "multimodal_off_by_default": arch in MM_OFF_BY_DEFAULT,
+        "model_type": str(config.get("model_type") or ""),
+        "dtype_bytes": _dtype_bytes(config, text),
+        "kv_quant_fp8": _kv_quant_fp8(config, text),
+        "context_len": context_length(text),
+        "nextn_layers": int(text.get("num_nextn_predict_layers") or 0),
+    }
+    common["vit_layers"], common["vit_hidden"] = _vision(config)
+    if arch in MAMBA2_ARCHS:
+        return _mamba2(text, common)
+    layers = _int(text, "num_hidden_layers", arch)
+    everything = tuple(range(layers))
+    if arch in MLA_ARCHS or (arch == "PixtralForConditionalGeneration" and text.get("kv_lora_rank")):
+        mla: dict[str, Any] = {
+            "kv_lora_rank": _int(text, "kv_lora_rank", arch),
+            "qk_rope_head_dim": _int(text, "qk_rope_head_dim", arch),
+        }
+        if arch in DSA_ARCHS and text.get("index_topk") is not None:
+            return KVLayout(
+                family="dsa",
+                layers=layers,
+                kv_layers=everything,
+                **mla,
+                **common,
+                dsa_index_head_dim=_int(text, "index_head_dim", arch),
+                dsa_shared_layers=sum(_dsa_skips_topk(text, i) for i in range(layers)),
+                dsa_index_kpool=int(text.get("index_kpool") or 1),
+            )
+        if arch in KDA_ARCHS:
+            return _kda(text, layers, mla, common)
+        return KVLayout(family="mla", layers=layers, kv_layers=everything, **mla, **common)
+    heads = _mha_heads(text, arch)
+    if arch in GDN_ARCHS:
+        return _gdn(text, layers, heads, common)
+    if arch in HYBRID_SWA_ARCHS or text.get("is_hybrid_swa"):
+        return _swa(text, arch, layers, heads, common)
+    why = _swa_off(arch, text)
+    return KVLayout(
+        family="mha", layers=layers, kv_layers=everything, **heads, **common, swa_disabled_by_sglang=why
+    )
+
+
+def _dsa_skips_topk(cfg: Mapping[str, Any], layer: int) -> bool:
+    """configs/model_config.py dsa_layer_skips_topk: a layer reusing the previous layer's top-k."""
+    types = cfg.get("indexer_types")
+    if isinstance(types, Sequence) and not isinstance(types, str):
+        return 0 <= layer < len(types) and types[layer] == "shared"
+    cli = int(cfg.get("cli_factor") or 1)
+    if cli > 1:
+        return layer % cli != 0
+    pattern = cfg.get("index_topk_pattern")
+    if isinstance(pattern, (str, Sequence)) and pattern:
+        return layer < len(pattern) and pattern[layer] == "S"
+    freq = int(cfg.get("index_topk_freq") or 1)
+    offset = cfg.get("index_skip_topk_offset")
+    if offset is not None:
+        return max(layer - int(offset) + 1, 0) % freq != 0
+    return max(layer - 1, 0) % freq != 0
+
+
+def _mha_heads(text: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """configs/model_config.py: head_dim defaults to hidden/heads, v_head_dim to head_dim, kv heads to
+    attention heads."""
+    heads = _int(text, "num_attention_heads", arch)
+    head_dim = text.get("head_dim") or _int(text, "hidden_size", arch) // heads
+    kv_heads = text.get("num_key_value_heads") or heads
+    v_head_dim = text.get("v_head_dim") or head_dim
+    return {"kv_heads": int(kv_heads), "head_dim": int(head_dim), "v_head_dim": int(v_head_dim)}
+
+
+def _swa_off(arch: str, text: Mapping[str, Any]) -> str | None:
+    """Sliding-window models SGLang 0.5.23 sizes as full attention (arg_groups/model_overrides/*.py)."""
+    if not text.get("sliding_window") and "sliding_attention" not in (text.get("layer_types") or []):
+        return None
+    if arch.startswith(("Gemma2", "Gemma3")):
+        return f"{arch}: hybrid SWA memory is turned off (model_overrides/gemma2_gemma3.py)"
+    if arch.startswith(("Exaone", "Olmo")):
+        return f"{arch}: hybrid SWA memory is turned off (model_overrides/exaone.py, olmo2.py)"
+    return f"{arch} is not a hybrid-SWA architecture in configs/model_config.py: every layer is full size"
+
+
+def _swa(
+    text: Mapping[str, Any], arch: str, layers: int, heads: dict[str, Any], common: dict[str, Any]
+) -> KVLayout:
+    """configs/model_config.py get_hybrid_layer_ids and get_swa_num_kv_heads."""
+    if arch == _LLAMA4:
+        swa = tuple(i for i in range(layers) if (i + 1) % 4 != 0)
+    elif text.get("hybrid_layer_pattern") is not None:
+        pattern = text["hybrid_layer_pattern"]
+        swa = tuple(i for i in range(layers) if pattern[i] == 1)
+    else:
+        types = text.get("layer_types") or []
+        swa = tuple(i for i, t in enumerate(types[:layers]) if t == "sliding_attention")
+    full = tuple(i for i in range(layers) if i not in set(swa))
+    if not swa:
+        return KVLayout(family="mha", layers=layers, kv_layers=full, **heads, **common)
+    swa_heads = text.get("swa_num_key_value_heads") or heads["kv_heads"]
+    swa_head_dim = text.get("swa_head_dim") or heads["head_dim"]
+    window = text.get("sliding_window") or text.get("attention_chunk_size")
+    return KVLayout(
+        family="swa",
+        layers=layers,
+        kv_layers=full,
+        swa_layers=swa,
+        swa_kv_heads=int(swa_heads),
+        swa_head_dim=int(swa_head_dim),
+        swa_v_head_dim=int(text.get("swa_v_head_dim") or swa_head_dim),
+        sliding_window=int(window) if window else None,
+        **heads,
+        **common,
+    )
+
+
+def _ssm_bytes(text: Mapping[str, Any]) -> int:
+    """configs/mamba_utils.py mamba2_state_dtype: float32 unless mamba_ssm_dtype says otherwise."""
+    return _DTYPE_BYTES.get(str(text.get("mamba_ssm_dtype") or "float32"), 4)
+
+
+def _gdn(text: Mapping[str, Any], layers: int, heads: dict[str, Any], common: dict[str, Any]) -> KVLayout:
+    """configs/qwen3_next.py: every full_attention_interval-th layer is full attention; the rest GDN."""
+    types = text.get("layer_types")
+    if isinstance(types, Sequence) and len(types) >= layers:
+        full = tuple(i for i in range(layers) if types[i] == "full_attention")
+    else:
+        interval = int(text.get("full_attention_interval") or 4)
+        full = tuple(i for i in range(layers) if (i + 1) % interval == 0)
+    linear = LinearState(
+        kind="gdn",
+        layers=tuple(i for i in range(layers) if i not in set(full)),
+        num_heads=int(text.get("linear_num_value_heads") or 32),
+        head_dim=int(text.get("linear_value_head_dim") or 128),
+        state_size=int(text.get("linear_key_head_dim") or 128),
+        n_groups=int(text.get("linear_num_key_heads") or 16),
+        conv_kernel=int(text.get("linear_conv_kernel_dim") or 4),
+        ssm_dtype_bytes=_ssm_bytes(text),
+    )
+    return KVLayout(family="linear", layers=layers, kv_layers=full, linear=linear, **heads, **common)
+
+
+def _mamba2(text: Mapping[str, Any], common: dict[str, Any]) -> KVLayout:
+    """configs/nemotron_h.py: hybrid_override_pattern, 'M' Mamba2 layers and '*' attention layers."""
+    pattern = text.get("hybrid_override_pattern")
+    if not isinstance(pattern, str):
+        raise ValueError(f"config.json of {common['arch']} lacks 'hybrid_override_pattern'")
+    full = tuple(i for i, c in enumerate(pattern) if c == "*")
+    linear = LinearState(
+        kind="mamba2",
+        layers=tuple(i for i, c in enumerate(pattern) if c == "M"),
+        num_heads=_int(text, "mamba_num_heads", common["arch"]),
+        head_dim=_int(text, "mamba_head_dim", common["arch"]),
+        state_size=_int(text, "ssm_state_size", common["arch"]),
+        n_groups=_int(text, "n_groups", common["arch"]),
+        conv_kernel=int(text.get("conv_kernel") or 4),
+        ssm_dtype_bytes=_ssm_bytes(text),
+    )
+    heads = _mha_heads(text, common["arch"])
+    return KVLayout(family="linear", layers=len(pattern), kv_layers=full, linear=linear, **heads, **common)
+
+
+def _kda(text: Mapping[str, Any], layers: int, mla: dict[str, Any], common: dict[str, Any]) -> KVLayout:
+    """configs/kimi_linear.py: kda_layers (1-based) are linear; the others MLA."""
+    cfg = text.get("linear_attn_config")
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"config.json of {common['arch']} lacks 'linear_attn_config'")
+    kda = {int(i) - 1 for i in cfg.get("kda_layers") or []}
+    heads = int(cfg["num_heads"])
+    linear = LinearState(
+        kind="kda",
+        layers=tuple(sorted(kda)),
+        num_heads=heads,
+        head_dim=int(cfg["head_dim"]),
+        state_size=int(cfg["head_dim"]),
+        n_groups=heads,
+        conv_kernel=int(cfg.get("short_conv_kernel_size") or 4),
+        ssm_dtype_bytes=_ssm_bytes(text),
+    )
+    full = tuple(i for i in range(layers) if i not in kda)
+    return KVLayout(family="linear", layers=layers, kv_layers=full, linear=linear, **mla, **common)

@@ -1,0 +1,110 @@
+"""SGLang 0.5.23's own --mem-fraction-static when the flag is absent, and the AMD aiter rule.
+
+arg_groups/memory_hook.py handle_gpu_memory_settings and adjust_mem_fraction_for_vlm;
+arg_groups/attention_hook.py for aiter. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.sglang.kvlayout import KVLayout
+
+# Multimodal archs that keep the prefill graph (configs/model_config.py breakable allowlist).
+_MM_PREFILL_GRAPH = frozenset(
+    {
+        "KimiK25ForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+    }
+)
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    chunked_prefill: int
+    decode_max_bs: int
+    fraction: float
+
+
+def class_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, decode max bs) by card class (memory_hook.py, GPU-dependent defaults)."""
+    if gpu_mib < 20 * 1024:
+        return 2048, 8
+    if gpu_mib < 35 * 1024:
+        return 4096, 48 if tp < 4 else 160
+    if gpu_mib < 60 * 1024:
+        return 4096, 32 if tp < 4 else 160
+    if gpu_mib < 160 * 1024:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+def prefill_graph_sizes(max_bs: int) -> int:
+    """len(generate_prefill_cuda_graph_batch_sizes(max_bs)) (arg_groups/cuda_graph_hook.py)."""
+    sizes = [
+        *range(4, 33, 4),
+        *range(48, 257, 16),
+        *range(288, 513, 32),
+        *range(576, 1025, 64),
+        *range(1280, 4097, 256),
+        *range(4608, max_bs + 1, 512),
+    ]
+    return sum(1 for s in sizes if s <= max_bs)
+
+
+def default_fraction(
+    layout: KVLayout,
+    gpu_mib: float,
+    *,
+    tp: int,
+    pp: int = 1,
+    attn_dp: int = 1,
+    chunked_prefill: int | None = None,
+    decode_max_bs: int | None = None,
+    max_running_requests: int | None = None,
+    max_total_tokens: int | None = None,
+    cuda_graph: bool = True,
+) -> MemorySettings:
+    """handle_gpu_memory_settings: reserved MiB = 512 + activations x 1.5 + tp*pp/8 GiB + graphs, floored
+    at 10 GiB on cards over 60 GiB; f = round((gpu - reserved) / gpu, 3); times the VLM factor."""
+    chunk_default, bs_default = class_defaults(gpu_mib, tp)
+    chunk = chunked_prefill or chunk_default
+    bs = decode_max_bs or bs_default
+    if decode_max_bs is None and max_running_requests is not None and bs > max_running_requests:
+        bs = max_running_requests
+    mla = layout.kv_lora_rank > 0
+    reserved = 512 + max(chunk, 2048) * 1.5 + tp * pp / 8 * 1024
+    if cuda_graph:
+        reserved += bs * 2
+        if attn_dp > 1:
+            reserved += bs * attn_dp * 3 + (bs * attn_dp * 1.5 if bs > 300 else 0)
+        prefill_graph = not layout.multimodal or layout.arch in _MM_PREFILL_GRAPH
+        if prefill_graph:
+            if mla:
+                reserved += 1.5 * 1024
+            else:
+                prefill_max = min(chunk, max_total_tokens) if max_total_tokens else chunk
+                reserved += prefill_graph_sizes(prefill_max) * 8
+    if gpu_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    fraction = round((gpu_mib - reserved) / gpu_mib, 3)
+    if layout.multimodal:
+        fraction *= vlm_factor(layout)
+    return MemorySettings(chunk, bs, fraction)
+
+
+def vlm_factor(layout: KVLayout) -> float:
+    """adjust_mem_fraction_for_vlm: 0.95 x clamp(1 - 0.1 (layers*hidden^2 / (24*1024^2) - 1), 0.8, 1.05)."""
+    ratio = layout.vit_layers * layout.vit_hidden**2 / (24 * 1024**2) if layout.vit_layers else 1.0
+    return 0.95 * max(0.8, min(1.05, 1 - 0.1 * (ratio - 1)))
+
+
+def aiter_fraction(
+    fraction: float, *, backend: str | None, context_len: int, explicit: bool, honor: bool
+) -> float:
+    """attention_hook.py: aiter above an 8k context scales the fraction by 0.85, unless it was given and
+    SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION is set."""
+    if backend != "aiter" or context_len <= 8192 or (explicit and honor):
+        return fraction
+    return fraction * 0.85

@@ -13,8 +13,8 @@ import pytest
 from agent.cli.main import main
 from agent.errors import UsageError
 from agent.output import Output
-from agent.plan.facts import parse_facts
 from agent.plan.choose import Target
+from agent.plan.facts import parse_facts
 from agent.plan.from_facts import plan_from_facts, pool_model
 from agent.sglang import kvpool, memory_defaults
 from agent.sglang.kvlayout import read_layout

@@ -11,8 +11,8 @@ import pytest
 
 from agent.host import model_facts
 from agent.inventory import HostConfig
-from agent.plan.facts import parse_facts
 from agent.plan.choose import Target
+from agent.plan.facts import parse_facts
 from agent.plan.from_facts import plan_from_host_facts
 from tests.pure import facts_fixtures as cfg
 from tests.pure.test_plan_cmd import START_LOG

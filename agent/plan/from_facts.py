@@ -19,22 +19,11 @@ from agent.plan.overhead import pre_weights_overhead
 from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
 from agent.sglang.kvpool import GIB
+from agent.sglang.pools import DsaBackends, Parallel
 
 EAGLE_STYLE = kvpool.EAGLE_STYLE
 DFLASH_FAMILY = kvpool.DFLASH_FAMILY
 _AMD = ("AMD", "Instinct", "MI300", "MI325", "MI355")
-
-
-@dataclass(frozen=True)
-class Parallel:
-    tp: int
-    pp: int = 1
-    attn_dp: int = 1
-    dcp: int = 1
-
-    @property
-    def attn_tp(self) -> int:
-        return max(1, self.tp // self.attn_dp)
 
 
 @dataclass(frozen=True)
@@ -143,8 +132,10 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
     else:
         layers = stage_kv
         prefill, decode = _flag(f, "dsa-prefill-backend"), _flag(f, "dsa-decode-backend")
-        backends = (None if prefill is None else str(prefill), None if decode is None else str(decode))
-        cell = pools.full_cell(layout, dtype, par.attn_tp, layers, sm, par.dcp, backends)
+        backends = DsaBackends(
+            None if prefill is None else str(prefill), None if decode is None else str(decode), sm
+        )
+        cell = pools.full_cell(layout, dtype, layers, par, backends)
         if algorithm in EAGLE_STYLE:
             cell = _eagle_cell(inp, layout, int(cell), layers, algorithm)
         elif algorithm in DFLASH_FAMILY:
@@ -342,12 +333,7 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
     given = _float(inp.flags, "mem-fraction-static")
     if given is not None:
         return given
-    settings = memory_defaults.default_fraction(
-        layout,
-        inp.gpu.memory_total_mib,
-        tp=par.tp,
-        pp=par.pp,
-        attn_dp=par.attn_dp,
+    given_flags = memory_defaults.MemoryFlags(
         chunked_prefill=_int(inp.flags, "chunked-prefill-size"),
         decode_max_bs=_int(inp.flags, "cuda-graph-max-bs-decode"),
         max_running_requests=_int(inp.flags, "max-running-requests"),
@@ -357,6 +343,7 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
             or _flag(inp.flags, "cuda-graph-backend-decode") == "disabled"
         ),
     )
+    settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
         f"--mem-fraction-static is not set: SGLang 0.5.23 would use {settings.fraction:.4f} on this card "
         "(arg_groups/memory_hook.py handle_gpu_memory_settings)"

@@ -18,6 +18,7 @@ from agent.plan.facts import parse_facts
 from agent.plan.from_facts import plan_from_facts, pool_model
 from agent.sglang import kvpool, memory_defaults
 from agent.sglang.kvlayout import read_layout
+from agent.sglang.pools import Parallel
 from tests.pure import facts_fixtures as cfg
 from tests.pure.test_plan_cmd import START_LOG
 
@@ -190,7 +191,7 @@ def test_kinds_not_followed_get_a_one_line_refusal() -> None:
 
 def test_sglang_default_fraction_when_the_flag_is_absent() -> None:
     layout = read_layout(cfg.KIMI_K26)
-    settings = memory_defaults.default_fraction(layout, 97_871, tp=8)
+    settings = memory_defaults.default_fraction(layout, 97_871, Parallel(tp=8))
     assert settings.fraction == pytest.approx(0.833 * 0.909736328125, abs=1e-6)  # FACTS: 0.758 on 0.5.23
 
 

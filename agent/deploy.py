@@ -13,7 +13,7 @@ from agent.errors import ConnectError, UsageError
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_host, units_dir
 from agent.output import Output, Style
-from agent.plan.choose import Plan, plan_for_host
+from agent.plan.choose import Plan, Target, plan_for_host
 from agent.progress import Progress
 from agent.protocol import Event, Request, exit_code, unit_sha256
 from agent.remote.client import AgentClient, base_request, open_transport
@@ -66,21 +66,12 @@ def calibration_from(facts: Mapping[str, Any]) -> list[Mapping[str, Any]] | None
 def make_plan(host: HostConfig, change: Change, facts: Mapping[str, Any]) -> Plan:
     from agent.plan.from_facts import plan_from_host_facts  # the host read its config.json: plan from that
 
-    from_host = plan_from_host_facts(
-        host, facts, calibration_from(facts), change.context, change.mem_fraction_static,
-        change.max_running_requests,
-    )  # fmt: skip
+    asked = Target(change.context, change.mem_fraction_static, change.max_running_requests)
+    from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked)
     if from_host is not None:
         return from_host
     running = facts.get("flags") or dict(host.sglang.flags)
-    return plan_for_host(
-        host,
-        change.context,
-        calibration_from(facts),
-        running,
-        change.mem_fraction_static,
-        change.max_running_requests,
-    )
+    return plan_for_host(host, asked, calibration_from(facts), running)
 
 
 def apply(conn: Connection, change: Change, out: Output) -> int:
@@ -221,7 +212,7 @@ def _next_plan(host: HostConfig, context: int, outcome: Event) -> Plan | None:
     if outcome.data.get("outcome") not in ("rolled_back", "rollback_failed") or not summary.get("kv_tokens"):
         return None
     try:
-        return plan_for_host(host, context, [summary], {**host.sglang.flags}, None, None)
+        return plan_for_host(host, Target(context), [summary], {**host.sglang.flags})
     except UsageError:
         return None
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from agent.inventory import load_host
 from agent.render import render_unit, template_dir
 from tests.simhost import FAST_SIM, REPO
-from tests.testhost import TestHost
+from tests.testhost import HostSetup, TestHost
 from tests.testhost.instance import free_ports
 
 UNIT = "/etc/systemd/system/sglang.service"
@@ -76,9 +76,8 @@ def boot(specs: Sequence[HostSpec]) -> Fleet:
                 f"Environment={k}={v}\n" for k, v in {**FAST_SIM, **spec.sim_env}.items()
             )
             files = {UNIT: (unit.encode(), 0o644), DROPIN: (dropin.encode(), 0o644)}
-            host = TestHost.create(
-                files=files, enable_units=["sglang.service"] if spec.started else [], mount_agent=False
-            )
+            enabled = ["sglang.service"] if spec.started else []
+            host = TestHost.create(HostSetup(files, enabled, mount_agent=False))
             fleet.hosts[spec.name] = host
             config.append(
                 f"Host {spec.name}\n  HostName 127.0.0.1\n  Port {host.ssh_port}\n  User root\n"

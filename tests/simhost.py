@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agent.inventory import load_host
 from agent.render import render_unit, template_dir
-from tests.testhost import TestHost
+from tests.testhost import HostSetup, TestHost
 
 REPO = Path(__file__).resolve().parents[1]
 NAME = "ct200-sim"
@@ -81,7 +81,7 @@ def boot(sim_env: Mapping[str, str] | None = None) -> SimHost:
             "/etc/systemd/system/sglang.service.d/sim.conf": (dropin.encode(), 0o644),
             "/usr/local/bin/sglang": (SGLANG_SCRIPT, 0o755),
         }
-        host = TestHost.create(files=files, enable_units=["sglang.service"], mount_agent=False)
+        host = TestHost.create(HostSetup(files, ["sglang.service"], mount_agent=False))
         ssh_config = work / "ssh_config"
         ssh_config.write_text(
             f"Host {NAME}\n  HostName 127.0.0.1\n  Port {host.ssh_port}\n  User root\n"

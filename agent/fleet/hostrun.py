@@ -18,7 +18,7 @@ from agent.errors import ConnectError, DeployError
 from agent.fleet.calibrate import Measured, peer_key
 from agent.fleet.results import HostResult, PlanFigures
 from agent.inventory import HostConfig
-from agent.plan.choose import Plan, plan_for_host
+from agent.plan.choose import Plan, Target, plan_for_host
 from agent.protocol import Event, Request, unit_sha256
 from agent.remote.client import AgentClient, base_request, open_transport
 from agent.remote.transport import ConnectionLost
@@ -31,8 +31,9 @@ REATTACH_TRIES = 5
 
 
 @contextmanager
-def connected(host: HostConfig, accept_new_host_key: bool = False) -> Iterator[AgentClient]:
-    transport = open_transport(host, accept_new_host_key)
+def connected(host: HostConfig) -> Iterator[AgentClient]:
+    """The host's agent over its inventory connection; a fleet run never trusts an unknown host key."""
+    transport = open_transport(host)
     try:
         yield AgentClient(transport, host)
     finally:
@@ -57,7 +58,7 @@ def plan_host(
     # request count on identical hosts (32 at 200k on the simulated ct200); canary last gave 16.
     calibration = [*(p.start for p in peers), *own]
     sources = tuple(f"canary {p.host}" for p in peers) + (("own start",) if own else ())
-    plan = plan_for_host(host, context, calibration or None, running)
+    plan = plan_for_host(host, Target(context), calibration or None, running)
     return plan, sources if plan.basis == "calibrated" else ()
 
 
@@ -66,7 +67,7 @@ def apply_host(
     context: int,
     peers: Sequence[Measured],
     emit: Emit,
-    accept_new_host_key: bool = False,
+    *,
     check: bool = False,
 ) -> HostResult:
     """Plan, render and apply on one host; every expected failure becomes a result, never a raise.
@@ -74,8 +75,8 @@ def apply_host(
     check: Ansible's check mode: plan and render only; the outcome says whether the unit would change.
     """
     try:
-        with connected(host, accept_new_host_key) as client:
-            return _apply(client, host, context, peers, emit, check)
+        with connected(host) as client:
+            return _apply(client, context, peers, emit, check)
     except ConnectionLost as exc:  # re-attaching failed too: the host finishes on its own
         return HostResult(
             host.name, "unreachable", f"connection lost and not regained: {exc.message}", context
@@ -87,8 +88,9 @@ def apply_host(
 
 
 def _apply(
-    client: AgentClient, host: HostConfig, context: int, peers: Sequence[Measured], emit: Emit, check: bool
+    client: AgentClient, context: int, peers: Sequence[Measured], emit: Emit, check: bool
 ) -> HostResult:
+    host = client.host
     facts = client.call(base_request(host, "facts"))
     if facts.get("orphan"):
         emit("recover", "an earlier change's agent died before it finished; recovering first")

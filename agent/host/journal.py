@@ -54,8 +54,11 @@ def _parse(text: str) -> list[JournalLine]:
 class Journal:
     """The system journal, read with journalctl (optionally from a journal folder of another system)."""
 
-    def __init__(self, directory: str | None = None, journalctl: str = "journalctl") -> None:
+    def __init__(
+        self, directory: str | None = None, journalctl: str = "journalctl", poll_s: float = 0.02
+    ) -> None:
         self._base = [journalctl, "--no-pager", "-q"] + ([f"--directory={directory}"] if directory else [])
+        self.poll_s = poll_s  # how long follow() waits after a poll that found nothing
 
     def cursor(self) -> str | None:
         """The cursor of the newest record in the whole journal; None when it is empty."""
@@ -68,7 +71,6 @@ class Journal:
         after_cursor: str | None,
         invocation_id: str | None,
         deadline_s: float,
-        poll_s: float = 0.02,
         since_us: int | None = None,
     ) -> Iterator[JournalLine | None]:
         """Yield the unit's new lines as they come, and None after each poll that found nothing.
@@ -101,7 +103,7 @@ class Journal:
                 position = [f"--cursor={records[-1].cursor}"]
             if not fresh:
                 yield None
-                time.sleep(max(0.0, min(poll_s, deadline_s - time.monotonic())))
+                time.sleep(max(0.0, min(self.poll_s, deadline_s - time.monotonic())))
 
     def last_invocation_lines(self, unit: str, max_lines: int = 2000) -> list[str]:
         """The first max_lines messages of the unit's most recent start that logged anything."""

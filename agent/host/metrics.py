@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from agent.host.timeline import downtime
-from agent.protocol import Event, Outcome, Stage
+from agent.protocol import Event, Outcome, Request, Stage
 
 SUCCESS = (Outcome.APPLIED, Outcome.UP_TO_DATE)
 # A phase lasts from its stage's first event to the next phase's first event.
@@ -144,14 +144,14 @@ def record_run(state_file: Path, prom_file: Path, run: Run) -> None:
 
 
 def run_from(
-    host: str, unit: str, outcome: Outcome, at: float, data: Mapping[str, object], events: Iterable[Event]
+    req: Request, outcome: Outcome, at: float, data: Mapping[str, object], events: Iterable[Event]
 ) -> Run:
     summary = data.get("summary")
     pool = summary.get("kv_tokens") if isinstance(summary, dict) else None
     downtime, phases = timings(events)
     return Run(
-        host,
-        unit,
+        req.host_name,
+        req.unit,
         outcome,
         at,
         _int(data.get("target_context")),

@@ -185,7 +185,7 @@ def _write_metrics(req: Request, txn: str, result: Result, state_dir: StateDir, 
     installed = UnitFiles(req.unit_dir).read(req.unit)
     data["unit_sha256"] = sha256(installed) if installed is not None else None
     try:
-        run = metrics.run_from(req.host_name, req.unit, result.outcome, time.time(), data, events)
+        run = metrics.run_from(req, result.outcome, time.time(), data, events)
         metrics.record_run(state_dir.unit_dir(req.unit) / "metrics.json", Path(req.metrics_file), run)
     except Exception as exc:  # a bug or a full disk here must never turn a verified change into an error
         log.emit(

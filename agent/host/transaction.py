@@ -27,7 +27,7 @@ from agent.host.state import (
 )
 from agent.host.timeline import downtime
 from agent.host.units import UnitFiles, UnitWriteError
-from agent.host.watch import JournalPort, WatchResult, watch_start
+from agent.host.watch import JournalPort, WatchedStart, WatchResult, watch_start
 from agent.protocol import Event, Outcome, Request, Smoke, Stage
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import parse_unit_flags
@@ -39,6 +39,10 @@ if TYPE_CHECKING:
     from agent.host.systemd import UnitState
 
 RESTART_JOB_TIMEOUT_S = 300.0
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 @dataclass
@@ -58,14 +62,13 @@ class Transaction:
         systemd: Any,
         journal: JournalPort,
         log: EventLog,
-        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
     ) -> None:
         self.req = req
         self.txn = txn
         self.systemd = systemd
         self.journal = journal
         self.log = log
-        self.now = now
+        self.now: Callable[[], datetime] = _utc_now  # the clock of backup names and records
         self.files = UnitFiles(req.unit_dir)
         self.secrets = SecretFiles(req.secrets_dir, req.unit)
         self.state = StateDir(req.state_dir)
@@ -310,17 +313,10 @@ class Transaction:
         n0 = after.n_restarts
         if after.invocation_id == before.invocation_id and not job.ok:
             n0 = -1  # the job failed before a new invocation: decide() sees a crash at once
-        return watch_start(
-            self.unit,
-            self.journal,
-            self.systemd,
-            gate,
-            cursor,
-            after.invocation_id,
-            max(n0, 0),
-            self.log,
-            stage,
+        start = WatchedStart(
+            self.unit, self.journal, self.systemd, gate, cursor, after.invocation_id, max(n0, 0)
         )
+        return watch_start(start, self.log, stage)
 
     def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate) -> str | None:
         """After the log said ready: the HTTP API answers, and a long prompt really fits."""

@@ -21,7 +21,7 @@ class JournalPort(Protocol):
     def cursor(self) -> str | None: ...
 
     def follow(
-        self, unit: str, after_cursor: str | None, invocation_id: str | None, deadline_s: float, poll_s: float
+        self, unit: str, after_cursor: str | None, invocation_id: str | None, deadline_s: float
     ) -> Iterator[Any]: ...
 
     def last_invocation_lines(self, unit: str, max_lines: int) -> list[str]: ...
@@ -29,6 +29,19 @@ class JournalPort(Protocol):
 
 class StatePort(Protocol):
     def unit_state(self, unit: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class WatchedStart:
+    """One start of a unit, as the restart left it: where its journal lines begin and how it is judged."""
+
+    unit: str
+    journal: JournalPort
+    systemd: StatePort
+    gate: Gate
+    cursor: str | None  # the journal's newest record before the restart
+    invocation_id: str
+    n_restarts0: int  # the unit's restart count before this start
 
 
 @dataclass
@@ -96,29 +109,24 @@ class _Start:
 
 
 def watch_start(
-    unit: str,
-    journal: JournalPort,
-    systemd: StatePort,
-    gate: Gate,
-    cursor: str | None,
-    invocation_id: str,
-    n_restarts0: int,
+    start: WatchedStart,
     log: EventLog,
     stage: Stage = Stage.WATCH,
     clock: Callable[[], float] = time.monotonic,
 ) -> WatchResult:
     """Decide on every new line and every state poll; return at ready or at the first failure."""
+    unit, journal, systemd, gate = start.unit, start.journal, start.systemd, start.gate
     t0 = clock()
     seen = _Start(t0, log, stage)
     state, last_poll, pool_passed = systemd.unit_state(unit), 0.0, False
     horizon = gate.timeouts.weights_s + gate.timeouts.pool_s + gate.timeouts.ready_s + 60
-    for item in journal.follow(unit, cursor, invocation_id, time.monotonic() + horizon, 0.02):
+    for item in journal.follow(unit, start.cursor, start.invocation_id, time.monotonic() + horizon):
         now = clock()
         if item is not None:
             seen.feed(item.message, now)
         if now - last_poll >= STATE_POLL_S:
             state, last_poll = systemd.unit_state(unit), now
-        obs = seen.observe(now, t0, state, n_restarts0)
+        obs = seen.observe(now, t0, state, start.n_restarts0)
         verdict = decide(obs, gate, pool_passed)
         if verdict.action is Action.POOL_OK:
             pool_passed, verdict_ms = True, (clock() - now) * 1000

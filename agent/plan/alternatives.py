@@ -26,6 +26,16 @@ class Alternative:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Need:
+    """What a plan must reach: the target context, the pool that holds it with the margin (goal), and the
+    memory each GPU keeps free (floor, GiB)."""
+
+    target: int
+    goal: int
+    floor: float
+
+
 def best_fraction(
     model: PoolModel, goal: int, requests: int, context: int, floor: float
 ) -> tuple[float | None, int, bool]:
@@ -40,15 +50,14 @@ def best_fraction(
 
 
 def alternatives(
-    host: HostConfig, flags: Flags, model: PoolModel, target: int, goal: int, requests: int
+    host: HostConfig, flags: Flags, model: PoolModel, need: Need, requests: int
 ) -> tuple[Alternative, ...]:
     """fp8 KV, a smaller context, fewer requests, more GPUs: each predicted on this host's model."""
-    floor = host.planning.reserve_floor_gib
     found = [
-        _fp8(host, flags, model, target, goal, requests, floor),
-        _smaller_context(host, model, target, requests, floor),
-        _fewer_requests(model, target, goal, requests, floor),
-        _more_gpus(host, flags, model, target, goal, requests, floor),
+        _fp8(host, flags, model, need, requests),
+        _smaller_context(host, model, need, requests),
+        _fewer_requests(model, need, requests),
+        _more_gpus(host, flags, model, need, requests),
     ]
     return tuple(a for a in found if a is not None)
 
@@ -60,23 +69,22 @@ def _outcome(fraction: float | None, pool: int, reaches: bool) -> str:
     return f"at --mem-fraction-static {fraction:.3f} the pool is about {pool:,} tokens ({verdict})"
 
 
-def _rescaled(model: PoolModel, host: HostConfig, flags: Flags, new_flags: Flags, kv_dtype: str | None,
-              fallback: float) -> PoolModel:  # fmt: skip
+def _rescaled(
+    model: PoolModel, host: HostConfig, flags: Flags, new_flags: Flags, fallback: float
+) -> PoolModel:
     """The model with the cell changed as the architecture says it would be (else by a fallback ratio)."""
     old, _ = architecture_cell(host, flags)
-    new, _ = architecture_cell(host, new_flags, kv_dtype)
+    new, _ = architecture_cell(host, new_flags)
     ratio = new / old if old and new else fallback
     return model.scaled_cell(ratio)
 
 
-def _fp8(
-    host: HostConfig, flags: Flags, model: PoolModel, target: int, goal: int, requests: int, floor: float
-) -> Alternative | None:
+def _fp8(host: HostConfig, flags: Flags, model: PoolModel, need: Need, requests: int) -> Alternative | None:
     dtype = str(flag(flags, "kv-cache-dtype") or "auto")
     if kvpool.kv_elem_bytes(dtype, host.model.dtype_bytes) <= 1:
         return None
-    fp8 = _rescaled(model, host, flags, {**flags, "kv-cache-dtype": "fp8_e4m3"}, "fp8_e4m3", 0.5)
-    fraction, pool, reaches = best_fraction(fp8, goal, requests, target, floor)
+    fp8 = _rescaled(model, host, flags, {**flags, "kv-cache-dtype": "fp8_e4m3"}, 0.5)
+    fraction, pool, reaches = best_fraction(fp8, need.goal, requests, need.target, need.floor)
     return Alternative(
         change="fp8 KV cache (--kv-cache-dtype fp8_e4m3): about half the bytes per token, so the pool "
         "roughly doubles; support for fp8 MLA KV depends on the attention backend and GPU",
@@ -88,10 +96,9 @@ def _fp8(
     )
 
 
-def _smaller_context(
-    host: HostConfig, model: PoolModel, target: int, requests: int, floor: float
-) -> Alternative | None:
-    top = model.max_fraction(requests, target, floor)
+def _smaller_context(host: HostConfig, model: PoolModel, need: Need, requests: int) -> Alternative | None:
+    floor = need.floor
+    top = model.max_fraction(requests, need.target, floor)
     if top is None:
         return None
     fits = int(model.pool(top) / (1 + host.planning.margin)) // 1000 * 1000
@@ -109,12 +116,11 @@ def _smaller_context(
     )
 
 
-def _fewer_requests(
-    model: PoolModel, target: int, goal: int, requests: int, floor: float
-) -> Alternative | None:
+def _fewer_requests(model: PoolModel, need: Need, requests: int) -> Alternative | None:
+    target = need.target
     if requests <= 1:
         return None
-    fraction, pool, reaches = best_fraction(model, goal, 1, target, floor)
+    fraction, pool, reaches = best_fraction(model, need.goal, 1, target, need.floor)
     freed_mb = (model.need_gib(requests, target) - model.need_gib(1, target)) * kvpool.GIB / 1e6
     graphs = (
         "its req_to_token rows and, as credited from the logged CUDA-graph memory, graph memory"
@@ -133,7 +139,7 @@ def _fewer_requests(
 
 
 def _more_gpus(
-    host: HostConfig, flags: Flags, model: PoolModel, target: int, goal: int, requests: int, floor: float
+    host: HostConfig, flags: Flags, model: PoolModel, need: Need, requests: int
 ) -> Alternative | None:
     tp, _ = parallelism(host, flags)
     wider = {**flags, "tp-size": 2 * tp}
@@ -143,9 +149,9 @@ def _more_gpus(
         weights += host.draft.weights_gib_per_gpu or 0.0
     per_gpu = weights if weights is not None else model.pre_gib - model.post_gib
     # Twice the GPUs halve the weights per GPU; the pre-load free memory per GPU stays the same.
-    more = _rescaled(model, host, flags, wider, None, 1.0)
+    more = _rescaled(model, host, flags, wider, 1.0)
     more = replace(more, post_gib=model.post_gib + per_gpu / 2)
-    fraction, pool, reaches = best_fraction(more, goal, requests, target, floor)
+    fraction, pool, reaches = best_fraction(more, need.goal, requests, need.target, need.floor)
     why = (
         "the MLA pool is replicated on every TP rank, so more GPUs help only through smaller weights per GPU"
         if host.model.attention == "mla"

@@ -8,13 +8,22 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from agent.inventory import FlagValue, HostConfig
-from agent.plan.alternatives import Alternative, alternatives
+from agent.plan.alternatives import Alternative, Need, alternatives
 from agent.plan.model import Flags, PoolModel, flag, from_architecture, from_calibration, version
 from agent.sglang import kvpool
 
 Calibration = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 SPEC_DEFAULT_REQUESTS = 48  # EAGLE, DFLASH and DSPARK reset an unset --max-running-requests to 48
 PLAIN_DEFAULT_REQUESTS = 64
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a plan is asked for: a context, and what a person fixed instead of the planner (None: chosen)."""
+
+    context: int
+    fraction: float | None = None  # --mem-fraction-static
+    max_running: int | None = None  # --max-running-requests
 
 
 @dataclass(frozen=True)
@@ -62,15 +71,14 @@ class Plan:
 
 def plan_for_host(
     host: HostConfig,
-    target: int,
+    asked: Target,
     calibration: Calibration | None,
     running_flags: Flags,
-    fraction: float | None = None,
-    max_running: int | None = None,
     model: PoolModel | None = None,
 ) -> Plan:
     """Plan a target context: calibrated from earlier starts when given, else from the architecture;
     a model built elsewhere (from a host's facts) is taken as it is."""
+    target, fraction, max_running = asked.context, asked.fraction, asked.max_running
     notes: list[str] = []
     if model is None and calibration:
         model = from_calibration(host, running_flags, calibration)
@@ -92,12 +100,13 @@ def plan_for_host(
     options = [max_running] if max_running else _request_options(host, running_flags)
     goal = math.ceil(target * (1 + host.planning.margin))
     floor = host.planning.reserve_floor_gib
+    need = Need(target, goal, floor)
     chosen: float | None
     if fraction is not None:
         chosen, requests = fraction, _fitting(model, fraction, options, target, floor)
     else:
         running = flag(running_flags, "mem-fraction-static")
-        chosen, requests = _recommend(model, goal, options, target, floor, _as_float(running))
+        chosen, requests = _recommend(model, need, options, _as_float(running))
     pool = model.pool(chosen) if chosen is not None else 0
     reserve = model.reserve_gib(chosen, requests, target) if chosen is not None else 0.0
     feasible = chosen is not None and pool >= (goal if fraction is None else target) and reserve >= floor
@@ -123,7 +132,7 @@ def plan_for_host(
         user_fraction=fraction is not None,
         forced_fraction=forced,
         forced_pool_tokens=None if forced is None else model.pool(forced),
-        alternatives=() if feasible else alternatives(host, running_flags, model, target, goal, requests),
+        alternatives=() if feasible else alternatives(host, running_flags, model, need, requests),
     )
     smallest = model.min_fraction(goal)
     if fraction is None and plan.feasible and smallest is not None and smallest < plan.mem_fraction_static:
@@ -132,7 +141,7 @@ def plan_for_host(
             f"and is kept: {smallest:.3f} would too, with fewer tokens for concurrent requests"
         )
     plan = _explained(plan, host, running_flags, model, notes)
-    return plan if fraction is None else _against_recommendation(plan, model, goal, options, running_flags)
+    return plan if fraction is None else _against_recommendation(plan, model, need, options, running_flags)
 
 
 def _request_options(host: HostConfig, flags: Flags) -> list[int]:
@@ -155,14 +164,15 @@ def _fitting(model: PoolModel, fraction: float, options: list[int], context: int
 
 
 def _recommend(
-    model: PoolModel, goal: int, options: list[int], context: int, floor: float, running: float | None
+    model: PoolModel, need: Need, options: list[int], running: float | None
 ) -> tuple[float | None, int]:
     """The smallest fraction reaching the goal, with the most requests that keep the floor there.
 
     A running fraction that already reaches the goal within the floor is kept: a smaller one would
     only shrink the pool, and with it the number of requests served at once.
     """
-    fraction = model.min_fraction(goal)
+    context, floor = need.target, need.floor
+    fraction = model.min_fraction(need.goal)
     if fraction is None:
         return None, options[0]
     if running is not None and running > fraction:
@@ -176,11 +186,11 @@ def _recommend(
 
 
 def _against_recommendation(
-    plan: Plan, model: PoolModel, goal: int, options: list[int], flags: Flags
+    plan: Plan, model: PoolModel, need: Need, options: list[int], flags: Flags
 ) -> Plan:
     """A fraction the user chose, compared with the one the planner would choose."""
     running = _as_float(flag(flags, "mem-fraction-static"))
-    best, requests = _recommend(model, goal, options, plan.context_length, plan.reserve_floor_gib, running)
+    best, requests = _recommend(model, need, options, running)
     if best is None:
         return replace(plan, notes=(*plan.notes, "no fraction reaches the target within the memory floor"))
     note = (

@@ -12,29 +12,18 @@ from typing import Any
 
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
-from agent.plan.choose import Plan, plan_for_host
+from agent.plan.choose import Plan, Target, plan_for_host
 from agent.plan.facts import PlanInput, parse_facts, plan_input_from_host
 from agent.plan.model import CELL_AGREEMENT, PoolModel, _graphs, _runtime, _Start, _start
 from agent.plan.overhead import pre_weights_overhead
 from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
 from agent.sglang.kvpool import GIB
+from agent.sglang.pools import DsaBackends, Parallel
 
 EAGLE_STYLE = kvpool.EAGLE_STYLE
 DFLASH_FAMILY = kvpool.DFLASH_FAMILY
 _AMD = ("AMD", "Instinct", "MI300", "MI325", "MI355")
-
-
-@dataclass(frozen=True)
-class Parallel:
-    tp: int
-    pp: int = 1
-    attn_dp: int = 1
-    dcp: int = 1
-
-    @property
-    def attn_tp(self) -> int:
-        return max(1, self.tp // self.attn_dp)
 
 
 @dataclass(frozen=True)
@@ -143,12 +132,14 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
     else:
         layers = stage_kv
         prefill, decode = _flag(f, "dsa-prefill-backend"), _flag(f, "dsa-decode-backend")
-        backends = (None if prefill is None else str(prefill), None if decode is None else str(decode))
-        cell = pools.full_cell(layout, dtype, par.attn_tp, layers, sm, par.dcp, backends)
+        backends = DsaBackends(
+            None if prefill is None else str(prefill), None if decode is None else str(decode), sm
+        )
+        cell = pools.full_cell(layout, dtype, layers, par, backends)
         if algorithm in EAGLE_STYLE:
-            cell = _eagle_cell(inp, layout, int(cell), layers, dtype, sm, par, algorithm)
+            cell = _eagle_cell(inp, layout, int(cell), layers, algorithm)
         elif algorithm in DFLASH_FAMILY:
-            cell = _dflash_cell(inp, layout, int(cell), layers, dtype, par)
+            cell = _dflash_cell(inp, layout, int(cell), layers, par)
     if algorithm not in (None, "NGRAM", *EAGLE_STYLE, *DFLASH_FAMILY):
         raise Unsupported(f"--speculative-algorithm {algorithm}: its pool is not followed by deployctl")
     page = _int(f, "page-size") or _default_page(layout, f, sm)
@@ -159,7 +150,7 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
             f"multimodal model: SGLang reserves {reserve:.2f} GB of the KV budget "
             "(SGLANG_VLM_CACHE_SIZE_MB; mem_cache/kv_cache_configurator.py mm_runtime_reservation_gb)"
         )
-    mamba = _mamba(inp, layout, par, algorithm, stages, notes)
+    mamba = _mamba(inp, layout, par, algorithm, notes)
     return pools.PoolSizer(
         cell_bytes=cell,
         page_size=page,
@@ -199,27 +190,19 @@ def _mm_transport(inp: PlanInput, layout: KVLayout) -> tuple[dict[str, str], str
     return env, None if transport is None else str(transport)
 
 
-def _eagle_cell(
-    inp: PlanInput,
-    layout: KVLayout,
-    cell: int,
-    layers: int,
-    dtype: str,
-    sm: int | None,
-    par: Parallel,
-    algorithm: str,
-) -> int:
+def _eagle_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, algorithm: str) -> int:
     """DefaultPoolConfigurator: cell + int(cell * L_draft / L); DSA scales the latent part and adds the
     draft's own indexer rows."""
     draft_layers, _ = _draft_layers(inp, layout, algorithm)
     if layout.family == "dsa":
+        par = parallel(inp)
         indexer = pools.dsa_indexer_bytes(layout, max(0, layers - layout.dsa_shared_layers)) * par.dcp
         latent = int(int(cell - indexer) * draft_layers / layers)
         return cell + latent * par.dcp + pools.dsa_indexer_bytes(layout, draft_layers) * par.dcp
     return cell + int(cell * draft_layers / layers)
 
 
-def _dflash_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, dtype: str, par: Parallel) -> int:
+def _dflash_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, par: Parallel) -> int:
     """DFLASH/DSPARK from 0.5.18: the target cell plus the draft's own K and V (speculative/dflash_utils.py),
     times the DCP size (pool_configurator.py _dflash_draft_cell_size)."""
     if inp.draft is None:
@@ -292,12 +275,7 @@ def _default_page(layout: KVLayout, flags: Mapping[str, FlagValue], sm: int | No
 
 
 def _mamba(
-    inp: PlanInput,
-    layout: KVLayout,
-    par: Parallel,
-    algorithm: str | None,
-    stages: list[range],
-    notes: list[str],
+    inp: PlanInput, layout: KVLayout, par: Parallel, algorithm: str | None, notes: list[str]
 ) -> pools.MambaShare | None:
     """kv_cache_configurator._handle_max_mamba_cache: the state cache takes rest x r/(1+r) (r =
     --mamba-full-memory-ratio, 0.9), or --max-mamba-cache-size slots; the KV pool gets the remainder."""
@@ -311,6 +289,7 @@ def _mamba(
     linear = layout.linear
     per_req = linear.per_request_bytes(par.attn_tp)
     if par.pp > 1:  # the largest stage's share of the linear layers
+        stages = pools.pp_stage_layers(layout.layers, par.pp)
         most = max(sum(1 for i in linear.layers if i in st) for st in stages)
         per_req = int(per_req * most / max(1, len(linear.layers)))
     f = inp.flags
@@ -354,12 +333,7 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
     given = _float(inp.flags, "mem-fraction-static")
     if given is not None:
         return given
-    settings = memory_defaults.default_fraction(
-        layout,
-        inp.gpu.memory_total_mib,
-        tp=par.tp,
-        pp=par.pp,
-        attn_dp=par.attn_dp,
+    given_flags = memory_defaults.MemoryFlags(
         chunked_prefill=_int(inp.flags, "chunked-prefill-size"),
         decode_max_bs=_int(inp.flags, "cuda-graph-max-bs-decode"),
         max_running_requests=_int(inp.flags, "max-running-requests"),
@@ -369,6 +343,7 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
             or _flag(inp.flags, "cuda-graph-backend-decode") == "disabled"
         ),
     )
+    settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
         f"--mem-fraction-static is not set: SGLang 0.5.23 would use {settings.fraction:.4f} on this card "
         "(arg_groups/memory_hook.py handle_gpu_memory_settings)"
@@ -452,7 +427,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
         )
         model = PoolModel(pre, post, sizer.cell_bytes, "calibrated", 0.0, False, **common)
     else:
-        model = _cold(inp, layout, par, sizer, common, notes)
+        model = _cold(inp, par, sizer, common, notes)
     return FactsModel(model, layout, dtype, fraction, tuple(notes))
 
 
@@ -462,12 +437,7 @@ def _post(figures: Mapping[str, Any]) -> float | None:
 
 
 def _cold(
-    inp: PlanInput,
-    layout: KVLayout,
-    par: Parallel,
-    sizer: pools.PoolSizer,
-    common: dict[str, Any],
-    notes: list[str],
+    inp: PlanInput, par: Parallel, sizer: pools.PoolSizer, common: dict[str, Any], notes: list[str]
 ) -> PoolModel:
     """No start yet: pre = card - overhead (overhead.py), post = pre - weights per GPU (target + draft:
     0.5.14+ loads the draft before sizing, Scheduler.init_model_worker)."""
@@ -571,15 +541,11 @@ def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostCon
         raise UsageError(f"{inp.name}: {exc}") from None
 
 
-def plan_from_facts(
-    inp: PlanInput, context: int, fraction: float | None = None, max_running: int | None = None
-) -> Plan:
+def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
     """deployctl plan --facts FILE: the plan, its notes naming every figure's origin."""
-    fm = pool_model(inp, context)
+    fm = pool_model(inp, asked.context)
     host = synthetic_host(inp, fm.layout, fm.fraction)
-    plan = plan_for_host(
-        host, context, None, host.sglang.flags, fraction=fraction, max_running=max_running, model=fm.pool
-    )
+    plan = plan_for_host(host, asked, None, host.sglang.flags, model=fm.pool)
     sources = [f"{k}: {v}" for k, v in inp.sources.items()]
     extra = [*fm.notes, "figures from " + "; ".join(sources)]
     warnings = list(plan.warnings)
@@ -620,9 +586,7 @@ def plan_from_host_facts(
     host: HostConfig,
     facts: Mapping[str, Any],
     calibration: Sequence[Mapping[str, Any]] | None,
-    context: int,
-    fraction: float | None = None,
-    max_running: int | None = None,
+    asked: Target,
 ) -> Plan | None:
     """The plan from what the host's agent read (config.json, safetensors headers, nvidia-smi), the
     inventory's figures overriding; None when the host gave no config.json (the inventory plans then)."""
@@ -641,4 +605,4 @@ def plan_from_host_facts(
     assert inp is not None
     if inventory_gpus:
         inp = replace(inp, sources={**inp.sources, "gpus": "inventory: gpus (no nvidia-smi rows)"})
-    return plan_from_facts(inp, context, fraction, max_running)
+    return plan_from_facts(inp, asked)

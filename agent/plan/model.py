@@ -56,15 +56,13 @@ class PoolModel:
         fraction *= self.fraction_scale
         if self.sizer is not None:
             return self.sizer.tokens(self.post_gib - self.pre_gib * (1.0 - fraction))
-        return kvpool.pool_tokens(
-            self.pre_gib, self.post_gib, fraction, self.cell_bytes, self.page_size, self.max_total_tokens
-        )
+        paging = kvpool.Paging(self.page_size, self.max_total_tokens)
+        return kvpool.pool_tokens(self.pre_gib, self.post_gib, fraction, self.cell_bytes, paging)
 
     def min_fraction(self, tokens: int) -> float | None:
         if self.sizer is None and not self.margin_gib and self.fraction_scale == 1.0:
-            return kvpool.min_fraction(
-                self.pre_gib, self.post_gib, self.cell_bytes, tokens, self.page_size, self.max_total_tokens
-            )
+            paging = kvpool.Paging(self.page_size, self.max_total_tokens)
+            return kvpool.min_fraction(self.pre_gib, self.post_gib, self.cell_bytes, tokens, paging)
         # The low end of pre: both pre and post lower by the margin (the weights stay what they are).
         low = replace(self, pre_gib=self.pre_gib - self.margin_gib, post_gib=self.post_gib - self.margin_gib,
                       margin_gib=0.0)  # fmt: skip
@@ -161,14 +159,16 @@ def architecture_cell(
         cell = kvpool.mla_cell(m.kv_lora_rank, m.qk_rope_head_dim, m.layers, elem)
     else:
         assert m.kv_heads is not None and m.head_dim is not None
-        cell = kvpool.gqa_cell(m.kv_heads, m.head_dim, m.v_head_dim or m.head_dim, m.layers, elem, attn_tp)
+        heads = kvpool.Heads(m.kv_heads, m.head_dim, m.v_head_dim or m.head_dim)
+        cell = kvpool.gqa_cell(heads, m.layers, elem, attn_tp)
     if d is None:
         return cell, []
     try:
-        return kvpool.with_draft(
-            cell, algorithm=d.algorithm, version=version(host), layers=m.layers, draft_layers=d.layers,
-            draft_kv_heads=d.kv_heads, draft_head_dim=d.head_dim, draft_elem=draft_elem, attn_tp=attn_tp,
-        ), []  # fmt: skip
+        draft_heads = None
+        if d.kv_heads is not None and d.head_dim is not None:
+            draft_heads = kvpool.Heads(d.kv_heads, d.head_dim)
+        draft = kvpool.DraftKV(d.algorithm, d.layers, draft_heads, draft_elem)
+        return kvpool.with_draft(cell, draft, version=version(host), layers=m.layers, attn_tp=attn_tp), []
     except ValueError:
         keys = ["layers"] if d.algorithm != "DFLASH" else ["layers", "kv_heads", "head_dim"]
         return None, [f"draft.{k}" for k in keys if getattr(d, k) is None] or [f"draft ({d.algorithm})"]

@@ -12,7 +12,7 @@ from agent.errors import RemoteError
 from agent.inventory import HostConfig
 from agent.protocol import Event, ProtocolError, Request, Smoke, Stage, Timeouts
 from agent.remote import bundle
-from agent.remote.ssh.transport import ConnectRetry, SshTransport
+from agent.remote.ssh.transport import ConnectRetry, SshSettings, SshTransport
 from agent.remote.transport import LocalTransport, Result, Transport, tail_lines
 
 
@@ -21,9 +21,8 @@ def open_transport(host: HostConfig, accept_new_host_key: bool = False) -> Trans
     if host.ssh.target == "local":
         return LocalTransport(sudo=host.ssh.sudo)
     retry = ConnectRetry(attempts=host.ssh.connect_attempts, timeout_s=host.ssh.connect_timeout_s)
-    ssh = SshTransport(
-        host.ssh.target, name=host.name, accept_new=accept_new_host_key, sudo=host.ssh.sudo, retry=retry
-    )
+    settings = SshSettings(accept_new=accept_new_host_key, sudo=host.ssh.sudo, retry=retry)
+    ssh = SshTransport(host.ssh.target, settings, name=host.name)
     return ssh.connect()
 
 

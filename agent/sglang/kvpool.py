@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 GIB = 2**30
 FRACTION_STEP = 0.001  # the planner emits fractions with three decimals
@@ -31,6 +32,39 @@ DFLASH_FAMILY = frozenset({"DFLASH", "DSPARK"})
 # The exact DFLASH draft term starts at 0.5.18 (FACTS corrections); 0.5.11-0.5.17 scale by layers.
 DFLASH_EXACT_FROM = (0, 5, 18, 0)
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.?post(\d+))?(?:[.+-].*)?")
+
+
+@dataclass(frozen=True)
+class Heads:
+    """The KV shape of MHA/GQA attention: KV heads, and the K and V widths of one head."""
+
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int | None = None  # None: as wide as K
+
+    @property
+    def width(self) -> int:
+        """K plus V elements per KV head."""
+        return self.head_dim + (self.head_dim if self.v_head_dim is None else self.v_head_dim)
+
+
+@dataclass(frozen=True)
+class DraftKV:
+    """What a speculative draft adds to the pool's cell: its algorithm and KV layers, and for the DFLASH
+    family from 0.5.18 its own heads and bytes per element."""
+
+    algorithm: str | None
+    layers: int | None
+    heads: Heads | None = None
+    elem: int = 2
+
+
+@dataclass(frozen=True)
+class Paging:
+    """How the pool's token count is rounded and capped: --page-size and --max-total-tokens."""
+
+    page_size: int = 1
+    max_total_tokens: int | None = None
 
 
 def parse_version(text: str) -> tuple[int, int, int, int]:
@@ -66,32 +100,20 @@ def mla_cell(kv_lora_rank: int, qk_rope_head_dim: int, layers: int, elem: int) -
     return (kv_lora_rank + qk_rope_head_dim) * layers * elem
 
 
-def gqa_cell(kv_heads: int, head_dim: int, v_head_dim: int, layers: int, elem: int, attn_tp: int) -> int:
+def gqa_cell(heads: Heads, layers: int, elem: int, attn_tp: int) -> int:
     """MHA/GQA bytes per token per GPU: K and V for this rank's heads (get_cell_size_per_token)."""
-    return heads_per_rank(kv_heads, attn_tp) * (head_dim + v_head_dim) * layers * elem
+    return heads_per_rank(heads.kv_heads, attn_tp) * heads.width * layers * elem
 
 
 def with_draft(
-    cell: int,
-    *,
-    algorithm: str | None,
-    version: tuple[int, int, int, int],
-    layers: int,
-    draft_layers: int | None,
-    draft_kv_heads: int | None = None,
-    draft_head_dim: int | None = None,
-    draft_v_head_dim: int | None = None,
-    draft_elem: int = 2,
-    attn_tp: int = 1,
+    cell: int, draft: DraftKV, *, version: tuple[int, int, int, int], layers: int, attn_tp: int = 1
 ) -> int:
     """The target cell enlarged by the speculative draft's own KV, as each SGLang version budgets it."""
+    algorithm, draft_layers = draft.algorithm, draft.layers
     if algorithm is None or algorithm == "NGRAM":
         return cell  # NGRAM has no draft model and no draft pool
     if algorithm in DFLASH_FAMILY:
-        return _dflash_cell(
-            cell, version, layers, draft_layers, draft_kv_heads, draft_head_dim, draft_v_head_dim,
-            draft_elem, attn_tp,
-        )  # fmt: skip
+        return _dflash_cell(cell, draft, version, layers, attn_tp)
     if algorithm not in EAGLE_STYLE:
         raise ValueError(f"speculative algorithm {algorithm!r} is not sized here")
     if version < (0, 5, 14, 0):
@@ -104,15 +126,7 @@ def with_draft(
 
 
 def _dflash_cell(
-    cell: int,
-    version: tuple[int, int, int, int],
-    layers: int,
-    draft_layers: int | None,
-    kv_heads: int | None,
-    head_dim: int | None,
-    v_head_dim: int | None,
-    elem: int,
-    attn_tp: int,
+    cell: int, draft: DraftKV, version: tuple[int, int, int, int], layers: int, attn_tp: int
 ) -> int:
     """DFLASH/DSPARK: layer scaling in 0.5.11-0.5.17, an exact draft term from 0.5.18.
 
@@ -121,24 +135,19 @@ def _dflash_cell(
     """
     if version < (0, 5, 11, 0):
         raise ValueError("DFLASH speculative decoding needs SGLang 0.5.11 or newer")
-    if draft_layers is None:
+    if draft.layers is None:
         raise ValueError("the draft's layer count is needed to size the pool")
     if version < DFLASH_EXACT_FROM:
-        return math.ceil(cell * (layers + draft_layers) / layers)
-    if kv_heads is None or head_dim is None:
+        return math.ceil(cell * (layers + draft.layers) / layers)
+    if draft.heads is None:
         raise ValueError("the draft's KV heads and head_dim are needed to size the pool")
     # mem_cache/draft_kv_budget.py and speculative/dflash_utils.py: the draft's own K and V per rank.
-    v_dim = head_dim if v_head_dim is None else v_head_dim
-    return cell + heads_per_rank(kv_heads, attn_tp) * (head_dim + v_dim) * draft_layers * elem
+    heads = draft.heads
+    return cell + heads_per_rank(heads.kv_heads, attn_tp) * heads.width * draft.layers * draft.elem
 
 
 def pool_tokens(
-    pre_gib: float,
-    post_gib: float,
-    fraction: float,
-    cell_bytes: int | float,
-    page_size: int = 1,
-    max_total_tokens: int | None = None,
+    pre_gib: float, post_gib: float, fraction: float, cell_bytes: int | float, paging: Paging = Paging()
 ) -> int:
     """Tokens SGLang allocates: floor((post - pre*(1-f)) * 2^30 / cell), paged and capped; 0 = no memory.
 
@@ -148,9 +157,10 @@ def pool_tokens(
     rest_gib = post_gib - pre_gib * (1.0 - fraction)
     if rest_gib <= 0:
         return 0  # SGLang refuses to start: "Not enough memory. Please try to increase ..."
+    page_size, cap = paging.page_size, paging.max_total_tokens
     tokens = _floor_page(math.floor(rest_gib * GIB / cell_bytes), page_size)
-    if max_total_tokens is not None and max_total_tokens < tokens:
-        tokens = _floor_page(max_total_tokens, page_size)
+    if cap is not None and cap < tokens:
+        tokens = _floor_page(cap, page_size)
     return max(tokens, 0)
 
 
@@ -159,22 +169,17 @@ def _floor_page(tokens: int, page_size: int) -> int:
 
 
 def min_fraction(
-    pre_gib: float,
-    post_gib: float,
-    cell_bytes: int | float,
-    target_tokens: int,
-    page_size: int = 1,
-    max_total_tokens: int | None = None,
+    pre_gib: float, post_gib: float, cell_bytes: int | float, target_tokens: int, paging: Paging = Paging()
 ) -> float | None:
     """The smallest fraction, rounded up to 0.001, whose pool holds target_tokens; None if none below 1."""
-    if max_total_tokens is not None and max_total_tokens < target_tokens:
+    if paging.max_total_tokens is not None and paging.max_total_tokens < target_tokens:
         return None
     # Solve rest = target * cell exactly, then step up: the page floor and float rounding can fall short.
     exact = 1.0 - (post_gib - target_tokens * cell_bytes / GIB) / pre_gib
     steps = max(1, math.ceil(round(exact / FRACTION_STEP, 6)))
     while steps * FRACTION_STEP < 1.0:
         fraction = round(steps * FRACTION_STEP, 3)
-        if pool_tokens(pre_gib, post_gib, fraction, cell_bytes, page_size, max_total_tokens) >= target_tokens:
+        if pool_tokens(pre_gib, post_gib, fraction, cell_bytes, paging) >= target_tokens:
             return fraction
         steps += 1
     return None

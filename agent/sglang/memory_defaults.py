@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.sglang.kvlayout import KVLayout
+from agent.sglang.pools import Parallel
 
 # Multimodal archs that keep the prefill graph (configs/model_config.py breakable allowlist).
 _MM_PREFILL_GRAPH = frozenset(
@@ -25,6 +26,17 @@ class MemorySettings:
     chunked_prefill: int
     decode_max_bs: int
     fraction: float
+
+
+@dataclass(frozen=True)
+class MemoryFlags:
+    """The server flags handle_gpu_memory_settings reads besides the parallel sizes (None: unset)."""
+
+    chunked_prefill: int | None = None
+    decode_max_bs: int | None = None
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    cuda_graph: bool = True
 
 
 def class_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -54,20 +66,14 @@ def prefill_graph_sizes(max_bs: int) -> int:
 
 
 def default_fraction(
-    layout: KVLayout,
-    gpu_mib: float,
-    *,
-    tp: int,
-    pp: int = 1,
-    attn_dp: int = 1,
-    chunked_prefill: int | None = None,
-    decode_max_bs: int | None = None,
-    max_running_requests: int | None = None,
-    max_total_tokens: int | None = None,
-    cuda_graph: bool = True,
+    layout: KVLayout, gpu_mib: float, par: Parallel, flags: MemoryFlags = MemoryFlags()
 ) -> MemorySettings:
     """handle_gpu_memory_settings: reserved MiB = 512 + activations x 1.5 + tp*pp/8 GiB + graphs, floored
     at 10 GiB on cards over 60 GiB; f = round((gpu - reserved) / gpu, 3); times the VLM factor."""
+    tp, pp, attn_dp = par.tp, par.pp, par.attn_dp
+    chunked_prefill, decode_max_bs = flags.chunked_prefill, flags.decode_max_bs
+    max_running_requests, max_total_tokens = flags.max_running_requests, flags.max_total_tokens
+    cuda_graph = flags.cuda_graph
     chunk_default, bs_default = class_defaults(gpu_mib, tp)
     chunk = chunked_prefill or chunk_default
     bs = decode_max_bs or bs_default

@@ -58,9 +58,31 @@ def heads_per_rank(kv_heads: int, attn_tp: int, dcp: int = 1) -> int:
     return max(1, kv_heads // max(1, attn_tp // dcp))
 
 
-def _mla_dim(
-    layout: KVLayout, dtype: str, sm_major: int | None, backends: tuple[str | None, str | None] = (None, None)
-) -> int:
+@dataclass(frozen=True)
+class Parallel:
+    """How a server splits its model: tensor, pipeline, attention-DP and decode-context parallel sizes."""
+
+    tp: int
+    pp: int = 1
+    attn_dp: int = 1
+    dcp: int = 1
+
+    @property
+    def attn_tp(self) -> int:
+        return max(1, self.tp // self.attn_dp)
+
+
+@dataclass(frozen=True)
+class DsaBackends:
+    """What reads DSA's KV rows: --dsa-prefill-backend and --dsa-decode-backend; unset ones are SGLang's
+    default for the GPU's SM major."""
+
+    prefill: str | None = None
+    decode: str | None = None
+    sm_major: int | None = None
+
+
+def _mla_dim(layout: KVLayout, dtype: str, backends: DsaBackends) -> int:
     """mem_cache/kv_cache_configurator.py calculate_mla_kv_cache_dim.
 
     DSA with fp8 stores the scaled row (latent + 4 B per 128 + rope in bf16: 656 for 512/64) unless a
@@ -70,8 +92,8 @@ def _mla_dim(
     raw = layout.kv_lora_rank + layout.qk_rope_head_dim
     if layout.family != "dsa" or dtype != "fp8_e4m3":
         return raw
-    default = "trtllm" if (sm_major or 9) >= 10 else "flashmla_kv"
-    prefill, decode = (b or default for b in backends)
+    default = "trtllm" if (backends.sm_major or 9) >= 10 else "flashmla_kv"
+    prefill, decode = backends.prefill or default, backends.decode or default
     if "trtllm" in (prefill, decode) or prefill == decode == "tilelang":
         return raw
     return layout.kv_lora_rank + layout.kv_lora_rank // DSA_QUANT_BLOCK * 4 + layout.qk_rope_head_dim * 2
@@ -87,19 +109,14 @@ def dsa_indexer_bytes(layout: KVLayout, layers: int) -> int:
 
 
 def full_cell(
-    layout: KVLayout,
-    dtype: str,
-    attn_tp: int,
-    layers: int,
-    sm_major: int | None,
-    dcp: int = 1,
-    dsa_backends: tuple[str | None, str | None] = (None, None),
+    layout: KVLayout, dtype: str, layers: int, par: Parallel, backends: DsaBackends = DsaBackends()
 ) -> int:
     """pool_configurator.py DefaultPoolConfigurator._compute_cell_size for `layers` full-attention layers."""
+    attn_tp, dcp = par.attn_tp, par.dcp
     elem = elem_bytes(dtype, layout)
     block = 0 if dtype == "auto" else KV_DTYPES[dtype][1]
     if layout.kv_lora_rank:
-        dim = _mla_dim(layout, dtype, sm_major, dsa_backends)
+        dim = _mla_dim(layout, dtype, backends)
         # fp4: half the bytes plus one scale byte per 16 (the is_float4_e2m1fn_x2 branch).
         cell = dim * layers // 2 + dim // 16 * layers if block == 16 else int(dim * layers * elem)
         if layout.family == "dsa":

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agent.inventory import load_host
-from agent.plan.choose import plan_for_host
+from agent.plan.choose import Target, plan_for_host
 from agent.sglang.flags import parse_unit_flags
 from tests import fleethosts, testhost
 from tests.fleethosts import Fleet, HostSpec
@@ -260,7 +260,7 @@ def test_later_hosts_are_planned_from_the_canarys_measured_start(fleet: Fleet) -
     # Lighter weights than the inventory's guess: the canary measured more pool than predicted.
     assert canary["measured_pool"] > canary["plan"]["predicted_pool"] * 1.1
     cfg = load_host("n2", fleet.units_dir)
-    implied = plan_for_host(cfg, 200_000, [canary["measured_start"]], dict(cfg.sglang.flags))
+    implied = plan_for_host(cfg, Target(200_000), [canary["measured_start"]], dict(cfg.sglang.flags))
     for name in ("n2", "n3"):
         h = hosts[name]
         assert h["plan"]["calibrated_from"] == ["canary n1"], output

@@ -63,7 +63,7 @@ def test_follow_ticks_while_silent_and_ends_at_deadline(
         systemd.start(unit, timeout=10)
         invocation = systemd.unit_state(unit).invocation_id
         started = time.monotonic()
-        items = list(journal.follow(unit, journal.cursor(), invocation, started + 0.5, poll_s=0.02))
+        items = list(journal.follow(unit, journal.cursor(), invocation, started + 0.5))
         elapsed = time.monotonic() - started
     assert elapsed < 0.7
     assert items and all(item is None for item in items) and len(items) >= 5

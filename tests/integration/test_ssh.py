@@ -10,12 +10,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.errors import ConnectError
 from agent.exitcodes import ExitCode
-from agent.remote.ssh.transport import ConnectRetry, SshTransport
+from agent.remote.ssh.transport import ConnectRetry, SshSettings, SshTransport
 from agent.remote.transport import ConnectionLost
 from tests.integration.sshd import Sshd, fingerprint_of, free_port, keygen, skip_unless_sshd, start_sshd
 
@@ -38,11 +39,9 @@ class Lab:
     config: Path
     known_hosts: Path
 
-    def transport(self, target: str = "target", **options: object) -> SshTransport:
-        options.setdefault("config_path", self.config)
-        options.setdefault("known_hosts", self.known_hosts)
-        options.setdefault("retry", FAST)
-        return SshTransport(target, allow_agent=False, **options)  # type: ignore[arg-type]
+    def transport(self, target: str = "target", name: str | None = None, **options: Any) -> SshTransport:
+        given = {"config_path": self.config, "known_hosts": self.known_hosts, "retry": FAST, **options}
+        return SshTransport(target, SshSettings(allow_agent=False, **given), name=name)
 
 
 def _host(alias: str, sshd: Sshd, key: Path, hostname: str = "127.0.0.1", extra: str = "") -> str:
@@ -104,7 +103,7 @@ def test_alias_from_an_included_file_in_home(
     (dot_ssh / "conf.d" / "README").write_text("Host lab\n  Port 1\n")  # not *.conf: never read
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("DEPLOYCTL_SSH_CONFIG", str(dot_ssh / "config"))
-    with SshTransport("lab", known_hosts=lab.known_hosts, retry=FAST, allow_agent=False) as ssh:
+    with SshTransport("lab", SshSettings(known_hosts=lab.known_hosts, retry=FAST, allow_agent=False)) as ssh:
         assert ssh.run(["id", "-un"]).check().stdout == b"root\n"
 
 

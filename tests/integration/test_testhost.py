@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.testhost import TestHost, missing_prerequisites
+from tests.testhost import HostSetup, TestHost, missing_prerequisites
 from tests.testhost.instance import INSTANCES, REPO, orphans
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ def test_restart_keeps_etc_and_stop_removes_everything(fresh_testhost: TestHost)
 def test_files_and_enabled_units_are_in_place_at_boot() -> None:
     unit = b"[Service]\nExecStart=/bin/sleep 1000\n[Install]\nWantedBy=multi-user.target\n"
     files = {"/etc/systemd/system/dctl-boot.service": (unit, 0o644)}
-    with TestHost.create(files=files, enable_units=["dctl-boot.service"]) as host:
+    with TestHost.create(HostSetup(files, ["dctl-boot.service"])) as host:
         state = host.ssh(["systemctl", "is-active", "dctl-boot.service"]).stdout.decode().strip()
     assert state == "active"
 

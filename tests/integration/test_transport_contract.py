@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import RemoteError
-from agent.remote.ssh.transport import ConnectRetry, SshTransport
+from agent.remote.ssh.transport import ConnectRetry, SshSettings, SshTransport
 from agent.remote.transport import CommandTimedOut, LocalTransport, RemoteCommandFailed, Transport
 from tests.integration.sshd import Sshd, keygen, skip_unless_sshd, start_sshd
 
@@ -40,9 +40,8 @@ def transport(request: pytest.FixtureRequest) -> Iterator[Transport]:
         _, root = request.getfixturevalue("sshd")
         retry = ConnectRetry(attempts=2, initial_delay_s=0.05)
         known = root / "known_hosts"
-        chosen = SshTransport(
-            "box", config_path=root / "config", known_hosts=known, retry=retry, allow_agent=False
-        )
+        settings = SshSettings(config_path=root / "config", known_hosts=known, retry=retry, allow_agent=False)
+        chosen = SshTransport("box", settings)
     yield chosen
     chosen.close()
 

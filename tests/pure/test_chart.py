@@ -12,7 +12,7 @@ from agent.chart import ASCII, UNICODE, PoolChart, draw, from_plan
 from agent.cli.main import main
 from agent.inventory import HostConfig
 from agent.output import Output
-from agent.plan.choose import plan_for_host
+from agent.plan.choose import Target, plan_for_host
 from tests.pure.test_plan_cmd import start_log, units  # noqa: F401  (fixtures)
 from tests.pure.test_planner import CT200, merged
 
@@ -24,14 +24,8 @@ CHARTS = ROOT / "chart"
 def chart_of(path: Path) -> PoolChart:
     given = json.loads(path.read_text(encoding="utf-8"))["input"]
     host = HostConfig.model_validate(merged(CT200, given.get("host", {})))
-    plan = plan_for_host(
-        host,
-        given["target"],
-        given.get("calibration"),
-        host.sglang.flags,
-        fraction=given.get("fraction"),
-        max_running=given.get("max_running_requests"),
-    )
+    asked = Target(given["target"], given.get("fraction"), given.get("max_running_requests"))
+    plan = plan_for_host(host, asked, given.get("calibration"), host.sglang.flags)
     return from_plan(plan, float(host.sglang.flags["mem-fraction-static"]))
 
 

@@ -13,10 +13,12 @@ import pytest
 from agent.cli.main import main
 from agent.errors import UsageError
 from agent.output import Output
+from agent.plan.choose import Target
 from agent.plan.facts import parse_facts
 from agent.plan.from_facts import plan_from_facts, pool_model
 from agent.sglang import kvpool, memory_defaults
 from agent.sglang.kvlayout import read_layout
+from agent.sglang.pools import Parallel
 from tests.pure import facts_fixtures as cfg
 from tests.pure.test_plan_cmd import START_LOG
 
@@ -59,7 +61,7 @@ def test_ct200_calibrated_from_the_facts_within_0_1_percent(fraction: float, mea
 
 
 def test_ct200_reaches_200k_in_one_restart_from_the_facts() -> None:
-    p = plan_from_facts(parse_facts(ct200()), 200_000)
+    p = plan_from_facts(parse_facts(ct200()), Target(200_000))
     assert p.feasible and p.basis == "calibrated"
     assert kvpool.pool_tokens(TRUE_PRE, TRUE_POST, p.mem_fraction_static, TRUE_CELL) >= 200_000
 
@@ -76,7 +78,7 @@ def test_ct200_with_the_multimodal_reservation_costs_1362_tokens_cold() -> None:
 
 
 def test_cold_ct200_still_reaches_200k_and_says_how_wide_the_margin_is() -> None:
-    p = plan_from_facts(parse_facts(ct200(last_start=None)), 200_000)
+    p = plan_from_facts(parse_facts(ct200(last_start=None)), Target(200_000))
     assert p.feasible and p.basis == "architecture"
     assert kvpool.pool_tokens(TRUE_PRE, TRUE_POST, p.mem_fraction_static, TRUE_CELL) >= 200_000
     assert any("±0.35 GiB" in n for n in p.notes)
@@ -189,7 +191,7 @@ def test_kinds_not_followed_get_a_one_line_refusal() -> None:
 
 def test_sglang_default_fraction_when_the_flag_is_absent() -> None:
     layout = read_layout(cfg.KIMI_K26)
-    settings = memory_defaults.default_fraction(layout, 97_871, tp=8)
+    settings = memory_defaults.default_fraction(layout, 97_871, Parallel(tp=8))
     assert settings.fraction == pytest.approx(0.833 * 0.909736328125, abs=1e-6)  # FACTS: 0.758 on 0.5.23
 
 
@@ -302,7 +304,7 @@ def test_multimodal_is_what_sglang_serves_as_multimodal() -> None:
 def test_alternatives_resize_the_familys_own_pool() -> None:
     # gpt-oss-120b on one H100: a 1M context does not fit; fp8 KV must double the hybrid pool it predicts.
     doc = facts(cfg.GPT_OSS_120B, weights=65 * 10**9, flags={"tp-size": 1, "mem-fraction-static": 0.88})
-    p = plan_from_facts(parse_facts(doc), 1_000_000)
+    p = plan_from_facts(parse_facts(doc), Target(1_000_000))
     assert not p.feasible
     fp8 = next(a for a in p.alternatives if a.change.startswith("fp8"))
     model = pool_model(parse_facts(doc), 1_000_000).pool
@@ -316,12 +318,14 @@ def test_dflash_before_0_5_18_scales_by_layers_and_the_plan_warns_about_the_vers
     old = ct200(sglang={"version": "0.5.17"}, last_start=None)
     fm = pool_model(parse_facts(old), 200_000)
     assert fm.pool.cell_bytes == -(-70_272 * 64 // 61)
-    p = plan_from_facts(parse_facts(old), 200_000)
+    p = plan_from_facts(parse_facts(old), Target(200_000))
     assert any("follows 0.5.23's sizing rules" in w for w in p.warnings)
-    assert not any("follows 0.5.23" in w for w in plan_from_facts(parse_facts(ct200()), 200_000).warnings)
+    assert not any(
+        "follows 0.5.23" in w for w in plan_from_facts(parse_facts(ct200()), Target(200_000)).warnings
+    )
 
 
 def test_linear_hybrid_plan_names_the_request_cap_of_the_state_cache() -> None:
     doc = facts(cfg.QWEN3_NEXT, n=4, weights=160 * 10**9, flags={"tp-size": 4, "mem-fraction-static": 0.88})
-    p = plan_from_facts(parse_facts(doc), 131_072)
+    p = plan_from_facts(parse_facts(doc), Target(131_072))
     assert any("SGLang caps --max-running-requests at" in n for n in p.notes)

@@ -29,7 +29,7 @@ from agent.deploy import show_plan
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig
 from agent.output import Output
-from agent.plan.choose import plan_for_host
+from agent.plan.choose import Target, plan_for_host
 from agent.render import is_secret_env, render_unit, template_dir
 from agent.sglang.flags import FlagValue, parse_unit, split_words, unit_lines
 
@@ -536,7 +536,7 @@ def test_render_diff_shows_no_secret(place: Place, name: str, value: str, api_ke
 def test_the_plan_shown_before_apply_has_no_secret(name: str, value: str, api_key: str) -> None:
     plain = secret_host({})
     host = secret_host({name: value})
-    plan = plan_for_host(host, 200_000, None, dict(host.sglang.flags))
+    plan = plan_for_host(host, Target(200_000), None, dict(host.sglang.flags))
     old = render_unit(plain, {}, template_dir())
     new = render_unit(host, {**plan.flags(), "api-key": api_key}, template_dir())
     out = Output(stdout=io.StringIO(), stderr=io.StringIO())

@@ -11,7 +11,7 @@ import paramiko
 import pytest
 
 from agent.remote.ssh.hostkeys import HostKeyError, KnownHostsPolicy, load_known_hosts, revoked_key_error
-from agent.remote.ssh.transport import SshTransport
+from agent.remote.ssh.transport import SshSettings, SshTransport
 
 HOST = "gpu-1.lab"
 
@@ -27,7 +27,9 @@ def _line(names: str, key: paramiko.PKey, marker: str = "") -> str:
 def _transport(tmp_path: Path, known_hosts: Path, extra: str = "", accept_new: bool = True) -> SshTransport:
     config = tmp_path / "config"
     config.write_text(f"Host gpu-1\n  HostName {HOST}\n  User root\n{extra}")
-    return SshTransport("gpu-1", config_path=config, known_hosts=known_hosts, accept_new=accept_new)
+    return SshTransport(
+        "gpu-1", SshSettings(config_path=config, known_hosts=known_hosts, accept_new=accept_new)
+    )
 
 
 def _policy(transport: SshTransport, client: paramiko.SSHClient) -> KnownHostsPolicy:

@@ -207,30 +207,25 @@ def test_draft_model_types(model_type: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("line", "tokens", "size", "k", "v", "dtype", "label"),
+    ("line", "expected"),
     [
-        ("KV Cache is allocated. #tokens: 5874221, K size: 67.23 GB, V size: 67.23 GB", 5874221, 134.46, 67.23, 67.23, None, None),
-        ("KV Cache is allocated. #tokens: 161488, KV size: 10.57 GB", 161488, 10.57, None, None, None, None),
-        ("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 2454421, KV size: 160.63 GB", 2454421, 160.63, None, None, "torch.bfloat16", None),
-        ("KV Cache is allocated. dtype: fp8_e4m3, #tokens: 90000, K size: 1.50 GB, V size: 1.50 GB", 90000, 3.0, 1.5, 1.5, "fp8_e4m3", None),
-        ("Full KV Cache is allocated. dtype: torch.bfloat16, #tokens: 375360, K size: 4.82 GB, V size: 3.21 GB", 375360, 8.03, 4.82, 3.21, "torch.bfloat16", "Full"),
-        ("SWA KV Cache is allocated. dtype: torch.bfloat16, #tokens: 300288, K size: 8.38 GB, V size: 5.59 GB", 300288, 13.97, 8.38, 5.59, "torch.bfloat16", "SWA"),
-        ("KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: 900000, K size: 30.00 GB, V size: 30.00 GB", 900000, 60.0, 30.0, 30.0, "torch.bfloat16", "va_upper_bound"),
-        ("Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: 812345, KV size: 54.20 GB, avail mem=3.10 GB", 812345, 54.2, None, None, "torch.bfloat16", "post_capture"),
+        ("KV Cache is allocated. #tokens: 5874221, K size: 67.23 GB, V size: 67.23 GB", (5874221, 134.46, 67.23, 67.23, None, None)),
+        ("KV Cache is allocated. #tokens: 161488, KV size: 10.57 GB", (161488, 10.57, None, None, None, None)),
+        ("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 2454421, KV size: 160.63 GB", (2454421, 160.63, None, None, "torch.bfloat16", None)),
+        ("KV Cache is allocated. dtype: fp8_e4m3, #tokens: 90000, K size: 1.50 GB, V size: 1.50 GB", (90000, 3.0, 1.5, 1.5, "fp8_e4m3", None)),
+        ("Full KV Cache is allocated. dtype: torch.bfloat16, #tokens: 375360, K size: 4.82 GB, V size: 3.21 GB", (375360, 8.03, 4.82, 3.21, "torch.bfloat16", "Full")),
+        ("SWA KV Cache is allocated. dtype: torch.bfloat16, #tokens: 300288, K size: 8.38 GB, V size: 5.59 GB", (300288, 13.97, 8.38, 5.59, "torch.bfloat16", "SWA")),
+        ("KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: 900000, K size: 30.00 GB, V size: 30.00 GB", (900000, 60.0, 30.0, 30.0, "torch.bfloat16", "va_upper_bound")),
+        ("Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: 812345, KV size: 54.20 GB, avail mem=3.10 GB", (812345, 54.2, None, None, "torch.bfloat16", "post_capture")),
     ],
 )  # fmt: skip
 def test_kv_pool_formats(
-    line: str,
-    tokens: int,
-    size: float,
-    k: float | None,
-    v: float | None,
-    dtype: str | None,
-    label: str | None,
+    line: str, expected: tuple[int, float, float | None, float | None, str | None, str | None]
 ) -> None:
+    """expected: tokens, size, K and V size (GB), dtype, label."""
     (e,) = parse_line("[2026-10-30 12:01:11 TP0] " + line)
     assert isinstance(e, ev.KvPool)
-    assert (e.tokens, e.size_gb, e.k_gb, e.v_gb, e.dtype, e.label) == (tokens, size, k, v, dtype, label)
+    assert (e.tokens, e.size_gb, e.k_gb, e.v_gb, e.dtype, e.label) == expected
 
 
 def test_memory_pool_and_graph_lines() -> None:

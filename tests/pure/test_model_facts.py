@@ -11,6 +11,7 @@ import pytest
 
 from agent.host import model_facts
 from agent.inventory import HostConfig
+from agent.plan.choose import Target
 from agent.plan.facts import parse_facts
 from agent.plan.from_facts import plan_from_host_facts
 from tests.pure import facts_fixtures as cfg
@@ -85,11 +86,11 @@ def test_inventory_figures_override_the_hosts_and_the_plan_says_so(host: HostCon
     doc = model_facts.collect(UNIT.format(path=folder), [], [])
     assert doc is not None
     doc["sglang"] = {"version": None}  # no SGLang found in the unit's Python: the inventory's version
-    plan = plan_from_host_facts(host, {"model_facts": doc}, None, 200_000)
+    plan = plan_from_host_facts(host, {"model_facts": doc}, None, Target(200_000))
     assert plan is not None and plan.basis == "architecture"
     assert any("inventory: model.weights_gib_per_gpu" in n for n in plan.notes)
     assert any("inventory: gpus" in n for n in plan.notes)  # no nvidia-smi rows
-    assert plan_from_host_facts(host, {"model_facts": None}, None, 200_000) is None
+    assert plan_from_host_facts(host, {"model_facts": None}, None, Target(200_000)) is None
 
 
 def test_hostile_files_give_no_facts_never_a_crash(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from agent.errors import UsageError
 from agent.inventory import HostConfig
-from agent.plan.choose import Plan, plan_for_host
+from agent.plan.choose import Plan, Target, plan_for_host
 from agent.sglang import kvpool
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "plan"
@@ -84,7 +84,7 @@ def host(**over: Any) -> HostConfig:
 
 
 def plan(h: HostConfig, target: int, calibration: Any = None, **kw: Any) -> Plan:
-    return plan_for_host(h, target, calibration, h.sglang.flags, **kw)
+    return plan_for_host(h, Target(target, **kw), calibration, h.sglang.flags)
 
 
 def true_pool(fraction: float) -> int:
@@ -227,14 +227,8 @@ def test_golden_plan(path: Path, update_golden: bool) -> None:
     case = json.loads(path.read_text(encoding="utf-8"))
     given = case["input"]
     h = HostConfig.model_validate(merged(CT200, given.get("host", {})))
-    p = plan_for_host(
-        h,
-        given["target"],
-        given.get("calibration"),
-        h.sglang.flags,
-        fraction=given.get("fraction"),
-        max_running=given.get("max_running_requests"),
-    )
+    asked = Target(given["target"], given.get("fraction"), given.get("max_running_requests"))
+    p = plan_for_host(h, asked, given.get("calibration"), h.sglang.flags)
     got = p.to_dict()
     if update_golden:
         case["expected"] = got

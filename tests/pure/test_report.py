@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.inventory import load_host
-from agent.plan.choose import plan_for_host
+from agent.plan.choose import Target, plan_for_host
 from agent.report import ApplyReport, backups_table, render_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ START_085 = {
 def build(case: dict[str, Any]) -> ApplyReport:
     host = load_host("ct200", REPO / "units")
     target = case.get("target")
-    plan = plan_for_host(host, target, [START_085], host.sglang.flags) if target else None
+    plan = plan_for_host(host, Target(target), [START_085], host.sglang.flags) if target else None
     after = {**host.sglang.flags, **(plan.flags() if plan else {})}
     return ApplyReport(
         "ct200",
@@ -41,7 +41,7 @@ def build(case: dict[str, Any]) -> ApplyReport:
         case["outcome"],
         case["message"],
         case["data"],
-        next_plan=plan_for_host(host, target, [case["data"]["summary"]], host.sglang.flags)
+        next_plan=plan_for_host(host, Target(target), [case["data"]["summary"]], host.sglang.flags)
         if case["outcome"] == "rolled_back"
         else None,
     )

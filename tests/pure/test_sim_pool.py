@@ -20,7 +20,7 @@ V23 = (0, 5, 23)
 def ct200_pool(fraction: float, version: tuple[int, int, int] = V23, kv: str = "auto") -> int:
     """The pool the simulated ct200 sizes for Kimi K2.6 + DFLASH at TP 8."""
     elem = sz.kv_elem(kv, "bfloat16")
-    cell = sz.sizing_cell(version, "DFLASH", sz.KIMI_K26, sz.DFLASH_DRAFT, 8, elem)
+    cell = sz.sizing_cell(version, sz.KIMI_K26, sz.Speculation("DFLASH", sz.DFLASH_DRAFT), 8, elem)
     post = CT200.pre_gib - CT200.weights_gib - CT200.draft_weights_gib
     return sz.pool_tokens(CT200.pre_gib, post, fraction, cell).tokens
 
@@ -39,9 +39,9 @@ def test_ct200_logs_the_seed_memory_figures() -> None:
 def test_cells_are_mla_plus_the_exact_dflash_draft_term() -> None:
     assert sz.cell_bytes(sz.KIMI_K26, 8, 2) == 70_272
     assert sz.cell_bytes(sz.DFLASH_DRAFT, 8, 2) == 6_144
-    assert sz.sizing_cell(V23, "DFLASH", sz.KIMI_K26, sz.DFLASH_DRAFT, 8, 2) == 76_416
+    assert sz.sizing_cell(V23, sz.KIMI_K26, sz.Speculation("DFLASH", sz.DFLASH_DRAFT), 8, 2) == 76_416
     # 0.5.11-0.5.16 scale the target by its layers instead: 576 x (61 + 3) x 2
-    assert sz.sizing_cell((0, 5, 16), "DFLASH", sz.KIMI_K26, sz.DFLASH_DRAFT, 8, 2) == 73_728
+    assert sz.sizing_cell((0, 5, 16), sz.KIMI_K26, sz.Speculation("DFLASH", sz.DFLASH_DRAFT), 8, 2) == 73_728
 
 
 def test_pool_grows_13039_tokens_per_hundredth() -> None:
@@ -67,14 +67,14 @@ def test_gqa_cell_shards_kv_heads_over_tp() -> None:
 
 
 def test_gqa_pool_from_the_formula() -> None:
-    pool = sz.pool_tokens(pre=76.0, post=60.0, fraction=0.9, cell=163_840, page=16)
+    pool = sz.pool_tokens(pre=76.0, post=60.0, fraction=0.9, cell=163_840, paging=sz.Paging(page=16))
     assert pool.tokens == (int((60.0 - 7.6) * sz.GIB / 163_840) // 16) * 16
     assert pool.tokens % 16 == 0
 
 
 def test_max_total_tokens_only_lowers_the_pool() -> None:
-    lower = sz.pool_tokens(92.8, 21.12, 0.94, 76_416, cap=150_000)
-    higher = sz.pool_tokens(92.8, 21.12, 0.94, 76_416, cap=500_000)
+    lower = sz.pool_tokens(92.8, 21.12, 0.94, 76_416, sz.Paging(cap=150_000))
+    higher = sz.pool_tokens(92.8, 21.12, 0.94, 76_416, sz.Paging(cap=500_000))
     assert (lower.tokens, lower.cap_ignored) == (150_000, False)
     assert higher.tokens == higher.profiled and higher.cap_ignored
 
@@ -88,9 +88,9 @@ def test_no_memory_left_names_the_minimum_fraction() -> None:
 
 
 def test_default_fraction_matches_the_documented_kimi_values() -> None:
-    k26 = sz.default_fraction(V23, CT200, sz.KIMI_K26, 8, None, 8192, 512)
+    k26 = sz.default_fraction(V23, CT200, sz.KIMI_K26, sz.FractionArgs(8, None, 8192, 512))
     assert k26 == pytest.approx(0.833 * sz.VLM_FACTOR)
-    assert sz.default_fraction((0, 4, 6), CT200, sz.KIMI_K26, 8, None, 8192, 512) == 0.88
+    assert sz.default_fraction((0, 4, 6), CT200, sz.KIMI_K26, sz.FractionArgs(8, None, 8192, 512)) == 0.88
 
 
 def test_smaller_max_running_requests_leaves_more_graph_memory() -> None:

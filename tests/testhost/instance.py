@@ -11,6 +11,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -24,6 +26,18 @@ SIM_TARGET = "/usr/local/lib/python3.11/dist-packages/sglang"
 AGENT_ROOT = "/opt/deployctl"  # PYTHONPATH inside the host for the bound agent/ and jeepney/
 READY_STATES = ("running", "degraded")
 FileSpec = tuple[bytes, int]
+
+
+@dataclass(frozen=True)
+class HostSetup:
+    """What a new instance holds besides the root filesystem: files written into it (path -> bytes and
+    mode), units enabled before boot, the agent's source mounted, and more read-only binds (source ->
+    path inside)."""
+
+    files: Mapping[str, FileSpec] = field(default_factory=dict)
+    enable_units: Sequence[str] = ()
+    mount_agent: bool = True
+    binds_ro: Mapping[str, str] = field(default_factory=dict)
 
 
 class BootError(RuntimeError):
@@ -182,13 +196,7 @@ class TestHost:
     # -- life cycle ---------------------------------------------------------------------------
     @classmethod
     def create(
-        cls,
-        name: str | None = None,
-        files: dict[str, FileSpec] | None = None,
-        enable_units: list[str] | None = None,
-        mount_agent: bool = True,
-        binds_ro: dict[str, str] | None = None,
-        outlive_creator: bool = False,
+        cls, setup: HostSetup = HostSetup(), name: str | None = None, outlive_creator: bool = False
     ) -> TestHost:
         """Build the root filesystem if needed, then prepare and boot a new instance."""
         rootfs = ensure_rootfs()
@@ -200,21 +208,14 @@ class TestHost:
         if host.dir.exists():
             raise TestHostUnavailable(f"a test host named {name} is already up (stop it first)")
         try:
-            host._prepare(rootfs, files or {}, enable_units or [], mount_agent, binds_ro or {})
+            host._prepare(rootfs, setup)
             host.boot()
         except BaseException:
             host.stop()
             raise
         return host
 
-    def _prepare(
-        self,
-        rootfs: Path,
-        files: dict[str, FileSpec],
-        enable_units: list[str],
-        mount_agent: bool,
-        binds_ro: dict[str, str],
-    ) -> None:
+    def _prepare(self, rootfs: Path, setup: HostSetup) -> None:
         # The upper folder's mode becomes the mode of the host's "/": it must be 0755, or services
         # running as other users (dbus-daemon as messagebus) cannot reach anything.
         for sub, mode in (("upper", 0o755), ("work", 0o700), ("merged", 0o755), ("client", 0o700)):
@@ -240,21 +241,21 @@ class TestHost:
         if SIM_SGLANG.is_dir():
             binds[str(SIM_SGLANG)] = SIM_TARGET
             binds.update(ensure_models())  # the weights the simulated server reads
-        if mount_agent:
+        if setup.mount_agent:
             import jeepney
 
             binds[str(REPO / "agent")] = f"{AGENT_ROOT}/agent"
             binds[str(Path(jeepney.__file__).parent)] = f"{AGENT_ROOT}/jeepney"
-        binds.update(binds_ro)
+        binds.update(setup.binds_ro)
         self._binds = [f"--bind-ro={src}:{dst}" for src, dst in binds.items()]
-        for path, (data, mode) in files.items():
+        for path, (data, mode) in setup.files.items():
             target = self.merged / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             target.chmod(mode)
         wants = self.merged / "etc/systemd/system/multi-user.target.wants"
         wants.mkdir(parents=True, exist_ok=True)
-        for unit in enable_units:
+        for unit in setup.enable_units:
             (wants / unit).symlink_to(f"/etc/systemd/system/{unit}")
 
     def _make_keys(self) -> None:

@@ -13,7 +13,7 @@ from agent.cli.options import Connection, add_target_args
 from agent.errors import UsageError
 from agent.inventory import load_host, units_dir
 from agent.output import Output, Style
-from agent.plan.choose import plan_for_host
+from agent.plan.choose import Target, plan_for_host
 from agent.report import plan_with_chart
 from agent.sglang.logs.summary import start_figures
 
@@ -46,6 +46,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _asked(args: argparse.Namespace) -> Target:
+    return Target(args.context, args.mem_fraction_static, args.max_running_requests)
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
     if args.facts:
         return _run_facts(args, out)
@@ -54,6 +58,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = load_host(args.host, units_dir(args.units))
     history: list[dict[str, Any]] | None = [read_start(Path(name)) for name in args.from_log] or None
     running: Mapping[str, Any] = host.sglang.flags
+    asked = _asked(args)
     if not history and not args.offline:
         from agent import deploy  # SSH only when the host is asked
         from agent.remote.client import base_request
@@ -64,21 +69,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
         running = facts.get("flags") or running
         from agent.plan.from_facts import plan_from_host_facts
 
-        from_host = plan_from_host_facts(
-            host, facts, history, args.context, args.mem_fraction_static, args.max_running_requests
-        )
+        from_host = plan_from_host_facts(host, facts, history, asked)
         if from_host is not None:
             chart = plan_with_chart(host.name, from_host, running, unicode=out.style is Style.TTY)
             out.print(json.dumps(from_host.to_dict(), indent=2) if args.json else chart)
             return 0
-    plan = plan_for_host(
-        host,
-        args.context,
-        history,
-        running,
-        fraction=args.mem_fraction_static,
-        max_running=args.max_running_requests,
-    )
+    plan = plan_for_host(host, asked, history, running)
     if args.json:
         out.print(json.dumps(plan.to_dict(), indent=2))
     else:
@@ -96,7 +92,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     inp = load_facts(Path(args.facts))
     if args.from_log:
         inp = replace(inp, starts=(*inp.starts, *(read_start(Path(n)) for n in args.from_log)))
-    plan = plan_from_facts(inp, args.context, args.mem_fraction_static, args.max_running_requests)
+    plan = plan_from_facts(inp, _asked(args))
     chart = plan_with_chart(inp.name, plan, inp.flags, unicode=out.style is Style.TTY)
     out.print(json.dumps(plan.to_dict(), indent=2) if args.json else chart)
     return 0

@@ -11,6 +11,7 @@ import paramiko
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from agent.errors import ConnectError
+from agent.remote.ssh.config import SshTarget
 
 ACCEPT_FLAG = "--accept-new-host-key"
 log = logging.getLogger("deployctl.ssh")
@@ -118,16 +119,15 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
     def __init__(
         self,
         label: str,
-        address: str,
-        record_in: Path,
+        hop: SshTarget,
         accept_new: bool,
         *,
         revoked: RevokedKeys | None = None,
         hash_names: bool = False,
     ) -> None:
         self.label = label
-        self.address = address
-        self.record_in = record_in
+        self.address = hop.address
+        self.record_in = hop.known_hosts[0]  # a key accepted once is recorded in the first file
         self.accept_new = accept_new
         self.revoked: RevokedKeys = revoked or {}
         self.hash_names = hash_names  # the ssh config's HashKnownHosts

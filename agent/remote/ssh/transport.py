@@ -41,32 +41,36 @@ class ConnectRetry:
     timeout_s: float = 10.0  # per attempt: TCP connect, banner and authentication each
 
 
+@dataclass(frozen=True)
+class SshSettings:
+    """How to reach a host and what to trust there: the ssh config and known_hosts files, trusting an
+    unknown host key once, sudo for every command, the connect retries, and keys from ssh-agent."""
+
+    config_path: Path | None = None  # None: ~/.ssh/config
+    known_hosts: Path | None = None  # an explicit file replaces every UserKnownHostsFile, for all hops
+    accept_new: bool = False
+    sudo: bool = False
+    retry: ConnectRetry = ConnectRetry()
+    allow_agent: bool = True
+
+
 class SshTransport:
     """One SSH connection (through any ProxyJump hops) to one host."""
 
     def __init__(
-        self,
-        target: str,
-        *,
-        name: str | None = None,
-        config_path: Path | None = None,
-        known_hosts: Path | None = None,
-        accept_new: bool = False,
-        sudo: bool = False,
-        retry: ConnectRetry = ConnectRetry(),
-        allow_agent: bool = True,
+        self, target: str, settings: SshSettings = SshSettings(), *, name: str | None = None
     ) -> None:
-        self._config = load_config(config_path or default_config_path())
+        self._config = load_config(settings.config_path or default_config_path())
         resolved = resolve(target, self._config)
-        if known_hosts is not None:  # an explicit file replaces every UserKnownHostsFile, for all hops
-            resolved = _with_known_hosts(resolved, known_hosts)
+        if settings.known_hosts is not None:
+            resolved = _with_known_hosts(resolved, settings.known_hosts)
         self.target = resolved
         self._final = resolved.hop()
         self.name = name or resolved.alias
-        self.accept_new = accept_new
-        self.sudo = sudo
-        self.retry = retry
-        self.allow_agent = allow_agent
+        self.accept_new = settings.accept_new
+        self.sudo = settings.sudo
+        self.retry = settings.retry
+        self.allow_agent = settings.allow_agent
         self._clients: list[paramiko.SSHClient] = []
 
     def describe(self) -> str:
@@ -179,14 +183,7 @@ class SshTransport:
         revoked = load_known_hosts(client.get_host_keys(), hop.known_hosts)
         # SshTarget does not carry HashKnownHosts; the hop's alias is what resolve() looked up too.
         hashed = self._config.lookup(hop.alias).get("hashknownhosts", "no").lower() == "yes"
-        return KnownHostsPolicy(
-            self._label(hop),
-            hop.address,
-            hop.known_hosts[0],
-            self.accept_new,
-            revoked=revoked,
-            hash_names=hashed,
-        )
+        return KnownHostsPolicy(self._label(hop), hop, self.accept_new, revoked=revoked, hash_names=hashed)
 
     def _session(self) -> paramiko.Channel:
         client = self.connect()._clients[-1]

@@ -153,13 +153,22 @@ def cell_bytes(arch: Arch, attn_tp: int, elem: int) -> int:
     return heads_per_rank * (arch.head_dim + arch.head_dim) * arch.layers * elem
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """A speculative algorithm and its draft model."""
+
+    algo: str
+    draft: Arch
+
+
 def sizing_cell(
-    version: tuple[int, int, int], algo: str | None, target: Arch, draft: Arch, tp: int, elem: int
+    version: tuple[int, int, int], target: Arch, spec: Speculation | None, tp: int, elem: int
 ) -> int:
     """The per-token bytes the pool is sized with: the target's plus what each version budgets for a draft."""
     cell = cell_bytes(target, tp, elem)
-    if algo is None or algo == "NGRAM":
+    if spec is None or spec.algo == "NGRAM":
         return cell
+    algo, draft = spec.algo, spec.draft
     if algo == "DFLASH":
         if version >= (0, 5, 20):
             return cell + cell_bytes(draft, tp, elem)
@@ -188,10 +197,17 @@ class Pool:
     cap_ignored: bool
 
 
-def pool_tokens(
-    pre: float, post: float, fraction: float, cell: int, page: int = 1, cap: int | None = None
-) -> Pool:
+@dataclass(frozen=True)
+class Paging:
+    """--page-size and --max-total-tokens (the cap)."""
+
+    page: int = 1
+    cap: int | None = None
+
+
+def pool_tokens(pre: float, post: float, fraction: float, cell: int, paging: Paging = Paging()) -> Pool:
     """SGLang's rule: rest = post - pre*(1-f); tokens = floor(rest / cell), floored to page, capped."""
+    page, cap = paging.page, paging.cap
     rest = post - pre * (1 - fraction)
     profiled = math.floor(rest * GIB / cell) // page * page if rest > 0 else 0
     if profiled <= 0:
@@ -200,16 +216,19 @@ def pool_tokens(
     return Pool(tokens, profiled, rest, cap is not None and cap > profiled)
 
 
-def default_fraction(
-    version: tuple[int, int, int],
-    hw: Hardware,
-    target: Arch,
-    tp: int,
-    spec: str | None,
-    chunked: int,
-    max_bs: int,
-) -> float:
+@dataclass(frozen=True)
+class FractionArgs:
+    """The server arguments the default --mem-fraction-static reads."""
+
+    tp: int
+    spec: str | None  # the speculative algorithm
+    chunked: int  # --chunked-prefill-size
+    max_bs: int  # the largest CUDA-graph batch
+
+
+def default_fraction(version: tuple[int, int, int], hw: Hardware, target: Arch, args: FractionArgs) -> float:
     """mem_fraction_static when the flag is absent, per the version's heuristic."""
+    tp, spec, chunked, max_bs = args.tp, args.spec, args.chunked, args.max_bs
     gpu_mem = hw.gpu_mem_gib * 1024
     if version < (0, 4, 7):
         f = 0.88 if gpu_mem > 81920 else (0.81 if tp >= 8 else 0.85 if tp >= 4 else 0.87 if tp >= 2 else 0.88)

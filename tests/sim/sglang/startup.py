@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -56,6 +57,18 @@ def read_files(paths: list[Path]) -> None:
 def clock(seconds: float) -> str:
     """tqdm's mm:ss."""
     return f"{int(seconds) // 60:02d}:{int(seconds) % 60:02d}"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Weights to load: the model, GiB per GPU, the shards the progress bar counts, the least time the whole
+    load takes, and the folder whose weight files are really read (None: none)."""
+
+    arch: sz.Arch
+    weights_gib: float
+    shards: int
+    seconds: float
+    folder: str | None
 
 
 class Launch:
@@ -113,9 +126,8 @@ class Launch:
         if a.max_running_requests is not None:
             a.cuda_graph_max_bs = min(a.cuda_graph_max_bs, a.max_running_requests)
         if a.mem_fraction_static is None:
-            a.mem_fraction_static = sz.default_fraction(
-                self.v, hw, self.target, a.tp_size, self.spec, a.chunked_prefill_size, a.cuda_graph_max_bs
-            )
+            given = sz.FractionArgs(a.tp_size, self.spec, a.chunked_prefill_size, a.cuda_graph_max_bs)
+            a.mem_fraction_static = sz.default_fraction(self.v, hw, self.target, given)
         env_context = int(self.env.get("SGLANG_SIM_MAX_CONTEXT") or 0)
         self.derived = env_context or (self.target.max_context if self.config else hw.max_context)
         self.context = a.context_length or self.derived
@@ -180,21 +192,14 @@ class Launch:
     def pre(self, r: int) -> float:
         return self.hw.pre_gib + self.spreads[r]
 
-    def load(
-        self,
-        arch: sz.Arch,
-        before: list[float],
-        weights: float,
-        shards: int,
-        seconds: float,
-        folder: str | None,
-    ) -> None:
+    def load(self, ckpt: Checkpoint, before: list[float]) -> None:
         """Per-rank begin/end lines around a progress bar on global rank 0 (\\r-redrawn from 0.5).
 
         Each shard really reads its share of the weight files in the model folder (so the page cache matters,
         as it does for SGLang), and takes at least its share of `seconds` in all.
         """
-        files = weight_files(folder)
+        arch, weights, shards, seconds = ckpt.arch, ckpt.weights_gib, ckpt.shards, ckpt.seconds
+        files = weight_files(ckpt.folder)
         for r in self.order():
             self.out.log(f"Load weight begin. avail mem={before[r]:.2f} GB", r)
         cr, eol = ("", "\n") if self.v < (0, 5, 0) else ("\r", "")
@@ -218,6 +223,12 @@ class Launch:
         self.out.raw("", end="\n" if cr else "")
         for r in self.order():
             self.out.log(self.load_end(arch, before[r] - weights, weights, time.monotonic() - start), r)
+
+    def draft_checkpoint(self, weights: float) -> Checkpoint:
+        """The draft: one shard, loaded in an eighth of the target's time."""
+        return Checkpoint(
+            self.draft, weights, 1, self.hw.load_seconds / 8, self.a.speculative_draft_model_path
+        )
 
     def crash_loading(self) -> NoReturn:
         frames: list[Frame] = [
@@ -349,15 +360,12 @@ class Launch:
     def size(self, used: float) -> int:
         """The pool, as the version sizes it; dies as SGLang does when nothing is left."""
         a, spec = self.a, self.spec if self.has_draft else None
-        cell = sz.sizing_cell(self.v, spec, self.target, self.draft, a.tp_size, self.elem)
+        speculation = sz.Speculation(spec, self.draft) if spec is not None else None
+        cell = sz.sizing_cell(self.v, self.target, speculation, a.tp_size, self.elem)
         try:
+            paging = sz.Paging(a.page_size, a.max_total_tokens)
             pool = sz.pool_tokens(
-                self.hw.pre_gib,
-                self.hw.pre_gib - used,
-                a.mem_fraction_static,
-                cell,
-                a.page_size,
-                a.max_total_tokens,
+                self.hw.pre_gib, self.hw.pre_gib - used, a.mem_fraction_static, cell, paging
             )
         except sz.NoKvMemory as exc:
             self.no_memory(exc)
@@ -389,13 +397,12 @@ class Launch:
         weights = hw.weights_gib * hw.gpus / a.tp_size
         draft_w = hw.draft_weights_gib if self.has_draft else 0.0
         self.early = self.has_draft and self.v >= (0, 5, 14)  # from 0.5.14 the draft loads before sizing
-        self.load(
-            self.target, [self.pre(r) for r in range(self.ranks)], weights, 64, hw.load_seconds, a.model_path
-        )
+        target = Checkpoint(self.target, weights, 64, hw.load_seconds, a.model_path)
+        self.load(target, [self.pre(r) for r in range(self.ranks)])
         used = weights + (draft_w if self.early else 0.0)
         if self.early:
             before = [self.pre(r) - weights for r in range(self.ranks)]
-            self.load(self.draft, before, draft_w, 1, hw.load_seconds / 8, a.speculative_draft_model_path)
+            self.load(self.draft_checkpoint(draft_w), before)
         if hw.fault == "hang_before_pool":
             while True:
                 time.sleep(3600)
@@ -429,9 +436,7 @@ class Launch:
         elif not a.disable_cuda_graph:
             avail = self.capture("target decode", avail, graph, bs)
         if self.has_draft and not early:  # older versions take the whole draft out of the slack
-            self.load(
-                self.draft, avail, draft_w, 1, self.hw.load_seconds / 8, self.a.speculative_draft_model_path
-            )
+            self.load(self.draft_checkpoint(draft_w), avail)
             avail = [x - draft_w - kv_d for x in avail]
             self.pools(self.draft, tokens, cell_d, avail)
             if not a.disable_cuda_graph:

@@ -217,16 +217,30 @@ def _in_child(req: dict[str, Any], gpus: FakeGpus) -> dict[str, Any]:
     return json.loads(text) if text else {"ok": False, "error_type": "Crash", "message": "child died"}
 
 
+def _keep(path: Path, answer: dict[str, Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+        tmp.write_text(json.dumps({"answer": answer}, sort_keys=True, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def main(argv: list[str]) -> int:
     _prepare_path(argv)
     answer_fd = os.dup(1)
     os.dup2(2, 1)  # SGLang and torch print; only our JSON goes to the real stdout
-    requests = json.load(sys.stdin)["requests"]
+    payload = json.load(sys.stdin)
+    requests, store = payload["requests"], payload.get("store") or []
     results: list[dict[str, Any]] = []
     if requests:
         gpus = FakeGpus(requests[0]["gpu"])
         _import_sglang(gpus)
-        results = [_in_child(req, gpus) for req in requests]
+        for i, req in enumerate(requests):
+            results.append(_in_child(req, gpus))
+            if i < len(store):  # each answer is kept at once, even if whoever asked is gone by then
+                _keep(Path(store[i]), results[-1])
     with os.fdopen(answer_fd, "w") as out:
         json.dump({"results": results}, out)
     return 0

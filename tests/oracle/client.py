@@ -130,10 +130,17 @@ def ask(requests: Iterable[dict[str, Any]], timeout: float = 900.0) -> list[dict
             batch = [todo[i] for i in indices]
             env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "PYTHON"))}
             env |= {"PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+            store_at = [str(cache_dir() / (key(r) + ".json")) for r in batch]
+            payload = json.dumps({"requests": batch, "store": store_at})
             proc = subprocess.run(
-                _command(venv), input=json.dumps({"requests": batch}), capture_output=True, text=True,
-                env=env, timeout=timeout, check=False,
-            )  # fmt: skip
+                _command(venv),
+                input=payload,
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=timeout,
+                check=False,
+            )
             if proc.returncode != 0:
                 raise RuntimeError(f"oracle worker failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
             results = json.loads(proc.stdout)["results"]

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from tests.oracle import GpuFigures, OracleRefusal, size
+from tests.oracle import GpuFigures, OracleRefusal, client, size
 from tests.oracle.cases import HOSTS
+
+
+def ship_cache(since: float) -> int:
+    """Keep the answers used since `since` in the repository, so fresh machines start warm."""
+    client.SHIPPED_CACHE.mkdir(exist_ok=True)
+    used = [p for p in client.cache_dir().glob("*.json") if p.stat().st_mtime >= since]
+    for path in used:
+        shutil.copyfile(path, client.SHIPPED_CACHE / path.name)
+    print(f"{len(used)} answers -> {client.SHIPPED_CACHE}", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +32,11 @@ def main(argv: list[str]) -> int:
     one.add_argument("--gpu", default="ct200", help=f"{sorted(HOSTS)} or a JSON object of GpuFigures")
     one.add_argument("--env", action="append", default=[], metavar="K=V")
     one.add_argument("flags", nargs=argparse.REMAINDER, help="SGLang flags, after --")
+    ship = sub.add_parser("ship", help="copy the answers a test run used into tests/oracle/cache")
+    ship.add_argument("--since", type=float, required=True, help="epoch seconds the run started")
     args = parser.parse_args(argv)
+    if args.command == "ship":
+        return ship_cache(args.since)
 
     def read(path: str) -> dict[str, object]:
         p = Path(path)

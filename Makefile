@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 APT_PKGS := $(shell cat tests/apt-packages.txt)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test quick lint faults bench testhost-up testhost-down clean
+.PHONY: help demo test quick lint faults bench testhost-up testhost-down clean oracle
 
 help:
 	@echo "make demo           raise the context on the local test host, then watch a rollback"
@@ -15,6 +15,7 @@ help:
 	@echo "make quick          the pure tests only (seconds)"
 	@echo "make faults         the fault matrix on the real test host; ends with one JSON line"
 	@echo "make bench          deployctl against Ansible and the manual path; ends with one JSON line"
+	@echo "make oracle         build the SGLang 0.5.23 oracle venv (once per machine, about 1.4 GB)"
 	@echo "make testhost-up    boot a local test host and print how to reach it"
 	@echo "make testhost-down  stop it"
 
@@ -23,6 +24,14 @@ $(BIN)/.stamp: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
+
+# SGLang's own sizing code on the CPU (tests/oracle): built once per machine outside the work tree.
+ORACLE_VENV ?= $(or $(DEPLOYCTL_ORACLE_VENV),$(HOME)/.cache/deployctl/oracle-sglang-0.5.23)
+
+$(ORACLE_VENV)/.oracle-stamp: tests/oracle/requirements.txt tests/oracle/build-venv.sh
+	DEPLOYCTL_ORACLE_VENV=$(ORACLE_VENV) sh tests/oracle/build-venv.sh
+
+oracle: $(ORACLE_VENV)/.oracle-stamp
 
 .apt-stamp: tests/apt-packages.txt
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -41,19 +50,19 @@ lint: $(BIN)/.stamp
 quick: $(BIN)/.stamp
 	$(BIN)/pytest -q -m "not integration"
 
-test: $(BIN)/.stamp .apt-stamp lint
+test: $(BIN)/.stamp .apt-stamp oracle lint
 	$(BIN)/pytest -q
 
-faults: $(BIN)/.stamp .apt-stamp
+faults: $(BIN)/.stamp .apt-stamp oracle
 	$(BIN)/python -m tests.faults
 
-bench: $(BIN)/.stamp .apt-stamp
+bench: $(BIN)/.stamp .apt-stamp oracle
 	$(BIN)/python -m tests.bench
 
-demo: $(BIN)/.stamp .apt-stamp
+demo: $(BIN)/.stamp .apt-stamp oracle
 	$(BIN)/python -m tests.demo
 
-testhost-up: $(BIN)/.stamp .apt-stamp
+testhost-up: $(BIN)/.stamp .apt-stamp oracle
 	$(BIN)/python -m tests.testhost up
 
 testhost-down: $(BIN)/.stamp

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from tests.oracle import client as oracle_client
 from tests.testhost.models import ensure_models
 from tests.testhost.rootfs import STATE_DIR, TestHostUnavailable, ensure_rootfs
 
@@ -25,6 +26,7 @@ SIM_SGLANG = REPO / "tests/sim/sglang"
 SIM_TARGET = "/usr/local/lib/python3.11/dist-packages/sglang"
 AGENT_ROOT = "/opt/deployctl"  # PYTHONPATH inside the host for the bound agent/ and jeepney/
 READY_STATES = ("running", "degraded")
+ORACLE_DIR = REPO / "tests/oracle"
 FileSpec = tuple[bytes, int]
 
 
@@ -51,6 +53,15 @@ def free_ports(count: int) -> list[int]:
         for sock in socks:
             sock.bind(("127.0.0.1", 0))
         return [sock.getsockname()[1] for sock in socks]
+
+
+def oracle_binds() -> dict[str, str]:
+    """SGLang's own sizing for the simulated server: the client, and the venv where one is built."""
+    binds = {str(ORACLE_DIR): "/opt/deployctl-oracle"}
+    venv = oracle_client.venv_dir()
+    if oracle_client.venv_ready(venv):
+        binds[str(venv)] = str(oracle_client.HOST_VENV)
+    return binds
 
 
 def _keygen(path: Path, comment: str) -> None:
@@ -246,8 +257,13 @@ class TestHost:
 
             binds[str(REPO / "agent")] = f"{AGENT_ROOT}/agent"
             binds[str(Path(jeepney.__file__).parent)] = f"{AGENT_ROOT}/jeepney"
+        binds.update(oracle_binds())
         binds.update(setup.binds_ro)
         self._binds = [f"--bind-ro={src}:{dst}" for src, dst in binds.items()]
+        cache = oracle_client.cache_dir()
+        with contextlib.suppress(OSError):
+            cache.mkdir(parents=True, exist_ok=True)
+            self._binds.append(f"--bind={cache}:{oracle_client.HOST_CACHE}")  # the sim adds answers
         for path, (data, mode) in setup.files.items():
             target = self.merged / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)

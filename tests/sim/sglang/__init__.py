@@ -1,8 +1,10 @@
 """A simulated SGLang server for tests: `python -m sglang.launch_server` on simulated GPUs.
 
 It prints SGLang's real start-up lines (server_args, weight loading, the KV pool, CUDA graphs, the
-scheduler line, uvicorn, "fired up") with the pool sized by SGLang's own rule, fails the way SGLang
-fails, and then serves SGLang's HTTP endpoints on --host/--port. Only the stdlib is used.
+scheduler line, uvicorn, "fired up"), fails the way SGLang fails, and then serves SGLang's HTTP endpoints
+on --host/--port. Only the stdlib is used. For 0.5.23 starts the pool, the resolved defaults and
+max_running_requests come from SGLang 0.5.23's own sizing code (tests/oracle, see oracle.py); older log
+formats, and a machine without the oracle venv, use the formulas in sizing.py.
 
 Environment knobs (a systemd drop-in can set them), all prefixed SGLANG_SIM_:
     PROFILE              simulated host: "ct200" (default; 8 x 96 GB, Kimi K2.6 + DFLASH draft) or "h100"
@@ -29,6 +31,7 @@ Environment knobs (a systemd drop-in can set them), all prefixed SGLANG_SIM_:
     FAULT_WHEN_FRACTION  likewise for --mem-fraction-static; both given: both must match
     SLOW_FACTOR          delay multiplier for slow_start (10)
     DIE_AFTER_S          seconds of serving before die_after_ready dies (5)
+    ORACLE               "auto" (default: SGLang's own sizing where the oracle is available) or "require"
 """
 
 import os

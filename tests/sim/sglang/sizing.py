@@ -1,4 +1,5 @@
-"""KV-pool arithmetic of the simulated SGLang server: numbers in, numbers out."""
+"""KV-pool arithmetic of the simulated SGLang server for log formats before 0.5.23 (and as the fallback
+where the oracle venv is absent); 0.5.23 starts are sized by SGLang's own code (oracle.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ PROFILES: dict[str, dict[str, object]] = {
         "graph_per_bs_gib": 0.03,
         "max_context": 262144,
         "attention_backend": "triton",  # SM120: MLA runs on triton, page size 1
+        "capability": (12, 0),
+        "device_name": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
     },
     "h100": {
         "gpus": 8,
@@ -34,8 +37,15 @@ PROFILES: dict[str, dict[str, object]] = {
         "graph_per_bs_gib": 0.004,
         "max_context": 131072,
         "attention_backend": "fa3",
+        "capability": (9, 0),
+        "device_name": "NVIDIA H100 80GB HBM3",
     },
 }
+
+# SGLang environment each simulated host runs with unless its unit says otherwise. The seed's three ct200
+# pools match SGLang 0.5.23's code only without the 0.1 GB multimodal reservation it takes for Kimi K2.6
+# (mem_cache/kv_cache_configurator.py mm_runtime_reservation_gb), so the seed host has it at 0.
+PROFILE_ENV: dict[str, dict[str, str]] = {"ct200": {"SGLANG_VLM_CACHE_SIZE_MB": "0"}}
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,8 @@ def hardware_from_env(env: Mapping[str, str]) -> Hardware:
     profile = env.get("SGLANG_SIM_PROFILE", "ct200")
     if profile not in PROFILES:
         raise SystemExit(f"SGLANG_SIM_PROFILE={profile!r}: known profiles are {sorted(PROFILES)}")
-    values: dict[str, object] = {"profile": profile, **PROFILES[profile]}
+    values: dict[str, object] = {"profile": profile}
+    values |= {k: v for k, v in PROFILES[profile].items() if k not in ("capability", "device_name")}
     for f in fields(Hardware):
         raw = env.get("SGLANG_SIM_" + f.name.upper())
         if raw is not None and f.name != "profile":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -13,10 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from . import oracle
 from . import sizing as sz
 from .output import Out, traceback_lines
 from .serve import State, make_server
 
+GIVEN = (
+    "chunked_prefill_size", "attention_backend", "page_size", "max_running_requests", "speculative_num_steps",
+    "speculative_eagle_topk", "speculative_num_draft_tokens",
+)  # fmt: skip
 SPEC_WITH_DRAFT = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "DFLASH"}
 MLA_PAGE64 = {"flashmla", "trtllm_mla", "cutedsl_mla"}
 SITE = "/usr/local/lib/python3.12/dist-packages/sglang/srt"
@@ -87,7 +93,9 @@ class Launch:
         t = self.target
         mtp = sz.Arch(t.architecture + "NextN", 1, t.kv_lora_rank, t.qk_rope_head_dim, t.kv_heads, t.head_dim)
         default_draft = sz.DFLASH_DRAFT if self.spec == "DFLASH" else mtp
-        self.draft = sz.arch_from_config(read_config(args.speculative_draft_model_path), default_draft)
+        self.draft_config = read_config(args.speculative_draft_model_path)
+        self.draft = sz.arch_from_config(self.draft_config, default_draft)
+        self.answer: dict[str, Any] | None = None  # SGLang 0.5.23's own sizing (tests/oracle)
         self.spreads = sz.rank_spreads(hw, self.ranks)
         self.elem = sz.kv_elem(args.kv_cache_dtype, t.dtype)
         fp8 = {"fp8_e5m2": "float8_e5m2", "fp8_e4m3": "float8_e4m3fn"}
@@ -104,6 +112,8 @@ class Launch:
     def resolve(self) -> None:
         """Fill in the defaults SGLang resolves before it prints server_args."""
         a, hw = self.a, self.hw
+        self.fraction_given = a.mem_fraction_static is not None
+        self.given = {name: getattr(a, name) for name in GIVEN}
         a.served_model_name = a.served_model_name or a.model_path
         a.tokenizer_path = a.tokenizer_path or a.model_path
         a.chunked_prefill_size = a.chunked_prefill_size or (8192 if hw.gpu_mem_gib > 60 else 4096)
@@ -131,6 +141,29 @@ class Launch:
         env_context = int(self.env.get("SGLANG_SIM_MAX_CONTEXT") or 0)
         self.derived = env_context or (self.target.max_context if self.config else hw.max_context)
         self.context = a.context_length or self.derived
+        # a context above the model's is refused before any sizing (check_context), so SGLang is not asked
+        allowed = self.env.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "").lower() in ("1", "true")
+        if self.v >= (0, 5, 23) and (self.context <= self.derived or allowed):
+            self.ask_oracle()
+
+    def ask_oracle(self) -> None:
+        """Let SGLang 0.5.23's own code resolve the defaults and size the pool for this start."""
+        a, hw = self.a, self.hw
+        fraction = a.mem_fraction_static if self.fraction_given else None
+        given = argparse.Namespace(**{**vars(a), "mem_fraction_static": fraction})
+        for name in GIVEN:  # SGLang resolves what the unit left unset, not the sim's own defaults
+            setattr(given, name, self.given.get(name))
+        used = hw.weights_gib * hw.gpus / a.tp_size + (hw.draft_weights_gib if self.has_draft else 0.0)
+        req = oracle.request(given, hw, self.env, oracle.Configs(self.config, self.draft_config), used)
+        self.answer = oracle.ask(req)
+        if not self.answer or not self.answer.get("ok"):
+            return
+        ans = self.answer
+        a.mem_fraction_static = ans["mem_fraction_static"]
+        a.page_size, a.chunked_prefill_size = ans["page_size"], ans["chunked_prefill_size"]
+        a.attention_backend = ans["attention_backend"]
+        # with no config.json beside the weights the sim's host profile keeps its own derived context
+        self.context = ans["context_len"] if a.context_length or self.config else self.context
 
     def server_args_line(self) -> str:
         fields = dict(vars(self.a))
@@ -360,6 +393,8 @@ class Launch:
     def size(self, used: float) -> int:
         """The pool, as the version sizes it; dies as SGLang does when nothing is left."""
         a, spec = self.a, self.spec if self.has_draft else None
+        if self.answer is not None:
+            return self.size_from_oracle()
         speculation = sz.Speculation(spec, self.draft) if spec is not None else None
         cell = sz.sizing_cell(self.v, self.target, speculation, a.tp_size, self.elem)
         try:
@@ -379,6 +414,21 @@ class Launch:
             per_req = a.speculative_num_steps * a.speculative_eagle_topk + a.speculative_num_draft_tokens
             return int(pool.tokens + a.max_running_requests * per_req + 100)
         return pool.tokens
+
+    def size_from_oracle(self) -> int:
+        """SGLang 0.5.23's answer: its pool, or its refusal when the weights leave nothing."""
+        ans = self.answer or {}
+        if not ans.get("ok"):
+            message = str(ans.get("message", ""))
+            found = re.search(r"minimum viable = 1 - available/pre = ([0-9.]+)", message)
+            if found:
+                self.no_memory(sz.NoKvMemory(self.a.mem_fraction_static, float(found.group(1))))
+            error = f"{ans.get('error_type')}: {message}"
+            self.die(traceback_lines(SITE, SCHEDULER, error))
+        for line in ans.get("logs", []):
+            if "is larger than the profiled value" in line:
+                self.out.log(line, 0)
+        return int(ans["max_total_num_tokens"])
 
     def run(self) -> None:
         a, hw = self.a, self.hw
@@ -410,6 +460,8 @@ class Launch:
         if (0, 5, 3) <= self.v < (0, 5, 13):
             self.out.log(f"Using KV cache dtype: torch.{self.kv_dtype}", 0)
         running = sz.resolve_max_running(a.max_running_requests, self.spec, tokens, self.context)
+        if self.answer and self.answer.get("ok"):
+            running = int(self.answer["max_running_requests"])
         free, kv, graph = self.allocate(tokens, running, used, draft_w)
         self.scheduler_lines(tokens, running, free)
         self.memory = {"weight": round(weights + draft_w, 2), "kvcache": round(kv, 2)}

@@ -16,7 +16,7 @@ from agent.output import Output, Style
 from agent.plan.choose import Plan, Target, plan_for_host
 from agent.progress import Progress
 from agent.protocol import Event, Request, exit_code, unit_sha256
-from agent.remote.client import AgentClient, base_request, open_transport
+from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 from agent.render import (
     redact,
@@ -76,52 +76,61 @@ def make_plan(host: HostConfig, change: Change, facts: Mapping[str, Any]) -> Pla
 
 def apply(conn: Connection, change: Change, out: Output) -> int:
     with session(conn) as s:
-        facts = s.client.call(base_request(s.host, "facts"))
-        if recover_orphan(out, s, facts):
-            facts = s.client.call(base_request(s.host, "facts"))
-        plan = make_plan(s.host, change, facts)
-        old_text = facts.get("unit_text") or ""
-        if not plan.feasible and not change.force:
-            show_plan(out, s.host, plan, old_text, render_unit(s.host, plan.flags(), template_dir()))
-            raise UsageError(
-                f"the plan cannot reach {change.context:,} tokens on {s.host.name}; nothing was changed",
-                hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
-            )
-        target_host = allow_context(s.host, change)
-        new_text = render_checked(target_host, plan.flags())
-        env_secrets, flag_secrets = secret_values(target_host, plan.flags())
-        show_plan(out, s.host, plan, old_text, new_text)
-        if change.dry_run:
-            out.note("dry run: nothing was changed")
-            return int(ExitCode.OK)
-        confirm(out, change.yes, s.host)
-        req = base_request(
-            s.host,
-            "apply",
-            unit_text=new_text,
-            target_context=change.context,
-            planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
-            expect_sha256=unit_sha256(old_text) if old_text else "absent",
-            secret_env=env_secrets,
-            secret_flags=flag_secrets,
+        ask = base_request(s.host, "facts")
+        # facts and the apply planned from them go to one agent process over one channel
+        with s.client.converse(ask) as talk:
+            if not talk.answer.get("orphan"):
+                return _apply(out, s, change, talk)
+        recover_orphan(out, s, talk.answer)  # rare: finish a dead agent's change, then plan afresh
+        with s.client.converse(ask) as talk:
+            return _apply(out, s, change, talk)
+
+
+def _apply(out: Output, s: Session, change: Change, talk: Conversation) -> int:
+    facts = talk.answer
+    plan = make_plan(s.host, change, facts)
+    old_text = facts.get("unit_text") or ""
+    if not plan.feasible and not change.force:
+        show_plan(out, s.host, plan, old_text, render_unit(s.host, plan.flags(), template_dir()))
+        raise UsageError(
+            f"the plan cannot reach {change.context:,} tokens on {s.host.name}; nothing was changed",
+            hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
         )
-        outcome = follow(out, s, req)
-        report = ApplyReport(
-            s.host.name,
-            s.host.unit.name,
-            change.context,
-            plan,
-            redact_flags(_readable_flags(old_text)),
-            redact_flags(parse_unit_flags(new_text)),
-            str(outcome.data.get("outcome")),
-            outcome.message,
-            outcome.data,
-            next_plan=_next_plan(s.host, change.context, outcome),
-            previous_downtime=_previous_downtime(facts),
-        )
-        if not (out.quiet and report.outcome == "up_to_date") and out.style is not Style.JSON:
-            out.print(render_report(report))
-        return int(exit_code(report.outcome))
+    target_host = allow_context(s.host, change)
+    new_text = render_checked(target_host, plan.flags(), installed=old_text)
+    env_secrets, flag_secrets = secret_values(target_host, plan.flags())
+    show_plan(out, s.host, plan, old_text, new_text)
+    if change.dry_run:
+        out.note("dry run: nothing was changed")
+        return int(ExitCode.OK)
+    confirm(out, change.yes, s.host)
+    req = base_request(
+        s.host,
+        "apply",
+        unit_text=new_text,
+        target_context=change.context,
+        planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
+        expect_sha256=unit_sha256(old_text) if old_text else "absent",
+        secret_env=env_secrets,
+        secret_flags=flag_secrets,
+    )
+    outcome = follow(out, s, req, talk)
+    report = ApplyReport(
+        s.host.name,
+        s.host.unit.name,
+        change.context,
+        plan,
+        redact_flags(_readable_flags(old_text)),
+        redact_flags(parse_unit_flags(new_text)),
+        str(outcome.data.get("outcome")),
+        outcome.message,
+        outcome.data,
+        next_plan=_next_plan(s.host, change.context, outcome),
+        previous_downtime=_previous_downtime(facts),
+    )
+    if not (out.quiet and report.outcome == "up_to_date") and out.style is not Style.JSON:
+        out.print(render_report(report))
+    return int(exit_code(report.outcome))
 
 
 def _previous_downtime(facts: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -182,12 +191,16 @@ def confirm(out: Output, yes: bool, host: HostConfig) -> None:
         raise UsageError("not confirmed; nothing was changed")
 
 
-def follow(out: Output, s: Session, req: Request) -> Event:
-    """Stream the transaction's events until its outcome; a dropped link says how to re-attach."""
+def follow(out: Output, s: Session, req: Request, talk: Conversation | None = None) -> Event:
+    """Stream the transaction's events until its outcome; a dropped link says how to re-attach.
+
+    With `talk`, the request goes to the agent process that answered the facts it was planned from.
+    """
     progress = Progress(out, s.host.name)
     outcome: Event | None = None
+    events = talk.events(req) if talk is not None else s.client.events(req)
     try:
-        for event in s.client.events(req):
+        for event in events:
             progress.show(event)
             if event.is_outcome:
                 outcome = event

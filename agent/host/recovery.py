@@ -6,6 +6,7 @@ finds it without a live runner finishes the job (Transaction.recover restores or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -17,10 +18,13 @@ from agent.host.transaction import Transaction
 from agent.protocol import Outcome, Request
 
 
-def orphaned(req: Request, running: dict[str, Any] | None) -> bool:
-    """A change whose agent died (SIGKILL, reboot) left its record: the caller runs `recover` next."""
+def orphaned(req: Request, running: Callable[[], dict[str, Any] | None]) -> bool:
+    """A change whose agent died (SIGKILL, reboot) left its record: the caller runs `recover` next.
+
+    `running` is asked only when there is a record: it costs systemd calls every read-only verb would pay.
+    """
     state_dir = StateDir(req.state_dir)
-    if record_state(state_dir, req.unit) is not RecordState.PENDING or running is not None:
+    if record_state(state_dir, req.unit) is not RecordState.PENDING or running() is not None:
         return False  # a corrupt record is not recovered: every change refuses until a person looks
     last = state_dir.last_txn(req.unit)
     # a change that ended with a failed rollback waits for a person

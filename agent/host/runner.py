@@ -70,9 +70,12 @@ def start(req: Request, out: TextIO) -> int:
             )
             return follow(req, str(holder["txn"]), out)
         return _locked_outcome(holder, out)
+    if req.verb == "apply":
+        done = _in_place(req, out)
+        if done is not None:
+            return done
     txn = new_txn_id()
-    write_json_atomic(state_dir.txn_dir(txn) / "request.json", json.loads(req.to_json()))
-    state_dir.set_last_txn(req.unit, txn)
+    _record_request(state_dir, req, txn)
     if req.detach and shutil.which("systemd-run"):
         argv = ["systemd-run", f"--unit=deployctl-{txn}", "--collect", "--quiet", "--no-ask-password"]
         argv += ["--working-directory=/"]
@@ -93,6 +96,47 @@ def start(req: Request, out: TextIO) -> int:
             )
         )
     return run(req.state_dir, txn, echo=out)
+
+
+def _record_request(state_dir: StateDir, req: Request, txn: str) -> None:
+    write_json_atomic(state_dir.txn_dir(txn) / "request.json", json.loads(req.to_json()))
+    state_dir.set_last_txn(req.unit, txn)
+
+
+def _in_place(req: Request, out: TextIO) -> int | None:
+    """An apply that changes nothing, answered in this process: no transient unit, no second agent.
+
+    Only when no earlier change waits for recovery and the comparison (under the lock) finds nothing to
+    do; otherwise None, having written nothing, and the detached runner takes over and checks again.
+    Nothing changes on this path, so a dropped connection cannot leave anything half done.
+    """
+    state_dir = StateDir(req.state_dir)
+    if recovery.record_state(state_dir, req.unit) is not recovery.RecordState.NONE:
+        return None
+    txn = new_txn_id()
+    lock = _lock(req.unit)
+    try:
+        lock.acquire(_holder(req, txn))
+    except Locked:
+        return None  # the runner's own path reports who holds it
+    try:
+        kept, seen = EventLog(txn, None), list[Event]()  # in memory until this run is known to end here
+        kept.listeners.append(seen.append)
+        kept.emit(Stage.LOCK, "step", f"locked {req.unit}", pid=os.getpid())
+        with Systemd() as sd:
+            result = Transaction(req, txn, sd, Journal(), kept).compare()
+        if not isinstance(result, Result):
+            return None
+        _record_request(state_dir, req, txn)
+        log = EventLog(txn, state_dir.events_path(txn), out)
+        for event in seen:
+            log.emit(event.stage, event.kind, event.message, **event.data)
+        try:
+            return _finish(req, txn, result, log)
+        finally:
+            log.close()
+    finally:
+        lock.release()
 
 
 def _same_apply(holder: dict[str, Any], req: Request) -> bool:
@@ -120,11 +164,8 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
     req = Request.from_json((state_dir.txn_dir(txn) / "request.json").read_text())
     log = EventLog(txn, state_dir.events_path(txn), echo)
     lock = _lock(req.unit)
-    holder = {"pid": os.getpid(), "since": utc_now(), "verb": req.verb, "txn": txn, "unit": req.unit}
-    holder["unit_sha256"] = sha256(req.unit_text) if req.unit_text else None
-    holder["target_context"] = req.target_context
     try:
-        lock.acquire(holder)
+        lock.acquire(_holder(req, txn))
     except Locked as exc:
         log.emit(
             Stage.LOCK,
@@ -144,18 +185,7 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
                 result = t.rollback()
             else:
                 result = t.recover_only()
-        _write_metrics(req, txn, result, state_dir, log)
-        # The runner's peak memory: following a chatty start must not grow it (the benchmark reads it).
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        log.emit(
-            Stage.DONE,
-            "outcome",
-            result.message,
-            outcome=result.outcome.value,
-            peak_rss_kib=peak,
-            **result.data,
-        )
-        return int(exit_code(result.outcome.value))
+        return _finish(req, txn, result, log)
     except Exception as exc:
         # A bug must not leave the new unit half-verified: restore now; the record stays if this fails too.
         recovered = recovery.try_recover(req, txn, log)
@@ -165,6 +195,26 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
     finally:
         lock.release()
         log.close()
+
+
+def _holder(req: Request, txn: str) -> dict[str, Any]:
+    """What the lock records about its holder: a re-run of the same apply re-attaches by it."""
+    return {
+        "pid": os.getpid(), "since": utc_now(), "verb": req.verb, "txn": txn, "unit": req.unit,
+        "unit_sha256": sha256(req.unit_text) if req.unit_text else None,
+        "target_context": req.target_context,
+    }  # fmt: skip
+
+
+def _finish(req: Request, txn: str, result: Result, log: EventLog) -> int:
+    """Metrics, then the outcome event; the exit status it maps to."""
+    _write_metrics(req, txn, result, StateDir(req.state_dir), log)
+    # The runner's peak memory: following a chatty start must not grow it (the benchmark reads it).
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    log.emit(
+        Stage.DONE, "outcome", result.message, outcome=result.outcome.value, peak_rss_kib=peak, **result.data
+    )
+    return int(exit_code(result.outcome.value))
 
 
 def _write_metrics(req: Request, txn: str, result: Result, state_dir: StateDir, log: EventLog) -> None:

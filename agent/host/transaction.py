@@ -83,10 +83,20 @@ class Transaction:
     # -- the verbs ------------------------------------------------------------------------------
     def apply(self) -> Result:
         assert self.req.unit_text is not None and self.req.target_context is not None
-        new = self.req.unit_text
         blocked = self._recover_first()
         if blocked is not None:
             return blocked
+        compared = self.compare()
+        if isinstance(compared, Result):
+            return compared
+        gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts)
+        return self._change(self.req.unit_text, compared, gate, smoke=self.req.smoke)
+
+    def compare(self) -> Result | dict[str, str | None]:
+        """The installed unit against the request, changing nothing: a Result when there is nothing to
+        do (up to date, or refused), else the secret files the new unit needs."""
+        assert self.req.unit_text is not None
+        new = self.req.unit_text
         current = self.files.read(self.unit)
         seen = sha256(current) if current is not None else "absent"
         if self.req.expect_sha256 not in (None, seen):
@@ -105,8 +115,7 @@ class Transaction:
             msg = f"{self.unit} is already up to date and its pool meets the target: nothing to do"
             self.log.emit(Stage.COMPARE, "step", msg)
             return Result(Outcome.UP_TO_DATE, msg)
-        gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts)
-        return self._change(new, secrets, gate, smoke=self.req.smoke)
+        return secrets
 
     def rollback(self) -> Result:
         """Manual rollback: install a backup through the same change-and-verify path, so it can be undone."""

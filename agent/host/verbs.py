@@ -29,7 +29,7 @@ def dispatch(req: Request, out: TextIO) -> int:
         assert req.txn is not None
         return runner.follow(req, req.txn, out)
     result = {"facts": facts, "backups": backups, "status": status, "inspect": adopt.inspect}[req.verb](req)
-    result["orphan"] = recovery.orphaned(req, runner.running(req))
+    result["orphan"] = recovery.orphaned(req, lambda: runner.running(req))
     out.write(json.dumps(result, sort_keys=True, default=str) + "\n")
     return 0
 

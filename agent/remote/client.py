@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.errors import RemoteError
+from agent.errors import ConnectError, RemoteError
 from agent.inventory import HostConfig
 from agent.protocol import Event, ProtocolError, Request, Smoke, Stage, Timeouts
 from agent.remote import bundle
 from agent.remote.ssh.transport import ConnectRetry, SshSettings, SshTransport
-from agent.remote.transport import LocalTransport, Result, Transport, tail_lines
+from agent.remote.transport import LocalTransport, Result, Stream, Transport, tail_lines
 
 
 def open_transport(host: HostConfig, accept_new_host_key: bool = False) -> Transport:
@@ -122,30 +123,95 @@ class AgentClient:
             res = self.transport.run(argv, input=payload, timeout=120)
         if not res.ok:
             raise RemoteError(f"{self.host.name}: agent {req.verb} failed: {_last(res.stderr)}")
-        try:
-            data = json.loads(res.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise RemoteError(
-                f"{self.host.name}: agent {req.verb} gave no JSON: {_last(res.stdout)}"
-            ) from None
-        if not isinstance(data, dict):
-            raise RemoteError(f"{self.host.name}: agent {req.verb} gave no JSON object")
-        return data
+        lines = res.stdout.decode("utf-8", "replace").strip().splitlines()
+        return _answer(self.host.name, req.verb, lines[-1] if lines else "")
 
     def events(self, req: Request) -> Iterator[Event]:
         """A changing verb: its events as they happen (ConnectionLost if the link drops)."""
         stream = self.transport.stream([*self.ensure(), req.verb], input=req.to_json().encode())
         with stream:
-            for line in stream.lines():
-                try:
-                    yield Event.from_json(line)
-                except (ValueError, TypeError, ProtocolError):
-                    yield unreadable(line)  # never dropped silently: an older agent or a stray print
-            result = stream.result()
+            yield from self._events(stream, stream.lines(), req.verb)
+
+    def _events(self, stream: Stream, lines: Iterator[str], verb: str) -> Iterator[Event]:
+        for line in lines:
+            try:
+                yield Event.from_json(line)
+            except (ValueError, TypeError, ProtocolError):
+                yield unreadable(line)  # never dropped silently: an older agent or a stray print
+        result = stream.result()
         if result.rc not in (0, 2, 3, 4, 5, 6, 7):
             raise RemoteError(
-                f"{self.host.name}: agent {req.verb} failed (rc {result.rc}): {_last(result.stderr)}"
+                f"{self.host.name}: agent {verb} failed (rc {result.rc}): {_last(result.stderr)}"
             )
+
+    @contextlib.contextmanager
+    def converse(self, first: Request) -> Iterator[Conversation]:
+        """One agent process: `first`'s answer, then at most one changing verb planned from it.
+
+        A run that changes nothing (facts, then an apply that finds the unit up to date) so costs one
+        SSH exec and one agent start instead of two of each.
+        """
+        conv = self._open(first)
+        if isinstance(conv, Result) and self._bundle_broken(conv):
+            self.refresh()
+            conv = self._open(first)
+        if isinstance(conv, Result):
+            raise RemoteError(f"{self.host.name}: agent {first.verb} failed: {_last(conv.stderr)}")
+        try:
+            yield conv
+        finally:
+            conv.close()
+
+    def _open(self, first: Request) -> Conversation | Result:
+        """The conversation with `first` answered, or how the agent ended without an answer."""
+        argv = [*self.ensure(), "session"]
+        stream = self.transport.converse(argv, first.to_json().encode() + b"\n")
+        lines = stream.lines()
+        for line in lines:
+            if line.startswith("{"):
+                return Conversation(self, stream, lines, _answer(self.host.name, first.verb, line))
+        done = stream.result()
+        stream.close()
+        return Result(tuple(argv), done.rc or 1, b"", done.stderr)  # no answer is a failure, whatever rc
+
+
+@dataclass
+class Conversation:
+    """An agent process that has answered a read-only verb and waits for one changing verb, or EOF."""
+
+    client: AgentClient
+    stream: Stream
+    lines: Iterator[str]
+    answer: dict[str, Any]
+    _sent: bool = False
+
+    def events(self, req: Request) -> Iterator[Event]:
+        """The changing verb's events, from the same agent process (ConnectionLost if the link drops)."""
+        if self._sent:
+            raise RuntimeError("a conversation takes one changing verb")
+        self._sent = True
+        self.stream.send(req.to_json().encode() + b"\n")
+        self.stream.end_input()
+        yield from self.client._events(self.stream, self.lines, req.verb)
+
+    def close(self) -> None:
+        """EOF to an agent still waiting, so it exits on its own; then let the channel go."""
+        self.stream.end_input()
+        if not self._sent:
+            with contextlib.suppress(ConnectError, RemoteError):
+                for _ in self.lines:  # nothing more comes: the agent exits at EOF
+                    pass
+        self.stream.close()
+
+
+def _answer(host: str, verb: str, line: str) -> dict[str, Any]:
+    try:
+        data = json.loads(line)
+    except ValueError:
+        raise RemoteError(f"{host}: agent {verb} gave no JSON: {_last(line.encode())}") from None
+    if not isinstance(data, dict):
+        raise RemoteError(f"{host}: agent {verb} gave no JSON object")
+    return data
 
 
 def _last(data: bytes) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -83,13 +84,36 @@ def remote_command(argv: Sequence[str], sudo: bool) -> str:
     return shlex.join(command_argv(argv, sudo))
 
 
-class Stream:
-    """A running command: iterate for its stdout lines; rc and stderr are set once iteration ends."""
+class Input(Protocol):
+    """A running command's stdin, kept open: more to send after reading its first answer."""
 
-    def __init__(self, argv: Sequence[str], source: Source) -> None:
+    def send(self, data: bytes) -> None: ...
+
+    def end(self) -> None: ...
+
+
+class Stream:
+    """A running command: iterate for its stdout lines; rc and stderr are set once iteration ends.
+
+    A stream from `converse` also has its stdin open: `send` more, then `end_input`.
+    """
+
+    def __init__(self, argv: Sequence[str], source: Source, stdin: Input | None = None) -> None:
         self.argv = tuple(argv)
         self._source = source
+        self._stdin = stdin
         self._ended: tuple[int, bytes] | None = None
+
+    def send(self, data: bytes) -> None:
+        if self._stdin is None:
+            raise RuntimeError("this stream's stdin is closed")
+        self._stdin.send(data)
+
+    def end_input(self) -> None:
+        """EOF on the command's stdin (once; later calls do nothing)."""
+        stdin, self._stdin = self._stdin, None
+        if stdin is not None:
+            stdin.end()
 
     def __iter__(self) -> Iterator[str]:
         return self.lines()
@@ -123,6 +147,7 @@ class Stream:
 
     def close(self) -> None:
         """Stop reading and let the command go (closes the channel or pipe)."""
+        self.end_input()
         self._source.close()
 
     def __enter__(self) -> Stream:
@@ -144,6 +169,8 @@ class Transport(Protocol):
     ) -> Result: ...
 
     def stream(self, argv: Sequence[str], input: bytes | None = None) -> Stream: ...
+
+    def converse(self, argv: Sequence[str], first: bytes) -> Stream: ...
 
     def put(self, data: bytes, path: str, mode: int) -> None: ...
 
@@ -175,37 +202,31 @@ class LocalTransport:
         return Stream(argv, self._source(argv, input))
 
     def _source(self, argv: Sequence[str], input: bytes | None) -> Source:
+        proc = self._spawn(argv, keep_stdin=input is not None)  # on first read, not before
+        if isinstance(proc, Result):
+            return (proc.rc, proc.stderr)
+        return (yield from _pump(proc, input))
+
+    def converse(self, argv: Sequence[str], first: bytes) -> Stream:
+        proc = self._spawn(argv, keep_stdin=True)
+        if isinstance(proc, Result):
+            return Stream(argv, _ended(proc))
+        assert proc.stdin is not None  # PIPE above
+        stdin = _PipeInput(proc.stdin)
+        stdin.send(first)
+        return Stream(argv, _pump(proc, None), stdin)
+
+    def _spawn(self, argv: Sequence[str], keep_stdin: bool) -> subprocess.Popen[bytes] | Result:
         try:
-            proc = subprocess.Popen(
+            return subprocess.Popen(
                 command_argv(argv, self.sudo),
                 cwd="/",  # never the operator's folder: nothing of it is found by what runs as root
-                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                stdin=subprocess.PIPE if keep_stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
             )
         except FileNotFoundError:
-            missing = _missing(argv)
-            return (missing.rc, missing.stderr)
-        assert proc.stdout is not None and proc.stderr is not None  # both are PIPE above
-        # stdin and stderr get their own threads so a full pipe on one side never stalls the other.
-        stderr: list[bytes] = []
-        helpers = [threading.Thread(target=_drain, args=(proc.stderr, stderr), daemon=True)]
-        if input is not None:
-            helpers.append(threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True))
-        for helper in helpers:
-            helper.start()
-        try:
-            while chunk := os.read(proc.stdout.fileno(), 65536):
-                yield chunk
-            rc = proc.wait()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
-        for helper in helpers:
-            helper.join()
-        return (rc, b"".join(stderr))
+            return _missing(argv)
 
     def put(self, data: bytes, path: str, mode: int) -> None:
         target = Path(path)
@@ -231,6 +252,56 @@ class LocalTransport:
 def _missing(argv: Sequence[str]) -> Result:
     # The shell on an SSH host reports a missing command as 127; say the same locally.
     return Result(tuple(argv), MISSING_COMMAND_RC, b"", f"{argv[0]}: command not found\n".encode())
+
+
+def _ended(result: Result) -> Source:
+    """A command that could not start, as a Source: no stdout, then its rc and stderr."""
+    yield from ()
+    return (result.rc, result.stderr)
+
+
+def _pump(proc: subprocess.Popen[bytes], input: bytes | None) -> Source:
+    """Yield a child's stdout as it comes; return (rc, stderr). `input` (if any) is fed, then EOF."""
+    assert proc.stdout is not None and proc.stderr is not None  # both are PIPE in _spawn
+    # stdin and stderr get their own threads so a full pipe on one side never stalls the other.
+    stderr: list[bytes] = []
+    helpers = [threading.Thread(target=_drain, args=(proc.stderr, stderr), daemon=True)]
+    if input is not None:
+        helpers.append(threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True))
+    for helper in helpers:
+        helper.start()
+    try:
+        while chunk := os.read(proc.stdout.fileno(), 65536):
+            yield chunk
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        if proc.stdin is not None and input is None:  # a conversation's stdin, if still open
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+    for helper in helpers:
+        helper.join()
+    return (rc, b"".join(stderr))
+
+
+class _PipeInput:
+    """A child's stdin for a conversation. The child reads each request whole before it answers, so
+    writing in this thread cannot stall against its output."""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        self.pipe = pipe
+
+    def send(self, data: bytes) -> None:
+        with contextlib.suppress(BrokenPipeError):  # the child exited early; its rc tells the story
+            self.pipe.write(data)
+            self.pipe.flush()
+
+    def end(self) -> None:
+        with contextlib.suppress(OSError):
+            self.pipe.close()
 
 
 def _drain(pipe: IO[bytes], into: list[bytes]) -> None:

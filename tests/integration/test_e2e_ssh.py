@@ -12,6 +12,7 @@ import select
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -392,3 +393,61 @@ def test_rollback_without_to_restores_the_newest_backup(sim):
     lines = st.stdout.splitlines()
     assert lines[0] == f"{sim.name} sglang.service: active/running"
     assert re.match(r"  last transaction \S+: applied at \d{4}-\d\d-\d\dT", lines[1]), st.stdout
+
+
+# -- one agent call -----------------------------------------------------------------------------
+class CountingTransport:
+    """The real SSH transport, counting the commands deployctl starts on the host."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("run", "stream", "converse", "put"):
+            self.calls.append(name)
+        return getattr(self.inner, name)
+
+
+def _apply_in_process(
+    sim: simhost.SimHost, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], context: str
+) -> tuple[CountingTransport, list[dict[str, Any]]]:
+    import agent.deploy
+    from agent.cli import main as cli_main
+
+    for key, value in sim.env.items():
+        monkeypatch.setenv(key, value)
+    opened: list[CountingTransport] = []
+    real_open = agent.deploy.open_transport
+
+    def counting_open(*args: Any) -> Any:
+        opened.append(CountingTransport(real_open(*args)))
+        return opened[-1]
+
+    monkeypatch.setattr(agent.deploy, "open_transport", counting_open)
+    capsys.readouterr()
+    rc = cli_main.main(["apply", sim.name, "--context", context, "--yes", "--json"])
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert rc == ExitCode.OK, events[-3:]
+    return opened[0], events
+
+
+def _runner_logged(sim: simhost.SimHost, txn: str) -> str:
+    """What systemd logged about the transaction's transient runner unit (empty: there was none)."""
+    argv = ["journalctl", "--no-pager", "-o", "cat", "-u", f"deployctl-{txn}.service"]
+    return sim.host.ssh(argv).stdout.decode()
+
+
+def test_facts_and_the_apply_share_one_agent_call_and_a_no_op_starts_no_runner(sim, monkeypatch, capsys):
+    changed, events = _apply_in_process(sim, monkeypatch, capsys, "190k")
+    assert events[-1]["data"]["outcome"] == "applied"
+    assert changed.calls == ["converse"]  # facts, then the apply planned from them: one agent process
+    assert "deployctl apply" in _runner_logged(sim, events[-1]["txn"])  # a change runs detached
+
+    same, events = _apply_in_process(sim, monkeypatch, capsys, "190k")
+    assert events[-1]["data"]["outcome"] == "up_to_date"
+    assert same.calls == ["converse"]
+    assert "deployctl" not in _runner_logged(sim, events[-1]["txn"])  # answered in the agent's own process
+    status = json.loads(deployctl(sim, "status", sim.name, "--json").stdout)
+    assert status["last_txn"] == events[-1]["txn"]  # recorded as any run is
+    assert status["last_outcome"]["data"]["outcome"] == "up_to_date"

@@ -110,6 +110,37 @@ def test_stream_feeds_stdin_and_replaces_bad_utf8(transport: Transport) -> None:
     assert stream.rc == 0
 
 
+# Answers each line it reads at once, so the second line can depend on the first answer.
+ECHO_LINES = "while read -r line; do echo \"got $line\"; done; echo eof; exit 3"
+
+
+def test_converse_answers_before_the_next_input_is_sent(transport: Transport) -> None:
+    stream = transport.converse(["sh", "-c", ECHO_LINES], b"facts\n")
+    lines = stream.lines()
+    assert next(lines) == "got facts"  # the first answer arrives while stdin is still open
+    stream.send(b"apply planned\n")
+    stream.end_input()
+    assert list(lines) == ["got apply planned", "eof"]
+    assert stream.rc == 3
+
+
+def test_converse_ended_without_more_input_ends_the_command(transport: Transport) -> None:
+    stream = transport.converse(["sh", "-c", ECHO_LINES], b"facts\n")
+    lines = stream.lines()
+    assert next(lines) == "got facts"
+    stream.end_input()
+    stream.end_input()  # twice is harmless
+    assert list(lines) == ["eof"]
+    with pytest.raises(RuntimeError):
+        stream.send(b"too late\n")
+
+
+def test_converse_with_a_missing_command_is_rc_127(transport: Transport) -> None:
+    stream = transport.converse(["deployctl-no-such-command"], b"x\n")
+    assert list(stream) == []
+    assert stream.rc == 127
+
+
 def test_rc_is_unknown_until_the_stream_ends(transport: Transport) -> None:
     stream = transport.stream(["echo", "hi"])
     with pytest.raises(RuntimeError):

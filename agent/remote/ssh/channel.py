@@ -22,19 +22,24 @@ class ChannelDropped(Exception):
     """The channel closed with no exit status while its transport died."""
 
 
-def pump(chan: paramiko.Channel, input: bytes | None, deadline: float | None) -> Source:
-    """Yield stdout chunks as they come; return (rc, stderr). rc -1 means killed by a signal."""
+def pump(
+    chan: paramiko.Channel, input: bytes | None, deadline: float | None, keep_open: bool = False
+) -> Source:
+    """Yield stdout chunks as they come; return (rc, stderr). rc -1 means killed by a signal.
+
+    stdin gets `input`, then EOF, unless `keep_open`: then the caller sends more itself (a conversation).
+    """
     # Both streams share one flow-control window: stdout and stderr must be read in the same loop,
     # or a command that fills stderr stalls while we wait on stdout.
     stderr = bytearray()
     pending = memoryview(input) if input else None
-    if pending is None:
+    if pending is None and not keep_open:
         chan.shutdown_write()
     wakeup = chan.fileno()  # paramiko signals this pipe for stdout data, stderr data, EOF and close
     try:
         while not (chan.eof_received or chan.closed):
             if pending is not None and chan.send_ready():
-                pending = _send(chan, pending)
+                pending = _send(chan, pending, keep_open)
             while chan.recv_stderr_ready():
                 stderr += chan.recv_stderr(CHUNK)
             if chan.recv_ready():
@@ -52,8 +57,8 @@ def pump(chan: paramiko.Channel, input: bytes | None, deadline: float | None) ->
         chan.close()
 
 
-def _send(chan: paramiko.Channel, pending: memoryview) -> memoryview | None:
-    """Send what the window allows; None once all of stdin is sent and EOF is signalled."""
+def _send(chan: paramiko.Channel, pending: memoryview, keep_open: bool) -> memoryview | None:
+    """Send what the window allows; None once all of stdin is sent (and EOF signalled, unless kept open)."""
     try:
         sent = chan.send(bytes(pending[:CHUNK]))
     except OSError:
@@ -61,7 +66,8 @@ def _send(chan: paramiko.Channel, pending: memoryview) -> memoryview | None:
     rest = pending[sent:]
     if rest:
         return rest
-    chan.shutdown_write()
+    if not keep_open:
+        chan.shutdown_write()
     return None
 
 

@@ -8,7 +8,7 @@ import secrets
 import shlex
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from types import TracebackType
@@ -196,8 +196,7 @@ class SshTransport:
         return ConnectionLost(f"{self.name}: connection to {self.target.address} lost while {doing}")
 
     def run(self, argv: Sequence[str], input: bytes | None = None, timeout: float | None = None) -> Result:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        source = self._drive(self._start(argv), argv, input, deadline, timeout)
+        source = self._drive(self._start(argv), argv, input, timeout)
         stdout = bytearray()
         while True:
             try:
@@ -207,7 +206,12 @@ class SshTransport:
                 return Result(tuple(argv), rc, bytes(stdout), stderr)
 
     def stream(self, argv: Sequence[str], input: bytes | None = None) -> Stream:
-        return Stream(argv, self._drive(self._start(argv), argv, input, None, None))
+        return Stream(argv, self._drive(self._start(argv), argv, input, None))
+
+    def converse(self, argv: Sequence[str], first: bytes) -> Stream:
+        chan = self._start(argv)
+        source = self._drive(chan, argv, first, None, keep_open=True)
+        return Stream(argv, source, _ChannelInput(chan, lambda: self._lost(f"talking to {shlex.join(argv)}")))
 
     def _start(self, argv: Sequence[str]) -> paramiko.Channel:
         chan = self._session()
@@ -219,11 +223,12 @@ class SshTransport:
         return chan
 
     def _drive(
-        self, chan: paramiko.Channel, argv: Sequence[str], input: bytes | None, deadline: float | None,
-        timeout: float | None,
+        self, chan: paramiko.Channel, argv: Sequence[str], input: bytes | None, timeout: float | None,
+        *, keep_open: bool = False,
     ) -> Source:  # fmt: skip
+        deadline = None if timeout is None else time.monotonic() + timeout  # run() reads at once
         try:
-            return (yield from pump(chan, input, deadline))
+            return (yield from pump(chan, input, deadline, keep_open))
         except ChannelTimeout as exc:
             raise CommandTimedOut(
                 f"{self.name}: command {shlex.join(argv)} did not finish within {timeout:g}s"
@@ -266,6 +271,24 @@ class SshTransport:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class _ChannelInput:
+    """A conversation's stdin on an exec channel; a dropped link raises ConnectionLost."""
+
+    def __init__(self, chan: paramiko.Channel, lost: Callable[[], ConnectionLost]) -> None:
+        self.chan = chan
+        self.lost = lost
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.chan.sendall(data)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise self.lost() from exc
+
+    def end(self) -> None:
+        with contextlib.suppress(paramiko.SSHException, OSError, EOFError):
+            self.chan.shutdown_write()  # a channel already gone needs no EOF
 
 
 def _active(client: paramiko.SSHClient) -> paramiko.Transport:

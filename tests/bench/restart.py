@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -18,6 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.inventory import load_host
+from agent.remote import bundle
+from agent.remote.client import base_request
 from tests import simhost
 from tests.bench.tools import DEPLOYCTL
 from tests.integration.conftest import wait_pool
@@ -80,28 +84,44 @@ def _measure(sim: simhost.SimHost, rounds: int, work: Path, say: Any) -> dict[st
                 downtime[mode].append(seconds)
             _deployctl(sim, units[mode], "rollback", sim.name, "--yes", "--json")
             say(f"  round {i + 1}: {'pre-warmed' if mode else 'cold':10} downtime {seconds} s")
-    noop, bare = _overhead(sim, units[True], rounds)
+    overhead = _overhead(sim, units[True], max(rounds, 5))
     warm, cold = statistics.median(downtime[True]), statistics.median(downtime[False])
     return {
         "downtime_prewarm_s_median": warm,
         "downtime_cold_s_median": cold,
         "downtime_prewarm_ratio": round(warm / cold, 3),
         "weights_gib": round(gib, 2),
-        "noop_s": noop,
-        "bare_ssh_s": bare,
-        "noop_vs_bare_ssh": round(noop / bare, 2),
+        **overhead,
     }
 
 
-def _overhead(sim: simhost.SimHost, units: Path, rounds: int) -> tuple[float, float]:
-    """A no-op apply (nothing changed: cron's usual run) against `ssh host true`, medians."""
+def _overhead(sim: simhost.SimHost, units: Path, rounds: int) -> dict[str, float]:
+    """A no-op apply (nothing changed: cron's usual run) against `ssh host true` and against one agent
+    call over ssh (`ssh host python3 -I BUNDLE facts`, what one round trip with the agent costs), medians."""
     context = sim.unit_text().split("--context-length ")[1].split()[0]
-    noops, bares = [], []
+    host = load_host(sim.name, units)
+    _, sha = bundle.build()
+    agent = [host.ssh.python, "-I", f"{host.ssh.agent_dir}/bin/{bundle.remote_name(sha)}", "--sha256", sha]
+    facts = base_request(host, "facts").to_json().encode()
+    ssh = ["ssh", "-F", str(sim.ssh_config), sim.name]
+    noops, bares, calls = [], [], []
     for _ in range(rounds):
         wall, events = _deployctl(sim, units, "apply", sim.name, "--context", context, "--yes", "--json")
         assert any((e.get("data") or {}).get("outcome") == "up_to_date" for e in events), events[-1:]
         noops.append(wall)
-        t0 = time.monotonic()
-        subprocess.run(["ssh", "-F", str(sim.ssh_config), sim.name, "true"], check=True, timeout=60)
-        bares.append(time.monotonic() - t0)
-    return round(statistics.median(noops), 3), round(statistics.median(bares), 3)
+        bares.append(_timed([*ssh, "true"]))
+        calls.append(_timed([*ssh, shlex.join([*agent, "facts"])], facts))
+    noop, bare, call = (round(statistics.median(xs), 3) for xs in (noops, bares, calls))
+    return {
+        "noop_s": noop,
+        "bare_ssh_s": bare,
+        "ssh_agent_call_s": call,
+        "noop_vs_bare_ssh": round(noop / bare, 2),
+        "noop_vs_ssh_agent_call": round(noop / call, 2),  # goal <= 1.5
+    }
+
+
+def _timed(argv: list[str], input: bytes | None = None) -> float:
+    t0 = time.monotonic()
+    subprocess.run(argv, input=input, capture_output=True, check=True, timeout=60)
+    return time.monotonic() - t0

@@ -169,7 +169,10 @@ def kill_runner(sim: SimHost, txn: str, timeout: float = 30) -> None:
 
 
 def kill_followers(sim: SimHost, verb: str) -> None:
-    """SIGKILL the agents that follow a transaction for a client (`agent-<sha>.pyz VERB`), by pid."""
+    """SIGKILL the agents that follow a transaction for a client (`agent-<sha>.pyz VERB`), by pid.
+
+    `apply` runs in the agent's `session` (facts, then the apply), so that is the word to look for there.
+    """
     r = sim.host.ssh(["pgrep", "-f", f"pyz( --sha256 [0-9a-f]+)? {verb}$"], timeout=30)
     for pid in r.stdout.decode().split():
         sim.host.ssh(["kill", "-KILL", pid], timeout=30)

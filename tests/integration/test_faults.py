@@ -190,7 +190,7 @@ def orphan_a_change(sim) -> None:
     hit = watcher.wait()
     proc.kill()
     proc.communicate()
-    fk.kill_followers(sim, "apply")  # else the host's follower of the killed client recovers by itself
+    fk.kill_followers(sim, "session")  # else the host's follower of the killed client recovers by itself
     fk.kill_runner(sim, hit.txn)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from agent.adopt import choose_unit, inventory_text
 from agent.errors import UsageError
 from agent.inventory import HOST_NAME, Gpus, HostConfig, Model, Ssh, Unit, units_dir
 from agent.output import Output
@@ -31,6 +30,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     path = units_dir(args.units) / f"{args.host}.toml"
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists", hint="--force replaces it")
+    from agent.adopt import choose_unit, inventory_text  # tomlkit: only this command writes TOML
     from agent.remote.client import AgentClient, base_request, open_transport
 
     # Only the connection and the agent's folders matter until the unit is known.

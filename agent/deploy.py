@@ -1,4 +1,8 @@
-"""The pipeline as users start it: inventory, facts, plan, render, confirm, transaction, report."""
+"""The pipeline as users start it: inventory, facts, plan, render, confirm, transaction, report.
+
+The planner, the template engine and the report (agent/apply.py, agent/report.py) load only once the
+facts request is on its way: the host gathers its facts meanwhile.
+"""
 
 from __future__ import annotations
 
@@ -13,24 +17,10 @@ from agent.errors import ConnectError, UsageError
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_host, units_dir
 from agent.output import Output, Style
-from agent.plan.choose import Plan, Target, plan_for_host
 from agent.progress import Progress
-from agent.protocol import Event, Request, exit_code, unit_sha256
+from agent.protocol import Event, Request, exit_code
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
-from agent.render import (
-    redact,
-    redact_changes,
-    redact_flags,
-    render_unit,
-    secret_values,
-    secrets_line,
-    template_dir,
-    unit_diff,
-)
-from agent.report import ApplyReport, backups_table, plan_with_chart, render_report
-from agent.sglang.flags import FlagChange, FlagsError, diff_flags, flag_table, parse_unit_flags
-from agent.verify import render_checked
 
 
 @dataclass
@@ -51,34 +41,12 @@ def session(conn: Connection) -> Iterator[Session]:
         transport.close()
 
 
-def calibration_from(facts: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
-    """The last start's figures (its journal), else the verified starts the agent remembers."""
-    history = [h for h in facts.get("history") or [] if h.get("kv_tokens")]
-    last = facts.get("last_start")
-    if last and last.get("kv_tokens") and last.get("avail_mem_before_weights_gb"):
-        if last.get("graph_mem_gb") is None:  # a start still capturing its graphs: borrow a finished one's
-            graphs = [h for h in history if h.get("graph_mem_gb") is not None]
-            return [last, *graphs[-1:]]
-        return [last]
-    return history[-1:] or None
-
-
-def make_plan(host: HostConfig, change: Change, facts: Mapping[str, Any]) -> Plan:
-    from agent.plan.from_facts import plan_from_host_facts  # the host read its config.json: plan from that
-
-    asked = Target(change.context, change.mem_fraction_static, change.max_running_requests)
-    from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked)
-    if from_host is not None:
-        return from_host
-    running = facts.get("flags") or dict(host.sglang.flags)
-    return plan_for_host(host, asked, calibration_from(facts), running)
-
-
 def apply(conn: Connection, change: Change, out: Output) -> int:
     with session(conn) as s:
         ask = base_request(s.host, "facts")
         # facts and the apply planned from them go to one agent process over one channel
         with s.client.converse(ask) as talk:
+            _load_planner(s.host)  # while the host gathers the facts just asked for
             if not talk.answer.get("orphan"):
                 return _apply(out, s, change, talk)
         recover_orphan(out, s, talk.answer)  # rare: finish a dead agent's change, then plan afresh
@@ -86,98 +54,21 @@ def apply(conn: Connection, change: Change, out: Output) -> int:
             return _apply(out, s, change, talk)
 
 
+def _load_planner(host: HostConfig) -> None:
+    from agent import apply as planned
+
+    planned.preload(host)
+
+
 def _apply(out: Output, s: Session, change: Change, talk: Conversation) -> int:
-    facts = talk.answer
-    plan = make_plan(s.host, change, facts)
-    old_text = facts.get("unit_text") or ""
-    if not plan.feasible and not change.force:
-        show_plan(out, s.host, plan, old_text, render_unit(s.host, plan.flags(), template_dir()))
-        raise UsageError(
-            f"the plan cannot reach {change.context:,} tokens on {s.host.name}; nothing was changed",
-            hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
-        )
-    target_host = allow_context(s.host, change)
-    new_text = render_checked(target_host, plan.flags(), installed=old_text)
-    env_secrets, flag_secrets = secret_values(target_host, plan.flags())
-    show_plan(out, s.host, plan, old_text, new_text)
-    if change.dry_run:
-        out.note("dry run: nothing was changed")
+    from agent import apply as planned
+
+    sent = planned.prepare(out, s.host, change, talk.answer)
+    if sent is None:
         return int(ExitCode.OK)
     confirm(out, change.yes, s.host)
-    req = base_request(
-        s.host,
-        "apply",
-        unit_text=new_text,
-        target_context=change.context,
-        planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
-        expect_sha256=unit_sha256(old_text) if old_text else "absent",
-        secret_env=env_secrets,
-        secret_flags=flag_secrets,
-    )
-    outcome = follow(out, s, req, talk)
-    report = ApplyReport(
-        s.host.name,
-        s.host.unit.name,
-        change.context,
-        plan,
-        redact_flags(_readable_flags(old_text)),
-        redact_flags(parse_unit_flags(new_text)),
-        str(outcome.data.get("outcome")),
-        outcome.message,
-        outcome.data,
-        next_plan=_next_plan(s.host, change.context, outcome),
-        previous_downtime=_previous_downtime(facts),
-    )
-    if not (out.quiet and report.outcome == "up_to_date") and out.style is not Style.JSON:
-        out.print(render_report(report))
-    return int(exit_code(report.outcome))
-
-
-def _previous_downtime(facts: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The downtime of the newest verified start the host remembers (before this change)."""
-    return next((h["downtime"] for h in reversed(facts.get("history") or []) if h.get("downtime")), None)
-
-
-def allow_context(host: HostConfig, change: Change) -> HostConfig:
-    """SGLang >= 0.5.3 refuses a context above the model's own; with --force the unit allows it."""
-    limit = host.model.max_context
-    if limit is None or change.context <= limit:
-        return host
-    if not change.force:
-        raise UsageError(
-            f"--context {change.context:,} is above the model's own context of {limit:,}: "
-            "SGLang would refuse to start; nothing was changed",
-            hint="pass --force to set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 in the unit anyway",
-        )
-    env = {**host.unit.environment, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-    return host.model_copy(update={"unit": host.unit.model_copy(update={"environment": env})})
-
-
-def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text: str) -> None:
-    if out.style is Style.JSON:
-        return
-    secrets = host.unit.secret_environment
-    changes = redact_changes(diff_flags(_readable_flags(old_text), parse_unit_flags(new_text)))
-    # the same text `deployctl plan` prints
-    out.note(plan_with_chart(host.name, plan, _readable_flags(old_text), unicode=out.style is Style.TTY))
-    env_secrets, flag_secrets = secret_values(host, plan.flags())
-    if env_secrets or flag_secrets:
-        out.note("   " + secrets_line(host, env_secrets, flag_secrets))
-    if changes:
-        out.note("== flag changes")
-        out.note("\n".join("   " + line for line in flag_table(changes).splitlines()))
-        diff = unit_diff(old_text, new_text, host.unit.name)
-        out.note(redact(diff, secrets).rstrip())
-    else:
-        out.note("== the unit would not change")
-
-
-def _readable_flags(text: str) -> dict[str, Any]:
-    """The flags of a unit found on the host; {} when there is none or deployctl cannot read it."""
-    try:
-        return dict(parse_unit_flags(text)) if text else {}
-    except FlagsError:
-        return {}
+    outcome = follow(out, s, sent.request, talk)
+    return planned.report(out, s.host, sent, outcome, talk.answer)
 
 
 def confirm(out: Output, yes: bool, host: HostConfig) -> None:
@@ -219,19 +110,11 @@ def follow(out: Output, s: Session, req: Request, talk: Conversation | None = No
     return outcome
 
 
-def _next_plan(host: HostConfig, context: int, outcome: Event) -> Plan | None:
-    """After a rejected change, re-plan from what that very start measured."""
-    summary = outcome.data.get("summary") or {}
-    if outcome.data.get("outcome") not in ("rolled_back", "rollback_failed") or not summary.get("kv_tokens"):
-        return None
-    try:
-        return plan_for_host(host, Target(context), [summary], {**host.sglang.flags})
-    except UsageError:
-        return None
-
-
 def backup_listing(s: Session) -> dict[str, Any]:
     """The host's backups, with the values of secret flags (api-key, token...) replaced for printing."""
+    from agent.render import redact_changes
+    from agent.sglang.flags import FlagChange
+
     listing = s.client.call(base_request(s.host, "backups"))
     for row in listing.get("backups") or []:
         changes = redact_changes([FlagChange(*c) for c in row.get("changes", [])])
@@ -240,6 +123,8 @@ def backup_listing(s: Session) -> dict[str, Any]:
 
 
 def rollback(conn: Connection, to: str | None, out: Output, *, yes: bool) -> int:
+    from agent.report import ApplyReport, render_report
+
     with session(conn) as s:
         rows = backup_listing(s).get("backups") or []
         # The default is the newest backup that differs from the installed unit: after an automatic
@@ -277,6 +162,8 @@ def rollback(conn: Connection, to: str | None, out: Output, *, yes: bool) -> int
 
 
 def backups(conn: Connection, out: Output) -> int:
+    from agent.report import backups_table
+
     with session(conn) as s:
         listing = backup_listing(s)
         if out.style is Style.JSON:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -247,7 +248,22 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
 def render_unit(host: HostConfig, flags: Mapping[str, FlagInput], template_dir: Path) -> str:
     """The unit text for `host` with `flags` over its baseline; the same input gives the same bytes."""
     validate(host, flags)
-    env = jinja2.Environment(
+    text = load_template(host, template_dir).render(template_context(host, flags))
+    check_rendered(text)
+    return text
+
+
+def load_template(host: HostConfig, template_dir: Path) -> jinja2.Template:
+    """The host's unit template, compiled once per process (jinja2 reloads it if the file changes)."""
+    try:
+        return _environment(template_dir).get_template(host.unit.template)
+    except jinja2.TemplateNotFound:
+        raise RenderError(f"unit.template: no template {host.unit.template!r} in {template_dir}") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _environment(template_dir: Path) -> jinja2.Environment:
+    return jinja2.Environment(
         loader=jinja2.FileSystemLoader(template_dir),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -255,13 +271,6 @@ def render_unit(host: HostConfig, flags: Mapping[str, FlagInput], template_dir: 
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    try:
-        template = env.get_template(host.unit.template)
-    except jinja2.TemplateNotFound:
-        raise RenderError(f"unit.template: no template {host.unit.template!r} in {template_dir}") from None
-    text = template.render(template_context(host, flags))
-    check_rendered(text)
-    return text
 
 
 def check_rendered(text: str) -> None:

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from agent.apply import allow_context, calibration_from
 from agent.cli.options import Change
-from agent.deploy import allow_context, calibration_from
 from agent.errors import ConnectError, DeployError
 from agent.fleet.calibrate import Measured, peer_key
 from agent.fleet.results import HostResult, PlanFigures

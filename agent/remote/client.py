@@ -151,44 +151,60 @@ class AgentClient:
         A run that changes nothing (facts, then an apply that finds the unit up to date) so costs one
         SSH exec and one agent start instead of two of each.
         """
-        conv = self._open(first)
-        if isinstance(conv, Result) and self._bundle_broken(conv):
-            self.refresh()
-            conv = self._open(first)
-        if isinstance(conv, Result):
-            raise RemoteError(f"{self.host.name}: agent {first.verb} failed: {_last(conv.stderr)}")
+        conv = Conversation(self, first)
         try:
             yield conv
         finally:
             conv.close()
 
-    def _open(self, first: Request) -> Conversation | Result:
-        """The conversation with `first` answered, or how the agent ended without an answer."""
-        argv = [*self.ensure(), "session"]
-        stream = self.transport.converse(argv, first.to_json().encode() + b"\n")
-        lines = stream.lines()
-        for line in lines:
-            if line.startswith("{"):
-                return Conversation(self, stream, lines, _answer(self.host.name, first.verb, line))
-        done = stream.result()
-        stream.close()
-        return Result(tuple(argv), done.rc or 1, b"", done.stderr)  # no answer is a failure, whatever rc
 
-
-@dataclass
 class Conversation:
-    """An agent process that has answered a read-only verb and waits for one changing verb, or EOF."""
+    """An agent process asked a read-only verb, then (optionally) one changing verb, or EOF.
 
-    client: AgentClient
-    stream: Stream
-    lines: Iterator[str]
-    answer: dict[str, Any]
-    _sent: bool = False
+    The question is sent at once and its answer read when first asked for: the caller does its own work
+    (apply loads the planner) while the host gathers the answer.
+    """
+
+    def __init__(self, client: AgentClient, first: Request) -> None:
+        self.client = client
+        self.first = first
+        self._answer: dict[str, Any] | None = None
+        self._sent = False
+        self._start()
+
+    def _start(self) -> None:
+        argv = [*self.client.ensure(), "session"]
+        self.stream = self.client.transport.converse(argv, self.first.to_json().encode() + b"\n")
+        self.lines = self.stream.lines()
+
+    @property
+    def answer(self) -> dict[str, Any]:
+        """The read-only verb's JSON answer (a missing or damaged bundle is replaced, once)."""
+        if self._answer is None:
+            got = self._read()
+            if isinstance(got, Result) and self.client._bundle_broken(got):
+                self.client.refresh()
+                self._start()
+                got = self._read()
+            if isinstance(got, Result):
+                host = self.client.host.name
+                raise RemoteError(f"{host}: agent {self.first.verb} failed: {_last(got.stderr)}")
+            self._answer = got
+        return self._answer
+
+    def _read(self) -> dict[str, Any] | Result:
+        for line in self.lines:
+            if line.startswith("{"):
+                return _answer(self.client.host.name, self.first.verb, line)
+        done = self.stream.result()
+        self.stream.close()
+        return Result(self.stream.argv, done.rc or 1, b"", done.stderr)  # no answer is a failure, whatever rc
 
     def events(self, req: Request) -> Iterator[Event]:
         """The changing verb's events, from the same agent process (ConnectionLost if the link drops)."""
         if self._sent:
             raise RuntimeError("a conversation takes one changing verb")
+        _ = self.answer  # the agent reads the next request only after it answered the first
         self._sent = True
         self.stream.send(req.to_json().encode() + b"\n")
         self.stream.end_input()

@@ -111,7 +111,7 @@ def test_stream_feeds_stdin_and_replaces_bad_utf8(transport: Transport) -> None:
 
 
 # Answers each line it reads at once, so the second line can depend on the first answer.
-ECHO_LINES = "while read -r line; do echo \"got $line\"; done; echo eof; exit 3"
+ECHO_LINES = 'while read -r line; do echo "got $line"; done; echo eof; exit 3'
 
 
 def test_converse_answers_before_the_next_input_is_sent(transport: Transport) -> None:

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from agent.apply import show_plan
 from agent.cli.main import main
-from agent.deploy import show_plan
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig
 from agent.output import Output

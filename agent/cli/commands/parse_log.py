@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from agent.errors import UsageError
 from agent.output import Output
-from agent.sglang.logs.summary import StartSummary, summarize
+
+if TYPE_CHECKING:
+    from agent.sglang.logs.summary import StartSummary
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: Output) -> int:
     """Summarise the log; exit 0 whatever it says (the summary is the answer, not a verdict)."""
+    from agent.sglang.logs.summary import summarize  # the parser loads only for the commands that parse
+
     summary = summarize(_read(args.file).split("\n"))
     if args.json:
         out.print(json.dumps(summary.to_dict(), sort_keys=True))

@@ -7,15 +7,15 @@ import json
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.cli.options import Connection, add_target_args
 from agent.errors import UsageError
 from agent.inventory import load_host, units_dir
 from agent.output import Output, Style
-from agent.plan.choose import Target, plan_for_host
-from agent.report import plan_with_chart
-from agent.sglang.logs.summary import start_figures
+
+if TYPE_CHECKING:
+    from agent.plan.choose import Target
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -47,10 +47,15 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _asked(args: argparse.Namespace) -> Target:
+    from agent.plan.choose import Target  # the planner loads when a command plans, not with the parser
+
     return Target(args.context, args.mem_fraction_static, args.max_running_requests)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    from agent.plan.choose import plan_for_host
+    from agent.report import plan_with_chart
+
     if args.facts:
         return _run_facts(args, out)
     if not args.host:
@@ -61,11 +66,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
     asked = _asked(args)
     if not history and not args.offline:
         from agent import deploy  # SSH only when the host is asked
+        from agent.apply import calibration_from
         from agent.remote.client import base_request
 
         with deploy.session(Connection.of(args)) as s:
             facts = s.client.call(base_request(s.host, "facts"))
-        history = [dict(h) for h in deploy.calibration_from(facts) or []] or None
+        history = [dict(h) for h in calibration_from(facts) or []] or None
         running = facts.get("flags") or running
         from agent.plan.from_facts import plan_from_host_facts
 
@@ -86,6 +92,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     """Plan from a facts file alone; --from-log adds earlier starts to the one the file may carry."""
     from agent.plan.facts import load_facts
     from agent.plan.from_facts import plan_from_facts
+    from agent.report import plan_with_chart
 
     if args.host:
         raise UsageError("give a host or --facts FILE, not both")
@@ -105,4 +112,6 @@ def read_start(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise UsageError(f"--from-log {str(path)!r}: cannot read: {exc.strerror or exc}") from None
     # journald and tqdm both end lines with \r at times: split on both.
+    from agent.sglang.logs.summary import start_figures  # the parser loads only for the commands that parse
+
     return start_figures(text.replace("\r", "\n").splitlines())

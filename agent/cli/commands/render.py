@@ -9,20 +9,10 @@ from agent.cli.options import ArgError, add_target_args, parse_context, parse_fr
 from agent.errors import UsageError
 from agent.inventory import HostConfig, load_host, units_dir
 from agent.output import Output
-from agent.render import (
-    FLAG_NAME,
-    check_text,
-    redact,
-    redact_changes,
-    render_unit,
-    secret_values,
-    secrets_line,
-    template_dir,
-    unit_diff,
-)
-from agent.sglang import version_flags
 from agent.sglang.flags import FlagInput, diff_flags, flag_table, parse_unit_flags
-from agent.verify import render_checked
+
+# agent.render (jinja2) and agent.verify load inside the functions: every command builds this parser,
+# and apply loads them only once its facts request is on its way (agent/deploy.py).
 
 # Flags that have their own option: `--set` goes through the same check, and the two must not both be given.
 _OPTION_FLAGS: dict[str, tuple[str, Callable[[str, str], FlagInput]]] = {
@@ -34,6 +24,8 @@ _OPTION_FLAGS: dict[str, tuple[str, Callable[[str, str], FlagInput]]] = {
 
 def parse_set(text: str) -> tuple[str, FlagInput]:
     """`FLAG=VALUE` (leading dashes optional) -> (flag, value); `true`/`false` give a bare flag or none."""
+    from agent.render import FLAG_NAME, check_text
+
     name, eq, value = text.partition("=")
     name = name.strip().lstrip("-")
     check_text(f"--set {name}", name)
@@ -90,6 +82,8 @@ def requested_flags(args: argparse.Namespace) -> dict[str, FlagInput]:
 
 def diff_report(host: HostConfig, baseline: str, text: str, flags: dict[str, FlagInput]) -> str:
     """The flag table and the unified diff against the baseline unit, secrets redacted."""
+    from agent.render import redact, redact_changes, secret_values, secrets_line, unit_diff
+
     changes = redact_changes(diff_flags(parse_unit_flags(baseline), parse_unit_flags(text)))
     secret = host.unit.secret_environment
     if not changes and baseline == text:
@@ -102,6 +96,10 @@ def diff_report(host: HostConfig, baseline: str, text: str, flags: dict[str, Fla
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    from agent.render import render_unit, template_dir
+    from agent.sglang import version_flags
+    from agent.verify import render_checked
+
     host = load_host(args.host, units_dir(args.units))
     flags = requested_flags(args)
     text = render_checked(host, flags)

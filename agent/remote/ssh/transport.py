@@ -210,8 +210,9 @@ class SshTransport:
 
     def converse(self, argv: Sequence[str], first: bytes) -> Stream:
         chan = self._start(argv)
-        source = self._drive(chan, argv, first, None, keep_open=True)
-        return Stream(argv, source, _ChannelInput(chan, lambda: self._lost(f"talking to {shlex.join(argv)}")))
+        stdin = _ChannelInput(chan, lambda: self._lost(f"talking to {shlex.join(argv)}"))
+        stdin.send(first)  # now, not when the output is first read: the command starts on it meanwhile
+        return Stream(argv, self._drive(chan, argv, None, None, keep_open=True), stdin)
 
     def _start(self, argv: Sequence[str]) -> paramiko.Channel:
         chan = self._session()

@@ -93,6 +93,9 @@ def test_results_round_trip_through_events_and_render() -> None:
     assert "rollback b" not in text  # a rolled-back host has nothing to revert
     assert "c                    not touched" in text and "halted: c not touched" in text
     assert "204,000" in text and "204,100" in text and "planned from canary a" in text
+    # Every host ran, one failed (tolerated by --max-fail): finished, but the failure is said.
+    text = render_fleet(FleetReport("g", ("a", "b"), found, 200_000))
+    assert "halted" not in text and text.endswith("every host ran; failed: b\n")
 
 
 @pytest.mark.parametrize(

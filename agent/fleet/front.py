@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from typing import Any
 
 from agent.errors import UsageError
@@ -14,8 +13,6 @@ from agent.fleet.results import FleetReport, progress_line, render_fleet, result
 from agent.fleet.runner import ansible_failed, forks_for, run_playbook
 from agent.inventory import GROUP_NAME, units_dir
 from agent.output import Output
-
-BATCH = re.compile(r"[1-9][0-9]{0,5}|(?:100|[1-9][0-9]?)%")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -35,16 +32,21 @@ def _printer(out: Output, as_json: bool) -> Any:
     return show
 
 
+def check_canary(group: str, hosts: int, canary: int) -> None:
+    """Refused rather than clamped: a canary bigger than the group is a typo or the wrong group, and
+    clamping would restart every host at once, with no canary left to halt a bad change early."""
+    if canary > hosts:
+        raise UsageError(
+            f"--canary {canary} is more than the {hosts} host{'s' * (hosts != 1)} in group {group}",
+            hint=f"--canary {hosts} or fewer; or check the group name",
+        )
+
+
 def apply(args: argparse.Namespace, out: Output) -> int:
-    _check(args)
-    if not BATCH.fullmatch(args.batch):
-        raise UsageError(f"--batch {args.batch!r}: a host count (4) or a percentage (25%)")
-    if args.canary < 1:
-        raise UsageError("--canary must be at least 1: the canary is what halts a bad rollout early")
-    if not 0 <= args.max_fail <= 100:
-        raise UsageError("--max-fail is a percentage from 0 to 100")
+    _check(args)  # --canary, --batch and --max-fail were checked by argparse (cli.commands.fleet)
     folder = units_dir(args.units)
     hosts = [h.name for h in group_hosts(folder, args.group)]
+    check_canary(args.group, len(hosts), args.canary)
     if not args.yes:
         if not out.stdin_isatty:
             raise UsageError(

@@ -146,6 +146,9 @@ def render_fleet(report: FleetReport) -> str:
             lines.append(f"  revert: {r.revert}")
     if report.halted:
         lines.append(f"halted: {', '.join(report.untouched)} not touched")
+    elif failed := [h for h, r in report.results.items() if r.failed]:
+        # In the last batch, or tolerated by --max-fail: nothing was left out, but not all went well.
+        lines.append(f"every host ran; failed: {', '.join(failed)}")
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.sglang.flags import parse_unit_flags
 from tests import simhost
-from tests.bench import parse_bench, restart, restarts
+from tests.bench import fleet, parse_bench, restart, restarts
 from tests.bench.tools import Ansible, Deployctl, Run
 from tests.integration.conftest import wait_pool
 
@@ -50,6 +50,7 @@ def args_() -> argparse.Namespace:
     ap.add_argument("--ansible-retries", type=int, default=30)
     ap.add_argument("--parse-lines", type=int, default=300_000)
     ap.add_argument("--downtime-rounds", type=int, default=_env_int("DOWNTIME_ROUNDS", 3))
+    ap.add_argument("--fleet-hosts", type=int, default=_env_int("FLEET_HOSTS", 16), help="0 skips the fleet")
     return ap.parse_args()
 
 
@@ -211,8 +212,9 @@ def main() -> int:
             counted = restart_counts(sim, compared["dc"])
         say("booting a test host whose simulated weights are big enough to dominate a restart")
         downtime = restart.measure(a.downtime_rounds, Path(tmp), say)
+    fleet_figures = fleet.measure(a.fleet_hosts, say=say) if a.fleet_hosts else {}
     say("parser throughput")
-    f = figures(compared, counted, parser_rate(a.parse_lines)) | downtime
+    f = figures(compared, counted, parser_rate(a.parse_lines)) | downtime | fleet_figures
     table(f, a)
     f["date"] = datetime.date.today().isoformat()
     f["machine"] = f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"

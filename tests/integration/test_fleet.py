@@ -251,6 +251,35 @@ def test_a_dropped_connection_is_re_attached(fleet: Fleet, tmp_path: Path) -> No
     assert parse_unit_flags(fleet.unit("f2").decode())["context-length"] == "100000"
 
 
+def test_a_tolerated_failure_is_rolled_back_and_the_rollout_goes_on(fleet: Fleet) -> None:
+    """Canary f1, then [f2, f3], [f4]; f3 fails: 1 of 2 is 50 %, which only --max-fail below 50 exceeds."""
+    fleet.set_sim_env("f3", {**CRASH_AT_200K, "SGLANG_SIM_FAULT_WHEN_CONTEXT": "205000"})
+    f3_unit, f4_unit, f4_invocation = fleet.unit("f3"), fleet.unit("f4"), invocation(fleet, "f4")
+    apply = ("apply", "ct-fleet", "--context", "205k", "--batch", "2", "--yes", "--max-fail")
+    try:
+        rc, halted, output = fleet_cli(fleet, *apply, "49")
+        assert rc == 4 and halted["halted"] and halted["untouched"] == ["f4"], output
+        assert by_host(halted)["f3"]["outcome"] == "rolled_back", output
+        assert fleet.unit("f4") == f4_unit and invocation(fleet, "f4") == f4_invocation
+        f3_invocation = invocation(fleet, "f3")
+        rc, report, output = fleet_cli(fleet, *apply, "50")
+    finally:
+        fleet.set_sim_env("f3", {})
+    # Tolerated: every host ran, the failed one serves its old unit again, and the exit still says 4.
+    assert rc == 4, output
+    hosts = by_host(report)
+    assert {h: hosts[h]["outcome"] for h in hosts} == {
+        "f1": "up_to_date", "f2": "up_to_date", "f3": "rolled_back", "f4": "applied",
+    }, output  # fmt: skip
+    assert report["untouched"] == [] and not report["halted"] and report["exit_code"] == 4
+    assert fleet.unit("f3") == f3_unit and invocation(fleet, "f3") != f3_invocation
+    status = fleet.hosts["f3"].ssh(["systemctl", "is-active", "sglang.service"]).stdout.decode().strip()
+    assert status == "active"
+    assert fleet.unit("f4") != f4_unit
+    assert parse_unit_flags(fleet.unit("f4").decode())["context-length"] == "205000"
+    assert hosts["f4"]["measured_pool"] >= 205_000
+
+
 def test_later_hosts_are_planned_from_the_canarys_measured_start(fleet: Fleet) -> None:
     rc, report, output = fleet_cli(fleet, "apply", "fresh", "--context", "200k", "--batch", "2", "--yes")
     assert rc == 0, output

@@ -93,15 +93,14 @@ def test_results_round_trip_through_events_and_render() -> None:
     assert "rollback b" not in text  # a rolled-back host has nothing to revert
     assert "c                    not touched" in text and "halted: c not touched" in text
     assert "204,000" in text and "204,100" in text and "planned from canary a" in text
+    # Every host ran, one failed (tolerated by --max-fail): finished, but the failure is said.
+    text = render_fleet(FleetReport("g", ("a", "b"), found, 200_000))
+    assert "halted" not in text and text.endswith("every host ran; failed: b\n")
 
 
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["apply", "ct-fleet", "--context", "200k", "--batch", "0", "--yes"], "--batch '0'"),
-        (["apply", "ct-fleet", "--context", "200k", "--batch", "120%", "--yes"], "--batch '120%'"),
-        (["apply", "ct-fleet", "--context", "200k", "--canary", "0", "--yes"], "--canary must be at least 1"),
-        (["apply", "ct-fleet", "--context", "200k", "--max-fail", "101", "--yes"], "--max-fail"),
         (["apply", "a:b", "--context", "200k", "--yes"], "not a valid group name"),
         (["apply", "nogroup", "--context", "200k", "--yes"], "in group 'nogroup'"),
         (["apply", "ct-fleet", "--context", "200k"], "--yes not given"),
@@ -118,6 +117,42 @@ def test_bad_fleet_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
     out = Output(stdout=io.StringIO(), stderr=io.StringIO(), isatty=False, stdin_isatty=False)
     code = main(["--units", str(units), "fleet", *args], out)
     err = out.stderr.getvalue()  # type: ignore[union-attr]
+    assert code == ExitCode.USAGE
+    assert err.startswith("deployctl: error: ") and says in err.splitlines()[0], err
+
+
+def _fleet_main(units: Path, args: list[str]) -> tuple[int, str]:
+    import io
+
+    from agent.cli.main import main
+    from agent.output import Output
+
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO(), isatty=False, stdin_isatty=False)
+    code = main(["--units", str(units), "fleet", "apply", *args, "--yes", "--json"], out)
+    return code, out.stderr.getvalue()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--batch", "0", "--batch '0' is not a host count from 1 (4) or a percentage from 1% to 100%"),
+        ("--batch", "0%", "--batch '0%' is not"),
+        ("--batch", "abc", "--batch 'abc' is not"),
+        ("--batch", "150%", "--batch '150%' is not"),
+        ("--batch", "-1", "--batch '-1' is not"),
+        ("--batch", "2.5", "--batch '2.5' is not"),
+        ("--canary", "0", "--canary '0' must be at least 1"),
+        ("--canary", "-1", "--canary '-1' must be at least 1"),
+        ("--canary", "abc", "--canary 'abc' is not a host count"),
+        ("--canary", "2", "--canary 2 is more than the 1 host in group ct-fleet"),
+        ("--max-fail", "101", "--max-fail '101' is not a percentage from 0 to 100"),
+        ("--max-fail", "-5", "--max-fail '-5' is not"),
+        ("--max-fail", "10%", "--max-fail '10%' is not"),
+    ],
+)
+def test_a_bad_rollout_shape_is_one_line_and_exit_2(tmp_path: Path, flag: str, value: str, says: str) -> None:
+    units = _units(tmp_path, {"a": 'groups = ["ct-fleet"]'})
+    code, err = _fleet_main(units, ["ct-fleet", "--context", "200k", flag, value])
     assert code == ExitCode.USAGE
     assert err.startswith("deployctl: error: ") and says in err.splitlines()[0], err
 
@@ -151,3 +186,28 @@ def test_a_bad_context_is_one_line_and_exit_2(tmp_path: Path) -> None:
     out = Output(stdout=io.StringIO(), stderr=io.StringIO())
     assert main(["fleet", "apply", "g", "--context", "lots", "--yes"], out) == ExitCode.USAGE
     assert out.stderr.getvalue().startswith("deployctl: error: --context")  # type: ignore[attr-defined]
+
+
+def test_a_canary_bigger_than_the_group_is_refused_before_ansible_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent.fleet import front
+    from agent.fleet.runner import Run
+
+    units = _units(tmp_path, {h: 'groups = ["g"]' for h in ("a", "b", "c")})
+    calls: list[tuple[dict[str, object], int]] = []
+
+    def fake_playbook(_name: str, _units: Path, extra: dict[str, object], forks: int, _on: object) -> Run:
+        calls.append((dict(extra), forks))
+        events = [{"kind": "result", "result": _result(h, "up_to_date").to_dict()} for h in "abc"]
+        return Run(0, events, "")
+
+    monkeypatch.setattr(front, "run_playbook", fake_playbook)
+    code, err = _fleet_main(units, ["g", "--context", "200k", "--canary", "5"])
+    assert code == ExitCode.USAGE and calls == []
+    assert err.splitlines()[0] == "deployctl: error: --canary 5 is more than the 3 hosts in group g", err
+    # The whole group as the canary is what was asked for: one batch, halted as a whole by a failure.
+    code, err = _fleet_main(units, ["g", "--context", "200k", "--canary", "3", "--batch", "100%"])
+    assert code == ExitCode.OK, err
+    assert calls == [({"deployctl_group": "g", "deployctl_context": 200_000, "deployctl_canary": 3,
+                       "deployctl_batch": "100%", "deployctl_max_fail": 0}, 3)]  # fmt: skip

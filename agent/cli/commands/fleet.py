@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from agent.cli.options import ArgError, parse_context
 from agent.errors import UsageError
 from agent.output import Output
+
+# A host count from 1, or a percentage from 1% to 100%: Ansible would run "0" or "0%" as batches of
+# one and "150%" as all at once, neither of which the operator asked for.
+BATCH = re.compile(r"[1-9][0-9]{0,5}|(?:100|[1-9][0-9]?)%")
 
 
 def context(text: str) -> int:
@@ -17,17 +22,44 @@ def context(text: str) -> int:
         raise UsageError(str(exc)) from None
 
 
+def canary(text: str) -> int:
+    """--canary: at least one host, or a bad change reaches a whole batch before anything halts it."""
+    if not re.fullmatch(r"-?[0-9]+", text.strip()):
+        raise UsageError(f"--canary {text!r} is not a host count (try 1 or 2)")
+    if int(text) < 1:
+        raise UsageError(
+            f"--canary {text!r} must be at least 1: the canary is what halts a bad rollout early"
+        )
+    return int(text)
+
+
+def batch(text: str) -> str:
+    if not BATCH.fullmatch(text.strip()):
+        raise UsageError(
+            f"--batch {text!r} is not a host count from 1 (4) or a percentage from 1% to 100% (25%)"
+        )
+    return text.strip()
+
+
+def max_fail(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text.strip()) or int(text) > 100:
+        raise UsageError(f"--max-fail {text!r} is not a percentage from 0 to 100")
+    return int(text)
+
+
 def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=type(p))
     sub.required = True
     a = sub.add_parser("apply", help="canary first, then batches; halts when a host fails its gate")
     a.add_argument("group", help="an inventory group (groups = [...] in units/<host>.toml), or all")
     a.add_argument("--context", required=True, type=context)
-    a.add_argument("--canary", type=int, default=1, help="hosts in the canary batch (default 1)")
-    a.add_argument("--batch", default="25%", help="later batches: a host count or a percentage (25%%)")
+    a.add_argument("--canary", type=canary, default=1, help="hosts in the canary batch (default 1)")
+    a.add_argument(
+        "--batch", type=batch, default="25%", help="later batches: a host count or a percentage (25%%)"
+    )
     a.add_argument(
         "--max-fail",
-        type=int,
+        type=max_fail,
         default=0,
         help="percent of a batch that may fail; it must be EXCEEDED to halt (Ansible's rule); default 0",
     )

@@ -20,7 +20,7 @@ from agent.fleet.results import HostResult, PlanFigures
 from agent.inventory import HostConfig
 from agent.plan.choose import Plan, Target, plan_for_host
 from agent.protocol import Event, Request, unit_sha256
-from agent.remote.client import AgentClient, base_request, open_transport
+from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 from agent.render import redact_flags, render_unit, secret_values, template_dir
 from agent.sglang.flags import FlagsError, parse_unit_flags
@@ -91,11 +91,21 @@ def _apply(
     client: AgentClient, context: int, peers: Sequence[Measured], emit: Emit, check: bool
 ) -> HostResult:
     host = client.host
-    facts = client.call(base_request(host, "facts"))
-    if facts.get("orphan"):
-        emit("recover", "an earlier change's agent died before it finished; recovering first")
-        _follow(client, host, base_request(host, "recover"), emit)
-        facts = client.call(base_request(host, "facts"))
+    ask = base_request(host, "facts")
+    # facts and the apply planned from them: one agent process over one channel, as `deployctl apply`
+    with client.converse(ask) as talk:
+        if not talk.answer.get("orphan"):
+            return _planned(talk, context, peers, emit, check)
+    emit("recover", "an earlier change's agent died before it finished; recovering first")
+    _follow(client, host, base_request(host, "recover"), emit)
+    with client.converse(ask) as talk:
+        return _planned(talk, context, peers, emit, check)
+
+
+def _planned(
+    talk: Conversation, context: int, peers: Sequence[Measured], emit: Emit, check: bool
+) -> HostResult:
+    host, facts = talk.client.host, talk.answer
     plan, sources = plan_host(host, context, facts, peers)
     figures = PlanFigures(
         plan.mem_fraction_static,
@@ -119,7 +129,7 @@ def _apply(
             context, figures, before=before,
         )  # fmt: skip
     target_host = allow_context(host, Change(context))
-    new_text = render_checked(target_host, plan.flags())
+    new_text = render_checked(target_host, plan.flags(), installed=old_text)
     if check:
         differs = new_text != old_text
         return HostResult(
@@ -138,7 +148,7 @@ def _apply(
         secret_env=env_secrets,
         secret_flags=flag_secrets,
     )
-    message, data = _follow(client, host, req, emit)
+    message, data = _follow(talk.client, host, req, emit, talk)
     outcome = str(data.get("outcome"))
     summary = data.get("summary") or {}
     if outcome == "up_to_date":
@@ -161,10 +171,15 @@ def _apply(
     )
 
 
-def _follow(client: AgentClient, host: HostConfig, req: Request, emit: Emit) -> tuple[str, dict[str, Any]]:
-    """The transaction's outcome (message, data with "outcome"); re-attaches after a dropped link."""
+def _follow(
+    client: AgentClient, host: HostConfig, req: Request, emit: Emit, talk: Conversation | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The transaction's outcome (message, data with "outcome"); re-attaches after a dropped link.
+
+    With `talk`, the request goes to the agent process that answered the facts it was planned from.
+    """
     try:
-        return _stream(client, req, emit)
+        return _stream(talk.events(req) if talk is not None else client.events(req), emit)
     except ConnectionLost as exc:
         emit("reattach", f"connection lost ({exc.message}); the host goes on alone, re-attaching")
     for attempt in range(REATTACH_TRIES):
@@ -173,7 +188,8 @@ def _follow(client: AgentClient, host: HostConfig, req: Request, emit: Emit) -> 
             with connected(host) as again:
                 st = again.call(base_request(host, "status"))
                 if st.get("running"):
-                    return _stream(again, base_request(host, "follow", txn=st["running"]["txn"]), emit)
+                    follow = base_request(host, "follow", txn=st["running"]["txn"])
+                    return _stream(again.events(follow), emit)
                 last = st.get("last_outcome")
                 if last:
                     return str(last.get("message", "")), {**last.get("data", {})}
@@ -182,9 +198,9 @@ def _follow(client: AgentClient, host: HostConfig, req: Request, emit: Emit) -> 
     raise ConnectionLost(f"{host.name}: could not re-attach to the transaction")
 
 
-def _stream(client: AgentClient, req: Request, emit: Emit) -> tuple[str, dict[str, Any]]:
+def _stream(events: Iterator[Event], emit: Emit) -> tuple[str, dict[str, Any]]:
     outcome: Event | None = None
-    for event in client.events(req):
+    for event in events:
         if event.is_outcome:
             outcome = event
         elif event.kind in ("step", "warning"):

@@ -206,6 +206,17 @@ def test_check_mode_changes_nothing_and_sglang_rollback_restores(fleet: Fleet, t
     assert hosts["f4"]["measured_pool"] == BASELINE_POOL
 
 
+def _watching(f: Fleet, name: str, since: float) -> bool:
+    """Whether a transaction begun after `since` on the host is watching its start."""
+    for events in (f.hosts[name].root / "var/lib/deployctl/txn").glob("*/events.jsonl"):
+        try:
+            if events.stat().st_mtime >= since and '"stage": "watch"' in events.read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def _session_of(f: Fleet, name: str, verb: str) -> int:
     """The host-side sshd process of the session that runs the agent following `verb` for the client."""
     root = f.hosts[name].root
@@ -233,8 +244,9 @@ def test_a_dropped_connection_is_re_attached(fleet: Fleet, tmp_path: Path) -> No
     argv = [DEPLOYCTL, "fleet", "apply", "ct-fleet", "--context", "100k", "--yes", "--json"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (pid := _session_of(fleet, "f2", "apply")):
+        deadline, started = time.monotonic() + 120, time.time()
+        # the agent's session (facts, then the apply) once its transaction watches the new start
+        while not (_watching(fleet, "f2", started) and (pid := _session_of(fleet, "f2", "session"))):
             assert proc.poll() is None and time.monotonic() < deadline, "the apply never started"
             time.sleep(0.05)
         fleet.hosts["f2"].ssh(["kill", "-KILL", str(pid)])

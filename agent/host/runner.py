@@ -126,8 +126,11 @@ def _in_place(req: Request, out: TextIO) -> int | None:
         kept, seen = EventLog(txn, None), list[Event]()  # in memory until this run is known to end here
         kept.listeners.append(seen.append)
         kept.emit(Stage.LOCK, "step", f"locked {req.unit}", pid=os.getpid())
-        with Systemd() as sd:
-            result = Transaction(req, txn, sd, Journal(), kept).compare()
+        try:
+            with Systemd() as sd:
+                result = Transaction(req, txn, sd, Journal(), kept).compare()
+        except Exception:  # nothing written yet: the runner meets it again and reports it as it does
+            return None
         if not isinstance(result, Result):
             return None
         _record_request(state_dir, req, txn)

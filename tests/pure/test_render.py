@@ -237,3 +237,17 @@ def test_systemd_analyze_complaints_come_back() -> None:
 def test_verify_wants_a_real_unit_file_name() -> None:
     with pytest.raises(ValueError, match="unit file name"):
         verify_unit("[Service]\nExecStart=/bin/true\n", "sglang")
+
+
+def test_a_rendering_identical_to_the_installed_unit_is_not_verified_again(monkeypatch) -> None:
+    import agent.verify
+
+    host = load_host("ct200", UNITS)
+    calls: list[str] = []
+    monkeypatch.setattr(agent.verify, "verify_unit", lambda text, name: calls.append(name))
+    installed = agent.verify.render_checked(host, {})
+    assert calls == ["sglang.service"]  # a new rendering is verified
+    assert agent.verify.render_checked(host, {}, installed=installed) == installed
+    assert calls == ["sglang.service"]  # the same text as installed: systemd already runs it
+    agent.verify.render_checked(host, {"mem-fraction-static": 0.93}, installed=installed)
+    assert calls == ["sglang.service", "sglang.service"]

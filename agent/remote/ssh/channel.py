@@ -27,7 +27,8 @@ def pump(
 ) -> Source:
     """Yield stdout chunks as they come; return (rc, stderr). rc -1 means killed by a signal.
 
-    stdin gets `input`, then EOF, unless `keep_open`: then the caller sends more itself (a conversation).
+    stdin gets `input`, then EOF; with `keep_open` (and no input) stdin stays open: the caller sends on
+    the channel itself (a conversation).
     """
     # Both streams share one flow-control window: stdout and stderr must be read in the same loop,
     # or a command that fills stderr stalls while we wait on stdout.
@@ -39,7 +40,7 @@ def pump(
     try:
         while not (chan.eof_received or chan.closed):
             if pending is not None and chan.send_ready():
-                pending = _send(chan, pending, keep_open)
+                pending = _send(chan, pending)
             while chan.recv_stderr_ready():
                 stderr += chan.recv_stderr(CHUNK)
             if chan.recv_ready():
@@ -57,8 +58,8 @@ def pump(
         chan.close()
 
 
-def _send(chan: paramiko.Channel, pending: memoryview, keep_open: bool) -> memoryview | None:
-    """Send what the window allows; None once all of stdin is sent (and EOF signalled, unless kept open)."""
+def _send(chan: paramiko.Channel, pending: memoryview) -> memoryview | None:
+    """Send what the window allows; None once all of stdin is sent and EOF is signalled."""
     try:
         sent = chan.send(bytes(pending[:CHUNK]))
     except OSError:
@@ -66,8 +67,7 @@ def _send(chan: paramiko.Channel, pending: memoryview, keep_open: bool) -> memor
     rest = pending[sent:]
     if rest:
         return rest
-    if not keep_open:
-        chan.shutdown_write()
+    chan.shutdown_write()
     return None
 
 

@@ -28,7 +28,7 @@ def orphaned(req: Request, running: Callable[[], dict[str, Any] | None]) -> bool
         return False  # a corrupt record is not recovered: every change refuses until a person looks
     last = state_dir.last_txn(req.unit)
     # a change that ended with a failed rollback waits for a person
-    return last is None or not _has_outcome(state_dir, last)
+    return last is None or not state_dir.has_outcome(last)
 
 
 class RecordState(str, Enum):
@@ -42,10 +42,6 @@ def record_state(state_dir: StateDir, unit: str) -> RecordState:
         return RecordState.NONE if state_dir.load_record(unit) is None else RecordState.PENDING
     except CorruptRecord:
         return RecordState.CORRUPT
-
-
-def _has_outcome(state_dir: StateDir, txn: str) -> bool:
-    return any('"kind": "outcome"' in line for line in state_dir.read_events(txn))
 
 
 def try_recover(req: Request, txn: str, log: EventLog) -> str:

@@ -56,7 +56,7 @@ def running(req: Request) -> dict[str, Any] | None:
             return lock.holder() or {"txn": last}
         # A transaction that logged its outcome has done its work: no need to ask systemd (every
         # read-only call, cron's included, comes here).
-        if last is None or _ended(state_dir, last) or not _runner_alive(last):
+        if last is None or state_dir.has_outcome(last) or not _runner_alive(last):
             return None
         if time.monotonic() > deadline:  # alive yet never locking: report it, never recover under it
             return {"txn": last, "verb": "?", "since": "?", "pid": "?"}
@@ -295,17 +295,6 @@ def _copy_new(path: Path, offset: int, out: TextIO) -> tuple[int, Event | None]:
             outcome = event
     out.flush()
     return offset + end, outcome
-
-
-def _ended(state_dir: StateDir, txn: str, tail: int = 1 << 16) -> bool:
-    """Whether the transaction's events end with its outcome (read from the file's tail only)."""
-    try:
-        with open(state_dir.events_path(txn), "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
-            lines = f.read().splitlines()
-    except OSError:
-        return False
-    return bool(lines) and b'"kind": "outcome"' in lines[-1]
 
 
 def _runner_alive(txn: str) -> bool:

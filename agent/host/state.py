@@ -136,6 +136,19 @@ class StateDir:
     def events_path(self, txn: str) -> Path:
         return self.txn_dir(txn) / "events.jsonl"
 
+    def has_outcome(self, txn: str, tail: int = 1 << 16) -> bool:
+        """Whether the transaction logged its outcome. The outcome is its last event, so only the file's
+        tail is read: read-only calls (cron's included) ask this of every finished transaction."""
+        try:
+            with open(self.events_path(txn), "rb") as f:
+                start = max(0, f.seek(0, os.SEEK_END) - tail)
+                f.seek(start)
+                data = f.read()
+        except OSError:
+            return False
+        lines = data.split(b"\n")[1 if start else 0 : -1]  # whole lines only, at both ends
+        return any(b'"kind": "outcome"' in line for line in lines)
+
     def read_events(self, txn: str) -> Iterator[str]:
         try:
             with open(self.events_path(txn), encoding="utf-8") as f:

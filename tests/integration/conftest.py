@@ -10,12 +10,16 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from agent.sglang.flags import parse_unit_flags
 from tests import simhost
 from tests.testhost import TestHostUnavailable, missing_prerequisites
+
+if TYPE_CHECKING:
+    from tests.integration.test_sim_process import Sim
 
 DEPLOYCTL = str(Path(sys.executable).with_name("deployctl"))
 
@@ -104,3 +108,12 @@ def wait_for(predicate: object, timeout: float = 60, interval: float = 0.05) -> 
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting")
         time.sleep(interval)
+
+
+@pytest.fixture
+def sims() -> Iterator[list[Sim]]:
+    """Simulated servers a test starts as processes (test_sim_process.Sim), stopped after it."""
+    started: list[Sim] = []
+    yield started
+    for sim in started:
+        sim.stop()

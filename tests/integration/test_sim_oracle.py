@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,6 @@ from tests.oracle.cases import H100, NO_MM_RESERVATION, seed_request
 pytestmark = pytest.mark.integration
 MODELS = Path(__file__).resolve().parents[1] / "data/models"
 SCHEDULER = re.compile(r"max_total_num_tokens=(\d+), .*max_running_requests=(\d+), context_len=(\d+)")
-
-
-@pytest.fixture
-def sims() -> Iterator[list[Sim]]:
-    started: list[Sim] = []
-    yield started
-    for sim in started:
-        sim.stop()
 
 
 def logged(sim: Sim) -> tuple[int, int, int]:

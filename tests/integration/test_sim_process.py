@@ -14,7 +14,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,14 +100,6 @@ class Sim:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
-
-
-@pytest.fixture
-def sims() -> Iterator[list[Sim]]:
-    started: list[Sim] = []
-    yield started
-    for sim in started:
-        sim.stop()
 
 
 def start(sims: list[Sim], flags: list[str] = SEED_FLAGS, port: int | None = None, **knobs: str) -> Sim:

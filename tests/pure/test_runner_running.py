@@ -55,3 +55,14 @@ def test_a_transaction_without_its_outcome_is_checked_with_systemd(tmp_path, ask
     _log(tmp_path, *kinds)
     assert runner.running(_request(tmp_path)) is None  # the fake systemd says its runner is gone
     assert asked == [TXN]
+
+
+def test_only_the_tail_is_read_and_a_line_cut_by_it_does_not_count(tmp_path, asked):
+    state = StateDir(tmp_path / "state")
+    state.set_last_txn("sglang.service", TXN)
+    log = EventLog(TXN, state.events_path(TXN))
+    log.emit(Stage.WATCH, "log", "x" * 200_000)  # a chatty start: far more than the tail
+    log.emit(Stage.DONE, "outcome", "done", outcome="applied")
+    log.close()
+    assert state.has_outcome(TXN)
+    assert not state.has_outcome(TXN, tail=40)  # only a cut-off piece of the outcome's line is read

@@ -128,7 +128,7 @@ def _in_place(req: Request, out: TextIO) -> int | None:
         kept.emit(Stage.LOCK, "step", f"locked {req.unit}", pid=os.getpid())
         try:
             with Systemd() as sd:
-                result = Transaction(req, txn, sd, Journal(), kept).compare()
+                result = Transaction(req, txn, sd, Journal(), kept).compare(wait=False)
         except Exception:  # nothing written yet: the runner meets it again and reports it as it does
             return None
         if not isinstance(result, Result):

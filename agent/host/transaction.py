@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.host.adopt import kept_secret_env
 from agent.host.decide import Action, Gate
@@ -36,9 +36,38 @@ from agent.sglang.logs.summary import summarize
 if TYPE_CHECKING:
     from agent.host.prewarm import Prewarmed
     from agent.host.probe import SmokeResult
-    from agent.host.systemd import UnitState
+    from agent.host.systemd import JobResult, UnitState
 
 RESTART_JOB_TIMEOUT_S = 300.0
+
+
+class SystemdPort(Protocol):
+    """What the transaction asks of systemd (agent.host.systemd.Systemd; a fake in the pure tests)."""
+
+    def daemon_reload(self) -> None: ...
+
+    def unit_state(self, unit: str) -> UnitState: ...
+
+    def restart(self, unit: str, timeout: float) -> JobResult: ...
+
+    def stop(self, unit: str, timeout: float) -> JobResult: ...
+
+
+class ProbePort(Protocol):
+    """The HTTP checks of a started server (agent.host.probe.Probe); they raise ProbeError."""
+
+    def wait_ready(self, timeout_s: float) -> None: ...
+
+    def smoke(self, smoke: Smoke) -> SmokeResult: ...
+
+
+ProbeFactory = Callable[[str, int, "str | None"], ProbePort]  # (host, port, api key) -> probe
+
+
+def _http_probe(host: str, port: int, api_key: str | None) -> ProbePort:
+    from agent.host.probe import Probe  # requests: only once a start is ready
+
+    return Probe(host, port, api_key)
 
 
 def _utc_now() -> datetime:
@@ -59,7 +88,7 @@ class Transaction:
         self,
         req: Request,
         txn: str,
-        systemd: Any,
+        systemd: SystemdPort,
         journal: JournalPort,
         log: EventLog,
     ) -> None:
@@ -68,6 +97,7 @@ class Transaction:
         self.systemd = systemd
         self.journal = journal
         self.log = log
+        self.probe: ProbeFactory = _http_probe  # the HTTP checks (a fake in the pure tests)
         self.now: Callable[[], datetime] = _utc_now  # the clock of backup names and records
         self.files = UnitFiles(req.unit_dir)
         self.secrets = SecretFiles(req.secrets_dir, req.unit)
@@ -90,16 +120,21 @@ class Transaction:
         if isinstance(compared, Result):
             return compared
         gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts)
-        return self._change(self.req.unit_text, compared, gate, smoke=self.req.smoke)
+        return self._shadowed() or self._change(self.req.unit_text, compared, gate, smoke=self.req.smoke)
 
-    def compare(self) -> Result | dict[str, str | None]:
+    def compare(self, wait: bool = True) -> Result | dict[str, str | None]:
         """The installed unit against the request, changing nothing: a Result when there is nothing to
-        do (up to date, or refused), else the secret files the new unit needs."""
+        do (up to date, or refused), else the secret files the new unit needs.
+
+        wait: a start of this very unit that systemd began and that is still in progress is waited for
+        (bounded by the gate's timeouts) rather than restarted; False hands that to the caller.
+        """
         assert self.req.unit_text is not None
         new = self.req.unit_text
         current = self.files.read(self.unit)
-        seen = sha256(current) if current is not None else "absent"
-        if self.req.expect_sha256 not in (None, seen):
+        # An empty file is no unit (systemd masks it): the laptop that saw it may say "absent".
+        seen = {sha256(current), *(("absent",) if not current else ())} if current is not None else {"absent"}
+        if self.req.expect_sha256 is not None and self.req.expect_sha256 not in seen:
             msg = f"{self.files.path(self.unit)} changed on the host since it was planned (edited by hand?)"
             self.log.emit(Stage.COMPARE, "warning", msg)
             return Result(Outcome.ERROR, msg + "; nothing changed: re-run to plan against it")
@@ -111,11 +146,49 @@ class Transaction:
             return Result(Outcome.ERROR, msg + "; nothing changed: set them in the inventory's environment")
         secrets = self.secrets.wanted({**kept, **self.req.secret_env}, self.req.secret_flags)
         same = current == new and self.secrets.current() == secrets
-        if same and self._running_as_installed() and self._met_target(sha256(new)):
-            msg = f"{self.unit} is already up to date and its pool meets the target: nothing to do"
-            self.log.emit(Stage.COMPARE, "step", msg)
-            return Result(Outcome.UP_TO_DATE, msg)
+        if same and self._running_as_installed():
+            if self._met_target(sha256(new)):
+                msg = f"{self.unit} is already up to date and its pool meets the target: nothing to do"
+                self.log.emit(Stage.COMPARE, "step", msg)
+                return Result(Outcome.UP_TO_DATE, msg)
+            if wait and self._starting():
+                waited = self._wait_for_start()
+                if waited is not None:
+                    return waited
         return secrets
+
+    def _starting(self) -> bool:
+        """The running start (systemd's own: a reboot, Restart=) logged, but neither ready nor a failure."""
+        lines = self.journal.last_invocation_lines(self.unit, 20000)
+        figures = summarize(lines).to_dict() if lines else {}
+        return bool(lines) and not figures.get("ready") and not figures.get("failure")
+
+    def _wait_for_start(self) -> Result | None:
+        """Follow the start in progress to its verdict: UP_TO_DATE when it serves a pool that meets the
+        target, None (restart it, as before) when it fails, falls short or never answers."""
+        from agent.host.probe import ProbeError
+
+        self.log.emit(Stage.COMPARE, "step", f"{self.unit} is starting as installed: waiting for that start")
+        state = self.systemd.unit_state(self.unit)
+        gate = Gate(self.req.target_context, None, 0.0, self.req.timeouts)
+        watched = WatchedStart(
+            self.unit, self.journal, self.systemd, gate, None, state.invocation_id, state.n_restarts
+        )
+        started = watch_start(watched, self.log, Stage.WATCH)
+        if started.verdict.action is not Action.READY:
+            self.log.emit(Stage.COMPARE, "warning", f"the start in progress failed: {started.verdict.reason}")
+            return None
+        try:
+            self.probe(self.req.http_host, self.req.port, self.secrets.api_key()).wait_ready(
+                self.req.timeouts.ready_s
+            )
+        except ProbeError as exc:
+            self.log.emit(Stage.COMPARE, "warning", f"the start in progress does not answer: {exc}")
+            return None
+        pool = int(started.summary.get("kv_tokens") or 0)
+        msg = f"{self.unit}: the start in progress is ready with a KV pool of {pool:,} tokens: nothing to do"
+        self.log.emit(Stage.COMPARE, "step", msg)
+        return Result(Outcome.UP_TO_DATE, msg, {"summary": started.summary})
 
     def rollback(self) -> Result:
         """Manual rollback: install a backup through the same change-and-verify path, so it can be undone."""
@@ -132,7 +205,9 @@ class Transaction:
             return Result(Outcome.ERROR, f"no backup {name or 'that differs from the installed unit'}")
         text = self.files.read(name) or ""
         gate = Gate(None, None, 0.0, self.req.timeouts)
-        result = self._change(text, self.secrets.of_backup(name), gate, smoke=None, restored_from=name)
+        result = self._shadowed() or self._change(
+            text, self.secrets.of_backup(name), gate, smoke=None, restored_from=name
+        )
         result.data["restored_from"] = name
         return result
 
@@ -264,6 +339,23 @@ class Transaction:
             reason = started.verdict.reason
         return self._roll_back(reason, started, backup, new)
 
+    def _shadowed(self) -> Result | None:
+        """Where systemd loads the unit from, before the first change: a copy in a folder it searches
+        before ours would shadow whatever we write (refused, nothing written); one it searches after
+        ours (/run/systemd/system, /usr/local/lib, /usr/lib) is overridden, and a rollback removes ours."""
+        loaded = self.systemd.unit_state(self.unit).fragment_path
+        ours = self.files.path(self.unit)
+        if not loaded or loaded == str(ours):
+            return None
+        if Path(loaded).parent.name in _SEARCHED_BEFORE_ETC:
+            msg = f"systemd loads {self.unit} from {loaded}, which shadows {ours}"
+            self.log.emit(Stage.COMPARE, "warning", f"refusing: {msg}")
+            return Result(Outcome.ERROR, f"{msg}; nothing changed: remove that copy first")
+        self.log.emit(
+            Stage.COMPARE, "step", f"systemd loads {self.unit} from {loaded}; {ours} will override it"
+        )
+        return None
+
     def _loaded_elsewhere(self) -> str | None:
         """Why what systemd loaded is not the file just written (another copy or a drop-in wins), or None.
 
@@ -329,9 +421,9 @@ class Transaction:
 
     def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate) -> str | None:
         """After the log said ready: the HTTP API answers, and a long prompt really fits."""
-        from agent.host.probe import Probe, ProbeError  # requests: only once a start is ready
+        from agent.host.probe import ProbeError  # requests: only once a start is ready
 
-        probe = Probe(self.req.http_host, self.req.port, self.secrets.api_key())
+        probe = self.probe(self.req.http_host, self.req.port, self.secrets.api_key())
         try:
             probe.wait_ready(self.req.timeouts.ready_s)
             self.log.emit(Stage.READY, "step", "the server answers /health")
@@ -413,9 +505,7 @@ class Transaction:
         data["backup"] = backup
         if ok:
             self.state.clear_record(self.unit)
-            return Result(
-                Outcome.ROLLED_BACK, f"change rejected ({reason}); old unit restored and healthy", data
-            )
+            return Result(Outcome.ROLLED_BACK, self._rolled_back(reason, backup), data)
         data["restore_failure"] = why
         return Result(
             Outcome.ROLLBACK_FAILED,
@@ -424,41 +514,64 @@ class Transaction:
             data,
         )
 
-    def _restore(self, record: Record) -> tuple[bool, str]:
-        """Put the backup back (or remove a unit that had none); restart and verify only if needed."""
-        from agent.host.probe import Probe, ProbeError
+    def _rolled_back(self, reason: str, backup: str | None) -> str:
+        """What a rollback came to: a service is called healthy only once it was restarted and verified."""
+        if self.systemd.unit_state(self.unit).load_state == "loaded":
+            return f"change rejected ({reason}); old unit restored and healthy"
+        what = "no unit" if backup is None else "an empty (masked) unit"
+        return (
+            f"change rejected ({reason}); there was {what} before it (no unit before: nothing to restart), "
+            f"so the new unit was taken back out and {self.unit} is stopped, as it was"
+        )
 
-        self.log.emit(Stage.RESTORE, "step", f"restoring {record.backup or 'no unit (there was none)'}")
+    def _restore(self, record: Record) -> tuple[bool, str]:
+        """Put the backup back (or remove a unit that had none); restart and verify only if needed.
+
+        Without a backup the old unit may still be one systemd loads from elsewhere (/usr/lib,
+        /usr/local/lib, /run): removing ours brings it back, and it is restarted and verified like any.
+        """
+        self.log.emit(Stage.RESTORE, "step", f"restoring {record.backup or 'no unit (there was none here)'}")
         state = self.systemd.unit_state(self.unit)
         untouched = bool(record.invocation) and state.invocation_id == record.invocation
+        if untouched and not record.wrote and record.backup is not None:
+            return True, ""  # nothing was written and nothing restarted: nothing to undo
         try:
             if record.backup is None:
-                if not untouched:
-                    self.systemd.stop(self.unit, RESTART_JOB_TIMEOUT_S)
                 self.files.remove(self.unit)
-                self.secrets.restore(None)
-                self.systemd.daemon_reload()
-                return True, ""
-            if untouched and not record.wrote:
-                return True, ""  # nothing was written and nothing restarted: nothing to undo
-            if self.files.read(self.unit) != self.files.read(record.backup):
+            elif self.files.read(self.unit) != self.files.read(record.backup):
                 self.files.restore(self.unit, record.backup)
             self.secrets.restore(record.backup)
         except (OSError, UnitWriteError) as exc:
-            return False, f"cannot restore {record.backup}: {exc}"
+            return False, f"cannot restore {record.backup or 'the absence of a unit'}: {exc}"
         self.systemd.daemon_reload()
-        if untouched or self._runs_restored_file(state):
+        loaded = self.systemd.unit_state(self.unit)
+        if loaded.load_state != "loaded":  # no unit, or an empty (masked) one: nothing ran before
+            if not untouched:
+                self.systemd.stop(self.unit, RESTART_JOB_TIMEOUT_S)
+            self.log.emit(
+                Stage.RESTORE, "step", f"{self.unit} is {loaded.load_state} again: stopped as before"
+            )
+            return True, ""
+        # A packaged unit was not rewritten: its file's age says nothing of which unit the start ran.
+        rewritten = record.backup is not None
+        if untouched or (rewritten and self._runs_restored_file(state, loaded.fragment_path)):
             # Never restarted since the record (or restarted from the restored file, e.g. by a reboot):
             # the running start already is the old unit's.
             self.log.emit(
                 Stage.RESTORE, "step", f"{self.unit} was not restarted with the new unit: no restart"
             )
             return True, ""
+        return self._verify_old()
+
+    def _verify_old(self) -> tuple[bool, str]:
+        """Restart the restored unit and see it serve: a rollback is reported only once it does."""
+        from agent.host.probe import ProbeError
+
         old = self._restart_and_watch(Gate(None, None, 0.0, self.req.timeouts), Stage.VERIFY_OLD)
         if old.verdict.action is not Action.READY:
             return False, old.verdict.reason
         try:
-            Probe(self.req.http_host, self.req.port, self.secrets.api_key()).wait_ready(
+            self.probe(self.req.http_host, self.req.port, self.secrets.api_key()).wait_ready(
                 self.req.timeouts.ready_s
             )
         except ProbeError as exc:
@@ -469,11 +582,14 @@ class Transaction:
         )
         return True, ""
 
-    def _runs_restored_file(self, state: UnitState) -> bool:
+    def _runs_restored_file(self, state: UnitState, fragment: str) -> bool:
         """The running start began after the unit file (now the old one) last changed, and is ready."""
         if not (state.active_state == "active" and state.sub_state == "running"):
             return False
-        if self.files.mtime_us(self.unit) >= state.active_enter_timestamp_us:
+        try:
+            if Path(fragment).stat().st_mtime_ns // 1000 >= state.active_enter_timestamp_us:
+                return False
+        except OSError:
             return False
         lines = self.journal.last_invocation_lines(self.unit, 20000)
         return bool(lines) and bool(summarize(lines).to_dict().get("ready"))
@@ -521,6 +637,10 @@ class Transaction:
             if self.files.read(b.name) != text:
                 return b.name
         return None
+
+
+# systemd's unit folders searched before /etc/systemd/system (systemd.unit(5), "Unit File Load Path")
+_SEARCHED_BEFORE_ETC = ("system.control", "transient", "generator.early")
 
 
 def _sets_exec_start(path: str) -> bool:

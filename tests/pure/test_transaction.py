@@ -1,0 +1,154 @@
+"""The host transaction's decisions with fake systemd, journal and probe: one fault, one fast test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.host.state import StateDir
+from agent.host.transaction import Result
+from agent.protocol import Outcome
+from agent.protocol import unit_sha256 as sha256
+from tests.pure.txnfakes import OOM_LINE, READY_LINE, UNIT, Host, Script, kv_line, unit_text
+
+OLD, NEW, TOO_BIG = 100_000, 200_000, 400_000
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Host:
+    # the old and new units start and meet their context; 400k logs a pool short of it; 300k crashes
+    return Host(
+        tmp_path, Script(pools={"100000": 110_000, "200000": 210_000, "400000": 250_000}, crash={"300000"})
+    )
+
+
+def served(host: Host) -> str:
+    """The unit text the running start runs (what systemd loaded when it last started it)."""
+    assert host.systemd.active == "active", f"the service is {host.systemd.active}"
+    return host.systemd.loaded
+
+
+# -- the ordinary paths -----------------------------------------------------------------------------
+def test_a_healthy_change_is_applied_and_the_old_unit_backed_up(host: Host) -> None:
+    host.install(host.etc, unit_text(OLD))
+    result = host.transaction(host.request(NEW)).apply()
+    assert result.outcome is Outcome.APPLIED, result.message
+    assert served(host) == unit_text(NEW) and host.systemd.restarts == 1
+    backups = sorted(p.name for p in host.etc.glob(f"{UNIT}.bak.*"))
+    assert len(backups) == 1 and (host.etc / backups[0]).read_text() == unit_text(OLD)
+    assert StateDir(host.root / "state").load_record(UNIT) is None
+
+
+@pytest.mark.parametrize("context", [TOO_BIG, 300_000], ids=["pool short", "crash"])
+def test_a_failing_change_is_rolled_back_to_the_old_unit_restarted_and_verified(host: Host, context) -> None:
+    host.install(host.etc, unit_text(OLD))
+    result = host.transaction(host.request(context)).apply()
+    assert result.outcome is Outcome.ROLLED_BACK, result.message
+    assert (host.etc / UNIT).read_text() == unit_text(OLD) and served(host) == unit_text(OLD)
+    assert host.systemd.restarts == 2 and host.probe.asked == ["health"]  # only the old one got that far
+
+
+def test_an_unchanged_running_unit_that_meets_its_target_is_not_restarted(host: Host) -> None:
+    host.install(host.etc, unit_text(NEW))
+    result = host.transaction(host.request(NEW)).apply()
+    assert result.outcome is Outcome.UP_TO_DATE, result.message
+    assert host.systemd.restarts == 0
+
+
+def test_an_old_unit_that_fails_too_is_rollback_failed_and_both_are_kept(host: Host) -> None:
+    host.install(host.etc, unit_text(OLD))
+    host.script.crash.add("100000")  # from now on the old unit cannot start either
+    result = host.transaction(host.request(TOO_BIG)).apply()
+    assert result.outcome is Outcome.ROLLBACK_FAILED, result.message
+    assert (host.etc / UNIT).read_text() == unit_text(OLD)
+    assert StateDir(host.root / "state").load_record(UNIT) is not None  # the next run tries again
+
+
+# -- item 5: a unit that systemd loads from outside the inventory's folder ---------------------------
+@pytest.mark.parametrize("where", ["usr", "usr_local", "run"])
+def test_a_rejected_change_over_a_packaged_unit_restarts_and_verifies_that_unit(host: Host, where) -> None:
+    """The unit lives in /usr/lib (or /usr/local/lib): the first apply finds no file in /etc, yet a
+    rollback must bring the packaged unit's service back, not stop it and call that "restored"."""
+    vendor = getattr(host, where)
+    host.install(vendor, unit_text(OLD))
+    result = host.transaction(host.request(TOO_BIG)).apply()
+    assert result.outcome is Outcome.ROLLED_BACK, result.message
+    assert not (host.etc / UNIT).exists()  # the host is as it was: the packaged unit loads again
+    assert host.systemd.fragment == str(vendor / UNIT) and served(host) == unit_text(OLD)
+    assert host.systemd.restarts == 2 and host.probe.asked == ["health"]  # restarted and verified
+    assert (vendor / UNIT).read_text() == unit_text(OLD)
+
+
+def test_a_change_over_a_packaged_unit_that_passes_is_applied_and_the_packaged_unit_kept(host: Host) -> None:
+    host.install(host.usr, unit_text(OLD))
+    result = host.transaction(host.request(NEW)).apply()
+    assert result.outcome is Outcome.APPLIED, result.message
+    assert served(host) == unit_text(NEW) and (host.usr / UNIT).read_text() == unit_text(OLD)
+
+
+def test_a_unit_in_a_folder_searched_before_ours_is_refused_before_anything_is_written(host: Host) -> None:
+    host.install(host.control, unit_text(OLD))
+    reloads = host.systemd.reloads
+    result = host.transaction(host.request(NEW)).apply()
+    assert result.outcome is Outcome.ERROR and "shadows" in result.message, result.message
+    assert sorted(p.name for p in host.etc.iterdir()) == []  # no unit, no backup
+    assert host.systemd.reloads == reloads and host.systemd.restarts == 0 and served(host) == unit_text(OLD)
+
+
+def test_a_rollback_with_no_unit_before_says_it_removed_the_new_one_not_that_the_old_is_healthy(
+    host: Host,
+) -> None:
+    result = host.transaction(host.request(TOO_BIG)).apply()
+    assert result.outcome is Outcome.ROLLED_BACK, result.message
+    assert "healthy" not in result.message and "no unit before" in result.message, result.message
+    assert not (host.etc / UNIT).exists() and host.systemd.active == "inactive"
+
+
+# -- item 15: an empty unit file ----------------------------------------------------------------------
+def test_an_empty_unit_file_is_applied_over_when_the_laptop_saw_no_unit(host: Host) -> None:
+    host.put(host.etc, "")  # systemd: masked
+    result = host.transaction(host.request(NEW, expect_sha256="absent")).apply()
+    assert result.outcome is Outcome.APPLIED, result.message
+    assert served(host) == unit_text(NEW)
+
+
+def test_a_rejected_change_over_an_empty_unit_puts_it_back_and_leaves_the_service_stopped(host: Host) -> None:
+    host.put(host.etc, "")
+    result = host.transaction(host.request(TOO_BIG, expect_sha256="absent")).apply()
+    assert result.outcome is Outcome.ROLLED_BACK, result.message
+    assert (host.etc / UNIT).read_text() == "" and host.systemd.active == "inactive"
+    assert StateDir(host.root / "state").load_record(UNIT) is None
+
+
+# -- item 7: a start that systemd itself began -------------------------------------------------------
+def test_an_apply_during_a_start_systemd_began_waits_for_it_instead_of_restarting_it(host: Host) -> None:
+    """Rebooted (or Restart=): the same unit is starting, its pool logged, not ready yet."""
+    host.put(host.etc, unit_text(NEW))
+    host.systemd.boot([kv_line(210_000)], later=(READY_LINE,))
+    result = host.transaction(host.request(NEW)).apply()
+    assert result.outcome is Outcome.UP_TO_DATE, result.message
+    assert host.systemd.restarts == 0 and host.probe.asked == ["health"]
+
+
+def test_a_start_in_progress_that_fails_is_restarted_as_before(host: Host) -> None:
+    host.put(host.etc, unit_text(NEW))
+    host.systemd.boot([kv_line(210_000)], later=(OOM_LINE,))
+    result = host.transaction(host.request(NEW)).apply()
+    assert host.systemd.restarts >= 1, result.message
+
+
+def test_the_in_place_comparison_never_waits_for_a_start(host: Host) -> None:
+    """The SSH session's own check hands a start in progress to the detached runner (which waits)."""
+    host.put(host.etc, unit_text(NEW))
+    host.systemd.boot([kv_line(210_000)], later=(READY_LINE,))
+    t = host.transaction(host.request(NEW))
+    assert not isinstance(t.compare(wait=False), Result)
+    assert host.systemd.later[host.systemd.invocation]  # nobody followed the start
+
+
+def test_an_empty_expectation_is_the_sha_of_nothing(host: Host) -> None:
+    """The laptop that read an empty file sends the sha of "": accepted too."""
+    host.put(host.etc, "")
+    result = host.transaction(host.request(NEW, expect_sha256=sha256(""))).apply()
+    assert result.outcome is Outcome.APPLIED, result.message

@@ -50,16 +50,19 @@ def running(req: Request) -> dict[str, Any] | None:
     lock = _lock(req.unit)
     state_dir = StateDir(req.state_dir)
     last = state_dir.last_txn(req.unit)
+    # the runner last asked for (it may not have locked yet) and the last one that held the lock
+    asked = [t for t in dict.fromkeys((state_dir.starting_txn(req.unit), last)) if t is not None]
     deadline = time.monotonic() + RUNNER_SETTLE_S
     while True:
         if lock.is_held():
             return lock.holder() or {"txn": last}
         # A transaction that logged its outcome has done its work: no need to ask systemd (every
         # read-only call, cron's included, comes here).
-        if last is None or state_dir.has_outcome(last) or not _runner_alive(last):
+        alive = [t for t in asked if not state_dir.has_outcome(t) and _runner_alive(t)]
+        if not alive:
             return None
         if time.monotonic() > deadline:  # alive yet never locking: report it, never recover under it
-            return {"txn": last, "verb": "?", "since": "?", "pid": "?"}
+            return {"txn": alive[0], "verb": "?", "since": "?", "pid": "?"}
         time.sleep(0.05)
 
 
@@ -78,7 +81,7 @@ def start(req: Request, out: TextIO) -> int:
         if done is not None:
             return done
     txn = new_txn_id()
-    _record_request(state_dir, req, txn)
+    record_request(state_dir, req, txn)
     if req.detach and shutil.which("systemd-run"):
         argv = ["systemd-run", f"--unit=deployctl-{txn}", "--collect", "--quiet", "--no-ask-password"]
         argv += ["--working-directory=/"]
@@ -101,9 +104,11 @@ def start(req: Request, out: TextIO) -> int:
     return run(req.state_dir, txn, echo=out)
 
 
-def _record_request(state_dir: StateDir, req: Request, txn: str) -> None:
+def record_request(state_dir: StateDir, req: Request, txn: str) -> None:
+    """The runner's request. The unit's last_txn moves only once a runner holds the lock: a change
+    that lost the lock to another (LOCKED) must not hide the winner's outcome from status."""
     write_json_atomic(state_dir.txn_dir(txn) / "request.json", json.loads(req.to_json()))
-    state_dir.set_last_txn(req.unit, txn)
+    state_dir.set_starting_txn(req.unit, txn)
 
 
 def _in_place(req: Request, out: TextIO) -> int | None:
@@ -133,7 +138,8 @@ def _in_place(req: Request, out: TextIO) -> int | None:
             return None
         if not isinstance(result, Result):
             return None
-        _record_request(state_dir, req, txn)
+        record_request(state_dir, req, txn)
+        state_dir.set_last_txn(req.unit, txn)  # this process holds the lock
         log = EventLog(txn, state_dir.events_path(txn), out)
         for event in seen:
             log.emit(event.stage, event.kind, event.message, **event.data)
@@ -182,6 +188,7 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
         )
         return int(ExitCode.LOCKED)
     try:
+        state_dir.set_last_txn(req.unit, txn)
         log.emit(Stage.LOCK, "step", f"locked {req.unit}", pid=os.getpid())
         with Systemd() as sd:
             t = Transaction(req, txn, sd, Journal(), log)

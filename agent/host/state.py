@@ -133,6 +133,17 @@ class StateDir:
         except (FileNotFoundError, ValueError):
             return None
 
+    def set_starting_txn(self, unit: str, txn: str) -> None:
+        """A runner was asked for: it may not hold the lock yet (last_txn is only ever the lock's winner)."""
+        write_json_atomic(self.unit_dir(unit) / "starting_txn.json", {"txn": txn})
+
+    def starting_txn(self, unit: str) -> str | None:
+        try:
+            value = json.loads((self.unit_dir(unit) / "starting_txn.json").read_text()).get("txn")
+            return value if isinstance(value, str) else None
+        except (FileNotFoundError, ValueError):
+            return None
+
     def events_path(self, txn: str) -> Path:
         return self.txn_dir(txn) / "events.jsonl"
 

@@ -66,3 +66,12 @@ def test_only_the_tail_is_read_and_a_line_cut_by_it_does_not_count(tmp_path, ask
     log.close()
     assert state.has_outcome(TXN)
     assert not state.has_outcome(TXN, tail=40)  # only a cut-off piece of the outcome's line is read
+
+
+def test_a_runner_asked_for_but_not_locked_yet_is_checked_though_last_txn_is_another(tmp_path, asked):
+    """last_txn names the last lock winner only: the runner being started is found by its own marker."""
+    _log(tmp_path, "step", "outcome")  # an earlier, finished change
+    starting = "20261203T120500Z-fedcba"
+    StateDir(tmp_path / "state").set_starting_txn("sglang.service", starting)
+    assert runner.running(_request(tmp_path)) is None  # the fake systemd says that runner is gone
+    assert asked == [starting]

@@ -1,0 +1,59 @@
+"""Two changes at once: the one that loses the lock never hides the winner's outcome."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.exitcodes import ExitCode
+from agent.host import runner, verbs
+from agent.host.state import StateDir
+from agent.host.transaction import Result
+from agent.inventory import load_host
+from agent.protocol import Outcome, Request
+from agent.remote.client import base_request
+
+UNITS = Path(__file__).resolve().parents[2] / "units"
+
+
+class NoSystemd:
+    def __enter__(self) -> NoSystemd:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_the_loser_of_two_concurrent_changes_leaves_status_to_the_winner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both asked before either locked (the race): the second runner meets the first's lock."""
+    monkeypatch.setenv("DEPLOYCTL_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr(runner, "running", lambda req: None)  # both passed that check at once
+    monkeypatch.setattr(runner, "Systemd", NoSystemd)
+    req: Request = replace(
+        base_request(load_host("ct200-sim", UNITS), "rollback"),
+        state_dir=str(tmp_path / "state"),
+        unit_dir=str(tmp_path / "units"),
+        detach=False,
+    )
+    loser: list[int] = []
+
+    class Winner:
+        def __init__(self, *args: Any) -> None:
+            pass
+
+        def rollback(self) -> Result:
+            loser.append(runner.start(req, io.StringIO()))  # its runner runs while we hold the lock
+            return Result(Outcome.APPLIED, "restored: the winner's outcome")
+
+    monkeypatch.setattr(runner, "Transaction", Winner)
+    assert runner.start(req, io.StringIO()) == ExitCode.OK
+    assert loser == [ExitCode.LOCKED]
+    st = verbs.status(req)
+    assert st["last_outcome"]["data"]["outcome"] == "applied", st["last_outcome"]
+    assert StateDir(req.state_dir).last_txn(req.unit) == st["last_outcome"]["txn"]

@@ -11,7 +11,9 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from enum import Enum
+from secrets import token_hex
 from typing import Any
 
 from agent.exitcodes import ExitCode
@@ -31,6 +33,11 @@ UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 def find_control(text: str, allow: str = "") -> str | None:
     """The first control character in text that is not in `allow`, or None."""
     return next((c for c in CONTROL.findall(text) if c not in allow), None)
+
+
+def new_txn_id() -> str:
+    """A transaction id (TXN_ID); the laptop may choose it, so that a re-attach knows its own outcome."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + token_hex(3)
 
 
 def unit_sha256(text: str) -> str:
@@ -161,7 +168,7 @@ class Request:
     keep_backups: int = 10
     backup: str | None = None  # rollback --to
     expect_sha256: str | None = None  # the installed unit the plan saw; a hand edit since is refused
-    txn: str | None = None  # follow
+    txn: str | None = None  # follow, status: that transaction; apply, rollback: the id the caller chose
     detach: bool = True  # run the transaction in its own transient unit
     secret_names: tuple[str, ...] = ()
     # apply: secret values, never in the unit: environment variables (EnvironmentFile=) and SGLang flags

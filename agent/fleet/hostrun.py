@@ -19,7 +19,7 @@ from agent.fleet.calibrate import Measured, peer_key
 from agent.fleet.results import HostResult, PlanFigures
 from agent.inventory import HostConfig
 from agent.plan.choose import Plan, Target, plan_for_host
-from agent.protocol import Event, Request, unit_sha256
+from agent.protocol import Event, Request, new_txn_id, unit_sha256
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 from agent.render import redact_flags, render_unit, secret_values, template_dir
@@ -97,7 +97,7 @@ def _apply(
         if not talk.answer.get("orphan"):
             return _planned(talk, context, peers, emit, check)
     emit("recover", "an earlier change's agent died before it finished; recovering first")
-    _follow(client, host, base_request(host, "recover"), emit)
+    follow_outcome(client, host, base_request(host, "recover"), emit)
     with client.converse(ask) as talk:
         return _planned(talk, context, peers, emit, check)
 
@@ -141,6 +141,7 @@ def _planned(
     req = base_request(
         host,
         "apply",
+        txn=new_txn_id(),  # chosen here: a re-attach then knows this transaction's outcome from any other
         unit_text=new_text,
         target_context=context,
         planned_pool=plan.predicted_pool_tokens,
@@ -148,7 +149,7 @@ def _planned(
         secret_env=env_secrets,
         secret_flags=flag_secrets,
     )
-    message, data = _follow(talk.client, host, req, emit, talk)
+    message, data = follow_outcome(talk.client, host, req, emit, talk)
     outcome = str(data.get("outcome"))
     summary = data.get("summary") or {}
     if outcome == "up_to_date":
@@ -171,36 +172,63 @@ def _planned(
     )
 
 
-def _follow(
+def follow_outcome(
     client: AgentClient, host: HostConfig, req: Request, emit: Emit, talk: Conversation | None = None
 ) -> tuple[str, dict[str, Any]]:
     """The transaction's outcome (message, data with "outcome"); re-attaches after a dropped link.
 
     With `talk`, the request goes to the agent process that answered the facts it was planned from.
     """
+    ours: set[str] = {req.txn} if req.txn else set()  # and any the host answered with (a re-attach)
     try:
-        return _stream(talk.events(req) if talk is not None else client.events(req), emit)
+        return _stream(talk.events(req) if talk is not None else client.events(req), emit, ours)
     except ConnectionLost as exc:
         emit("reattach", f"connection lost ({exc.message}); the host goes on alone, re-attaching")
+    seen_unstarted = False
     for attempt in range(REATTACH_TRIES):
         time.sleep(min(2.0 * (attempt + 1), 10.0))
         try:
             with connected(host) as again:
-                st = again.call(base_request(host, "status"))
-                if st.get("running"):
-                    follow = base_request(host, "follow", txn=st["running"]["txn"])
-                    return _stream(again.events(follow), emit)
-                last = st.get("last_outcome")
-                if last:
-                    return str(last.get("message", "")), {**last.get("data", {})}
+                found = reattach(again.call(base_request(host, "status", txn=req.txn)), ours)
+                if isinstance(found, str):
+                    return _stream(again.events(base_request(host, "follow", txn=found)), emit, ours)
+                # "not started" twice: the first answer may come while the request is still being read
+                if found is not None and (found[0] != NOT_STARTED or seen_unstarted):
+                    return found
+                seen_unstarted = found is not None
         except ConnectError:
             continue
     raise ConnectionLost(f"{host.name}: could not re-attach to the transaction")
 
 
-def _stream(events: Iterator[Event], emit: Emit) -> tuple[str, dict[str, Any]]:
+NOT_STARTED = (
+    "the transaction never started on the host (the link dropped before it began): this run changed "
+    "nothing there; re-run"
+)
+
+
+def reattach(status: Mapping[str, Any], ours: set[str]) -> str | tuple[str, dict[str, Any]] | None:
+    """After a dropped link, from the host's status: the transaction to follow (its id), its outcome
+    (message, data), or None to ask again. Only an outcome of this run's own transaction counts: another
+    one's (an earlier apply, a cron run) would make an untouched host look applied."""
+    running = (status.get("running") or {}).get("txn")
+    if running in ours:
+        return str(running)
+    last = status.get("last_outcome") or {}
+    asked = status.get("txn") or {}
+    for outcome in (last if last.get("txn") in ours else None, asked.get("outcome")):
+        if outcome:
+            return str(outcome.get("message", "")), {**outcome.get("data", {})}
+    if asked.get("known"):  # asked for and not finished: its runner is starting, or died (follow recovers)
+        return None if running else str(asked["id"])
+    return NOT_STARTED, {"outcome": "not_started"}
+
+
+def _stream(events: Iterator[Event], emit: Emit, ours: set[str] | None = None) -> tuple[str, dict[str, Any]]:
     outcome: Event | None = None
     for event in events:
+        if ours is not None and event.txn not in ("", "-"):
+            ours.add(event.txn)
         if event.is_outcome:
             outcome = event
         elif event.kind in ("step", "warning"):
@@ -226,7 +254,8 @@ def measurement(host: HostConfig, result: HostResult) -> Measured | None:
 def rollback_host(host: HostConfig, backup: str | None, emit: Emit) -> HostResult:
     try:
         with connected(host) as client:
-            message, data = _follow(client, host, base_request(host, "rollback", backup=backup), emit)
+            req = base_request(host, "rollback", backup=backup, txn=new_txn_id())
+            message, data = follow_outcome(client, host, req, emit)
     except ConnectError as exc:
         return HostResult(host.name, "unreachable", exc.message)
     except DeployError as exc:

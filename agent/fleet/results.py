@@ -8,7 +8,7 @@ from typing import Any
 
 from agent.exitcodes import ExitCode
 
-FAILED = ("rolled_back", "rollback_failed", "unreachable", "error", "agent_error", "locked")
+FAILED = ("rolled_back", "rollback_failed", "unreachable", "error", "agent_error", "locked", "not_started")
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class FleetReport:
         outcomes = {r.outcome for r in self.results.values()}
         if "rollback_failed" in outcomes:
             return ExitCode.ROLLBACK_FAILED
-        if outcomes & {"rolled_back", "not_feasible", "error", "agent_error", "locked"}:
+        if outcomes & {"rolled_back", "not_feasible", "error", "agent_error", "locked", "not_started"}:
             return ExitCode.ROLLED_BACK
         if "unreachable" in outcomes:
             return ExitCode.UNREACHABLE

@@ -10,12 +10,10 @@ import dataclasses
 import json
 import os
 import resource
-import secrets
 import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,16 +26,12 @@ from agent.host.state import StateDir, write_json_atomic
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.transaction import Result, Transaction
 from agent.host.units import UnitFiles
-from agent.protocol import Event, Outcome, Request, Stage, exit_code
+from agent.protocol import Event, Outcome, Request, Stage, exit_code, new_txn_id
 from agent.protocol import unit_sha256 as sha256
 
 RUN_DIR = "/run/deployctl"
 FOLLOW_POLL_S = 0.02
 RUNNER_SETTLE_S = 10.0  # how long a started runner may take to lock (Python start-up on a loaded host)
-
-
-def new_txn_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
 def running(req: Request) -> dict[str, Any] | None:
@@ -76,11 +70,15 @@ def start(req: Request, out: TextIO) -> int:
             )
             return follow(req, str(holder["txn"]), out)
         return _locked_outcome(holder, out)
+    txn = req.txn or new_txn_id()
+    if state_dir.txn_dir(txn).exists():  # an id the caller chose must name this run and no other
+        msg = f"transaction id {txn} is already taken on this host: nothing changed; re-run"
+        out.write(_event_line(txn, "outcome", msg, Stage.LOCK, outcome=Outcome.ERROR.value))
+        return int(ExitCode.REFUSED)
     if req.verb == "apply":
-        done = _in_place(req, out)
+        done = _in_place(req, txn, out)
         if done is not None:
             return done
-    txn = new_txn_id()
     record_request(state_dir, req, txn)
     if req.detach and shutil.which("systemd-run"):
         argv = ["systemd-run", f"--unit=deployctl-{txn}", "--collect", "--quiet", "--no-ask-password"]
@@ -111,7 +109,7 @@ def record_request(state_dir: StateDir, req: Request, txn: str) -> None:
     state_dir.set_starting_txn(req.unit, txn)
 
 
-def _in_place(req: Request, out: TextIO) -> int | None:
+def _in_place(req: Request, txn: str, out: TextIO) -> int | None:
     """An apply that changes nothing, answered in this process: no transient unit, no second agent.
 
     Only when no earlier change waits for recovery and the comparison (under the lock) finds nothing to
@@ -121,7 +119,6 @@ def _in_place(req: Request, out: TextIO) -> int | None:
     state_dir = StateDir(req.state_dir)
     if recovery.record_state(state_dir, req.unit) is not recovery.RecordState.NONE:
         return None
-    txn = new_txn_id()
     lock = _lock(req.unit)
     try:
         lock.acquire(_holder(req, txn))

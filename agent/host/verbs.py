@@ -78,19 +78,32 @@ def backups(req: Request) -> dict[str, Any]:
 
 
 def status(req: Request) -> dict[str, Any]:
+    """The unit's state, the change running, the last one's outcome; with req.txn, that one's too."""
     state_dir = StateDir(req.state_dir)
     record = recovery.record_state(state_dir, req.unit)
     txn = state_dir.last_txn(req.unit)
-    events = [json.loads(line) for line in state_dir.read_events(txn)] if txn else []
-    return {
+    events = _events(state_dir, txn) if txn else []
+    answer = {
         "state": _state(req.unit),
         "running": runner.running(req),
         "last_txn": txn,
-        "last_outcome": next((e for e in reversed(events) if e.get("kind") == "outcome"), None),
+        "last_outcome": _outcome(events),
         "last_events": events[-8:],
         "pending": record is not recovery.RecordState.NONE,
         "record": record.value,
     }
+    if req.txn is not None:  # a re-attach asks after the transaction it started, by the id it chose
+        known = (state_dir.txn_dir(req.txn) / "request.json").is_file()
+        answer["txn"] = {"id": req.txn, "known": known, "outcome": _outcome(_events(state_dir, req.txn))}
+    return answer
+
+
+def _events(state_dir: StateDir, txn: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in state_dir.read_events(txn)]
+
+
+def _outcome(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((e for e in reversed(events) if e.get("kind") == "outcome"), None)
 
 
 def _flags(text: str | None) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -86,12 +87,24 @@ def test_write_is_atomic_and_keeps_mode(files: UnitFiles) -> None:
     assert [p.name for p in files.dir.iterdir()] == ["sglang.service"]  # no temporary file left
 
 
-def test_a_failed_write_leaves_the_old_unit_and_no_temp_file(files: UnitFiles) -> None:
-    (files.dir / "sglang.service.d").mkdir()  # rename() onto a folder fails, like a full or broken disk
-    with pytest.raises(UnitWriteError, match="cannot write"):
-        files.write("sglang.service.d", "x")
+@pytest.mark.parametrize("call", ["write", "fsync", "rename"])
+def test_a_failed_write_leaves_the_old_unit_and_no_temp_file(
+    files: UnitFiles, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """The disk fills up while the new unit is written (or synced, or renamed into place)."""
+    real = getattr(os, call)
+
+    def full(*args: object) -> object:
+        if call == "write":  # part of it lands in the temp file first
+            real(args[0], b"[Service]\nExec")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, call, full)
+    with pytest.raises(UnitWriteError, match=r"cannot write .*/sglang\.service: no space left on the device"):
+        files.write("sglang.service", "[Service]\nExecStart=/bin/new\n")
+    monkeypatch.undo()
     assert files.read("sglang.service") == "[Service]\nExecStart=/bin/old\n"
-    assert sorted(p.name for p in files.dir.iterdir()) == ["sglang.service", "sglang.service.d"]
+    assert sorted(p.name for p in files.dir.iterdir()) == ["sglang.service"]
 
 
 def test_restore_puts_the_backup_back(files: UnitFiles) -> None:

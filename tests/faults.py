@@ -83,6 +83,11 @@ WORLD: list[tuple[str, str, tuple[object, ...]]] = [
     ("drop_in_sets_exec_start", "would_not_run_as_written", ("drop-in",)),
     ("shadowing_unit_copy", "would_not_run_as_written", ("run",)),
     ("verified_log_gone", "verified_starts_log_is_gone", ()),
+    ("unit_outside_etc", "outside_etc_systemd_system", ("/usr/local/lib/systemd/system",)),
+    ("unit_in_run_systemd_system", "outside_etc_systemd_system", ("/run/systemd/system",)),
+    ("two_applies_lock_race", "loses_the_lock_race", ()),
+    ("fleet_link_cut_before_txn", "link_cut_before_the_hosts_transaction", ()),
+    ("apply_during_systemds_start", "during_a_start_systemd_began", ()),
 ]
 
 

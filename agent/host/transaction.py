@@ -516,7 +516,7 @@ class Transaction:
 
     def _rolled_back(self, reason: str, backup: str | None) -> str:
         """What a rollback came to: a service is called healthy only once it was restarted and verified."""
-        if self.systemd.unit_state(self.unit).load_state == "loaded":
+        if self.systemd.unit_state(self.unit).load_state not in _NO_UNIT:
             return f"change rejected ({reason}); old unit restored and healthy"
         what = "no unit" if backup is None else "an empty (masked) unit"
         return (
@@ -545,7 +545,7 @@ class Transaction:
             return False, f"cannot restore {record.backup or 'the absence of a unit'}: {exc}"
         self.systemd.daemon_reload()
         loaded = self.systemd.unit_state(self.unit)
-        if loaded.load_state != "loaded":  # no unit, or an empty (masked) one: nothing ran before
+        if loaded.load_state in _NO_UNIT:  # no unit, or an empty (masked) one: nothing ran before
             if not untouched:
                 self.systemd.stop(self.unit, RESTART_JOB_TIMEOUT_S)
             self.log.emit(
@@ -639,6 +639,7 @@ class Transaction:
         return None
 
 
+_NO_UNIT = ("not-found", "masked")  # systemd's load states of a name with no unit to run (an empty file)
 # systemd's unit folders searched before /etc/systemd/system (systemd.unit(5), "Unit File Load Path")
 _SEARCHED_BEFORE_ETC = ("system.control", "transient", "generator.early")
 

@@ -8,7 +8,9 @@ transaction are hit with the in-host watcher of tests.faultkit (the runner is st
 from __future__ import annotations
 
 import json
+import os
 import re
+import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -365,3 +367,135 @@ def test_agent_killed_before_its_first_change_is_no_success(sim, base):
     assert "died before it changed anything; nothing changed" in out + err
     assert invocation(sim) == before
     assert_old_back(sim, old, pool)
+
+
+def _pool_on(port: str, timeout: float = 60) -> int:
+    """The served pool, read from the port itself (there may be no unit in /etc/systemd/system)."""
+    from tests.integration.conftest import wait_for
+
+    found: list[int] = []
+
+    def served() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5) as r:
+                found.append(int(json.load(r)["max_total_num_tokens"]))
+            return True
+        except OSError:
+            return False
+
+    wait_for(served, timeout=timeout, interval=0.2)
+    return found[-1]
+
+
+@pytest.mark.parametrize("where", ["/usr/local/lib/systemd/system", "/run/systemd/system"])
+def test_a_unit_outside_etc_systemd_system_is_restarted_and_verified_on_rollback(sim, base, where):
+    """The inventory says /etc/systemd/system; systemd loads the unit from a package's folder (or /run).
+    The first apply finds no file of its own there; its rollback must bring that unit's service back."""
+    old, pool = base
+    etc, theirs = "/etc/systemd/system/sglang.service", f"{where}/sglang.service"
+    before = invocation(sim)
+    fk.sh(sim, "sh", "-c", f"mkdir -p {where} && mv {etc} {theirs} && systemctl daemon-reload")
+    show = ["systemctl", "show", "-p", "FragmentPath", "--value", "sglang.service"]
+    try:
+        assert fk.sh(sim, *show).strip() == theirs and invocation(sim) == before
+        fault_in_new_start(sim, "crash_loading")
+        r = apply(sim)
+        assert r.returncode == ExitCode.ROLLED_BACK, r.stdout + r.stderr
+        assert "old unit restored and healthy" in r.stdout, r.stdout
+        assert not (sim.host.root / etc.lstrip("/")).exists()  # the host as it was: their unit loads
+        assert fk.sh(sim, *show).strip() == theirs
+        assert fk.unit_state(sim)["ActiveState"] == "active" and invocation(sim) != before
+        assert _pool_on(str(parse_unit_flags(old)["port"])) == pool
+        assert not fk.pending(sim)
+    finally:
+        sim.set_sim_env({})
+        fk.sh(
+            sim, "sh", "-c", f"[ -e {etc} ] && rm -f {theirs} || mv {theirs} {etc}; systemctl daemon-reload"
+        )
+    assert sim.unit_text() == old
+
+
+# The next change's runner, as start() leaves it before it runs: its request, and the marker of a runner
+# asked for (argv: state dir, the running transaction, the new one).
+LOSER_ASKED = """
+import json, os, shutil, sys
+state, running, txn = sys.argv[1:4]
+os.makedirs(f"{state}/txn/{txn}", mode=0o700)
+shutil.copy(f"{state}/txn/{running}/request.json", f"{state}/txn/{txn}/request.json")
+with open(f"{state}/units/sglang.service/starting_txn.json", "w") as f:
+    json.dump({"txn": txn}, f)
+"""
+
+
+def test_a_runner_that_loses_the_lock_race_leaves_status_to_the_winner(sim, base):
+    """Two applies passed the "is one running?" check before either locked: the second runner meets the
+    first one's lock. Its LOCKED outcome must not hide the winner's from status (nor a fleet re-attach)."""
+    old, _ = base
+    watcher = fk.Watcher(sim, "watch")
+    first = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
+    hit = watcher.wait()  # the winner holds the lock, stopped in its watch
+    argv = fk.sh(sim, "cat", f"/proc/{hit.pid}/cmdline").split("\0")[:-1]
+    loser = "20991231T000000Z-0fedcb"
+    fk.sh(sim, "python3", "-c", LOSER_ASKED, fk.STATE, hit.txn, loser)
+    r = sim.host.ssh([*argv[:-1], loser], timeout=60)  # the loser's runner: `... run <txn>`
+    assert r.returncode == ExitCode.LOCKED, r.stderr.decode(errors="replace")
+    fk.resume_runner(sim, hit.pid)
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == ExitCode.OK, out + err
+    assert fk.outcome_of(sim, loser) == "locked" and last_txn(sim) == hit.txn
+    st = cli(sim, "status", sim.name)
+    assert st.returncode == ExitCode.OK, st.stderr
+    assert f"last transaction {hit.txn}: applied" in st.stdout, st.stdout
+    assert fk.verified_problems(sim, old, sim.unit_text()) == []
+
+
+def test_a_link_cut_before_the_hosts_transaction_started_is_not_started(sim, base):
+    """The fleet's link drops after the facts answer, before the apply reached the host: the host's last
+    outcome (an earlier APPLIED) is not this run's, so the host is reported not started and fails."""
+    from unittest import mock
+
+    from agent.fleet import hostrun
+    from agent.inventory import load_host
+    from agent.remote.client import Conversation
+    from agent.remote.transport import ConnectionLost
+
+    r = apply(sim)  # an earlier change: its APPLIED is the host's last outcome
+    assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+    before, installed, txns = invocation(sim), sim.unit_text(), fk.sh(sim, "ls", f"{fk.STATE}/txn")
+
+    def cut(self: Conversation, req: object) -> Iterator[object]:
+        raise ConnectionLost("the link dropped before the request reached the host")
+        yield
+
+    with mock.patch.dict(os.environ, sim.env), mock.patch.object(Conversation, "events", cut):
+        result = hostrun.apply_host(load_host(sim.name, sim.units_dir), 150_000, (), lambda p, m: None)
+    assert result.outcome == "not_started" and result.failed, result
+    assert result.measured_start is None  # nothing stale for later hosts to plan from
+    assert invocation(sim) == before and sim.unit_text() == installed
+    assert fk.sh(sim, "ls", f"{fk.STATE}/txn") == txns  # no transaction began
+
+
+def test_an_apply_during_a_start_systemd_began_waits_for_it_instead_of_restarting_it(sim, base):
+    """Cron's apply meets a start that systemd itself began (a reboot, Restart=): its pool is logged, it
+    is not ready yet. The apply waits for that start; restarting it would cost a model load for nothing."""
+    old, _ = base
+    r = apply(sim)
+    assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+    sim.set_sim_env({"SGLANG_SIM_WARMUP_SECONDS": "12"})  # pool logged, then 12 s before it is ready
+    fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart --no-block sglang.service")
+
+    def pool_logged() -> bool:
+        inv = invocation(sim)
+        lines = fk.sh(sim, "journalctl", "-q", "--no-pager", "-o", "cat", f"_SYSTEMD_INVOCATION_ID={inv}")
+        return bool(inv) and "KV Cache is allocated" in lines
+
+    fk_wait(pool_logged, timeout=60)
+    starting = invocation(sim)
+    try:
+        r = apply(sim)
+    finally:
+        sim.set_sim_env({})
+    assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+    assert invocation(sim) == starting, r.stdout  # waited for, not restarted
+    assert "waiting for that start" in r.stdout + r.stderr, r.stdout
+    assert fk.verified_problems(sim, old, sim.unit_text()) == []

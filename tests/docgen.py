@@ -1,6 +1,6 @@
 """The inventory reference in docs/inventory.md, generated from the pydantic models so it cannot drift.
 
-    python -m tests.docgen          # rewrite the table between the markers in docs/inventory.md
+python -m tests.docgen          # rewrite the table between the markers in docs/inventory.md
 """
 
 from __future__ import annotations

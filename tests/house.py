@@ -42,7 +42,9 @@ def long_functions(tree: ast.AST) -> list[str]:
         node.name
         for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and (node.end_lineno or node.lineno) - min([node.lineno, *(d.lineno for d in node.decorator_list)]) + 1
+        and (node.end_lineno or node.lineno)
+        - min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        + 1
         > LONG
     ]
 

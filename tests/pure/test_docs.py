@@ -60,9 +60,9 @@ def test_the_readme_is_a_front_page() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 300
     linked = set(LINK.findall("\n".join(lines)))
-    assert {target for target, _ in linked} >= {
-        f"docs/{p.name}" for p in PAGES[1:]
-    }, "every page under docs/ is linked from the README"
+    assert {target for target, _ in linked} >= {f"docs/{p.name}" for p in PAGES[1:]}, (
+        "every page under docs/ is linked from the README"
+    )
 
 
 def test_the_inventory_reference_is_generated_from_the_models() -> None:

@@ -46,6 +46,7 @@ lint: $(BIN)/.stamp
 	$(BIN)/ruff format --check agent tests
 	$(BIN)/ruff check agent tests
 	$(BIN)/mypy agent
+	$(BIN)/python -m tests.house
 
 quick: $(BIN)/.stamp
 	$(BIN)/pytest -q -m "not integration"

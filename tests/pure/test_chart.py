@@ -88,6 +88,6 @@ def test_plan_draws_unicode_on_a_terminal_and_ascii_elsewhere(
     assert "KV pool" not in as_json and json.loads(as_json)["mem_fraction_static"] == 0.929
 
 
-def test_the_readme_shows_the_golden_chart() -> None:
-    readme = (ROOT.parents[1] / "README.md").read_text(encoding="utf-8")
+def test_the_docs_show_the_golden_chart() -> None:
+    readme = (ROOT.parents[1] / "docs/commands.md").read_text(encoding="utf-8")
     assert (CHARTS / "ct200_200k_calibrated.ascii.txt").read_text(encoding="utf-8") in readme

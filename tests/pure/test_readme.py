@@ -1,4 +1,5 @@
-"""The README documents what the code does: its exit-code table is ExitCode, row for row."""
+"""The README documents what the code does: its exit-code table is ExitCode, row for row; docs/commands.md
+shows every command."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ from pathlib import Path
 
 from agent.exitcodes import ExitCode
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def section(title: str) -> list[str]:
-    """The lines of one `## title` section of the README."""
-    lines = README.read_text(encoding="utf-8").splitlines()
+def section(title: str, page: str = "README.md") -> list[str]:
+    """The lines of one `## title` section of a page (the README, or one under docs/)."""
+    lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
     start = lines.index(f"## {title}") + 1
     end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
     return lines[start:end]
@@ -35,5 +36,5 @@ def test_exit_code_table_is_exitcode() -> None:
 def test_every_command_has_an_example() -> None:
     from agent.cli.main import COMMANDS
 
-    text = "\n".join(section("Commands"))
+    text = "\n".join((ROOT / "docs/commands.md").read_text(encoding="utf-8").splitlines())
     assert all(f"deployctl {name} " in text for name in COMMANDS)

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from agent.host.model_facts import sglang_version
 from agent.host.systemd import Systemd, SystemdError
 from agent.protocol import Request
 from agent.sglang.flags import FlagsError, unit_lines
@@ -95,7 +96,7 @@ def _describe(
         shown, secret_flags = redact_secret_flags(argv)
         info.update(exec_path=path, exec_argv=shown, secret_flags=secret_flags)
         info["config_json"] = _config_json(argv)
-        info["sglang_version"] = _sglang_version(path)
+        info["sglang_version"] = sglang_version(path)  # read, never run
     info["drop_ins"] = [_drop_in(p) for p in drop_ins]
     return info
 
@@ -127,18 +128,6 @@ def _config_json(argv: tuple[str, ...]) -> str | None:
             value = words[i + 1]
         if value and value.startswith("/") and os.path.isfile(f"{value}/config.json"):
             return f"{value}/config.json"
-    return None
-
-
-def _sglang_version(path: str) -> str | None:
-    """SGLang's version from its installed metadata next to the executable: read, never run."""
-    prefix = Path(path).parent.parent  # <venv>/bin/python -> <venv>
-    for root in (prefix, Path("/usr/local"), Path("/usr")):
-        for meta in sorted(glob.glob(f"{root}/lib/python3*/*-packages/sglang-*.dist-info/METADATA")):
-            with contextlib.suppress(OSError):
-                for line in Path(meta).read_text(errors="replace").splitlines():
-                    if line.startswith("Version: "):
-                        return line.split(": ", 1)[1].strip()
     return None
 
 

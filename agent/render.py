@@ -6,7 +6,7 @@ import difflib
 import functools
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import jinja2
@@ -15,9 +15,10 @@ from agent.errors import RenderError
 from agent.inventory import HostConfig
 from agent.protocol import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.sglang import version_flags
-from agent.sglang.flags import FlagChange, FlagInput, FlagsError, exec_start_lines
-from agent.sglang.redact import REDACTED, SECRET_FLAG, is_secret_env
+from agent.sglang.flags import FlagInput, FlagsError, exec_start_lines
+from agent.sglang.redact import SECRET_FLAG, is_secret_env
 from agent.sglang.redact import redact as redact  # re-exported: the laptop's callers redact from here
+from agent.sglang.redact import redact_changes as redact_changes
 from agent.sglang.redact import redact_flags as redact_flags
 
 FLAG_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
@@ -296,15 +297,3 @@ def _unit_file_lines(text: str) -> list[str]:
     # Not str.splitlines(): it also splits at \u2028 or \x1e inside a value, which would cut a secret
     # in two, out of the redaction's reach.
     return [line for line in re.split(r"(?<=\n)", text) if line]
-
-
-def redact_changes(changes: Sequence[FlagChange]) -> list[FlagChange]:
-    """Flag changes fit to print: values of secret flags (api-key, token...) replaced with ***."""
-    return [
-        FlagChange(
-            c.name,
-            REDACTED if SECRET_FLAG.search(c.name) and c.before is not None else c.before,
-            REDACTED if SECRET_FLAG.search(c.name) and c.after is not None else c.after,
-        )
-        for c in changes
-    ]

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.sglang.flags import FlagsError, parse_unit, unit_lines
+from agent.sglang.redact import SECRET_FLAG, is_secret_env, redact_log_line
+from agent.sglang.unitfile import AdoptError, split_environment
 
 FORMAT = "deployctl-facts/1"
 MAX_CONFIG_BYTES = 4 * 2**20
@@ -40,7 +42,6 @@ _KEEP = re.compile(
     r"avail mem|KV Cache|Mamba Cache|max_total_num_tokens|server_args|Memory pool|Load weight|CUDA graph|"
     r"cuda graph|Not enough|OutOfMemory|out of memory|mem_fraction_static|Reserving|SWA|#tokens|Scheduler hit"
 )
-_SECRET_FLAGS = frozenset({"api-key", "admin-api-key", "hf-token"})
 
 
 def safetensors_bytes(path: Path) -> int | None:
@@ -195,24 +196,23 @@ def _metadata_version(path: str) -> str | None:
 
 
 def unit_environment(unit_text: str, secret_names: Iterable[str]) -> dict[str, str]:
-    """Environment= assignments of the unit, secret names left out (their values live elsewhere anyway)."""
-    secret = set(secret_names)
+    """Environment= assignments of the unit, secret-looking names and the inventory's secret ones left out."""
+    secret = tuple(secret_names)
     env: dict[str, str] = {}
     try:
         for section, key, value in unit_lines(unit_text):
             if section == "Service" and key == "Environment":
-                for word in value.split():
-                    name, eq, val = word.strip('"').partition("=")
-                    if eq and name not in secret:
-                        env[name] = val
-    except FlagsError:
+                pairs = split_environment(value) if value else []  # unquoted as systemd does
+                env.update((name, val) for name, val in pairs if not is_secret_env(name, secret))
+    except (FlagsError, AdoptError):
         return {}
     return env
 
 
 def start_excerpt(lines: Iterable[str]) -> str | None:
-    """SGLang's own memory and pool lines of the newest start, as the facts' last_start text."""
-    kept = [line for line in lines if _KEEP.search(line)]
+    """SGLang's own memory and pool lines of the newest start, as the facts' last_start text; secret values
+    (the API key in the server_args= line) replaced by ***."""
+    kept = [redact_log_line(line) for line in lines if _KEEP.search(line)]
     return "\n".join(kept[-2000:]) + "\n" if kept else None
 
 
@@ -238,7 +238,9 @@ def collect(
         "model": model,
         "draft": model_fact(str(draft_path)) if isinstance(draft_path, str) else None,
         "flags": {
-            k: " ".join(v) if isinstance(v, tuple) else v for k, v in flags.items() if k not in _SECRET_FLAGS
+            k: " ".join(v) if isinstance(v, tuple) else v
+            for k, v in flags.items()
+            if not SECRET_FLAG.search(k)
         },
         "env": unit_environment(unit_text, secret_names),
         "last_start": start_excerpt(journal_lines),

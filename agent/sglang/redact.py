@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 
-from agent.sglang.flags import FlagValue
+from agent.sglang.flags import FlagChange, FlagValue
 
 SECRET_ENV = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASS", re.IGNORECASE)
 SECRET_FLAG = re.compile(r"(^|-)(key|api-key|token|secret|password|passwd)$")
@@ -232,3 +232,43 @@ def _blank_out(line: str, spans: list[_Span]) -> str:
 def redact_flags(flags: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
     """Flags fit to print: the values of secret flags (api-key, token...) replaced with ***."""
     return {k: REDACTED if SECRET_FLAG.search(k) and v is not True else v for k, v in flags.items()}
+
+
+def redact_changes(changes: Sequence[FlagChange]) -> list[FlagChange]:
+    """Flag changes fit to print: values of secret flags (api-key, token...) replaced with ***."""
+    return [
+        FlagChange(
+            c.name,
+            REDACTED if SECRET_FLAG.search(c.name) and c.before is not None else c.before,
+            REDACTED if SECRET_FLAG.search(c.name) and c.after is not None else c.after,
+        )
+        for c in changes
+    ]
+
+
+# SGLang logs its resolved arguments once per start, secrets included (srt/entrypoints/engine.py:
+# `logger.info(f"server_args={_server_args_for_logging(server_args)}")`, which hides only the watermark
+# keys): a dataclass repr `api_key='k'` up to 0.5.16, a dict `'api_key': 'k'` from 0.5.20 (FACTS.md 4.2).
+_ARG_NAME = re.compile(
+    r"(?:(?<=[(,{\s])|^)"  # a field begins a line, or follows `(`, `{`, `,` or a blank
+    r"(?:'(?P<quoted>[A-Za-z_][A-Za-z0-9_]*)'[ \t]*:[ \t]*|(?P<bare>[A-Za-z_][A-Za-z0-9_]*)=)"
+)
+_PY_VALUE = re.compile(r"""'(?:\\.|[^'\\])*'?|"(?:\\.|[^"\\])*"?|[^,)}\]]*""")
+
+
+def redact_log_line(line: str) -> str:
+    """A log line fit to leave the host: the values of secret fields (api_key, admin_api_key,
+    ssl_keyfile_password...: the flag rule) in a server_args= line, and of secret --flags, replaced by ***.
+    A None stays: it says that no key is set."""
+    spans = [m.span("value") for m in _FLAG_VALUE.finditer(line) if _secret_flag_name(m["name"])]
+    for m in _ARG_NAME.finditer(line):
+        if _secret_flag_name(m["quoted"] or m["bare"]):
+            value = _PY_VALUE.match(line, m.end())
+            if value is not None and value.group().strip() not in ("", "None"):
+                spans.append(value.span())
+    return _blank_out(line, spans) if spans else line
+
+
+def _secret_flag_name(name: str) -> bool:
+    """A flag or ServerArgs field name (api_key, --api-key) that SECRET_FLAG calls secret."""
+    return bool(SECRET_FLAG.search(name.lower().replace("_", "-")))

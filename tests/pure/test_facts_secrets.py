@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from agent.apply import installed_sha256
 from agent.host import model_facts, verbs
-from agent.protocol import Request
+from agent.host.decide import Gate
+from agent.host.events import EventLog
+from agent.host.watch import WatchedStart, watch_start
+from agent.protocol import Event, Request, Timeouts
 from agent.sglang.redact import redact_log_line
 from tests.pure import facts_fixtures as cfg
 from tests.pure.test_model_facts import model_dir
@@ -105,3 +110,19 @@ def test_the_laptop_expects_the_sha_the_host_sent_not_one_of_the_redacted_text()
     assert installed_sha256({"unit_text": "x=***", "unit_sha256": "a" * 64}) == "a" * 64
     assert installed_sha256({"unit_text": None, "unit_sha256": None}) == "absent"
     assert installed_sha256({"unit_text": "t"}) == hashlib.sha256(b"t").hexdigest()  # a facts file by hand
+
+
+def test_a_watched_start_emits_no_secret_from_its_log_lines() -> None:
+    lines = [SERVER_ARGS, *START_LOG.splitlines()]
+    journal = SimpleNamespace(follow=lambda *a: iter([SimpleNamespace(message=m) for m in lines]))
+    state = SimpleNamespace(active_state="activating", sub_state="start", n_restarts=0)
+    systemd = SimpleNamespace(unit_state=lambda unit: state)
+    gate = Gate(100, None, 0.02, Timeouts())
+    start = WatchedStart("sglang.service", journal, systemd, gate, None, "inv", 0)  # type: ignore[arg-type]
+    seen: list[Event] = []
+    log = EventLog("20261203T100000Z-abcdef", None)
+    log.listeners.append(seen.append)
+    ticks = itertools.count(0.0, 2.0)  # every line a progress event: the server_args one too
+    result = watch_start(start, log, clock=lambda: next(ticks))
+    sent = json.dumps([e.to_json() for e in seen]) + json.dumps(result.summary)
+    assert "server_args=" in sent and not [s for s in SECRETS if s in sent]

@@ -45,6 +45,7 @@ class Inspected:
     exec_path: str | None = None
     exec_argv: list[str] = field(default_factory=list)
     secret_flags: list[str] = field(default_factory=list)
+    secret_directives: list[str] = field(default_factory=list)  # their values came redacted: never copied
     config_json: str | None = None
     sglang_version: str | None = None
     drop_ins: list[DropIn] = field(default_factory=list)
@@ -96,6 +97,12 @@ def _refuse_unmodelable(unit: Inspected) -> None:
         raise UsageError(f"{where}: expected exactly one ExecStart= in the unit file")
     if unit.exec_start_prefix in tuple("-@+!:"):
         raise UsageError(f"{where}: ExecStart={unit.exec_start_prefix}... (a prefix) is not supported")
+    if unit.secret_directives:
+        raise UsageError(
+            f"{where}: {'=, '.join(unit.secret_directives)}= holds a secret inline (e.g. SetCredential=)",
+            hint="its value would have to leave the host: move it into a drop-in (left on the host as it "
+            "is) or a root-only file read by LoadCredential=, then adopt",
+        )
     if unit.secret_flags:
         raise UsageError(
             f"{where}: the command line holds secret flags (--{', --'.join(unit.secret_flags)})",

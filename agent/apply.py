@@ -45,6 +45,16 @@ def calibration_from(facts: Mapping[str, Any]) -> list[Mapping[str, Any]] | None
     return history[-1:] or None
 
 
+def installed_sha256(facts: Mapping[str, Any]) -> str:
+    """The sha256 of the unit the host has, "absent" for none: what an apply must find to change it. The
+    host sends it beside the unit's text, whose secret values it replaced before sending."""
+    if "unit_sha256" in facts:
+        sha = facts["unit_sha256"]
+        return sha if isinstance(sha, str) else "absent"
+    text = facts.get("unit_text")  # facts without the field (written by hand): their text is the unit's
+    return unit_sha256(text) if isinstance(text, str) and text else "absent"
+
+
 def make_plan(host: HostConfig, change: Change, facts: Mapping[str, Any]) -> Plan:
     from agent.plan.from_facts import plan_from_host_facts  # the host read its config.json: plan from that
 
@@ -94,7 +104,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: Mapping[str, A
         unit_text=new_text,
         target_context=change.context,
         planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
-        expect_sha256=unit_sha256(old_text) if old_text else "absent",
+        expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,
     )

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from agent.apply import allow_context, calibration_from
+from agent.apply import allow_context, calibration_from, installed_sha256
 from agent.cli.options import Change
 from agent.errors import ConnectError, DeployError
 from agent.fleet.calibrate import Measured, peer_key
@@ -131,7 +131,7 @@ def _planned(
     target_host = allow_context(host, Change(context))
     new_text = render_checked(target_host, plan.flags(), installed=old_text)
     if check:
-        differs = new_text != old_text
+        differs = unit_sha256(new_text) != installed_sha256(facts)
         return HostResult(
             host.name, "would_change" if differs else "up_to_date",
             "check mode: the unit would change" if differs else "check mode: the unit would not change",
@@ -145,7 +145,7 @@ def _planned(
         unit_text=new_text,
         target_context=context,
         planned_pool=plan.predicted_pool_tokens,
-        expect_sha256=unit_sha256(old_text) if old_text else "absent",
+        expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,
     )
@@ -283,7 +283,7 @@ def host_status(host: HostConfig, context: int | None) -> dict[str, Any]:
         "active": state.get("active_state"),
         "measured_pool": last.get("kv_tokens"),
         "flags": redact_flags(_flags(text)),
-        "unit_sha256": unit_sha256(text) if text else None,
+        "unit_sha256": None if installed_sha256(facts) == "absent" else installed_sha256(facts),
     }
     # Without a target: the context of the last start the agent verified (what it was deployed to).
     verified = [h.get("context_len") for h in facts.get("history") or [] if h.get("context_len")]
@@ -291,9 +291,9 @@ def host_status(host: HostConfig, context: int | None) -> dict[str, Any]:
     if against is not None:
         plan, _ = plan_host(host, against, facts, ())
         forced = allow_context(host, Change(against, force=True))
-        status["drift"] = render_checked(forced, plan.flags()) != text
+        status["drift"] = unit_sha256(render_checked(forced, plan.flags())) != installed_sha256(facts)
         status["planned_fraction"] = plan.mem_fraction_static
     else:  # never deployed by deployctl: drift from the inventory's baseline
-        status["drift"] = render_unit(host, {}, template_dir()) != text
+        status["drift"] = unit_sha256(render_unit(host, {}, template_dir())) != installed_sha256(facts)
     status["drift_against"] = against
     return status

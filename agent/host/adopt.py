@@ -1,8 +1,8 @@
 """The `inspect` verb: find the unit that runs SGLang and read it for `deployctl adopt`. Read-only.
 
 What leaves the host: the unit's modeled parts, its other directives, its drop-ins, and systemd's own parse
-of ExecStart=. Never a secret value: secret environment variables are named only, secret flags' values
-and secret variables in drop-ins are replaced by ***.
+of ExecStart=. Never a secret value: secret environment variables are named only; secret flags' values,
+secret variables in drop-ins and inline credentials (SetCredential=) are replaced by ***.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+from agent.host.model_facts import sglang_version
 from agent.host.systemd import Systemd, SystemdError
 from agent.protocol import Request
 from agent.sglang.flags import FlagsError, unit_lines
+from agent.sglang.redact import redact
 from agent.sglang.unitfile import (
     AdoptError,
+    Directive,
     read_unit,
     redact_secret_flags,
     runs_sglang,
@@ -86,7 +89,8 @@ def _describe(
         user=hand.user,
         environment=[[k, v] for k, v in hand.environment.items()],  # a list: the reply's keys are sorted
         secret_environment=hand.secret_environment,
-        directives=[[d.section, d.key, d.value] for d in hand.other],
+        directives=[[d.section, d.key, _shown(d)] for d in hand.other],
+        secret_directives=[d.key for d in hand.other if _shown(d) != d.value],
         exec_start_raw_count=len(hand.exec_start),
         exec_start_prefix=(hand.exec_start[0][:1] if hand.exec_start else ""),
     )
@@ -95,7 +99,7 @@ def _describe(
         shown, secret_flags = redact_secret_flags(argv)
         info.update(exec_path=path, exec_argv=shown, secret_flags=secret_flags)
         info["config_json"] = _config_json(argv)
-        info["sglang_version"] = _sglang_version(path)
+        info["sglang_version"] = sglang_version(path)  # read, never run
     info["drop_ins"] = [_drop_in(p) for p in drop_ins]
     return info
 
@@ -108,14 +112,22 @@ def _drop_in(path: str) -> dict[str, Any]:
         return {"path": path, "lines": [], "problem": str(exc)}
     lines = []
     for d in hand.other:
-        lines.append(f"[{d.section}] {d.line}")
+        lines.append(f"[{d.section}] {d.key}={_shown(d)}")
     if hand.user:
         lines.append(f"[Service] User={hand.user}")
     for key, value in hand.environment.items():
         lines.append(f"[Service] Environment={key}={value}")
     lines += [f"[Service] Environment={k}=***" for k in hand.secret_environment]
-    lines += [f"[Service] ExecStart={v}" for v in hand.exec_start]  # refused by adopt, shown to say why
+    lines += [f"[Service] ExecStart={_shown(Directive('Service', 'ExecStart', v))}" for v in hand.exec_start]
     return {"path": path, "lines": lines, "sets_exec_start": bool(hand.exec_start)}
+
+
+def _shown(d: Directive) -> str:
+    """A directive's value fit to leave the host: SetCredential= data, a secret --flag's value (in an
+    ExecStartPre=, say) or a secret-looking variable's value replaced by ***."""
+    # Under its section header: a unit's first line is read as maybe a directive's tail, with more care
+    # than a directive needs (KeyringMode=, PassEnvironment= would look secret).
+    return redact(f"[{d.section}]\n{d.line}").partition("\n")[2].partition("=")[2]
 
 
 def _config_json(argv: tuple[str, ...]) -> str | None:
@@ -130,29 +142,17 @@ def _config_json(argv: tuple[str, ...]) -> str | None:
     return None
 
 
-def _sglang_version(path: str) -> str | None:
-    """SGLang's version from its installed metadata next to the executable: read, never run."""
-    prefix = Path(path).parent.parent  # <venv>/bin/python -> <venv>
-    for root in (prefix, Path("/usr/local"), Path("/usr")):
-        for meta in sorted(glob.glob(f"{root}/lib/python3*/*-packages/sglang-*.dist-info/METADATA")):
-            with contextlib.suppress(OSError):
-                for line in Path(meta).read_text(errors="replace").splitlines():
-                    if line.startswith("Version: "):
-                        return line.split(": ", 1)[1].strip()
-    return None
-
-
 def kept_secret_env(names: tuple[str, ...], env_file: str | None, unit_text: str | None) -> dict[str, str]:
-    """The values of the secret variables an adopted inventory keeps on the host: from the root-only file
-    deployctl wrote, else from the Environment= lines of the hand-written unit being replaced."""
-    found = {k: v for k, v in _env_file_values(env_file).items() if k in names}
+    """The values of the secret variables an adopted inventory keeps on the host, as systemd gives them to
+    the service: the root-only file deployctl wrote (EnvironmentFile= overrides Environment=), else the
+    hand-written unit's Environment= lines, the last assignment winning (an empty one clears those before)."""
+    from_unit: dict[str, str] = {}
     with contextlib.suppress(FlagsError, AdoptError):
         for section, key, value in unit_lines(unit_text or ""):
-            if section == "Service" and key == "Environment" and value:
-                for name, val in split_environment(value):
-                    if name in names and name not in found:
-                        found[name] = val
-    return found
+            if section == "Service" and key == "Environment":
+                from_unit = {**from_unit, **dict(split_environment(value))} if value else {}
+    found = {**from_unit, **_env_file_values(env_file)}
+    return {name: found[name] for name in names if name in found}
 
 
 def _env_file_values(text: str | None) -> dict[str, str]:

@@ -2,16 +2,20 @@
 
 config.json (with text_config and quantization_config inside), the checkpoint's tensor bytes from the
 safetensors headers (dtype x shape; the tensor data is never read), the draft's likewise, nvidia-smi's
-cards, and the SGLang version installed in the unit's Python. Every reader returns None (or []) when it
-cannot tell, never raises: the facts verb must answer whatever the host looks like.
+cards, and the SGLang version installed for the unit's Python (its dist-info, never run). Every reader
+returns None (or []) when it cannot tell, never raises: the facts verb must answer whatever the host looks
+like.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import math
+import os
 import re
 import shutil
+import stat
 import struct
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,10 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from agent.sglang.flags import FlagsError, parse_unit, unit_lines
+from agent.sglang.redact import SECRET_FLAG, is_secret_env, redact_log_line
+from agent.sglang.unitfile import AdoptError, split_environment
 
 FORMAT = "deployctl-facts/1"
 MAX_CONFIG_BYTES = 4 * 2**20
 MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit on the JSON header
+MAX_METADATA_BYTES = 64 * 2**10  # the headers of a dist-info METADATA come first; the long description after
+SYSTEM_PREFIXES = ("/usr/local", "/usr")  # where pip and Debian put a system-wide SGLang
 # safetensors dtype names -> bytes per element (sub-byte types as fractions: F4 packs two per byte).
 DTYPE_BYTES: Mapping[str, float] = {
     "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
@@ -34,7 +42,6 @@ _KEEP = re.compile(
     r"avail mem|KV Cache|Mamba Cache|max_total_num_tokens|server_args|Memory pool|Load weight|CUDA graph|"
     r"cuda graph|Not enough|OutOfMemory|out of memory|mem_fraction_static|Reserving|SWA|#tokens|Scheduler hit"
 )
-_SECRET_FLAGS = frozenset({"api-key", "admin-api-key", "hf-token"})
 
 
 def safetensors_bytes(path: Path) -> int | None:
@@ -153,37 +160,59 @@ def unit_python(executable: Sequence[str]) -> str | None:
     return None
 
 
-def sglang_version(python: str | None) -> str | None:
+def sglang_version(python: str | None, system: Sequence[str] = SYSTEM_PREFIXES) -> str | None:
+    """SGLang's version from the dist-info METADATA beside the unit's Python (<venv>/bin/python -> <venv>),
+    else in the system's site-packages: read, never run. The venv is the service user's to write, and
+    running its Python as root would run any .pth file planted in it (-I does not stop those)."""
     if python is None:
         return None
-    code = "import importlib.metadata as m; print(m.version('sglang'))"
+    for root in (str(Path(python).parent.parent), *system):
+        for meta in sorted(
+            glob.glob(f"{glob.escape(root)}/lib/python3*/*-packages/sglang-*.dist-info/METADATA")
+        ):
+            version = _metadata_version(meta)
+            if version is not None:
+                return version
+    return None
+
+
+def _metadata_version(path: str) -> str | None:
+    """The `Version:` header of a METADATA file; never blocks on a FIFO, never reads a whole big file."""
     try:
-        done = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
         return None
-    version = done.stdout.strip()
-    return version if done.returncode == 0 and re.fullmatch(r"[0-9][0-9A-Za-z.+-]*", version) else None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = f.read(MAX_METADATA_BYTES).decode("utf-8", "replace")
+    for line in head.split("\n"):
+        if not line.strip():
+            break  # the headers end at the first blank line
+        if line.startswith("Version:"):
+            version = line.partition(":")[2].strip()
+            return version if re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version) else None
+    return None
 
 
 def unit_environment(unit_text: str, secret_names: Iterable[str]) -> dict[str, str]:
-    """Environment= assignments of the unit, secret names left out (their values live elsewhere anyway)."""
-    secret = set(secret_names)
+    """Environment= assignments of the unit, secret-looking names and the inventory's secret ones left out."""
+    secret = tuple(secret_names)
     env: dict[str, str] = {}
     try:
         for section, key, value in unit_lines(unit_text):
             if section == "Service" and key == "Environment":
-                for word in value.split():
-                    name, eq, val = word.strip('"').partition("=")
-                    if eq and name not in secret:
-                        env[name] = val
-    except FlagsError:
+                pairs = split_environment(value) if value else []  # unquoted as systemd does
+                env.update((name, val) for name, val in pairs if not is_secret_env(name, secret))
+    except (FlagsError, AdoptError):
         return {}
     return env
 
 
 def start_excerpt(lines: Iterable[str]) -> str | None:
-    """SGLang's own memory and pool lines of the newest start, as the facts' last_start text."""
-    kept = [line for line in lines if _KEEP.search(line)]
+    """SGLang's own memory and pool lines of the newest start, as the facts' last_start text; secret values
+    (the API key in the server_args= line) replaced by ***."""
+    kept = [redact_log_line(line) for line in lines if _KEEP.search(line)]
     return "\n".join(kept[-2000:]) + "\n" if kept else None
 
 
@@ -209,7 +238,9 @@ def collect(
         "model": model,
         "draft": model_fact(str(draft_path)) if isinstance(draft_path, str) else None,
         "flags": {
-            k: " ".join(v) if isinstance(v, tuple) else v for k, v in flags.items() if k not in _SECRET_FLAGS
+            k: " ".join(v) if isinstance(v, tuple) else v
+            for k, v in flags.items()
+            if not SECRET_FLAG.search(k)
         },
         "env": unit_environment(unit_text, secret_names),
         "last_start": start_excerpt(journal_lines),

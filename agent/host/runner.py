@@ -7,7 +7,6 @@ that file, so a dropped connection changes nothing. A runner that died is finish
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import resource
 import shutil
@@ -18,11 +17,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agent.exitcodes import ExitCode
-from agent.host import recovery
+from agent.host import recovery, txnfiles
 from agent.host.events import EventLog, journal_note, utc_now
 from agent.host.journal import Journal
 from agent.host.lock import Locked, UnitLock, describe_holder
-from agent.host.state import StateDir, write_json_atomic
+from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.transaction import Result, Transaction
 from agent.host.units import UnitFiles
@@ -80,6 +79,7 @@ def start(req: Request, out: TextIO) -> int:
         if done is not None:
             return done
     record_request(state_dir, req, txn)
+    txnfiles.stage_secrets(req, txn)  # the runner takes them from there
     if req.detach and shutil.which("systemd-run"):
         argv = ["systemd-run", f"--unit=deployctl-{txn}", "--collect", "--quiet", "--no-ask-password"]
         argv += ["--working-directory=/"]
@@ -103,9 +103,9 @@ def start(req: Request, out: TextIO) -> int:
 
 
 def record_request(state_dir: StateDir, req: Request, txn: str) -> None:
-    """The runner's request. The unit's last_txn moves only once a runner holds the lock: a change
-    that lost the lock to another (LOCKED) must not hide the winner's outcome from status."""
-    write_json_atomic(state_dir.txn_dir(txn) / "request.json", json.loads(req.to_json()))
+    """The runner's request, secrets named by digest only. The unit's last_txn moves only once a runner
+    holds the lock: a change that lost the lock to another (LOCKED) must not hide the winner's outcome."""
+    txnfiles.write_request(state_dir, req, txn)
     state_dir.set_starting_txn(req.unit, txn)
 
 
@@ -170,8 +170,13 @@ def _self_argv() -> list[str]:
 def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
     """The transaction itself: take the lock, run the verb, write the outcome event."""
     state_dir = StateDir(state_root)
-    req = Request.from_json((state_dir.txn_dir(txn) / "request.json").read_text())
     log = EventLog(txn, state_dir.events_path(txn), echo)
+    try:
+        req = txnfiles.load_request(state_dir, txn)
+    except txnfiles.StagedSecretsError as exc:
+        log.emit(Stage.LOCK, "outcome", f"{exc}; nothing changed: re-run", outcome=Outcome.ERROR.value)
+        log.close()
+        return int(ExitCode.REFUSED)
     lock = _lock(req.unit)
     try:
         lock.acquire(_holder(req, txn))
@@ -217,7 +222,11 @@ def _holder(req: Request, txn: str) -> dict[str, Any]:
 
 
 def _finish(req: Request, txn: str, result: Result, log: EventLog) -> int:
-    """Metrics, then the outcome event; the exit status it maps to."""
+    """Old transaction folders pruned, metrics, then the outcome event; the exit status it maps to."""
+    try:
+        txnfiles.prune(req, req.keep_backups, protect=(txn,))
+    except OSError as exc:  # a full or broken disk: the outcome stands, the folders wait for the next run
+        log.emit(Stage.DONE, "warning", f"old transaction folders not pruned: {exc}")
     _write_metrics(req, txn, result, StateDir(req.state_dir), log)
     # The runner's peak memory: following a chatty start must not grow it (the benchmark reads it).
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

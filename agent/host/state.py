@@ -44,7 +44,7 @@ class CorruptRecord(Exception):
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write, fsync, rename: mode 0600 in a 0700 folder, as request.json holds the unit and its secrets."""
+    """Write, fsync, rename: mode 0600 in a 0700 folder (request.json holds the unit; the staged secrets)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:

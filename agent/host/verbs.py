@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from agent import __version__
@@ -18,6 +19,7 @@ from agent.protocol import Request
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import FlagsError, diff_flags, parse_unit_flags
 from agent.sglang.logs.summary import start_figures
+from agent.sglang.redact import redact, redact_changes, redact_flags, redact_log_line
 
 CHANGING_VERBS = ("apply", "rollback", "recover")
 
@@ -43,10 +45,9 @@ def facts(req: Request) -> dict[str, Any]:
     state_dir = StateDir(req.state_dir)
     return {
         "agent_version": __version__,
-        "unit_text": text,
-        "flags": _flags(text),
+        **unit_view(text, req.secret_names),
         "state": _state(req.unit),
-        "last_start": start_figures(lines) if lines else None,
+        "last_start": _last_start(lines),
         "history": state_dir.history(req.unit, 10),
         "gpus": _gpus(),
         "lock": runner.running(req),
@@ -54,6 +55,29 @@ def facts(req: Request) -> dict[str, Any]:
         "backups": [b.name for b in files.backups(req.unit)],
         "model_facts": model_facts.collect(text, lines, req.secret_names),
     }
+
+
+def unit_view(text: str | None, secret_names: Sequence[str]) -> dict[str, Any]:
+    """The installed unit as it may leave the host: its text and flags with secret values replaced by ***
+    (Environment= of secret-looking names, secret --flags, SetCredential= data), and the sha256 of the
+    real text, which is what an apply must name to change it."""
+    flags = _flags(text)
+    return {
+        "unit_text": redact(text, secret_names) if text is not None else None,
+        "unit_sha256": sha256(text) if text is not None else None,
+        "flags": redact_flags(flags) if flags is not None else None,
+    }
+
+
+def _last_start(lines: Sequence[str]) -> dict[str, Any] | None:
+    """The newest start's figures; the failure line it quotes with secret values replaced."""
+    if not lines:
+        return None
+    figures = start_figures(lines)
+    failure = figures.get("failure")
+    if isinstance(failure, dict) and isinstance(failure.get("line"), str):
+        figures["failure"] = {**failure, "line": redact_log_line(failure["line"])}
+    return figures
 
 
 def backups(req: Request) -> dict[str, Any]:
@@ -64,7 +88,7 @@ def backups(req: Request) -> dict[str, Any]:
     rows = []
     for b in files.backups(req.unit):
         text = b.path.read_text(encoding="utf-8", errors="replace")
-        changes = diff_flags(_flags(text) or {}, now_flags)
+        changes = redact_changes(diff_flags(_flags(text) or {}, now_flags))
         rows.append(
             {
                 "name": b.name,

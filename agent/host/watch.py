@@ -12,6 +12,7 @@ from agent.host.events import EventLog
 from agent.protocol import Stage
 from agent.sglang.logs.events import GraphEnd
 from agent.sglang.logs.summary import SummaryBuilder
+from agent.sglang.redact import redact_log_line
 
 STATE_POLL_S = 0.05  # one unit_state call costs ~1 ms; a crash is seen within this
 PROGRESS_EVERY_S = 1.0  # progress events while weights load: enough for a live line, not a flood
@@ -67,11 +68,14 @@ class _Start:
     def feed(self, message: str, now: float) -> None:
         self.lines += 1
         self.last_line_at = now
-        self.last_text = message[:300]
+        self.last_text = redact_log_line(message)[:300]  # progress events carry it: never the API key
         for event in self.builder.feed(message):
             if isinstance(event, GraphEnd) and event.usage_gb is not None:
                 self.graphs[event.rank] = self.graphs.get(event.rank, 0.0) + event.usage_gb
         self.summary = self.builder.summary().to_dict()
+        failure = self.summary.get("failure")
+        if failure and failure.get("line"):  # into the outcome, the history and `facts`: redacted
+            failure["line"] = redact_log_line(failure["line"])
         if self.graphs:  # what the next plan credits per request (see start_figures)
             self.summary["graph_mem_gb"] = round(max(self.graphs.values()), 3)
         self._progress(now)

@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agent.sglang.flags import FlagsError, split_words, unit_lines
+from agent.sglang.redact import SECRET_ENV, SECRET_FLAG  # the one rule for secret-looking names
 
-SECRET_ENV = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASS", re.IGNORECASE)  # the renderer's own rules
-SECRET_FLAG = re.compile(r"(^|-)(key|api-key|token|secret|password|passwd)$")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A `$NAME` or `${NAME}` that systemd expands when it runs ExecStart=; `$$` is a literal dollar.
 _VARIABLE = re.compile(r"\$(?:\$|\{|[A-Za-z_])")

@@ -25,6 +25,7 @@ from agent.protocol import Request
 from agent.remote import bundle
 from tests import faultkit as fk
 from tests.integration.conftest import DEPLOYCTL, cli, wait_pool
+from tests.pure import facts_fixtures as cfg
 from tests.simhost import SimHost
 
 pytestmark = pytest.mark.integration
@@ -283,12 +284,20 @@ def test_no_secret_readable_by_another_user_nor_shown(sim: SimHost) -> None:
         ["apply", "ct200-secret", "--context", "120k", "--yes", "--json"],
         ["backups", "ct200-secret"],
         ["status", "ct200-secret"],
+        ["plan", "ct200-secret", "--context", "120k"],
     ):
         r = cli(sim, *argv)
         assert r.returncode == ExitCode.OK, (argv, r.stdout, r.stderr)
         shown += r.stdout + r.stderr
+    # The server logs its API key (SGLang's server_args= line does): the facts carried that line.
+    logged = sim.host.ssh(["journalctl", "--no-pager", "-o", "cat", "-u", "sglang.service"]).stdout.decode()
+    assert API_KEY in logged
+    shown += adopt_shown(sim)
     values = [*SECRETS.values(), API_KEY]
     assert "HF_TOKEN" in shown and "--api-key" in shown  # named, never shown
+    # Nothing in a transaction's folder holds a value (request.json names them by digest).
+    txn_files = [p for p in (sim.host.root / "var/lib/deployctl/txn").rglob("*") if p.is_file()]
+    assert not [p for p in txn_files for v in values if v.encode() in p.read_bytes()]
     events = "".join(p.read_text() for p in (sim.host.root / "var/lib/deployctl/txn").glob("*/events.jsonl"))
     journal = sim.host.ssh(["journalctl", "--no-pager", "-o", "cat", "-t", "deployctl"]).stdout.decode()
     # Every file of the unit folder (unit, backups, drop-ins) and everything systemd tells any user.
@@ -310,6 +319,7 @@ def test_no_secret_readable_by_another_user_nor_shown(sim: SimHost) -> None:
     assert API_KEY in sim.host.read(f"{SECRET_DIR}/sglang.service.flags.yaml").decode()
     environ = sim.host.read(f"/proc/{pid}/environ").split(b"\0")
     assert f"HF_TOKEN={SECRETS['HF_TOKEN']}".encode() in environ
+    assert_hand_written_secrets_not_shown(sim)
     # A rollback to the baseline takes the secrets it ran with (none) along with the unit.
     texts = {b: sim.host.read(f"/etc/systemd/system/{b}") for b in sim.backups()}
     baseline = max(b for b, t in texts.items() if b"EnvironmentFile" not in t)
@@ -317,6 +327,48 @@ def test_no_secret_readable_by_another_user_nor_shown(sim: SimHost) -> None:
     assert r.returncode == ExitCode.OK, r.stdout + r.stderr
     left = fk.sh(sim, "ls", "-A", SECRET_DIR).split()
     assert left and all(".bak." in n for n in left), left  # only copies kept with backups of secret units
+
+
+def adopt_shown(sim: SimHost) -> str:
+    """What adopt prints and writes for the unit running now (the inventory removed again)."""
+    r = cli(sim, "adopt", "ct200-adopt-check", "--ssh", sim.name, "--force")
+    written = sim.units_dir / "ct200-adopt-check.toml"
+    text = written.read_text() if written.exists() else ""
+    written.unlink(missing_ok=True)
+    return r.stdout + r.stderr + text
+
+
+def assert_hand_written_secrets_not_shown(sim: SimHost) -> None:
+    """Secrets written into the unit by hand (a variable, an inline credential): facts, status, plan, a dry
+    run and adopt send and print none of them; the unit is put back as it was afterwards."""
+    original = sim.host.read(UNIT)
+    inline = ("secret-value-aaa", "secret-value-bbb")
+    lines = f"[Service]\nEnvironment=MY_API_KEY={inline[0]}\nSetCredential=hub:{inline[1]}\n"
+    edited = original.decode().replace("[Service]\n", lines, 1)
+    # facts reads the config.json the unit's --model-path names: a writable copy has one (test_host_facts)
+    model = re.search(r"--model-path[= ](/\S+)", edited)
+    assert model is not None
+    copy = "/srv/models/" + model[1].rstrip("/").rsplit("/", 1)[-1]
+    sim.host.put(f"{copy}/config.json", json.dumps(cfg.KIMI_K26).encode())
+    sim.host.put(UNIT, edited.replace(model[0], model[0].replace(model[1], copy)).encode())
+    try:
+        shown = ""
+        for argv in (
+            ["facts", "ct200-secret", "--json"],
+            ["status", "ct200-secret"],
+            ["plan", "ct200-secret", "--context", "120k"],
+            ["apply", "ct200-secret", "--context", "120k", "--dry-run"],
+        ):
+            r = cli(sim, *argv)
+            assert r.returncode == ExitCode.OK, (argv, r.stdout, r.stderr)
+            shown += r.stdout + r.stderr
+        adopted = adopt_shown(sim)
+        assert "SetCredential= holds a secret inline" in adopted  # refused, never copied
+        assert "server_args=" in shown  # the facts carried the start's line that logged the key
+        assert "MY_API_KEY" in shown and "SetCredential=hub:***" in shown  # named, never shown
+        assert not [v for v in (*inline, API_KEY) if v in shown + adopted]
+    finally:
+        sim.host.put(UNIT, original)
 
 
 def stat_of(sim: SimHost, path: str) -> str:

@@ -253,3 +253,28 @@ def test_verbatim_lines_need_the_adopted_template_and_must_be_directives(tmp_pat
         bad = host.model_copy(update={"unit": host.unit.model_copy(update=unit)})
         with pytest.raises(RenderError, match=message):
             render_unit(bad, {}, template_dir())
+
+
+def test_an_inline_credential_never_leaves_the_host_nor_reaches_the_inventory(tmp_path: Path) -> None:
+    text = HAND.replace("LimitNOFILE=", "SetCredential=hub:cred-s3cr3t\nKeyringMode=private\nLimitNOFILE=")
+    answer = inspected(tmp_path, text)
+    assert "cred-s3cr3t" not in repr(answer)
+    unit = choose_unit(answer, None)
+    assert unit.secret_directives == ["SetCredential"]  # KeyringMode= only looks like a key
+    with pytest.raises(UsageError, match="SetCredential= holds a secret inline"):
+        inventory_text("h", "h", False, unit)
+    # In a drop-in it stays on the host as it is: listed with its data hidden, and adopt goes on.
+    drop = tmp_path / "cred.conf"
+    drop.write_text("[Service]\nSetCredential=hub:cred-s3cr3t\nExecStartPre=/bin/x --token tok-s3cr3t\n")
+    unit = choose_unit(inspected(tmp_path, drop_ins=(str(drop),)), None)
+    toml = inventory_text("h", "h", False, unit)
+    assert "cred-s3cr3t" not in toml and "tok-s3cr3t" not in toml and "SetCredential=hub:***" in toml
+
+
+def test_kept_secrets_take_the_last_assignment_as_systemd_does() -> None:
+    twice = HAND.replace("Environment=SGLANG_LOG_MS=1", "Environment=SGLANG_LOG_MS=1 HF_TOKEN=fresh")
+    assert kept_secret_env(("HF_TOKEN",), None, twice) == {"HF_TOKEN": "fresh"}
+    cleared = HAND.replace("Environment=SGLANG_LOG_MS=1", "Environment=\nEnvironment=SGLANG_LOG_MS=1")
+    assert kept_secret_env(("HF_TOKEN",), None, cleared) == {}  # an empty Environment= resets the list
+    written = env_file_text({"HF_TOKEN": "from-file"})  # EnvironmentFile= overrides Environment=
+    assert kept_secret_env(("HF_TOKEN",), written, twice) == {"HF_TOKEN": "from-file"}

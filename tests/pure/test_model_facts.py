@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,39 @@ def test_hostile_files_give_no_facts_never_a_crash(tmp_path: Path) -> None:
     assert model_facts.safetensors_bytes(folder / "x.safetensors") is None
     (folder / "y.safetensors").write_bytes(struct.pack("<Q", 2**62))  # a header length far past the file
     assert model_facts.safetensors_bytes(folder / "y.safetensors") is None
+
+
+def fake_venv(tmp_path: Path, pth: str) -> tuple[Path, Path]:
+    """A venv whose python is this machine's, with SGLang's dist-info and a planted .pth file; the marker
+    the .pth would create if anything ran that Python."""
+    venv, marker = tmp_path / "venv", tmp_path / "ran-as-root"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").symlink_to(sys.executable)
+    (venv / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).parent}\n")
+    site = venv / f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    (site / "sglang-0.5.23.dist-info").mkdir(parents=True)
+    (site / "sglang-0.5.23.dist-info/METADATA").write_text(
+        "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n"
+    )
+    (site / "evil.pth").write_text(pth.replace("MARKER", repr(str(marker))))
+    return venv, marker
+
+
+def test_sglang_version_is_read_from_the_metadata_and_nothing_in_the_venv_runs(tmp_path: Path) -> None:
+    venv, marker = fake_venv(tmp_path, "import pathlib; pathlib.Path(MARKER).touch()\n")
+    (venv / "bin/sglang").write_text(f"#!{venv}/bin/python\nimport sys\n")
+    assert model_facts.sglang_version(str(venv / "bin/python")) == "0.5.23"
+    unit = UNIT.format(path="/m").replace("/usr/bin/python3", str(venv / "bin/python"))
+    assert model_facts.sglang_version(model_facts.unit_python(model_facts.parse_unit(unit)[0])) == "0.5.23"
+    assert (
+        model_facts.sglang_version(model_facts.unit_python([str(venv / "bin/sglang"), "serve"])) == "0.5.23"
+    )
+    assert not marker.exists()  # the planted .pth never ran
+
+
+def test_sglang_version_unknown_without_metadata(tmp_path: Path) -> None:
+    venv, _ = fake_venv(tmp_path, "\n")
+    for meta in venv.glob("lib/*/site-packages/sglang-*.dist-info/METADATA"):
+        meta.write_text("Name: sglang\nVersion: 0.5.23; rm -rf /\n")  # not a version: never passed on
+    assert model_facts.sglang_version(str(venv / "bin/python"), system=()) is None
+    assert model_facts.sglang_version(None) is None

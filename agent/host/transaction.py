@@ -6,6 +6,7 @@ after the new unit was verified or the old one restored; `recover` finishes what
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -214,30 +215,29 @@ class Transaction:
     ) -> Result:
         """Back up, write (secrets, then the unit), reload, restart, watch, gate: commit or roll back."""
         current = self.files.read(self.unit)
-        wrote = current != new or self.secrets.current() != secrets
+        live = self.secrets.current()
+        wrote = current != new or live != secrets
         backup_name: str | None = None
+        taken: str | None = None  # the backup this run took: dropped if its secrets could not be copied
+        touched: dict[str, str | None] | None = None  # the live secrets, once this run began writing them
         try:
             if not wrote:
                 # Written but not running as written: finish the start; go back to the last other unit.
                 backup_name = self._last_different_backup(new)
                 self.log.emit(Stage.COMPARE, "step", f"{self.unit} is installed but not running as written")
             if current is not None and backup_name is None:
-                backup = self.files.backup(self.unit, self.now())
-                backup_name = backup.name
+                backup_name = taken = self.files.backup(self.unit, self.now()).name
                 self.secrets.backup(backup_name)
-                self.log.emit(Stage.BACKUP, "step", f"backed up to {backup.name}", backup=backup.name)
+                taken = None  # complete: the unit and its secrets
+                self.log.emit(Stage.BACKUP, "step", f"backed up to {backup_name}", backup=backup_name)
             self._record(PHASE_WRITTEN, backup_name, new, wrote)
             if wrote:
+                touched = live
                 self.secrets.write(secrets)  # first: the unit that names them never runs without them
                 if current != new:
                     self.files.write(self.unit, new)
-        except UnitWriteError as exc:
-            self.state.clear_record(self.unit)
-            if current is not None and self.files.read(self.unit) != current:  # never the case: atomic
-                self.files.write(self.unit, current)
-            if wrote and (backup_name is not None or current is None):
-                self.secrets.restore(backup_name)
-            return Result(Outcome.ERROR, f"{exc.strerror}; {self.unit} left as it was")
+        except OSError as exc:
+            return self._undo_write(exc, current, touched, taken)
         self.files.prune(self.unit, self.req.keep_backups, protect=(backup_name, restored_from))
         self.secrets.prune({b.name for b in self.files.backups(self.unit)})
         self.log.emit(Stage.WRITE, "step", f"wrote {self.files.path(self.unit)}", sha256=sha256(new))
@@ -249,6 +249,30 @@ class Transaction:
         self._prewarm(new)
         self._record(PHASE_RESTARTED, backup_name, new, wrote)
         return self._start_and_decide(new, gate, smoke, backup_name, restored_from)
+
+    def _undo_write(
+        self, exc: OSError, current: str | None, live: dict[str, str | None] | None, taken: str | None
+    ) -> Result:
+        """A write failed (disk full, I/O error, read-only): put back what was there, from memory.
+
+        Secrets are put back only if this run began writing them, and from the copy read before it
+        did: a backup that failed half-way has missing copies, and a missing copy means "no such file".
+        A backup left without its secrets is dropped, so no later restore can use it.
+        """
+        reason = exc.strerror if isinstance(exc, UnitWriteError) else str(exc)
+        if taken is not None:
+            with contextlib.suppress(OSError):  # best effort: a read-only disk kept nothing to drop
+                self.files.path(taken).unlink(missing_ok=True)
+                self.secrets.prune({b.name for b in self.files.backups(self.unit)})
+        if current is not None and self.files.read(self.unit) != current:  # never the case: atomic
+            self.files.write(self.unit, current)
+        if live is not None:
+            try:
+                self.secrets.write(live)
+            except OSError as again:  # the record stays: the next run restores them from the backup
+                return Result(Outcome.ERROR, f"{reason}; putting the secrets back failed too: {again}")
+        self.state.clear_record(self.unit)
+        return Result(Outcome.ERROR, f"{reason}; {self.unit} left as it was")
 
     def _start_and_decide(
         self, new: str, gate: Gate, smoke: Smoke | None, backup: str | None, restored_from: str | None

@@ -323,7 +323,9 @@ class Transaction:
         from agent.host.prewarm import GIB, prewarm
 
         try:
-            self.prewarmed = prewarm(parse_unit_flags(new), int(self.req.prewarm_margin_gib * GIB))
+            margin = int(self.req.prewarm_margin_gib * GIB)
+            # Bounded by the time the start itself may take to load the same weights.
+            self.prewarmed = prewarm(parse_unit_flags(new), margin, self.req.timeouts.weights_s)
         except Exception as exc:  # only ever a slower start: never a reason to stop the change
             self.log.emit(Stage.PREWARM, "warning", f"pre-warm failed: {type(exc).__name__}: {exc}")
             return

@@ -395,6 +395,10 @@ def test_a_secrets_backup_on_a_full_disk_keeps_the_live_secrets(sim, base):
         assert sim.unit_text() == unit and sim.backups() == backups and not fk.pending(sim)
         assert invocation(sim) == before  # never restarted
         assert fk.verified_problems(sim, old, unit) == []
-    finally:
+    finally:  # back to the baseline unit, which has no secrets (the fault matrix reuses the host)
         (sim.units_dir / "ct200-fullsecrets.toml").unlink()
-        fk.sh(sim, "sh", "-c", f"rm -f {SECRET_DIR}/sglang.service.*")  # the baseline unit has none
+        fk.sh(sim, "sh", "-c", f"rm -f {SECRET_DIR}/sglang.service.*")
+        if sim.unit_text() != old:
+            sim.host.put("/etc/systemd/system/sglang.service", old.encode())
+            fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
+            wait_pool(sim)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from agent.host import model_facts
 from agent.host import prewarm as prewarm_mod
 from agent.host.journal import Journal, JournalError
 from agent.host.prewarm import WeightFile, prewarm
@@ -126,3 +128,28 @@ def test_a_stalled_journalctl_head_read_fails_at_the_call_timeout(tmp_path: Path
     journal = Journal(journalctl=fake_journalctl(tmp_path), call_timeout_s=0.5)
     with pytest.raises(JournalError, match=r"did not finish in 0\.5 s"):
         finishes(lambda: journal.last_invocation_lines("sglang.service", 20000))
+
+
+@pytest.mark.parametrize("fifo_name", ["config.json", "model-00001-of-00001.safetensors", "elsewhere.fifo"])
+def test_facts_never_wait_on_a_fifo_the_model_folder_or_its_index_names(
+    tmp_path: Path, fifo_name: str
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    shard = "model-00001-of-00001.safetensors"
+    index = {"weight_map": {"w": shard if fifo_name != "elsewhere.fifo" else "../elsewhere.fifo"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    if fifo_name != shard:
+        (tmp_path / shard).write_bytes(struct.pack("<Q", 2) + b"{}")
+    fifo = (tmp_path / fifo_name) if fifo_name != "elsewhere.fifo" else tmp_path.parent / "elsewhere.fifo"
+    (tmp_path / fifo_name).unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    try:
+        fact = finishes(lambda: model_facts.model_fact(str(tmp_path)))
+        if fifo_name == "config.json":
+            assert fact is None  # no config.json to plan from
+        else:
+            assert fact is not None and fact["weights_bytes"] is None  # a shard it cannot read: unknown
+    finally:  # a reader of the old code still waits in open(): a writer's open lets it go
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        fifo.unlink()

@@ -29,7 +29,7 @@ from agent.host.state import (
 from agent.host.timeline import downtime
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchedStart, WatchResult, watch_start
-from agent.protocol import Event, Outcome, Request, Smoke, Stage
+from agent.protocol import RESTART_JOB_TIMEOUT_S, Event, Outcome, Request, Smoke, Stage
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import parse_unit_flags
 from agent.sglang.logs.summary import summarize
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from agent.host.prewarm import Prewarmed
     from agent.host.probe import SmokeResult
     from agent.host.systemd import UnitState
-
-RESTART_JOB_TIMEOUT_S = 300.0
 
 
 def _utc_now() -> datetime:

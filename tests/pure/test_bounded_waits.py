@@ -12,7 +12,7 @@ import json
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,12 @@ from agent.host import model_facts
 from agent.host import prewarm as prewarm_mod
 from agent.host.journal import Journal, JournalError
 from agent.host.prewarm import WeightFile, prewarm
+from agent.inventory import load_host
+from agent.protocol import RESTART_JOB_TIMEOUT_S, conversation_bound_s
+from agent.remote.client import AgentClient, base_request
+from agent.remote.transport import CommandTimedOut, LocalTransport, Stream
 
+UNITS = Path(__file__).resolve().parents[2] / "units"
 GUARD_S = 60.0  # far beyond every bound below: only a wait without one reaches it
 
 
@@ -153,3 +158,38 @@ def test_facts_never_wait_on_a_fifo_the_model_folder_or_its_index_names(
         with contextlib.suppress(OSError):
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         fifo.unlink()
+
+
+def test_a_conversation_with_an_agent_that_never_answers_ends_at_its_timeout() -> None:
+    stream = LocalTransport().converse(["sh", "-c", "exec sleep 3600"], b"facts\n", timeout=0.5)
+    with pytest.raises(CommandTimedOut, match=r"did not finish within 0\.5s"):
+        finishes(lambda: list(stream))
+
+
+class BoundRecorder(LocalTransport):
+    """Answers at once, and keeps the timeout the client gave the conversation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def converse(self, argv: Sequence[str], first: bytes, timeout: float | None = None) -> Stream:
+        self.timeouts.append(timeout)
+        return super().converse(["sh", "-c", 'echo \'{"unit_text": "x"}\'; cat >/dev/null'], first, timeout)
+
+
+def test_every_conversation_of_the_laptop_has_a_bound_from_the_hosts_timeouts() -> None:
+    host = load_host("ct200-sim", UNITS)
+    transport = BoundRecorder()
+    client = AgentClient(transport, host)
+    client.ensure = lambda: ["deployctl-agent"]  # type: ignore[method-assign]  # no bundle: a fake agent
+    req = base_request(host, "facts")
+    with client.converse(req) as talk:
+        assert talk.answer == {"unit_text": "x"}
+    t = req.timeouts
+    one_start = RESTART_JOB_TIMEOUT_S + t.weights_s + t.pool_s + t.ready_s
+    assert transport.timeouts == [conversation_bound_s(req)]
+    # every phase of the longest change at its own limit: pre-warm, three starts (a recovery's restore,
+    # the new unit, the rollback), the smoke test, and the answer before them
+    assert conversation_bound_s(req) >= t.weights_s + 3 * one_start + req.smoke.timeout_s
+    assert conversation_bound_s(req) < float("inf")

@@ -216,7 +216,6 @@ class Transaction:
         live = self.secrets.current()
         wrote = current != new or live != secrets
         backup_name: str | None = None
-        taken: str | None = None  # the backup this run took: dropped if its secrets could not be copied
         touched: dict[str, str | None] | None = None  # the live secrets, once this run began writing them
         try:
             if not wrote:
@@ -224,10 +223,7 @@ class Transaction:
                 backup_name = self._last_different_backup(new)
                 self.log.emit(Stage.COMPARE, "step", f"{self.unit} is installed but not running as written")
             if current is not None and backup_name is None:
-                backup_name = taken = self.files.backup(self.unit, self.now()).name
-                self.secrets.backup(backup_name)
-                taken = None  # complete: the unit and its secrets
-                self.log.emit(Stage.BACKUP, "step", f"backed up to {backup_name}", backup=backup_name)
+                backup_name = self._backup()
             self._record(PHASE_WRITTEN, backup_name, new, wrote)
             if wrote:
                 touched = live
@@ -235,7 +231,7 @@ class Transaction:
                 if current != new:
                     self.files.write(self.unit, new)
         except OSError as exc:
-            return self._undo_write(exc, current, touched, taken)
+            return self._undo_write(exc, current, touched)
         self.files.prune(self.unit, self.req.keep_backups, protect=(backup_name, restored_from))
         self.secrets.prune({b.name for b in self.files.backups(self.unit)})
         self.log.emit(Stage.WRITE, "step", f"wrote {self.files.path(self.unit)}", sha256=sha256(new))
@@ -248,20 +244,30 @@ class Transaction:
         self._record(PHASE_RESTARTED, backup_name, new, wrote)
         return self._start_and_decide(new, gate, smoke, backup_name, restored_from)
 
-    def _undo_write(
-        self, exc: OSError, current: str | None, live: dict[str, str | None] | None, taken: str | None
-    ) -> Result:
+    def _backup(self) -> str:
+        """The unit and its secrets copied under one backup name.
+
+        A backup whose secrets could not be copied (disk full) is dropped before the error goes on:
+        restoring it later would delete the secrets it lacks.
+        """
+        name = self.files.backup(self.unit, self.now()).name
+        try:
+            self.secrets.backup(name)
+        except OSError:
+            with contextlib.suppress(OSError):  # best effort: a read-only disk kept nothing to drop
+                self.files.path(name).unlink(missing_ok=True)
+                self.secrets.prune({b.name for b in self.files.backups(self.unit)})
+            raise
+        self.log.emit(Stage.BACKUP, "step", f"backed up to {name}", backup=name)
+        return name
+
+    def _undo_write(self, exc: OSError, current: str | None, live: dict[str, str | None] | None) -> Result:
         """A write failed (disk full, I/O error, read-only): put back what was there, from memory.
 
         Secrets are put back only if this run began writing them, and from the copy read before it
         did: a backup that failed half-way has missing copies, and a missing copy means "no such file".
-        A backup left without its secrets is dropped, so no later restore can use it.
         """
         reason = exc.strerror if isinstance(exc, UnitWriteError) else str(exc)
-        if taken is not None:
-            with contextlib.suppress(OSError):  # best effort: a read-only disk kept nothing to drop
-                self.files.path(taken).unlink(missing_ok=True)
-                self.secrets.prune({b.name for b in self.files.backups(self.unit)})
         if current is not None and self.files.read(self.unit) != current:  # never the case: atomic
             self.files.write(self.unit, current)
         if live is not None:

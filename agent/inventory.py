@@ -21,11 +21,24 @@ else:  # pragma: no cover - Python 3.10
 
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 GROUP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+# Bounds of the figures a file gives: far beyond any real host, small enough that arithmetic stays exact
+# and finite (an int() of an infinite size, a range() of 1e21 layers).
+MAX_GIB = 65536.0  # memory per GPU, weights per GPU, floors and margins
+MAX_LAYERS = 4096
+MAX_DIM = 65536  # heads, head dimensions, ranks
+MAX_TOKENS = 2**31  # context lengths, prompt sizes
+HOUR, WEEK = 3600.0, 7 * 86400.0  # timeouts
 
 
 def _no_control(value: str) -> str:
     if find_control(value):
         raise ValueError("must not contain control characters (newline, tab, escape...)")
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty or blank")
     return value
 
 
@@ -65,21 +78,22 @@ FlagValue = str | int | float | bool
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan: TOML spells inf and nan, and no figure of a host is either
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Ssh(_Model):
     target: Text = Field(description="an alias from ~/.ssh/config, or user@host[:port]; 'local' runs here")
     sudo: bool = False
     connect_attempts: int = Field(default=3, ge=1, le=20)
-    connect_timeout_s: float = Field(default=10.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=HOUR)
     agent_dir: AbsPath = "/var/lib/deployctl"
     python: AbsPath = "/usr/bin/python3"
 
 
 class Gpus(_Model):
     count: int = Field(ge=1, le=64)
-    memory_gib: float = Field(gt=0, description="per GPU, as the driver reports it")
+    memory_gib: float = Field(gt=0, le=MAX_GIB, description="per GPU, as the driver reports it")
     name: Text = "GPU"
 
 
@@ -87,17 +101,19 @@ class Model(_Model):
     path: AbsPath
     served_name: Text | None = None
     attention: Literal["mla", "gqa"] = "mla"
-    layers: int | None = Field(default=None, ge=1)
-    kv_lora_rank: int | None = Field(default=None, ge=1)
-    qk_rope_head_dim: int | None = Field(default=None, ge=1)
-    kv_heads: int | None = Field(default=None, ge=1)
-    head_dim: int | None = Field(default=None, ge=1)
-    v_head_dim: int | None = Field(default=None, ge=1)
+    layers: int | None = Field(default=None, ge=1, le=MAX_LAYERS)
+    kv_lora_rank: int | None = Field(default=None, ge=1, le=MAX_DIM)
+    qk_rope_head_dim: int | None = Field(default=None, ge=1, le=MAX_DIM)
+    kv_heads: int | None = Field(default=None, ge=1, le=MAX_DIM)
+    head_dim: int | None = Field(default=None, ge=1, le=MAX_DIM)
+    v_head_dim: int | None = Field(default=None, ge=1, le=MAX_DIM)
     dtype_bytes: int = Field(
         default=2, ge=1, le=4, description="bytes per KV element for --kv-cache-dtype auto"
     )
-    weights_gib_per_gpu: float | None = Field(default=None, gt=0)
-    max_context: int | None = Field(default=None, ge=1, description="the model's derived context length")
+    weights_gib_per_gpu: float | None = Field(default=None, gt=0, le=MAX_GIB)
+    max_context: int | None = Field(
+        default=None, ge=1, le=MAX_TOKENS, description="the model's derived context length"
+    )
     config_json: AbsPath | None = Field(
         default=None, description="read the architecture from here on the host"
     )
@@ -106,10 +122,10 @@ class Model(_Model):
 class Draft(_Model):
     algorithm: Literal["DFLASH", "DSPARK", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "FROZEN_KV_MTP", "NGRAM"]
     path: AbsPath
-    layers: int | None = Field(default=None, ge=1)
-    kv_heads: int | None = Field(default=None, ge=1)
-    head_dim: int | None = Field(default=None, ge=1)
-    weights_gib_per_gpu: float | None = Field(default=None, ge=0)
+    layers: int | None = Field(default=None, ge=1, le=MAX_LAYERS)
+    kv_heads: int | None = Field(default=None, ge=1, le=MAX_DIM)
+    head_dim: int | None = Field(default=None, ge=1, le=MAX_DIM)
+    weights_gib_per_gpu: float | None = Field(default=None, ge=0, le=MAX_GIB)
 
 
 class Unit(_Model):
@@ -135,7 +151,7 @@ class Unit(_Model):
         description="directives the template does not model, per section, kept as written (adopt)",
     )
     keep_backups: int = Field(default=10, ge=1, le=1000)
-    start_timeout_s: int = Field(default=3600, ge=10)
+    start_timeout_s: int = Field(default=3600, ge=10, le=WEEK)
 
 
 class Sglang(_Model):
@@ -150,23 +166,25 @@ class Sglang(_Model):
 
 class Smoke(_Model):
     enabled: bool = True
-    prompt_tokens: int = Field(default=60000, ge=1)
+    prompt_tokens: int = Field(default=60000, ge=1, le=MAX_TOKENS)
     sentence: Text = "The quick brown fox jumps over the lazy dog. "
     question: Text = "In one word, what animal is mentioned?"
-    expect: Text = "dog"
-    timeout_s: float = Field(default=900.0, gt=0)
+    expect: Annotated[Text, AfterValidator(_not_blank)] = "dog"  # "" is in every answer: a test of nothing
+    timeout_s: float = Field(default=900.0, gt=0, le=WEEK)
 
 
 class Timeouts(_Model):
-    weights_s: float = Field(default=1800.0, gt=0, description="restart to the last weight shard")
-    pool_s: float = Field(default=600.0, gt=0, description="weights loaded to the pool logged")
-    ready_s: float = Field(default=900.0, gt=0, description="pool logged to the server ready")
-    no_progress_s: float = Field(default=600.0, gt=0, description="no new log line for this long")
+    weights_s: float = Field(default=1800.0, gt=0, le=WEEK, description="restart to the last weight shard")
+    pool_s: float = Field(default=600.0, gt=0, le=WEEK, description="weights loaded to the pool logged")
+    ready_s: float = Field(default=900.0, gt=0, le=WEEK, description="pool logged to the server ready")
+    no_progress_s: float = Field(default=600.0, gt=0, le=WEEK, description="no new log line for this long")
 
 
 class Planning(_Model):
     margin: float = Field(default=0.02, ge=0, lt=0.5, description="pool above the target, as a fraction")
-    reserve_floor_gib: float = Field(default=4.0, gt=0, description="memory left per GPU for graphs")
+    reserve_floor_gib: float = Field(
+        default=4.0, gt=0, le=MAX_GIB, description="memory left per GPU for graphs"
+    )
 
 
 class Metrics(_Model):
@@ -182,7 +200,9 @@ class Metrics(_Model):
 
 class Prewarm(_Model):
     enabled: bool = Field(default=True, description="read the new weights into the page cache first")
-    margin_gib: float = Field(default=8.0, ge=0, description="host memory that pre-warming leaves free")
+    margin_gib: float = Field(
+        default=8.0, ge=0, le=MAX_GIB, description="host memory that pre-warming leaves free"
+    )
 
 
 class HostConfig(_Model):

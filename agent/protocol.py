@@ -19,6 +19,19 @@ from typing import Any
 from agent.exitcodes import ExitCode
 
 VERSION = 1
+RESTART_JOB_TIMEOUT_S = 300.0  # systemd's restart (or stop) job, as the host's transaction waits for it
+ANSWER_TIMEOUT_S = 300.0  # a read-only verb's answer (facts reads headers, status a few files)
+SLACK_S = 600.0  # the agent's own steps between the timed phases (files, reloads, the smoke's tokenizer)
+
+
+def conversation_bound_s(req: Request) -> float:
+    """The longest one agent conversation can take: an answer, then a change whose every phase ran to its
+    timeout (pre-warm, a recovery's restore first, the new start, the rollback's start, the smoke test)."""
+    t = req.timeouts
+    one_start = RESTART_JOB_TIMEOUT_S + t.weights_s + t.pool_s + t.ready_s
+    return ANSWER_TIMEOUT_S + t.weights_s + 3 * one_start + req.smoke.timeout_s + SLACK_S
+
+
 VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow", "inspect")
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
 BACKUP_NAME = re.compile(rf"(?P<unit>{UNIT_NAME.pattern})\.bak\.(?P<ts>\d{{8}}T\d{{6}}Z)(?:-\d+)?")

@@ -303,17 +303,25 @@ def timeouts(sim: SimHost, **values: float) -> Iterator[None]:
 @contextmanager
 def small_unit_dir(sim: SimHost, free_pages: int) -> Iterator[None]:
     """The unit directory on a full tmpfs (its content copied), with `free_pages` pages left free."""
+    with small_dir(sim, "/etc/systemd/system", free_pages):
+        yield
+
+
+@contextmanager
+def small_dir(sim: SimHost, directory: str, free_pages: int) -> Iterator[None]:
+    """`directory` on a full tmpfs of its own (its content and mode copied), `free_pages` pages left free."""
+    tmp = "/run/small" + directory.replace("/", "-")
     script = (
-        "set -e; mkdir -p /run/small; mount -t tmpfs -o size=1m tmpfs /run/small; "
-        "cp -a /etc/systemd/system/. /run/small/; mount --bind /run/small /etc/systemd/system; "
-        "dd if=/dev/zero of=/etc/systemd/system/.filler bs=4096 2>/dev/null || true; "
-        f"truncate -s -{free_pages * 4096} /etc/systemd/system/.filler; sync"
+        f"set -e; mkdir -p {directory} {tmp}; mount -t tmpfs -o size=1m tmpfs {tmp}; "
+        f"cp -a {directory}/. {tmp}/; mount --bind {tmp} {directory}; "
+        f"dd if=/dev/zero of={directory}/.filler bs=4096 2>/dev/null || true; "
+        f"truncate -s -{free_pages * 4096} {directory}/.filler; sync"
     )
     sh(sim, "sh", "-c", script)
     try:
         yield
     finally:
-        sh(sim, "sh", "-c", "umount /etc/systemd/system; umount /run/small; systemctl daemon-reload")
+        sh(sim, "sh", "-c", f"umount {directory}; umount {tmp}; systemctl daemon-reload")
 
 
 @contextmanager

@@ -56,6 +56,7 @@ BEFORE_RESTART = ("lock", "backup", "write", "reload")  # the service must not b
 WORLD: list[tuple[str, str, tuple[object, ...]]] = [
     ("no_space_for_backup", "no_space_left", (0, r"sglang\.service\.bak\.\S+")),
     ("no_space_for_unit", "no_space_left", (1, r"sglang\.service")),
+    ("no_space_for_secrets_backup", "secrets_backup_on_a_full_disk", ()),
     ("read_only_unit_dir", "read_only_unit_directory", ()),
     ("hand_edit", "edited_by_hand", ()),
     ("journal_vacuum_pass", "journal_rotated", ("200k", ExitCode.OK)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -55,10 +56,15 @@ class Journal:
     """The system journal, read with journalctl (optionally from a journal folder of another system)."""
 
     def __init__(
-        self, directory: str | None = None, journalctl: str = "journalctl", poll_s: float = 0.02
+        self,
+        directory: str | None = None,
+        journalctl: str = "journalctl",
+        poll_s: float = 0.02,
+        call_timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
         self._base = [journalctl, "--no-pager", "-q"] + ([f"--directory={directory}"] if directory else [])
         self.poll_s = poll_s  # how long follow() waits after a poll that found nothing
+        self.call_timeout_s = call_timeout_s  # one journalctl call, however it reads (a stalled disk)
 
     def cursor(self) -> str | None:
         """The cursor of the newest record in the whole journal; None when it is empty."""
@@ -129,27 +135,43 @@ class Journal:
         if head is not None:
             return _parse("\n".join(self._head(argv, head)))
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_TIMEOUT_S)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.call_timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise JournalError(f"journalctl failed to run: {exc}") from exc
         if done.returncode != 0:
             raise JournalError(f"journalctl exited {done.returncode}: {done.stderr.strip()[-300:]}")
         return _parse(done.stdout)
 
-    @staticmethod
-    def _head(argv: list[str], count: int) -> list[str]:
-        """The first count output lines of argv, stopping journalctl once they are read."""
+    def _head(self, argv: list[str], count: int) -> list[str]:
+        """The first count output lines of argv, stopping journalctl once they are read.
+
+        A journalctl that stalls (a journal file on a hung disk) is killed at the call's timeout: its
+        pipe then ends, so the read below cannot wait longer than that.
+        """
         out: list[str] = []
+        fired = threading.Event()
         try:
             with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
-                assert proc.stdout is not None
-                for raw in proc.stdout:
-                    out.append(raw)
-                    if len(out) >= count:
-                        break
-                proc.kill()
+
+                def stop() -> None:
+                    fired.set()
+                    proc.kill()
+
+                timer = threading.Timer(self.call_timeout_s, stop)
+                timer.start()
+                try:
+                    assert proc.stdout is not None
+                    for raw in proc.stdout:
+                        out.append(raw)
+                        if len(out) >= count:
+                            break
+                finally:
+                    timer.cancel()
+                    proc.kill()
         except OSError as exc:
             raise JournalError(f"journalctl failed to run: {exc}") from exc
+        if fired.is_set() and len(out) < count:
+            raise JournalError(f"journalctl did not finish in {self.call_timeout_s:g} s: stopped it")
         return out
 
 

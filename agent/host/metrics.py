@@ -8,8 +8,10 @@ the last success survive between runs in the agent's own state.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -172,11 +174,36 @@ def _escape(value: str) -> str:
 
 
 def _write(path: Path, text: str, mode: int) -> None:
+    """A temp file beside `path`, then a rename, all relative to the folder's fd: never through a link.
+
+    The textfile folder may have other writers (Debian gives /var/lib/prometheus to `prometheus`), and
+    this runs as root: the temp name is unpredictable and opened exclusively without following links, the
+    folder itself is opened without following a link and refused unless root owns it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700 if mode == 0o600 else 0o755)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fchmod(f.fileno(), mode)
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        owner = os.fstat(dfd).st_uid
+        if owner != os.geteuid():
+            raise PermissionError(
+                errno.EPERM,
+                f"{path.parent} is not owned by root (uid {owner}): its owner could redirect the write",
+            )
+        tmp = f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(8)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
+        try:
+            with open(fd, "w", encoding="utf-8", closefd=False) as f:
+                f.write(text)
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+            os.rename(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)  # replaces a link, never follows it
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        finally:
+            os.close(fd)
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

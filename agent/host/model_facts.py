@@ -10,6 +10,7 @@ like.
 from __future__ import annotations
 
 import glob
+import errno
 import json
 import math
 import os
@@ -20,7 +21,7 @@ import struct
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from agent.sglang.flags import FlagsError, parse_unit, unit_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env, redact_log_line
@@ -44,10 +45,26 @@ _KEEP = re.compile(
 )
 
 
+def open_regular(path: Path) -> BinaryIO:
+    """The file for reading, if it is a regular file; OSError for anything else.
+
+    Opened without blocking, then checked: a FIFO (or a device) named by a model's folder or its index
+    would block the open or the read forever, and facts runs as root on every apply.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def safetensors_bytes(path: Path) -> int | None:
     """Tensor bytes of one .safetensors file from its header: sum of dtype size x product of the shape."""
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:
             head = f.read(8)
             if len(head) != 8:
                 return None
@@ -75,10 +92,11 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     """The shards the safetensors index names, else every *.safetensors in the folder."""
     index = model_dir / "model.safetensors.index.json"
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        with open_regular(index) as f:
+            weight_map = json.loads(f.read(MAX_CONFIG_BYTES + 1).decode("utf-8")).get("weight_map")
         if isinstance(weight_map, dict):
             return sorted({model_dir / str(f) for f in weight_map.values()})
-    except (OSError, ValueError, AttributeError, RecursionError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # UnicodeDecodeError is a ValueError
         pass
     return sorted(model_dir.glob("*.safetensors"))
 
@@ -94,9 +112,11 @@ def weights_bytes(model_dir: Path) -> int | None:
 def read_config(model_dir: Path) -> dict[str, Any] | None:
     path = model_dir / "config.json"
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
+        with open_regular(path) as f:
+            text = f.read(MAX_CONFIG_BYTES + 1)
+        if len(text) > MAX_CONFIG_BYTES:
             return None
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text.decode("utf-8"))
     except (OSError, ValueError, RecursionError):  # RecursionError: a hostile deeply nested JSON
         return None
     return data if isinstance(data, dict) else None
@@ -151,7 +171,7 @@ def unit_python(executable: Sequence[str]) -> str | None:
     if re.search(r"python[0-9.]*$", first):
         return first
     try:
-        with open(first, "rb") as f:
+        with open_regular(Path(first)) as f:
             line = f.readline(256).decode("utf-8", errors="replace")
     except OSError:
         return None

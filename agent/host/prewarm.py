@@ -11,6 +11,7 @@ import ctypes
 import mmap
 import os
 import platform
+import stat
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -151,31 +152,63 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
-def read_into_cache(paths: Sequence[str]) -> int:
-    """Read the files sequentially at idle I/O priority, in a thread of its own; the bytes read."""
-    done: list[int] = [0]
+def read_into_cache(paths: Sequence[str], stop: threading.Event, done: list[int]) -> None:
+    """Read the regular files sequentially at idle I/O priority, adding the bytes read to done[0].
+
+    Each file is opened without blocking and read only if it is a regular file (a FIFO that the
+    model's folder names would block the open forever); `stop` ends the reading between chunks.
+    """
+    _idle_io()
+    buf = bytearray(CHUNK)
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        with open(fd, "rb", buffering=0) as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            while not stop.is_set() and (n := f.readinto(buf)):
+                done[0] += n
+        if stop.is_set():
+            return
+
+
+def prewarm(flags: Mapping[str, object], margin: int, timeout_s: float = 1800.0) -> Prewarmed:
+    """List, decide and read in a thread of its own, waited for at most timeout_s.
+
+    A stalled mount (NFS gone) blocks a listing or a read in the kernel, where no thread can be
+    interrupted: past the limit the reads are abandoned to that thread, and the change goes on.
+    """
+    start = time.monotonic()
+    stop, done = threading.Event(), [0]
+    box: dict[str, Any] = {}
 
     def work() -> None:
-        _idle_io()
-        buf = bytearray(CHUNK)
-        for path in paths:
-            with open(path, "rb", buffering=0) as f:
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                while n := f.readinto(buf):
-                    done[0] += n
+        try:
+            files = weight_files(model_dirs(flags))
+            box["files"], box["decision"] = files, decide(files, mem_available(), margin)
+            if box["decision"].skip is None:
+                read_into_cache(box["decision"].read, stop, done)
+        except Exception as exc:  # reported by the waiting thread
+            box["error"] = exc
 
     worker = threading.Thread(target=work, name="prewarm", daemon=True)
     worker.start()
-    worker.join()
-    return done[0]
-
-
-def prewarm(flags: Mapping[str, object], margin: int) -> Prewarmed:
-    start = time.monotonic()
-    files = weight_files(model_dirs(flags))
-    decision = decide(files, mem_available(), margin)
-    read = read_into_cache(decision.read) if decision.skip is None else 0
-    return Prewarmed(len(files), decision.total_bytes, read, time.monotonic() - start, decision.skip)
+    worker.join(timeout_s)
+    stop.set()
+    if "error" in box:
+        raise box["error"]
+    seconds = time.monotonic() - start
+    decision: Decision | None = box.get("decision")
+    if worker.is_alive() or decision is None:
+        why = (
+            f"stopped at its limit of {timeout_s:g} s after {done[0] / GIB:.2f} GiB (a stalled or slow disk)"
+        )
+        total = decision.total_bytes if decision else 0
+        return Prewarmed(len(box.get("files", ())), total, done[0], seconds, why)
+    return Prewarmed(len(box["files"]), decision.total_bytes, done[0], seconds, decision.skip)
 
 
 def _idle_io() -> None:

@@ -205,6 +205,7 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
         # A bug must not leave the new unit half-verified: restore now; the record stays if this fails too.
         recovered = recovery.try_recover(req, txn, log)
         msg = f"agent error: {type(exc).__name__}: {exc}; recovery: {recovered}"
+        _write_metrics(req, txn, Result(Outcome.AGENT_ERROR, msg), state_dir, log)  # the alert's outcome
         log.emit(Stage.DONE, "outcome", msg, outcome=Outcome.AGENT_ERROR.value)
         raise
     finally:

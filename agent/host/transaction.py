@@ -6,6 +6,7 @@ after the new unit was verified or the old one restored; `recover` finishes what
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -28,7 +29,7 @@ from agent.host.state import (
 from agent.host.timeline import downtime
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchedStart, WatchResult, watch_start
-from agent.protocol import Event, Outcome, Request, Smoke, Stage
+from agent.protocol import RESTART_JOB_TIMEOUT_S, Event, Outcome, Request, Smoke, Stage
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import parse_unit_flags
 from agent.sglang.logs.summary import summarize
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
     from agent.host.prewarm import Prewarmed
     from agent.host.probe import SmokeResult
     from agent.host.systemd import JobResult, UnitState
-
-RESTART_JOB_TIMEOUT_S = 300.0
 
 
 class SystemdPort(Protocol):
@@ -289,30 +288,25 @@ class Transaction:
     ) -> Result:
         """Back up, write (secrets, then the unit), reload, restart, watch, gate: commit or roll back."""
         current = self.files.read(self.unit)
-        wrote = current != new or self.secrets.current() != secrets
+        live = self.secrets.current()
+        wrote = current != new or live != secrets
         backup_name: str | None = None
+        touched: dict[str, str | None] | None = None  # the live secrets, once this run began writing them
         try:
             if not wrote:
                 # Written but not running as written: finish the start; go back to the last other unit.
                 backup_name = self._last_different_backup(new)
                 self.log.emit(Stage.COMPARE, "step", f"{self.unit} is installed but not running as written")
             if current is not None and backup_name is None:
-                backup = self.files.backup(self.unit, self.now())
-                backup_name = backup.name
-                self.secrets.backup(backup_name)
-                self.log.emit(Stage.BACKUP, "step", f"backed up to {backup.name}", backup=backup.name)
+                backup_name = self._backup()
             self._record(PHASE_WRITTEN, backup_name, new, wrote)
             if wrote:
+                touched = live
                 self.secrets.write(secrets)  # first: the unit that names them never runs without them
                 if current != new:
                     self.files.write(self.unit, new)
-        except UnitWriteError as exc:
-            self.state.clear_record(self.unit)
-            if current is not None and self.files.read(self.unit) != current:  # never the case: atomic
-                self.files.write(self.unit, current)
-            if wrote and (backup_name is not None or current is None):
-                self.secrets.restore(backup_name)
-            return Result(Outcome.ERROR, f"{exc.strerror}; {self.unit} left as it was")
+        except OSError as exc:
+            return self._undo_write(exc, current, touched)
         self.files.prune(self.unit, self.req.keep_backups, protect=(backup_name, restored_from))
         self.secrets.prune({b.name for b in self.files.backups(self.unit)})
         self.log.emit(Stage.WRITE, "step", f"wrote {self.files.path(self.unit)}", sha256=sha256(new))
@@ -324,6 +318,40 @@ class Transaction:
         self._prewarm(new)
         self._record(PHASE_RESTARTED, backup_name, new, wrote)
         return self._start_and_decide(new, gate, smoke, backup_name, restored_from)
+
+    def _backup(self) -> str:
+        """The unit and its secrets copied under one backup name.
+
+        A backup whose secrets could not be copied (disk full) is dropped before the error goes on:
+        restoring it later would delete the secrets it lacks.
+        """
+        name = self.files.backup(self.unit, self.now()).name
+        try:
+            self.secrets.backup(name)
+        except OSError:
+            with contextlib.suppress(OSError):  # best effort: a read-only disk kept nothing to drop
+                self.files.path(name).unlink(missing_ok=True)
+                self.secrets.prune({b.name for b in self.files.backups(self.unit)})
+            raise
+        self.log.emit(Stage.BACKUP, "step", f"backed up to {name}", backup=name)
+        return name
+
+    def _undo_write(self, exc: OSError, current: str | None, live: dict[str, str | None] | None) -> Result:
+        """A write failed (disk full, I/O error, read-only): put back what was there, from memory.
+
+        Secrets are put back only if this run began writing them, and from the copy read before it
+        did: a backup that failed half-way has missing copies, and a missing copy means "no such file".
+        """
+        reason = exc.strerror if isinstance(exc, UnitWriteError) else str(exc)
+        if current is not None and self.files.read(self.unit) != current:  # never the case: atomic
+            self.files.write(self.unit, current)
+        if live is not None:
+            try:
+                self.secrets.write(live)
+            except OSError as again:  # the record stays: the next run restores them from the backup
+                return Result(Outcome.ERROR, f"{reason}; putting the secrets back failed too: {again}")
+        self.state.clear_record(self.unit)
+        return Result(Outcome.ERROR, f"{reason}; {self.unit} left as it was")
 
     def _start_and_decide(
         self, new: str, gate: Gate, smoke: Smoke | None, backup: str | None, restored_from: str | None
@@ -391,7 +419,9 @@ class Transaction:
         from agent.host.prewarm import GIB, prewarm
 
         try:
-            self.prewarmed = prewarm(parse_unit_flags(new), int(self.req.prewarm_margin_gib * GIB))
+            margin = int(self.req.prewarm_margin_gib * GIB)
+            # Bounded by the time the start itself may take to load the same weights.
+            self.prewarmed = prewarm(parse_unit_flags(new), margin, self.req.timeouts.weights_s)
         except Exception as exc:  # only ever a slower start: never a reason to stop the change
             self.log.emit(Stage.PREWARM, "warning", f"pre-warm failed: {type(exc).__name__}: {exc}")
             return

@@ -16,20 +16,20 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.errors import UsageError
-from agent.inventory import FlagValue, HostConfig
+from agent.inventory import MAX_GIB, FlagValue, HostConfig
 
 FORMAT = "deployctl-facts/1"
 MIB = 2**20
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="allow")
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
 
 class GpuFact(_Open):
     name: str = "GPU"
-    memory_total_mib: float = Field(gt=0)
-    memory_free_mib: float | None = Field(default=None, ge=0)
+    memory_total_mib: float = Field(gt=0, le=MAX_GIB * 1024)
+    memory_free_mib: float | None = Field(default=None, ge=0, le=MAX_GIB * 1024)
     compute_capability: str | None = Field(default=None, pattern=r"^[0-9]+\.[0-9]+$")
 
 
@@ -39,7 +39,7 @@ class SglangFact(_Open):
 
 class ModelFact(_Open):
     config: dict[str, Any]
-    weights_bytes: int | None = Field(default=None, ge=0)
+    weights_bytes: int | None = Field(default=None, ge=0, le=2**46)  # 64 TiB: a whole checkpoint, all ranks
     path: str | None = None
 
 

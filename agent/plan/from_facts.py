@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.choose import Plan, Target, plan_for_host
@@ -537,8 +539,10 @@ def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostCon
     }
     try:
         return HostConfig.model_validate(data)
-    except Exception as exc:  # pragma: no cover - shapes above are fixed
-        raise UsageError(f"{inp.name}: {exc}") from None
+    except ValidationError as exc:  # a figure of the facts beyond the inventory's bounds: one line
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise UsageError(f"{inp.name}: {where}: {err['msg']}") from None
 
 
 def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:

@@ -11,7 +11,7 @@ from typing import Any
 
 from agent.errors import ConnectError, RemoteError
 from agent.inventory import HostConfig
-from agent.protocol import Event, ProtocolError, Request, Smoke, Stage, Timeouts
+from agent.protocol import Event, ProtocolError, Request, Smoke, Stage, Timeouts, conversation_bound_s
 from agent.remote import bundle
 from agent.remote.ssh.transport import ConnectRetry, SshSettings, SshTransport
 from agent.remote.transport import LocalTransport, Result, Stream, Transport, tail_lines
@@ -174,7 +174,9 @@ class Conversation:
 
     def _start(self) -> None:
         argv = [*self.client.ensure(), "session"]
-        self.stream = self.client.transport.converse(argv, self.first.to_json().encode() + b"\n")
+        first = self.first.to_json().encode() + b"\n"
+        # A bound on the whole conversation: an agent that hangs (a stalled disk) never holds the laptop.
+        self.stream = self.client.transport.converse(argv, first, timeout=conversation_bound_s(self.first))
         self.lines = self.stream.lines()
 
     @property

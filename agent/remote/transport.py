@@ -170,7 +170,7 @@ class Transport(Protocol):
 
     def stream(self, argv: Sequence[str], input: bytes | None = None) -> Stream: ...
 
-    def converse(self, argv: Sequence[str], first: bytes) -> Stream: ...
+    def converse(self, argv: Sequence[str], first: bytes, timeout: float | None = None) -> Stream: ...
 
     def put(self, data: bytes, path: str, mode: int) -> None: ...
 
@@ -207,14 +207,14 @@ class LocalTransport:
             return (proc.rc, proc.stderr)
         return (yield from _pump(proc, input))
 
-    def converse(self, argv: Sequence[str], first: bytes) -> Stream:
+    def converse(self, argv: Sequence[str], first: bytes, timeout: float | None = None) -> Stream:
         proc = self._spawn(argv, keep_stdin=True)
         if isinstance(proc, Result):
             return Stream(argv, _ended(proc))
         assert proc.stdin is not None  # PIPE above
         stdin = _PipeInput(proc.stdin)
         stdin.send(first)
-        return Stream(argv, _pump(proc, None), stdin)
+        return Stream(argv, _pump(proc, None, timeout), stdin)
 
     def _spawn(self, argv: Sequence[str], keep_stdin: bool) -> subprocess.Popen[bytes] | Result:
         try:
@@ -260,9 +260,21 @@ def _ended(result: Result) -> Source:
     return (result.rc, result.stderr)
 
 
-def _pump(proc: subprocess.Popen[bytes], input: bytes | None) -> Source:
-    """Yield a child's stdout as it comes; return (rc, stderr). `input` (if any) is fed, then EOF."""
+def _pump(proc: subprocess.Popen[bytes], input: bytes | None, timeout: float | None = None) -> Source:
+    """Yield a child's stdout as it comes; return (rc, stderr). `input` (if any) is fed, then EOF.
+
+    Past `timeout` the child is killed (its stdout then ends) and CommandTimedOut raised.
+    """
     assert proc.stdout is not None and proc.stderr is not None  # both are PIPE in _spawn
+    fired = threading.Event()
+
+    def stop() -> None:
+        fired.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout or 0.0, stop)
+    if timeout is not None:
+        timer.start()
     # stdin and stderr get their own threads so a full pipe on one side never stalls the other.
     stderr: list[bytes] = []
     helpers = [threading.Thread(target=_drain, args=(proc.stderr, stderr), daemon=True)]
@@ -282,8 +294,11 @@ def _pump(proc: subprocess.Popen[bytes], input: bytes | None) -> Source:
         if proc.stdin is not None and input is None:  # a conversation's stdin, if still open
             with contextlib.suppress(OSError):
                 proc.stdin.close()
+    timer.cancel()
     for helper in helpers:
         helper.join()
+    if fired.is_set():
+        raise CommandTimedOut(f"the agent did not finish within {timeout or 0:g}s: stopped it")
     return (rc, b"".join(stderr))
 
 

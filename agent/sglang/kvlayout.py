@@ -7,6 +7,7 @@ follow raises Unsupported with one line naming the kind: never a guess.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -294,11 +295,52 @@ def _vision(config: Mapping[str, Any]) -> tuple[int, int]:
     return (layers if isinstance(layers, int) else 24), (hidden if isinstance(hidden, int) else 1024)
 
 
+# The counts and sizes the pool is computed from, and their sane range: a zero divides, 1e21 layers is a
+# range() that never ends, an infinite length an int() that raises. Checked wherever config.json nests them.
+_DIMS = (
+    "num_attention_heads", "num_key_value_heads", "head_dim", "v_head_dim", "kv_lora_rank",
+    "qk_rope_head_dim", "index_head_dim", "swa_num_key_value_heads", "swa_head_dim", "swa_v_head_dim",
+    "linear_num_value_heads", "linear_num_key_heads", "linear_value_head_dim", "linear_key_head_dim",
+    "linear_conv_kernel_dim", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
+    "conv_kernel",
+)  # fmt: skip
+_RANGES: dict[str, tuple[int, int]] = {
+    **dict.fromkeys(("num_hidden_layers", "vt_num_hidden_layers"), (1, 4096)),
+    "num_nextn_predict_layers": (0, 4096),
+    **dict.fromkeys(("hidden_size", "vt_hidden_size"), (1, 2**20)),
+    **dict.fromkeys(_DIMS, (1, 65536)),
+    **dict.fromkeys(
+        ("max_position_embeddings", "max_sequence_length", "seq_length", "max_seq_len", "model_max_length"),
+        (1, 2**31),
+    ),
+    "factor": (0, 65536),  # rope_scaling's: times the length above
+}
+_LARGEST = 2**53  # any other number: beyond this a float no longer holds every integer
+
+
+def check_numbers(config: Mapping[str, Any], where: str = "config.json") -> None:
+    """ValueError naming the first number of `config` that is not finite or not in its range."""
+    stack: list[tuple[str, str, Any]] = [(k, k, v) for k, v in config.items()]
+    while stack:
+        path, key, value = stack.pop()
+        if isinstance(value, Mapping):
+            stack.extend((f"{path}.{k}", str(k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", "", v) for i, v in enumerate(value))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            lo, hi = _RANGES.get(key, (-_LARGEST, _LARGEST))
+            if not math.isfinite(value):
+                raise ValueError(f"{where}: {path} = {value} is not a finite number")
+            if not lo <= value <= hi:
+                raise ValueError(f"{where}: {path} = {value:.6g} is out of range ({lo:,} to {hi:,})")
+
+
 def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayout:
     """config.json (as published) -> KVLayout.
 
-    Unsupported for kinds not followed, ValueError for bad input.
+    Unsupported for kinds not followed, ValueError for bad input (a number out of range included).
     """
+    check_numbers(config, "the draft's config.json" if is_draft else "config.json")
     archs = config.get("architectures")
     if not isinstance(archs, Sequence) or not archs or not isinstance(archs[0], str):
         raise ValueError("config.json has no 'architectures' list")

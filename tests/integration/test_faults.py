@@ -499,3 +499,40 @@ def test_an_apply_during_a_start_systemd_began_waits_for_it_instead_of_restartin
     assert invocation(sim) == starting, r.stdout  # waited for, not restarted
     assert "waiting for that start" in r.stdout + r.stderr, r.stdout
     assert fk.verified_problems(sim, old, sim.unit_text()) == []
+
+
+SECRET_DIR = "/etc/deployctl/secrets"
+SECRET_FILES = ("sglang.service.env", "sglang.service.flags.yaml")
+
+
+def test_a_secrets_backup_on_a_full_disk_keeps_the_live_secrets(sim, base):
+    """The unit's backup fits, its secrets' copies do not: the live secrets stay, nothing restarts."""
+    old, _ = base
+    text = (sim.units_dir / f"{sim.name}.toml").read_text()
+    text = text.replace("[unit]\n", '[unit]\nenvironment = { HF_TOKEN = "secret-token-1" }\n')
+    text = text.replace("[sglang.flags]\n", '[sglang.flags]\napi-key = "secret-key-1"\n')
+    (sim.units_dir / "ct200-fullsecrets.toml").write_text(text)
+    try:
+        r = cli(sim, "apply", "ct200-fullsecrets", "--context", "120k", "--yes")
+        assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+        live = {n: sim.host.read(f"{SECRET_DIR}/{n}") for n in SECRET_FILES}
+        unit, before, backups = sim.unit_text(), invocation(sim), sim.backups()
+        with fk.small_dir(sim, SECRET_DIR, 0):
+            r = cli(sim, "apply", "ct200-fullsecrets", "--context", "200k", "--yes")
+            assert r.returncode == ExitCode.REFUSED, r.stdout + r.stderr
+            assert re.search(
+                r"cannot write /etc/deployctl/secrets/sglang\.service\.bak\.\S+: no space left on the device",
+                r.stderr,
+            ), r.stderr
+            assert {n: sim.host.read(f"{SECRET_DIR}/{n}") for n in SECRET_FILES} == live
+        assert {n: sim.host.read(f"{SECRET_DIR}/{n}") for n in SECRET_FILES} == live
+        assert sim.unit_text() == unit and sim.backups() == backups and not fk.pending(sim)
+        assert invocation(sim) == before  # never restarted
+        assert fk.verified_problems(sim, old, unit) == []
+    finally:  # back to the baseline unit, which has no secrets (the fault matrix reuses the host)
+        (sim.units_dir / "ct200-fullsecrets.toml").unlink()
+        fk.sh(sim, "sh", "-c", f"rm -f {SECRET_DIR}/sglang.service.*")
+        if sim.unit_text() != old:
+            sim.host.put("/etc/systemd/system/sglang.service", old.encode())
+            fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
+            wait_pool(sim)

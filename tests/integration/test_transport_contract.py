@@ -171,3 +171,12 @@ def test_put_into_a_missing_folder_is_one_remote_error(transport: Transport, tmp
         transport.put(b"x", str(missing), 0o644)
     assert f"cannot write {missing}" in caught.value.message
     assert "No such file" in caught.value.message
+
+
+def test_converse_past_its_timeout_is_stopped(transport: Transport) -> None:
+    """An agent that never answers (a stalled disk on the host) cannot hold the laptop forever."""
+    stream = transport.converse(["sh", "-c", "exec sleep 3600"], b"facts\n", timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(CommandTimedOut, match="did not finish within 1s"):
+        list(stream)
+    assert time.monotonic() - t0 < 60  # the bound, not the command's hour

@@ -52,7 +52,7 @@ class RecordingTransport(LocalTransport):
         super().__init__()
         self.answer, self.log = answer, log
 
-    def converse(self, argv: Sequence[str], first: bytes) -> Stream:
+    def converse(self, argv: Sequence[str], first: bytes, timeout: float | None = None) -> Stream:
         self.log.append(f"sent {json.loads(first)['verb']}")
 
         def source() -> Source:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from agent.host.metrics import Run, prom_text, record_run, timings
 from agent.protocol import Event, Outcome
@@ -50,3 +53,45 @@ def test_counters_survive_between_runs_and_a_failure_keeps_the_last_success(tmp_
     assert 'deployctl_kv_pool_tokens{host="h",unit="u"} 5' in text
     assert oct(prom.stat().st_mode & 0o777) == "0o644" and oct(state.stat().st_mode & 0o777) == "0o600"
     assert [p.name for p in prom.parent.iterdir()] == ["deployctl_x.prom"]  # no temp file left
+
+
+def test_a_link_planted_at_the_temp_name_is_never_followed(tmp_path: Path) -> None:
+    """The textfile folder's other writers (Debian's `prometheus`) could plant links: root never follows."""
+    folder, victim = tmp_path / "textfiles", tmp_path / "shadow"
+    folder.mkdir()
+    victim.write_text("root:secret\n")
+    victim.chmod(0o600)
+    for name in (f".deployctl_x.prom.tmp.{os.getpid()}", "deployctl_x.prom"):
+        (folder / name).symlink_to(victim)
+    record_run(
+        tmp_path / "state" / "metrics.json", folder / "deployctl_x.prom", Run("h", "u", Outcome.APPLIED, 1.0)
+    )
+    assert victim.read_text() == "root:secret\n" and oct(victim.stat().st_mode & 0o777) == "0o600"
+    prom = folder / "deployctl_x.prom"
+    assert not prom.is_symlink() and "deployctl_last_run_outcome" in prom.read_text()
+
+
+def test_a_textfile_folder_another_user_owns_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "textfiles"
+    folder.mkdir()
+    os.chown(folder, 65534, 65534)  # nobody: it could swap what is in there between root's steps
+    with pytest.raises(OSError, match="not owned by root"):
+        record_run(
+            tmp_path / "state" / "metrics.json",
+            folder / "deployctl_x.prom",
+            Run("h", "u", Outcome.APPLIED, 1.0),
+        )
+    assert list(folder.iterdir()) == []
+
+
+def test_a_textfile_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "textfiles").symlink_to(real)
+    with pytest.raises(OSError):
+        record_run(
+            tmp_path / "state" / "metrics.json",
+            tmp_path / "textfiles" / "x.prom",
+            Run("h", "u", Outcome.APPLIED, 1.0),
+        )
+    assert list(real.iterdir()) == []

@@ -208,11 +208,11 @@ class SshTransport:
     def stream(self, argv: Sequence[str], input: bytes | None = None) -> Stream:
         return Stream(argv, self._drive(self._start(argv), argv, input, None))
 
-    def converse(self, argv: Sequence[str], first: bytes) -> Stream:
+    def converse(self, argv: Sequence[str], first: bytes, timeout: float | None = None) -> Stream:
         chan = self._start(argv)
         stdin = _ChannelInput(chan, lambda: self._lost(f"talking to {shlex.join(argv)}"))
         stdin.send(first)  # now, not when the output is first read: the command starts on it meanwhile
-        return Stream(argv, self._drive(chan, argv, None, None, keep_open=True), stdin)
+        return Stream(argv, self._drive(chan, argv, None, timeout, keep_open=True), stdin)
 
     def _start(self, argv: Sequence[str]) -> paramiko.Channel:
         chan = self._session()

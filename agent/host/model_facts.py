@@ -9,8 +9,8 @@ like.
 
 from __future__ import annotations
 
-import glob
 import errno
+import glob
 import json
 import math
 import os

@@ -78,8 +78,15 @@ def start(req: Request, out: TextIO) -> int:
         done = _in_place(req, txn, out)
         if done is not None:
             return done
+    try:
+        txnfiles.stage_secrets(req, txn)  # the runner takes them from there
+    except OSError as exc:
+        msg = (
+            f"cannot stage the secret values for the runner: {exc.strerror or exc}; {req.unit} left as it was"
+        )
+        out.write(_event_line(txn, "outcome", msg, Stage.LOCK, outcome=Outcome.ERROR.value))
+        return int(ExitCode.REFUSED)
     record_request(state_dir, req, txn)
-    txnfiles.stage_secrets(req, txn)  # the runner takes them from there
     if req.detach and shutil.which("systemd-run"):
         argv = ["systemd-run", f"--unit=deployctl-{txn}", "--collect", "--quiet", "--no-ask-password"]
         argv += ["--working-directory=/"]

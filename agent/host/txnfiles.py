@@ -1,8 +1,9 @@
 """A transaction's folder (<state>/txn/<id>/): its request, never a secret value in it, and its retention.
 
 request.json names the secret values it carries by reference only (a digest salted with the transaction's
-id). The detached runner needs the values themselves: they wait in a root-only file in the secrets folder,
-next to the files they are written to, which the runner reads and removes as it starts. Folders are kept
+id). The detached runner needs the values themselves: they wait in a root-only file under the agent's
+state folder (`staged/`, 0700, outside every transaction's folder), which the runner reads and removes as
+it starts; the secrets folder itself is written only by the transaction, after its backup. Folders are kept
 with the backups' retention: the unit's newest `keep_backups` finished transactions.
 """
 
@@ -20,6 +21,7 @@ from agent.host.state import CorruptRecord, StateDir, write_json_atomic
 from agent.protocol import TXN_ID, Request
 
 REQUEST = "request.json"
+STAGED = "staged"
 
 
 class StagedSecretsError(Exception):
@@ -36,7 +38,7 @@ def references(txn: str, values: Mapping[str, str]) -> dict[str, str]:
 
 
 def staged_path(req: Request, txn: str) -> Path:
-    return Path(req.secrets_dir) / f".txn-{txn}.json"
+    return StateDir(req.state_dir).root / STAGED / f"{txn}.json"
 
 
 def write_request(state_dir: StateDir, req: Request, txn: str) -> None:
@@ -81,7 +83,7 @@ def prune(req: Request, keep: int, protect: Collection[str] = ()) -> list[str]:
     prunes nothing: a person must look first.
     """
     state_dir, unit = StateDir(req.state_dir), req.unit
-    _drop_stale_staged(state_dir, Path(req.secrets_dir))
+    _drop_stale_staged(state_dir)
     try:
         record = state_dir.load_record(unit)
     except CorruptRecord:
@@ -97,10 +99,10 @@ def prune(req: Request, keep: int, protect: Collection[str] = ()) -> list[str]:
     return removed
 
 
-def _drop_stale_staged(state_dir: StateDir, secrets_dir: Path) -> None:
+def _drop_stale_staged(state_dir: StateDir) -> None:
     """Staged values whose runner never took them (it died first): its transaction ended, or is gone."""
-    for path in secrets_dir.glob(".txn-*.json"):
-        txn = path.name[len(".txn-") : -len(".json")]
+    for path in (state_dir.root / STAGED).glob("*.json"):
+        txn = path.name.removesuffix(".json")
         if state_dir.has_outcome(txn) or not state_dir.txn_dir(txn).is_dir():
             path.unlink(missing_ok=True)
 

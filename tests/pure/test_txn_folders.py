@@ -33,7 +33,8 @@ def test_no_secret_value_is_written_into_the_transaction_folder(tmp_path: Path) 
     assert b"hf-secret-1" not in folder and b"sk-secret-2" not in folder
     assert b"HF_TOKEN" in folder and b"api-key" in folder  # named, by reference
     staged = txnfiles.staged_path(req, TXN)
-    assert staged.parent == Path(req.secrets_dir) and staged.stat().st_mode & 0o777 == 0o600
+    assert staged.stat().st_mode & 0o777 == 0o600 and staged.parent.stat().st_mode & 0o777 == 0o700
+    assert state.txn_dir(TXN) not in staged.parents and Path(req.secrets_dir) not in staged.parents
     # The runner gets the values back, and the staged copy is gone once it has them.
     loaded = txnfiles.load_request(state, TXN)
     assert loaded.secret_env == SECRET_ENV and loaded.secret_flags == SECRET_FLAGS
@@ -69,6 +70,7 @@ def test_transaction_folders_are_pruned_with_the_backups_retention(tmp_path: Pat
     state.save_record(Record(ids[0], req.unit, "written", None, "0" * 64))  # recovery needs it
     (Path(req.secrets_dir)).mkdir()
     stale = txnfiles.staged_path(req, ids[1])  # a runner that died before it took its values
+    stale.parent.mkdir(mode=0o700)
     stale.write_text("{}")
     removed = txnfiles.prune(req, keep=3)
     assert removed == ids[1:9][::-1]  # newest first; the 3 newest finished kept

@@ -17,8 +17,9 @@ from agent.errors import UsageError
 MAX_CONTEXT = 10_000_000
 MAX_REQUESTS = 1_000_000  # far above any GPU's batch; a bigger number is a typo, not a plan
 
-_CONTEXT = re.compile(r"(?P<num>[0-9]+)(?P<unit>k|K|Ki|M|Mi)?")
-_UNITS = {None: 1, "k": 1000, "K": 1000, "Ki": 1024, "M": 1000**2, "Mi": 1024**2}
+# The unit in any case: 1m is 1M and 128ki is 128Ki (there is no milli-token to confuse it with).
+_CONTEXT = re.compile(r"(?P<num>[0-9]+)(?P<unit>ki|k|mi|m)?", re.IGNORECASE)
+_UNITS = {None: 1, "k": 1000, "ki": 1024, "m": 1000**2, "mi": 1024**2}
 
 
 class ArgError(ValueError):
@@ -26,11 +27,11 @@ class ArgError(ValueError):
 
 
 def parse_context(text: str, flag: str = "--context") -> int:
-    """'200000', '200k'/'200K' (x1000), '128Ki' (x1024), '1M' -> tokens; anything else is refused."""
+    """'200000', '200k'/'200K' (x1000), '128Ki'/'128ki' (x1024), '1M'/'1m' -> tokens; else refused."""
     m = _CONTEXT.fullmatch(text.strip())
     if m is None:
         raise ArgError(f"{flag} {text!r} is not a token count (try 200k, 128Ki or 131072)")
-    tokens = int(m["num"]) * _UNITS[m["unit"]]
+    tokens = int(m["num"]) * _UNITS[m["unit"] and m["unit"].lower()]
     if tokens <= 0:
         raise ArgError(f"{flag} {text!r} must be a positive token count")
     if tokens > MAX_CONTEXT:
@@ -132,12 +133,19 @@ def add_target_args(
         "--context",
         required=context_required,
         type=typed(parse_context, "--context"),
-        help="target context in tokens: 200000, 200k (x1000) or 128Ki (x1024)",
+        help="target context in tokens: 200000, 200k or 1m (x1000, x1000000), 128Ki (x1024)",
     )
-    p.add_argument("--mem-fraction-static", type=typed(parse_fraction, "--mem-fraction-static"))
+    p.add_argument(
+        "--mem-fraction-static",
+        type=typed(parse_fraction, "--mem-fraction-static"),
+        metavar="F",
+        help="plan at this fraction instead of choosing one (strictly between 0 and 1)",
+    )
     p.add_argument(
         "--max-running-requests",
         type=typed(parse_request_count, "--max-running-requests"),
+        metavar="N",
+        help="keep this many concurrent requests instead of the planner's choice",
     )
 
 

@@ -141,24 +141,24 @@ def accepted_flags(run: Run) -> dict[str, FlagValue]:
 
 # --- command-line values ---------------------------------------------------------------------------------
 
-SUFFIXES = {"": 1, "k": 1000, "K": 1000, "Ki": 1024, "M": 1000**2, "Mi": 1024**2}
+SUFFIXES = {"": 1, "k": 1000, "ki": 1024, "m": 1000**2, "mi": 1024**2}  # in any case: 1m, 1M; 128ki, 128Ki
 
 
 def expected_context(text: str) -> int | None:
     """The tokens a --context text means, or None if it must be refused (the README's rule)."""
-    m = re.fullmatch(r"([0-9]+)(k|K|Ki|M|Mi)?", text.strip())
+    m = re.fullmatch(r"([0-9]+)(ki|k|mi|m)?", text.strip(), re.IGNORECASE)
     if m is None or len(m[1]) > 4000:
         return None
-    tokens = int(m[1]) * SUFFIXES[m[2] or ""]
+    tokens = int(m[1]) * SUFFIXES[(m[2] or "").lower()]
     return tokens if 0 < tokens <= 10_000_000 else None
 
 
 CONTEXTS = st.one_of(
     WEIRD,
     NUMBERS,
-    st.tuples(st.integers(-5, 20_000_000), st.sampled_from([*SUFFIXES, "m", "ki", "KB", "G", " k"])).map(
-        lambda t: f"{t[0]}{t[1]}"
-    ),
+    st.tuples(
+        st.integers(-5, 20_000_000), st.sampled_from([*SUFFIXES, "K", "M", "Ki", "MI", "KB", "G", " k"])
+    ).map(lambda t: f"{t[0]}{t[1]}"),
 )
 
 

@@ -14,6 +14,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="apply even when the plan says the target cannot fit")
     p.add_argument("--dry-run", action="store_true", help="show the plan and the diff, change nothing")
     add_connection_args(p)
+    p.epilog = (
+        "example: deployctl apply ct200 --context 200k --dry-run   (the plan and the diff; no change)\n"
+        "example: deployctl apply ct200 --context 200k --yes"
+    )
 
 
 def run(args: argparse.Namespace, out: Output) -> int:

@@ -41,8 +41,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-new-host-key", action="store_true", help="trust an unknown SSH host key once")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.epilog = (
-        "Without --from-log or --offline the host's last start is read over SSH to calibrate the plan. "
-        "example: deployctl plan ct200 --context 200k --from-log ct200-start.log"
+        "Without --from-log or --offline the host's last start is read over SSH to calibrate the plan.\n"
+        "example: deployctl plan ct200 --context 200k --from-log ct200-start.log\n"
+        "example: deployctl plan --facts ct200.json --context 200k --json"
     )
 
 

@@ -107,8 +107,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         print(f"deployctl: warning: {warning}", file=out.stderr)
     if args.diff:
         report = diff_report(host, render_unit(host, {}, template_dir()), text, flags)
-        out.stdout.write(report)
+        out.write(report)
     else:
-        out.stdout.write(text)
-    out.stdout.flush()
+        out.write(text)
     return 0

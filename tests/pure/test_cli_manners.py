@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import shlex
 import subprocess
@@ -51,7 +52,7 @@ def _closed_pipe_run(*argv: str) -> subprocess.CompletedProcess[str]:
     "argv",
     [
         ("plan", "ct200-sim", "--context", "200k", "--offline"),
-        ("render", "ct200-sim", "--context", "200k"),
+        ("render", "ct200-sim", "--context", "200k", "--mem-fraction-static", "0.93"),
         ("--help",),
     ],
     ids=["plan", "render", "help"],
@@ -160,3 +161,52 @@ def test_rollback_help_names_the_real_default(capsys: pytest.CaptureFixture[str]
     assert main(["rollback", "--help"]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert "newest backup that differs from the installed unit" in shown
+
+
+def test_render_says_the_context_alone_does_not_grow_the_pool() -> None:
+    """The seed's trap: `render --context 200k` kept 0.85 without a word."""
+    code, stdout, stderr = run_cli("render", "ct200-sim", "--context", "200k")
+    assert code == 0 and "--context-length 200000" in stdout
+    assert "does not grow the KV pool" in stderr and "--mem-fraction-static 0.85" in stderr
+    assert "deployctl plan ct200-sim --context 200000" in stderr
+    _, _, quiet = run_cli("render", "ct200-sim", "--context", "200k", "--mem-fraction-static", "0.93")
+    assert quiet == ""
+
+
+def test_plan_takes_set_and_plans_with_it() -> None:
+    """The alternative the plan suggests is one command: --set kv-cache-dtype=fp8_e4m3 halves the cell."""
+    base = run_cli("plan", "ct200-sim", "--context", "400k", "--offline", "--json")
+    fp8 = run_cli(
+        "plan", "ct200-sim", "--context", "400k", "--offline", "--json", "--set", "kv-cache-dtype=fp8_e4m3"
+    )
+    assert base[0] == fp8[0] == 0
+    before, after = json.loads(base[1]), json.loads(fp8[1])
+    assert not before["feasible"] and after["feasible"]
+    assert after["predicted_pool_tokens"] >= 400_000
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (("--set", "kv-cache-dtype=fp8"), ("flags.kv-cache-dtype", "fp8_e4m3")),
+        (("--set", "context-lenght=5"), ("did you mean --context-length",)),
+        (("--set", "context-length=5"), ("--context",)),
+        (("--set", "mem-fraction-static=0.9", "--mem-fraction-static", "0.9"), ("both given",)),
+    ],
+)
+def test_plan_and_apply_check_set_as_render_does(argv: tuple[str, ...], words: tuple[str, ...]) -> None:
+    for command in (("plan", "ct200-sim", "--offline"), ("apply", "ct200-sim", "--dry-run")):
+        code, stdout, stderr = run_cli(*command, "--context", "200k", *argv)
+        assert (code, stdout) == (ExitCode.USAGE, ""), stderr
+        for word in words:
+            assert word in stderr.splitlines()[0], stderr
+
+
+def test_set_fraction_is_the_fraction_option() -> None:
+    one = run_cli(
+        "plan", "ct200-sim", "--context", "200k", "--offline", "--json", "--set", "mem-fraction-static=0.9"
+    )
+    two = run_cli(
+        "plan", "ct200-sim", "--context", "200k", "--offline", "--json", "--mem-fraction-static", "0.9"
+    )
+    assert one == two and json.loads(one[1])["mem_fraction_static"] == 0.9

@@ -75,7 +75,9 @@ def test_set_is_checked_too(tmp_path: Path) -> None:
 
 def test_good_flags_and_aliases_render(tmp_path: Path) -> None:
     line = 'kv-cache-dtype = "fp8_e4m3"\nenable-metrics = true\ncontext-length = "128Ki"'
-    code, stdout, stderr = render_with(tmp_path, line, "--set", "attention-data-parallel-size=1")
+    code, stdout, stderr = render_with(
+        tmp_path, line, "--set", "attention-data-parallel-size=1", "--mem-fraction-static", "0.9"
+    )
     assert (code, stderr) == (0, ""), stderr
     assert "--kv-cache-dtype fp8_e4m3" in stdout and "--attention-data-parallel-size 1" in stdout
 

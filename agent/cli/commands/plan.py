@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.cli.options import Connection, add_target_args
+from agent.cli.options import Change, Connection, add_set_arg, add_target_args
 from agent.errors import UsageError
 from agent.inventory import load_host, units_dir
 from agent.output import Output, Style
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_target_args(p, context_required=True, host_required=False)
+    add_set_arg(p)
     p.add_argument(
         "--facts",
         metavar="FILE",
@@ -43,14 +44,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = (
         "Without --from-log or --offline the host's last start is read over SSH to calibrate the plan.\n"
         "example: deployctl plan ct200 --context 200k --from-log ct200-start.log\n"
-        "example: deployctl plan --facts ct200.json --context 200k --json"
+        "example: deployctl plan --facts ct200.json --context 200k --json\n"
+        "example: deployctl plan ct200 --context 400k --set kv-cache-dtype=fp8_e4m3 --offline"
     )
 
 
-def _asked(args: argparse.Namespace) -> Target:
+def _asked(change: Change) -> Target:
     from agent.plan.choose import Target  # the planner loads when a command plans, not with the parser
 
-    return Target(args.context, args.mem_fraction_static, args.max_running_requests)
+    return Target(change.context, change.mem_fraction_static, change.max_running_requests)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -61,17 +63,23 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return _run_facts(args, out)
     if not args.host:
         raise UsageError("a host is required (or --facts FILE)", hint="see: deployctl plan --help")
+    from agent.apply import with_set_flags
+    from agent.render import check_with_sglang_table
+
+    change = Change.of(args)
     host = load_host(args.host, units_dir(args.units))
+    check_with_sglang_table(host, dict(change.flags))
     history: list[dict[str, Any]] | None = [read_start(Path(name)) for name in args.from_log] or None
+    host = with_set_flags(host, change, {})[0]
     running: Mapping[str, Any] = host.sglang.flags
-    asked = _asked(args)
+    asked = _asked(change)
     if not history and not args.offline:
         from agent import deploy  # SSH only when the host is asked
         from agent.apply import calibration_from
         from agent.remote.client import base_request
 
         with deploy.session(Connection.of(args)) as s:
-            facts = s.client.call(base_request(s.host, "facts"))
+            facts = with_set_flags(host, change, s.client.call(base_request(s.host, "facts")))[1]
         history = [dict(h) for h in calibration_from(facts) or []] or None
         running = facts.get("flags") or running
         from agent.plan.from_facts import plan_from_host_facts
@@ -94,13 +102,20 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     from agent.plan.facts import load_facts
     from agent.plan.from_facts import plan_from_facts
     from agent.report import plan_with_chart
+    from agent.sglang import server_args
 
     if args.host:
         raise UsageError("give a host or --facts FILE, not both")
+    change = Change.of(args)
     inp = load_facts(Path(args.facts))
+    for name, said in server_args.problems(inp.sglang_version, dict(change.flags)):
+        raise UsageError(f"--set {name}: {said}")
     if args.from_log:
         inp = replace(inp, starts=(*inp.starts, *(read_start(Path(n)) for n in args.from_log)))
-    plan = plan_from_facts(inp, _asked(args))
+    if change.flags:
+        given = {k: " ".join(v) if isinstance(v, tuple) else v for k, v in change.flags}  # --set: one word
+        inp = replace(inp, flags={**inp.flags, **given})
+    plan = plan_from_facts(inp, _asked(change))
     chart = plan_with_chart(inp.name, plan, inp.flags, unicode=out.style is Style.TTY)
     out.print(json.dumps(plan.to_dict(), indent=2) if args.json else chart)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from agent.cli.options import ArgError, parse_context
+from agent.cli.options import ArgError, add_set_arg, parse_context
 from agent.errors import UsageError
 from agent.output import Output
 
@@ -65,7 +65,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     a.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     a.add_argument("--json", action="store_true", help="events and the report as JSON lines")
-    a.epilog = "example: deployctl fleet apply gpu --context 200k --canary 1 --batch 25%"
+    add_set_arg(a)
+    a.epilog = (
+        "example: deployctl fleet apply gpu --context 200k --canary 1 --batch 25%\n"
+        "example: deployctl fleet apply gpu --context 400k --set kv-cache-dtype=fp8_e4m3"
+    )
     a.set_defaults(fleet_run="apply")
     s = sub.add_parser("status", help="each host's measured pool and drift from what the plan renders")
     s.add_argument("group", help="an inventory group, or all")

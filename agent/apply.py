@@ -99,7 +99,8 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: Mapping[str, A
     if not plan.feasible and not change.force:
         show_plan(out, host, plan, old_text, render_unit(host, flags, template_dir()))
         raise UsageError(
-            f"the plan cannot reach {change.context:,} tokens on {host.name}; nothing was changed",
+            f"the plan cannot reach {change.context:,} tokens on {host.name}: {plan.binding}; "
+            "nothing was changed",
             hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
         )
     target_host = allow_context(host, change)

@@ -504,6 +504,12 @@ def _calibrated(
     return replace(base, runtime_gib=runtime, runtime_measured=measured_runtime, **_graphs(starts, flags))
 
 
+ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
+ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
 def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostConfig:
     """The inventory-shaped view the plan's notes and alternatives read (no SSH: it is never contacted)."""
     par = parallel(inp)
@@ -530,6 +536,8 @@ def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostCon
         "gpus": {"count": len(inp.gpus), "memory_gib": gpu.memory_gib, "name": gpu.name},
         "model": model,
         "draft": draft,
+        # the one variable that changes what SGLang accepts (plan/refusals.py): a context above the model's
+        "unit": {"environment": {k: v for k, v in inp.env.items() if k == ALLOW_LONGER_CONTEXT}},
         "sglang": {
             "version": inp.sglang_version,
             "flags": {**{k: v for k, v in inp.flags.items()}, "mem-fraction-static": fraction},

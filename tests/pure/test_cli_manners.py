@@ -175,14 +175,14 @@ def test_render_says_the_context_alone_does_not_grow_the_pool() -> None:
 
 def test_plan_takes_set_and_plans_with_it() -> None:
     """The alternative the plan suggests is one command: --set kv-cache-dtype=fp8_e4m3 halves the cell."""
-    base = run_cli("plan", "ct200-sim", "--context", "400k", "--offline", "--json")
+    base = run_cli("plan", "ct200-sim", "--context", "250k", "--offline", "--json")
     fp8 = run_cli(
-        "plan", "ct200-sim", "--context", "400k", "--offline", "--json", "--set", "kv-cache-dtype=fp8_e4m3"
+        "plan", "ct200-sim", "--context", "250k", "--offline", "--json", "--set", "kv-cache-dtype=fp8_e4m3"
     )
-    assert base[0] == fp8[0] == 0
+    assert (base[0], fp8[0]) == (8, 0)  # not feasible, then feasible: the exit status says which
     before, after = json.loads(base[1]), json.loads(fp8[1])
     assert not before["feasible"] and after["feasible"]
-    assert after["predicted_pool_tokens"] >= 400_000
+    assert after["predicted_pool_tokens"] >= 250_000
 
 
 @pytest.mark.parametrize(

@@ -229,13 +229,13 @@ def test_a_bad_set_is_refused_before_ansible_runs(tmp_path: Path, value: str, sa
 
 
 def test_the_fleet_plans_each_host_with_the_set_flags() -> None:
-    """--set kv-cache-dtype=fp8_e4m3 reaches each host's plan (400k fits only with it on ct200-sim)."""
+    """--set kv-cache-dtype=fp8_e4m3 reaches each host's plan (250k fits only with it on ct200-sim)."""
     from agent.fleet.hostrun import plan_host
     from agent.fleet.plugin import _set_flags
 
     host = load_host("ct200-sim", UNITS)
-    plain, _ = plan_host(host, 400_000, {}, [])
-    fp8, _ = plan_host(host, 400_000, {}, [], _set_flags(host, {"kv-cache-dtype": "fp8_e4m3"}))
+    plain, _ = plan_host(host, 250_000, {}, [])
+    fp8, _ = plan_host(host, 250_000, {}, [], _set_flags(host, {"kv-cache-dtype": "fp8_e4m3"}))
     assert not plain.feasible and fp8.feasible
     fixed, _ = plan_host(host, 200_000, {}, [], {"mem-fraction-static": "0.9"})
     assert fixed.mem_fraction_static == 0.9

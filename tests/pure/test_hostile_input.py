@@ -314,7 +314,9 @@ def test_remote_commands_refuse_a_bad_host_before_connecting(place: Place, comma
         st.one_of(WEIRD, NUMBERS)
         .filter(lambda t: expected_fraction(t) is None)
         .map(lambda t: f"--mem-fraction-static={t}"),
-        st.one_of(WEIRD, NUMBERS).map(lambda t: f"--set=mem-fraction-static={t}"),  # apply has no --set
+        st.one_of(WEIRD, NUMBERS)
+        .filter(lambda t: expected_fraction(t) is None)
+        .map(lambda t: f"--set=mem-fraction-static={t}"),  # checked as --mem-fraction-static is
     )
 )
 def test_apply_refuses_bad_values_before_connecting(place: Place, option: str) -> None:

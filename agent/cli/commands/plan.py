@@ -15,7 +15,11 @@ from agent.inventory import load_host, units_dir
 from agent.output import Output, Style
 
 if TYPE_CHECKING:
-    from agent.plan.choose import Target
+    from agent.plan.choose import Plan, Target
+
+# plan's exit status: 0 feasible, NOT_FEASIBLE when the plan cannot reach the target (it is printed all the
+# same), 2 bad input, 3 host unreachable. A script can branch on it: `deployctl plan ... && deployctl apply`.
+NOT_FEASIBLE = 8
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -43,6 +47,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.epilog = (
         "Without --from-log or --offline the host's last start is read over SSH to calibrate the plan.\n"
+        f"exit status: 0 feasible, {NOT_FEASIBLE} not feasible (printed either way), 2 bad input\n"
         "example: deployctl plan ct200 --context 200k --from-log ct200-start.log\n"
         "example: deployctl plan --facts ct200.json --context 200k --json\n"
         "example: deployctl plan ct200 --context 400k --set kv-cache-dtype=fp8_e4m3 --offline"
@@ -88,13 +93,18 @@ def run(args: argparse.Namespace, out: Output) -> int:
         if from_host is not None:
             chart = plan_with_chart(host.name, from_host, running, unicode=out.style is Style.TTY)
             out.print(json.dumps(from_host.to_dict(), indent=2) if args.json else chart)
-            return 0
+            return verdict(from_host)
     plan = plan_for_host(host, asked, history, running)
     if args.json:
         out.print(json.dumps(plan.to_dict(), indent=2))
     else:
         out.print(plan_with_chart(host.name, plan, running, unicode=out.style is Style.TTY))
-    return 0  # an infeasible plan is information, not a failure
+    return verdict(plan)
+
+
+def verdict(plan: Plan) -> int:
+    """The exit status says whether the plan is feasible; either way the plan was printed."""
+    return 0 if plan.feasible else NOT_FEASIBLE
 
 
 def _run_facts(args: argparse.Namespace, out: Output) -> int:
@@ -118,7 +128,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     plan = plan_from_facts(inp, _asked(change))
     chart = plan_with_chart(inp.name, plan, inp.flags, unicode=out.style is Style.TTY)
     out.print(json.dumps(plan.to_dict(), indent=2) if args.json else chart)
-    return 0
+    return verdict(plan)
 
 
 def read_start(path: Path) -> dict[str, Any]:

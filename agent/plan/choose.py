@@ -9,6 +9,7 @@ from typing import Any
 
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.alternatives import Alternative, Need, alternatives
+from agent.plan.failed import bounded, failed_starts
 from agent.plan.model import Flags, PoolModel, flag, from_architecture, from_calibration, version
 from agent.plan.refusals import refusals
 from agent.sglang import kvpool
@@ -81,7 +82,8 @@ def plan_for_host(
     model: PoolModel | None = None,
 ) -> Plan:
     """Plan a target context: calibrated from earlier starts when given, else from the architecture;
-    a model built elsewhere (from a host's facts) is taken as it is."""
+    a model built elsewhere (from a host's facts) is taken as it is, the starts then only bounding it
+    where one ran out of memory."""
     target, fraction, max_running = asked.context, asked.fraction, asked.max_running
     notes: list[str] = []
     if model is None and calibration:
@@ -101,6 +103,7 @@ def plan_for_host(
             "the first real start will calibrate the plan"
         )
     notes.extend(model.notes)
+    model, failures = _after_failures(model, calibration, running_flags, target)
     options = [max_running] if max_running else _request_options(host, running_flags)
     goal = math.ceil(target * (1 + host.planning.margin))
     floor = host.planning.reserve_floor_gib
@@ -145,6 +148,7 @@ def plan_for_host(
             f"and is kept: {smallest:.3f} would too, with fewer tokens for concurrent requests"
         )
     plan = _explained(plan, host, running_flags, model, notes)
+    plan = replace(plan, warnings=(*failures, *plan.warnings))
     if fraction is not None:
         plan = _against_recommendation(plan, model, need, options, running_flags)
     return _bound(plan, host, model, need)
@@ -186,6 +190,18 @@ def _approaches(alt: Alternative, plan: Plan, need: Need) -> bool:
         return True
     have = plan.forced_pool_tokens if plan.forced_pool_tokens is not None else plan.predicted_pool_tokens
     return alt.predicted_pool_tokens - have >= (need.goal - have) / 2
+
+
+def _after_failures(
+    model: PoolModel,
+    calibration: Calibration | None,
+    flags: Flags,
+    target: int,
+) -> tuple[PoolModel, list[str]]:
+    """The model bounded by the earlier starts that ran out of memory (plan/failed.py), and why."""
+    history = [calibration] if isinstance(calibration, Mapping) else list(calibration or [])
+    requests = int(str(flag(flags, "max-running-requests") or PLAIN_DEFAULT_REQUESTS))
+    return bounded(model, failed_starts(history, requests, target))
 
 
 def _request_options(host: HostConfig, flags: Flags) -> list[int]:

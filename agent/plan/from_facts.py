@@ -553,7 +553,7 @@ def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
     """deployctl plan --facts FILE: the plan, its notes naming every figure's origin."""
     fm = pool_model(inp, asked.context)
     host = synthetic_host(inp, fm.layout, fm.fraction)
-    plan = plan_for_host(host, asked, None, host.sglang.flags, model=fm.pool)
+    plan = plan_for_host(host, asked, inp.starts or None, host.sglang.flags, model=fm.pool)
     sources = [f"{k}: {v}" for k, v in inp.sources.items()]
     extra = [*fm.notes, "figures from " + "; ".join(sources)]
     warnings = list(plan.warnings)

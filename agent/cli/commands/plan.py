@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +16,7 @@ from agent.output import Output, Style
 
 if TYPE_CHECKING:
     from agent.plan.choose import Plan, Target
+    from agent.plan.startcheck import Planned
 
 # plan's exit status: 0 feasible, NOT_FEASIBLE when the plan cannot reach the target (it is printed all the
 # same), 2 bad input, 3 host unreachable. A script can branch on it: `deployctl plan ... && deployctl apply`.
@@ -74,18 +75,19 @@ def run(args: argparse.Namespace, out: Output) -> int:
     change = Change.of(args)
     host = load_host(args.host, units_dir(args.units))
     check_with_sglang_table(host, dict(change.flags))
-    history: list[dict[str, Any]] | None = [read_start(Path(name)) for name in args.from_log] or None
     host = with_set_flags(host, change, {})[0]
+    history, set_aside = checked_starts(args.from_log, planned_for(None, host.model.path, host.sglang.flags,
+                                                                     host.gpus.count))  # fmt: skip
     running: Mapping[str, Any] = host.sglang.flags
     asked = _asked(change)
-    if not history and not args.offline:
+    if not args.from_log and not args.offline:
         from agent import deploy  # SSH only when the host is asked
         from agent.apply import calibration_from
         from agent.remote.client import base_request
 
         with deploy.session(Connection.of(args)) as s:
             facts = with_set_flags(host, change, s.client.call(base_request(s.host, "facts")))[1]
-        history = [dict(h) for h in calibration_from(facts) or []] or None
+        history = [dict(h) for h in calibration_from(facts) or []]
         running = facts.get("flags") or running
         from agent.plan.from_facts import plan_from_host_facts
 
@@ -94,7 +96,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
             chart = plan_with_chart(host.name, from_host, running, unicode=out.style is Style.TTY)
             out.print(json.dumps(from_host.to_dict(), indent=2) if args.json else chart)
             return verdict(from_host)
-    plan = plan_for_host(host, asked, history, running)
+    plan = plan_for_host(host, asked, history or None, running)
+    plan = replace(plan, notes=(*set_aside, *plan.notes))
     if args.json:
         out.print(json.dumps(plan.to_dict(), indent=2))
     else:
@@ -120,24 +123,61 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     inp = load_facts(Path(args.facts))
     for name, said in server_args.problems(inp.sglang_version, dict(change.flags)):
         raise UsageError(f"--set {name}: {said}")
-    if args.from_log:
-        inp = replace(inp, starts=(*inp.starts, *(read_start(Path(n)) for n in args.from_log)))
     if change.flags:
         given = {k: " ".join(v) if isinstance(v, tuple) else v for k, v in change.flags}  # --set: one word
         inp = replace(inp, flags={**inp.flags, **given})
+    arch = (inp.model.config.get("architectures") or [None])[0]
+    starts, set_aside = checked_starts(
+        args.from_log, planned_for(arch, inp.model.path or "", inp.flags, len(inp.gpus))
+    )
+    inp = replace(inp, starts=(*inp.starts, *starts))
     plan = plan_from_facts(inp, _asked(change))
+    plan = replace(plan, notes=(*set_aside, *plan.notes))
     chart = plan_with_chart(inp.name, plan, inp.flags, unicode=out.style is Style.TTY)
     out.print(json.dumps(plan.to_dict(), indent=2) if args.json else chart)
     return verdict(plan)
 
 
-def read_start(path: Path) -> dict[str, Any]:
-    """The summary of one start-up log file; a missing or unreadable file is a usage error."""
+def planned_for(arch: str | None, path: str, flags: Mapping[str, Any], gpus: int) -> Planned:
+    from agent.plan.startcheck import Planned
+
+    def number(*names: str, default: int) -> int:
+        return int(str(next((flags[n] for n in names if n in flags), default)))
+
+    tp = number("tp-size", "tensor-parallel-size", default=gpus)
+    pp = number("pp-size", "pipeline-parallel-size", default=1)
+    return Planned(arch, path, tp, pp, str(flags.get("kv-cache-dtype") or "auto"))
+
+
+def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[dict[str, Any]], list[str]]:
+    """The --from-log starts of this model and layout; another model, TP or PP is refused with one line,
+    another KV dtype set aside with a note (plan/startcheck.py)."""
+    from agent.plan.startcheck import identity, other_dtype, refusal
+
+    kept: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for name in names:
+        lines = _lines(Path(name))
+        start = identity(lines)
+        refused = refusal(start, planned)
+        if refused:
+            raise UsageError(
+                f"--from-log {name!r}: {refused}: it cannot calibrate this plan",
+                hint="give a start-up log of this host's model, or plan without --from-log",
+            )
+        aside = other_dtype(start, planned)
+        if aside:
+            notes.append(f"--from-log {name}: {aside}")
+            continue
+        from agent.sglang.logs.summary import start_figures  # the parser loads only when a log is read
+
+        kept.append(start_figures(lines))
+    return kept, notes
+
+
+def _lines(path: Path) -> list[str]:
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
         raise UsageError(f"--from-log {str(path)!r}: cannot read: {exc.strerror or exc}") from None
-    # journald and tqdm both end lines with \r at times: split on both.
-    from agent.sglang.logs.summary import start_figures  # the parser loads only for the commands that parse
-
-    return start_figures(text.replace("\r", "\n").splitlines())
+    return text.replace("\r", "\n").splitlines()  # journald and tqdm both end lines with \r at times

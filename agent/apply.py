@@ -18,6 +18,7 @@ from agent.plan.choose import Plan, Target, plan_for_host
 from agent.protocol import Event, Request, exit_code, unit_sha256
 from agent.remote.client import base_request
 from agent.render import (
+    check_with_sglang_table,
     load_template,
     redact,
     redact_changes,
@@ -55,9 +56,27 @@ def installed_sha256(facts: Mapping[str, Any]) -> str:
     return unit_sha256(text) if isinstance(text, str) and text else "absent"
 
 
+def with_set_flags(
+    host: HostConfig, change: Change, facts: Mapping[str, Any]
+) -> tuple[HostConfig, Mapping[str, Any]]:
+    """The inventory and the host's facts with the --set flags over the baseline and the running flags:
+    the plan sizes the pool of the unit that will run (an fp8 KV cache, another TP size)."""
+    if not change.flags:
+        return host, facts
+    extra = dict(change.flags)
+    flags = {**host.sglang.flags, **extra}
+    host = host.model_copy(update={"sglang": host.sglang.model_copy(update={"flags": flags})})
+    facts = {**facts, "flags": {**(facts.get("flags") or {}), **extra}}
+    if isinstance(facts.get("model_facts"), Mapping):
+        doc = facts["model_facts"]
+        facts["model_facts"] = {**doc, "flags": {**(doc.get("flags") or {}), **extra}}
+    return host, facts
+
+
 def make_plan(host: HostConfig, change: Change, facts: Mapping[str, Any]) -> Plan:
     from agent.plan.from_facts import plan_from_host_facts  # the host read its config.json: plan from that
 
+    host, facts = with_set_flags(host, change, facts)
     asked = Target(change.context, change.mem_fraction_static, change.max_running_requests)
     from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked)
     if from_host is not None:
@@ -83,17 +102,20 @@ class Prepared:
 
 def prepare(out: Output, host: HostConfig, change: Change, facts: Mapping[str, Any]) -> Prepared | None:
     """Plan from the host's facts, render, show the plan and the diff; None for a dry run."""
+    check_with_sglang_table(host, dict(change.flags))  # before the plan: a typo is not planned for
     plan = make_plan(host, change, facts)
+    flags = {**dict(change.flags), **plan.flags()}
     old_text = facts.get("unit_text") or ""
     if not plan.feasible and not change.force:
-        show_plan(out, host, plan, old_text, render_unit(host, plan.flags(), template_dir()))
+        show_plan(out, host, plan, old_text, render_unit(host, flags, template_dir()))
         raise UsageError(
-            f"the plan cannot reach {change.context:,} tokens on {host.name}; nothing was changed",
+            f"the plan cannot reach {change.context:,} tokens on {host.name}: {plan.binding}; "
+            "nothing was changed",
             hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
         )
     target_host = allow_context(host, change)
-    new_text = render_checked(target_host, plan.flags(), installed=old_text)
-    env_secrets, flag_secrets = secret_values(target_host, plan.flags())
+    new_text = render_checked(target_host, flags, installed=old_text)
+    env_secrets, flag_secrets = secret_values(target_host, flags)
     show_plan(out, host, plan, old_text, new_text)
     if change.dry_run:
         out.note("dry run: nothing was changed")

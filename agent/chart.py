@@ -51,11 +51,13 @@ UNICODE = Marks("•", "─", "═", "┊", "◆", "○", "─", "│", "└")
 
 
 def from_plan(plan: Plan, current: float | None) -> PoolChart:
-    """The chart of a plan: its pool model's curve (SGLang's formula on the plan's pre/post/cell)."""
+    """The chart of a plan: SGLang's formula on the plan's pre/post/cell where it gives the plan's own pool;
+    else (a hybrid or capped pool, whose bytes per token are not the plain cell's) the line through the
+    chosen point with the plan's own tokens per 0.01, so the curve always passes through the chosen point."""
     need = plan.pre_gib * (1 - plan.mem_fraction_static) - plan.reserve_gib_per_gpu  # graphs, activations
     top = 1 - (need + plan.reserve_floor_gib) / plan.pre_gib if plan.pre_gib > 0 else None
     return PoolChart(
-        pool_at=lambda f: kvpool.pool_tokens(plan.pre_gib, plan.post_gib, f, plan.cell_bytes),
+        pool_at=_curve(plan),
         target=plan.context_length,
         goal=plan.target_pool_tokens,
         chosen=plan.mem_fraction_static,
@@ -64,6 +66,17 @@ def from_plan(plan: Plan, current: float | None) -> PoolChart:
         floor_gib=plan.reserve_floor_gib,
         current=current,
     )
+
+
+def _curve(plan: Plan) -> Callable[[float], int]:
+    f0, pool0, step = plan.mem_fraction_static, plan.predicted_pool_tokens, plan.tokens_per_0_01
+
+    def formula(f: float) -> int:
+        return kvpool.pool_tokens(plan.pre_gib, plan.post_gib, f, plan.cell_bytes)
+
+    if abs(formula(f0) - pool0) <= max(64, pool0 // 100):
+        return formula
+    return lambda f: max(0, round(pool0 + (f - f0) * 100 * step))
 
 
 def _tokens(n: float) -> str:
@@ -152,6 +165,7 @@ def draw(chart: PoolChart, unicode: bool = False) -> str:
     grid = _plot(chart, frame, m)
     labels = {HEIGHT - 1: _tokens(frame.top), frame.row(chart.goal): _tokens(chart.goal)}
     labels[frame.row(chart.target)] = _tokens(chart.target)
+    labels.setdefault(frame.row(chart.chosen_pool), _tokens(chart.chosen_pool))  # the chosen point's row
     lines = [f"KV pool (tokens) against --mem-fraction-static, target {chart.target:,} tokens"]
     for r in range(HEIGHT - 1, -1, -1):
         lines.append(f"{labels.get(r, ''):>{LABEL - 1}} {m.axis_y}{''.join(grid[r])}".rstrip())

@@ -7,6 +7,7 @@ reach the terminal, where an escape sequence can retitle the window, clear the s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -54,12 +55,33 @@ class Output:
         return Style.PLAIN
 
     def print(self, text: str = "") -> None:
-        print(terminal_text(text), file=self.stdout, flush=True)
+        self.write(terminal_text(text) + "\n")
+
+    def write(self, text: str) -> None:
+        """Text to stdout as it is. A reader that went away (`| head -1`) is not an error: the rest of the
+        text is dropped and the command goes on, so its exit code still says what happened."""
+        try:
+            self.stdout.write(text)
+            self.stdout.flush()
+        except BrokenPipeError:
+            self.stdout = closed_pipe(self.stdout)
 
     def note(self, text: str) -> None:
         """Progress and remarks: stderr, so a piped or mailed report stays clean."""
         if not self.quiet:
-            print(terminal_text(text), file=self.stderr, flush=True)
+            try:
+                print(terminal_text(text), file=self.stderr, flush=True)
+            except BrokenPipeError:
+                self.stderr = closed_pipe(self.stderr)
+
+
+def closed_pipe(stream: TextIO) -> TextIO:
+    """A sink for a stream whose reader is gone. Its descriptor is pointed at /dev/null as well, so the
+    interpreter's own flush at exit does not fail on what is still buffered."""
+    sink = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+    with contextlib.suppress(OSError, ValueError):  # no descriptor (a StringIO): nothing buffered outside
+        os.dup2(sink.fileno(), stream.fileno())
+    return sink
 
 
 def _isatty(stream: TextIO | None) -> bool:

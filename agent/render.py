@@ -14,7 +14,7 @@ import jinja2
 from agent.errors import RenderError
 from agent.inventory import HostConfig
 from agent.protocol import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
-from agent.sglang import version_flags
+from agent.sglang import server_args, version_flags
 from agent.sglang.flags import FlagInput, FlagsError, exec_start_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env
 from agent.sglang.redact import redact as redact  # re-exported: the laptop's callers redact from here
@@ -154,6 +154,7 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
         check_flag(flag, flag_value)
     for refusal in version_flags.refused(host.sglang.version, {**host.sglang.flags, **flags}):
         raise RenderError(refusal)
+    check_with_sglang_table(host, flags)
     if host.unit.user is not None and not USER_NAME.fullmatch(host.unit.user):
         raise RenderError(f"unit.user: {host.unit.user!r} is not a user name")
     if host.unit.description.endswith("\\"):
@@ -167,6 +168,15 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
     _validate_adopted(host)
     if "/" in host.unit.template or host.unit.template.startswith("."):
         raise RenderError(f"unit.template: {host.unit.template!r} must be a file name in the template folder")
+
+
+def check_with_sglang_table(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
+    """Every flag against SGLang's own table (agent/sglang/server_args.py): the inventory's baseline flags
+    that `flags` leave in place, then `flags`; the first one SGLang would refuse raises RenderError."""
+    baseline = {k: v for k, v in host.sglang.flags.items() if k not in flags}
+    for field, given in (("sglang.flags", baseline), ("flags", flags)):
+        for name, said in server_args.problems(host.sglang.version, given):
+            raise RenderError(f"{field}.{name}: {said}")
 
 
 def _validate_environment(environment: Mapping[str, str]) -> None:

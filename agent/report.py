@@ -179,9 +179,10 @@ def render_plan(host: str, plan: Plan) -> str:
     verdict = "feasible" if plan.feasible else "NOT FEASIBLE"
     lines = [
         f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis})",
+        *([f"  because         {plan.binding}"] if plan.binding else []),
         f"  predicted pool  {plan.predicted_pool_tokens:,} tokens (target {plan.context_length:,}, "
         f"with margin {plan.target_pool_tokens:,})",
-        "  flags           " + " ".join(f"--{k} {v}" for k, v in plan.flags().items()),
+        "  flags           " + " ".join(f"--{k} {_flag_text(v)}" for k, v in plan.flags().items()),
         f"  full-context requests at once  {plan.concurrency_at_full_context}",
         f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
     ]
@@ -197,6 +198,11 @@ def render_plan(host: str, plan: Plan) -> str:
     lines.extend(f"  warning: {w}" for w in plan.warnings)
     lines.extend(f"  note: {n}" for n in plan.notes)
     return "\n".join(lines)
+
+
+def _flag_text(value: Any) -> str:
+    """A flag's value for a person: fractions rounded to 3 decimals (0.766, not 0.7657059374999999)."""
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 def plan_with_chart(host: str, plan: Plan, running: Mapping[str, Any], *, unicode: bool) -> str:

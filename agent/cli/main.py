@@ -13,7 +13,7 @@ from agent import __version__
 from agent.cli.commands import adopt, apply, backups, facts, fleet, parse_log, plan, render, rollback, status
 from agent.errors import DeployError, UsageError
 from agent.exitcodes import ExitCode
-from agent.output import Output, terminal_text
+from agent.output import Output, closed_pipe, terminal_text
 
 # name -> (its module: configure(parser) and run(args, out), one-line help). Names are the public contract.
 COMMANDS: dict[str, tuple[ModuleType, str]] = {
@@ -30,11 +30,39 @@ COMMANDS: dict[str, tuple[ModuleType, str]] = {
 }
 
 
+# Exit status when stdout's reader went away before the command knew its outcome: what a shell reports
+# for a process that SIGPIPE ended (128 + 13). Output.write keeps going instead wherever it can.
+PIPE_CLOSED = 141
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting, so main() prints every error the same way."""
+    """argparse that raises instead of exiting, so main() prints every error the same way. Epilogs keep
+    their line breaks: each command's --help ends with examples, one a line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message, hint=f"see: {self.prog} --help")
+
+
+def _command_of(args: Sequence[str]) -> str:
+    """`deployctl plan` or `deployctl fleet apply` for the words given, `deployctl` without a command."""
+    words = [a for a in args if not a.startswith("-")]
+    for i, word in enumerate(words):
+        if word in COMMANDS:
+            action = words[i + 1 : i + 2] if word == "fleet" else []
+            return " ".join(["deployctl", word, *(a for a in action if a in ("apply", "status"))])
+    return "deployctl"
+
+
+def _with_help(hint: str | None, args: Sequence[str]) -> str:
+    """Every usage error's hint ends by naming the --help that explains the command."""
+    see = f"see: {_command_of(args)} --help"
+    if hint is None:
+        return see
+    return hint if "--help" in hint else f"{hint}; {see}"
 
 
 def _add_common(p: argparse.ArgumentParser, *, top: bool) -> None:
@@ -84,9 +112,13 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
         if debug:
             traceback.print_exc(file=out.stderr)
         print(f"deployctl: error: {terminal_text(exc.message, keep='')}", file=out.stderr)
-        if exc.hint:
-            print(f"deployctl: hint: {terminal_text(exc.hint, keep='')}", file=out.stderr)
+        hint = _with_help(exc.hint, args_list) if isinstance(exc, UsageError) else exc.hint
+        if hint:
+            print(f"deployctl: hint: {terminal_text(hint, keep='')}", file=out.stderr)
         return int(exc.exit_code)
+    except BrokenPipeError:  # stdout's reader went away outside Output.write: drop the rest quietly
+        closed_pipe(sys.stdout)
+        return PIPE_CLOSED
     except KeyboardInterrupt:
         print("deployctl: interrupted", file=out.stderr)
         return int(ExitCode.INTERRUPTED)

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import UsageError
+from agent.sglang.flags import FlagInput
 
 MAX_CONTEXT = 10_000_000
 MAX_REQUESTS = 1_000_000  # far above any GPU's batch; a bigger number is a typo, not a plan
 
-_CONTEXT = re.compile(r"(?P<num>[0-9]+)(?P<unit>k|K|Ki|M|Mi)?")
-_UNITS = {None: 1, "k": 1000, "K": 1000, "Ki": 1024, "M": 1000**2, "Mi": 1024**2}
+# The unit in any case: 1m is 1M and 128ki is 128Ki (there is no milli-token to confuse it with).
+_CONTEXT = re.compile(r"(?P<num>[0-9]+)(?P<unit>ki|k|mi|m)?", re.IGNORECASE)
+_UNITS = {None: 1, "k": 1000, "ki": 1024, "m": 1000**2, "mi": 1024**2}
 
 
 class ArgError(ValueError):
@@ -26,11 +28,11 @@ class ArgError(ValueError):
 
 
 def parse_context(text: str, flag: str = "--context") -> int:
-    """'200000', '200k'/'200K' (x1000), '128Ki' (x1024), '1M' -> tokens; anything else is refused."""
+    """'200000', '200k'/'200K' (x1000), '128Ki'/'128ki' (x1024), '1M'/'1m' -> tokens; else refused."""
     m = _CONTEXT.fullmatch(text.strip())
     if m is None:
         raise ArgError(f"{flag} {text!r} is not a token count (try 200k, 128Ki or 131072)")
-    tokens = int(m["num"]) * _UNITS[m["unit"]]
+    tokens = int(m["num"]) * _UNITS[m["unit"] and m["unit"].lower()]
     if tokens <= 0:
         raise ArgError(f"{flag} {text!r} must be a positive token count")
     if tokens > MAX_CONTEXT:
@@ -77,6 +79,49 @@ def typed(parse: Callable[[str, str], Any], flag: str) -> Callable[[str], Any]:
     return convert
 
 
+# Flags that have their own option: `--set` goes through the same check, and the two must not both be given.
+OPTION_FLAGS: dict[str, tuple[str, Callable[[str, str], FlagInput]]] = {
+    "context-length": ("context", parse_context),
+    "mem-fraction-static": ("mem_fraction_static", parse_fraction),
+    "max-running-requests": ("max_running_requests", parse_request_count),
+}
+
+
+def parse_set(text: str) -> tuple[str, FlagInput]:
+    """`FLAG=VALUE` (leading dashes optional) -> (flag, value); `true`/`false` give a bare flag or none."""
+    from agent.render import FLAG_NAME, check_text
+
+    name, eq, value = text.partition("=")
+    name = name.strip().lstrip("-")
+    check_text(f"--set {name}", name)
+    if not eq or not FLAG_NAME.fullmatch(name):
+        raise UsageError(
+            f"--set {text!r} is not FLAG=VALUE with a flag like mem-fraction-static",
+            hint="e.g. --set mem-fraction-static=0.94 or --set enable-metrics=true",
+        )
+    check_text(f"--set {name}", value)
+    if name in OPTION_FLAGS:
+        try:
+            return name, OPTION_FLAGS[name][1](value, f"--set {name}")
+        except ArgError as exc:
+            raise UsageError(str(exc)) from None
+    return name, {"true": True, "false": False}.get(value, value)
+
+
+def add_set_arg(p: argparse.ArgumentParser) -> None:
+    """--set FLAG=VALUE, repeatable; shared by the commands that render a unit."""
+    p.add_argument(
+        "--set",
+        dest="set_flags",
+        action="append",
+        default=[],
+        type=parse_set,
+        metavar="FLAG=VALUE",
+        help="set an SGLang flag over the baseline, checked against SGLang's own table: "
+        "kv-cache-dtype=fp8_e4m3 (true/false for a bare flag; repeatable)",
+    )
+
+
 @dataclass(frozen=True)
 class Connection:
     """Which host, and how to reach it."""
@@ -106,17 +151,29 @@ class Change:
     force: bool = False
     dry_run: bool = False
     yes: bool = False
+    flags: tuple[tuple[str, FlagInput], ...] = ()  # --set FLAG=VALUE beyond the three above
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Change:
+        flags = dict(getattr(args, "set_flags", None) or ())
+        if "context-length" in flags:
+            raise UsageError("--set context-length: the target context is --context")
         return cls(
             args.context,
-            args.mem_fraction_static,
-            args.max_running_requests,
+            _one_way(flags, "mem-fraction-static", args.mem_fraction_static),
+            _one_way(flags, "max-running-requests", args.max_running_requests),
             getattr(args, "force", False),
             getattr(args, "dry_run", False),
             getattr(args, "yes", False),
+            tuple(flags.items()),
         )
+
+
+def _one_way(flags: dict[str, FlagInput], name: str, option: Any) -> Any:
+    """A flag with its own option, taken out of the --set flags; given both ways, it is refused."""
+    if name in flags and option is not None:
+        raise UsageError(f"--set {name} and --{name} both given; use one")
+    return flags.pop(name) if name in flags else option
 
 
 def add_host_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -132,12 +189,19 @@ def add_target_args(
         "--context",
         required=context_required,
         type=typed(parse_context, "--context"),
-        help="target context in tokens: 200000, 200k (x1000) or 128Ki (x1024)",
+        help="target context in tokens: 200000, 200k or 1m (x1000, x1000000), 128Ki (x1024)",
     )
-    p.add_argument("--mem-fraction-static", type=typed(parse_fraction, "--mem-fraction-static"))
+    p.add_argument(
+        "--mem-fraction-static",
+        type=typed(parse_fraction, "--mem-fraction-static"),
+        metavar="F",
+        help="plan at this fraction instead of choosing one (strictly between 0 and 1)",
+    )
     p.add_argument(
         "--max-running-requests",
         type=typed(parse_request_count, "--max-running-requests"),
+        metavar="N",
+        help="keep this many concurrent requests instead of the planner's choice",
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from agent.errors import UsageError
@@ -11,8 +12,9 @@ from agent.exitcodes import ExitCode
 from agent.fleet.inventory import group_hosts
 from agent.fleet.results import FleetReport, progress_line, render_fleet, results_from_events
 from agent.fleet.runner import ansible_failed, forks_for, run_playbook
-from agent.inventory import GROUP_NAME, units_dir
+from agent.inventory import GROUP_NAME, HostConfig, units_dir
 from agent.output import Output
+from agent.sglang.flags import FlagInput
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -42,11 +44,25 @@ def check_canary(group: str, hosts: int, canary: int) -> None:
         )
 
 
+def set_flags(args: argparse.Namespace, members: Sequence[HostConfig]) -> dict[str, FlagInput]:
+    """--set for every host of the group, checked against each host's SGLang table before Ansible runs."""
+    from agent.render import check_with_sglang_table
+
+    flags: dict[str, FlagInput] = dict(args.set_flags)
+    if "context-length" in flags:
+        raise UsageError("--set context-length: the target context is --context")
+    for host in members:
+        check_with_sglang_table(host, flags)
+    return flags
+
+
 def apply(args: argparse.Namespace, out: Output) -> int:
     _check(args)  # --canary, --batch and --max-fail were checked by argparse (cli.commands.fleet)
     folder = units_dir(args.units)
-    hosts = [h.name for h in group_hosts(folder, args.group)]
+    members = group_hosts(folder, args.group)
+    hosts = [h.name for h in members]
     check_canary(args.group, len(hosts), args.canary)
+    flags = set_flags(args, members)
     if not args.yes:
         if not out.stdin_isatty:
             raise UsageError(
@@ -61,6 +77,7 @@ def apply(args: argparse.Namespace, out: Output) -> int:
         "deployctl_canary": args.canary,
         "deployctl_batch": args.batch,
         "deployctl_max_fail": args.max_fail,
+        **({"deployctl_set": flags} if flags else {}),
     }
     if not args.json:
         out.note(

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from agent.apply import allow_context, calibration_from, installed_sha256
+from agent.apply import allow_context, calibration_from, installed_sha256, with_set_flags
 from agent.cli.options import Change
 from agent.errors import ConnectError, DeployError
 from agent.fleet.calibrate import Measured, peer_key
@@ -23,7 +23,7 @@ from agent.protocol import Event, Request, new_txn_id, unit_sha256
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 from agent.render import redact_flags, render_unit, secret_values, template_dir
-from agent.sglang.flags import FlagsError, parse_unit_flags
+from agent.sglang.flags import FlagInput, FlagsError, parse_unit_flags
 from agent.verify import render_checked
 
 Emit = Callable[[str, str], None]  # (phase, message)
@@ -48,9 +48,16 @@ def _flags(text: str | None) -> dict[str, Any]:
 
 
 def plan_host(
-    host: HostConfig, context: int, facts: Mapping[str, Any], peers: Sequence[Measured]
+    host: HostConfig,
+    context: int,
+    facts: Mapping[str, Any],
+    peers: Sequence[Measured],
+    flags: Mapping[str, FlagInput] | None = None,
 ) -> tuple[Plan, tuple[str, ...]]:
-    """Plan from the host's own last start plus the canaries' measured starts, else the architecture."""
+    """Plan from the host's own last start plus the canaries' measured starts, else the architecture;
+    with the --set flags over the running ones, a fraction or request count among them kept as asked."""
+    change = _change(context, flags or {})
+    host, facts = with_set_flags(host, change, facts)
     running = facts.get("flags") or dict(host.sglang.flags)
     own = list(calibration_from(facts) or [])
     # The canaries' starts come first: the planner credits CUDA-graph memory from the last start that
@@ -58,17 +65,31 @@ def plan_host(
     # request count on identical hosts (32 at 200k on the simulated ct200); canary last gave 16.
     calibration = [*(p.start for p in peers), *own]
     sources = tuple(f"canary {p.host}" for p in peers) + (("own start",) if own else ())
-    plan = plan_for_host(host, Target(context), calibration or None, running)
+    asked = Target(context, change.mem_fraction_static, change.max_running_requests)
+    plan = plan_for_host(host, asked, calibration or None, running)
     return plan, sources if plan.basis == "calibrated" else ()
 
 
-def apply_host(
+def _change(context: int, flags: Mapping[str, FlagInput]) -> Change:
+    """The fleet's --set as the Change `deployctl apply` makes of it."""
+    rest = dict(flags)
+    fraction, requests = rest.pop("mem-fraction-static", None), rest.pop("max-running-requests", None)
+    return Change(
+        context,
+        float(str(fraction)) if fraction is not None else None,
+        int(str(requests)) if requests is not None else None,
+        flags=tuple(rest.items()),
+    )
+
+
+def apply_host(  # noqa: PLR0913 - as _planned below
     host: HostConfig,
     context: int,
     peers: Sequence[Measured],
     emit: Emit,
     *,
     check: bool = False,
+    flags: Mapping[str, FlagInput] | None = None,
 ) -> HostResult:
     """Plan, render and apply on one host; every expected failure becomes a result, never a raise.
 
@@ -76,7 +97,7 @@ def apply_host(
     """
     try:
         with connected(host) as client:
-            return _apply(client, context, peers, emit, check)
+            return _apply(client, context, peers, emit, check, flags or {})
     except ConnectionLost as exc:  # re-attaching failed too: the host finishes on its own
         return HostResult(
             host.name, "unreachable", f"connection lost and not regained: {exc.message}", context
@@ -87,26 +108,37 @@ def apply_host(
         return HostResult(host.name, "error", exc.message, context)
 
 
-def _apply(
-    client: AgentClient, context: int, peers: Sequence[Measured], emit: Emit, check: bool
+def _apply(  # noqa: PLR0913 - as _planned below
+    client: AgentClient,
+    context: int,
+    peers: Sequence[Measured],
+    emit: Emit,
+    check: bool,
+    flags: Mapping[str, FlagInput],
 ) -> HostResult:
     host = client.host
     ask = base_request(host, "facts")
     # facts and the apply planned from them: one agent process over one channel, as `deployctl apply`
     with client.converse(ask) as talk:
         if not talk.answer.get("orphan"):
-            return _planned(talk, context, peers, emit, check)
+            return _planned(talk, context, peers, emit, check, flags)
     emit("recover", "an earlier change's agent died before it finished; recovering first")
     follow_outcome(client, host, base_request(host, "recover"), emit)
     with client.converse(ask) as talk:
-        return _planned(talk, context, peers, emit, check)
+        return _planned(talk, context, peers, emit, check, flags)
 
 
-def _planned(
-    talk: Conversation, context: int, peers: Sequence[Measured], emit: Emit, check: bool
+def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peers, sink, mode and flags
+    talk: Conversation,
+    context: int,
+    peers: Sequence[Measured],
+    emit: Emit,
+    check: bool,
+    flags: Mapping[str, FlagInput],
 ) -> HostResult:
     host, facts = talk.client.host, talk.answer
-    plan, sources = plan_host(host, context, facts, peers)
+    plan, sources = plan_host(host, context, facts, peers, flags)
+    unit_flags = {**dict(_change(context, flags).flags), **plan.flags()}
     figures = PlanFigures(
         plan.mem_fraction_static,
         plan.max_running_requests,
@@ -129,7 +161,7 @@ def _planned(
             context, figures, before=before,
         )  # fmt: skip
     target_host = allow_context(host, Change(context))
-    new_text = render_checked(target_host, plan.flags(), installed=old_text)
+    new_text = render_checked(target_host, unit_flags, installed=old_text)
     if check:
         differs = unit_sha256(new_text) != installed_sha256(facts)
         return HostResult(
@@ -137,7 +169,7 @@ def _planned(
             "check mode: the unit would change" if differs else "check mode: the unit would not change",
             context, figures, before=before, after=redact_flags(_flags(new_text)),
         )  # fmt: skip
-    env_secrets, flag_secrets = secret_values(target_host, plan.flags())
+    env_secrets, flag_secrets = secret_values(target_host, unit_flags)
     req = base_request(
         host,
         "apply",

@@ -12,6 +12,8 @@ from agent.fleet.calibrate import peers_for
 from agent.fleet.hostrun import apply_host, host_status, measurement, rollback_host
 from agent.fleet.results import HostResult
 from agent.inventory import HostConfig, load_host, units_dir
+from agent.render import check_with_sglang_table
+from agent.sglang.flags import FlagInput
 
 FACT = "deployctl_measured"
 
@@ -40,6 +42,19 @@ def _context(value: Any) -> int:
         raise DeployError(str(exc)) from None
 
 
+def _set_flags(host: HostConfig, value: Any) -> dict[str, FlagInput]:
+    """`set:` FLAG: VALUE pairs (deployctl fleet apply --set), checked against SGLang's table."""
+    if value in (None, ""):
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in value.items()
+    ):
+        raise DeployError("set: must map flag names to values, e.g. {kv-cache-dtype: fp8_e4m3}")
+    flags: dict[str, FlagInput] = dict(value)
+    check_with_sglang_table(host, flags)
+    return flags
+
+
 def _module_result(result: HostResult) -> dict[str, Any]:
     data = result.to_dict()
     data["msg"] = f"{result.host}: {result.outcome}: {result.message}"
@@ -61,10 +76,11 @@ def apply(
     try:
         host = _host(args, task_vars)
         context = _context(args.get("context"))
+        flags = _set_flags(host, args.get("set"))
     except DeployError as exc:
         return _bad_args(exc)
     peers = peers_for(host, task_vars.get("deployctl_flags") or dict(host.sglang.flags), peer_facts)
-    result = apply_host(host, context, peers, events.emitter(host.name), check=check)
+    result = apply_host(host, context, peers, events.emitter(host.name), check=check, flags=flags)
     data = _module_result(result)
     measured = measurement(host, result)
     if args.get("canary") and measured is not None:

@@ -118,8 +118,26 @@ class Transaction:
         compared = self.compare()
         if isinstance(compared, Result):
             return compared
+        refused = self._check_with_sglang(self.req.unit_text)
+        if refused is not None:
+            return refused
         gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts)
         return self._shadowed() or self._change(self.req.unit_text, compared, gate, smoke=self.req.smoke)
+
+    def _check_with_sglang(self, new: str) -> Result | None:
+        """Validate before install: the host's own SGLang parser reads the new flags (host/argcheck.py)."""
+        from agent.host.argcheck import Verdict, check_unit
+
+        checked = check_unit(new)
+        if checked.verdict is Verdict.REFUSED:
+            msg = f"SGLang's own argument parser refuses the new flags: {checked.detail}"
+            self.log.emit(Stage.COMPARE, "warning", msg)
+            return Result(Outcome.ERROR, msg + "; nothing changed")
+        said = (
+            checked.detail if checked.verdict is Verdict.ACCEPTED else f"flag check skipped: {checked.detail}"
+        )
+        self.log.emit(Stage.COMPARE, "step", said)
+        return None
 
     def compare(self, wait: bool = True) -> Result | dict[str, str | None]:
         """The installed unit against the request, changing nothing: a Result when there is nothing to

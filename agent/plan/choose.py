@@ -9,7 +9,9 @@ from typing import Any
 
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.alternatives import Alternative, Need, alternatives
+from agent.plan.failed import bounded, failed_starts
 from agent.plan.model import Flags, PoolModel, flag, from_architecture, from_calibration, version
+from agent.plan.refusals import refusals
 from agent.sglang import kvpool
 
 Calibration = Mapping[str, Any] | Sequence[Mapping[str, Any]]
@@ -50,6 +52,8 @@ class Plan:
     alternatives: tuple[Alternative, ...] = ()
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
+    refusals: tuple[str, ...] = ()  # why SGLang would not start this unit at all (plan/refusals.py)
+    binding: str | None = None  # for a plan that is not feasible: the constraint that binds
 
     def flags(self) -> dict[str, FlagValue]:
         return {
@@ -62,6 +66,7 @@ class Plan:
         data = asdict(self)
         data["alternatives"] = [a.to_dict() for a in self.alternatives]
         data["notes"], data["warnings"] = list(self.notes), list(self.warnings)
+        data["refusals"] = list(self.refusals)
         data["reserve_gib_per_gpu"] = round(self.reserve_gib_per_gpu, 3)
         data["pre_gib"], data["post_gib"] = round(self.pre_gib, 4), round(self.post_gib, 4)
         data["cell_bytes"] = round(self.cell_bytes, 1)
@@ -77,7 +82,8 @@ def plan_for_host(
     model: PoolModel | None = None,
 ) -> Plan:
     """Plan a target context: calibrated from earlier starts when given, else from the architecture;
-    a model built elsewhere (from a host's facts) is taken as it is."""
+    a model built elsewhere (from a host's facts) is taken as it is, the starts then only bounding it
+    where one ran out of memory."""
     target, fraction, max_running = asked.context, asked.fraction, asked.max_running
     notes: list[str] = []
     if model is None and calibration:
@@ -97,6 +103,7 @@ def plan_for_host(
             "the first real start will calibrate the plan"
         )
     notes.extend(model.notes)
+    model, failures = _after_failures(model, calibration, running_flags, target)
     options = [max_running] if max_running else _request_options(host, running_flags)
     goal = math.ceil(target * (1 + host.planning.margin))
     floor = host.planning.reserve_floor_gib
@@ -141,7 +148,60 @@ def plan_for_host(
             f"and is kept: {smallest:.3f} would too, with fewer tokens for concurrent requests"
         )
     plan = _explained(plan, host, running_flags, model, notes)
-    return plan if fraction is None else _against_recommendation(plan, model, need, options, running_flags)
+    plan = replace(plan, warnings=(*failures, *plan.warnings))
+    if fraction is not None:
+        plan = _against_recommendation(plan, model, need, options, running_flags)
+    return _bound(plan, host, model, need)
+
+
+def _bound(plan: Plan, host: HostConfig, model: PoolModel, need: Need) -> Plan:
+    """The plan with SGLang's refusals folded into its verdict, and the constraint that binds named."""
+    refused = tuple(refusals(host, plan.context_length, model))
+    feasible = plan.feasible and not refused
+    if feasible:
+        return plan
+    binding = "; and ".join([*refused[:1], *([_memory_bound(plan, need)] if not plan.feasible else [])])
+    kept = tuple(a for a in plan.alternatives if _approaches(a, plan, need))
+    return replace(plan, feasible=False, refusals=refused, binding=binding, alternatives=kept)
+
+
+def _memory_bound(plan: Plan, need: Need) -> str:
+    """Which memory limit keeps the pool from the target."""
+    f, pool, floor = plan.mem_fraction_static, plan.predicted_pool_tokens, need.floor
+    if plan.user_fraction and pool < need.target:
+        return f"the fraction given, {f:.3f}, holds {pool:,} tokens of the {need.target:,} asked"
+    if plan.user_fraction:
+        return f"the memory floor: at the fraction given, {f:.3f}, under {floor:.1f} GiB stays free per GPU"
+    if plan.forced_fraction is None:
+        return (
+            f"the memory floor: no fraction leaves {floor:.1f} GiB free per GPU with "
+            f"{plan.max_running_requests} requests at this context"
+        )
+    return (
+        f"the memory floor: {plan.forced_fraction:.3f}, the highest fraction that leaves {floor:.1f} GiB "
+        f"free per GPU, holds {plan.forced_pool_tokens or 0:,} tokens of the {need.goal:,} needed"
+    )
+
+
+def _approaches(alt: Alternative, plan: Plan, need: Need) -> bool:
+    """An alternative worth a line: it reaches the target, or closes at least half of the gap the plan
+    leaves (a smaller context always fits by construction: it is the largest that does)."""
+    if alt.reaches_target or "context-length" in alt.flags:
+        return True
+    have = plan.forced_pool_tokens if plan.forced_pool_tokens is not None else plan.predicted_pool_tokens
+    return alt.predicted_pool_tokens - have >= (need.goal - have) / 2
+
+
+def _after_failures(
+    model: PoolModel,
+    calibration: Calibration | None,
+    flags: Flags,
+    target: int,
+) -> tuple[PoolModel, list[str]]:
+    """The model bounded by the earlier starts that ran out of memory (plan/failed.py), and why."""
+    history = [calibration] if isinstance(calibration, Mapping) else list(calibration or [])
+    requests = int(str(flag(flags, "max-running-requests") or PLAIN_DEFAULT_REQUESTS))
+    return bounded(model, failed_starts(history, requests, target))
 
 
 def _request_options(host: HostConfig, flags: Flags) -> list[int]:

@@ -506,6 +506,12 @@ def _calibrated(
     return replace(base, runtime_gib=runtime, runtime_measured=measured_runtime, **_graphs(starts, flags))
 
 
+ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
+ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
 def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostConfig:
     """The inventory-shaped view the plan's notes and alternatives read (no SSH: it is never contacted)."""
     par = parallel(inp)
@@ -532,6 +538,8 @@ def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostCon
         "gpus": {"count": len(inp.gpus), "memory_gib": gpu.memory_gib, "name": gpu.name},
         "model": model,
         "draft": draft,
+        # the one variable that changes what SGLang accepts (plan/refusals.py): a context above the model's
+        "unit": {"environment": {k: v for k, v in inp.env.items() if k == ALLOW_LONGER_CONTEXT}},
         "sglang": {
             "version": inp.sglang_version,
             "flags": {**{k: v for k, v in inp.flags.items()}, "mem-fraction-static": fraction},
@@ -549,7 +557,7 @@ def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
     """deployctl plan --facts FILE: the plan, its notes naming every figure's origin."""
     fm = pool_model(inp, asked.context)
     host = synthetic_host(inp, fm.layout, fm.fraction)
-    plan = plan_for_host(host, asked, None, host.sglang.flags, model=fm.pool)
+    plan = plan_for_host(host, asked, inp.starts or None, host.sglang.flags, model=fm.pool)
     sources = [f"{k}: {v}" for k, v in inp.sources.items()]
     extra = [*fm.notes, "figures from " + "; ".join(sources)]
     warnings = list(plan.warnings)

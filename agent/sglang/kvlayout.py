@@ -219,13 +219,61 @@ def _int(cfg: Mapping[str, Any], name: str, what: str) -> int:
     return value
 
 
-def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """hf_text_config: text_config / llm_config / language_config for multimodal configs, else the config."""
+# Keys a published config.json may leave out because they sit at the config class's default: transformers
+# fills them when it loads the config, and SGLang reads that object. The class's literal defaults (values it
+# derives, such as Llama's head_dim = hidden_size / heads, are derived here too), transformers 5.19.0:
+CLASS_DEFAULTS: dict[str, dict[str, int]] = {
+    # models/gemma3/configuration_gemma3.py Gemma3TextConfig (Gemma 3's text_config)
+    "gemma3_text": {"hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8,
+                    "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
+                    "sliding_window": 4096},
+    # models/llama/configuration_llama.py LlamaConfig (num_key_value_heads None: the attention heads)
+    "llama": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "max_position_embeddings": 2048},
+    # models/mistral/configuration_mistral.py MistralConfig
+    "mistral": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "max_position_embeddings": 131072, "sliding_window": 4096},
+    # models/mixtral/configuration_mixtral.py MixtralConfig
+    "mixtral": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "max_position_embeddings": 131072},
+    # models/qwen2/configuration_qwen2.py Qwen2Config
+    "qwen2": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 32, "max_position_embeddings": 32768},
+    # models/qwen3/configuration_qwen3.py Qwen3Config
+    "qwen3": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768},
+}  # fmt: skip
+# A multimodal config's text part without a model_type: the class its parent's type implies.
+_TEXT_TYPE = {"gemma3": "gemma3_text"}
+
+
+def with_class_defaults(cfg: Mapping[str, Any], parent_type: str = "") -> Mapping[str, Any]:
+    """The config as transformers loads it: the keys left at the class's default filled in."""
+    model_type = str(cfg.get("model_type") or _TEXT_TYPE.get(parent_type, ""))
+    defaults = CLASS_DEFAULTS.get(model_type)
+    if not defaults:
+        return cfg
+    return {**defaults, **cfg}
+
+
+def lm_subconfig(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The language model's sub-config of a multimodal config (with its class defaults), or None."""
+    parent = str(config.get("model_type") or "")
     for key in ("thinker_config", "llm_config", "language_config", "text_config"):
         sub = config.get(key)
-        if isinstance(sub, Mapping) and (sub.get("num_hidden_layers") or sub.get("hybrid_override_pattern")):
+        if not isinstance(sub, Mapping):
+            continue
+        sub = with_class_defaults(sub, parent)
+        if sub.get("num_hidden_layers") or sub.get("hybrid_override_pattern"):
             return sub
-    return config
+    return None
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """hf_text_config: text_config / llm_config / language_config for multimodal configs, else the config;
+    with the keys its config class would fill (CLASS_DEFAULTS)."""
+    sub = lm_subconfig(config)
+    return sub if sub is not None else with_class_defaults(config)
 
 
 def context_length(cfg: Mapping[str, Any]) -> int:
@@ -355,7 +403,7 @@ def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayou
     text = text_config(config)
     # configs/model_config.py: multimodal when the arch is listed or the LM config is a sub-config
     # (has_multimodal_subconfig); Gemma 3, Llama 4, Step3-VL turn it off unless --enable-multimodal.
-    structural = arch in MULTIMODAL_ARCHS or text is not config
+    structural = arch in MULTIMODAL_ARCHS or lm_subconfig(config) is not None
     common: dict[str, Any] = {
         "arch": arch,
         "multimodal": structural and not is_draft,

@@ -47,7 +47,7 @@ ExecStart=/opt/sglang/.venv/bin/python -m sglang.launch_server \\
 # a comment inside the continued line
     '--tool-call-parser=kimi_k2' --tp-size 8 --context-length 32768 \\
     --mem-fraction-static 0.85 --chat-template "/etc/sglang/t 100%%.jinja" --trust-remote-code \\
-    --host 0.0.0.0 --port 30000 --tag a$$b
+    --host 0.0.0.0 --port 30000 --tokenizer-path a$$b
 LimitNOFILE=1048576
 Nice=-5
 CPUAffinity=0-31
@@ -97,9 +97,11 @@ def test_reading_a_hand_written_unit_keeps_secret_values_out() -> None:
 
 
 def test_the_host_answer_holds_no_secret_value(tmp_path: Path) -> None:
-    answer = repr(inspected(tmp_path, HAND.replace("--tag a$$b", "--api-key sk-live-123")))
+    answer = repr(inspected(tmp_path, HAND.replace("--tokenizer-path a$$b", "--api-key sk-live-123")))
     assert TOKEN not in answer and "hf_s3cr3t" not in answer and "sk-live-123" not in answer
-    unit = choose_unit(inspected(tmp_path, HAND.replace("--tag a$$b", "--api-key sk-live-123")), None)
+    unit = choose_unit(
+        inspected(tmp_path, HAND.replace("--tokenizer-path a$$b", "--api-key sk-live-123")), None
+    )
     assert unit.secret_flags == ["api-key"]
     with pytest.raises(UsageError, match="secret flags"):
         inventory_text("h", "h", False, unit)
@@ -145,11 +147,13 @@ def test_the_inventory_is_commented_and_keeps_the_entrypoint(tmp_path: Path) -> 
 
 
 def test_numbers_keep_their_spelling(tmp_path: Path) -> None:
-    text = HAND.replace("--mem-fraction-static 0.85", "--mem-fraction-static 0.850 --max-total-tokens 1e5")
+    text = HAND.replace(
+        "--mem-fraction-static 0.85", "--mem-fraction-static 0.850 --schedule-conservativeness 1e0"
+    )
     host = adopted(tmp_path, text)
     assert host.sglang.flags["mem-fraction-static"] == "0.850" and host.sglang.flags["tp-size"] == 8
     words = dbus_argv(render_unit(host, {}, template_dir()))[1]
-    assert "0.850" in words and "1e5" in words
+    assert "0.850" in words and "1e0" in words
 
 
 @pytest.mark.parametrize(
@@ -219,7 +223,7 @@ def test_split_command_puts_the_resolved_path_first(tmp_path: Path) -> None:
     unit = choose_unit(inspected(tmp_path), None)
     executable, flags = split_command(unit)
     assert executable[1:] == ["-m", "sglang.launch_server"] and flags["served-model-name"] == "kimi k2.6"
-    assert flags["chat-template"] == "/etc/sglang/t 100%.jinja" and flags["tag"] == "a$b"
+    assert flags["chat-template"] == "/etc/sglang/t 100%.jinja" and flags["tokenizer-path"] == "a$b"
 
 
 def test_an_existing_inventory_is_not_overwritten_without_force(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ def assert_refused(result: tuple[int, str, str], *words: str) -> str:
     ("text", "tokens"), [("200000", 200000), ("200k", 200000), ("200K", 200000), ("128Ki", 131072)]
 )
 def test_context_accepted(text: str, tokens: int, empty_cwd: Path) -> None:
-    code, stdout, stderr = run_cli("render", "ct200", "--context", text)
+    code, stdout, stderr = run_cli("render", "ct200", "--context", text, "--mem-fraction-static", "0.9")
     assert (code, stderr) == (0, "")
     assert f"    --context-length {tokens} \\\n" in stdout
     assert list(empty_cwd.iterdir()) == []

@@ -211,3 +211,33 @@ def test_a_canary_bigger_than_the_group_is_refused_before_ansible_runs(
     assert code == ExitCode.OK, err
     assert calls == [({"deployctl_group": "g", "deployctl_context": 200_000, "deployctl_canary": 3,
                        "deployctl_batch": "100%", "deployctl_max_fail": 0}, 3)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("kv-cache-dtype=fp8", "--kv-cache-dtype 'fp8' is not one of"),
+        ("context-lenght=5", "did you mean --context-length"),
+        ("context-length=5", "the target context is --context"),
+    ],
+)
+def test_a_bad_set_is_refused_before_ansible_runs(tmp_path: Path, value: str, says: str) -> None:
+    units = _units(tmp_path, {"a": 'groups = ["ct-fleet"]'})
+    code, err = _fleet_main(units, ["ct-fleet", "--context", "200k", "--set", value])
+    assert code == ExitCode.USAGE
+    assert err.startswith("deployctl: error: ") and says in err.splitlines()[0], err
+
+
+def test_the_fleet_plans_each_host_with_the_set_flags() -> None:
+    """--set kv-cache-dtype=fp8_e4m3 reaches each host's plan (250k fits only with it on ct200-sim)."""
+    from agent.fleet.hostrun import plan_host
+    from agent.fleet.plugin import _set_flags
+
+    host = load_host("ct200-sim", UNITS)
+    plain, _ = plan_host(host, 250_000, {}, [])
+    fp8, _ = plan_host(host, 250_000, {}, [], _set_flags(host, {"kv-cache-dtype": "fp8_e4m3"}))
+    assert not plain.feasible and fp8.feasible
+    fixed, _ = plan_host(host, 200_000, {}, [], {"mem-fraction-static": "0.9"})
+    assert fixed.mem_fraction_static == 0.9
+    with pytest.raises(UsageError, match="did you mean"):
+        _set_flags(host, {"kv-cache-dtyp": "fp8_e4m3"})

@@ -130,7 +130,9 @@ def test_400k_is_infeasible_with_alternatives() -> None:
     # The forced fraction keeps the floor, one step more does not.
     assert p.reserve_gib_per_gpu >= p.reserve_floor_gib
     changes = {a.change.split(" (")[0].split(":")[0] for a in p.alternatives}
-    assert changes == {"fp8 KV cache", "a smaller context", "fewer concurrent requests", "more GPUs"}
+    # One request instead of 64 frees only req_to_token rows before graph memory is measured (about 1.3k
+    # tokens of the 170k missing): it neither reaches nor approaches the target, so it is not listed.
+    assert changes == {"fp8 KV cache", "a smaller context", "more GPUs"}
     fp8 = next(a for a in p.alternatives if a.change.startswith("fp8"))
     assert fp8.reaches_target and fp8.flags["kv-cache-dtype"] == "fp8_e4m3"
     assert fp8.predicted_pool_tokens >= 408_000

@@ -4,20 +4,39 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli.options import Change, Connection, add_connection_args, add_target_args, add_yes_arg
+from agent.cli.options import (
+    Change,
+    Connection,
+    add_connection_args,
+    add_set_arg,
+    add_target_args,
+    add_yes_arg,
+)
 from agent.output import Output
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_target_args(p, context_required=True)
+    add_set_arg(p)
     add_yes_arg(p)
     p.add_argument("--force", action="store_true", help="apply even when the plan says the target cannot fit")
     p.add_argument("--dry-run", action="store_true", help="show the plan and the diff, change nothing")
     add_connection_args(p)
+    p.epilog = (
+        "example: deployctl apply ct200 --context 200k --dry-run   (the plan and the diff; no change)\n"
+        "example: deployctl apply ct200 --context 200k --yes\n"
+        "example: deployctl apply ct200 --context 400k --set kv-cache-dtype=fp8_e4m3 --dry-run"
+    )
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     from agent import deploy  # SSH and the planner load only when a command runs
 
     out.json, out.quiet = args.json, args.quiet
-    return deploy.apply(Connection.of(args), Change.of(args), out)
+    change = Change.of(args)
+    if change.flags:  # SGLang's own table refuses a bad --set before any connection is made
+        from agent.inventory import load_host, units_dir
+        from agent.render import check_with_sglang_table
+
+        check_with_sglang_table(load_host(args.host, units_dir(args.units)), dict(change.flags))
+    return deploy.apply(Connection.of(args), change, out)

@@ -11,6 +11,7 @@ from agent.output import Output
 def configure(p: argparse.ArgumentParser) -> None:
     add_host_arg(p)
     add_connection_args(p)
+    p.epilog = "example: deployctl backups ct200"
 
 
 def run(args: argparse.Namespace, out: Output) -> int:

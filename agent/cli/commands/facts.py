@@ -16,8 +16,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_host_arg(p)
     add_connection_args(p)  # --json prints the facts file (deployctl-facts/1)
     p.epilog = (
-        "The JSON plans offline: deployctl facts ct200 --json > ct200.json; "
-        "deployctl plan --facts ct200.json --context 200k"
+        "example: deployctl facts ct200 --json > ct200.json\n"
+        "The JSON plans offline: deployctl plan --facts ct200.json --context 200k"
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from agent.cli.options import ArgError, parse_context
+from agent.cli.options import ArgError, add_set_arg, parse_context
 from agent.errors import UsageError
 from agent.output import Output
 
@@ -52,7 +52,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     sub.required = True
     a = sub.add_parser("apply", help="canary first, then batches; halts when a host fails its gate")
     a.add_argument("group", help="an inventory group (groups = [...] in units/<host>.toml), or all")
-    a.add_argument("--context", required=True, type=context)
+    a.add_argument("--context", required=True, type=context, help="target context: 200k, 1m, 128Ki")
     a.add_argument("--canary", type=canary, default=1, help="hosts in the canary batch (default 1)")
     a.add_argument(
         "--batch", type=batch, default="25%", help="later batches: a host count or a percentage (25%%)"
@@ -65,16 +65,23 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     a.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     a.add_argument("--json", action="store_true", help="events and the report as JSON lines")
+    add_set_arg(a)
+    a.epilog = (
+        "example: deployctl fleet apply gpu --context 200k --canary 1 --batch 25%\n"
+        "example: deployctl fleet apply gpu --context 400k --set kv-cache-dtype=fp8_e4m3"
+    )
     a.set_defaults(fleet_run="apply")
     s = sub.add_parser("status", help="each host's measured pool and drift from what the plan renders")
-    s.add_argument("group")
+    s.add_argument("group", help="an inventory group, or all")
     s.add_argument(
         "--context",
         type=context,
         help="drift against the plan for this context (default: the one each host was last deployed to)",
     )
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print the hosts as one JSON object")
+    s.epilog = "example: deployctl fleet status gpu --context 200k"
     s.set_defaults(fleet_run="status")
+    p.epilog = "example: deployctl fleet apply gpu --context 200k\nexample: deployctl fleet status gpu"
 
 
 def run(args: argparse.Namespace, out: Output) -> int:

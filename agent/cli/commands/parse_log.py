@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING
@@ -17,19 +18,41 @@ if TYPE_CHECKING:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", nargs="?", default="-", help="log file, or - for stdin (default)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.epilog = (
+        "A file with no SGLang start in it is refused (exit 2).\n"
+        "example: deployctl parse-log ct200-start.log --json\n"
+        "example: deployctl parse-log -   (journalctl -u sglang.service -b | deployctl parse-log -)"
+    )
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    """Summarise the log; exit 0 whatever it says (the summary is the answer, not a verdict)."""
+    """Summarise the log; exit 0 whatever the start did (the summary is the answer, not a verdict), but a
+    file in which no SGLang start can be seen is refused rather than summarised as a row of `?`."""
     from agent.sglang.logs.summary import summarize  # the parser loads only for the commands that parse
 
     summary = summarize(_read(args.file).split("\n"))
+    if not said_anything(summary):
+        name = "stdin" if args.file == "-" else args.file
+        raise UsageError(
+            f"{name}: no SGLang start in it (no server_args, Load weight, KV Cache, ready or failure line)",
+            hint="journalctl -u sglang.service -b | deployctl parse-log -",
+        )
     if args.json:
         out.print(json.dumps(summary.to_dict(), sort_keys=True))
     else:
         for line in render(summary):
             out.print(line)
     return 0
+
+
+def said_anything(s: StartSummary) -> bool:
+    """Whether the log showed any part of a start: a figure, the ready line or a failure."""
+    figures = dataclasses.asdict(s)
+    return (
+        s.ready
+        or s.failure is not None
+        or any(v is not None for k, v in figures.items() if k not in ("ready", "failure"))
+    )
 
 
 def _read(path: str) -> str:

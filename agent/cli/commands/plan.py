@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.cli.options import Connection, add_target_args
+from agent.cli.options import Change, Connection, add_set_arg, add_target_args
 from agent.errors import UsageError
 from agent.inventory import load_host, units_dir
 from agent.output import Output, Style
 
 if TYPE_CHECKING:
-    from agent.plan.choose import Target
+    from agent.plan.choose import Plan, Target
+    from agent.plan.startcheck import Planned
+
+# plan's exit status: 0 feasible, NOT_FEASIBLE when the plan cannot reach the target (it is printed all the
+# same), 2 bad input, 3 host unreachable. A script can branch on it: `deployctl plan ... && deployctl apply`.
+NOT_FEASIBLE = 8
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_target_args(p, context_required=True, host_required=False)
+    add_set_arg(p)
     p.add_argument(
         "--facts",
         metavar="FILE",
@@ -41,15 +47,18 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-new-host-key", action="store_true", help="trust an unknown SSH host key once")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.epilog = (
-        "Without --from-log or --offline the host's last start is read over SSH to calibrate the plan. "
-        "example: deployctl plan ct200 --context 200k --from-log ct200-start.log"
+        "Without --from-log or --offline the host's last start is read over SSH to calibrate the plan.\n"
+        f"exit status: 0 feasible, {NOT_FEASIBLE} not feasible (printed either way), 2 bad input\n"
+        "example: deployctl plan ct200 --context 200k --from-log ct200-start.log\n"
+        "example: deployctl plan --facts ct200.json --context 200k --json\n"
+        "example: deployctl plan ct200 --context 400k --set kv-cache-dtype=fp8_e4m3 --offline"
     )
 
 
-def _asked(args: argparse.Namespace) -> Target:
+def _asked(change: Change) -> Target:
     from agent.plan.choose import Target  # the planner loads when a command plans, not with the parser
 
-    return Target(args.context, args.mem_fraction_static, args.max_running_requests)
+    return Target(change.context, change.mem_fraction_static, change.max_running_requests)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -60,18 +69,25 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return _run_facts(args, out)
     if not args.host:
         raise UsageError("a host is required (or --facts FILE)", hint="see: deployctl plan --help")
+    from agent.apply import with_set_flags
+    from agent.render import check_with_sglang_table
+
+    change = Change.of(args)
     host = load_host(args.host, units_dir(args.units))
-    history: list[dict[str, Any]] | None = [read_start(Path(name)) for name in args.from_log] or None
+    check_with_sglang_table(host, dict(change.flags))
+    host = with_set_flags(host, change, {})[0]
+    history, set_aside = checked_starts(args.from_log, planned_for(None, host.model.path, host.sglang.flags,
+                                                                     host.gpus.count))  # fmt: skip
     running: Mapping[str, Any] = host.sglang.flags
-    asked = _asked(args)
-    if not history and not args.offline:
+    asked = _asked(change)
+    if not args.from_log and not args.offline:
         from agent import deploy  # SSH only when the host is asked
         from agent.apply import calibration_from
         from agent.remote.client import base_request
 
         with deploy.session(Connection.of(args)) as s:
-            facts = s.client.call(base_request(s.host, "facts"))
-        history = [dict(h) for h in calibration_from(facts) or []] or None
+            facts = with_set_flags(host, change, s.client.call(base_request(s.host, "facts")))[1]
+        history = [dict(h) for h in calibration_from(facts) or []]
         running = facts.get("flags") or running
         from agent.plan.from_facts import plan_from_host_facts
 
@@ -79,13 +95,19 @@ def run(args: argparse.Namespace, out: Output) -> int:
         if from_host is not None:
             chart = plan_with_chart(host.name, from_host, running, unicode=out.style is Style.TTY)
             out.print(json.dumps(from_host.to_dict(), indent=2) if args.json else chart)
-            return 0
-    plan = plan_for_host(host, asked, history, running)
+            return verdict(from_host)
+    plan = plan_for_host(host, asked, history or None, running)
+    plan = replace(plan, notes=(*set_aside, *plan.notes))
     if args.json:
         out.print(json.dumps(plan.to_dict(), indent=2))
     else:
         out.print(plan_with_chart(host.name, plan, running, unicode=out.style is Style.TTY))
-    return 0  # an infeasible plan is information, not a failure
+    return verdict(plan)
+
+
+def verdict(plan: Plan) -> int:
+    """The exit status says whether the plan is feasible; either way the plan was printed."""
+    return 0 if plan.feasible else NOT_FEASIBLE
 
 
 def _run_facts(args: argparse.Namespace, out: Output) -> int:
@@ -93,25 +115,69 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     from agent.plan.facts import load_facts
     from agent.plan.from_facts import plan_from_facts
     from agent.report import plan_with_chart
+    from agent.sglang import server_args
 
     if args.host:
         raise UsageError("give a host or --facts FILE, not both")
+    change = Change.of(args)
     inp = load_facts(Path(args.facts))
-    if args.from_log:
-        inp = replace(inp, starts=(*inp.starts, *(read_start(Path(n)) for n in args.from_log)))
-    plan = plan_from_facts(inp, _asked(args))
+    for name, said in server_args.problems(inp.sglang_version, dict(change.flags)):
+        raise UsageError(f"--set {name}: {said}")
+    if change.flags:
+        given = {k: " ".join(v) if isinstance(v, tuple) else v for k, v in change.flags}  # --set: one word
+        inp = replace(inp, flags={**inp.flags, **given})
+    arch = (inp.model.config.get("architectures") or [None])[0]
+    starts, set_aside = checked_starts(
+        args.from_log, planned_for(arch, inp.model.path or "", inp.flags, len(inp.gpus))
+    )
+    inp = replace(inp, starts=(*inp.starts, *starts))
+    plan = plan_from_facts(inp, _asked(change))
+    plan = replace(plan, notes=(*set_aside, *plan.notes))
     chart = plan_with_chart(inp.name, plan, inp.flags, unicode=out.style is Style.TTY)
     out.print(json.dumps(plan.to_dict(), indent=2) if args.json else chart)
-    return 0
+    return verdict(plan)
 
 
-def read_start(path: Path) -> dict[str, Any]:
-    """The summary of one start-up log file; a missing or unreadable file is a usage error."""
+def planned_for(arch: str | None, path: str, flags: Mapping[str, Any], gpus: int) -> Planned:
+    from agent.plan.startcheck import Planned
+
+    def number(*names: str, default: int) -> int:
+        return int(str(next((flags[n] for n in names if n in flags), default)))
+
+    tp = number("tp-size", "tensor-parallel-size", default=gpus)
+    pp = number("pp-size", "pipeline-parallel-size", default=1)
+    return Planned(arch, path, tp, pp, str(flags.get("kv-cache-dtype") or "auto"))
+
+
+def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[dict[str, Any]], list[str]]:
+    """The --from-log starts of this model and layout; another model, TP or PP is refused with one line,
+    another KV dtype set aside with a note (plan/startcheck.py)."""
+    from agent.plan.startcheck import identity, other_dtype, refusal
+
+    kept: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for name in names:
+        lines = _lines(Path(name))
+        start = identity(lines)
+        refused = refusal(start, planned)
+        if refused:
+            raise UsageError(
+                f"--from-log {name!r}: {refused}: it cannot calibrate this plan",
+                hint="give a start-up log of this host's model, or plan without --from-log",
+            )
+        aside = other_dtype(start, planned)
+        if aside:
+            notes.append(f"--from-log {name}: {aside}")
+            continue
+        from agent.sglang.logs.summary import start_figures  # the parser loads only when a log is read
+
+        kept.append(start_figures(lines))
+    return kept, notes
+
+
+def _lines(path: Path) -> list[str]:
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
         raise UsageError(f"--from-log {str(path)!r}: cannot read: {exc.strerror or exc}") from None
-    # journald and tqdm both end lines with \r at times: split on both.
-    from agent.sglang.logs.summary import start_figures  # the parser loads only for the commands that parse
-
-    return start_figures(text.replace("\r", "\n").splitlines())
+    return text.replace("\r", "\n").splitlines()  # journald and tqdm both end lines with \r at times

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 
-from agent.cli.options import ArgError, add_target_args, parse_context, parse_fraction, parse_request_count
+from agent.cli.options import OPTION_FLAGS, add_set_arg, add_target_args
 from agent.errors import UsageError
 from agent.inventory import HostConfig, load_host, units_dir
 from agent.output import Output
@@ -13,47 +12,6 @@ from agent.sglang.flags import FlagInput, diff_flags, flag_table, parse_unit_fla
 
 # agent.render (jinja2) and agent.verify load inside the functions: every command builds this parser,
 # and apply loads them only once its facts request is on its way (agent/deploy.py).
-
-# Flags that have their own option: `--set` goes through the same check, and the two must not both be given.
-_OPTION_FLAGS: dict[str, tuple[str, Callable[[str, str], FlagInput]]] = {
-    "context-length": ("context", parse_context),
-    "mem-fraction-static": ("mem_fraction_static", parse_fraction),
-    "max-running-requests": ("max_running_requests", parse_request_count),
-}
-
-
-def parse_set(text: str) -> tuple[str, FlagInput]:
-    """`FLAG=VALUE` (leading dashes optional) -> (flag, value); `true`/`false` give a bare flag or none."""
-    from agent.render import FLAG_NAME, check_text
-
-    name, eq, value = text.partition("=")
-    name = name.strip().lstrip("-")
-    check_text(f"--set {name}", name)
-    if not eq or not FLAG_NAME.fullmatch(name):
-        raise UsageError(
-            f"--set {text!r} is not FLAG=VALUE with a flag like mem-fraction-static",
-            hint="e.g. --set mem-fraction-static=0.94 or --set enable-metrics=true",
-        )
-    check_text(f"--set {name}", value)
-    if name in _OPTION_FLAGS:
-        try:
-            return name, _OPTION_FLAGS[name][1](value, f"--set {name}")
-        except ArgError as exc:
-            raise UsageError(str(exc)) from None
-    return name, {"true": True, "false": False}.get(value, value)
-
-
-def add_set_arg(p: argparse.ArgumentParser) -> None:
-    """--set FLAG=VALUE, repeatable; shared by the commands that render a unit."""
-    p.add_argument(
-        "--set",
-        dest="set_flags",
-        action="append",
-        default=[],
-        type=parse_set,
-        metavar="FLAG=VALUE",
-        help="set an SGLang flag over the baseline: mem-fraction-static=0.94 (true/false for a bare flag)",
-    )
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -70,7 +28,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def requested_flags(args: argparse.Namespace) -> dict[str, FlagInput]:
     """The flags asked for on the command line; a flag given both ways is refused."""
     flags: dict[str, FlagInput] = dict(args.set_flags)
-    for flag, (attr, _) in _OPTION_FLAGS.items():
+    for flag, (attr, _) in OPTION_FLAGS.items():
         value = getattr(args, attr, None)
         if value is None:
             continue
@@ -95,6 +53,21 @@ def diff_report(host: HostConfig, baseline: str, text: str, flags: dict[str, Fla
     return f"flags of {host.unit.name} on {host.name}, baseline -> rendered:\n{table}\n{said}\n{diff}"
 
 
+def pool_note(host: HostConfig, flags: dict[str, FlagInput]) -> str | None:
+    """render does not plan: a context raised with the fraction kept is the seed's trap, said out loud."""
+    context = flags.get("context-length")
+    before = host.sglang.flags.get("context-length")
+    if "mem-fraction-static" in flags or not isinstance(context, int):
+        return None
+    if isinstance(before, (int, str)) and str(before).isdigit() and context <= int(before):
+        return None
+    kept = host.sglang.flags.get("mem-fraction-static", "SGLang's default")
+    return (
+        f"--context-length alone does not grow the KV pool: this unit keeps --mem-fraction-static {kept}. "
+        f"`deployctl plan {host.name} --context {context}` chooses the fraction; apply plans it itself"
+    )
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
     from agent.render import render_unit, template_dir
     from agent.sglang import version_flags
@@ -105,10 +78,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
     text = render_checked(host, flags)
     for warning in version_flags.deprecated(host.sglang.version, {**host.sglang.flags, **flags}):
         print(f"deployctl: warning: {warning}", file=out.stderr)
+    said = pool_note(host, flags)
+    if said:
+        print(f"deployctl: note: {said}", file=out.stderr)
     if args.diff:
         report = diff_report(host, render_unit(host, {}, template_dir()), text, flags)
-        out.stdout.write(report)
+        out.write(report)
     else:
-        out.stdout.write(text)
-    out.stdout.flush()
+        out.write(text)
     return 0

@@ -10,9 +10,15 @@ from agent.output import Output
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_host_arg(p)
-    p.add_argument("--to", metavar="BACKUP", help="the backup to restore (default: the newest)")
+    p.add_argument(
+        "--to",
+        metavar="BACKUP",
+        help="the backup to restore, as `deployctl backups HOST` lists it "
+        "(default: the newest backup that differs from the installed unit)",
+    )
     add_yes_arg(p)
     add_connection_args(p)
+    p.epilog = "example: deployctl rollback ct200 --yes"
 
 
 def run(args: argparse.Namespace, out: Output) -> int:

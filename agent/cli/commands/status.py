@@ -12,6 +12,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_host_arg(p)
     p.add_argument("--follow", action="store_true", help="follow a running transaction until it ends")
     add_connection_args(p)
+    p.epilog = "example: deployctl status ct200 --follow"
 
 
 def run(args: argparse.Namespace, out: Output) -> int:

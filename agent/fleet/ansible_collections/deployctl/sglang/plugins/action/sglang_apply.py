@@ -7,7 +7,7 @@ from ansible.plugins.action import ActionBase
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False  # deployctl reaches the host itself (its SSH rules, its agent bundle)
-    _VALID_ARGS = frozenset(("context", "canary", "measured_on", "units_dir", "host"))
+    _VALID_ARGS = frozenset(("context", "set", "canary", "measured_on", "units_dir", "host"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)

@@ -1,0 +1,89 @@
+"""Calibrate only on a start of this model: what a start-up log says it ran, against what is planned.
+
+The architecture is the `type=` of the first `Load weight end` line (model_runner.py logs the target before
+any draft); TP, PP, the KV cache dtype and the model path come from the `server_args=ServerArgs(...)` line.
+A start of another model, TP or PP is refused with one line; one with another KV dtype is set aside (its
+bytes per token are not the plan's), and the plan says so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+_TYPE = re.compile(r"Load weight end\..*?\btype=([A-Za-z0-9_]+)")
+_ARG = {
+    "tp": re.compile(r"\btp_size=(\d+)"),
+    "pp": re.compile(r"\bpp_size=(\d+)"),
+    "kv_dtype": re.compile(r"\bkv_cache_dtype='([^']*)'"),
+    "model_path": re.compile(r"\bmodel_path='([^']*)'"),
+}
+
+
+@dataclass(frozen=True)
+class StartIdentity:
+    """What a start ran; None where its log does not say."""
+
+    architecture: str | None = None
+    model_path: str | None = None
+    tp: int | None = None
+    pp: int | None = None
+    kv_dtype: str | None = None
+
+
+def identity(lines: Iterable[str]) -> StartIdentity:
+    found: dict[str, str] = {}
+    for line in lines:
+        if "architecture" not in found and (m := _TYPE.search(line)):
+            found["architecture"] = m[1]
+        if "ServerArgs(" in line:
+            for key, pattern in _ARG.items():
+                if key not in found and (m := pattern.search(line)):
+                    found[key] = m[1]
+    return StartIdentity(
+        found.get("architecture"),
+        found.get("model_path"),
+        int(found["tp"]) if "tp" in found else None,
+        int(found["pp"]) if "pp" in found else None,
+        found.get("kv_dtype"),
+    )
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What the plan is for."""
+
+    architecture: str | None  # config.json architectures[0], where known
+    model_path: str
+    tp: int
+    pp: int
+    kv_dtype: str
+
+
+def refusal(start: StartIdentity, planned: Planned) -> str | None:
+    """Why the start is not one of this model in this layout (one line), or None."""
+    if start.architecture and planned.architecture and start.architecture != planned.architecture:
+        return f"a start of {start.architecture}, not of this host's {planned.architecture}"
+    if not planned.architecture and start.model_path and _name(start.model_path) != _name(planned.model_path):
+        return f"a start of {start.model_path}, not of this host's {planned.model_path}"
+    if start.tp is not None and start.tp != planned.tp:
+        return f"a start at tensor parallel {start.tp}; the plan is for {planned.tp}"
+    if start.pp is not None and start.pp != planned.pp:
+        return f"a start at pipeline parallel {start.pp}; the plan is for {planned.pp}"
+    return None
+
+
+def other_dtype(start: StartIdentity, planned: Planned) -> str | None:
+    """A note when the start's KV dtype is not the plan's: its bytes per token do not apply."""
+    if start.kv_dtype is None or start.kv_dtype == planned.kv_dtype:
+        return None
+    return (
+        f"the earlier start ran --kv-cache-dtype {start.kv_dtype}, the plan is for {planned.kv_dtype}: "
+        "its bytes per token do not apply, so it does not calibrate this plan"
+    )
+
+
+def _name(path: str) -> str:
+    """A model folder's last name: /models/Kimi-K2.6 and /data/Kimi-K2.6/ are the same model."""
+    return path.rstrip("/").rsplit("/", 1)[-1].lower()

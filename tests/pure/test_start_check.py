@@ -1,0 +1,76 @@
+"""Calibrate only on a start of this model: another architecture, TP or PP is refused; another KV dtype
+is set aside, and the plan says so."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.cli.main import main
+from agent.exitcodes import ExitCode
+from agent.output import Output
+from agent.plan.startcheck import Planned, StartIdentity, identity, refusal
+from tests.pure.test_plan_cmd import HOST_TOML, START_LOG
+
+ARGS = (
+    "[2026-12-01 09:59:59] server_args=ServerArgs(model_path='{path}', tp_size={tp}, pp_size=1, "
+    "kv_cache_dtype='{kv}')\n"
+)
+LLAMA = START_LOG.replace("KimiK25ForConditionalGeneration", "LlamaForCausalLM")
+
+
+def run_plan(tmp_path: Path, log: str, *argv: str) -> tuple[int, str, str]:
+    (tmp_path / "units").mkdir(exist_ok=True)
+    (tmp_path / "units" / "ct200.toml").write_text(HOST_TOML, encoding="utf-8")
+    path = tmp_path / "start.log"
+    path.write_text(log, encoding="utf-8")
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    code = main(["--units", str(tmp_path / "units"), "plan", "ct200", "--context", "200k", "--json",
+                 "--from-log", str(path), *argv], out)  # fmt: skip
+    assert isinstance(out.stdout, io.StringIO) and isinstance(out.stderr, io.StringIO)
+    return code, out.stdout.getvalue(), out.stderr.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("log", "says"),
+    [
+        (
+            ARGS.format(path="/models/Llama-3.1-8B", tp=8, kv="auto") + LLAMA,
+            "a start of /models/Llama-3.1-8B",
+        ),
+        (
+            ARGS.format(path="/models/Kimi-K2.6", tp=4, kv="auto") + START_LOG,
+            "tensor parallel 4; the plan is for 8",
+        ),
+    ],
+)
+def test_a_start_of_another_model_or_layout_is_refused(tmp_path: Path, log: str, says: str) -> None:
+    """A Llama start on the Kimi host was accepted as "calibrated"."""
+    code, stdout, stderr = run_plan(tmp_path, log)
+    assert (code, stdout) == (ExitCode.USAGE, "")
+    assert says in stderr.splitlines()[0] and "cannot calibrate" in stderr.splitlines()[0]
+
+
+def test_a_start_with_another_kv_dtype_is_set_aside_and_said(tmp_path: Path) -> None:
+    log = ARGS.format(path="/models/Kimi-K2.6", tp=8, kv="auto") + START_LOG
+    code, stdout, _ = run_plan(tmp_path, log, "--set", "kv-cache-dtype=fp8_e4m3")
+    plan = json.loads(stdout)
+    assert code == 0 and plan["basis"] == "architecture"
+    assert any("ran --kv-cache-dtype auto, the plan is for fp8_e4m3" in n for n in plan["notes"])
+    code, stdout, _ = run_plan(tmp_path, log)
+    assert code == 0 and json.loads(stdout)["basis"] == "calibrated"
+
+
+def test_the_architecture_is_the_targets_type() -> None:
+    """The target's `Load weight end` comes first; the draft's (DFlash2DraftModel) does not count."""
+    start = identity(START_LOG.splitlines())
+    assert start.architecture == "KimiK25ForConditionalGeneration"
+    kimi = Planned("KimiK25ForConditionalGeneration", "/m", 8, 1, "auto")
+    assert refusal(start, kimi) is None
+    assert "not of this host's DeepseekV3ForCausalLM" in str(
+        refusal(start, Planned("DeepseekV3ForCausalLM", "/m", 8, 1, "auto"))
+    )
+    assert refusal(StartIdentity(), kimi) is None  # a log that does not say is not refused

@@ -13,4 +13,6 @@ class ExitCode(IntEnum):
     ROLLBACK_FAILED = 5  # rollback failed: a person must act
     LOCKED = 6  # another deploy holds the unit's lock
     REFUSED = 7  # the host refused the change before touching it (unit edited by hand, disk full...)
+    NOT_FEASIBLE = 8  # plan: the plan cannot reach the target (printed either way)
     INTERRUPTED = 130  # interrupted (Ctrl-C)
+    PIPE_CLOSED = 141  # stdout's reader went away before the command knew its outcome

@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[ModuleType, str]] = {
 
 # Exit status when stdout's reader went away before the command knew its outcome: what a shell reports
 # for a process that SIGPIPE ended (128 + 13). Output.write keeps going instead wherever it can.
-PIPE_CLOSED = 141
+PIPE_CLOSED = int(ExitCode.PIPE_CLOSED)
 
 
 class _Parser(argparse.ArgumentParser):

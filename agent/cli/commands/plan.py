@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.cli.options import Change, Connection, add_set_arg, add_target_args
 from agent.errors import UsageError
+from agent.exitcodes import ExitCode
 from agent.inventory import load_host, units_dir
 from agent.output import Output, Style
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 # plan's exit status: 0 feasible, NOT_FEASIBLE when the plan cannot reach the target (it is printed all the
 # same), 2 bad input, 3 host unreachable. A script can branch on it: `deployctl plan ... && deployctl apply`.
-NOT_FEASIBLE = 8
+NOT_FEASIBLE = int(ExitCode.NOT_FEASIBLE)
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -27,6 +27,12 @@ _PHASE_OF = {
     "ready": 4,
 }
 
+# Lines SGLang prints once per start, before "ready to roll" (every scheduler rank has sized its pool before
+# the main process warms up and says so): read after readiness, they would be text of the serving phase.
+_START_ONLY = frozenset(
+    {"weights_begin", "weights_end", "kv_pool", "swa_pool", "memory_pool_end", "scheduler", "server_args"}
+)
+
 
 @dataclass(frozen=True)
 class StartSummary:
@@ -108,6 +114,8 @@ class SummaryBuilder:
         return e
 
     def _apply(self, e: LogEvent) -> None:  # noqa: C901 - one branch per event kind
+        if self._ready and e.kind in _START_ONLY:
+            return  # the start's figures are final once it is ready; later lines are the serving phase's
         self._phase = max(self._phase, _PHASE_OF.get(e.kind, 0))
         if isinstance(e, ev.WeightsBegin):
             self._first_begin.setdefault(e.rank, e.avail_gb)

@@ -563,6 +563,7 @@ def test_to_dict_keys_are_the_contract() -> None:
         "mem_fraction_static",
         "ready",
         "failure",
+        "stopped",
     }
     assert d["ready"] is False and d["failure"] is None and d["kv_tokens"] is None
     json.dumps(d)

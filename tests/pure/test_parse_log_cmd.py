@@ -67,6 +67,7 @@ def test_json_summary(tmp_path: Path) -> None:
         "mem_fraction_static": 0.86,
         "ready": True,
         "failure": None,
+        "stopped": False,
     }
     assert list(d) == sorted(d)
 

@@ -165,6 +165,21 @@ class Failure:
     line: str
     weight: int
     min_fraction: float | None = None
+    exit_code: int | None = None  # a dead rank's, where the line says it ("crashed with exit code -15")
+
+
+# A child killed by these signals, once the main process has been asked to stop, is the stop itself:
+# systemd's default KillMode=control-group sends SIGTERM to every process of the unit, a Ctrl-C SIGINT.
+STOP_EXIT_CODES = frozenset({-15, -2})
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """The main process was asked to stop (managers/tokenizer_manager.py SignalHandler.sigterm_handler)."""
+
+    kind: ClassVar[str] = "stopping"
+    rank: str | None
+    signal: str
 
 
 LogEvent = (
@@ -180,5 +195,6 @@ LogEvent = (
     | ServerArgs
     | UvicornRunning
     | Ready
+    | Stopping
     | Failure
 )

@@ -56,6 +56,7 @@ _FLAG_CTX = re.compile(r"--context[-_]length[= ]+(\d+)")
 _FLAG_MRR = re.compile(r"--max[-_]running[-_]requests[= ]+(\d+)")
 _ERR_MFS = re.compile(r"mem[-_]fraction[-_]static=" + _NUM)
 _AUTO_MFS = re.compile(r"reduce --mem-fraction-static to " + _NUM)
+_EXIT_CODE = re.compile(r"exit code:? (-?\d+)")
 _UVICORN = re.compile(r"(?:INFO:\s+)?Uvicorn running on (\S+)")
 # A pasted launch command: an optional shell prompt or "command=", environment assignments, then the entry.
 _COMMAND = re.compile(
@@ -221,6 +222,8 @@ def _parse_other(line: str, msg: str, rank: str | None, out: list[ev.LogEvent]) 
         out.append(ev.UvicornRunning(rank, uvicorn[1]))
     elif msg.startswith("The server is fired up and ready to roll"):
         out.append(ev.Ready(rank))
+    elif msg.startswith("SIGTERM received"):  # also "SIGTERM received on node_rank N" (entrypoints/engine.py)
+        out.append(ev.Stopping(rank, "SIGTERM"))
     elif msg.startswith("Automatically reduce --mem-fraction-static") and _AUTO_MFS.search(msg):
         out.append(ev.ServerArgs(rank, _float(_AUTO_MFS, msg), None, None, "auto_reduce"))
     elif not _parse_command(msg, out):
@@ -243,7 +246,8 @@ def _parse_failure(line: str, msg: str, rank: str | None, out: list[ev.LogEvent]
     if found is None:
         return
     kind, weight, fraction = found
-    out.append(ev.Failure(rank, kind, line, weight, fraction))
+    code = _int(_EXIT_CODE, msg) if kind == ev.RANK_DIED else None
+    out.append(ev.Failure(rank, kind, line, weight, fraction, code))
     if kind in (ev.NOT_ENOUGH_MEMORY, ev.WEIGHTS_LEAVE_NO_MEMORY):
         mfs = _float(_ERR_MFS, msg)  # the value in force, quoted by the error itself
         if mfs is not None:

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from agent.host.decide import Action, Failure, Gate, Observation, Verdict, decide, fail
 from agent.host.events import EventLog
 from agent.protocol import Stage
-from agent.sglang.logs.events import GraphEnd
+from agent.sglang.logs.events import EngineTimings, GraphEnd
 from agent.sglang.logs.summary import SummaryBuilder
 
 STATE_POLL_S = 0.05  # one unit_state call costs ~1 ms; a crash is seen within this
@@ -71,6 +71,11 @@ class _Start:
         for event in self.builder.feed(message):
             if isinstance(event, GraphEnd) and event.usage_gb is not None:
                 self.graphs[event.rank] = self.graphs.get(event.rank, 0.0) + event.usage_gb
+            elif isinstance(event, EngineTimings):  # the downtime's phases, by SGLang's own clock
+                timings = event.to_dict()
+                self.log.emit(
+                    self.stage, "progress", message[:200], phase=self.phase, startup_timings=timings
+                )
         self.summary = self.builder.summary().to_dict()
         if self.graphs:  # what the next plan credits per request (see start_figures)
             self.summary["graph_mem_gb"] = round(max(self.graphs.values()), 3)

@@ -564,6 +564,7 @@ def test_to_dict_keys_are_the_contract() -> None:
         "ready",
         "failure",
         "stopped",
+        "startup_timings",
     }
     assert d["ready"] is False and d["failure"] is None and d["kv_tokens"] is None
     json.dumps(d)

@@ -68,6 +68,7 @@ def test_json_summary(tmp_path: Path) -> None:
         "ready": True,
         "failure": None,
         "stopped": False,
+        "startup_timings": None,
     }
     assert list(d) == sorted(d)
 

@@ -56,6 +56,16 @@ _FLAG_CTX = re.compile(r"--context[-_]length[= ]+(\d+)")
 _FLAG_MRR = re.compile(r"--max[-_]running[-_]requests[= ]+(\d+)")
 _ERR_MFS = re.compile(r"mem[-_]fraction[-_]static=" + _NUM)
 _AUTO_MFS = re.compile(r"reduce --mem-fraction-static to " + _NUM)
+_TIMINGS = re.compile(
+    r"Engine startup timings \(s\): load_weight="
+    + _NUM
+    + r", kv_cache_allocation="
+    + _NUM
+    + r", scheduler_e2e="
+    + _NUM
+    + r", cuda_graph=\{([^}]*)\}, tokenizer_e2e="
+    + _NUM
+)
 _EXIT_CODE = re.compile(r"exit code:? (-?\d+)")
 _UVICORN = re.compile(r"(?:INFO:\s+)?Uvicorn running on (\S+)")
 # A pasted launch command: an optional shell prompt or "command=", environment assignments, then the entry.
@@ -222,6 +232,8 @@ def _parse_other(line: str, msg: str, rank: str | None, out: list[ev.LogEvent]) 
         out.append(ev.UvicornRunning(rank, uvicorn[1]))
     elif msg.startswith("The server is fired up and ready to roll"):
         out.append(ev.Ready(rank))
+    elif "tokenizer_e2e=" in msg and (timings := _TIMINGS.match(msg)):
+        out.append(_timings(timings, rank))
     elif msg.startswith("SIGTERM received"):  # also "SIGTERM received on node_rank N" (entrypoints/engine.py)
         out.append(ev.Stopping(rank, "SIGTERM"))
     elif msg.startswith("Automatically reduce --mem-fraction-static") and _AUTO_MFS.search(msg):
@@ -271,6 +283,11 @@ def _scheduler(msg: str, rank: str | None) -> ev.Scheduler:
         num("chunked_prefill_size"),
         float(gpu) if gpu and gpu != "None" else None,
     )
+
+
+def _timings(m: re.Match[str], rank: str | None) -> ev.EngineTimings:
+    graphs = tuple((name, float(value)) for name, value in _PAIR.findall(m[4]) if value != "None")
+    return ev.EngineTimings(rank, float(m[1]), float(m[2]), float(m[3]), graphs, float(m[5]))
 
 
 def _server_args(

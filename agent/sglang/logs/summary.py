@@ -30,7 +30,16 @@ _PHASE_OF = {
 # Lines SGLang prints once per start, before "ready to roll" (every scheduler rank has sized its pool before
 # the main process warms up and says so): read after readiness, they would be text of the serving phase.
 _START_ONLY = frozenset(
-    {"weights_begin", "weights_end", "kv_pool", "swa_pool", "memory_pool_end", "scheduler", "server_args"}
+    {
+        "weights_begin",
+        "weights_end",
+        "kv_pool",
+        "swa_pool",
+        "memory_pool_end",
+        "scheduler",
+        "server_args",
+        "engine_timings",
+    }
 )
 
 
@@ -54,6 +63,7 @@ class StartSummary:
     ready: bool
     failure: ev.Failure | None
     stopped: bool = False  # the main process logged a SIGTERM: the end of this start was asked for
+    startup_timings: ev.EngineTimings | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The machine form (the keys are a contract); k/v sizes stay out of it."""
@@ -62,6 +72,7 @@ class StartSummary:
         d["failure"] = (
             None if self.failure is None else {"kind": self.failure.failure_kind, "line": self.failure.line}
         )
+        d["startup_timings"] = None if self.startup_timings is None else self.startup_timings.to_dict()
         return d
 
 
@@ -82,6 +93,7 @@ class SummaryBuilder:
         self._failure: ev.Failure | None = None  # the root cause among every failure line
         self._crash: ev.Failure | None = None  # ... among those a stop does not explain
         self._stopped = False
+        self._timings: ev.EngineTimings | None = None
         self._failed_last = False
         self._phase = 0
         self._percent: int | None = None
@@ -147,6 +159,8 @@ class SummaryBuilder:
             self._ready, self._failed_last = True, False
         elif isinstance(e, ev.Stopping):
             self._stopped = True
+        elif isinstance(e, ev.EngineTimings):
+            self._timings = self._timings or e
         elif isinstance(e, ev.Failure):
             self._apply_failure(e)
 
@@ -193,6 +207,7 @@ class SummaryBuilder:
             ready=self._ready,
             failure=self._crash if self._stopped else self._failure,
             stopped=self._stopped,
+            startup_timings=self._timings,
         )
 
     def _split_pools(self) -> tuple[list[ev.KvPool], list[ev.KvPool]]:

@@ -274,7 +274,7 @@ def _scheduler(msg: str, rank: str | None) -> ev.Scheduler:
         value = pairs.get(key)
         return int(float(value)) if value and value != "None" else None
 
-    gpu = pairs.get("available_gpu_mem")
+    gpu = pairs.get("available_gpu_mem") or pairs.get("available_cpu_mem")  # --device cpu: free RAM
     return ev.Scheduler(
         rank,
         num("max_total_num_tokens"),

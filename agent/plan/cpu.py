@@ -6,7 +6,9 @@ model runner sizes the pool like on a GPU: rest = avail_before_pool - avail_befo
 tokens = rest / cell. Free RAM is not a card's fixed capacity: page cache, other processes and the old
 server's exit move it from one start to the next, so the RAM-sized pool would move too. The plan therefore
 pins the pool with --max-total-tokens (SGLang takes the smaller of the two) and picks a fraction whose
-RAM-sized capacity holds that pin even when the next start sees `drift` GiB less free RAM than the last.
+RAM-sized capacity holds that pin even when the next start sees `drift` GiB less free RAM than the last,
+and free RAM drops by `drift` again between its "Load weight begin" and its pool sizing (other processes
+allocate meanwhile). A larger fraction costs no RAM here: the pin, not the fraction, bounds the pool.
 There are no CUDA graphs, no CUDA context or NCCL overhead classes and no graph floor on CPU.
 """
 
@@ -84,11 +86,22 @@ def ram_of(inp: PlanInput) -> Ram:
 
 
 def plan_cpu(inp: PlanInput, asked: Target, sizer: PoolSizer, notes: tuple[str, ...]) -> Plan:
-    """The pool pinned at the target plus the margin, held by free RAM at the low end of its drift."""
+    """The pool pinned at the target plus the margin (or the running pin, when larger and it still fits),
+    held by free RAM at the low end of its drift."""
     ram = ram_of(inp)
-    open_sizer = replace(sizer, max_total_tokens=None)  # capacity, before the pin
     goal = math.ceil(asked.context * (1 + MARGIN))
-    low_pre, low_post = ram.pre - ram.drift, ram.post - ram.drift
+    running = sizer.max_total_tokens
+    if running is not None and running > goal:
+        kept = _plan(inp, asked, sizer, ram, running)
+        if kept.feasible:  # a larger pool already pinned is kept: fewer tokens would cost concurrency
+            return replace(kept, notes=(*kept.notes, *notes))
+    plan = _plan(inp, asked, sizer, ram, goal)
+    return replace(plan, notes=(*plan.notes, *notes))
+
+
+def _plan(inp: PlanInput, asked: Target, sizer: PoolSizer, ram: Ram, goal: int) -> Plan:
+    open_sizer = replace(sizer, max_total_tokens=None)  # capacity, before the pin
+    low_pre, low_post = ram.pre - ram.drift, ram.post - 2 * ram.drift
 
     def capacity(fraction: float) -> int:
         return open_sizer.tokens(low_post - low_pre * (1 - fraction))
@@ -110,7 +123,7 @@ def plan_cpu(inp: PlanInput, asked: Target, sizer: PoolSizer, notes: tuple[str, 
         max_running_requests=_requests(inp, asked),
         context_length=asked.context,
         predicted_pool_tokens=goal if feasible else min(goal, capacity(chosen)),
-        target_pool_tokens=goal,
+        target_pool_tokens=math.ceil(asked.context * (1 + MARGIN)),
         concurrency_at_full_context=goal // asked.context,
         reserve_gib_per_gpu=reserve,
         reserve_floor_gib=RESERVE_GIB,
@@ -122,7 +135,7 @@ def plan_cpu(inp: PlanInput, asked: Target, sizer: PoolSizer, notes: tuple[str, 
         tokens_per_0_01=kvpool.tokens_per_step(ram.pre, open_sizer.effective_cell()),
         user_fraction=asked.fraction is not None,
         max_total_tokens=goal,
-        notes=(*_notes(ram, goal, chosen, pool_gib, reserve), *notes),
+        notes=tuple(_notes(ram, goal, chosen, pool_gib, reserve)),
         warnings=tuple(why_not),
     )
 
@@ -134,7 +147,8 @@ def _notes(ram: Ram, goal: int, fraction: float, pool_gib: float, reserve: float
         ram.why,
         f"the pool is pinned with --max-total-tokens {goal:,} ({pool_gib:.2f} GiB of KV): it does not move "
         f"with free RAM; --mem-fraction-static {fraction:.3f} lets SGLang size at least that much at "
-        f"{ram.drift:.2f} GiB less free RAM, leaving {reserve:.2f} GiB free",
+        f"{ram.drift:.2f} GiB less free RAM and {ram.drift:.2f} GiB more taken during the start, leaving "
+        f"{reserve:.2f} GiB free",
     ]
 
 

@@ -106,8 +106,9 @@ def test_a_cpu_host_is_planned_from_its_own_last_start() -> None:
     assert p.feasible and p.basis == "calibrated"
     # the pool is pinned: it does not move with free RAM
     assert p.flags()["max-total-tokens"] == goal == p.predicted_pool_tokens
-    # the fraction holds the pin with free RAM 10 % (2.16 GiB) below the last start's 21.63 GiB
-    low_pre, low_post, cell = 21.63 - 2.163, 21.63 - 2.163, 512
+    # the fraction holds the pin with free RAM 10 % (2.16 GiB) below the last start's 21.63 GiB, and as
+    # much again taken between the start's weights and its pool
+    low_pre, low_post, cell = 21.63 - 2.163, 21.63 - 2 * 2.163, 512
     rest = low_post - low_pre * (1 - p.mem_fraction_static)
     assert rest * 2**30 // cell >= goal
     rest_below = low_post - low_pre * (1 - (p.mem_fraction_static - 0.001))
@@ -142,10 +143,17 @@ def test_a_cold_cpu_plan_without_ram_figures_is_refused_in_one_line() -> None:
 
 def test_a_cold_cpu_plan_is_given_only_with_a_wide_allowance() -> None:
     p = plan_from_facts(parse_facts(cpu_facts(last_start=None)), Target(8192))
-    assert (
-        p.feasible and p.basis == "architecture" and p.flags()["max-total-tokens"] == math.ceil(8192 * 1.02)
-    )
+    assert p.feasible and p.basis == "architecture" and p.flags()["max-total-tokens"] == 16384
     assert any("cold: MemAvailable 20.00 GiB" in n for n in p.notes)
+
+
+def test_a_larger_running_pin_is_kept_when_it_fits() -> None:
+    p = plan_from_facts(parse_facts(cpu_facts()), Target(4096))  # the unit pins 16384 already
+    assert p.feasible and p.flags()["max-total-tokens"] == 16384 == p.predicted_pool_tokens
+    assert p.target_pool_tokens == math.ceil(4096 * 1.02)
+    small = cpu_facts(flags={**CPU_FLAGS, "max-total-tokens": 2048})
+    p = plan_from_facts(parse_facts(small), Target(4096))
+    assert p.flags()["max-total-tokens"] == math.ceil(4096 * 1.02)  # raised to the target in one restart
 
 
 def test_a_gpu_host_gets_no_pin() -> None:

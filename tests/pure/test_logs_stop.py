@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,25 @@ def test_parse_log_reads_a_control_group_stop_as_a_stop(tmp_path: object) -> Non
     assert parse_log.run(argparse.Namespace(file=path, json=False), out) == 0
     text = out.stdout.getvalue()  # type: ignore[attr-defined]
     assert "failure:       none" in text and "stopped:       yes (SIGTERM)" in text, text
+
+
+# A whole real log: the PyPI release on this kind of machine's CPU (--max-total-tokens 2048), started in its
+# own process group and stopped by `kill -TERM -PGID` (what KillMode=control-group does), captured verbatim.
+REAL_STOP = Path(__file__).resolve().parents[1] / "data" / "sglang-real-cpu-stop.log"
+
+
+def test_a_real_control_group_stop_is_read_as_a_stop() -> None:
+    lines = REAL_STOP.read_text(encoding="utf-8").splitlines()
+    assert any("crashed with exit code -15" in line for line in lines)  # the lines that read like a crash
+    s = summarize(lines)
+    assert (s.ready, s.stopped, s.failure, s.kv_tokens, s.mem_fraction_static) == (
+        True,
+        True,
+        None,
+        2048,
+        0.716,
+    )
+    assert s.startup_timings is not None and s.startup_timings.load_weight_s == 0.18
+    # the same log without its SIGTERM line is a child that died on its own: a failure
+    crashed = summarize([line for line in lines if "SIGTERM received" not in line])
+    assert crashed.failure is not None and crashed.failure.failure_kind == ev.RANK_DIED

@@ -161,3 +161,39 @@ def test_a_gpu_host_gets_no_pin() -> None:
 
     p = plan_from_facts(parse_facts(ct200()), Target(200_000))
     assert "max-total-tokens" not in p.flags()
+
+
+def test_apply_plans_a_cpu_host_from_its_facts_and_last_start(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The path `deployctl apply` takes: the host's model facts (RAM, not nvidia-smi) and the figures of
+    its last start as the agent read them off the journal (a real start, logged by the PyPI release)."""
+    import json
+    from pathlib import Path
+
+    from agent.apply import calibration_from
+    from agent.inventory import HostConfig
+    from agent.plan.from_facts import plan_from_host_facts
+
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TOY), encoding="utf-8")
+    unit = f"[Service]\nExecStart=/v/bin/python -m sglang.launch_server --model-path {model} --device cpu --max-total-tokens 2048\n"
+    monkeypatch.setattr(model_facts, "host_ram", lambda: model_facts.parse_host_ram(MEMINFO))
+    real = (Path(__file__).resolve().parents[1] / "data" / "sglang-real-cpu-stop.log").read_text(
+        encoding="utf-8"
+    )
+    facts = {
+        "model_facts": model_facts.collect(unit, real.splitlines(), ()),
+        "last_start": start_figures(real.splitlines()),
+    }
+    host = HostConfig.model_validate(
+        {"name": "real-cpu", "ssh": {"target": "real-cpu"}, "gpus": {"count": 1, "memory_gib": 80.0},
+         "model": {"path": str(model)}, "sglang": {"version": "0.5.23"}}
+    )  # fmt: skip
+    plan = plan_from_host_facts(host, facts, calibration_from(facts), Target(4096))
+    assert plan is not None and plan.feasible and plan.basis == "calibrated"
+    assert (
+        plan.flags()["max-total-tokens"] == math.ceil(4096 * 1.02) == plan.predicted_pool_tokens
+    )  # 2048 raised
+    assert plan.pre_gib == 19.86 and plan.post_gib == 19.85  # the real start's free RAM

@@ -57,7 +57,11 @@ class Journal:
     def __init__(
         self, directory: str | None = None, journalctl: str = "journalctl", poll_s: float = 0.02
     ) -> None:
-        self._base = [journalctl, "--no-pager", "-q"] + ([f"--directory={directory}"] if directory else [])
+        # --all: `-o json` gives null for a field over 4096 bytes without it, and real SGLang's server_args=
+        # line (its resolved mem_fraction_static among ~15 KB of settings) is one.
+        self._base = [journalctl, "--no-pager", "-q", "--all"] + (
+            [f"--directory={directory}"] if directory else []
+        )
         self.poll_s = poll_s  # how long follow() waits after a poll that found nothing
 
     def cursor(self) -> str | None:

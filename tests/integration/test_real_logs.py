@@ -90,6 +90,9 @@ def test_the_pool_is_raised_in_one_restart_by_a_plan_from_the_real_start(real: R
     unit = real.unit_text()
     pin = int(re.search(r"--max-total-tokens[= ](\d+)", unit)[1])  # type: ignore[index]
     assert measured == pin > SMALL_POOL and measured >= CONTEXT
+    # the real server_args= line (~15 KB, over journalctl's 4096-byte JSON limit) is read: the fraction
+    fraction = float(re.search(r"--mem-fraction-static[= ]([0-9.]+)", unit)[1])  # type: ignore[index]
+    assert outcome["data"]["summary"]["mem_fraction_static"] == fraction
     margin = 0.02  # planning.margin: the gate's tolerance below the planned pool
     assert abs(measured - pin) <= pin * margin
     # 4.8: the real `Engine startup timings` line in the downtime's phases (no CUDA graphs on CPU)

@@ -54,8 +54,13 @@ def from_plan(plan: Plan, current: float | None) -> PoolChart:
     """The chart of a plan: its pool model's curve (SGLang's formula on the plan's pre/post/cell)."""
     need = plan.pre_gib * (1 - plan.mem_fraction_static) - plan.reserve_gib_per_gpu  # graphs, activations
     top = 1 - (need + plan.reserve_floor_gib) / plan.pre_gib if plan.pre_gib > 0 else None
+    # A pinned pool (the CPU backend's --max-total-tokens) is the curve's ceiling, and the fraction then
+    # bounds no memory: no floor to draw.
+    paging = kvpool.Paging(1, plan.max_total_tokens)
+    if plan.max_total_tokens is not None:
+        top = None
     return PoolChart(
-        pool_at=lambda f: kvpool.pool_tokens(plan.pre_gib, plan.post_gib, f, plan.cell_bytes),
+        pool_at=lambda f: kvpool.pool_tokens(plan.pre_gib, plan.post_gib, f, plan.cell_bytes, paging),
         target=plan.context_length,
         goal=plan.target_pool_tokens,
         chosen=plan.mem_fraction_static,

@@ -197,3 +197,12 @@ def test_apply_plans_a_cpu_host_from_its_facts_and_last_start(
         plan.flags()["max-total-tokens"] == math.ceil(4096 * 1.02) == plan.predicted_pool_tokens
     )  # 2048 raised
     assert plan.pre_gib == 19.86 and plan.post_gib == 19.85  # the real start's free RAM
+
+
+def test_the_chart_of_a_cpu_plan_shows_the_pin_and_no_floor() -> None:
+    from agent.chart import from_plan
+
+    p = plan_from_facts(parse_facts(cpu_facts()), Target(32_768))
+    chart = from_plan(p, None)
+    assert chart.pool_at(0.9) == p.predicted_pool_tokens  # the pin caps the curve
+    assert chart.floor_fraction is None  # the fraction bounds no memory on CPU

@@ -140,3 +140,19 @@ def test_figures_are_final_once_the_start_is_ready() -> None:
         "server_args=ServerArgs(mem_fraction_static=0.1)",
     ]
     assert summarize([*START, ready, *later]) == honest
+
+
+@pytest.mark.parametrize(
+    "journal_prefix",
+    [
+        "Dec 03 18:46:03 host python3[4242]: ",  # journalctl (short)
+        "Dec 03 18:46:03.123456 host python3[4242]: ",  # -o short-precise
+        "2026-12-03T18:46:03+0000 host python3[4242]: ",  # -o short-iso
+        "2026-12-03T18:46:03.123456+00:00 host sglang[4242]: ",  # -o short-iso-precise
+    ],
+)
+def test_journalctl_prefixes_of_a_pasted_log(journal_prefix: str) -> None:
+    (kv,) = parse_line(journal_prefix + START[2])
+    assert isinstance(kv, ev.KvPool) and kv.tokens == 16384
+    forged = _request_lines(PAYLOADS[0])[0]
+    assert parse_line(journal_prefix + forged) == []

@@ -26,7 +26,8 @@ _GLUED = re.compile(
 )
 # `journalctl` output pasted into a file: "Nov 04 05:27:13 host sglang[123]: " or the ISO form.
 _JOURNAL = re.compile(
-    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.,+Z-]+) \S+ [^\s\[:]+(?:\[\d+\])?: "
+    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.,+Z-]+)"
+    r" \S+ [^\s\[:]+(?:\[\d+\])?: "
 )
 
 _AVAIL = re.compile(r"avail mem=" + _NUM + r" ?GB")

@@ -56,8 +56,13 @@ def from_plan(plan: Plan, current: float | None) -> PoolChart:
     chosen point with the plan's own tokens per 0.01, so the curve always passes through the chosen point."""
     need = plan.pre_gib * (1 - plan.mem_fraction_static) - plan.reserve_gib_per_gpu  # graphs, activations
     top = 1 - (need + plan.reserve_floor_gib) / plan.pre_gib if plan.pre_gib > 0 else None
+    # A pinned pool (the CPU backend's --max-total-tokens) is the curve's ceiling, and the fraction then
+    # bounds no memory: no floor to draw.
+    paging = kvpool.Paging(1, plan.max_total_tokens)
+    if plan.max_total_tokens is not None:
+        top = None
     return PoolChart(
-        pool_at=_curve(plan),
+        pool_at=_curve(plan, paging),
         target=plan.context_length,
         goal=plan.target_pool_tokens,
         chosen=plan.mem_fraction_static,
@@ -68,15 +73,16 @@ def from_plan(plan: Plan, current: float | None) -> PoolChart:
     )
 
 
-def _curve(plan: Plan) -> Callable[[float], int]:
+def _curve(plan: Plan, paging: kvpool.Paging) -> Callable[[float], int]:
     f0, pool0, step = plan.mem_fraction_static, plan.predicted_pool_tokens, plan.tokens_per_0_01
+    cap = plan.max_total_tokens
 
     def formula(f: float) -> int:
-        return kvpool.pool_tokens(plan.pre_gib, plan.post_gib, f, plan.cell_bytes)
+        return kvpool.pool_tokens(plan.pre_gib, plan.post_gib, f, plan.cell_bytes, paging)
 
     if abs(formula(f0) - pool0) <= max(64, pool0 // 100):
         return formula
-    return lambda f: max(0, round(pool0 + (f - f0) * 100 * step))
+    return lambda f: min(max(0, round(pool0 + (f - f0) * 100 * step)), cap if cap is not None else 2**62)
 
 
 def _tokens(n: float) -> str:

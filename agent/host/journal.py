@@ -62,7 +62,11 @@ class Journal:
         poll_s: float = 0.02,
         call_timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
-        self._base = [journalctl, "--no-pager", "-q"] + ([f"--directory={directory}"] if directory else [])
+        # --all: `-o json` gives null for a field over 4096 bytes without it, and real SGLang's server_args=
+        # line (its resolved mem_fraction_static among ~15 KB of settings) is one.
+        self._base = [journalctl, "--no-pager", "-q", "--all"] + (
+            [f"--directory={directory}"] if directory else []
+        )
         self.poll_s = poll_s  # how long follow() waits after a poll that found nothing
         self.call_timeout_s = call_timeout_s  # one journalctl call, however it reads (a stalled disk)
 

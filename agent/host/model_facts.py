@@ -163,6 +163,57 @@ def gpus() -> list[dict[str, Any]]:
     return parse_gpus(text)
 
 
+def parse_host_ram(
+    meminfo: str, cgroup_max: str | None = None, cgroup_current: str | None = None, numa_nodes: int = 1
+) -> dict[str, Any] | None:
+    """The RAM SGLang's CPU backend sizes from, as a facts `gpus` row (srt/utils/common.py): free is
+    MemAvailable (psutil's available), or less where the cgroup's memory.max - memory.current is lower
+    (get_free_cpu_memory), shared by the NUMA nodes (get_available_gpu_memory, device "cpu")."""
+    kib = {}
+    for line in meminfo.splitlines():
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if name in ("MemTotal", "MemAvailable") and fields and fields[0].isdigit():
+            kib[name] = int(fields[0])
+    if len(kib) < 2 or kib["MemTotal"] <= 0:
+        return None
+    free = kib["MemAvailable"] * 1024
+    if cgroup_max and cgroup_current and cgroup_max.strip().isdigit() and cgroup_current.strip().isdigit():
+        free = min(free, max(0, int(cgroup_max) - int(cgroup_current)))
+    nodes = max(1, numa_nodes)
+    return {
+        "name": f"host RAM ({nodes} NUMA node{'s' if nodes > 1 else ''})",
+        "memory_total_mib": round(kib["MemTotal"] / 1024 / nodes, 1),
+        "memory_free_mib": round(free / 2**20 / nodes, 1),
+    }
+
+
+def host_ram() -> dict[str, Any] | None:
+    """parse_host_ram of this host: /proc/meminfo, the cgroup's memory files, /sys's NUMA nodes."""
+
+    def read(path: str) -> str | None:
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                return f.read(65536)
+        except OSError:
+            return None
+
+    nodes = [n for n in _listdir("/sys/devices/system/node") if re.fullmatch(r"node[0-9]+", n)]
+    meminfo = read("/proc/meminfo")
+    if meminfo is None:
+        return None
+    return parse_host_ram(
+        meminfo, read("/sys/fs/cgroup/memory.max"), read("/sys/fs/cgroup/memory.current"), len(nodes) or 1
+    )
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def unit_python(executable: Sequence[str]) -> str | None:
     """The Python the unit runs SGLang with: the command itself, or a console script's shebang."""
     if not executable:
@@ -251,9 +302,12 @@ def collect(
     if model is None:
         return None
     draft_path = flags.get("speculative-draft-model-path")
+    cpu = str(flags.get("device") or "").lower() == "cpu"  # SGLang's CPU backend: no nvidia-smi, RAM
+    ram = host_ram() if cpu else None
     return {
         "format": FORMAT,
-        "gpus": gpus(),
+        **({"device": "cpu"} if cpu else {}),
+        "gpus": [ram] if ram else [] if cpu else gpus(),
         "sglang": {"version": sglang_version(unit_python(executable))},
         "model": model,
         "draft": model_fact(str(draft_path)) if isinstance(draft_path, str) else None,

@@ -4,6 +4,11 @@ Downtime runs from the moment the old server is told to stop (the restart job is
 new server answers its smoke test (or /health, when there is no smoke test). The phases in between come
 from the start's own log, as the watcher saw it: stop (the old server's exit and the new process), init
 (torch, NCCL), weights, pool, cuda_graphs, ready (warm-up until /health answers) and smoke.
+
+When SGLang logs its own `Engine startup timings (s)` (0.5.2x; the watcher passes them on), weights, pool
+and cuda_graphs are its figures (seconds measured inside the engine, not the gaps between journal lines),
+init is the rest of the time until that line (imports, process spawn, tokenizer), and ready runs from
+that line to the answer: on a host with no CUDA graphs no phase is named for them.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class _Marks:
         self.at: dict[str, float] = {}
         self.answered: float | None = None
         self.smoked = False
+        self.engine: tuple[float, dict[str, float]] | None = None  # when SGLang's timings came, and them
 
     def see(self, e: Event) -> None:
         at = seconds_of(e.ts)
@@ -68,7 +74,10 @@ class _Marks:
             self._new_start(e, at)
 
     def _new_start(self, e: Event, at: float) -> None:
-        if e.stage == Stage.WATCH.value and e.kind == "progress":
+        timings = e.data.get("startup_timings")
+        if e.stage == Stage.WATCH.value and isinstance(timings, dict) and self.engine is None:
+            self.engine = (at, {str(k): float(v) for k, v in timings.items()})
+        elif e.stage == Stage.WATCH.value and e.kind == "progress":
             phase = _LOG_PHASE.get(str(e.data.get("phase")))
             if phase is not None:
                 self.at.setdefault(phase, at)
@@ -83,7 +92,25 @@ class _Marks:
             return Downtime(None)
         if not self.smoked and "rollback" not in self.at:
             self.at.pop("smoke", None)  # no smoke test ran: /health was the answer
+        if self.engine is not None and "rollback" not in self.at:
+            self._engine_phases(*self.engine)
         order = [(p, self.at[p]) for p in DOWNTIME_PHASES if p in self.at]
         ends = [t for _, t in order[1:]] + [self.answered]
         phases = {p: round(max(0.0, end - start), 3) for (p, start), end in zip(order, ends, strict=True)}
         return Downtime(round(self.answered - self.at["stop"], 3), phases)
+
+    def _engine_phases(self, up_at: float, timings: dict[str, float]) -> None:
+        """Lay SGLang's own phase seconds back from the moment its timings line came; ready from there."""
+        for phase in ("weights", "pool", "cuda_graphs", "ready"):
+            self.at.pop(phase, None)
+        start = up_at
+        for phase, key in (
+            ("cuda_graphs", "cuda_graph"),
+            ("pool", "kv_cache_allocation"),
+            ("weights", "load_weight"),
+        ):
+            seconds = timings.get(key, 0.0)
+            if seconds > 0:
+                start = max(self.at["init"], start - seconds)
+                self.at[phase] = start
+        self.at["ready"] = up_at

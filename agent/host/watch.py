@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from agent.host.decide import Action, Failure, Gate, Observation, Verdict, decide, fail
 from agent.host.events import EventLog
 from agent.protocol import Stage
-from agent.sglang.logs.events import GraphEnd
+from agent.sglang.logs.events import EngineTimings, GraphEnd
 from agent.sglang.logs.summary import SummaryBuilder
 from agent.sglang.redact import redact_log_line
 
@@ -72,6 +72,11 @@ class _Start:
         for event in self.builder.feed(message):
             if isinstance(event, GraphEnd) and event.usage_gb is not None:
                 self.graphs[event.rank] = self.graphs.get(event.rank, 0.0) + event.usage_gb
+            elif isinstance(event, EngineTimings):  # the downtime's phases, by SGLang's own clock
+                timings = event.to_dict()
+                self.log.emit(
+                    self.stage, "progress", message[:200], phase=self.phase, startup_timings=timings
+                )
         self.summary = self.builder.summary().to_dict()
         failure = self.summary.get("failure")
         if failure and failure.get("line"):  # into the outcome, the history and `facts`: redacted

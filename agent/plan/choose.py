@@ -54,13 +54,17 @@ class Plan:
     warnings: tuple[str, ...] = field(default=())
     refusals: tuple[str, ...] = ()  # why SGLang would not start this unit at all (plan/refusals.py)
     binding: str | None = None  # for a plan that is not feasible: the constraint that binds
+    max_total_tokens: int | None = None  # the pool pinned (the CPU backend: free RAM moves between starts)
 
     def flags(self) -> dict[str, FlagValue]:
-        return {
+        flags: dict[str, FlagValue] = {
             "mem-fraction-static": self.mem_fraction_static,
             "max-running-requests": self.max_running_requests,
             "context-length": self.context_length,
         }
+        if self.max_total_tokens is not None:
+            flags["max-total-tokens"] = self.max_total_tokens
+        return flags
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -71,6 +75,8 @@ class Plan:
         data["pre_gib"], data["post_gib"] = round(self.pre_gib, 4), round(self.post_gib, 4)
         data["cell_bytes"] = round(self.cell_bytes, 1)
         data["flags"] = self.flags()
+        if self.max_total_tokens is None:
+            del data["max_total_tokens"]  # a GPU plan leaves the pool to the fraction
         return data
 
 

@@ -52,6 +52,7 @@ class FactsFile(_Open):
     flags: dict[str, FlagValue] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     last_start: str | None = None
+    device: Literal["cuda", "cpu"] | None = None  # "cpu": gpus[0] is the host's RAM (MemTotal, MemAvailable)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class PlanInput:
     env: Mapping[str, str] = field(default_factory=dict)
     starts: tuple[Mapping[str, Any], ...] = ()  # start_figures() of earlier starts, oldest first
     sources: Mapping[str, str] = field(default_factory=dict)  # figure -> where it came from
+    device: str | None = None  # "cpu": SGLang's CPU backend, gpus[0] is the host's RAM
 
     @property
     def gpu(self) -> Gpu:
@@ -151,6 +153,8 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         env=dict(facts.env),
         starts=starts,
         sources=sources,
+        device=facts.device
+        or (str(facts.flags.get("device")).lower() if facts.flags.get("device") else None),
     )
 
 
@@ -216,4 +220,5 @@ def plan_input_from_host(
         env={**facts.env, **host.unit.environment},
         starts=starts or facts.starts,
         sources=sources,
+        device=facts.device,
     )

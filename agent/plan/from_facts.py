@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.choose import Plan, Target, plan_for_host
+from agent.plan.cpu import is_cpu, plan_cpu
 from agent.plan.facts import PlanInput, parse_facts, plan_input_from_host
 from agent.plan.model import CELL_AGREEMENT, PoolModel, _graphs, _runtime, _Start, _start
 from agent.plan.overhead import pre_weights_overhead
@@ -372,8 +373,61 @@ def _aiter_scale(inp: PlanInput, context: int, explicit: bool, notes: list[str])
     return scale
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """The architecture's side of a plan: the KV layout, dtype, parallelism and the pool's sizer."""
+
+    layout: KVLayout
+    dtype: str
+    par: Parallel
+    sizer: pools.PoolSizer
+    notes: tuple[str, ...]
+
+
+_UNSET = PoolModel(0.0, 0.0, 0.0, "architecture", 0.0, False)
+
+
 def pool_model(inp: PlanInput, context: int) -> FactsModel:
     """The PoolModel for this host: cold from the facts, or calibrated by the last start's memory lines."""
+    arch = sizing(inp)
+    layout, dtype, par, sizer, notes = arch.layout, arch.dtype, arch.par, arch.sizer, list(arch.notes)
+    fraction = _fraction(inp, layout, par, notes)
+    explicit = _flag(inp.flags, "mem-fraction-static") is not None
+    scale = _aiter_scale(inp, context, explicit, notes)
+    common: dict[str, Any] = {
+        "page_size": sizer.page_size,
+        "max_total_tokens": sizer.max_total_tokens,
+        "dp": par.attn_dp,
+        "sizer": sizer,
+        "fraction_scale": scale,
+    }
+    return _fitted(inp, FactsModel(_UNSET, layout, dtype, fraction, ()), par, common, notes)
+
+
+def _fitted(
+    inp: PlanInput, base: FactsModel, par: Parallel, common: dict[str, Any], notes: list[str]
+) -> FactsModel:
+    """The pool model calibrated by the earlier starts, or by their memory lines, else cold."""
+    sizer = common["sizer"]
+    flags_for_start = {**inp.flags, "mem-fraction-static": base.fraction}
+    starts = [s for s in (_start(f, flags_for_start) for f in inp.starts) if s is not None]
+    memory = [f for f in inp.starts if f.get("avail_mem_before_weights_gb") and _post(f)]
+    if starts:
+        model = _calibrated(starts, sizer, common, notes, inp.flags)
+    elif memory:  # a start that died before its pool still tells pre and post
+        pre, post = float(memory[-1]["avail_mem_before_weights_gb"]), float(_post(memory[-1]) or 0.0)
+        notes.append(
+            f"pre {pre:.2f} GiB and post {post:.2f} GiB from the last start's memory lines "
+            "(it logged no pool: the cell is the architecture's)"
+        )
+        model = PoolModel(pre, post, sizer.cell_bytes, "calibrated", 0.0, False, **common)
+    else:
+        model = _cold(inp, par, sizer, common, notes)
+    return replace(base, pool=model, notes=tuple(notes))
+
+
+def sizing(inp: PlanInput) -> Sizing:
+    """The layout and sizer of the host's model under its flags; a kind not followed is refused."""
     notes: list[str] = []
     try:
         layout = read_layout(inp.model.config)
@@ -406,31 +460,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
         f"attention TP {par.attn_tp}, "
         f"page {sizer.page_size}); architecture from {inp.sources.get('architecture', 'config.json')}"
     )
-    fraction = _fraction(inp, layout, par, notes)
-    explicit = _flag(inp.flags, "mem-fraction-static") is not None
-    scale = _aiter_scale(inp, context, explicit, notes)
-    common: dict[str, Any] = {
-        "page_size": sizer.page_size,
-        "max_total_tokens": sizer.max_total_tokens,
-        "dp": par.attn_dp,
-        "sizer": sizer,
-        "fraction_scale": scale,
-    }
-    flags_for_start = {**inp.flags, "mem-fraction-static": fraction}
-    starts = [s for s in (_start(f, flags_for_start) for f in inp.starts) if s is not None]
-    memory = [f for f in inp.starts if f.get("avail_mem_before_weights_gb") and _post(f)]
-    if starts:
-        model = _calibrated(starts, sizer, common, notes, inp.flags)
-    elif memory:  # a start that died before its pool still tells pre and post
-        pre, post = float(memory[-1]["avail_mem_before_weights_gb"]), float(_post(memory[-1]) or 0.0)
-        notes.append(
-            f"pre {pre:.2f} GiB and post {post:.2f} GiB from the last start's memory lines "
-            "(it logged no pool: the cell is the architecture's)"
-        )
-        model = PoolModel(pre, post, sizer.cell_bytes, "calibrated", 0.0, False, **common)
-    else:
-        model = _cold(inp, par, sizer, common, notes)
-    return FactsModel(model, layout, dtype, fraction, tuple(notes))
+    return Sizing(layout, dtype, par, sizer, tuple(notes))
 
 
 def _post(figures: Mapping[str, Any]) -> float | None:
@@ -555,6 +585,10 @@ def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostCon
 
 def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
     """deployctl plan --facts FILE: the plan, its notes naming every figure's origin."""
+    if is_cpu(inp):
+        arch = sizing(inp)
+        origins = "figures from " + "; ".join(f"{k}: {v}" for k, v in inp.sources.items())
+        return plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins))
     fm = pool_model(inp, asked.context)
     host = synthetic_host(inp, fm.layout, fm.fraction)
     plan = plan_for_host(host, asked, inp.starts or None, host.sglang.flags, model=fm.pool)

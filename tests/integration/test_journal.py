@@ -116,3 +116,18 @@ def test_unusable_cursor_falls_back_to_the_restart_time(
         lines = journal.follow(unit, "s=gone", None, time.monotonic() + 5, since_us=since_us)
         got = _collect(lines, 2)
     assert [line.message for _, line in got] == [f"started {invocation}", f"tick {invocation}"]
+
+
+def test_a_line_over_4096_bytes_comes_through(testhost: TestHost, systemd: Systemd, journal: Journal) -> None:
+    """Real SGLang 0.5.23 logs its settings as one `server_args={...}` line of ~15 KB (mem_fraction_static
+    among them); `journalctl -o json` gives null for a field over 4096 bytes unless --all."""
+    long = "server_args={" + ", ".join(f"k{i}: {i}" for i in range(900)) + ", mem_fraction_static: 0.716}"
+    assert len(long) > 8000
+    exec_start = f"/bin/sh -c 'echo \"{long}\"; sleep 30'"
+    with installed(testhost, systemd, "dctl-long.service", exec_start) as unit:
+        cursor = journal.cursor()
+        systemd.start(unit, timeout=10)
+        new = systemd.unit_state(unit).invocation_id
+        got = _collect(journal.follow(unit, cursor, new, deadline_s=time.monotonic() + 10), 1)
+        assert [line.message for _, line in got] == [long]
+        assert journal.last_invocation_lines(unit) == [long]

@@ -30,9 +30,7 @@ SECONDARY_LITERALS = {
     "Capture ": "read only after 'avail mem'",
     "raph begin": "read only after 'avail mem'",
     "raph end": "read only after 'avail mem'",
-    "greater than": "and-ed with SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN",
     " --": "and-ed with launch_server / sglang serve",
-    "raph failed": "`not in`: it excludes lines from cuda_oom",
 }
 # Patterns that match ordinary lines by design: the line prefix, and fields read off a line that an
 # earlier guard (holding a key) already admitted. Every other pattern must hold a key in each match.
@@ -41,6 +39,7 @@ FIELD_PATTERNS = {
     "_OLD_PREFIX": "prefix",
     "_GLUED": "prefix",
     "_JOURNAL": "prefix",
+    "_LEAD": "the exception names before a failure's cause (matches the empty string)",
     "_USAGE": "after 'avail mem'",
     "_TYPE": "after 'avail mem'",
     "_DRAFT_TYPE": "after 'avail mem', on the model type",
@@ -56,7 +55,7 @@ FIELD_PATTERNS = {
 
 def _guard_literals() -> set[str]:
     """Every string the parser tests with `in`/`not in` or startswith, and every failure needle."""
-    found = {needle for needle, _, _ in log_failures._NEEDLES}
+    found: set[str] = set()
     for path in PARSER_FILES:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if (
@@ -79,12 +78,14 @@ def _guard_literals() -> set[str]:
 
 
 def _patterns() -> dict[str, re.Pattern[str]]:
-    return {
+    found = {
         name: value
         for module in (log_lines, log_failures)
         for name, value in vars(module).items()
         if isinstance(value, re.Pattern)
     }
+    found.update((f"_CAUSES[{i}]", pattern) for i, (pattern, _, _) in enumerate(log_failures._CAUSES))
+    return found
 
 
 GUARDS = sorted(_guard_literals() - set(SECONDARY_LITERALS))

@@ -155,19 +155,19 @@ def test_progress_variants(loader: str) -> None:
     assert isinstance(e, ev.WeightsProgress) and (e.percent, e.n, e.total) == (50, 8, 16)
 
 
-def test_glued_lines_split_before_each_prefix() -> None:
+def test_a_line_glued_to_a_progress_bar_is_split_off() -> None:
+    """tqdm ends a bar without a newline, so the next logger line follows it on the same line (a real
+    case: sglang-pr17392); a logger line ends with its own newline, so a prefix later in it is its text."""
+    bar = "Multi-thread loading shards:  94% Completed | 15/16 [00:04<00:00,  3.89it/s]"
     text = (
-        "Multi-thread loading shards:  94% Completed | 15/16 [00:04<00:00,  3.89it/s]"
-        "[2026-05-07 13:39:14 DP1 TP1 EP1] Load weight end. elapsed=5.05 s, type=Qwen3MoeForCausalLM, "
+        f"{bar}[2026-05-07 13:39:14 DP1 TP1 EP1] Load weight end. elapsed=5.05 s, type=Qwen3MoeForCausalLM, "
         "avail mem=121.90 GB, mem usage=16.39 GB."
         f"[2026-05-07 13:39:15 DP1 TP1 EP1] {KV_LINE}"
     )
     kinds = [(e.kind, e.rank) for e in parse_line(text)]
-    assert kinds == [
-        ("weights_progress", None),
-        ("weights_end", "DP1 TP1 EP1"),
-        ("kv_pool", "DP1 TP1 EP1"),
-    ]
+    assert kinds == [("weights_progress", None), ("weights_end", "DP1 TP1 EP1")]
+    kinds = [(e.kind, e.rank) for e in parse_line(f"{bar}[2026-05-07 13:39:15 DP1 TP1 EP1] {KV_LINE}")]
+    assert kinds == [("weights_progress", None), ("kv_pool", "DP1 TP1 EP1")]
 
 
 def test_brackets_inside_a_message_are_not_a_new_line() -> None:
@@ -563,6 +563,8 @@ def test_to_dict_keys_are_the_contract() -> None:
         "mem_fraction_static",
         "ready",
         "failure",
+        "stopped",
+        "startup_timings",
     }
     assert d["ready"] is False and d["failure"] is None and d["kv_tokens"] is None
     json.dumps(d)

@@ -67,6 +67,8 @@ def test_json_summary(tmp_path: Path) -> None:
         "mem_fraction_static": 0.86,
         "ready": True,
         "failure": None,
+        "stopped": False,
+        "startup_timings": None,
     }
     assert list(d) == sorted(d)
 

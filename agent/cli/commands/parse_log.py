@@ -82,6 +82,7 @@ def render(s: StartSummary) -> list[str]:
         f"ready:         {'yes' if s.ready else 'no'}",
         f"failure:       {'none' if s.failure is None else s.failure.failure_kind}",
         *([f"  {s.failure.line}"] if s.failure is not None else []),
+        *(["stopped:       yes (SIGTERM)"] if s.stopped else []),
     ]
 
 

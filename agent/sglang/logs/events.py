@@ -165,6 +165,50 @@ class Failure:
     line: str
     weight: int
     min_fraction: float | None = None
+    exit_code: int | None = None  # a dead rank's, where the line says it ("crashed with exit code -15")
+
+
+# A child killed by these signals, once the main process has been asked to stop, is the stop itself:
+# systemd's default KillMode=control-group sends SIGTERM to every process of the unit, a Ctrl-C SIGINT.
+STOP_EXIT_CODES = frozenset({-15, -2})
+
+
+@dataclass(frozen=True)
+class EngineTimings:
+    """`Engine startup timings (s): ...` (entrypoints/engine.py _set_startup_time, >= 0.5.2x), printed by the
+    main process once every scheduler rank is up: the engine's own seconds, each the maximum over ranks
+    (observability/startup_time.py). tokenizer_e2e runs from the engine's launch of its subprocesses."""
+
+    kind: ClassVar[str] = "engine_timings"
+    rank: str | None
+    load_weight_s: float
+    kv_cache_allocation_s: float
+    scheduler_e2e_s: float
+    cuda_graph_s: tuple[tuple[str, float], ...]  # per capture phase: prefill, decode, target_verify, ...
+    tokenizer_e2e_s: float
+
+    @property
+    def cuda_graphs_total_s(self) -> float:
+        return sum(seconds for _, seconds in self.cuda_graph_s)
+
+    def to_dict(self) -> dict[str, float]:
+        """The machine form: the downtime phases' figures (see agent/host/timeline.py)."""
+        return {
+            "load_weight": self.load_weight_s,
+            "kv_cache_allocation": self.kv_cache_allocation_s,
+            "scheduler_e2e": self.scheduler_e2e_s,
+            "cuda_graph": round(self.cuda_graphs_total_s, 3),
+            "tokenizer_e2e": self.tokenizer_e2e_s,
+        }
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """The main process was asked to stop (managers/tokenizer_manager.py SignalHandler.sigterm_handler)."""
+
+    kind: ClassVar[str] = "stopping"
+    rank: str | None
+    signal: str
 
 
 LogEvent = (
@@ -180,5 +224,7 @@ LogEvent = (
     | ServerArgs
     | UvicornRunning
     | Ready
+    | EngineTimings
+    | Stopping
     | Failure
 )

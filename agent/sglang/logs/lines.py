@@ -1,4 +1,12 @@
-"""Turn one SGLang log line (journal MESSAGE or pasted text) into typed events; stateless and fast."""
+"""Turn one SGLang log line (journal MESSAGE or pasted text) into typed events; stateless and fast.
+
+Every pattern is anchored at the message position: right after SGLang's logger prefix (srt/utils/common.py
+configure_logger: `[%(asctime)s{.msecs}{prefix}] %(message)s`, prefix " DP0 PP0 ... TP0 EP0" from
+managers/scheduler.py, none in the main process), after journalctl's own "Mon DD HH:MM:SS host name[pid]: "
+when a pasted file carries it, or at the start of an unprefixed line (tracebacks, tqdm bars). SGLang's
+request log (srt/utils/request_logger.py, `--log-requests`) writes a user's prompt inside a message that
+starts "Receive: obj=" or "Finish: obj=", so no prompt is read as a start-up line.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +16,28 @@ from agent.sglang.logs import events as ev
 from agent.sglang.logs.failures import classify
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
-_TAGS = r"((?: [A-Z][A-Z_]*\d+)*)"  # " DP0 PP0 ATTN_CP0 MOE_DP0 TP0 EP0"; tags of later versions too
+_TAGS = r"((?: [A-Z][A-Z_]*\d+)*| encode_server| encode_dp_worker\[\d+\])"  # " DP0 ... TP0 EP0"; encoders
 _PREFIX = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{3})?" + _TAGS + r"\] ?")
 _OLD_PREFIX = re.compile(r"\[((?:gpu|gpu_id|tp_rank|rank)=\d+)\] ?")  # 2024 builds: "[gpu_id=0] ..."
-_GLUED = re.compile(r"(?=\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{3})?(?: [A-Z][A-Z_]*\d+)*\] )")
+# A tqdm bar ends without a newline, so the next logger line is glued to it; only there is a prefix inside
+# a piece the start of a new line (anywhere else it is text inside a message, e.g. a logged prompt).
+_GLUED = re.compile(
+    r"(?<=it/s\]|s/it\])(?=\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{3})?(?: [A-Z][A-Z_]*\d+)*\] )"
+)
 # `journalctl` output pasted into a file: "Nov 04 05:27:13 host sglang[123]: " or the ISO form.
 _JOURNAL = re.compile(
-    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.,+Z-]+) \S+ [^\s\[:]+(?:\[\d+\])?: "
+    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.,+Z-]+)"
+    r" \S+ [^\s\[:]+(?:\[\d+\])?: "
 )
 
 _AVAIL = re.compile(r"avail mem=" + _NUM + r" ?GB")
 _USAGE = re.compile(r"mem usage=" + _NUM + r" ?GB")
 _TYPE = re.compile(r"\btype=([\w.]+)")
 _DRAFT_TYPE = re.compile(r"Draft|Eagle|EAGLE|NextN|MTP|Medusa")
-_PROGRESS = re.compile(r"shards:\s*(\d+)% Completed \| (\d+)/(\d+)")
+_PROGRESS = re.compile(r"[\w .-]*shards:\s*(\d+)% Completed \| (\d+)/(\d+)")
 
-_KV = re.compile(r"(?:(\w+) )?KV Cache (is allocated|VA upper bound|skipped)[. ]")
+# An optional pool label ("SWA", "Full", MiniMax's "MiniMax MSA index") before "KV Cache".
+_KV = re.compile(r"(?:[\w-]+ ){0,3}?(?:(\w+) )?KV Cache (is allocated|VA upper bound|skipped)[. ]")
 _SKIPPED = re.compile(r"KV Cache skipped \(no-op pool\)\. Logical #tokens: (-?\d+)")
 _POSTCAP = re.compile(r"Post-capture KV sizing: KV cache allocated\.")
 _TOKENS = re.compile(r"#tokens: (-?\d+)")
@@ -43,7 +57,23 @@ _FLAG_CTX = re.compile(r"--context[-_]length[= ]+(\d+)")
 _FLAG_MRR = re.compile(r"--max[-_]running[-_]requests[= ]+(\d+)")
 _ERR_MFS = re.compile(r"mem[-_]fraction[-_]static=" + _NUM)
 _AUTO_MFS = re.compile(r"reduce --mem-fraction-static to " + _NUM)
-_UVICORN = re.compile(r"Uvicorn running on (\S+)")
+_TIMINGS = re.compile(
+    r"Engine startup timings \(s\): load_weight="
+    + _NUM
+    + r", kv_cache_allocation="
+    + _NUM
+    + r", scheduler_e2e="
+    + _NUM
+    + r", cuda_graph=\{([^}]*)\}, tokenizer_e2e="
+    + _NUM
+)
+_EXIT_CODE = re.compile(r"exit code:? (-?\d+)")
+_UVICORN = re.compile(r"(?:INFO:\s+)?Uvicorn running on (\S+)")
+# A pasted launch command: an optional shell prompt or "command=", environment assignments, then the entry.
+_COMMAND = re.compile(
+    r"(?:\$ |command=)?(?:[A-Z_][A-Z0-9_]*=\S* )*"
+    r"(?:\S*python[\d.]* +-m +sglang\.launch_server|\S*sglang serve)\b"
+)
 
 
 def may_have_events(text: str) -> bool:
@@ -87,7 +117,10 @@ def parse_line_unfiltered(text: str) -> list[ev.LogEvent]:
     pieces = text.splitlines() if ("\n" in text or "\r" in text) else (text,)
     events: list[ev.LogEvent] = []
     for piece in pieces:
-        if piece.find("[20", 1) == -1:
+        if piece[:1].isalnum():  # journalctl's own prefix, in a pasted `journalctl -u` output
+            m = _JOURNAL.match(piece)
+            piece = piece[m.end() :] if m else piece
+        if piece[:1] == "[" or piece.find("[20", 1) == -1:  # a logger line ends with its own newline
             _parse_piece(piece, events)
         else:
             for part in _GLUED.split(piece):
@@ -110,16 +143,9 @@ def _parse_piece(piece: str, out: list[ev.LogEvent]) -> None:
             m = _OLD_PREFIX.match(piece)
             if m:
                 rank, msg = m[1], piece[m.end() :]
-    elif head.isalnum():
-        m = _JOURNAL.match(piece)
-        if m:
-            msg = piece[m.end() :]
-            if msg[:1] == "[":
-                _parse_piece(msg, out)
-                return
     if not msg or msg.isspace():
         return
-    if "ServerArgs(" in msg or "server_args={" in msg:  # first: the repr holds every other keyword
+    if msg.startswith(("server_args=", "ServerArgs(")):  # first: the repr holds every other keyword
         out.append(_server_args(msg, "server_args", _ARG_MFS, _ARG_CTX, _ARG_MRR))
     elif not _parse_progress_lines(msg, rank, out):
         _parse_other(piece.rstrip(), msg, rank, out)
@@ -127,12 +153,12 @@ def _parse_piece(piece: str, out: list[ev.LogEvent]) -> None:
 
 def _parse_progress_lines(msg: str, rank: str | None, out: list[ev.LogEvent]) -> bool:
     """The start-up milestones: KV pool, weights, memory pool, CUDA graphs, tqdm shards."""
-    if "KV Cache" in msg or "KV cache allocated" in msg:
-        return _parse_kv(msg, rank, out)
+    if ("KV Cache" in msg or msg.startswith("Post-capture KV sizing")) and _parse_kv(msg, rank, out):
+        return True
     if "avail mem" in msg:
         return _parse_avail(msg, rank, out)
     if "shards:" in msg:
-        m = _PROGRESS.search(msg)
+        m = _PROGRESS.match(msg)
         if m:
             out.append(ev.WeightsProgress(rank, int(m[1]), int(m[2]), int(m[3])))
             return True
@@ -143,14 +169,14 @@ def _parse_avail(msg: str, rank: str | None, out: list[ev.LogEvent]) -> bool:
     """Lines that report free GPU memory: weights begin/end, memory pool end, graph begin/end."""
     m = _AVAIL.search(msg)
     avail = float(m[1]) if m else None
-    if avail is not None and "Load weight begin" in msg:
+    if avail is not None and msg.startswith("Load weight begin"):
         out.append(ev.WeightsBegin(rank, avail))
-    elif avail is not None and "Load weight end" in msg:
+    elif avail is not None and msg.startswith("Load weight end"):
         t = _TYPE.search(msg)
         model_type = t[1] if t else None
         is_draft = bool(model_type and _DRAFT_TYPE.search(model_type))
         out.append(ev.WeightsEnd(rank, avail, _float(_USAGE, msg), model_type, is_draft))
-    elif avail is not None and "Memory pool end" in msg:
+    elif avail is not None and msg.startswith("Memory pool end"):
         out.append(ev.MemoryPoolEnd(rank, avail))
     elif msg.startswith("Capture ") and "raph begin" in msg:
         out.append(ev.GraphBegin(rank, avail))
@@ -164,7 +190,7 @@ def _parse_avail(msg: str, rank: str | None, out: list[ev.LogEvent]) -> bool:
 def _parse_kv(msg: str, rank: str | None, out: list[ev.LogEvent]) -> bool:
     """`KV Cache is allocated` (all versions, optional SWA/Full label), VA upper bound, post-capture."""
     label: str | None
-    m = _KV.search(msg)
+    m = _KV.match(msg)
     if m and m[2] == "skipped":  # 0.5.23 no-op pool (prefill-only embedding): logical tokens, no memory
         t = _SKIPPED.search(msg)
         if not t:
@@ -177,7 +203,7 @@ def _parse_kv(msg: str, rank: str | None, out: list[ev.LogEvent]) -> bool:
             pass
         elif label is not None and label not in ("SWA", "Full", "va_upper_bound"):
             label = None  # a word before "KV Cache" that is not a pool label, e.g. "Hybrid"
-    elif _POSTCAP.search(msg):
+    elif _POSTCAP.match(msg):
         label = "post_capture"
     else:
         return False
@@ -198,16 +224,20 @@ def _parse_kv(msg: str, rank: str | None, out: list[ev.LogEvent]) -> bool:
 
 def _parse_other(line: str, msg: str, rank: str | None, out: list[ev.LogEvent]) -> None:
     """Scheduler summary, settings, HTTP server, readiness; else maybe a failure line."""
-    if "max_total_num_tokens=" in msg:
+    uvicorn = _UVICORN.match(msg) if "Uvicorn" in msg else None
+    if msg.startswith("max_total_num_tokens="):
         out.append(_scheduler(msg, rank))
-    elif "sliding window memory pool" in msg or "SWAKVPool" in msg:
+    elif msg.startswith(("Use sliding window memory pool", "SWAKVPool")):
         out.append(ev.SwaPool(rank, _int(_SWA_FULL, msg), _int(_SWA_SWA, msg)))
-    elif "Uvicorn running on" in msg:
-        m = _UVICORN.search(msg)
-        out.append(ev.UvicornRunning(rank, m[1] if m else ""))
-    elif "ready to roll" in msg:
+    elif uvicorn:
+        out.append(ev.UvicornRunning(rank, uvicorn[1]))
+    elif msg.startswith("The server is fired up and ready to roll"):
         out.append(ev.Ready(rank))
-    elif "reduce --mem-fraction-static" in msg and _AUTO_MFS.search(msg):
+    elif "tokenizer_e2e=" in msg and (timings := _TIMINGS.match(msg)):
+        out.append(_timings(timings, rank))
+    elif msg.startswith("SIGTERM received"):  # also "SIGTERM received on node_rank N" (entrypoints/engine.py)
+        out.append(ev.Stopping(rank, "SIGTERM"))
+    elif msg.startswith("Automatically reduce --mem-fraction-static") and _AUTO_MFS.search(msg):
         out.append(ev.ServerArgs(rank, _float(_AUTO_MFS, msg), None, None, "auto_reduce"))
     elif not _parse_command(msg, out):
         _parse_failure(line, msg, rank, out)
@@ -215,7 +245,7 @@ def _parse_other(line: str, msg: str, rank: str | None, out: list[ev.LogEvent]) 
 
 def _parse_command(msg: str, out: list[ev.LogEvent]) -> bool:
     """A pasted launch command: its flags are the weakest source of settings."""
-    if ("launch_server" not in msg and "sglang serve" not in msg) or " --" not in msg:
+    if " --" not in msg or not _COMMAND.match(msg):
         return False
     args = _server_args(msg, "command", _FLAG_MFS, _FLAG_CTX, _FLAG_MRR)
     if args.mem_fraction_static is None and args.context_length is None and args.max_running_requests is None:
@@ -229,7 +259,8 @@ def _parse_failure(line: str, msg: str, rank: str | None, out: list[ev.LogEvent]
     if found is None:
         return
     kind, weight, fraction = found
-    out.append(ev.Failure(rank, kind, line, weight, fraction))
+    code = _int(_EXIT_CODE, msg) if kind == ev.RANK_DIED else None
+    out.append(ev.Failure(rank, kind, line, weight, fraction, code))
     if kind in (ev.NOT_ENOUGH_MEMORY, ev.WEIGHTS_LEAVE_NO_MEMORY):
         mfs = _float(_ERR_MFS, msg)  # the value in force, quoted by the error itself
         if mfs is not None:
@@ -244,7 +275,7 @@ def _scheduler(msg: str, rank: str | None) -> ev.Scheduler:
         value = pairs.get(key)
         return int(float(value)) if value and value != "None" else None
 
-    gpu = pairs.get("available_gpu_mem")
+    gpu = pairs.get("available_gpu_mem") or pairs.get("available_cpu_mem")  # --device cpu: free RAM
     return ev.Scheduler(
         rank,
         num("max_total_num_tokens"),
@@ -253,6 +284,11 @@ def _scheduler(msg: str, rank: str | None) -> ev.Scheduler:
         num("chunked_prefill_size"),
         float(gpu) if gpu and gpu != "None" else None,
     )
+
+
+def _timings(m: re.Match[str], rank: str | None) -> ev.EngineTimings:
+    graphs = tuple((name, float(value)) for name, value in _PAIR.findall(m[4]) if value != "None")
+    return ev.EngineTimings(rank, float(m[1]), float(m[2]), float(m[3]), graphs, float(m[5]))
 
 
 def _server_args(

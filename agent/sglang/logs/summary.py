@@ -27,6 +27,21 @@ _PHASE_OF = {
     "ready": 4,
 }
 
+# Lines SGLang prints once per start, before "ready to roll" (every scheduler rank has sized its pool before
+# the main process warms up and says so): read after readiness, they would be text of the serving phase.
+_START_ONLY = frozenset(
+    {
+        "weights_begin",
+        "weights_end",
+        "kv_pool",
+        "swa_pool",
+        "memory_pool_end",
+        "scheduler",
+        "server_args",
+        "engine_timings",
+    }
+)
+
 
 @dataclass(frozen=True)
 class StartSummary:
@@ -47,6 +62,8 @@ class StartSummary:
     mem_fraction_static: float | None
     ready: bool
     failure: ev.Failure | None
+    stopped: bool = False  # the main process logged a SIGTERM: the end of this start was asked for
+    startup_timings: ev.EngineTimings | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The machine form (the keys are a contract); k/v sizes stay out of it."""
@@ -55,6 +72,7 @@ class StartSummary:
         d["failure"] = (
             None if self.failure is None else {"kind": self.failure.failure_kind, "line": self.failure.line}
         )
+        d["startup_timings"] = None if self.startup_timings is None else self.startup_timings.to_dict()
         return d
 
 
@@ -72,7 +90,10 @@ class SummaryBuilder:
         self._gpu_free: list[float] = []
         self._args: dict[str, tuple[int, float | int]] = {}
         self._ready = False
-        self._failure: ev.Failure | None = None
+        self._failure: ev.Failure | None = None  # the root cause among every failure line
+        self._crash: ev.Failure | None = None  # ... among those a stop does not explain
+        self._stopped = False
+        self._timings: ev.EngineTimings | None = None
         self._failed_last = False
         self._phase = 0
         self._percent: int | None = None
@@ -80,7 +101,8 @@ class SummaryBuilder:
     @property
     def phase(self) -> str:
         """Where the start is: one of PHASES."""
-        return "failed" if self._failed_last else PHASES[self._phase]
+        failed = self._failed_last and (not self._stopped or self._crash is not None)
+        return "failed" if failed else PHASES[self._phase]
 
     @property
     def weights_percent(self) -> int | None:
@@ -108,6 +130,8 @@ class SummaryBuilder:
         return e
 
     def _apply(self, e: LogEvent) -> None:  # noqa: C901 - one branch per event kind
+        if self._ready and e.kind in _START_ONLY:
+            return  # the start's figures are final once it is ready; later lines are the serving phase's
         self._phase = max(self._phase, _PHASE_OF.get(e.kind, 0))
         if isinstance(e, ev.WeightsBegin):
             self._first_begin.setdefault(e.rank, e.avail_gb)
@@ -133,6 +157,10 @@ class SummaryBuilder:
             self._apply_args(e)
         elif isinstance(e, ev.Ready):
             self._ready, self._failed_last = True, False
+        elif isinstance(e, ev.Stopping):
+            self._stopped = True
+        elif isinstance(e, ev.EngineTimings):
+            self._timings = self._timings or e
         elif isinstance(e, ev.Failure):
             self._apply_failure(e)
 
@@ -147,19 +175,10 @@ class SummaryBuilder:
                 self._args[key] = (rank, value)
 
     def _apply_failure(self, e: ev.Failure) -> None:
-        # Root cause rule: keep the first failure line, except that a line of higher weight replaces it
-        # (a named cause beats a bare exception line, which beats a traceback header or a "child died"
-        # consequence such as sigquit), so "Traceback ..." then "torch.OutOfMemoryError" ends as cuda_oom.
-        # One refinement among causes: "Capture cuda graph failed: CUDA out of memory" wraps the OOM
-        # printed just before it, and names the phase whose flags are the fix.
         self._failed_last = True
-        current = self._failure
-        if (
-            current is None
-            or e.weight > current.weight
-            or (current.failure_kind == ev.CUDA_OOM and e.failure_kind == ev.CUDA_GRAPH_FAILED)
-        ):
-            self._failure = e
+        self._failure = _root_cause(self._failure, e)
+        if not _stop_consequence(e):
+            self._crash = _root_cause(self._crash, e)
 
     def summary(self) -> StartSummary:
         """The summary of everything fed so far."""
@@ -186,7 +205,9 @@ class SummaryBuilder:
             available_gpu_mem_gb=_min(self._gpu_free),
             mem_fraction_static=self._arg_float("mem_fraction_static"),
             ready=self._ready,
-            failure=self._failure,
+            failure=self._crash if self._stopped else self._failure,
+            stopped=self._stopped,
+            startup_timings=self._timings,
         )
 
     def _split_pools(self) -> tuple[list[ev.KvPool], list[ev.KvPool]]:
@@ -234,3 +255,27 @@ def start_figures(lines: Iterable[str]) -> dict[str, Any]:
     if graphs:
         figures["graph_mem_gb"] = round(max(graphs.values()), 3)
     return figures
+
+
+def _root_cause(current: ev.Failure | None, e: ev.Failure) -> ev.Failure:
+    """Keep the first failure line, except that a line of higher weight replaces it (a named cause beats a
+    bare exception line, which beats a traceback header or a "child died" consequence such as sigquit), so
+    "Traceback ..." then "torch.OutOfMemoryError" ends as cuda_oom. One refinement among causes: "Capture
+    cuda graph failed: CUDA out of memory" wraps the OOM printed just before it, and names the phase whose
+    flags are the fix."""
+    if (
+        current is None
+        or e.weight > current.weight
+        or (current.failure_kind == ev.CUDA_OOM and e.failure_kind == ev.CUDA_GRAPH_FAILED)
+    ):
+        return e
+    return current
+
+
+def _stop_consequence(e: ev.Failure) -> bool:
+    """A line that a stop explains: a child dead of the stop's signal, and the SIGQUIT its death triggers
+    (utils/watchdog.py SubprocessWatchdog). Whether a stop was asked is known only at the summary: the
+    watchdog's 1 s poll may log the dead child before the event loop runs the SIGTERM handler."""
+    return e.failure_kind == ev.SIGQUIT or (
+        e.failure_kind == ev.RANK_DIED and e.exit_code in ev.STOP_EXIT_CODES
+    )

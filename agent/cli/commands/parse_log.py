@@ -46,12 +46,14 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
 
 def said_anything(s: StartSummary) -> bool:
-    """Whether the log showed any part of a start: a figure, the ready line or a failure."""
+    """Whether the log showed any part of a start: a figure, the ready line, a failure or a stop."""
+    flags = ("ready", "failure", "stopped")
     figures = dataclasses.asdict(s)
     return (
         s.ready
+        or s.stopped
         or s.failure is not None
-        or any(v is not None for k, v in figures.items() if k not in ("ready", "failure"))
+        or any(v is not None for k, v in figures.items() if k not in flags)
     )
 
 

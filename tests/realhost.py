@@ -111,6 +111,7 @@ class RealHost:
     name: str = NAME
     env: dict[str, str] = field(default_factory=dict)
     first_start_s: float = 0.0
+    adopted: str | None = None  # units/real-cpu.toml as `deployctl adopt` wrote it from the hand-written unit
 
     def unit_text(self) -> str:
         return self.host.read(UNIT_PATH).decode("utf-8", "surrogateescape")
@@ -198,7 +199,29 @@ class RealHost:
         r = self.deployctl("adopt", self.name, "--ssh", self.name, "--force")
         if r.returncode != 0:
             raise AssertionError(f"deployctl adopt exited {r.returncode}: {r.stderr}")
-        return self.units_dir / f"{self.name}.toml"
+        path = self.units_dir / f"{self.name}.toml"
+        if self.unit_text() == self.hand:
+            self.adopted = path.read_text()
+        return path
+
+    def inventory(self, flags: str = "", **sections: str) -> Path:
+        """units/real-cpu.toml: the hand-written unit's adoption (adopted once), plus TOML lines for
+        [sglang.flags] and more sections (name -> body). Its smoke test expects no word: random weights."""
+        if self.adopted is None:
+            self.ensure_hand()
+            self.adopt()
+        assert self.adopted is not None
+        text = self.adopted.replace(
+            "[sglang.flags]\n", f"[sglang.flags]\n{flags}\n" if flags else "[sglang.flags]\n"
+        )
+        sections = {
+            "smoke": 'expect = ""  # random weights: any answer, once usage shows the prompt',
+            **sections,
+        }
+        text += "".join(f"\n[{name}]\n{body}\n" for name, body in sections.items())
+        path = self.units_dir / f"{self.name}.toml"
+        path.write_text(text)
+        return path
 
     def stop(self) -> None:
         self.host.stop()

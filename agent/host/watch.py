@@ -18,8 +18,12 @@ PROGRESS_EVERY_S = 1.0  # progress events while weights load: enough for a live 
 # A failure's first line rarely says why: SGLang logs "Scheduler hit an exception: Traceback ...", then the
 # frames, and the exception that names the cause last, one journal record per line (seen on the real
 # 0.5.23). The process may also be gone (state "failed") before its last lines reach the journal. So a
-# failure that does not yet name its cause is decided once one is logged, or this long after it was seen.
+# failure that does not yet name its cause is decided once one is logged, or this long after it was seen;
+# a service found dead with no failure line at all waits longer: on a loaded host journald hands lines
+# over seconds late (seen: the argparse error of a real start, printed 4 s before the process exited, read
+# after systemd had reported the exit).
 SETTLE_S = 3.0
+DEAD_SETTLE_S = 10.0
 
 
 class JournalPort(Protocol):
@@ -143,7 +147,8 @@ def watch_start(
             return WatchResult(verdict, seen.summary, clock() - t0)
         elif verdict.action is Action.FAIL:
             failed_at = now if failed_at is None else failed_at
-            if names_cause(verdict, obs) or now - failed_at >= SETTLE_S:
+            settle = DEAD_SETTLE_S if obs.failure_kind is None else SETTLE_S
+            if names_cause(verdict, obs) or now - failed_at >= settle:
                 return WatchResult(verdict, seen.summary, clock() - t0)
     verdict = fail(f"gave up after {horizon:.0f} s", Failure.TIMEOUT)
     return WatchResult(verdict, seen.summary, clock() - t0)
@@ -151,8 +156,8 @@ def watch_start(
 
 def names_cause(verdict: Verdict, obs: Observation) -> bool:
     """Whether a failed start's verdict is final: a log line named the cause, or there is none to wait for
-    (a pool short of the gate, a timeout). A generic SGLang failure line or a dead service waits SETTLE_S
-    for the line that says why."""
+    (a pool short of the gate, a timeout). A generic SGLang failure line waits SETTLE_S, a dead service
+    with no failure line DEAD_SETTLE_S, for the line that says why."""
     if verdict.kind is Failure.SERVICE_FAILED:
         return obs.failure_kind is not None and obs.failure_kind not in GENERIC_FAILURE_KINDS
     if verdict.kind is Failure.SGLANG_FAILURE:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from agent.host.decide import Failure, Gate
 from agent.host.events import EventLog
-from agent.host.watch import SETTLE_S, WatchedStart, watch_start
+from agent.host.watch import DEAD_SETTLE_S, SETTLE_S, WatchedStart, watch_start
 from agent.protocol import Timeouts
 
 # Verbatim from a real start refused by SGLang 0.5.23 on CPU (tests/realhost.py), paths shortened.
@@ -104,3 +104,15 @@ def test_an_argparse_error_logged_after_the_process_died_is_still_quoted() -> No
     # the usage text, then the error line; systemd reports the exit before the journal hands the line over
     reason, kind, _ = watch(["usage: sglang serve [-h] --model-path MODEL_PATH", ARGPARSE], dead_at=0.01)
     assert kind is Failure.SGLANG_FAILURE and ARGPARSE in reason
+
+
+def test_a_dead_service_waits_longer_for_a_line_journald_hands_over_late() -> None:
+    late = ["usage: sglang serve [-h]"] + [""] * 100 + [ARGPARSE]  # the error line 5 s after the exit
+    reason, kind, _ = watch(late, dead_at=0.01)
+    assert kind is Failure.SGLANG_FAILURE and ARGPARSE in reason
+
+
+def test_a_silent_death_is_decided_after_the_longer_wait() -> None:
+    reason, kind, t = watch([], dead_at=0.01)
+    assert kind is Failure.SERVICE_FAILED and "failed/failed" in reason
+    assert DEAD_SETTLE_S <= t < DEAD_SETTLE_S + 0.2

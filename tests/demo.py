@@ -1,6 +1,7 @@
 """make demo: adopt the hand-written unit of the simulated ct200, raise its context to 200k, watch a 400k try
 roll back, roll back by hand to the hand-written unit; then a fleet of three on Ansible whose failing canary
-halts the rollout.
+halts the rollout; then the real SGLang 0.5.23 on the test host's CPU: adopt, raise its pool in one restart,
+and a change the real server refuses rolls back by itself.
 
 Each step runs the real CLI over SSH against a local systemd host, and the demo checks each outcome
 itself: it exits non-zero if any step did not do what it should.
@@ -19,7 +20,7 @@ from pathlib import Path
 from agent.exitcodes import ExitCode
 from agent.render import redact
 from agent.sglang.flags import diff_flags, parse_unit_flags
-from tests import fleethosts, simhost
+from tests import fleethosts, realhost, simhost
 
 DEPLOYCTL = str(Path(sys.executable).with_name("deployctl"))
 
@@ -109,6 +110,7 @@ def main() -> int:
         check(pool(sim) == base, f"the baseline pool {base:,} is back")
         banner("tearing the test host down")
     fleet_act()
+    real_act()
     print(f"\ndemo passed in {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 
@@ -141,3 +143,54 @@ def fleet_act() -> None:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def real_act() -> None:
+    """5. The real SGLang 0.5.23 (PyPI) serving a tiny random-weight model on this machine's CPU."""
+    banner("5. real SGLang 0.5.23 on the test host's CPU, from a unit written by hand")
+    t0 = time.monotonic()
+    with realhost.booted() as real:
+        print(f"the real server answered /health {real.first_start_s:.0f} s after its start", flush=True)
+        print(real.hand.rstrip(), flush=True)
+        before = real.pool()
+        env = {**os.environ, **real.env}
+        host, pin = realhost.NAME, ("--context", "4096", "--mem-fraction-static", "0.02", "--yes")
+        deployctl("adopt", host, "--ssh", host, expect=ExitCode.OK, env=env)
+        path = real.units_dir / f"{host}.toml"
+        check(
+            f"max-total-tokens = {before}" in path.read_text(), f"adopted: the pool cap {before:,} is a flag"
+        )
+
+        banner(f"5a. raise the pool from {before:,} to {2 * before:,} tokens in one restart")
+        # Not the planner's own CPU plan yet: the pool is raised by its explicit cap, --max-total-tokens.
+        path.write_text(
+            path.read_text().replace(f"max-total-tokens = {before}", f"max-total-tokens = {2 * before}")
+        )
+        path.write_text(path.read_text() + '\n[smoke]\nexpect = ""  # random weights: usage, not words\n')
+        first = real.invocation()
+        deployctl("apply", host, *pin, expect=ExitCode.OK, env=env)
+        raised = real.pool()
+        check(raised == 2 * before, f"the real server's pool is {raised:,} tokens")
+        restarts = len(real_events(real, "restart"))
+        check(real.invocation() != first and restarts == 1, f"{restarts} restart(s) of the service")
+        good = real.unit_text()
+
+        banner("5b. a flag the real server does not know: SGLang refuses it, the change rolls back by itself")
+        path.write_text(path.read_text().replace("[sglang.flags]\n", "[sglang.flags]\nno-such-flag = true\n"))
+        out = subprocess.run([DEPLOYCTL, "apply", host, *pin], env=env, capture_output=True, text=True)
+        print(out.stdout.rstrip(), flush=True)
+        check(
+            out.returncode == ExitCode.ROLLED_BACK, f"deployctl apply exited {out.returncode} (rolled back)"
+        )
+        check("unrecognized arguments: --no-such-flag" in out.stdout, "the report quotes SGLang's own error")
+        check(real.unit_text() == good, "the raised unit is back in place")
+        real.wait_ready()
+        check(real.pool() == raised, f"the old real server is healthy again with its pool of {raised:,}")
+        banner(f"tearing the real test host down (act 5 took {time.monotonic() - t0:.0f} s)")
+
+
+def real_events(real: realhost.RealHost, stage: str) -> list[dict[str, dict[str, str]]]:
+    found = []
+    for path in sorted((real.host.root / "var/lib/deployctl/txn").glob("*/events.jsonl")):
+        found += [e for e in map(json.loads, path.read_text().splitlines()) if e.get("stage") == stage]
+    return found

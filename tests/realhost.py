@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.testhost import HostSetup, TestHost, TestHostUnavailable
+from tests.testhost import HostSetup, TestHost, TestHostUnavailable, free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 NAME = "real-cpu"
@@ -107,13 +107,11 @@ class RealHost:
     units_dir: Path
     ssh_config: Path
     hand: str
+    port: int
     name: str = NAME
     env: dict[str, str] = field(default_factory=dict)
     first_start_s: float = 0.0
-
-    @property
-    def port(self) -> int:
-        return self.host.sglang_port
+    adopted: str | None = None  # units/real-cpu.toml as `deployctl adopt` wrote it from the hand-written unit
 
     def unit_text(self) -> str:
         return self.host.read(UNIT_PATH).decode("utf-8", "surrogateescape")
@@ -140,11 +138,7 @@ class RealHost:
         return json.loads(raw) if raw.strip().startswith((b"{", b"[")) else raw.decode()
 
     def healthy(self) -> bool:
-        try:
-            self.http("/health", timeout=5)
-        except (OSError, ValueError):
-            return False
-        return True
+        return _healthy(self.port)
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> float:
         """Seconds until /health answers 200 (the real server answers only once it is fired up)."""
@@ -205,7 +199,29 @@ class RealHost:
         r = self.deployctl("adopt", self.name, "--ssh", self.name, "--force")
         if r.returncode != 0:
             raise AssertionError(f"deployctl adopt exited {r.returncode}: {r.stderr}")
-        return self.units_dir / f"{self.name}.toml"
+        path = self.units_dir / f"{self.name}.toml"
+        if self.unit_text() == self.hand:
+            self.adopted = path.read_text()
+        return path
+
+    def inventory(self, flags: str = "", **sections: str) -> Path:
+        """units/real-cpu.toml: the hand-written unit's adoption (adopted once), plus TOML lines for
+        [sglang.flags] and more sections (name -> body). Its smoke test expects no word: random weights."""
+        if self.adopted is None:
+            self.ensure_hand()
+            self.adopt()
+        assert self.adopted is not None
+        text = self.adopted.replace(
+            "[sglang.flags]\n", f"[sglang.flags]\n{flags}\n" if flags else "[sglang.flags]\n"
+        )
+        sections = {
+            "smoke": 'expect = ""  # random weights: any answer, once usage shows the prompt',
+            **sections,
+        }
+        text += "".join(f"\n[{name}]\n{body}\n" for name, body in sections.items())
+        path = self.units_dir / f"{self.name}.toml"
+        path.write_text(text)
+        return path
 
     def stop(self) -> None:
         self.host.stop()
@@ -218,6 +234,40 @@ def binds() -> dict[str, str]:
     return {venv: venv, str(model_dir()): HOST_MODEL, str(SITE): HOST_SITE}
 
 
+def _start_hand(host: TestHost, pool: int, env: Mapping[str, str] | None) -> tuple[str, int]:
+    """Write the hand-written unit on a port free right now and start it: (its text, its port). Ports are
+    picked while other test runs start servers too; the real SGLang does not exit when its port is taken
+    (uvicorn's "[Errno 98] ... address already in use", then it waits), so that line means: another port."""
+    for _ in range(3):
+        (port,) = free_ports(1)
+        hand = hand_unit(port, pool, env)
+        host.put(UNIT_PATH, hand.encode())
+        host.ssh(["sh", "-c", f"systemctl daemon-reload && systemctl restart {UNIT}"])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if _healthy(port):
+                return hand, port
+            inv = (
+                host.ssh(["systemctl", "show", "-p", "InvocationID", "--value", UNIT]).stdout.decode().strip()
+            )
+            said = host.ssh(["journalctl", "--no-pager", "-o", "cat", f"_SYSTEMD_INVOCATION_ID={inv}"]).stdout
+            if b"address already in use" in said:
+                break
+            time.sleep(0.5)
+        else:
+            tail = host.ssh(["journalctl", "--no-pager", "-o", "cat", "-n", "30", "-u", UNIT]).stdout.decode()
+            raise AssertionError(f"real SGLang not ready after {START_TIMEOUT_S:.0f} s:\n{tail}")
+    raise AssertionError("real SGLang found its port taken three times")
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            return bool(r.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
 def boot(pool: int = POOL, trace: bool = False) -> RealHost:
     """Boot a test host whose hand-written real unit is enabled; return once the server serves.
     trace: the unit traces every use of an import stand-in to TRACE."""
@@ -228,11 +278,8 @@ def boot(pool: int = POOL, trace: bool = False) -> RealHost:
     host: TestHost | None = None
     try:
         host = TestHost.create(HostSetup(enable_units=[UNIT], mount_agent=False, binds_ro=binds()))
-        hand = hand_unit(host.sglang_port, pool, {"DEPLOYCTL_STANDIN_TRACE": TRACE} if trace else None)
-        # Written after the boot: the port is the instance's own, known only once it is made.
-        host.put(UNIT_PATH, hand.encode())
         started = time.monotonic()
-        host.ssh(["sh", "-c", f"systemctl daemon-reload && systemctl restart {UNIT}"])
+        hand, port = _start_hand(host, pool, {"DEPLOYCTL_STANDIN_TRACE": TRACE} if trace else None)
         units = work / "units"
         units.mkdir()
         ssh_config = work / "ssh_config"
@@ -242,8 +289,7 @@ def boot(pool: int = POOL, trace: bool = False) -> RealHost:
             "  IdentitiesOnly yes\n"
         )
         env = {"DEPLOYCTL_UNITS": str(units), "DEPLOYCTL_SSH_CONFIG": str(ssh_config)}
-        real = RealHost(host, work, units, ssh_config, hand, env=env)
-        real.wait_ready()
+        real = RealHost(host, work, units, ssh_config, hand, port, env=env)
         real.first_start_s = time.monotonic() - started
         return real
     except BaseException:

@@ -11,7 +11,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from agent.sglang.flags import FlagChange, FlagValue
 
-SECRET_ENV = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASS", re.IGNORECASE)
+# TOKENIZERS_PARALLELISM (the tokenizers package's switch, set by every SGLang unit on CPU) is not a token.
+SECRET_ENV = re.compile(r"TOKEN(?!IZER)|KEY|SECRET|PASSWORD|PASS", re.IGNORECASE)
 SECRET_FLAG = re.compile(r"(^|-)(key|api-key|token|secret|password|passwd)$")
 REDACTED = "***"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -126,3 +126,10 @@ def test_a_watched_start_emits_no_secret_from_its_log_lines() -> None:
     result = watch_start(start, log, clock=lambda: next(ticks))
     sent = json.dumps([e.to_json() for e in seen]) + json.dumps(result.summary)
     assert "server_args=" in sent and not [s for s in SECRETS if s in sent]
+
+
+def test_a_tokenizer_switch_is_not_a_secret_but_a_tokenizer_token_is() -> None:
+    from agent.sglang.redact import is_secret_env
+
+    assert not is_secret_env("TOKENIZERS_PARALLELISM")
+    assert all(is_secret_env(n) for n in ("HF_TOKEN", "TOKENIZER_HUB_TOKEN", "MY_API_KEY", "DB_PASSWORD"))

@@ -175,14 +175,24 @@ def real_act() -> None:
         check(real.invocation() != first and restarts == 1, f"{restarts} restart(s) of the service")
         good = real.unit_text()
 
-        banner("5b. a flag the real server does not know: SGLang refuses it, the change rolls back by itself")
-        path.write_text(path.read_text().replace("[sglang.flags]\n", "[sglang.flags]\nno-such-flag = true\n"))
+        banner("5b. a flag SGLang 0.5.23 does not know: refused on the laptop, nothing restarted")
+        flags = path.read_text()
+        path.write_text(flags.replace("[sglang.flags]\n", "[sglang.flags]\nno-such-flag = true\n"))
+        running = real.invocation()
         out = subprocess.run([DEPLOYCTL, "apply", host, *pin], env=env, capture_output=True, text=True)
+        print(out.stderr.rstrip(), flush=True)
+        check(out.returncode == ExitCode.USAGE, f"deployctl apply exited {out.returncode} (bad input)")
+        check(real.invocation() == running and real.unit_text() == good, "nothing changed on the host")
+        path.write_text(flags)
+
+        banner("5c. a fraction too small for the weights: SGLang refuses it, the change rolls back by itself")
+        small = ("--context", "4096", "--mem-fraction-static", "0.0001", "--yes", "--force")
+        out = subprocess.run([DEPLOYCTL, "apply", host, *small], env=env, capture_output=True, text=True)
         print(out.stdout.rstrip(), flush=True)
         check(
             out.returncode == ExitCode.ROLLED_BACK, f"deployctl apply exited {out.returncode} (rolled back)"
         )
-        check("unrecognized arguments: --no-such-flag" in out.stdout, "the report quotes SGLang's own error")
+        check("Raise --mem-fraction-static above" in out.stdout, "the report quotes SGLang's own error")
         check(real.unit_text() == good, "the raised unit is back in place")
         real.wait_ready()
         check(real.pool() == raised, f"the old real server is healthy again with its pool of {raised:,}")

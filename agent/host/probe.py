@@ -13,6 +13,7 @@ with warnings.catch_warnings():  # the bundle ships requests without a charset d
     import requests
 from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_after_delay, wait_fixed
 
+from agent.host.drain import Load, NoLoad, parse_loads, parse_metrics
 from agent.protocol import Smoke
 
 
@@ -128,3 +129,31 @@ class Probe:
             return SmokeResult(0, seconds, answer, False, "reply has no numeric usage.prompt_tokens")
         passed = smoke.expect.lower() in answer.lower()
         return SmokeResult(tokens, seconds, answer, passed, "" if passed else f"expected {smoke.expect!r}")
+
+
+def read_load(probe: Probe) -> Load | None:
+    """The server's load from /v1/loads, else /metrics; None when it does not answer (down, starting).
+
+    Raises NoLoad when it answers but offers neither (an older SGLang without --enable-metrics).
+    """
+    try:
+        r = probe.session.get(f"{probe.base}/v1/loads", params={"include": "core"}, timeout=5)
+        if r.status_code == 404:
+            m = probe.session.get(f"{probe.base}/metrics", timeout=5)
+            if m.status_code != 200:
+                raise NoLoad(f"/v1/loads and /metrics answer {r.status_code} and {m.status_code}")
+            metrics = parse_metrics(m.text)
+            if metrics is None:
+                raise NoLoad("/metrics carries no sglang:num_running_reqs and sglang:num_queue_reqs")
+            return metrics
+        if r.status_code != 200:
+            return None
+        body: object = r.json()
+    except requests.RequestException:
+        return None
+    except ValueError:
+        raise NoLoad("/v1/loads did not answer JSON") from None
+    load = parse_loads(body)
+    if load is None:
+        raise NoLoad("/v1/loads carries no num_running_reqs and num_waiting_reqs")
+    return load

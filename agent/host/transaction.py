@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.host import drain
 from agent.host.adopt import kept_secret_env
 from agent.host.decide import Action, Gate
 from agent.host.events import EventLog, utc_now
@@ -36,7 +37,7 @@ from agent.sglang.logs.summary import summarize
 if TYPE_CHECKING:
     from agent.host.prewarm import Prewarmed
     from agent.host.probe import SmokeResult
-    from agent.host.systemd import UnitState
+    from agent.host.systemd import JobResult, UnitState
 
 RESTART_JOB_TIMEOUT_S = 300.0
 
@@ -77,6 +78,8 @@ class Transaction:
         self.unrecovered: Record | None = None  # the record whose recovery failed
         self.recovered: str | None = None  # what the last recover() did
         self.prewarmed: Prewarmed | None = None
+        self.drains: list[drain.Drain] = []  # the old server's, then (a rollback) the rejected one's
+        self.stopping_at = ""
         self.events: list[Event] = []  # this run's events: the downtime is read off them
         log.listeners.append(self.events.append)
 
@@ -308,8 +311,7 @@ class Transaction:
     def _restart_and_watch(self, gate: Gate, stage: Stage) -> WatchResult:
         cursor = self.journal.cursor()
         before = self.systemd.unit_state(self.unit)
-        stopping_at = utc_now()  # the old server stops answering from here: the downtime begins
-        job = self.systemd.restart(self.unit, RESTART_JOB_TIMEOUT_S)
+        job = self._drained_restart()
         after = self.systemd.unit_state(self.unit)
         self.log.emit(
             Stage.RESTART,
@@ -317,7 +319,7 @@ class Transaction:
             f"restart job {job.result}",
             invocation=after.invocation_id,
             job=job.result,
-            stopping_at=stopping_at,
+            stopping_at=self.stopping_at,
         )
         n0 = after.n_restarts
         if after.invocation_id == before.invocation_id and not job.ok:
@@ -326,6 +328,23 @@ class Transaction:
             self.unit, self.journal, self.systemd, gate, cursor, after.invocation_id, max(n0, 0)
         )
         return watch_start(start, self.log, stage)
+
+    def _drained_restart(self) -> JobResult:
+        """Let the running server finish what it has (bounded by [drain] timeout_s), then restart."""
+        from agent.host.drainer import restart_drained
+
+        # The job covers SGLang's own drain (up to TimeoutStopSec) before the new process starts.
+        timeout = drain.stop_timeout_s(self.req.drain_timeout_s, self.req.drain_stop_allowance_s)
+
+        def restart() -> JobResult:
+            self.stopping_at = utc_now()  # the old server stops answering from here: the downtime begins
+            job: JobResult = self.systemd.restart(self.unit, timeout + RESTART_JOB_TIMEOUT_S)
+            return job
+
+        job, drained = restart_drained(self.req, self.secrets.api_key(), restart, self.log)
+        self.drains.append(drained)
+        self.log.emit(Stage.DRAIN, "step", f"drain: {drained.describe()}", **drained.to_dict())
+        return job
 
     def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate) -> str | None:
         """After the log said ready: the HTTP API answers, and a long prompt really fits."""
@@ -382,6 +401,8 @@ class Transaction:
         }
         if self.prewarmed is not None:
             data["prewarm"] = self.prewarmed.to_dict()
+        if self.drains:
+            data["drain"] = self.drains[0].to_dict()
         if self.smoke_result is not None:
             data["smoke"] = self.smoke_result.__dict__
         what = f"restored {restored_from}" if restored_from else "applied"
@@ -411,6 +432,8 @@ class Transaction:
             "rejected": str(rejected),
         }
         data["backup"] = backup
+        if self.drains:
+            data["drain"] = self.drains[0].to_dict()
         if ok:
             self.state.clear_record(self.unit)
             return Result(

@@ -95,6 +95,19 @@ class Probe:
     def _healthy(self) -> bool:
         return self.session.get(f"{self.base}/health", timeout=5).status_code == 200
 
+    def server_info(self) -> dict[str, Any]:
+        """GET /server_info (/get_server_info before 0.5.10): the arguments the server resolved."""
+        try:
+            r = self.session.get(f"{self.base}/server_info", timeout=30)
+            if r.status_code == 404:
+                r = self.session.get(f"{self.base}/get_server_info", timeout=30)
+            data: object = r.json() if r.status_code == 200 else None
+        except (requests.RequestException, ValueError) as exc:
+            raise ProbeError(f"{self.base}/server_info did not answer: {exc}") from None
+        if not isinstance(data, dict):
+            raise ProbeError(f"{self.base}/server_info answered HTTP {r.status_code}, not a JSON object")
+        return data
+
     def smoke(self, smoke: Smoke, model: str | None = None) -> SmokeResult:
         """A long prompt with a known answer: proves a request that needs the new context really fits.
 

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.host import drain
+from agent.host import drain, serverinfo
 from agent.host.adopt import kept_secret_env
 from agent.host.decide import Action, Gate
 from agent.host.events import EventLog, utc_now
@@ -31,7 +31,7 @@ from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchedStart, WatchResult, watch_start
 from agent.protocol import Event, Outcome, Request, Smoke, Stage
 from agent.protocol import unit_sha256 as sha256
-from agent.sglang.flags import parse_unit_flags
+from agent.sglang.flags import FlagsError, FlagValue, parse_unit_flags
 from agent.sglang.logs.summary import summarize
 
 if TYPE_CHECKING:
@@ -259,7 +259,7 @@ class Transaction:
         """Restart, watch, gate, verify: commit the new unit, or roll back to the backup."""
         started = self._restart_and_watch(gate, Stage.WATCH)
         if started.verdict.action is Action.READY:
-            verified = self._verify(started, smoke, gate)
+            verified = self._verify(started, smoke, gate, new)
             if verified is None:
                 return self._commit(started, new, backup, restored_from)
             reason = verified
@@ -343,17 +343,22 @@ class Transaction:
 
         job, drained = restart_drained(self.req, self.secrets.api_key(), restart, self.log)
         self.drains.append(drained)
-        self.log.emit(Stage.DRAIN, "step", f"drain: {drained.describe()}", **drained.to_dict())
+        self.log.emit(Stage.DRAIN, "step", drained.describe(), **drained.to_dict())
         return job
 
-    def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate) -> str | None:
-        """After the log said ready: the HTTP API answers, and a long prompt really fits."""
+    def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate, new: str) -> str | None:
+        """After the log said ready: the HTTP API answers, runs what was rendered, and a long prompt fits."""
         from agent.host.probe import Probe, ProbeError  # requests: only once a start is ready
 
         probe = Probe(self.req.http_host, self.req.port, self.secrets.api_key())
         try:
             probe.wait_ready(self.req.timeouts.ready_s)
             self.log.emit(Stage.READY, "step", "the server answers /health")
+            wrong = serverinfo.verdict(_flags_of(new), probe.server_info())
+            if wrong is not None:
+                self.log.emit(Stage.GATE, "warning", wrong)
+                return wrong
+            self.log.emit(Stage.READY, "step", "/server_info shows the rendered context, fraction and cap")
             if smoke is None or not smoke.enabled:
                 return None
             context = started.summary.get("context_len") or gate.target_context or smoke.prompt_tokens
@@ -544,6 +549,14 @@ class Transaction:
             if self.files.read(b.name) != text:
                 return b.name
         return None
+
+
+def _flags_of(unit_text: str) -> dict[str, FlagValue]:
+    """The unit's SGLang flags; none (nothing to compare) for a command deployctl cannot read."""
+    try:
+        return parse_unit_flags(unit_text)
+    except FlagsError:
+        return {}
 
 
 def _sets_exec_start(path: str) -> bool:

@@ -104,7 +104,7 @@ def test_a_request_in_flight_during_apply_finishes_before_the_restart(slow_sim):
     wait_pool(sim)
     before = invocation(sim)
     request, thread = send(port, 45.0)  # longer than the apply takes to reach its drain, generously
-    r = cli(sim, "apply", sim.name, "--context", "200k", "--yes", timeout=300)
+    r = cli(sim, "apply", sim.name, "--context", "200k", "--yes", timeout=600)
     thread.join(timeout=60)
     assert r.returncode == ExitCode.OK, r.stdout + r.stderr
     assert invocation(sim) != before
@@ -120,7 +120,7 @@ def test_a_request_longer_than_the_drain_timeout_is_cut_and_said_so(slow_sim):
     # TimeoutStopSec = 2 + 10: deployctl waits 2 s, SGLang's own drain gets 10 s more, then SIGKILL.
     set_drain(sim, "timeout_s = 2\nstop_allowance_s = 10\n")
     request, thread = send(port, 60.0)
-    r = cli(sim, "apply", sim.name, "--context", "200k", "--yes", timeout=300)
+    r = cli(sim, "apply", sim.name, "--context", "200k", "--yes", timeout=600)
     thread.join(timeout=60)
     assert r.returncode == ExitCode.OK, r.stdout + r.stderr
     assert "TimeoutStopSec=12" in sim.unit_text()
@@ -136,7 +136,7 @@ def test_sglang_own_drain_finishes_what_the_wait_left_under_killmode_mixed(slow_
     wait_pool(sim)
     set_drain(sim, "timeout_s = 2\n")  # TimeoutStopSec = 122: the request outlives the wait, not the stop
     request, thread = send(port, 30.0)
-    r = cli(sim, "apply", sim.name, "--context", "200k", "--yes", timeout=300)
+    r = cli(sim, "apply", sim.name, "--context", "200k", "--yes", timeout=600)
     thread.join(timeout=60)
     assert r.returncode == ExitCode.OK, r.stdout + r.stderr
     assert (request.status, request.error) == (200, None)

@@ -115,6 +115,8 @@ class Launch:
     def resolve(self) -> None:
         """Fill in the defaults SGLang resolves before it prints server_args."""
         a, hw = self.a, self.hw
+        if hw.fault == "wrapper_context":  # a wrapper script that pins its own context length
+            a.context_length = 32768
         self.fraction_given = a.mem_fraction_static is not None
         self.given = {name: getattr(a, name) for name in GIVEN}
         a.served_model_name = a.served_model_name or a.model_path

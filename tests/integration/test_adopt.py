@@ -88,7 +88,7 @@ def _assert_rendered_runs_the_same(sim: SimHost, hand: str) -> None:
         "TimeoutStopUSec",
         "TimeoutAbortUSec",
     }, differ
-    assert (old["KillMode"], new["KillMode"], new["TimeoutStopUSec"]) == ("mixed", "mixed", "17min")  # fmt: skip
+    assert (old["KillMode"], new["KillMode"], new["TimeoutStopUSec"]) == ("mixed", "mixed", "17min")
     assert new["EnvironmentFiles"].startswith("/etc/deployctl/secrets/sglang.service.env")
     with Systemd(sim.host.bus_address) as sd:
         ((_, hand_argv),) = sd.exec_commands(HAND_COPY)

@@ -65,9 +65,9 @@ def test_metrics_give_the_same_two_gauges() -> None:
 class FakeServer:
     """A server whose in-flight count follows a script, one entry per read; None: it stopped answering."""
 
-    def __init__(self, script: list[int | None | str], clock: FakeClock) -> None:
-        self.script: Iterator[int | None | str] = iter(script)
-        self.last: int | None | str = None
+    def __init__(self, script: list[int | str | None], clock: FakeClock) -> None:
+        self.script: Iterator[int | str | None] = iter(script)
+        self.last: int | str | None = None
         self.reads = 0
         self.clock = clock
 
@@ -90,7 +90,7 @@ class FakeClock:
         self.now += seconds
 
 
-def waited(script: list[int | None | str], timeout_s: float = 10.0) -> drain.Waited:
+def waited(script: list[int | str | None], timeout_s: float = 10.0) -> drain.Waited:
     clock = FakeClock()
     server = FakeServer(script, clock)
     return drain.wait_idle(server.read, timeout_s, clock, clock.sleep, poll_s=1.0)
@@ -187,7 +187,7 @@ def test_a_cache_folder_outside_var_cache_is_refused(bad: str) -> None:
 
     host = ct200()
     host = host.model_copy(update={"unit": host.unit.model_copy(update={"cache_directory": bad})})
-    with pytest.raises(RenderError, match="unit.cache_directory"):
+    with pytest.raises(RenderError, match=r"unit\.cache_directory"):
         render_unit(host, {}, template_dir())
 
 

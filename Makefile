@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 APT_PKGS := $(shell cat tests/apt-packages.txt)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test quick lint faults bench testhost-up testhost-down clean oracle
+.PHONY: help demo test quick lint faults bench testhost-up testhost-down clean oracle real-sglang
 
 help:
 	@echo "make demo           raise the context on the local test host, then watch a rollback"
@@ -16,6 +16,7 @@ help:
 	@echo "make faults         the fault matrix on the real test host; ends with one JSON line"
 	@echo "make bench          deployctl against Ansible and the manual path; ends with one JSON line"
 	@echo "make oracle         build the SGLang 0.5.23 oracle venv (once per machine, about 1.4 GB)"
+	@echo "make real-sglang    build the real SGLang 0.5.23 venv on CPU torch and its tiny model (once, 1.5 GB)"
 	@echo "make testhost-up    boot a local test host and print how to reach it"
 	@echo "make testhost-down  stop it"
 
@@ -32,6 +33,20 @@ $(ORACLE_VENV)/.oracle-stamp: tests/oracle/requirements.txt tests/oracle/build-v
 	DEPLOYCTL_ORACLE_VENV=$(ORACLE_VENV) sh tests/oracle/build-venv.sh
 
 oracle: $(ORACLE_VENV)/.oracle-stamp
+
+# The real SGLang 0.5.23 (PyPI) on CPU torch and a tiny random-weight model (tests/realsglang): built once
+# per machine outside the work tree, run by the test host's systemd (tests/realhost.py).
+REAL_SGLANG_VENV ?= $(or $(DEPLOYCTL_REAL_SGLANG_VENV),$(HOME)/.cache/deployctl/real-sglang-0.5.23)
+REAL_SGLANG_MODEL ?= $(or $(DEPLOYCTL_REAL_SGLANG_MODEL),$(HOME)/.cache/deployctl/real-sglang-tiny-model)
+export DEPLOYCTL_REAL_SGLANG_VENV := $(REAL_SGLANG_VENV)
+export DEPLOYCTL_REAL_SGLANG_MODEL := $(REAL_SGLANG_MODEL)
+
+$(REAL_SGLANG_VENV)/.real-stamp: tests/realsglang/requirements.txt tests/realsglang/build-venv.sh
+	sh tests/realsglang/build-venv.sh
+
+# make_model.py keeps a folder whose stamp matches its recipe: cheap to run every time.
+real-sglang: $(REAL_SGLANG_VENV)/.real-stamp
+	$(REAL_SGLANG_VENV)/bin/python tests/realsglang/make_model.py $(REAL_SGLANG_MODEL)
 
 .apt-stamp: tests/apt-packages.txt
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -50,19 +65,19 @@ lint: $(BIN)/.stamp
 quick: $(BIN)/.stamp
 	$(BIN)/pytest -q -m "not integration"
 
-test: $(BIN)/.stamp .apt-stamp oracle lint
+test: $(BIN)/.stamp .apt-stamp oracle real-sglang lint
 	$(BIN)/pytest -q
 
-faults: $(BIN)/.stamp .apt-stamp oracle
+faults: $(BIN)/.stamp .apt-stamp oracle real-sglang
 	$(BIN)/python -m tests.faults
 
-bench: $(BIN)/.stamp .apt-stamp oracle
+bench: $(BIN)/.stamp .apt-stamp oracle real-sglang
 	$(BIN)/python -m tests.bench
 
-demo: $(BIN)/.stamp .apt-stamp oracle
+demo: $(BIN)/.stamp .apt-stamp oracle real-sglang
 	$(BIN)/python -m tests.demo
 
-testhost-up: $(BIN)/.stamp .apt-stamp oracle
+testhost-up: $(BIN)/.stamp .apt-stamp oracle real-sglang
 	$(BIN)/python -m tests.testhost up
 
 testhost-down: $(BIN)/.stamp

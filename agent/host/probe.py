@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -15,6 +16,10 @@ from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_af
 
 from agent.host.drain import Load, NoLoad, parse_loads, parse_metrics
 from agent.protocol import Smoke
+
+# Words and marks: every tokenizer in use splits at least here (byte-level BPE, SentencePiece), so a prompt
+# counted by the server below half of this did not reach the model whole.
+_WORD = re.compile(r"\w+|[^\w\s]")
 
 
 class ProbeError(Exception):
@@ -58,11 +63,29 @@ def chat_answer(data: object) -> tuple[str | None, str]:
     return content.strip(), ""
 
 
-def prompt_tokens(data: object) -> int | None:
-    """usage.prompt_tokens when the body carries it as a number (bool excluded), else None."""
+def usage_count(data: object, name: str = "prompt_tokens") -> int | None:
+    """usage.<name> when the body carries it as a number (bool excluded), else None."""
     usage = data.get("usage") if isinstance(data, dict) else None
-    tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    tokens = usage.get(name) if isinstance(usage, dict) else None
     return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
+
+
+def prompt_tokens(data: object) -> int | None:
+    return usage_count(data, "prompt_tokens")
+
+
+def judge(expect: str, words_sent: int, tokens: int, completion: int | None, answer: str) -> str:
+    """Why a smoke reply fails ("" when it passes). The prompt must have reached the model whole and an
+    answer come; `expect` must be in it unless empty (a random-weight model answers noise)."""
+    if tokens * 2 < words_sent:
+        return (
+            f"usage.prompt_tokens {tokens:,} is under half the {words_sent:,} words sent: the prompt was cut"
+        )
+    if completion is not None and completion < 1:
+        return "no token was generated"
+    if expect and expect.lower() not in answer.lower():
+        return f"expected {expect!r}"
+    return ""
 
 
 class Probe:
@@ -110,6 +133,7 @@ class Probe:
 
     def smoke(self, smoke: Smoke, model: str | None = None) -> SmokeResult:
         """A long prompt with a known answer: proves a request that needs the new context really fits.
+        With an empty `expect` (a random-weight model) any answer passes, once usage shows the prompt whole.
 
         Any reply but a well-formed completion is a failed test (passed=False, detail says why); only a
         request that gets no reply at all raises ProbeError.
@@ -140,8 +164,11 @@ class Probe:
             return SmokeResult(tokens or 0, seconds, "", False, reason)
         if tokens is None:
             return SmokeResult(0, seconds, answer, False, "reply has no numeric usage.prompt_tokens")
-        passed = smoke.expect.lower() in answer.lower()
-        return SmokeResult(tokens, seconds, answer, passed, "" if passed else f"expected {smoke.expect!r}")
+        why = judge(
+            smoke.expect, len(_WORD.findall(prompt)), tokens, usage_count(data, "completion_tokens"), answer
+        )
+        return SmokeResult(tokens, seconds, answer, not why, why)
+
 
 
 def read_load(probe: Probe) -> Load | None:

@@ -10,11 +10,16 @@ from typing import Any, Protocol
 from agent.host.decide import Action, Failure, Gate, Observation, Verdict, decide, fail
 from agent.host.events import EventLog
 from agent.protocol import Stage
-from agent.sglang.logs.events import GraphEnd
+from agent.sglang.logs.events import GENERIC_FAILURE_KINDS, GraphEnd
 from agent.sglang.logs.summary import SummaryBuilder
 
 STATE_POLL_S = 0.05  # one unit_state call costs ~1 ms; a crash is seen within this
 PROGRESS_EVERY_S = 1.0  # progress events while weights load: enough for a live line, not a flood
+# A failure's first line rarely says why: SGLang logs "Scheduler hit an exception: Traceback ...", then the
+# frames, and the exception that names the cause last, one journal record per line (seen on the real
+# 0.5.23). The process may also be gone (state "failed") before its last lines reach the journal. So a
+# failure that does not yet name its cause is decided once one is logged, or this long after it was seen.
+SETTLE_S = 3.0
 
 
 class JournalPort(Protocol):
@@ -120,6 +125,7 @@ def watch_start(
     seen = _Start(t0, log, stage)
     state, last_poll, pool_passed = systemd.unit_state(unit), 0.0, False
     horizon = gate.timeouts.weights_s + gate.timeouts.pool_s + gate.timeouts.ready_s + 60
+    failed_at: float | None = None
     for item in journal.follow(unit, start.cursor, start.invocation_id, time.monotonic() + horizon):
         now = clock()
         if item is not None:
@@ -133,7 +139,22 @@ def watch_start(
             log.emit(
                 Stage.GATE, "step", verdict.reason, kv_tokens=obs.kv_tokens, verdict_ms=round(verdict_ms, 2)
             )
-        elif verdict.action in (Action.READY, Action.FAIL):
+        elif verdict.action is Action.READY:
             return WatchResult(verdict, seen.summary, clock() - t0)
+        elif verdict.action is Action.FAIL:
+            failed_at = now if failed_at is None else failed_at
+            if names_cause(verdict, obs) or now - failed_at >= SETTLE_S:
+                return WatchResult(verdict, seen.summary, clock() - t0)
     verdict = fail(f"gave up after {horizon:.0f} s", Failure.TIMEOUT)
     return WatchResult(verdict, seen.summary, clock() - t0)
+
+
+def names_cause(verdict: Verdict, obs: Observation) -> bool:
+    """Whether a failed start's verdict is final: a log line named the cause, or there is none to wait for
+    (a pool short of the gate, a timeout). A generic SGLang failure line or a dead service waits SETTLE_S
+    for the line that says why."""
+    if verdict.kind is Failure.SERVICE_FAILED:
+        return obs.failure_kind is not None and obs.failure_kind not in GENERIC_FAILURE_KINDS
+    if verdict.kind is Failure.SGLANG_FAILURE:
+        return obs.failure_kind not in GENERIC_FAILURE_KINDS
+    return True

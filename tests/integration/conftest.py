@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from agent.sglang.flags import parse_unit_flags
-from tests import simhost
+from tests import realhost, simhost
 from tests.testhost import TestHostUnavailable, missing_prerequisites
 
 if TYPE_CHECKING:
@@ -34,6 +34,25 @@ def boot_sim(sim_env: dict[str, str] | None = None) -> simhost.SimHost:
         pytest.skip(f"test host unavailable: {exc}")
     wait_pool(sim)
     return sim
+
+
+@pytest.fixture(scope="session")
+def real() -> Iterator[realhost.RealHost]:
+    """The real SGLang 0.5.23 on the test host's CPU, started once per session from its hand-written unit
+    (a real start is 25-110 s here): every test that changes the unit leaves a healthy server behind, and
+    one that needs the hand-written unit calls real.ensure_hand() (a restart only if something else runs).
+    Its stand-ins trace to realhost.TRACE inside the host."""
+    missing = missing_prerequisites()
+    if missing:
+        pytest.skip("test host unavailable: missing " + ", ".join(missing))
+    try:
+        host = realhost.boot(trace=True)
+    except TestHostUnavailable as exc:
+        pytest.skip(f"real SGLang unavailable: {exc}")
+    try:
+        yield host
+    finally:
+        host.stop()
 
 
 @pytest.fixture(scope="module")

@@ -75,7 +75,7 @@ class Stage(str, Enum):
 
 
 # A restart's downtime, phase by phase in the order they happen (host/timeline.py measures them).
-DOWNTIME_PHASES = ("stop", "init", "weights", "pool", "cuda_graphs", "ready", "smoke", "rollback")
+DOWNTIME_PHASES = ("drain", "stop", "init", "weights", "pool", "cuda_graphs", "ready", "smoke", "rollback")
 
 
 class Outcome(str, Enum):

@@ -170,7 +170,6 @@ class Probe:
         return SmokeResult(tokens, seconds, answer, not why, why)
 
 
-
 def read_load(probe: Probe) -> Load | None:
     """The server's load from /v1/loads, else /metrics; None when it does not answer (down, starting).
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import pytest
 
 from agent.exitcodes import ExitCode
+from tests import realhost
 from tests.realhost import NAME, RealHost
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_sglang]
 
-SECONDS = 20.0  # how long the request in flight generates, measured per machine below
-MAX_NEW = 3900  # the tiny model's context is 4096
+MAX_NEW = 3900  # the tiny model's context is 4096: 30-45 s of generation on this machine
 
 
 @dataclass
@@ -41,16 +41,6 @@ def _body(tokens: int, stream: bool) -> bytes:
     return json.dumps({"text": "Once upon a time", "sampling_params": params, "stream": stream}).encode()
 
 
-def _tokens_per_s(real: RealHost) -> float:
-    """This machine's decode speed for the toy model, from one short request."""
-    start = time.monotonic()
-    req = urllib.request.Request(f"http://127.0.0.1:{real.port}/generate", _body(200, False))
-    req.add_header("content-type", "application/json")
-    with urllib.request.urlopen(req, timeout=120) as r:
-        r.read()
-    return 200 / (time.monotonic() - start)
-
-
 def _in_flight(real: RealHost) -> int:
     loads = real.http("/v1/loads")
     assert isinstance(loads, dict)
@@ -58,8 +48,8 @@ def _in_flight(real: RealHost) -> int:
 
 
 def _send(real: RealHost) -> tuple[Stream, threading.Thread]:
-    """A streaming request of about SECONDS; returns once the server counts it as running."""
-    tokens = min(MAX_NEW, max(400, int(_tokens_per_s(real) * SECONDS)))
+    """A streaming request as long as the toy model allows (30-45 s here); returns once it runs."""
+    tokens = MAX_NEW
     result = Stream()
     sent = time.monotonic()
 
@@ -88,7 +78,9 @@ def _send(real: RealHost) -> tuple[Stream, threading.Thread]:
 
 
 def test_a_control_group_stop_of_the_hand_written_unit_is_measured(real: RealHost) -> None:
-    real.ensure_hand()
+    # The hand-written unit as a person writes it: without the session's stand-in trace (a traced server's
+    # scheduler was seen to outlive the group's SIGTERM, an untraced one's not).
+    real.install_unit(realhost.hand_unit(real.port))
     assert real.systemctl("show", "-p", "KillMode", "--value", "sglang.service") == "control-group"
     before = real.invocation()
     stream, thread = _send(real)
@@ -113,7 +105,7 @@ def test_a_control_group_stop_of_the_hand_written_unit_is_measured(real: RealHos
         assert "crashed with exit code" not in old and "Remaining number of requests 0" in old, old[-2000:]
     else:
         assert "Subprocess scheduler_0" in old and "crashed with exit code -15" in old, old[-2000:]
-        assert stream.ended_s < SECONDS + restart_s, stream
+        assert stream.ended_s < restart_s + 10, stream
 
 
 def test_the_rendered_unit_lets_sglang_finish_a_request_in_flight_during_apply(real: RealHost) -> None:

@@ -57,8 +57,10 @@ class _Marks:
         at = seconds_of(e.ts)
         if e.stage == Stage.DRAIN.value and e.kind == "step" and "stop" not in self.at:
             # the old server answered this long after its SIGTERM: its own drain, then its shutdown
+            # (only when deployctl's wait left requests to it: after an idle wait, that is only the stop)
             waited, total = e.data.get("waited_s"), e.data.get("seconds")
-            if isinstance(waited, (int, float)) and isinstance(total, (int, float)):
+            left = e.data.get("end") == "timeout"
+            if left and isinstance(waited, (int, float)) and isinstance(total, (int, float)):
                 self.own_drain = max(0.0, float(total) - float(waited))
         elif e.stage == Stage.RESTART.value and e.kind == "step" and "stop" not in self.at:
             stopping = e.data.get("stopping_at")

@@ -7,6 +7,7 @@ systemd runs as it ran the hand-written one: the same argv, environment, user an
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from agent.sglang.flags import FlagValue, parse_flag_words
 from agent.sglang.unitfile import AdoptError, command_words
 
 TEMPLATE = "sglang-adopted.service.j2"
+STOP_KEYS = ("KillMode", "TimeoutStopSec")  # rendered from [drain] by the template
 DRAFT_ALGORITHMS = ("DFLASH", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 
 
@@ -49,6 +51,7 @@ class Inspected:
     config_json: str | None = None
     sglang_version: str | None = None
     drop_ins: list[DropIn] = field(default_factory=list)
+    home: dict[str, Any] | None = None  # the service user's home: {"path", "writable"}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Inspected:
@@ -204,11 +207,83 @@ def inventory_text(
     return tomlkit.dumps(doc)
 
 
+def _service_value(unit: Inspected, key: str) -> str | None:
+    """The last assignment of a [Service] directive in the unit file, as systemd would take it."""
+    values = [v.strip() for s, k, v in unit.directives if s == "Service" and k == key]
+    return values[-1] if values else None
+
+
+def stop_notes(unit: Inspected, stop_timeout_s: int) -> list[str]:
+    """What the hand-written unit's stop does to requests in flight, and what the first apply renders."""
+    kill = _service_value(unit, "KillMode")
+    stop = _service_value(unit, "TimeoutStopSec") or _service_value(unit, "TimeoutSec")
+    notes = []
+    if (kill or "control-group") != "mixed":
+        notes.append(
+            f"{unit.name} stops with KillMode={kill or 'control-group (systemd default)'}: SIGTERM reaches "
+            "SGLang's schedulers too, which have no handler and die at once, so every stop or restart cuts "
+            "the requests in flight (the log says 'Subprocess scheduler_0 ... crashed with exit code -15' "
+            "and 'SIGQUIT received')"
+        )
+    if kill != "mixed" or stop != str(stop_timeout_s):
+        notes.append(
+            f"the first apply renders KillMode=mixed and TimeoutStopSec={stop_timeout_s} (was "
+            f"{stop or '90s, the default'}): SGLang's own SIGTERM drain gets [drain] timeout_s"
+        )
+    for d in unit.drop_ins:
+        for line in d.lines:
+            if re.match(r"\[Service\] (KillMode|TimeoutStopSec|TimeoutSec)=", line):
+                notes.append(
+                    f"the drop-in {d.path} sets {line.split('] ', 1)[1]}: it overrides the rendered unit"
+                )
+    return notes
+
+
+_YES = ("1", "yes", "true", "on")
+
+
+def cache_notes(unit: Inspected) -> list[str]:
+    """Where SGLang's compile caches (DeepGEMM, FlashInfer, Triton, Inductor, JIT: minutes per start)
+    would land, when that is a place that does not survive a restart or cannot be written."""
+    env = unit.environment
+    if "SGLANG_CACHE_DIR" in env:
+        base, why = env["SGLANG_CACHE_DIR"], "SGLANG_CACHE_DIR"
+    else:
+        home = env.get("HOME") or (unit.home or {}).get("path")
+        base, why = (f"{home}/.cache/sglang" if home else "~/.cache/sglang"), "SGLang's default"
+    notes = []
+    private = (_service_value(unit, "PrivateTmp") or "no").lower() in _YES
+    if private and base.startswith(("/tmp/", "/var/tmp/")):
+        notes.append(
+            f"SGLang's compile caches go to {base} ({why}), in a private /tmp (PrivateTmp=yes) that is "
+            "emptied at every stop: each start compiles again"
+        )
+    lost = _home_lost(unit)
+    if lost and "SGLANG_CACHE_DIR" not in env and "HOME" not in env:
+        notes.append(
+            f"SGLang's compile caches go to {base} ({why}), which {unit.user or 'root'} cannot keep "
+            f"({lost}): each start compiles again; set SGLANG_CACHE_DIR (unit.environment) to a folder "
+            "of CacheDirectory= (unit.verbatim)"
+        )
+    return notes
+
+
+def _home_lost(unit: Inspected) -> str | None:
+    """Why the service user's home cannot hold a cache, or None."""
+    protect = (_service_value(unit, "ProtectHome") or "no").lower()
+    if protect in (*_YES, "read-only", "tmpfs"):
+        return f"ProtectHome={protect}"
+    if unit.home is not None and not unit.home.get("writable"):
+        return f"its home {unit.home.get('path') or '(none)'} is missing or not writable"
+    return None
+
+
 def _verbatim_table(unit: Inspected) -> Any:
-    """The directives the template does not model, section by section, as written."""
+    """The directives the template does not model, section by section, as written; the stop (KillMode=,
+    TimeoutStopSec=) is the template's, derived from [drain]."""
     verbatim = tomlkit.table()
     for section in ("Unit", "Service", "Install"):
-        lines = [f"{k}={v}" for s, k, v in unit.directives if s == section]
+        lines = [f"{k}={v}" for s, k, v in unit.directives if s == section and k not in STOP_KEYS]
         if lines:
             array = tomlkit.array()
             array.extend(lines)

@@ -151,6 +151,10 @@ class Unit(_Model):
         description="directives the template does not model, per section, kept as written (adopt)",
     )
     keep_backups: int = Field(default=10, ge=1, le=1000)
+    cache_directory: Text = Field(
+        default="",
+        description="SGLang's compile caches under /var/cache (CacheDirectory=); '' = the unit's name",
+    )
     start_timeout_s: int = Field(default=3600, ge=10, le=WEEK)
 
 
@@ -205,6 +209,21 @@ class Prewarm(_Model):
     )
 
 
+class Drain(_Model):
+    enabled: bool = Field(default=True, description="wait for requests in flight before a restart")
+    # 15 minutes: a long reasoning answer (32k tokens at ~40 tokens/s) runs ~14 minutes, which is how long
+    # a stream ran when a restart cut it in the report behind this feature. Without a router in front, a
+    # busy server is never idle, so a restart of a busy host waits this long.
+    timeout_s: float = Field(
+        default=900.0, ge=0, le=86400, description="the longest a restart waits for requests in flight"
+    )
+    stop_allowance_s: float = Field(
+        default=120.0, ge=10, le=3600,
+        description="SGLang's own shutdown after its drain (schedulers, GPU memory): TimeoutStopSec = "
+        "timeout_s + this",
+    )  # fmt: skip
+
+
 class HostConfig(_Model):
     name: Text = ""
     # Inventory groups for a fleet rollout (deployctl fleet, the Ansible inventory plugin).
@@ -220,6 +239,7 @@ class HostConfig(_Model):
     planning: Planning = Field(default_factory=Planning)
     metrics: Metrics = Field(default_factory=Metrics)
     prewarm: Prewarm = Field(default_factory=Prewarm)
+    drain: Drain = Field(default_factory=Drain)
 
     @property
     def unit_path(self) -> str:

@@ -81,6 +81,7 @@ class Stage(str, Enum):
     WRITE = "write"
     RELOAD = "reload"
     PREWARM = "prewarm"
+    DRAIN = "drain"
     RESTART = "restart"
     WATCH = "watch"
     GATE = "gate"
@@ -94,7 +95,7 @@ class Stage(str, Enum):
 
 
 # A restart's downtime, phase by phase in the order they happen (host/timeline.py measures them).
-DOWNTIME_PHASES = ("stop", "init", "weights", "pool", "cuda_graphs", "ready", "smoke", "rollback")
+DOWNTIME_PHASES = ("drain", "stop", "init", "weights", "pool", "cuda_graphs", "ready", "smoke", "rollback")
 
 
 class Outcome(str, Enum):
@@ -195,6 +196,9 @@ class Request:
     prewarm: bool = True  # read the new unit's weights into the page cache before the restart
     prewarm_margin_gib: float = 8.0  # host memory that pre-warming leaves free
     metrics_file: str | None = None  # the node_exporter textfile written after each run; None: none
+    drain: bool = True  # wait for the running server's requests before a restart
+    drain_timeout_s: float = 900.0  # the longest deployctl waits for them ([drain] timeout_s)
+    drain_stop_allowance_s: float = 120.0  # SGLang's own shutdown after its drain ([drain] stop_allowance_s)
     version: int = VERSION
 
     def to_json(self) -> str:
@@ -267,6 +271,9 @@ class Request:
         _check(_is_number(self.margin), "margin must be a number")
         _check(isinstance(self.detach, bool), "detach must be true or false")
         _check(isinstance(self.prewarm, bool), "prewarm must be true or false")
+        _check(isinstance(self.drain, bool), "drain must be true or false")
+        for value in (self.drain_timeout_s, self.drain_stop_allowance_s):
+            _check(_is_number(value) and 0 <= value <= 86400, "drain seconds must be in [0, 86400]")
         _check(_is_number(self.prewarm_margin_gib) and self.prewarm_margin_gib >= 0, "bad prewarm margin")
         _check(all(isinstance(name, str) for name in self.secret_names), "secret_names must be text")
         kept = self.keep_secret_env

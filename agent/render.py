@@ -12,6 +12,7 @@ from pathlib import Path
 import jinja2
 
 from agent.errors import RenderError
+from agent.host.drain import stop_timeout_s
 from agent.inventory import HostConfig
 from agent.protocol import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.sglang import server_args, version_flags
@@ -24,6 +25,7 @@ from agent.sglang.redact import redact_flags as redact_flags
 FLAG_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SECRETS_DIR = re.compile(r"/[A-Za-z0-9_./-]*")  # written into EnvironmentFile= and LoadCredential= as is
+CACHE_DIR = re.compile(r"[A-Za-z0-9_@-][A-Za-z0-9_.@-]*(/[A-Za-z0-9_@-][A-Za-z0-9_.@-]*)*")
 USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
@@ -157,6 +159,7 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
     check_with_sglang_table(host, flags)
     if host.unit.user is not None and not USER_NAME.fullmatch(host.unit.user):
         raise RenderError(f"unit.user: {host.unit.user!r} is not a user name")
+    _validate_cache_directory(host)
     if host.unit.description.endswith("\\"):
         raise RenderError("unit.description: must not end with a backslash (it would continue the line)")
     if not SECRETS_DIR.fullmatch(host.unit.secrets_directory):
@@ -177,6 +180,14 @@ def check_with_sglang_table(host: HostConfig, flags: Mapping[str, FlagInput]) ->
     for field, given in (("sglang.flags", baseline), ("flags", flags)):
         for name, said in server_args.problems(host.sglang.version, given):
             raise RenderError(f"{field}.{name}: {said}")
+
+
+def _validate_cache_directory(host: HostConfig) -> None:
+    if not CACHE_DIR.fullmatch(cache_directory(host)) or ".." in cache_directory(host).split("/"):
+        raise RenderError(
+            f"unit.cache_directory: {host.unit.cache_directory!r} must be a folder name under /var/cache "
+            "(letters, digits, _ . @ -, no '..')"
+        )
 
 
 def _validate_environment(environment: Mapping[str, str]) -> None:
@@ -213,6 +224,27 @@ def _validate_adopted(host: HostConfig) -> None:
             )
 
 
+# SGLang's compile caches, all under SGLANG_CACHE_DIR (default ~/.cache/sglang of the service user):
+# DeepGEMM (srt/layers/deep_gemm_wrapper/compile_utils.py: SGLANG_DG_CACHE_DIR), Triton, Inductor, CUDA,
+# TileLang and FlashInfer (srt/environ.py third_party_cache_defaults, applied by sglang/__init__.py), CuTe
+# AOT -- except its JIT kernel builds, which default to ~/.cache/sglang/jit whatever SGLANG_CACHE_DIR says
+# (kernels/jit/utils/compile/cache.py cache_root): that one is set too.
+CACHE_ENV = ("SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR")
+
+
+def cache_directory(host: HostConfig) -> str:
+    """The unit's folder under /var/cache: the inventory's, else the unit's name without .service."""
+    return host.unit.cache_directory or host.unit.name.removesuffix(".service")
+
+
+def cache_environment(host: HostConfig) -> dict[str, str]:
+    """SGLANG_CACHE_DIR and SGLANG_JIT_CACHE_DIR in the persistent folder, unless the inventory sets them."""
+    if any(name in host.unit.environment for name in CACHE_ENV):
+        return {}
+    base = f"/var/cache/{cache_directory(host)}"
+    return {"SGLANG_CACHE_DIR": base, "SGLANG_JIT_CACHE_DIR": f"{base}/jit"}
+
+
 def _specifiers(text: str) -> str:
     """Escape systemd's specifier character in free text (Description=, User=)."""
     return text.replace("%", "%%")
@@ -240,6 +272,8 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
         "environment": [
             _env_word(k, v) for k, v in host.unit.environment.items() if k not in secret_env(host)
         ],
+        "cache_environment": [_env_word(k, v) for k, v in cache_environment(host).items()],
+        "cache_directory": _specifiers(cache_directory(host)) if cache_environment(host) else None,
         "environment_file": (
             _specifiers(secret_path(secrets_dir, unit, "env"))
             if secret_env(host) or host.unit.secret_environment_on_host
@@ -253,6 +287,8 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
         ),
         "exec_start": exec_start,
         "start_timeout_s": host.unit.start_timeout_s,
+        "stop_timeout_s": stop_timeout_s(host.drain.timeout_s, host.drain.stop_allowance_s),
+        "drain_timeout_s": f"{host.drain.timeout_s:g}",
     }
 
 

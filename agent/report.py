@@ -47,11 +47,33 @@ def render_report(r: ApplyReport) -> str:
             f"smoke test:            {smoke['prompt_tokens']:,} prompt tokens, prefill+answer "
             f"{smoke['seconds']:.1f} s, answer {smoke['answer']!r} ({verdict})"
         )
+    out += _drain_lines(r.data.get("drain"))
     out += _downtime_lines(r.data.get("prewarm"), r.data.get("downtime"), r.previous_downtime)
     out += _way_back(r)
     if r.plan is not None and r.outcome == "applied":
         out += _tradeoffs(r.plan, changes)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _drain_lines(drain: Mapping[str, Any] | None) -> list[str]:
+    """The requests the old server had when the restart was due, and what became of them."""
+    if not drain:
+        return []
+    end = drain.get("end")
+    if end == "no_answer" and not drain.get("in_flight"):
+        return ["drain:                 none needed: the old server did not answer"]
+    if end == "no_load":
+        return ["drain:                 not possible: the server reports no load (no /v1/loads, no /metrics)"]
+    if end == "off":
+        return [
+            "drain:                 off ([drain] enabled = false): requests in flight were not waited for"
+        ]
+    timed_out = f"; the wait timed out after {drain['timeout_s']:g} s" if end == "timeout" else ""
+    return [
+        f"drain:                 {drain['in_flight']} in flight, {drain['finished']} finished, "
+        f"{drain['cut']} cut, {drain['seconds']:.1f} s (deployctl waited {drain['waited_s']:.1f} s "
+        f"before the restart{timed_out})"
+    ]
 
 
 def _downtime_lines(

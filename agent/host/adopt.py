@@ -101,7 +101,21 @@ def _describe(
         info["config_json"] = _config_json(argv)
         info["sglang_version"] = sglang_version(path)  # read, never run
     info["drop_ins"] = [_drop_in(p) for p in drop_ins]
+    info["home"] = _home(hand.user)
     return info
+
+
+def _home(user: str | None) -> dict[str, Any] | None:
+    """The service user's home and whether that user can write it: SGLang's caches default to ~/.cache."""
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(user or "root")
+        st = os.stat(entry.pw_dir)
+    except (KeyError, OSError):
+        return {"path": None, "writable": False} if user else None
+    writable = entry.pw_uid == 0 or (st.st_uid == entry.pw_uid and bool(st.st_mode & 0o200))
+    return {"path": entry.pw_dir, "writable": writable}
 
 
 def _drop_in(path: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ class Run:
     unit_sha256: str | None = None
     downtime_s: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    drain: dict[str, float] = field(default_factory=dict)  # in_flight, finished, cut, seconds
 
 
 def timings(events: Iterable[Event]) -> tuple[float | None, dict[str, float]]:
@@ -110,6 +111,20 @@ def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str
         "From the restart to the first ready start in the last run.",
         run.downtime_s,
     )
+    for state in ("in_flight", "finished", "cut"):
+        metric(
+            "deployctl_drain_requests",
+            "gauge",
+            "Requests of the old server at the last restart's drain: in flight when it began, finished, cut.",
+            run.drain.get(state),
+            f',state="{state}"',
+        )
+    metric(
+        "deployctl_drain_seconds",
+        "gauge",
+        "From the last drain's start until the old server stopped answering.",
+        run.drain.get("seconds"),
+    )
     for phase, seconds in run.phases.items():
         metric(
             "deployctl_phase_seconds",
@@ -162,7 +177,15 @@ def run_from(
         str(data["unit_sha256"]) if data.get("unit_sha256") else None,
         downtime,
         phases,
+        _drain_figures(data.get("drain")),
     )
+
+
+def _drain_figures(drain: object) -> dict[str, float]:
+    if not isinstance(drain, dict) or drain.get("end") in ("off", "no_load"):
+        return {}
+    keys = ("in_flight", "finished", "cut", "seconds")
+    return {k: float(drain[k]) for k in keys if isinstance(drain.get(k), (int, float))}
 
 
 def _int(value: object) -> int | None:

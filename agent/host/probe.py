@@ -14,6 +14,7 @@ with warnings.catch_warnings():  # the bundle ships requests without a charset d
     import requests
 from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_after_delay, wait_fixed
 
+from agent.host.drain import Load, NoLoad, parse_loads, parse_metrics
 from agent.protocol import Smoke
 
 # Words and marks: every tokenizer in use splits at least here (byte-level BPE, SentencePiece), so a prompt
@@ -117,6 +118,19 @@ class Probe:
     def _healthy(self) -> bool:
         return self.session.get(f"{self.base}/health", timeout=5).status_code == 200
 
+    def server_info(self) -> dict[str, Any]:
+        """GET /server_info (/get_server_info before 0.5.10): the arguments the server resolved."""
+        try:
+            r = self.session.get(f"{self.base}/server_info", timeout=30)
+            if r.status_code == 404:
+                r = self.session.get(f"{self.base}/get_server_info", timeout=30)
+            data: object = r.json() if r.status_code == 200 else None
+        except (requests.RequestException, ValueError) as exc:
+            raise ProbeError(f"{self.base}/server_info did not answer: {exc}") from None
+        if not isinstance(data, dict):
+            raise ProbeError(f"{self.base}/server_info answered HTTP {r.status_code}, not a JSON object")
+        return data
+
     def smoke(self, smoke: Smoke, model: str | None = None) -> SmokeResult:
         """A long prompt with a known answer: proves a request that needs the new context really fits.
         With an empty `expect` (a random-weight model) any answer passes, once usage shows the prompt whole.
@@ -154,3 +168,31 @@ class Probe:
             smoke.expect, len(_WORD.findall(prompt)), tokens, usage_count(data, "completion_tokens"), answer
         )
         return SmokeResult(tokens, seconds, answer, not why, why)
+
+
+def read_load(probe: Probe) -> Load | None:
+    """The server's load from /v1/loads, else /metrics; None when it does not answer (down, starting).
+
+    Raises NoLoad when it answers but offers neither (an older SGLang without --enable-metrics).
+    """
+    try:
+        r = probe.session.get(f"{probe.base}/v1/loads", params={"include": "core"}, timeout=5)
+        if r.status_code == 404:
+            m = probe.session.get(f"{probe.base}/metrics", timeout=5)
+            if m.status_code != 200:
+                raise NoLoad(f"/v1/loads and /metrics answer {r.status_code} and {m.status_code}")
+            metrics = parse_metrics(m.text)
+            if metrics is None:
+                raise NoLoad("/metrics carries no sglang:num_running_reqs and sglang:num_queue_reqs")
+            return metrics
+        if r.status_code != 200:
+            return None
+        body: object = r.json()
+    except requests.RequestException:
+        return None
+    except ValueError:
+        raise NoLoad("/v1/loads did not answer JSON") from None
+    load = parse_loads(body)
+    if load is None:
+        raise NoLoad("/v1/loads carries no num_running_reqs and num_waiting_reqs")
+    return load

@@ -2,7 +2,8 @@
 
 Downtime runs from the moment the old server is told to stop (the restart job is sent) to the moment the
 new server answers its smoke test (or /health, when there is no smoke test). The phases in between come
-from the start's own log, as the watcher saw it: stop (the old server's exit and the new process), init
+from the start's own log, as the watcher saw it: drain (SGLang's own SIGTERM drain: the old server still
+answered /v1/loads), stop (the old server's exit and the new process), init
 (torch, NCCL), weights, pool, cuda_graphs, ready (warm-up until /health answers) and smoke.
 
 When SGLang logs its own `Engine startup timings (s)` (0.5.2x; the watcher passes them on), weights, pool
@@ -56,12 +57,23 @@ class _Marks:
         self.answered: float | None = None
         self.smoked = False
         self.engine: tuple[float, dict[str, float]] | None = None  # when SGLang's timings came, and them
+        self.own_drain = 0.0  # SGLang's own SIGTERM drain, from the drain event
 
     def see(self, e: Event) -> None:
         at = seconds_of(e.ts)
-        if e.stage == Stage.RESTART.value and e.kind == "step" and "stop" not in self.at:
+        if e.stage == Stage.DRAIN.value and e.kind == "step" and "stop" not in self.at:
+            # the old server answered this long after its SIGTERM: its own drain, then its shutdown
+            # (only when deployctl's wait left requests to it: after an idle wait, that is only the stop)
+            waited, total = e.data.get("waited_s"), e.data.get("seconds")
+            left = e.data.get("end") == "timeout"
+            if left and isinstance(waited, (int, float)) and isinstance(total, (int, float)):
+                self.own_drain = max(0.0, float(total) - float(waited))
+        elif e.stage == Stage.RESTART.value and e.kind == "step" and "stop" not in self.at:
             stopping = e.data.get("stopping_at")
-            self.at["stop"] = seconds_of(stopping) if isinstance(stopping, str) else at
+            start = seconds_of(stopping) if isinstance(stopping, str) else at
+            if self.own_drain:
+                self.at["drain"] = start
+            self.at["stop"] = min(start + self.own_drain, at)
             self.at["init"] = at
         elif "stop" not in self.at:
             return
@@ -97,7 +109,7 @@ class _Marks:
         order = [(p, self.at[p]) for p in DOWNTIME_PHASES if p in self.at]
         ends = [t for _, t in order[1:]] + [self.answered]
         phases = {p: round(max(0.0, end - start), 3) for (p, start), end in zip(order, ends, strict=True)}
-        return Downtime(round(self.answered - self.at["stop"], 3), phases)
+        return Downtime(round(self.answered - order[0][1], 3), phases)
 
     def _engine_phases(self, up_at: float, timings: dict[str, float]) -> None:
         """Lay SGLang's own phase seconds back from the moment its timings line came; ready from there."""

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agent.host import drain, serverinfo
 from agent.host.adopt import kept_secret_env
 from agent.host.decide import Action, Gate
 from agent.host.events import EventLog, utc_now
@@ -31,7 +32,7 @@ from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchedStart, WatchResult, watch_start
 from agent.protocol import RESTART_JOB_TIMEOUT_S, Event, Outcome, Request, Smoke, Stage
 from agent.protocol import unit_sha256 as sha256
-from agent.sglang.flags import parse_unit_flags
+from agent.sglang.flags import FlagsError, FlagValue, parse_unit_flags
 from agent.sglang.logs.summary import summarize
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ class ProbePort(Protocol):
     def wait_ready(self, timeout_s: float) -> None: ...
 
     def smoke(self, smoke: Smoke) -> SmokeResult: ...
+
+    def server_info(self) -> dict[str, Any]: ...
 
 
 ProbeFactory = Callable[[str, int, "str | None"], ProbePort]  # (host, port, api key) -> probe
@@ -106,6 +109,8 @@ class Transaction:
         self.unrecovered: Record | None = None  # the record whose recovery failed
         self.recovered: str | None = None  # what the last recover() did
         self.prewarmed: Prewarmed | None = None
+        self.drains: list[drain.Drain] = []  # the old server's, then (a rollback) the rejected one's
+        self.stopping_at = ""
         self.events: list[Event] = []  # this run's events: the downtime is read off them
         log.listeners.append(self.events.append)
 
@@ -377,7 +382,7 @@ class Transaction:
         """Restart, watch, gate, verify: commit the new unit, or roll back to the backup."""
         started = self._restart_and_watch(gate, Stage.WATCH)
         if started.verdict.action is Action.READY:
-            verified = self._verify(started, smoke, gate)
+            verified = self._verify(started, smoke, gate, new)
             if verified is None:
                 return self._commit(started, new, backup, restored_from)
             reason = verified
@@ -448,8 +453,7 @@ class Transaction:
     def _restart_and_watch(self, gate: Gate, stage: Stage) -> WatchResult:
         cursor = self.journal.cursor()
         before = self.systemd.unit_state(self.unit)
-        stopping_at = utc_now()  # the old server stops answering from here: the downtime begins
-        job = self.systemd.restart(self.unit, RESTART_JOB_TIMEOUT_S)
+        job = self._drained_restart()
         after = self.systemd.unit_state(self.unit)
         self.log.emit(
             Stage.RESTART,
@@ -457,7 +461,7 @@ class Transaction:
             f"restart job {job.result}",
             invocation=after.invocation_id,
             job=job.result,
-            stopping_at=stopping_at,
+            stopping_at=self.stopping_at,
         )
         n0 = after.n_restarts
         if after.invocation_id == before.invocation_id and not job.ok:
@@ -467,14 +471,36 @@ class Transaction:
         )
         return watch_start(start, self.log, stage)
 
-    def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate) -> str | None:
-        """After the log said ready: the HTTP API answers, and a long prompt really fits."""
+    def _drained_restart(self) -> JobResult:
+        """Let the running server finish what it has (bounded by [drain] timeout_s), then restart."""
+        from agent.host.drainer import restart_drained
+
+        # The job covers SGLang's own drain (up to TimeoutStopSec) before the new process starts.
+        timeout = drain.stop_timeout_s(self.req.drain_timeout_s, self.req.drain_stop_allowance_s)
+
+        def restart() -> JobResult:
+            self.stopping_at = utc_now()  # the old server stops answering from here: the downtime begins
+            job: JobResult = self.systemd.restart(self.unit, timeout + RESTART_JOB_TIMEOUT_S)
+            return job
+
+        job, drained = restart_drained(self.req, self.secrets.api_key(), restart, self.log)
+        self.drains.append(drained)
+        self.log.emit(Stage.DRAIN, "step", drained.describe(), **drained.to_dict())
+        return job
+
+    def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate, new: str) -> str | None:
+        """After the log said ready: the HTTP API answers, runs what was rendered, and a long prompt fits."""
         from agent.host.probe import ProbeError  # requests: only once a start is ready
 
         probe = self.probe(self.req.http_host, self.req.port, self.secrets.api_key())
         try:
             probe.wait_ready(self.req.timeouts.ready_s)
             self.log.emit(Stage.READY, "step", "the server answers /health")
+            wrong = serverinfo.verdict(_flags_of(new), probe.server_info())
+            if wrong is not None:
+                self.log.emit(Stage.GATE, "warning", wrong)
+                return wrong
+            self.log.emit(Stage.READY, "step", "/server_info shows the rendered context, fraction and cap")
             if smoke is None or not smoke.enabled:
                 return None
             context = started.summary.get("context_len") or gate.target_context or smoke.prompt_tokens
@@ -522,6 +548,8 @@ class Transaction:
         }
         if self.prewarmed is not None:
             data["prewarm"] = self.prewarmed.to_dict()
+        if self.drains:
+            data["drain"] = self.drains[0].to_dict()
         if self.smoke_result is not None:
             data["smoke"] = self.smoke_result.__dict__
         what = f"restored {restored_from}" if restored_from else "applied"
@@ -551,6 +579,8 @@ class Transaction:
             "rejected": str(rejected),
         }
         data["backup"] = backup
+        if self.drains:
+            data["drain"] = self.drains[0].to_dict()
         if ok:
             self.state.clear_record(self.unit)
             return Result(Outcome.ROLLED_BACK, self._rolled_back(reason, backup), data)
@@ -690,6 +720,14 @@ class Transaction:
 _NO_UNIT = ("not-found", "masked")  # systemd's load states of a name with no unit to run (an empty file)
 # systemd's unit folders searched before /etc/systemd/system (systemd.unit(5), "Unit File Load Path")
 _SEARCHED_BEFORE_ETC = ("system.control", "transient", "generator.early")
+
+
+def _flags_of(unit_text: str) -> dict[str, FlagValue]:
+    """The unit's SGLang flags; none (nothing to compare) for a command deployctl cannot read."""
+    try:
+        return parse_unit_flags(unit_text)
+    except FlagsError:
+        return {}
 
 
 def _sets_exec_start(path: str) -> bool:

@@ -50,6 +50,9 @@ def base_request(host: HostConfig, verb: str, **fields: Any) -> Request:
         metrics_file=host.metrics.file_for(host.unit.name),
         prewarm=host.prewarm.enabled,
         prewarm_margin_gib=host.prewarm.margin_gib,
+        drain=host.drain.enabled,
+        drain_timeout_s=host.drain.timeout_s,
+        drain_stop_allowance_s=host.drain.stop_allowance_s,
         **fields,
     )
     try:

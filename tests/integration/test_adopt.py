@@ -73,9 +73,22 @@ def _assert_rendered_runs_the_same(sim: SimHost, hand: str) -> None:
     differ = {
         k for k in old.keys() | new.keys() if sorted(old.get(k, "").split()) != sorted(new.get(k, "").split())
     }
-    # the names of the units themselves; the secret moved into the root-only file; ExecStart compared below
-    assert differ <= {"Id", "Names", "FragmentPath", "DropInPaths", "Environment", "EnvironmentFiles",
-                      "ExecStart", "ExecStartEx", "InvocationID"}, differ  # fmt: skip
+    # the names of the units themselves; the secret moved into the root-only file; ExecStart compared below;
+    # the stop, which gives SGLang's drain [drain] timeout_s (the hand unit's TimeoutStopSec=20 cut it)
+    assert differ <= {
+        "Id",
+        "Names",
+        "FragmentPath",
+        "DropInPaths",
+        "Environment",
+        "EnvironmentFiles",
+        "ExecStart",
+        "ExecStartEx",
+        "InvocationID",
+        "TimeoutStopUSec",
+        "TimeoutAbortUSec",
+    }, differ
+    assert (old["KillMode"], new["KillMode"], new["TimeoutStopUSec"]) == ("mixed", "mixed", "17min")
     assert new["EnvironmentFiles"].startswith("/etc/deployctl/secrets/sglang.service.env")
     with Systemd(sim.host.bus_address) as sd:
         ((_, hand_argv),) = sd.exec_commands(HAND_COPY)

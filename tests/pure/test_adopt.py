@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.adopt import choose_unit, inventory_text, split_command
+from agent.adopt import cache_notes, choose_unit, inventory_text, split_command, stop_notes
 from agent.cli.main import main
 from agent.errors import RenderError, UsageError
 from agent.exitcodes import ExitCode
@@ -118,8 +119,11 @@ def test_adopted_inventory_renders_a_unit_systemd_reads_the_same(tmp_path: Path)
     assert list(parse_flag_words(old_argv[3:]).items()) == list(parse_flag_words(new_argv[3:]).items())
     assert new.environment == old.environment and new.user == old.user
     assert new.description == old.description
+    # everything as written, plus the stop that lets SGLang drain (its KillMode was the default)
     assert [(d.section, d.line) for d in new.other if d.key != "EnvironmentFile"] == [
-        (d.section, d.line) for d in old.other
+        (d.section, d.line) for d in old.other if d.section != "Install"
+    ] + [("Service", "TimeoutStopSec=1020"), ("Service", "KillMode=mixed")] + [
+        (d.section, d.line) for d in old.other if d.section == "Install"
     ]
     assert "EnvironmentFile=/etc/deployctl/secrets/sglang.service.env" in text
     assert TOKEN not in text and "hf_s3cr3t" not in text
@@ -282,3 +286,55 @@ def test_kept_secrets_take_the_last_assignment_as_systemd_does() -> None:
     assert kept_secret_env(("HF_TOKEN",), None, cleared) == {}  # an empty Environment= resets the list
     written = env_file_text({"HF_TOKEN": "from-file"})  # EnvironmentFile= overrides Environment=
     assert kept_secret_env(("HF_TOKEN",), written, twice) == {"HF_TOKEN": "from-file"}
+
+
+def test_adopting_a_control_group_unit_says_what_a_stop_does_to_requests(tmp_path: Path) -> None:
+    unit = choose_unit(inspected(tmp_path), None)
+    notes = stop_notes(unit, 1020)
+    assert (
+        "KillMode=control-group (systemd default)" in notes[0] and "cuts the requests in flight" in notes[0]
+    )
+    assert "the first apply renders KillMode=mixed and TimeoutStopSec=1020 (was 90s, the default)" in notes[1]
+
+
+def test_a_hand_written_stop_is_replaced_by_the_drain_s(tmp_path: Path) -> None:
+    text = HAND.replace("Restart=always", "Restart=always\nKillMode=control-group\nTimeoutStopSec=20")
+    unit = choose_unit(inspected(tmp_path, text), None)
+    assert "KillMode=control-group: SIGTERM" in stop_notes(unit, 1020)[0]
+    host = adopted(tmp_path, text)
+    assert not any(v.startswith(("KillMode", "TimeoutStop")) for v in host.unit.verbatim["Service"])
+    rendered = [(s, k, v) for s, k, v in unit_lines(render_unit(host, {}, template_dir())) if s == "Service"]
+    assert [v for _, k, v in rendered if k in ("KillMode", "TimeoutStopSec")] == ["1020", "mixed"]
+    mixed = HAND.replace("Restart=always", "Restart=always\nKillMode=mixed\nTimeoutStopSec=1020")
+    assert stop_notes(choose_unit(inspected(tmp_path, mixed), None), 1020) == []
+
+
+def test_adopt_keeps_the_hand_written_cache_settings(tmp_path: Path) -> None:
+    text = HAND.replace(
+        "Environment=SGLANG_LOG_MS=1",
+        "Environment=SGLANG_LOG_MS=1 SGLANG_CACHE_DIR=/var/cache/sgl\nCacheDirectory=sgl",
+    )
+    host = adopted(tmp_path, text)
+    lines = unit_lines(render_unit(host, {}, template_dir()))
+    assert [v for s, k, v in lines if k == "CacheDirectory"] == ["sgl"]
+    assert host.unit.environment["SGLANG_CACHE_DIR"] == "/var/cache/sgl"
+    assert not any("SGLANG_JIT_CACHE_DIR" in v for s, k, v in lines)
+    assert cache_notes(choose_unit(inspected(tmp_path, text), None)) == []
+
+
+def test_adopt_warns_when_caches_would_not_survive(tmp_path: Path) -> None:
+    private = HAND.replace(
+        "Environment=SGLANG_LOG_MS=1", "Environment=SGLANG_CACHE_DIR=/tmp/sglang\nPrivateTmp=yes"
+    )
+    (note,) = cache_notes(choose_unit(inspected(tmp_path, private), None))
+    assert "/tmp/sglang (SGLANG_CACHE_DIR), in a private /tmp (PrivateTmp=yes)" in note
+    unit = choose_unit(inspected(tmp_path), None)
+    homeless = replace(unit, home={"path": "/nonexistent", "writable": False})
+    (note,) = cache_notes(homeless)
+    assert "/nonexistent/.cache/sglang (SGLang's default), which sglang cannot keep" in note
+    protected = HAND.replace("Nice=-5", "Nice=-5\nProtectHome=read-only")
+    (note,) = cache_notes(
+        replace(choose_unit(inspected(tmp_path, protected), None), home={"path": "/home/s", "writable": True})
+    )
+    assert "(ProtectHome=read-only)" in note
+    assert cache_notes(replace(unit, home={"path": "/home/sglang", "writable": True})) == []

@@ -49,3 +49,20 @@ def test_without_a_smoke_test_health_is_the_answer() -> None:
 def test_no_answer_no_figure() -> None:
     assert downtime(start(3)[:4]).seconds is None
     assert downtime([ev(0, "lock"), ev(1, "compare"), ev(2, "done", "outcome")]).seconds is None
+
+
+def test_sglang_own_drain_is_the_first_phase_of_the_downtime() -> None:
+    # deployctl waited 4 s (the server served meanwhile: not downtime); the old server then answered for 5 s
+    # after its SIGTERM (SGLang's own drain) before it went away
+    drained = ev(1.5, "drain", end="timeout", waited_s=4.0, seconds=9.0, in_flight=1, finished=1, cut=0)
+    events = start(10)
+    events[1] = ev(10, "restart", stopping_at="2026-12-03T10:00:03.000Z")
+    d = downtime([drained, *events, ev(23, "smoke", passed=True, seconds=3.0)])
+    assert d.seconds == 20.0  # from the restart job (10:00:03) to the smoke answer (10:00:23)
+    assert d.phases["drain"] == 5.0 and d.phases["stop"] == 2.0 and d.phases["init"] == 1.0
+
+
+def test_after_an_idle_wait_there_is_no_drain_phase() -> None:
+    drained = ev(1.5, "drain", end="idle", waited_s=0.0, seconds=0.5, in_flight=0, finished=0, cut=0)
+    d = downtime([drained, *start(3), ev(16, "smoke", passed=True, seconds=3.0)])
+    assert "drain" not in d.phases and d.phases["stop"] == 1.0

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from agent.host.events import EventLog
 from agent.host.probe import ProbeError, SmokeResult
 from agent.host.systemd import JobResult, UnitState
 from agent.host.transaction import ProbePort, Transaction
 from agent.protocol import Request, Smoke, Timeouts
+from agent.sglang.flags import parse_unit_flags
 
 UNIT = "sglang.service"
 TXN = "20261203T120000Z-abcdef"
@@ -144,6 +146,7 @@ class FakeProbe:
     down: bool = False
     answer: str = "dog"
     asked: list[str] = field(default_factory=list)
+    unit: Callable[[], str] | None = None
 
     def __call__(self, host: str, port: int, api_key: str | None) -> ProbePort:
         return self
@@ -156,6 +159,12 @@ class FakeProbe:
     def smoke(self, smoke: Smoke) -> SmokeResult:
         self.asked.append("smoke")
         return SmokeResult(smoke.prompt_tokens, 0.1, self.answer, smoke.expect in self.answer)
+
+    def server_info(self) -> dict[str, Any]:
+        """What the server resolved: the flags of the unit systemd runs (`unit` gives its text)."""
+        self.asked.append("server_info")
+        flags = parse_unit_flags(self.unit()) if self.unit else {}
+        return {name.replace("-", "_"): value for name, value in flags.items()}
 
 
 @dataclass
@@ -177,6 +186,7 @@ class Host:
             d.mkdir(parents=True, exist_ok=True)
         self.systemd = FakeSystemd(search, self.script)
         self.journal = FakeJournal(self.systemd)
+        self.probe.unit = lambda: self.systemd.loaded
 
     def request(self, context: int, **kw: object) -> Request:
         quick = Timeouts(weights_s=0, pool_s=0, ready_s=0, no_progress_s=0)

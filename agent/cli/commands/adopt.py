@@ -30,7 +30,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     path = units_dir(args.units) / f"{args.host}.toml"
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists", hint="--force replaces it")
-    from agent.adopt import choose_unit, inventory_text  # tomlkit: only this command writes TOML
+    from agent.adopt import cache_notes, choose_unit, inventory_text, stop_notes  # tomlkit: only here
+    from agent.host.drain import stop_timeout_s
+    from agent.inventory import Drain
     from agent.remote.client import AgentClient, base_request, open_transport
 
     # Only the connection and the agent's folders matter until the unit is known.
@@ -53,6 +55,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     out.print(f"adopted {unit.name} ({unit.fragment_path}) from {args.ssh} into {path}")
+    drain = Drain()
+    for note in stop_notes(unit, stop_timeout_s(drain.timeout_s, drain.stop_allowance_s)):
+        out.print(f"warning: {note}")
+    for note in cache_notes(unit):
+        out.print(f"warning: {note}")
     if unit.secret_environment:
         out.print(f"secrets kept on the host (values never read here): {', '.join(unit.secret_environment)}")
     out.print(

@@ -52,6 +52,22 @@ class State:
     ready: threading.Event = field(default_factory=threading.Event)
     odd_reply: str = ""  # a fault: chat completions answer with this kind of malformed body
     api_key: str | None = None  # --api-key: /v1/* answers 401 without `Authorization: Bearer <key>`
+    max_running: int = 1 << 30  # the scheduler's cap: requests beyond it wait
+    decode_seconds_per_token: float = 0.0  # SGLANG_SIM_DECODE_SECONDS_PER_TOKEN: long generations
+    draining: threading.Event = field(default_factory=threading.Event)  # SIGTERM received
+    in_flight: dict[str, float] = field(default_factory=dict)  # rid -> when it arrived
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def loads(self) -> dict[str, Any]:
+        """GET /v1/loads?include=core as SGLang 0.5.23 answers it (v1_loads.py, load_snapshot.py)."""
+        with self.lock:
+            n = len(self.in_flight)
+        rank = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": min(n, self.max_running)}
+        rank |= {"num_waiting_reqs": max(0, n - self.max_running), "num_used_tokens": 0}
+        rank |= {"max_total_num_tokens": self.pool, "max_running_requests": self.max_running}
+        version = ".".join(map(str, self.version))
+        return {"timestamp": "", "version": version, "accelerator": "NVIDIA H200", "num_accelerators": 1,
+                "loads": [rank]}  # fmt: skip
 
     @property
     def max_req_input_len(self) -> int:
@@ -90,9 +106,16 @@ def check_length(state: State, n: int, max_new: int | None) -> int:
 
 
 def generate(state: State, prompt: str, prompt_tokens: int, max_new: int | None) -> tuple[str, int, int]:
-    """Run one simulated request: length checks, prefill time, a short answer."""
+    """Run one simulated request: length checks, prefill time, decode time, a short answer."""
     n = check_length(state, prompt_tokens, max_new)
-    time.sleep(n / state.prefill_tokens_per_s)
+    rid = uuid.uuid4().hex
+    with state.lock:
+        state.in_flight[rid] = time.time()
+    try:
+        time.sleep(n / state.prefill_tokens_per_s + (max_new or 0) * state.decode_seconds_per_token)
+    finally:
+        with state.lock:
+            del state.in_flight[rid]
     words = WORD.findall(answer(prompt))
     if max_new is not None:
         words = words[:max_new]
@@ -152,7 +175,10 @@ class Handler(BaseHTTPRequestHandler):
         new = s.version >= (0, 5, 10)
         if path in ("/health", "/health_generate"):
             always_up = path == "/health" and s.version < (0, 4, 10)
-            self.reply(200 if always_up or s.ready.is_set() else 503)
+            # 503 while it drains after SIGTERM, though it still takes new requests (http_server.py)
+            self.reply(200 if always_up or (s.ready.is_set() and not s.draining.is_set()) else 503)
+        elif path == "/v1/loads" and s.version >= (0, 5, 23):  # the release read for it
+            self.reply(200, s.loads())
         elif path == "/get_server_info" or (new and path == "/server_info"):
             self.reply(200, s.server_info)
         elif path == "/get_model_info" or (new and path == "/model_info"):
@@ -171,6 +197,13 @@ class Handler(BaseHTTPRequestHandler):
             text = "# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV pool.\n"
             text += "# TYPE sglang:max_total_num_tokens gauge\n"
             text += f'sglang:max_total_num_tokens{{model_name="{name}"}} {s.pool}.0\n'
+            running = s.loads()["loads"][0]
+            for metric, key in (
+                ("num_running_reqs", "num_running_reqs"),
+                ("num_queue_reqs", "num_waiting_reqs"),
+            ):
+                text += f"# TYPE sglang:{metric} gauge\n"
+                text += f'sglang:{metric}{{model_name="{name}"}} {running[key]}.0\n'
             self.reply(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
         else:
             self.reply(404, {"detail": "Not Found"})

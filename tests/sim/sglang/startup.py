@@ -7,6 +7,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -101,6 +103,7 @@ class Launch:
         fp8 = {"fp8_e5m2": "float8_e5m2", "fp8_e4m3": "float8_e4m3fn"}
         self.kv_dtype = fp8.get(args.kv_cache_dtype, "bfloat16" if self.elem == 2 else t.dtype)
         self.serving = False
+        self.stopping = False  # the main process ends its scheduler itself
 
     def pause(self, seconds: float) -> None:
         time.sleep(seconds * self.slow)
@@ -112,6 +115,8 @@ class Launch:
     def resolve(self) -> None:
         """Fill in the defaults SGLang resolves before it prints server_args."""
         a, hw = self.a, self.hw
+        if hw.fault == "wrapper_context":  # a wrapper script that pins its own context length
+            a.context_length = 32768
         self.fraction_given = a.mem_fraction_static is not None
         self.given = {name: getattr(a, name) for name in GIVEN}
         a.served_model_name = a.served_model_name or a.model_path
@@ -535,6 +540,9 @@ class Launch:
             self.hw.fault.removeprefix("odd_reply_") if self.hw.fault.startswith("odd_reply_") else ""
         )
         state.api_key = a.api_key
+        state.max_running = running
+        state.decode_seconds_per_token = float(self.env.get("SGLANG_SIM_DECODE_SECONDS_PER_TOKEN") or 0)
+        self.state = state
         info["max_req_input_len"] = state.max_req_input_len
         for msg in (f"Started server process [{os.getpid()}]", "Waiting for application startup."):
             out.uvicorn(msg)
@@ -551,6 +559,7 @@ class Launch:
             out.uvicorn("Application shutdown complete.")
             os._exit(1)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        self.start_scheduler()
         self.serving = True
         out.uvicorn(f"Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)")
         self.warmup(state)
@@ -580,8 +589,49 @@ class Launch:
         error = "RuntimeError: CUDA error: an illegal memory access was encountered"
         self.die(traceback_lines(SITE, frames, error), serving=True)
 
+    def start_scheduler(self) -> None:
+        """A child process for scheduler_0, with SGLang's default SIGTERM (it has no handler): a signal to
+        the whole control group kills it, and the main process then ends as SGLang's does."""
+        code = "import os,time\np=os.getppid()\nwhile os.getppid()==p: time.sleep(0.5)\n"
+        self.scheduler = subprocess.Popen([sys.executable, "-c", code])
+        threading.Thread(target=self.watch_scheduler, daemon=True).start()
+
+    def watch_scheduler(self) -> None:
+        """SGLang's SubprocessWatchdog, then the main process' SIGQUIT handler: all in flight is cut."""
+        code = self.scheduler.wait()
+        if self.stopping:
+            return
+        pid = self.scheduler.pid
+        self.out.log(
+            f"Subprocess scheduler_0 (pid={pid}) crashed with exit code {code}. "
+            "Triggering SIGQUIT for cleanup..."
+        )
+        self.out.log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+        os.kill(os.getpid(), signal.SIGKILL)  # kill_process_tree SIGKILLs itself (FACTS.md: 9/KILL)
+
     def on_sigterm(self, signum: int, frame: object) -> None:
-        """Stop at once (systemd's stop and restart must be quick), with uvicorn's shutdown lines."""
+        """Not yet serving: stop at once. Serving: drain as SGLang 0.5.23 does (tokenizer_manager.py
+        sigterm_watchdog): keep serving, /health 503, a line every 5 s, exit when nothing is left."""
+        if self.serving:
+            self.drain()
+        os._exit(0)
+
+    def drain(self) -> None:
+        state = self.state
+        state.draining.set()
+        self.out.log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+        every = float(self.env.get("SGLANG_SIM_DRAIN_CHECK_SECONDS") or 5)
+        while True:
+            with state.lock:
+                rids = list(state.in_flight)
+            self.out.log(
+                f"Gracefully exiting... Remaining number of requests {len(rids)}. Remaining requests {rids=}."
+            )
+            if not rids:
+                break
+            time.sleep(every)
+        self.stopping = True
+        self.scheduler.kill()
         if self.serving:
             for msg in (
                 "Shutting down",
@@ -590,4 +640,3 @@ class Launch:
             ):
                 self.out.uvicorn(msg)
             self.out.uvicorn(f"Finished server process [{os.getpid()}]")
-        os._exit(0)

@@ -1,0 +1,210 @@
+"""Pure: drain a server before its restart -- what it has in flight, how long to wait, what was cut.
+
+SGLang 0.5.23 answers `GET /v1/loads` with one entry per DP rank carrying `num_running_reqs` and
+`num_waiting_reqs` (srt/entrypoints/v1_loads.py, srt/managers/load_snapshot.py LoadSnapshot), without
+`--enable-metrics`; `/metrics` carries the same two as `sglang:num_running_reqs` and
+`sglang:num_queue_reqs` when the server was started with `--enable-metrics`. On SIGTERM to its main
+process the server drains by itself, with no time limit (srt/managers/tokenizer_manager.py
+sigterm_watchdog): it keeps serving, answers 503 on /health, checks every 5 s and exits when nothing is
+left. deployctl waits first (the server still answers /health 200 meanwhile), bounded by
+`[drain] timeout_s`, then restarts; whatever is still in flight then gets SGLang's own drain, bounded by
+the unit's TimeoutStopSec. A request still in flight when the old server stops answering was cut.
+
+The HTTP side is a callable: these functions only decide, so fakes test them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+# SGLang's own shutdown once its drain is done: the drain loop checks every 5 s, schedulers get 15 s to
+# release (tokenizer_manager.py _SCHEDULER_EXIT_TIMEOUT_SECS), kill_process_tree waits up to 60 s, and
+# the GPU driver then frees the memory. systemd's SIGKILL must not land inside that.
+STOP_ALLOWANCE_S = 120
+POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Load:
+    """Requests the server has, summed over its DP ranks."""
+
+    running: int
+    waiting: int
+
+    @property
+    def total(self) -> int:
+        return self.running + self.waiting
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return int(value) if value >= 0 else None
+
+
+def parse_loads(body: object) -> Load | None:
+    """`/v1/loads` JSON -> the load over all ranks; None for a body SGLang would not send."""
+    loads = body.get("loads") if isinstance(body, dict) else None
+    if not isinstance(loads, list) or not loads:
+        return None
+    running = waiting = 0
+    for rank in loads:
+        if not isinstance(rank, dict):
+            return None
+        r, w = _count(rank.get("num_running_reqs")), _count(rank.get("num_waiting_reqs"))
+        if r is None or w is None:
+            return None
+        running, waiting = running + r, waiting + w
+    return Load(running, waiting)
+
+
+_SAMPLE = re.compile(r"^(sglang:num_running_reqs|sglang:num_queue_reqs)(?:\{[^}]*\})?\s+(\S+)\s*$", re.M)
+
+
+def parse_metrics(text: str) -> Load | None:
+    """Prometheus text of `/metrics` -> the load (summed over label sets); None without both gauges."""
+    sums: dict[str, float] = {}
+    for name, value in _SAMPLE.findall(text):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        if not math.isfinite(number) or number < 0:
+            return None
+        sums[name] = sums.get(name, 0.0) + number
+    if len(sums) != 2:
+        return None
+    return Load(int(sums["sglang:num_running_reqs"]), int(sums["sglang:num_queue_reqs"]))
+
+
+class End(str, Enum):
+    """How deployctl's wait ended."""
+
+    IDLE = "idle"  # nothing running or waiting
+    TIMEOUT = "timeout"  # [drain] timeout_s passed with requests still in flight
+    NO_ANSWER = "no_answer"  # the server does not answer (not running, failed): nothing to wait for
+    NO_LOAD = "no_load"  # it answers but reports no load (/v1/loads and /metrics missing)
+    OFF = "off"  # [drain] enabled = false
+
+
+@dataclass(frozen=True)
+class Waited:
+    end: End
+    in_flight: int  # at the start of the wait
+    left: int  # at its end
+    seconds: float
+
+
+class NoLoad(Exception):
+    """The server answered, but neither /v1/loads nor /metrics carries its load."""
+
+
+Reader = Callable[[], "Load | None"]  # None: no answer; raises NoLoad
+
+
+def wait_idle(
+    read: Reader, timeout_s: float, clock: Callable[[], float], sleep: Callable[[float], None],
+    poll_s: float = POLL_S,
+) -> Waited:  # fmt: skip
+    """Poll until nothing is running or waiting, the server stops answering, or timeout_s passes."""
+    start = clock()
+    try:
+        first = read()
+    except NoLoad:
+        return Waited(End.NO_LOAD, 0, 0, 0.0)
+    if first is None:
+        return Waited(End.NO_ANSWER, 0, 0, 0.0)
+    last = first
+    while last.total > 0:
+        elapsed = clock() - start
+        if elapsed >= timeout_s:
+            return Waited(End.TIMEOUT, first.total, last.total, round(elapsed, 3))
+        sleep(min(poll_s, timeout_s - elapsed))
+        try:
+            seen = read()
+        except NoLoad:
+            seen = None
+        if seen is None:  # it went away by itself (a crash): what it had is lost
+            return Waited(End.NO_ANSWER, first.total, last.total, round(clock() - start, 3))
+        last = seen
+    return Waited(End.IDLE, first.total, 0, round(clock() - start, 3))
+
+
+def watch_stop(
+    read: Reader, stopped: Callable[[], bool], clock: Callable[[], float], sleep: Callable[[float], None],
+    poll_s: float = 0.5,
+) -> tuple[int | None, float]:  # fmt: skip
+    """While the restart job runs: the last load the old server reported before it stopped answering,
+    and how long after the watch began it still answered.
+
+    SGLang keeps answering during its own SIGTERM drain, so the last count seen is what it still had when
+    it went away: 0 after a finished drain; the requests in flight when a signal to the whole control group
+    (or systemd's SIGKILL at TimeoutStopSec) ended it. None: it never answered.
+    """
+    start = clock()
+    last: int | None = None
+    answered = 0.0
+    while not stopped():
+        try:
+            seen = read()
+        except NoLoad:
+            seen = None
+        if seen is None:
+            break
+        last, answered = seen.total, clock() - start
+        sleep(poll_s)
+    return last, round(answered, 3)
+
+
+@dataclass(frozen=True)
+class Drain:
+    """A restart's drain, as the report, the JSON and the metrics carry it."""
+
+    end: str
+    in_flight: int  # running + waiting when the drain began
+    finished: int
+    cut: int
+    seconds: float  # from the drain's start until the old server stopped answering
+    waited_s: float  # deployctl's own wait, before the restart
+    timeout_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.end in (End.NO_ANSWER.value, End.OFF.value, End.NO_LOAD.value) and not self.in_flight:
+            return {
+                End.NO_ANSWER.value: "not needed: the server did not answer, so nothing was in flight",
+                End.NO_LOAD.value: "not possible: the server reports no load (no /v1/loads, no /metrics)",
+                End.OFF.value: "off ([drain] enabled = false)",
+            }[self.end]
+        timed_out = (
+            f", the wait timed out after {self.timeout_s:g} s" if self.end == End.TIMEOUT.value else ""
+        )
+        return (
+            f"{self.in_flight} in flight, {self.finished} finished, {self.cut} cut, {self.seconds:.1f} s "
+            f"(deployctl waited {self.waited_s:.1f} s{timed_out})"
+        )
+
+
+def result(waited: Waited, last_before_stop: int | None, stop_seconds: float, timeout_s: float) -> Drain:
+    """What became of the requests in flight: `last_before_stop` is watch_stop's answer."""
+    if waited.end in (End.NO_ANSWER, End.NO_LOAD, End.OFF):
+        cut = waited.left if waited.end is End.NO_ANSWER else 0
+        return Drain(waited.end.value, waited.in_flight, waited.in_flight - cut, cut,
+                     waited.seconds, waited.seconds, timeout_s)  # fmt: skip
+    cut = waited.left if last_before_stop is None else last_before_stop
+    # Requests that arrived during the drain (nothing stops them without a router) can be cut too.
+    in_flight = max(waited.in_flight, cut)
+    seconds = round(waited.seconds + stop_seconds, 3)
+    return Drain(waited.end.value, in_flight, in_flight - cut, cut, seconds, waited.seconds, timeout_s)
+
+
+def stop_timeout_s(drain_timeout_s: float, allowance_s: float = STOP_ALLOWANCE_S) -> int:
+    """The unit's TimeoutStopSec: SGLang's own drain gets the drain's time, then its shutdown its own."""
+    return math.ceil(drain_timeout_s) + math.ceil(allowance_s)

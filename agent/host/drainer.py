@@ -1,0 +1,67 @@
+"""The drain's edge: ask the running server over HTTP, wait, restart, and watch the old server go."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from agent.host import drain
+from agent.host.events import EventLog
+from agent.protocol import Request, Stage
+
+if TYPE_CHECKING:
+    from agent.host.systemd import JobResult
+
+
+def restart_drained(
+    req: Request, api_key: str | None, restart: Callable[[], JobResult], log: EventLog
+) -> tuple[JobResult, drain.Drain]:
+    """Wait for the running server's requests (bounded), then restart while watching it stop."""
+    from agent.host.probe import Probe, read_load  # requests: only when a restart is due
+
+    probe = Probe(req.http_host, req.port, api_key)
+
+    def read() -> drain.Load | None:
+        return read_load(probe)
+
+    if req.drain:
+        first = _first_look(read)
+        if first is not None and first.total:
+            log.emit(
+                Stage.DRAIN,
+                "step",
+                f"draining: {first.running} running, {first.waiting} waiting; waiting up to "
+                f"{req.drain_timeout_s:g} s for them before the restart",
+                running=first.running,
+                waiting=first.waiting,
+            )
+        waited = drain.wait_idle(read, req.drain_timeout_s, time.monotonic, time.sleep)
+    else:
+        waited = drain.Waited(drain.End.OFF, 0, 0, 0.0)
+    done = threading.Event()
+    seen: list[tuple[int | None, float]] = []
+    watcher = threading.Thread(
+        target=lambda: seen.append(drain.watch_stop(read, done.is_set, time.monotonic, time.sleep)),
+        name="drain-watch",
+        daemon=True,
+    )
+    watching = waited.end in (drain.End.IDLE, drain.End.TIMEOUT)
+    if watching:
+        watcher.start()
+    try:
+        job = restart()
+    finally:
+        done.set()
+    if watching:
+        watcher.join(timeout=10)
+    last, answered = seen[0] if seen else (None, 0.0)
+    return job, drain.result(waited, last, answered, req.drain_timeout_s)
+
+
+def _first_look(read: Callable[[], drain.Load | None]) -> drain.Load | None:
+    try:
+        return read()
+    except drain.NoLoad:
+        return None

@@ -34,6 +34,7 @@ MEANING = {
     "[planning]": "the planner's margin and memory floor",
     "[metrics]": "the node_exporter textfile (see metrics.md)",
     "[prewarm]": "reading the new weights into the page cache before the stop",
+    "[drain]": "waiting for requests in flight before a restart, and the unit's stop timeout derived from it",
     "name": "the host's name (default: the file's name)",
     "groups": "inventory groups for a fleet rollout (`deployctl fleet`, the Ansible inventory plugin)",
     "ssh.sudo": "run the host agent through sudo",

@@ -174,6 +174,11 @@ class Smoke(_Model):
     sentence: Text = "The quick brown fox jumps over the lazy dog. "
     question: Text = "In one word, what animal is mentioned?"
     expect: Annotated[Text, AfterValidator(_not_blank)] = "dog"  # "" is in every answer: a test of nothing
+    random_weights: bool = Field(
+        default=False,
+        description="a test model whose answers are noise: judge on usage alone (the prompt arrived whole, a "
+        "token came back), not on `expect`",
+    )
     timeout_s: float = Field(default=900.0, gt=0, le=WEEK)
 
 

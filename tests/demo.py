@@ -166,7 +166,7 @@ def real_act() -> None:
         path.write_text(
             path.read_text().replace(f"max-total-tokens = {before}", f"max-total-tokens = {2 * before}")
         )
-        path.write_text(path.read_text() + '\n[smoke]\nexpect = ""  # random weights: usage, not words\n')
+        path.write_text(path.read_text() + "\n[smoke]\nrandom_weights = true  # usage, not words\n")
         first = real.invocation()
         deployctl("apply", host, *pin, expect=ExitCode.OK, env=env)
         raised = real.pool()

@@ -215,7 +215,7 @@ class RealHost:
             "[sglang.flags]\n", f"[sglang.flags]\n{flags}\n" if flags else "[sglang.flags]\n"
         )
         sections = {
-            "smoke": 'expect = ""  # random weights: any answer, once usage shows the prompt',
+            "smoke": "random_weights = true  # any answer, once usage shows the prompt whole",
             **sections,
         }
         text += "".join(f"\n[{name}]\n{body}\n" for name, body in sections.items())

@@ -40,7 +40,7 @@ def base_request(host: HostConfig, verb: str, **fields: Any) -> Request:
         margin=host.planning.margin,
         http_host=http_host,
         port=host.sglang.port,
-        smoke=Smoke(**host.smoke.model_dump()),
+        smoke=_smoke(host),
         timeouts=Timeouts(**host.timeouts.model_dump()),
         keep_backups=host.unit.keep_backups,
         secret_names=tuple(host.unit.secret_environment),
@@ -244,3 +244,9 @@ def unreadable(line: str) -> Event:
     """A line from the agent that is not an event of this protocol, shown as a warning."""
     shown = line if len(line) <= 200 else line[:200] + "..."
     return Event("-", 0, "", Stage.WATCH.value, "warning", f"unreadable line from the agent: {shown}")
+
+
+def _smoke(host: HostConfig) -> Smoke:
+    """The smoke test on the wire: an empty `expect` there means "usage only" (a random-weight model)."""
+    smoke = host.smoke.model_dump(exclude={"random_weights"})
+    return Smoke(**{**smoke, "expect": "" if host.smoke.random_weights else host.smoke.expect})

@@ -113,7 +113,7 @@ def test_the_rendered_unit_lets_sglang_finish_a_request_in_flight_during_apply(r
     path = real.adopt()
     # deployctl waits 1 s, then restarts: SGLang's own SIGTERM drain (KillMode=mixed, TimeoutStopSec=121)
     # must finish the request.
-    smoke = 'expect = ""  # random weights: any answer, once usage shows the prompt'
+    smoke = "random_weights = true  # any answer, once usage shows the prompt whole"
     path.write_text(path.read_text() + f"\n[smoke]\n{smoke}\n\n[drain]\ntimeout_s = 1\n")
     before = real.invocation()
     stream, thread = _send(real)

@@ -3,7 +3,16 @@ where one is set (a random-weight model, like the real SGLang's tiny test model,
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from agent.errors import InventoryError
 from agent.host.probe import judge
+from agent.inventory import HostConfig, load_host
+from agent.remote.client import base_request
+
+UNITS = Path(__file__).resolve().parents[2] / "units"
 
 # A real reply of SGLang 0.5.23 serving the random-weight tiny model (tests/realsglang): noise.
 NOISE = "ample\ufffdample\ufffdample\ufffdample\ufffd"
@@ -25,3 +34,18 @@ def test_no_generated_token_is_no_answer() -> None:
 def test_the_expected_word_still_counts_for_real_models() -> None:
     assert judge("dog", words_sent=30, tokens=31, completion=2, answer="Dog.") == ""
     assert judge("dog", words_sent=30, tokens=31, completion=2, answer=NOISE) == "expected 'dog'"
+
+
+def _host(tmp: Path, smoke: str) -> HostConfig:
+    text = (UNITS / "ct200-sim.toml").read_text(encoding="utf-8")
+    (tmp / "h.toml").write_text(text.replace("[smoke]\n", f"[smoke]\n{smoke}\n"), encoding="utf-8")
+    return load_host("h", tmp)
+
+
+def test_an_inventory_says_random_weights_rather_than_a_blank_word(tmp_path: Path) -> None:
+    """A blank `expect` stays refused (every answer contains ""); `random_weights` is how an inventory of a
+    test model says "usage only", and only that sends the wire's empty word."""
+    with pytest.raises(InventoryError, match="smoke.expect"):
+        _host(tmp_path, 'expect = ""')
+    assert base_request(_host(tmp_path, "random_weights = true"), "apply").smoke.expect == ""
+    assert base_request(_host(tmp_path, 'expect = "cat"'), "apply").smoke.expect == "cat"

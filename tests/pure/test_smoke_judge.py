@@ -48,5 +48,5 @@ def test_an_inventory_says_random_weights_rather_than_a_blank_word(tmp_path: Pat
     test model says "usage only", and only that sends the wire's empty word."""
     with pytest.raises(InventoryError, match=r"smoke\.expect"):
         _host(tmp_path, 'expect = ""')
-    assert base_request(_host(tmp_path, "random_weights = true"), "apply").smoke.expect == ""
-    assert base_request(_host(tmp_path, 'expect = "cat"'), "apply").smoke.expect == "cat"
+    assert base_request(_host(tmp_path, "random_weights = true"), "status").smoke.expect == ""
+    assert base_request(_host(tmp_path, 'expect = "cat"'), "status").smoke.expect == "cat"

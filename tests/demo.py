@@ -145,32 +145,31 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
+REAL_SMALL_POOL = 2048  # the hand-written unit's --max-total-tokens: below the tiny model's 4,096 context
+
+
 def real_act() -> None:
     """5. The real SGLang 0.5.23 (PyPI) serving a tiny random-weight model on this machine's CPU."""
     banner("5. real SGLang 0.5.23 on the test host's CPU, from a unit written by hand")
     t0 = time.monotonic()
-    with realhost.booted() as real:
+    with realhost.booted(pool=REAL_SMALL_POOL) as real:
         print(f"the real server answered /health {real.first_start_s:.0f} s after its start", flush=True)
         print(real.hand.rstrip(), flush=True)
         before = real.pool()
         env = {**os.environ, **real.env}
-        host, pin = realhost.NAME, ("--context", "4096", "--mem-fraction-static", "0.02", "--yes")
+        host, pin = realhost.NAME, ("--context", "4096", "--yes")  # the planner pins the pool on CPU
         deployctl("adopt", host, "--ssh", host, expect=ExitCode.OK, env=env)
         path = real.units_dir / f"{host}.toml"
         check(
             f"max-total-tokens = {before}" in path.read_text(), f"adopted: the pool cap {before:,} is a flag"
         )
 
-        banner(f"5a. raise the pool from {before:,} to {2 * before:,} tokens in one restart")
-        # Not the planner's own CPU plan yet: the pool is raised by its explicit cap, --max-total-tokens.
-        path.write_text(
-            path.read_text().replace(f"max-total-tokens = {before}", f"max-total-tokens = {2 * before}")
-        )
+        banner(f"5a. a 4,096-token context on a pool of {before:,}: planned and raised in one restart")
         path.write_text(path.read_text() + "\n[smoke]\nrandom_weights = true  # usage, not words\n")
         first = real.invocation()
         deployctl("apply", host, *pin, expect=ExitCode.OK, env=env)
         raised = real.pool()
-        check(raised == 2 * before, f"the real server's pool is {raised:,} tokens")
+        check(raised >= 4096 > before, f"the real server's pool is {raised:,} tokens, as planned")
         restarts = len(real_events(real, "restart"))
         check(real.invocation() != first and restarts == 1, f"{restarts} restart(s) of the service")
         good = real.unit_text()

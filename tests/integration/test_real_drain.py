@@ -117,7 +117,7 @@ def test_the_rendered_unit_lets_sglang_finish_a_request_in_flight_during_apply(r
     path.write_text(path.read_text() + f"\n[smoke]\n{smoke}\n\n[drain]\ntimeout_s = 1\n")
     before = real.invocation()
     stream, thread = _send(real)
-    r = real.deployctl("apply", NAME, "--context", "4096", "--mem-fraction-static", "0.02", "--yes")
+    r = real.deployctl("apply", NAME, "--context", "4096", "--yes")
     thread.join(timeout=300)
     assert r.returncode == ExitCode.OK, r.stdout + r.stderr
     assert "KillMode=mixed" in real.unit_text() and "TimeoutStopSec=121" in real.unit_text()

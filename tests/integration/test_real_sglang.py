@@ -31,9 +31,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_sglang]
 
 HOST = realhost.NAME
 CONTEXT = "4096"  # the tiny model's own context length
-# On CPU, SGLang sizes the pool from free RAM; 0.02 of ~20 GB is far above the 16,384-token cap the unit
-# keeps (--max-total-tokens), so the pool stays bounded and the gate sees exactly the cap.
-FRACTION = "0.02"
 KEY = "sk-real-3f9c'q\"$x"  # a key with quotes and a dollar, as secrets come
 
 
@@ -49,9 +46,7 @@ def _events(real: RealHost, stage: str) -> list[dict[str, object]]:
 
 
 def _apply(real: RealHost, *extra: str) -> tuple[int, str]:
-    r = real.deployctl(
-        "apply", HOST, "--context", CONTEXT, "--mem-fraction-static", FRACTION, "--yes", *extra
-    )
+    r = real.deployctl("apply", HOST, "--context", CONTEXT, "--yes", *extra)
     return r.returncode, r.stdout + r.stderr
 
 
@@ -90,7 +85,7 @@ def test_adopt_then_the_first_apply_changes_only_the_planned_flags(real: RealHos
     assert data["unit"]["environment"]["SGLANG_USE_CPU_ENGINE"] == "1"
     real.inventory()  # the same, with a smoke test that expects no word (random weights)
 
-    planned = real.deployctl("plan", HOST, "--context", CONTEXT, "--mem-fraction-static", FRACTION, "--json")
+    planned = real.deployctl("plan", HOST, "--context", CONTEXT, "--json")
     assert planned.returncode == ExitCode.OK, planned.stderr
     plan_flags = {k: normalize(v) for k, v in json.loads(planned.stdout)["flags"].items()}
     code, out = _apply(real)
@@ -123,7 +118,7 @@ def test_a_flag_the_real_server_does_not_know_is_refused_before_anything_changes
         real.ensure_hand()
     old_unit, started = real.unit_text(), real.invocation()
     real.inventory(flags="no-such-flag = true")
-    r = real.deployctl("apply", HOST, "--context", CONTEXT, "--mem-fraction-static", FRACTION, "--yes")
+    r = real.deployctl("apply", HOST, "--context", CONTEXT, "--yes")
     assert r.returncode == ExitCode.USAGE, r.stdout + r.stderr
     assert "no-such-flag" in r.stderr.splitlines()[0]
     assert real.unit_text() == old_unit and real.invocation() == started

@@ -98,7 +98,7 @@ def main() -> int:
         good_unit = sim.unit_text()
 
         banner("2. ask for 400k: the plan says it cannot fit; forced, the pool falls short and it rolls back")
-        deployctl("plan", HOST, "--context", "400k", expect=ExitCode.OK)
+        deployctl("plan", HOST, "--context", "400k", expect=ExitCode.NOT_FEASIBLE)
         deployctl("apply", HOST, "--context", "400k", "--yes", "--force", expect=ExitCode.ROLLED_BACK)
         check(sim.unit_text() == good_unit, "the 200k unit is back in place")
         check(pool(sim) == raised, f"the old service is healthy again with its pool of {raised:,}")

@@ -566,7 +566,9 @@ def test_a_stalled_read_in_the_model_folder_never_hangs_the_apply(sim, base):
     names; the apply finishes (a blocking open would wait for a writer forever)."""
     old, _ = base
     stalled_model_folders(sim)
-    shards = int(fk.sh(sim, "sh", "-c", f"ls {STALL_WEIGHTS}/*.safetensors | wc -l").strip())
+    # the weight files pre-warm may read: the target's shards and the draft's
+    listing = f"ls {STALL_WEIGHTS}/*.safetensors /models/Kimi-K2.6-DFlash/*.safetensors | wc -l"
+    shards = int(fk.sh(sim, "sh", "-c", listing).strip())
     # The installed unit names the facts' folder (by hand, not restarted); the inventory the weights'.
     hand_edited = re.sub(r"(--model-path[= ])/models/Kimi-K2\.6(?=\s)", rf"\g<1>{STALL_FACTS}", old)
     assert hand_edited != old
@@ -580,9 +582,9 @@ def test_a_stalled_read_in_the_model_folder_never_hangs_the_apply(sim, base):
         assert r.returncode == ExitCode.OK, r.stdout + r.stderr
         events = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
         warm = next(e for e in events if e["kind"] == "outcome")["data"]["prewarm"]
-        assert warm["files"] == shards and warm["skip"] is None, warm  # the FIFO is no weight file
+        assert warm["files"] == shards, warm  # the FIFO is no weight file (read or not, by what is cached)
         assert re.search(rf"--model-path[= ]{STALL_WEIGHTS}\s", sim.unit_text())
-        assert fk.verified_problems(sim, old, sim.unit_text()) == []
+        assert fk.verified_problems(sim, hand_edited, sim.unit_text()) == []
     finally:  # back to the baseline unit (the fault matrix reuses the host)
         (sim.units_dir / "ct200-stall.toml").unlink()
         sim.host.put(UNIT_PATH, old.encode())
@@ -620,7 +622,8 @@ printf 'keep\\n' > {METRICS_VICTIM}/target"""
         assert victim == ["target", "keep"], victim  # nothing written, nothing created through the link
         if link == "folder":
             assert f"metrics not written to {prom}" in said, said
-            assert "Too many levels of symbolic links" in said, said  # the folder opened with O_NOFOLLOW
+            # the folder is opened with O_DIRECTORY | O_NOFOLLOW: a link to a folder is "not a directory"
+            assert f"Not a directory: '{METRICS_DIR}'" in said, said
         else:
             assert "metrics not written" not in said, said
             kind = fk.sh(sim, "stat", "-c", "%F %a %u", prom).strip()

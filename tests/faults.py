@@ -92,6 +92,7 @@ WORLD: list[tuple[str, str, tuple[object, ...]]] = [
     ("stalled_read_in_model_folder", "stalled_read_in_the_model_folder", ()),
     ("metrics_folder_is_a_link", "link_at_the_metrics_textfile", ("folder",)),
     ("metrics_textfile_is_a_link", "link_at_the_metrics_textfile", ("file",)),
+    ("runner_killed_before_staged_secrets", "before_it_took_its_staged_secrets", ()),
 ]
 
 

@@ -634,3 +634,43 @@ printf 'keep\\n' > {METRICS_VICTIM}/target"""
     finally:
         (sim.units_dir / "ct200-metricslink.toml").unlink()
         fk.sh(sim, "rm", "-rf", METRICS_DIR, METRICS_VICTIM)
+
+
+STAGED_DIR = "/var/lib/deployctl/staged"
+# Run by Python's site at every start (.pth import lines run under -I too): a process of a runner's unit
+# (deployctl-<txn>.service) is SIGKILLed in its start-up, before it reads anything.
+KILL_RUNNER_PTH = (
+    "import os, signal; os.kill(os.getpid(), signal.SIGKILL) "
+    "if 'deployctl-' in open('/proc/self/cgroup').read() else None\n"
+)
+
+
+def test_a_runner_killed_before_it_took_its_staged_secrets_leaves_none_behind(sim, base):
+    """The runner is killed in its start-up, before it reads the secret values staged for it: nothing
+    changes, nothing restarts, and no staged value is left behind on the host."""
+    old, _ = base
+    text = (sim.units_dir / f"{sim.name}.toml").read_text()
+    text = text.replace("[unit]\n", '[unit]\nenvironment = { HF_TOKEN = "staged-token-1" }\n')
+    text = text.replace("[sglang.flags]\n", '[sglang.flags]\napi-key = "staged-key-1"\n')
+    (sim.units_dir / "ct200-staged.toml").write_text(text)
+    site = fk.sh(sim, "python3", "-c", "import site; print(site.getsitepackages()[0])").strip()
+    pth = f"{site}/zz-deployctl-fault.pth"
+    sim.host.put(pth, KILL_RUNNER_PTH.encode())
+    before = invocation(sim)
+    try:
+        r = cli(sim, "apply", "ct200-staged", "--context", "200k", "--yes")
+        said = r.stdout + r.stderr
+        assert r.returncode == ExitCode.REFUSED, said
+        assert "the agent died before it changed anything" in said, said
+        assert sim.unit_text() == old and invocation(sim) == before  # nothing changed, nothing restarted
+        assert fk.sh(sim, "stat", "-c", "%a %u", STAGED_DIR).strip() == "700 0"  # root's alone
+        left = fk.sh(sim, "sh", "-c", "grep -rlE 'staged-(token|key)-1' /var/lib/deployctl || true").split()
+        assert left == [], left  # the values are gone from the host, not merely unreadable
+    finally:
+        fk.sh(sim, "rm", "-f", pth)
+        (sim.units_dir / "ct200-staged.toml").unlink()
+        if sim.unit_text() != old:  # the fault missed: back to the baseline unit, without secrets
+            sim.host.put("/etc/systemd/system/sglang.service", old.encode())
+            fk.sh(sim, "sh", "-c", f"rm -f {SECRET_DIR}/sglang.service.* && systemctl daemon-reload")
+            fk.sh(sim, "systemctl", "restart", "sglang.service")
+            wait_pool(sim)

@@ -89,6 +89,10 @@ WORLD: list[tuple[str, str, tuple[object, ...]]] = [
     ("two_applies_lock_race", "loses_the_lock_race", ()),
     ("fleet_link_cut_before_txn", "link_cut_before_the_hosts_transaction", ()),
     ("apply_during_systemds_start", "during_a_start_systemd_began", ()),
+    ("stalled_read_in_model_folder", "stalled_read_in_the_model_folder", ()),
+    ("metrics_folder_is_a_link", "link_at_the_metrics_textfile", ("folder",)),
+    ("metrics_textfile_is_a_link", "link_at_the_metrics_textfile", ("file",)),
+    ("runner_killed_before_staged_secrets", "before_it_took_its_staged_secrets", ()),
 ]
 
 

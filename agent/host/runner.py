@@ -288,12 +288,29 @@ def follow(req: Request, txn: str, out: TextIO) -> int:
                         _event_line(txn, "warning", "the transaction's agent died; recovering", Stage.RECOVER)
                     )
                     if recovery.record_state(state_dir, req.unit) is recovery.RecordState.NONE:
-                        outcome_, msg = recovery.died_without_record(state_dir, req.unit, txn)
-                        out.write(_event_line(txn, "outcome", msg, Stage.RECOVER, outcome=outcome_.value))
-                        return int(outcome_.exit_code)
+                        return _close_dead(req, txn, out)
                     rec = dataclasses.replace(req, verb="recover", txn=None)
                     return start(rec, out)
         time.sleep(FOLLOW_POLL_S)
+
+
+def _close_dead(req: Request, txn: str, out: TextIO) -> int:
+    """A runner that died and left no record: its outcome goes into its own events file too (the
+    transaction is finished, for status and pruning alike), and the secret values staged for it are
+    removed: a runner killed in its start-up never read them, and nothing else would."""
+    state_dir = StateDir(req.state_dir)
+    outcome, msg = recovery.died_without_record(state_dir, req.unit, txn)
+    line = _event_line(txn, "outcome", msg, Stage.RECOVER, outcome=outcome.value)
+    try:
+        with open(state_dir.events_path(txn), "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:  # a full disk: the client is still told, the next prune keeps the folder
+        pass
+    txnfiles.drop_staged(req, txn)
+    out.write(line)
+    return int(outcome.exit_code)
 
 
 def _copy_new(path: Path, offset: int, out: TextIO) -> tuple[int, Event | None]:

@@ -56,6 +56,12 @@ def stage_secrets(req: Request, txn: str) -> None:
         write_json_atomic(staged_path(req, txn), staged)
 
 
+def drop_staged(req: Request, txn: str) -> None:
+    """Remove the values staged for a transaction whose runner is gone without taking them."""
+    with contextlib.suppress(OSError):
+        staged_path(req, txn).unlink(missing_ok=True)
+
+
 def load_request(state_dir: StateDir, txn: str) -> Request:
     """The transaction's request with its secret values back, taken from the staged file (then removed)."""
     req = Request.from_json((state_dir.txn_dir(txn) / REQUEST).read_text(encoding="utf-8"))

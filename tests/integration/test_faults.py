@@ -20,6 +20,7 @@ from agent.exitcodes import ExitCode
 from agent.sglang.flags import parse_unit_flags
 from tests import faultkit as fk
 from tests.integration.conftest import cli, invocation, popen, server_info, wait_pool
+from tests.pure import facts_fixtures as cfg
 
 pytestmark = pytest.mark.integration
 
@@ -535,4 +536,141 @@ def test_a_secrets_backup_on_a_full_disk_keeps_the_live_secrets(sim, base):
         if sim.unit_text() != old:
             sim.host.put("/etc/systemd/system/sglang.service", old.encode())
             fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
+            wait_pool(sim)
+
+
+UNIT_PATH = "/etc/systemd/system/sglang.service"
+STALL_WEIGHTS = "/srv/models/stall-weights"  # what the new unit loads: the shards, and a FIFO named *.bin
+STALL_FACTS = "/srv/models/stall-facts"  # what the installed unit names: a config, an index naming a FIFO
+
+
+def stalled_model_folders(sim) -> None:
+    """Writable model folders holding FIFOs (no writer: a blocking open or read of one never returns).
+
+    The simulated server only globs *.safetensors, so the FIFO named like a .bin shard is read by
+    pre-warm alone; the facts follow the index of the installed unit's folder to the FIFO it names.
+    """
+    script = f"""set -e
+rm -rf {STALL_WEIGHTS} {STALL_FACTS}
+mkdir -p {STALL_WEIGHTS} {STALL_FACTS}
+for f in /models/Kimi-K2.6/*.safetensors; do ln -s "$f" {STALL_WEIGHTS}/; done
+mkfifo {STALL_WEIGHTS}/extra-00001.bin {STALL_FACTS}/extra-00001.bin"""
+    fk.sh(sim, "sh", "-c", script)
+    sim.host.put(f"{STALL_FACTS}/config.json", json.dumps(cfg.KIMI_K26).encode())
+    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "extra-00001.bin"}}
+    sim.host.put(f"{STALL_FACTS}/model.safetensors.index.json", json.dumps(index).encode())
+
+
+def test_a_stalled_read_in_the_model_folder_never_hangs_the_apply(sim, base):
+    """FIFOs where weights are read: pre-warm skips the one among the shards, the facts the one the index
+    names; the apply finishes (a blocking open would wait for a writer forever)."""
+    old, _ = base
+    stalled_model_folders(sim)
+    # the weight files pre-warm may read: the target's shards and the draft's
+    listing = f"ls {STALL_WEIGHTS}/*.safetensors /models/Kimi-K2.6-DFlash/*.safetensors | wc -l"
+    shards = int(fk.sh(sim, "sh", "-c", listing).strip())
+    # The installed unit names the facts' folder (by hand, not restarted); the inventory the weights'.
+    hand_edited = re.sub(r"(--model-path[= ])/models/Kimi-K2\.6(?=\s)", rf"\g<1>{STALL_FACTS}", old)
+    assert hand_edited != old
+    sim.host.put(UNIT_PATH, hand_edited.encode())
+    fk.sh(sim, "systemctl", "daemon-reload")
+    text = (sim.units_dir / f"{sim.name}.toml").read_text()
+    text = text.replace('path = "/models/Kimi-K2.6"', f'path = "{STALL_WEIGHTS}"')
+    (sim.units_dir / "ct200-stall.toml").write_text(text)
+    try:
+        r = cli(sim, "apply", "ct200-stall", "--context", "200k", "--yes", "--json", timeout=300)
+        assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+        events = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+        warm = next(e for e in events if e["kind"] == "outcome")["data"]["prewarm"]
+        assert warm["files"] == shards, warm  # the FIFO is no weight file (read or not, by what is cached)
+        assert re.search(rf"--model-path[= ]{STALL_WEIGHTS}\s", sim.unit_text())
+        assert fk.verified_problems(sim, hand_edited, sim.unit_text()) == []
+    finally:  # back to the baseline unit (the fault matrix reuses the host)
+        (sim.units_dir / "ct200-stall.toml").unlink()
+        sim.host.put(UNIT_PATH, old.encode())
+        fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
+        wait_pool(sim)
+        fk.sh(sim, "rm", "-rf", STALL_WEIGHTS, STALL_FACTS)
+
+
+METRICS_DIR = "/srv/metrics-fault"  # the inventory's textfile folder
+METRICS_VICTIM = "/srv/metrics-victim"  # where a link there points: nothing may be written in it
+
+
+@pytest.mark.parametrize("link", ["folder", "file"])
+def test_a_link_at_the_metrics_textfile_never_takes_the_write(sim, base, link):
+    """The textfile folder is a link, or a link is planted as the textfile: the outcome is the same,
+    nothing is written through the link (the agent runs as root)."""
+    old, _ = base
+    prom = f"{METRICS_DIR}/deployctl.prom"
+    script = f"""set -e
+rm -rf {METRICS_DIR} {METRICS_VICTIM}
+mkdir -p {METRICS_VICTIM}
+printf 'keep\\n' > {METRICS_VICTIM}/target"""
+    if link == "folder":
+        script += f"\nln -s {METRICS_VICTIM} {METRICS_DIR}"
+    else:
+        script += f"\nmkdir {METRICS_DIR}\nln -s {METRICS_VICTIM}/target {prom}"
+    fk.sh(sim, "sh", "-c", script)
+    text = (sim.units_dir / f"{sim.name}.toml").read_text() + f'\n[metrics]\npath = "{prom}"\n'
+    (sim.units_dir / "ct200-metricslink.toml").write_text(text)
+    try:
+        r = cli(sim, "apply", "ct200-metricslink", "--context", "200k", "--yes")
+        assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+        said = r.stdout + r.stderr
+        victim = fk.sh(sim, "sh", "-c", f"ls -A {METRICS_VICTIM}; cat {METRICS_VICTIM}/target").split()
+        assert victim == ["target", "keep"], victim  # nothing written, nothing created through the link
+        if link == "folder":
+            assert f"metrics not written to {prom}" in said, said
+            # the folder is opened with O_DIRECTORY | O_NOFOLLOW: a link to a folder is "not a directory"
+            assert f"Not a directory: '{METRICS_DIR}'" in said, said
+        else:
+            assert "metrics not written" not in said, said
+            kind = fk.sh(sim, "stat", "-c", "%F %a %u", prom).strip()
+            assert kind == "regular file 644 0", kind  # the link was replaced by the textfile itself
+            assert "deployctl_last_run_outcome" in sim.host.read(prom).decode()
+        assert parse_unit_flags(sim.unit_text())["context-length"] == NEW_CONTEXT
+        assert fk.verified_problems(sim, old, sim.unit_text()) == []
+    finally:
+        (sim.units_dir / "ct200-metricslink.toml").unlink()
+        fk.sh(sim, "rm", "-rf", METRICS_DIR, METRICS_VICTIM)
+
+
+STAGED_DIR = "/var/lib/deployctl/staged"
+# Run by Python's site at every start (.pth import lines run under -I too): a process of a runner's unit
+# (deployctl-<txn>.service) is SIGKILLed in its start-up, before it reads anything.
+KILL_RUNNER_PTH = (
+    "import os, signal; os.kill(os.getpid(), signal.SIGKILL) "
+    "if 'deployctl-' in open('/proc/self/cgroup').read() else None\n"
+)
+
+
+def test_a_runner_killed_before_it_took_its_staged_secrets_leaves_none_behind(sim, base):
+    """The runner is killed in its start-up, before it reads the secret values staged for it: nothing
+    changes, nothing restarts, and no staged value is left behind on the host."""
+    old, _ = base
+    text = (sim.units_dir / f"{sim.name}.toml").read_text()
+    text = text.replace("[unit]\n", '[unit]\nenvironment = { HF_TOKEN = "staged-token-1" }\n')
+    text = text.replace("[sglang.flags]\n", '[sglang.flags]\napi-key = "staged-key-1"\n')
+    (sim.units_dir / "ct200-staged.toml").write_text(text)
+    site = fk.sh(sim, "python3", "-c", "import site; print(site.getsitepackages()[0])").strip()
+    pth = f"{site}/zz-deployctl-fault.pth"
+    sim.host.put(pth, KILL_RUNNER_PTH.encode())
+    before = invocation(sim)
+    try:
+        r = cli(sim, "apply", "ct200-staged", "--context", "200k", "--yes")
+        said = r.stdout + r.stderr
+        assert r.returncode == ExitCode.REFUSED, said
+        assert "the agent died before it changed anything" in said, said
+        assert sim.unit_text() == old and invocation(sim) == before  # nothing changed, nothing restarted
+        assert fk.sh(sim, "stat", "-c", "%a %u", STAGED_DIR).strip() == "700 0"  # root's alone
+        left = fk.sh(sim, "sh", "-c", "grep -rlE 'staged-(token|key)-1' /var/lib/deployctl || true").split()
+        assert left == [], left  # the values are gone from the host, not merely unreadable
+    finally:
+        fk.sh(sim, "rm", "-f", pth)
+        (sim.units_dir / "ct200-staged.toml").unlink()
+        if sim.unit_text() != old:  # the fault missed: back to the baseline unit, without secrets
+            sim.host.put("/etc/systemd/system/sglang.service", old.encode())
+            fk.sh(sim, "sh", "-c", f"rm -f {SECRET_DIR}/sglang.service.* && systemctl daemon-reload")
+            fk.sh(sim, "systemctl", "restart", "sglang.service")
             wait_pool(sim)

@@ -79,6 +79,14 @@ class Checkpoint:
     folder: str | None
 
 
+def idle() -> None:
+    """Wait for a signal in short naps. A process-directed SIGTERM may land on any thread; Python runs its
+    handler in the main thread only once that thread wakes, so a one-hour sleep would hold the drain (and
+    the stop) until systemd's TimeoutStopSec ran out."""
+    while True:
+        time.sleep(0.2)
+
+
 class Launch:
     """One simulated server start, from flags to 'fired up', and then serving."""
 
@@ -460,7 +468,7 @@ class Launch:
             self.load(self.draft_checkpoint(draft_w), before)
         if hw.fault == "hang_before_pool":
             while True:
-                time.sleep(3600)
+                idle()
         tokens = self.size(used)
         if (0, 5, 3) <= self.v < (0, 5, 13):
             self.out.log(f"Using KV cache dtype: torch.{self.kv_dtype}", 0)
@@ -566,7 +574,7 @@ class Launch:
         if self.hw.fault == "die_after_ready":
             threading.Timer(self.hw.die_after_s, self.die_serving).start()
         while True:
-            time.sleep(3600)
+            idle()
 
     def warmup(self, state: State) -> None:
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.a.host, self.a.host)

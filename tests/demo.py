@@ -141,10 +141,6 @@ def fleet_act() -> None:
         fleet.stop()
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 REAL_SMALL_POOL = 2048  # the hand-written unit's --max-total-tokens: below the tiny model's 4,096 context
 
 
@@ -203,3 +199,7 @@ def real_events(real: realhost.RealHost, stage: str) -> list[dict[str, dict[str,
     for path in sorted((real.host.root / "var/lib/deployctl/txn").glob("*/events.jsonl")):
         found += [e for e in map(json.loads, path.read_text().splitlines()) if e.get("stage") == stage]
     return found
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -187,7 +187,7 @@ def test_odd_smoke_replies_fail_the_smoke_test(server: Server, body: Any, detail
 
 def test_a_wrong_answer_fails_the_smoke_test(server: Server) -> None:
     server.reply(
-        "/v1/chat/completions", {"choices": [{"message": {"content": "cat"}}], "usage": {"prompt_tokens": 5}}
+        "/v1/chat/completions", {"choices": [{"message": {"content": "cat"}}], "usage": {"prompt_tokens": 57}}
     )
     res = Probe(server.host, server.port).smoke(SMOKE)
     assert not res.passed and res.answer == "cat" and "dog" in res.detail

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
+
+from agent.sglang.logs.events import Draining
+from agent.sglang.logs.lines import parse_line
 
 # SGLang's own shutdown once its drain is done: the drain loop checks every 5 s, schedulers get 15 s to
 # release (tokenizer_manager.py _SCHEDULER_EXIT_TIMEOUT_SECS), kill_process_tree waits up to 60 s, and
@@ -135,30 +138,55 @@ def wait_idle(
     return Waited(End.IDLE, first.total, 0, round(clock() - start, 3))
 
 
+@dataclass
+class StopWatch:
+    """What the old server reported while the restart job stopped it; read also after a watch that has
+    not ended yet (its last poll can hang on a port the new server is taking over)."""
+
+    last: int | None = None  # the last count before it stopped answering; None: it never answered
+    answered_s: float = 0.0  # how long after the watch began it still answered
+
+    def run(
+        self, read: Reader, stopped: Callable[[], bool], clock: Callable[[], float],
+        sleep: Callable[[float], None], poll_s: float = 0.5,
+    ) -> tuple[int | None, float]:  # fmt: skip
+        """Poll until the server stops answering or `stopped()`; (last, answered_s).
+
+        SGLang keeps answering during its own SIGTERM drain, so the last count seen is what it still had
+        when it went away: the requests in flight when a signal to the whole control group (or systemd's
+        SIGKILL at TimeoutStopSec) ended it, or a count its drain finished in the last poll's gap -- which
+        SGLang's own last drain line tells apart (see `logged_left`).
+        """
+        start = clock()
+        while not stopped():
+            try:
+                seen = read()
+            except NoLoad:
+                seen = None
+            if seen is None:
+                break
+            self.last, self.answered_s = seen.total, round(clock() - start, 3)
+            sleep(poll_s)
+        return self.last, self.answered_s
+
+
 def watch_stop(
     read: Reader, stopped: Callable[[], bool], clock: Callable[[], float], sleep: Callable[[float], None],
     poll_s: float = 0.5,
 ) -> tuple[int | None, float]:  # fmt: skip
-    """While the restart job runs: the last load the old server reported before it stopped answering,
-    and how long after the watch began it still answered.
+    """StopWatch().run(...): the last load before the old server stopped answering, and for how long."""
+    return StopWatch().run(read, stopped, clock, sleep, poll_s)
 
-    SGLang keeps answering during its own SIGTERM drain, so the last count seen is what it still had when
-    it went away: 0 after a finished drain; the requests in flight when a signal to the whole control group
-    (or systemd's SIGKILL at TimeoutStopSec) ended it. None: it never answered.
-    """
-    start = clock()
-    last: int | None = None
-    answered = 0.0
-    while not stopped():
-        try:
-            seen = read()
-        except NoLoad:
-            seen = None
-        if seen is None:
-            break
-        last, answered = seen.total, clock() - start
-        sleep(poll_s)
-    return last, round(answered, 3)
+
+def logged_left(lines: Iterable[str]) -> int | None:
+    """What SGLang's own SIGTERM drain had left in its last `Gracefully exiting... Remaining number of
+    requests N` line of the old server's log; None when it logged none (no drain, or not SGLang)."""
+    left = None
+    for line in lines:
+        for event in parse_line(line):
+            if isinstance(event, Draining):
+                left = event.remaining
+    return left
 
 
 @dataclass(frozen=True)
@@ -192,13 +220,24 @@ class Drain:
         )
 
 
-def result(waited: Waited, last_before_stop: int | None, stop_seconds: float, timeout_s: float) -> Drain:
-    """What became of the requests in flight: `last_before_stop` is watch_stop's answer."""
+def result(
+    waited: Waited, last_before_stop: int | None, stop_seconds: float, timeout_s: float,
+    logged: int | None = None,
+) -> Drain:  # fmt: skip
+    """What became of the requests in flight: `last_before_stop` is the StopWatch's answer, `logged`
+    what SGLang's own drain logged last (`logged_left`)."""
     if waited.end in (End.NO_ANSWER, End.NO_LOAD, End.OFF):
         cut = waited.left if waited.end is End.NO_ANSWER else 0
         return Drain(waited.end.value, waited.in_flight, waited.in_flight - cut, cut,
                      waited.seconds, waited.seconds, timeout_s)  # fmt: skip
-    cut = waited.left if last_before_stop is None else last_before_stop
+    if logged == 0:
+        # SGLang logs "Remaining ... 0" only once its drain is done, right before it exits: whatever the
+        # last poll saw finished in the gap (a poll every 0.5 s, a drain check every 5 s).
+        cut = 0
+    elif last_before_stop is not None:
+        cut = last_before_stop
+    else:
+        cut = waited.left if logged is None else logged
     # Requests that arrived during the drain (nothing stops them without a router) can be cut too.
     in_flight = max(waited.in_flight, cut)
     seconds = round(waited.seconds + stop_seconds, 3)

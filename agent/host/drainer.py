@@ -16,9 +16,16 @@ if TYPE_CHECKING:
 
 
 def restart_drained(
-    req: Request, api_key: str | None, restart: Callable[[], JobResult], log: EventLog
+    req: Request,
+    api_key: str | None,
+    restart: Callable[[], JobResult],
+    log: EventLog,
+    old_log: Callable[[], list[str]],
 ) -> tuple[JobResult, drain.Drain]:
-    """Wait for the running server's requests (bounded), then restart while watching it stop."""
+    """Wait for the running server's requests (bounded), then restart while watching it stop.
+
+    old_log: the old server's last lines, read once the restart job is done (SGLang's own drain lines).
+    """
     from agent.host.probe import Probe, read_load  # requests: only when a restart is due
 
     probe = Probe(req.http_host, req.port, api_key)
@@ -41,9 +48,9 @@ def restart_drained(
     else:
         waited = drain.Waited(drain.End.OFF, 0, 0, 0.0)
     done = threading.Event()
-    seen: list[tuple[int | None, float]] = []
+    seen = drain.StopWatch()
     watcher = threading.Thread(
-        target=lambda: seen.append(drain.watch_stop(read, done.is_set, time.monotonic, time.sleep)),
+        target=lambda: seen.run(read, done.is_set, time.monotonic, time.sleep),
         name="drain-watch",
         daemon=True,
     )
@@ -54,10 +61,11 @@ def restart_drained(
         job = restart()
     finally:
         done.set()
-    if watching:
-        watcher.join(timeout=10)
-    last, answered = seen[0] if seen else (None, 0.0)
-    return job, drain.result(waited, last, answered, req.drain_timeout_s)
+    if not watching:
+        return job, drain.result(waited, None, 0.0, req.drain_timeout_s)
+    watcher.join(timeout=10)  # what it saw so far stands if its last poll still hangs
+    logged = drain.logged_left(old_log())
+    return job, drain.result(waited, seen.last, seen.answered_s, req.drain_timeout_s, logged)
 
 
 def _first_look(read: Callable[[], drain.Load | None]) -> drain.Load | None:

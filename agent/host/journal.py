@@ -123,6 +123,15 @@ class Journal:
         matches = self._matches(unit, newest[0].invocation_id)
         return [r.message for r in self._query(matches, head=max_lines)]
 
+    def invocation_tail(self, unit: str, invocation_id: str, max_lines: int) -> list[str]:
+        """The last max_lines messages of one start of the unit (how an old server's stop ended)."""
+        try:
+            return [
+                r.message for r in self._query([*self._matches(unit, invocation_id), "-n", str(max_lines)])
+            ]
+        except JournalError:
+            return []  # only a drain count is read from it: without it the watch's own count stands
+
     @staticmethod
     def _matches(unit: str, invocation_id: str | None) -> list[str]:
         # Fields of different names are ANDed by journalctl; -u would also pull in systemd's own

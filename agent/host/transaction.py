@@ -453,7 +453,7 @@ class Transaction:
     def _restart_and_watch(self, gate: Gate, stage: Stage) -> WatchResult:
         cursor = self.journal.cursor()
         before = self.systemd.unit_state(self.unit)
-        job = self._drained_restart()
+        job = self._drained_restart(before.invocation_id)
         after = self.systemd.unit_state(self.unit)
         self.log.emit(
             Stage.RESTART,
@@ -471,7 +471,7 @@ class Transaction:
         )
         return watch_start(start, self.log, stage)
 
-    def _drained_restart(self) -> JobResult:
+    def _drained_restart(self, old_invocation: str) -> JobResult:
         """Let the running server finish what it has (bounded by [drain] timeout_s), then restart."""
         from agent.host.drainer import restart_drained
 
@@ -483,7 +483,10 @@ class Transaction:
             job: JobResult = self.systemd.restart(self.unit, timeout + RESTART_JOB_TIMEOUT_S)
             return job
 
-        job, drained = restart_drained(self.req, self.secrets.api_key(), restart, self.log)
+        def old_log() -> list[str]:  # the old server's last words: SGLang's own drain lines
+            return self.journal.invocation_tail(self.unit, old_invocation, 50) if old_invocation else []
+
+        job, drained = restart_drained(self.req, self.secrets.api_key(), restart, self.log, old_log)
         self.drains.append(drained)
         self.log.emit(Stage.DRAIN, "step", drained.describe(), **drained.to_dict())
         return job

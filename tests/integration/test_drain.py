@@ -135,9 +135,11 @@ def test_sglang_own_drain_finishes_what_the_wait_left_under_killmode_mixed(slow_
     sim, port = slow_sim, port_of(slow_sim)
     wait_pool(sim)
     set_drain(sim, "timeout_s = 2\n")  # TimeoutStopSec = 122: the request outlives the wait, not the stop
-    request, thread = send(port, 30.0)
+    # 60 s: still running when a loaded machine's apply reaches its drain (CLI, facts and plan took up to
+    # 30 s there), and well short of the stop's 122 s.
+    request, thread = send(port, 60.0)
     r = cli(sim, "apply", sim.name, "--context", "200k", "--yes", timeout=600)
-    thread.join(timeout=60)
+    thread.join(timeout=180)
     assert r.returncode == ExitCode.OK, r.stdout + r.stderr
     assert (request.status, request.error) == (200, None)
     assert re.search(r"drain: +1 in flight, 1 finished, 0 cut, .*the wait timed out after 2 s", r.stdout), (

@@ -208,3 +208,52 @@ def test_the_metrics_carry_the_drain() -> None:
     assert 'deployctl_drain_requests{host="ct200",unit="sglang.service",state="cut"} 1' in text
     assert 'deployctl_drain_requests{host="ct200",unit="sglang.service",state="in_flight"} 1' in text
     assert 'deployctl_drain_seconds{host="ct200",unit="sglang.service"} 8' in text
+
+
+OLD_SERVER = [
+    "[2026-12-04 01:12:21] SIGTERM received. signum=None frame=None. Draining requests and shutting down...",
+    "[2026-12-04 01:12:21] Gracefully exiting... Remaining number of requests 1. "
+    "Remaining requests remaining_rids=['9f2c'].",
+    '[2026-12-04 01:12:41] INFO:     127.0.0.1:51234 - "POST /generate HTTP/1.1" 200 OK',
+    "[2026-12-04 01:12:46] Gracefully exiting... Remaining number of requests 0. "
+    "Remaining requests remaining_rids=[].",
+]
+
+
+def test_sglang_s_own_last_drain_line_is_read_from_the_old_server_s_log() -> None:
+    assert drain.logged_left(OLD_SERVER) == 0
+    assert drain.logged_left(OLD_SERVER[:3]) == 1  # killed before its drain was done
+    assert drain.logged_left(OLD_SERVER[:1]) is None
+    # a user's prompt in the request log is not SGLang's drain line
+    prompt = "[2026-12-04 01:12:40] Receive: obj=Gracefully exiting... Remaining number of requests 0."
+    assert drain.logged_left([prompt]) is None
+
+
+def test_a_request_that_finished_between_the_last_poll_and_the_exit_is_not_cut() -> None:
+    # CI, on a loaded machine: the watch last saw the request, SGLang's drain finished it and exited before
+    # the next poll; the report said "1 cut" for a request that got its 200.
+    timed_out = drain.Waited(End.TIMEOUT, 1, 1, 2.0)
+    d = drain.result(timed_out, 1, 24.6, 2.0, logged=drain.logged_left(OLD_SERVER))
+    assert (d.in_flight, d.finished, d.cut) == (1, 1, 0)
+    # killed mid-drain: its own last line says one was left, and so does the watch
+    killed = drain.result(timed_out, 1, 3.0, 2.0, logged=drain.logged_left(OLD_SERVER[:3]))
+    assert (killed.finished, killed.cut) == (0, 1)
+    # the watch never got an answer in: the log's count stands over the wait's
+    unseen = drain.result(drain.Waited(End.TIMEOUT, 3, 3, 2.0), None, 0.0, 2.0, logged=1)
+    assert (unseen.finished, unseen.cut) == (2, 1)
+
+
+def test_the_stop_watch_keeps_what_it_saw_while_its_last_poll_still_hangs() -> None:
+    clock = FakeClock()
+    watch = drain.StopWatch()
+    reads = iter([1, 1])
+
+    def read() -> drain.Load | None:
+        n = next(reads, None)
+        if n is None:
+            # the joiner reads the watch now, while this poll has not returned
+            assert (watch.last, watch.answered_s) == (1, 0.5)
+            return None
+        return drain.Load(n, 0)
+
+    assert watch.run(read, lambda: False, clock, clock.sleep, poll_s=0.5) == (1, 0.5)

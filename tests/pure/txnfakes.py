@@ -134,6 +134,9 @@ class FakeJournal:
             yield Line(message, f"{inv}:{n}", inv)
         # then silence: the watch decides on its timeouts (the tests set them to nothing)
 
+    def invocation_tail(self, unit: str, invocation_id: str, max_lines: int) -> list[str]:
+        return list(self.systemd.lines.get(invocation_id, [])[-max_lines:])
+
     def last_invocation_lines(self, unit: str, max_lines: int) -> list[str]:
         with_lines = [inv for inv, lines in self.systemd.lines.items() if lines]
         return list(self.systemd.lines[with_lines[-1]][:max_lines]) if with_lines else []

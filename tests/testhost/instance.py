@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -46,13 +47,33 @@ class BootError(RuntimeError):
     """The test host did not come up; the message carries the tail of its console."""
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(count: int) -> list[int]:
-    """Ports free on 127.0.0.1 right now, distinct from each other."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
+    """Ports free on 127.0.0.1 right now, distinct from each other, below the kernel's ephemeral range.
+
+    A port from that range (what binding port 0 gives) can be taken by any outgoing connection before the
+    server binds it: real SGLang opens its own TCP connections (torch's store, gloo) during start-up and
+    binds HTTP last, and a CI run once saw its HTTP port taken so ("[Errno 98] address already in use").
+    """
+    high = _ephemeral_low() - 1
+    picked: list[int] = []
+    while len(picked) < count:
+        port = random.randint(max(1024, high - 12000), high)
+        if port in picked:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        picked.append(port)
+    return picked
 
 
 def oracle_binds() -> dict[str, str]:

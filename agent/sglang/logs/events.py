@@ -211,6 +211,16 @@ class Stopping:
     signal: str
 
 
+@dataclass(frozen=True)
+class Draining:
+    """SGLang's own SIGTERM drain, logged every 5 s until nothing is left; `remaining` 0 is its last line,
+    right before the process ends (managers/tokenizer_manager.py sigterm_watchdog)."""
+
+    kind: ClassVar[str] = "draining"
+    rank: str | None
+    remaining: int
+
+
 LogEvent = (
     WeightsBegin
     | WeightsProgress
@@ -226,5 +236,6 @@ LogEvent = (
     | Ready
     | EngineTimings
     | Stopping
+    | Draining
     | Failure
 )

@@ -32,6 +32,7 @@ _JOURNAL = re.compile(
 
 _AVAIL = re.compile(r"avail mem=" + _NUM + r" ?GB")
 _USAGE = re.compile(r"mem usage=" + _NUM + r" ?GB")
+_DRAINING = re.compile(r"Gracefully exiting\.\.\. Remaining number of requests (\d+)\.")
 _TYPE = re.compile(r"\btype=([\w.]+)")
 _DRAFT_TYPE = re.compile(r"Draft|Eagle|EAGLE|NextN|MTP|Medusa")
 _PROGRESS = re.compile(r"[\w .-]*shards:\s*(\d+)% Completed \| (\d+)/(\d+)")
@@ -237,6 +238,10 @@ def _parse_other(line: str, msg: str, rank: str | None, out: list[ev.LogEvent]) 
         out.append(_timings(timings, rank))
     elif msg.startswith("SIGTERM received"):  # also "SIGTERM received on node_rank N" (entrypoints/engine.py)
         out.append(ev.Stopping(rank, "SIGTERM"))
+    elif msg.startswith("Gracefully exiting... Remaining number of requests ") and (
+        drained := _DRAINING.match(msg)
+    ):
+        out.append(ev.Draining(rank, int(drained[1])))
     elif msg.startswith("Automatically reduce --mem-fraction-static") and _AUTO_MFS.search(msg):
         out.append(ev.ServerArgs(rank, _float(_AUTO_MFS, msg), None, None, "auto_reduce"))
     elif not _parse_command(msg, out):

@@ -40,6 +40,7 @@ class Run:
     downtime_s: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
     drain: dict[str, float] = field(default_factory=dict)  # in_flight, finished, cut, seconds
+    downtime_phases: dict[str, float] = field(default_factory=dict)  # timeline's: drain, stop, weights, ...
 
 
 def timings(events: Iterable[Event]) -> tuple[float | None, dict[str, float]]:
@@ -125,6 +126,14 @@ def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str
         "From the last drain's start until the old server stopped answering.",
         run.drain.get("seconds"),
     )
+    for phase, seconds in run.downtime_phases.items():
+        metric(
+            "deployctl_downtime_phase_seconds",
+            "gauge",
+            "Seconds of the last restart's downtime per phase (drain, stop, weights, pool, cuda_graphs, ...).",
+            seconds,
+            f',phase="{phase}"',
+        )
     for phase, seconds in run.phases.items():
         metric(
             "deployctl_phase_seconds",
@@ -165,7 +174,8 @@ def run_from(
 ) -> Run:
     summary = data.get("summary")
     pool = summary.get("kv_tokens") if isinstance(summary, dict) else None
-    downtime, phases = timings(events)
+    events = list(events)
+    seconds, phases = timings(events)
     return Run(
         req.host_name,
         req.unit,
@@ -175,9 +185,10 @@ def run_from(
         _int(data.get("planned_pool")),
         _int(pool),
         str(data["unit_sha256"]) if data.get("unit_sha256") else None,
-        downtime,
+        seconds,
         phases,
         _drain_figures(data.get("drain")),
+        downtime(events).phases,
     )
 
 

@@ -96,6 +96,7 @@ def test_each_run_is_scraped_by_node_exporter(sim, base, exporter):
     assert started - 1 <= success <= time.time() + 1
     assert 0 < value(m, "deployctl_restart_downtime_seconds") < 120
     assert value(m, "deployctl_phase_seconds", phase="watch") > 0
+    assert value(m, "deployctl_downtime_phase_seconds", phase="weights") > 0  # from the start's own lines
     assert value(m, "deployctl_unit_info", sha256=unit_sha256(sim.unit_text())) == 1
     applied_pool = value(m, "deployctl_kv_pool_tokens")
 

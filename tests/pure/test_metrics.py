@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.host.metrics import Run, prom_text, record_run, timings
-from agent.protocol import Event, Outcome
+from agent.host.metrics import Run, prom_text, record_run, run_from, timings
+from agent.protocol import Event, Outcome, Request
 
 
 def event(stage: str, second: int) -> Event:
@@ -95,3 +95,28 @@ def test_a_textfile_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
             Run("h", "u", Outcome.APPLIED, 1.0),
         )
     assert list(real.iterdir()) == []
+
+
+def test_the_textfile_carries_each_phase_of_the_restart_s_downtime() -> None:
+    def at(second: float, stage: str, kind: str = "step", **data: object) -> Event:
+        return Event("t", 0, f"2026-12-03T10:00:{second:02.0f}.000Z", stage, kind, stage, dict(data))
+
+    events = [
+        at(1, "drain", end="timeout", waited_s=1.0, seconds=4.0, in_flight=1, finished=1, cut=0),
+        at(5, "restart", stopping_at="2026-12-03T10:00:02.000Z"),
+        at(6, "watch", "progress", phase="loading_weights"),
+        at(16, "watch", "progress", phase="kv_pool"),
+        at(17, "watch", "progress", phase="ready"),
+        at(18, "ready"),
+        at(18, "smoke"),
+        at(20, "smoke", passed=True),
+    ]
+    req = Request("apply", host_name="ct200", unit="sglang.service")
+    run = run_from(req, Outcome.APPLIED, 100.0, {"drain": events[0].data}, events)
+    assert run.downtime_phases == {
+        "drain": 3.0, "stop": 0.0, "init": 1.0, "weights": 10.0, "pool": 1.0, "ready": 1.0, "smoke": 2.0
+    }  # fmt: skip
+    text = prom_text(run, 0, None)
+    assert 'deployctl_downtime_phase_seconds{host="ct200",unit="sglang.service",phase="weights"} 10' in text
+    assert 'deployctl_downtime_phase_seconds{host="ct200",unit="sglang.service",phase="drain"} 3' in text
+    assert text.count("# HELP deployctl_downtime_phase_seconds ") == 1

@@ -130,7 +130,7 @@ def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str
         metric(
             "deployctl_downtime_phase_seconds",
             "gauge",
-            "Seconds of the last restart's downtime per phase (drain, stop, weights, pool, cuda_graphs, ...).",
+            "Seconds of the last restart's downtime per phase (drain, stop, weights, pool, ...).",
             seconds,
             f',phase="{phase}"',
         )

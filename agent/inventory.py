@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.errors import InventoryError, UsageError
-from agent.protocol import UNIT_NAME, find_control
+from agent.protocol import HTTP_URL, UNIT_NAME, find_control
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -51,6 +51,12 @@ def _unit_name(value: str) -> str:
 def _absolute(value: str) -> str:
     if not value.startswith("/") or "/../" in value + "/":
         raise ValueError("must be an absolute path without '..'")
+    return value
+
+
+def _http_url(value: str) -> str:
+    if not HTTP_URL.fullmatch(value):
+        raise ValueError("must be an http:// or https:// URL: host, optional port and path")
     return value
 
 
@@ -229,6 +235,26 @@ class Drain(_Model):
     )  # fmt: skip
 
 
+class Router(_Model):
+    url: Annotated[str, AfterValidator(_http_url)] | None = Field(
+        default=None,
+        description="the SGLang model gateway in front of this server: taken out before a restart's drain, "
+        "put back after its checks",
+    )
+    worker_url: Annotated[str, AfterValidator(_http_url)] | None = Field(
+        default=None, description="the URL the router knows this server by (required with url)"
+    )
+    timeout_s: float = Field(default=60.0, gt=0, le=HOUR, description="each change the router makes")
+
+    @model_validator(mode="after")
+    def _both(self) -> Router:
+        if self.url is not None and self.worker_url is None:
+            raise ValueError("worker_url: required with url (the address the router reaches this server at)")
+        if self.url is None and self.worker_url is not None:
+            raise ValueError("url: required with worker_url (the router's own address)")
+        return self
+
+
 class HostConfig(_Model):
     name: Text = ""
     # Inventory groups for a fleet rollout (deployctl fleet, the Ansible inventory plugin).
@@ -245,6 +271,7 @@ class HostConfig(_Model):
     metrics: Metrics = Field(default_factory=Metrics)
     prewarm: Prewarm = Field(default_factory=Prewarm)
     drain: Drain = Field(default_factory=Drain)
+    router: Router = Field(default_factory=Router)
 
     @property
     def unit_path(self) -> str:

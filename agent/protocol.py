@@ -40,6 +40,10 @@ TXN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
 # bytes that are not UTF-8): no name, path, flag or unit line may carry one, and none reaches a terminal.
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 SURROGATE = re.compile("[\ud800-\udfff]")
+# A router's or a worker's address: scheme, host (name, IPv4 or [IPv6]), port, path; nothing else.
+HTTP_URL = re.compile(
+    r"https?://(?:[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::\d{1,5})?(?:/[A-Za-z0-9._~/%-]*)?"
+)
 UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
@@ -81,6 +85,7 @@ class Stage(str, Enum):
     WRITE = "write"
     RELOAD = "reload"
     PREWARM = "prewarm"
+    ROUTER = "router"
     DRAIN = "drain"
     RESTART = "restart"
     WATCH = "watch"
@@ -199,6 +204,10 @@ class Request:
     drain: bool = True  # wait for the running server's requests before a restart
     drain_timeout_s: float = 900.0  # the longest deployctl waits for them ([drain] timeout_s)
     drain_stop_allowance_s: float = 120.0  # SGLang's own shutdown after its drain ([drain] stop_allowance_s)
+    # [router]: the model gateway this server sits behind, and the URL it knows the server by
+    router_url: str | None = None
+    router_worker_url: str | None = None
+    router_timeout_s: float = 60.0
     version: int = VERSION
 
     def to_json(self) -> str:
@@ -282,6 +291,13 @@ class Request:
             "bad keep_secret_env",
         )
         _check(isinstance(self.host_name, str) and not find_control(self.host_name), "bad host_name")
+        for url in (self.router_url, self.router_worker_url):
+            _check(
+                url is None or (isinstance(url, str) and HTTP_URL.fullmatch(url) is not None),
+                "bad router URL",
+            )
+        _check((self.router_url is None) == (self.router_worker_url is None), "router needs both URLs")
+        _check(_is_number(self.router_timeout_s) and 0 < self.router_timeout_s <= 3600, "bad router timeout")
         if self.metrics_file is not None:
             ok = isinstance(self.metrics_file, str) and "/../" not in self.metrics_file
             ok = ok and re.fullmatch(r"/[A-Za-z0-9_./@+-]*\.prom", self.metrics_file) is not None

@@ -47,12 +47,24 @@ def render_report(r: ApplyReport) -> str:
             f"smoke test:            {smoke['prompt_tokens']:,} prompt tokens, prefill+answer "
             f"{smoke['seconds']:.1f} s, answer {smoke['answer']!r} ({verdict})"
         )
+    out += _router_lines(r.data.get("router"))
     out += _drain_lines(r.data.get("drain"))
     out += _downtime_lines(r.data.get("prewarm"), r.data.get("downtime"), r.previous_downtime)
     out += _way_back(r)
     if r.plan is not None and r.outcome == "applied":
         out += _tradeoffs(r.plan, changes)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _router_lines(router: object) -> list[str]:
+    """How long the router sent this server nothing, and whether it took it back."""
+    if not isinstance(router, dict):
+        return []
+    head = "router:                "
+    if router.get("back") is None:
+        return [f"{head}{router['worker']} was not listed in {router['url']}: left as it was"]
+    back = "back in once its checks passed" if router["back"] else "NOT back in: put it back by hand"
+    return [f"{head}out of {router['url']} for {router['out_s']:.1f} s, {back}"]
 
 
 def _drain_lines(drain: Mapping[str, Any] | None) -> list[str]:

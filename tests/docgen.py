@@ -35,6 +35,7 @@ MEANING = {
     "[metrics]": "the node_exporter textfile (see metrics.md)",
     "[prewarm]": "reading the new weights into the page cache before the stop",
     "[drain]": "waiting for requests in flight before a restart, and the unit's stop timeout derived from it",
+    "[router]": "the SGLang model gateway in front of the server (see reliability.md)",
     "name": "the host's name (default: the file's name)",
     "groups": "inventory groups for a fleet rollout (`deployctl fleet`, the Ansible inventory plugin)",
     "ssh.sudo": "run the host agent through sudo",

@@ -24,7 +24,7 @@ UNTYPED = re.compile(r"\b(?:Mutable)?(?:dict|Mapping|Dict)\[str, *(?:typing\.)?A
 LONG = 40
 # Measured on a498560: 177 / 11 / 4 / 13. This round's merged work (drain, CPU planning, flag table, secrets)
 # raised the first two; the ceilings start from that merged state and may only fall from here.
-CEILINGS = {"untyped": 208, "long_functions": 15, "private_imports": 4, "flat_modules": 13}
+CEILINGS = {"untyped": 208, "long_functions": 14, "private_imports": 4, "flat_modules": 13}
 
 
 @dataclass(frozen=True)

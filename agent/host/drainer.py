@@ -47,6 +47,15 @@ def restart_drained(
         waited = drain.wait_idle(read, req.drain_timeout_s, time.monotonic, time.sleep)
     else:
         waited = drain.Waited(drain.End.OFF, 0, 0, 0.0)
+    if waited.end not in (drain.End.IDLE, drain.End.TIMEOUT):
+        return restart(), drain.result(waited, None, 0.0, req.drain_timeout_s)
+    job, seen = _watched(read, restart)
+    logged = drain.logged_left(old_log())
+    return job, drain.result(waited, seen.last, seen.answered_s, req.drain_timeout_s, logged)
+
+
+def _watched(read: drain.Reader, restart: Callable[[], JobResult]) -> tuple[JobResult, drain.StopWatch]:
+    """Restart while a thread watches the old server go; what it saw so far stands if its last poll hangs."""
     done = threading.Event()
     seen = drain.StopWatch()
     watcher = threading.Thread(
@@ -54,18 +63,13 @@ def restart_drained(
         name="drain-watch",
         daemon=True,
     )
-    watching = waited.end in (drain.End.IDLE, drain.End.TIMEOUT)
-    if watching:
-        watcher.start()
+    watcher.start()
     try:
         job = restart()
     finally:
         done.set()
-    if not watching:
-        return job, drain.result(waited, None, 0.0, req.drain_timeout_s)
-    watcher.join(timeout=10)  # what it saw so far stands if its last poll still hangs
-    logged = drain.logged_left(old_log())
-    return job, drain.result(waited, seen.last, seen.answered_s, req.drain_timeout_s, logged)
+    watcher.join(timeout=10)
+    return job, seen
 
 
 def _first_look(read: Callable[[], drain.Load | None]) -> drain.Load | None:

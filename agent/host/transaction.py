@@ -7,6 +7,7 @@ after the new unit was verified or the old one restored; `recover` finishes what
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,6 +18,7 @@ from agent.host import drain, serverinfo
 from agent.host.adopt import kept_secret_env
 from agent.host.decide import Action, Gate
 from agent.host.events import EventLog, utc_now
+from agent.host.router import HttpRouter, RouterError, RouterPort, put_back, take_out
 from agent.host.secrets import SecretFiles
 from agent.host.state import (
     PHASE_RESTARTED,
@@ -100,6 +102,7 @@ class Transaction:
         self.journal = journal
         self.log = log
         self.probe: ProbeFactory = _http_probe  # the HTTP checks (a fake in the pure tests)
+        self.router: Callable[[str], RouterPort] = HttpRouter  # the model gateway's API (a fake, too)
         self.now: Callable[[], datetime] = _utc_now  # the clock of backup names and records
         self.files = UnitFiles(req.unit_dir)
         self.secrets = SecretFiles(req.secrets_dir, req.unit)
@@ -127,7 +130,10 @@ class Transaction:
         if refused is not None:
             return refused
         gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts)
-        return self._shadowed() or self._change(self.req.unit_text, compared, gate, smoke=self.req.smoke)
+        text = self.req.unit_text
+        return self._shadowed() or self._out_of_router(
+            lambda: self._change(text, compared, gate, smoke=self.req.smoke)
+        )
 
     def _check_with_sglang(self, new: str) -> Result | None:
         """Validate before install: the host's own SGLang parser reads the new flags (host/argcheck.py)."""
@@ -227,8 +233,8 @@ class Transaction:
             return Result(Outcome.ERROR, f"no backup {name or 'that differs from the installed unit'}")
         text = self.files.read(name) or ""
         gate = Gate(None, None, 0.0, self.req.timeouts)
-        result = self._shadowed() or self._change(
-            text, self.secrets.of_backup(name), gate, smoke=None, restored_from=name
+        result = self._shadowed() or self._out_of_router(
+            lambda: self._change(text, self.secrets.of_backup(name), gate, smoke=None, restored_from=name)
         )
         result.data["restored_from"] = name
         return result
@@ -299,6 +305,47 @@ class Transaction:
         self.unrecovered = record
         self.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
         return "failed"
+
+    # -- the router ------------------------------------------------------------------------------
+    def _out_of_router(self, change: Callable[[], Result]) -> Result:
+        """With a router in front: take the server out before the change (so the drain only waits for
+        what it has), and put whatever serves afterwards back in, however the change ended."""
+        url, worker = self.req.router_url, self.req.router_worker_url
+        if url is None or worker is None:
+            return change()
+        router = self.router(url)
+        try:
+            taken = take_out(router, worker, self.req.router_timeout_s)
+        except RouterError as exc:
+            return Result(Outcome.ERROR, f"the router at {url} did not take {worker} out: {exc}")
+        self.log.emit(Stage.ROUTER, "step", taken.message, out=taken.out)
+        left = time.monotonic()
+        result: Result | None = None
+        try:
+            result = change()
+        finally:
+            back = self._back_in_router(router, worker) if taken.out else None
+            if result is not None:
+                out_s = round(time.monotonic() - left, 3) if taken.out else 0.0
+                result.data["router"] = {"url": url, "worker": worker, "out_s": out_s, "back": back}
+        return result
+
+    def _back_in_router(self, router: RouterPort, worker: str) -> bool:
+        """Put the worker back when its server answers /health; a server that does not stays out."""
+        from agent.host.probe import ProbeError
+
+        try:
+            self.probe(self.req.http_host, self.req.port, self.secrets.api_key()).wait_ready(10.0)
+        except ProbeError as exc:
+            self.log.emit(Stage.ROUTER, "warning", f"left {worker} out of the router: the server does not "
+                          f"serve ({exc})")  # fmt: skip
+            return False
+        try:
+            self.log.emit(Stage.ROUTER, "step", put_back(router, worker, self.req.router_timeout_s))
+        except RouterError as exc:
+            self.log.emit(Stage.ROUTER, "warning", f"putting {worker} back in the router failed: {exc}")
+            return False
+        return True
 
     # -- the change ------------------------------------------------------------------------------
     def _change(

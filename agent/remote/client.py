@@ -53,6 +53,9 @@ def base_request(host: HostConfig, verb: str, **fields: Any) -> Request:
         drain=host.drain.enabled,
         drain_timeout_s=host.drain.timeout_s,
         drain_stop_allowance_s=host.drain.stop_allowance_s,
+        router_url=host.router.url,
+        router_worker_url=host.router.worker_url,
+        router_timeout_s=host.router.timeout_s,
         **fields,
     )
     try:

@@ -1,0 +1,153 @@
+"""Take the server out of its router before a restart and put it back once it passed its checks.
+
+The SGLang model gateway (`sglang-router` 0.3.2 on PyPI, `python -m sglang_router.launch_router`) keeps its
+workers behind an HTTP API, measured against the release: `GET /workers` lists them
+(`{"workers": [{"id": UUID, "url": ..., "is_healthy": ...}]}`), `POST /workers` with `{"url": ...}` adds
+one and `DELETE /workers/{id}` removes one; both answer 202 and act in the background, so each change is
+followed by polling the list until it shows. A removed worker gets no new requests; the drain then waits
+for the ones it already has.
+
+The decisions are pure (`parse_workers`, `find`, `Outcome`); `HttpRouter` is the edge, `RouterPort` what the
+transaction needs, so fakes test every path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import quote
+
+POLL_S = 0.2
+
+
+class RouterError(Exception):
+    """The router did not answer, or not as the gateway does."""
+
+
+@dataclass(frozen=True)
+class Worker:
+    id: str
+    url: str
+    healthy: bool
+
+
+def same_url(a: str, b: str) -> bool:
+    """The router keeps a worker's URL as given; a trailing slash or the scheme's case is the same one."""
+    return a.rstrip("/").lower() == b.rstrip("/").lower()
+
+
+def parse_workers(body: object) -> list[Worker]:
+    """`GET /workers` JSON -> its workers; RouterError for a body the gateway would not send."""
+    workers = body.get("workers") if isinstance(body, dict) else None
+    if not isinstance(workers, list):
+        raise RouterError("GET /workers did not answer a list of workers")
+    out = []
+    for w in workers:
+        if not isinstance(w, dict) or not isinstance(w.get("id"), str) or not isinstance(w.get("url"), str):
+            raise RouterError("GET /workers listed a worker without an id and a url")
+        out.append(Worker(w["id"], w["url"], w.get("is_healthy") is True))
+    return out
+
+
+def find(workers: list[Worker], url: str) -> Worker | None:
+    return next((w for w in workers if same_url(w.url, url)), None)
+
+
+class RouterPort(Protocol):
+    def workers(self) -> list[Worker]: ...
+
+    def add(self, url: str) -> None: ...
+
+    def remove(self, worker_id: str) -> None: ...
+
+
+def wait_until(
+    done: Callable[[], bool], timeout_s: float,
+    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+) -> bool:  # fmt: skip
+    """Poll done() until it holds or timeout_s passes (the router acts in the background)."""
+    deadline = clock() + timeout_s
+    while not done():
+        if clock() >= deadline:
+            return False
+        sleep(POLL_S)
+    return True
+
+
+def gone(router: RouterPort, url: str) -> Callable[[], bool]:
+    return lambda: find(router.workers(), url) is None
+
+
+def healthy(router: RouterPort, url: str) -> Callable[[], bool]:
+    def check() -> bool:
+        worker = find(router.workers(), url)
+        return worker is not None and worker.healthy
+
+    return check
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What taking the worker out of the router did."""
+
+    out: bool  # it is out now (it was listed and was removed)
+    listed: bool  # it was listed before
+    message: str
+
+
+def take_out(router: RouterPort, url: str, timeout_s: float) -> Taken:
+    """Remove the worker before a restart; a worker the router does not list is left as it is (not added).
+
+    Raises RouterError when the router does not answer or does not let it go within timeout_s.
+    """
+    worker = find(router.workers(), url)
+    if worker is None:
+        return Taken(
+            False, False, f"{url} is not in the router: nothing to take out (it is not put in after)"
+        )
+    router.remove(worker.id)
+    if not wait_until(gone(router, url), timeout_s):
+        raise RouterError(f"the router still lists {url} {timeout_s:g} s after its removal")
+    return Taken(True, True, f"took {url} out of the router: it sends it no new requests")
+
+
+def put_back(router: RouterPort, url: str, timeout_s: float) -> str:
+    """Add the worker again and wait until the router lists it healthy; RouterError otherwise."""
+    if find(router.workers(), url) is None:
+        router.add(url)
+    if not wait_until(healthy(router, url), timeout_s):
+        raise RouterError(f"the router does not list {url} as healthy {timeout_s:g} s after adding it")
+    return f"put {url} back in the router: it serves again"
+
+
+class HttpRouter:
+    """The gateway's worker API over HTTP (requests)."""
+
+    def __init__(self, base: str, timeout_s: float = 10.0) -> None:
+        import requests  # only when a router is configured
+
+        self.base = base.rstrip("/")
+        self.timeout_s = timeout_s
+        self.session = requests.Session()
+        self.session.trust_env = False  # as the probe: no proxy, .netrc or CA bundle from the environment
+        self._errors: tuple[type[Exception], ...] = (requests.RequestException, ValueError)
+
+    def _call(self, method: str, path: str, ok: tuple[int, ...], **kw: object) -> object:
+        try:
+            r = self.session.request(method, f"{self.base}{path}", timeout=self.timeout_s, **kw)  # type: ignore[arg-type]
+            if r.status_code not in ok:
+                raise RouterError(f"{method} {self.base}{path} answered HTTP {r.status_code}: {r.text[:200]}")
+            return r.json() if method == "GET" else None
+        except self._errors as exc:
+            raise RouterError(f"{method} {self.base}{path} failed: {exc}") from None
+
+    def workers(self) -> list[Worker]:
+        return parse_workers(self._call("GET", "/workers", (200,)))
+
+    def add(self, url: str) -> None:
+        self._call("POST", "/workers", (200, 201, 202), json={"url": url})
+
+    def remove(self, worker_id: str) -> None:
+        self._call("DELETE", f"/workers/{quote(worker_id, safe='')}", (200, 202, 204))

@@ -1,0 +1,174 @@
+"""Behind a router: out before the restart's drain, back in after the checks, whatever the change came to.
+
+The fake keeps the gateway's worker list as `sglang-router` 0.3.2 does (GET/POST/DELETE /workers, measured
+against the release); it records at which restart count each call came, so the order is tested.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+from agent.host.router import RouterError, Worker, parse_workers, put_back, take_out
+from agent.protocol import Outcome, ProtocolError, Request
+from tests.pure.txnfakes import Host, Script, unit_text
+
+OLD, NEW, TOO_BIG = 100_000, 200_000, 400_000
+ROUTER, ME, OTHER = "http://127.0.0.1:29000", "http://10.0.0.5:30000", "http://10.0.0.6:30000"
+
+
+@dataclass
+class FakeRouter:
+    host: Host | None = None
+    workers_: dict[str, Worker] = field(default_factory=dict)
+    calls: list[tuple[str, int]] = field(default_factory=list)  # (call, restarts so far)
+    down: bool = False
+    sticky: bool = False  # a removal that never shows (the router keeps listing the worker)
+
+    def __call__(self, url: str) -> FakeRouter:
+        assert url == ROUTER
+        return self
+
+    def _note(self, call: str) -> None:
+        if self.down:
+            raise RouterError(f"GET {ROUTER}/workers failed: connection refused")
+        self.calls.append((call, self.host.systemd.restarts if self.host else 0))
+
+    def workers(self) -> list[Worker]:
+        self._note("list")
+        return list(self.workers_.values())
+
+    def add(self, url: str) -> None:
+        self._note("add")
+        wid = str(uuid.uuid4())
+        self.workers_[wid] = Worker(wid, url, healthy=True)
+
+    def remove(self, worker_id: str) -> None:
+        self._note("remove")
+        if not self.sticky:
+            del self.workers_[worker_id]
+
+    def urls(self) -> list[str]:
+        return sorted(w.url for w in self.workers_.values())
+
+    def changes(self) -> list[tuple[str, int]]:
+        return [c for c in self.calls if c[0] != "list"]
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Host:
+    h = Host(tmp_path, Script(pools={"100000": 110_000, "200000": 210_000, "400000": 250_000}))
+    h.install(h.etc, unit_text(OLD))
+    return h
+
+
+def routed(host: Host, router: FakeRouter, context: int, **kw: object) -> Request:
+    router.host = host
+    for url in (ME, OTHER):
+        router.add(url)
+    router.calls.clear()
+    return host.request(context, router_url=ROUTER, router_worker_url=ME, router_timeout_s=0.5, **kw)
+
+
+def run(host: Host, router: FakeRouter, req: Request) -> tuple[Outcome, dict[str, object]]:
+    t = host.transaction(req)
+    t.router = router
+    result = t.rollback() if req.verb == "rollback" else t.apply()
+    return result.outcome, result.data
+
+
+def test_the_worker_is_out_before_the_restart_and_back_after_the_checks(host: Host) -> None:
+    router = FakeRouter()
+    outcome, data = run(host, router, routed(host, router, NEW))
+    assert outcome is Outcome.APPLIED
+    assert router.changes() == [("remove", 0), ("add", 1)]  # out before restart 1, in after it
+    assert router.urls() == sorted([ME, OTHER])
+    assert data["router"] == {"url": ROUTER, "worker": ME, "out_s": data["router"]["out_s"], "back": True}  # type: ignore[index]
+
+
+def test_a_rolled_back_change_puts_the_old_server_back(host: Host) -> None:
+    router = FakeRouter()
+    outcome, _ = run(host, router, routed(host, router, TOO_BIG))
+    assert outcome is Outcome.ROLLED_BACK
+    assert router.changes() == [("remove", 0), ("add", 2)]  # after the rollback's restart
+    assert ME in router.urls()
+
+
+def test_a_server_that_does_not_serve_afterwards_stays_out(host: Host) -> None:
+    router = FakeRouter()
+    req = routed(host, router, TOO_BIG)
+    host.probe.down = True  # neither the new nor the restored server answers
+    outcome, data = run(host, router, req)
+    assert outcome is Outcome.ROLLBACK_FAILED
+    assert router.changes() == [("remove", 0)] and ME not in router.urls()
+    assert data["router"]["back"] is False  # type: ignore[index]
+
+
+def test_a_router_that_does_not_answer_refuses_the_change_before_anything_is_touched(host: Host) -> None:
+    router = FakeRouter()
+    req = routed(host, router, NEW)
+    router.down = True
+    outcome, _ = run(host, router, req)
+    assert outcome is Outcome.ERROR
+    assert host.systemd.restarts == 0 and (host.etc / "sglang.service").read_text() == unit_text(OLD)
+    assert not list(host.etc.glob("sglang.service.bak.*"))
+
+
+def test_a_router_that_keeps_listing_the_worker_refuses_the_change(host: Host) -> None:
+    router = FakeRouter(sticky=True)
+    outcome, _ = run(host, router, routed(host, router, NEW))
+    assert outcome is Outcome.ERROR and host.systemd.restarts == 0
+
+
+def test_a_worker_the_router_does_not_list_is_left_out(host: Host) -> None:
+    router = FakeRouter()
+    req = routed(host, router, NEW)
+    router.workers_ = {k: w for k, w in router.workers_.items() if w.url != ME}
+    outcome, data = run(host, router, req)
+    assert outcome is Outcome.APPLIED and router.changes() == [] and ME not in router.urls()
+    assert data["router"]["back"] is None  # type: ignore[index]
+
+
+def test_nothing_to_do_touches_no_router(host: Host) -> None:
+    router = FakeRouter()
+    outcome, _ = run(host, router, routed(host, router, OLD))
+    assert outcome is Outcome.UP_TO_DATE and router.calls == []
+
+
+def test_a_manual_rollback_goes_through_the_router_too(host: Host) -> None:
+    router = FakeRouter()
+    req = routed(host, router, NEW)
+    run(host, router, req)
+    router.calls.clear()
+    outcome, data = run(host, router, replace(req, verb="rollback", unit_text=None, target_context=None))
+    assert outcome is Outcome.APPLIED, data
+    assert host.systemd.loaded == unit_text(OLD) and router.urls() == sorted([ME, OTHER])
+    assert [c for c, _ in router.changes()] == ["remove", "add"]
+
+
+def test_the_router_list_is_read_as_the_gateway_sends_it() -> None:
+    body = {"workers": [{"id": "4f1c", "url": "http://10.0.0.5:30000/", "is_healthy": True, "load": 0}]}
+    assert parse_workers(body) == [Worker("4f1c", "http://10.0.0.5:30000/", True)]
+    for bad in ({}, {"workers": [{"url": ME}]}, [], {"workers": "x"}):
+        with pytest.raises(RouterError):
+            parse_workers(bad)
+    router = FakeRouter(workers_={"4f1c": Worker("4f1c", "HTTP://10.0.0.5:30000/", True)})
+    assert take_out(router, ME, 0.1).out  # the same worker, however its URL was written
+    assert "back in the router" in put_back(router, ME, 0.1)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"router_url": ROUTER},  # no worker URL
+        {"router_url": "file:///etc/passwd", "router_worker_url": ME},
+        {"router_url": ROUTER, "router_worker_url": "http://h:1/\nx"},
+        {"router_url": ROUTER, "router_worker_url": ME, "router_timeout_s": 0},
+    ],
+)
+def test_a_bad_router_setting_is_refused_on_the_wire(fields: dict[str, object]) -> None:
+    with pytest.raises(ProtocolError):
+        Request("apply", unit_text="[Service]\nExecStart=/x\n", target_context=1, **fields).validate()  # type: ignore[arg-type]

@@ -186,6 +186,11 @@ class Smoke(_Model):
         "token came back), not on `expect`",
     )
     timeout_s: float = Field(default=900.0, gt=0, le=WEEK)
+    load: int = Field(
+        default=0, ge=0, le=256,
+        description="the load check before a commit: this many prompts of the chunked-prefill size at once, "
+        "with one at the target context; an error or a cut reply rolls back (0: off)",
+    )  # fmt: skip
 
 
 class Timeouts(_Model):

@@ -160,6 +160,7 @@ class Smoke:
     question: str = "In one word, what animal is mentioned?"
     expect: str = "dog"
     timeout_s: float = 900.0
+    load: int = 0  # the load check: prompts of chunked-prefill size sent with one at the target context
 
 
 @dataclass(frozen=True)
@@ -314,6 +315,7 @@ class Request:
         s = self.smoke
         texts = (s.sentence, s.question, s.expect)
         ok = isinstance(s.enabled, bool) and _is_int(s.prompt_tokens) and _is_number(s.timeout_s)
+        ok = ok and _is_int(s.load) and 0 <= s.load <= 256
         _check(ok and all(isinstance(t, str) for t in texts), "bad smoke test settings")
         limits = asdict(self.timeouts).values()
         _check(all(_is_number(v) and v > 0 for v in limits), "timeouts must be positive numbers of seconds")

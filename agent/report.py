@@ -47,6 +47,7 @@ def render_report(r: ApplyReport) -> str:
             f"smoke test:            {smoke['prompt_tokens']:,} prompt tokens, prefill+answer "
             f"{smoke['seconds']:.1f} s, answer {smoke['answer']!r} ({verdict})"
         )
+    out += _load_lines(r.data.get("load"))
     out += _router_lines(r.data.get("router"))
     out += _drain_lines(r.data.get("drain"))
     out += _downtime_lines(r.data.get("prewarm"), r.data.get("downtime"), r.previous_downtime)
@@ -54,6 +55,23 @@ def render_report(r: ApplyReport) -> str:
     if r.plan is not None and r.outcome == "applied":
         out += _tradeoffs(r.plan, changes)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _load_lines(load: object) -> list[str]:
+    """The load check's verdict and the two figures the context costs: prefill rate, decode time."""
+    if not isinstance(load, dict):
+        return []
+    head = "load check:            "
+    if load.get("failed"):
+        return [f"{head}{load['failed']} of {load['requests']} requests FAILED: {load.get('detail')}"]
+    line = f"{head}{load['requests']} requests at once, all answered in {load['seconds']:.1f} s"
+    if load.get("prefill_tokens_per_s") is not None:
+        line += f"; prefill {load['prefill_tokens_per_s']:,.0f} tokens/s"
+    if load.get("decode_ms_per_token") is not None:
+        line += (
+            f", decode {load['decode_ms_per_token']:,.1f} ms/token at {load['long_prompt_tokens']:,} tokens"
+        )
+    return [line]
 
 
 def _router_lines(router: object) -> list[str]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ with warnings.catch_warnings():  # the bundle ships requests without a charset d
 from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_after_delay, wait_fixed
 
 from agent.host.drain import Load, NoLoad, parse_loads, parse_metrics
+from agent.host.loadcheck import DECODE_TOKENS, LoadResult, LoadSpec, Reply, verdict
 from agent.protocol import Smoke
 
 # Words and marks: every tokenizer in use splits at least here (byte-level BPE, SentencePiece), so a prompt
@@ -138,8 +141,7 @@ class Probe:
         Any reply but a well-formed completion is a failed test (passed=False, detail says why); only a
         request that gets no reply at all raises ProbeError.
         """
-        words_per_sentence = max(1, len(smoke.sentence.replace(".", " .").split()))
-        prompt = smoke.sentence * max(1, smoke.prompt_tokens // words_per_sentence) + smoke.question
+        prompt = long_prompt(smoke, smoke.prompt_tokens)
         body: dict[str, Any] = {
             "model": model or "default",
             "messages": [{"role": "user", "content": prompt}],
@@ -168,6 +170,86 @@ class Probe:
             smoke.expect, len(_WORD.findall(prompt)), tokens, usage_count(data, "completion_tokens"), answer
         )
         return SmokeResult(tokens, seconds, answer, not why, why)
+
+    def load(self, smoke: Smoke, spec: LoadSpec, model: str | None = None) -> LoadResult:
+        """The load check: spec.concurrent chunk-sized prompts and one long one, all at once, streamed."""
+        prompts = [long_prompt(smoke, spec.chunk_tokens)] * spec.concurrent + [
+            long_prompt(smoke, spec.long_tokens)
+        ]
+        replies: list[Reply] = [Reply(None, "not sent")] * len(prompts)
+        start = time.monotonic()
+
+        def send(i: int) -> None:
+            replies[i] = self._stream(prompts[i], model, spec.timeout_s, DECODE_TOKENS)
+
+        threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:  # each request is bounded by spec.timeout_s; this only adds a margin
+            t.join(timeout=spec.timeout_s + 30)
+        return verdict(replies[:-1], replies[-1], time.monotonic() - start)
+
+    def _stream(self, prompt: str, model: str | None, timeout_s: float, max_tokens: int) -> Reply:
+        """One streamed chat request: when its first token came and how it ended."""
+        body = {
+            "model": model or "default", "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True},
+        }  # fmt: skip
+        session = requests.Session()  # one per thread: a Session is not shared across threads
+        session.trust_env, session.headers = False, self.session.headers
+        sent = time.monotonic()
+        first: float | None = None
+        usage: object = None
+        try:
+            with session.post(
+                f"{self.base}/v1/chat/completions", json=body, stream=True, timeout=timeout_s
+            ) as r:
+                if r.status_code != 200:
+                    return Reply(r.status_code, r.text[:200], total_s=time.monotonic() - sent)
+                for line in r.iter_lines():
+                    chunk = _event(line)
+                    if chunk is None:
+                        continue
+                    if isinstance(chunk, dict) and "error" in chunk:
+                        return Reply(200, f"error in the stream: {str(chunk['error'])[:200]}")
+                    if first is None and _delta(chunk):
+                        first = time.monotonic() - sent
+                    usage = chunk if isinstance(chunk, dict) and chunk.get("usage") else usage
+        except requests.RequestException as exc:
+            return Reply(None, f"{type(exc).__name__}: {exc}"[:200], total_s=time.monotonic() - sent)
+        return Reply(
+            200, None, usage_count(usage), usage_count(usage, "completion_tokens"), first,
+            time.monotonic() - sent,
+        )  # fmt: skip
+
+
+def long_prompt(smoke: Smoke, tokens: int) -> str:
+    """About `tokens` tokens of the smoke test's sentence, then its question."""
+    words_per_sentence = max(1, len(smoke.sentence.replace(".", " .").split()))
+    return smoke.sentence * max(1, tokens // words_per_sentence) + smoke.question
+
+
+def _event(line: bytes) -> object:
+    """One server-sent event line's JSON; None for blank lines, `[DONE]` and anything not JSON."""
+    if not line.startswith(b"data:"):
+        return None
+    payload = line[5:].strip()
+    if payload == b"[DONE]":
+        return None
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return None
+
+
+def _delta(chunk: object) -> bool:
+    """A chunk that carries generated text."""
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return False
+    delta = choices[0].get("delta")
+    return isinstance(delta, dict) and bool(delta.get("content") or delta.get("reasoning_content"))
 
 
 def read_load(probe: Probe) -> Load | None:

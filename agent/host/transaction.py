@@ -14,10 +14,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.host import drain, serverinfo
+from agent.host import drain, loadcheck, serverinfo
 from agent.host.adopt import kept_secret_env
 from agent.host.decide import Action, Gate
 from agent.host.events import EventLog, utc_now
+from agent.host.loadcheck import LoadResult, LoadSpec
 from agent.host.router import HttpRouter, RouterError, RouterPort, put_back, take_out
 from agent.host.secrets import SecretFiles
 from agent.host.state import (
@@ -64,6 +65,8 @@ class ProbePort(Protocol):
 
     def server_info(self) -> dict[str, Any]: ...
 
+    def load(self, smoke: Smoke, spec: LoadSpec) -> LoadResult: ...
+
 
 ProbeFactory = Callable[[str, int, "str | None"], ProbePort]  # (host, port, api key) -> probe
 
@@ -109,6 +112,7 @@ class Transaction:
         self.state = StateDir(req.state_dir)
         self.unit = req.unit
         self.smoke_result: SmokeResult | None = None
+        self.load_result: LoadResult | None = None
         self.unrecovered: Record | None = None  # the record whose recovery failed
         self.recovered: str | None = None  # what the last recover() did
         self.prewarmed: Prewarmed | None = None
@@ -571,7 +575,22 @@ class Transaction:
             answer=res.answer,
             passed=res.passed,
         )
-        return None if res.passed else f"smoke test failed: {res.detail or res.answer}"
+        if not res.passed:
+            return f"smoke test failed: {res.detail or res.answer}"
+        return self._load_check(probe, smoke, started, int(context)) if smoke.load else None
+
+    def _load_check(self, probe: ProbePort, smoke: Smoke, started: WatchResult, context: int) -> str | None:
+        """[smoke] load: chunk-sized prompts and one at the target context at once; a failure rolls back."""
+        spec = loadcheck.spec(
+            smoke.load, started.summary.get("chunked_prefill_size"), context, smoke.timeout_s
+        )
+        self.log.emit(Stage.SMOKE, "step", f"load check: {spec.concurrent} prompts of ~{spec.chunk_tokens:,} "
+                      f"tokens and one of ~{spec.long_tokens:,}, at once")  # fmt: skip
+        self.load_result = probe.load(smoke, spec)
+        text = self.load_result.describe(spec)
+        self.log.emit(Stage.SMOKE, "step" if self.load_result.passed else "warning", f"load check: {text}",
+                      **self.load_result.to_dict())  # fmt: skip
+        return None if self.load_result.passed else f"load check failed: {text}"
 
     def _commit(
         self, started: WatchResult, new: str, backup: str | None, restored_from: str | None
@@ -602,6 +621,8 @@ class Transaction:
             data["drain"] = self.drains[0].to_dict()
         if self.smoke_result is not None:
             data["smoke"] = self.smoke_result.__dict__
+        if self.load_result is not None:
+            data["load"] = self.load_result.to_dict()
         what = f"restored {restored_from}" if restored_from else "applied"
         pool = started.summary.get("kv_tokens")
         return Result(Outcome.APPLIED, f"{self.unit} {what}: KV pool {pool:,} tokens, server ready", data)

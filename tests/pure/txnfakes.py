@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.host.events import EventLog
+from agent.host.loadcheck import LoadResult, LoadSpec, Reply, verdict
 from agent.host.probe import ProbeError, SmokeResult
 from agent.host.systemd import JobResult, UnitState
 from agent.host.transaction import ProbePort, Transaction
@@ -150,6 +151,8 @@ class FakeProbe:
     answer: str = "dog"
     asked: list[str] = field(default_factory=list)
     unit: Callable[[], str] | None = None
+    load_fails: str | None = None
+    load_spec: LoadSpec | None = None
 
     def __call__(self, host: str, port: int, api_key: str | None) -> ProbePort:
         return self
@@ -162,6 +165,16 @@ class FakeProbe:
     def smoke(self, smoke: Smoke) -> SmokeResult:
         self.asked.append("smoke")
         return SmokeResult(smoke.prompt_tokens, 0.1, self.answer, smoke.expect in self.answer)
+
+    def load(self, smoke: Smoke, spec: LoadSpec) -> LoadResult:
+        """The load check: every reply fine, unless `load_fails` names what went wrong."""
+        self.asked.append("load")
+        self.load_spec = spec
+        ok = Reply(200, None, spec.chunk_tokens, 32, 0.5, 1.5)
+        long = Reply(200, None, spec.long_tokens, 32, 2.0, 5.1)
+        if self.load_fails:
+            long = Reply(500, self.load_fails)
+        return verdict([ok] * spec.concurrent, long, 5.2)
 
     def server_info(self) -> dict[str, Any]:
         """What the server resolved: the flags of the unit systemd runs (`unit` gives its text)."""

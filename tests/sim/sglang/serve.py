@@ -56,6 +56,10 @@ class State:
     decode_seconds_per_token: float = 0.0  # SGLANG_SIM_DECODE_SECONDS_PER_TOKEN: long generations
     draining: threading.Event = field(default_factory=threading.Event)  # SIGTERM received
     in_flight: dict[str, float] = field(default_factory=dict)  # rid -> when it arrived
+    # SGLANG_SIM_OOM_OVER_TOKENS (a fault): more prompt tokens than this in prefill at once is a CUDA OOM, as
+    # a fraction that leaves too little for activations gives under load
+    oom_over_tokens: int = 0
+    prefilling: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def loads(self) -> dict[str, Any]:
@@ -235,6 +239,9 @@ class Handler(BaseHTTPRequestHandler):
         # one role token per message stands in for the chat template
         n = sum(count_tokens(message_text(m.get("content"))) + 1 for m in messages)
         max_new = body.get("max_completion_tokens", body.get("max_tokens"))
+        if body.get("stream"):
+            self.stream_chat(body, prompt, n, max_new)
+            return
         text, n, m = generate(self.state, prompt, n, max_new)
         usage = {
             "prompt_tokens": n,
@@ -243,21 +250,51 @@ class Handler(BaseHTTPRequestHandler):
             "prompt_tokens_details": None,
         }
         head = {"id": uuid.uuid4().hex, "created": int(time.time()), "model": self.state.served_model_name}
-        if not body.get("stream"):
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "reasoning_content": None},
-            }
-            choice |= {"logprobs": None, "finish_reason": "stop", "matched_stop": None}
-            self.reply(200, {**head, "object": "chat.completion", "choices": [choice], "usage": usage})
-            return
-        chunks = [
-            {**head, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}}]}
-        ]
-        if (body.get("stream_options") or {}).get("include_usage"):
-            chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
-        data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-        self.reply(200, data.encode(), "text/event-stream")
+        choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None}}
+        choice |= {"logprobs": None, "finish_reason": "stop", "matched_stop": None}
+        self.reply(200, {**head, "object": "chat.completion", "choices": [choice], "usage": usage})
+
+    def stream_chat(self, body: dict[str, Any], prompt: str, n: int, max_new: int | None) -> None:
+        """A streamed chat answer as SGLang sends it: the first token after the prefill, then one per step."""
+        s = self.state
+        n = check_length(s, n, max_new)
+        rid = uuid.uuid4().hex
+        with s.lock:
+            s.in_flight[rid] = time.time()
+            s.prefilling += n
+            oom = bool(s.oom_over_tokens) and s.prefilling > s.oom_over_tokens
+        prefilled = False
+        try:
+            if oom:
+                self.error(500, f"CUDA out of memory. Tried to allocate {n * 70 / 2**20:.2f} GiB")
+                return
+            time.sleep(n / s.prefill_tokens_per_s)
+            with s.lock:
+                s.prefilling -= n
+            prefilled = True
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            head = {"id": rid, "created": int(time.time()), "model": s.served_model_name}
+            words = WORD.findall(answer(prompt))[: max_new if max_new is not None else None]
+            if body.get("ignore_eos") and max_new:
+                words = (words * max_new)[:max_new] if words else ["x"] * max_new
+            for word in words:
+                delta = {"index": 0, "delta": {"content": word + " "}}
+                self.wfile.write(f"data: {json.dumps({**head, 'choices': [delta]})}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(s.decode_seconds_per_token)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage = {"prompt_tokens": n, "completion_tokens": len(words), "total_tokens": n + len(words)}
+                self.wfile.write(f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+        finally:
+            with s.lock:
+                del s.in_flight[rid]
+                if not prefilled:
+                    s.prefilling -= n
 
     def odd_chat_reply(self, kind: str) -> None:
         """A 200 reply no healthy server gives: the smoke test must fail on it, never crash."""

@@ -550,6 +550,7 @@ class Launch:
         state.api_key = a.api_key
         state.max_running = running
         state.decode_seconds_per_token = float(self.env.get("SGLANG_SIM_DECODE_SECONDS_PER_TOKEN") or 0)
+        state.oom_over_tokens = int(self.env.get("SGLANG_SIM_OOM_OVER_TOKENS") or 0)
         self.state = state
         info["max_req_input_len"] = state.max_req_input_len
         for msg in (f"Started server process [{os.getpid()}]", "Waiting for application startup."):

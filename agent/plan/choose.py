@@ -10,11 +10,11 @@ from typing import Any
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.alternatives import Alternative, Need, alternatives
 from agent.plan.failed import bounded, failed_starts
-from agent.plan.model import Flags, PoolModel, flag, version
+from agent.plan.model import Flags, PoolModel, StartFigures, flag, version
 from agent.plan.refusals import refusals
 from agent.sglang import kvpool
 
-Calibration = Mapping[str, Any] | Sequence[Mapping[str, Any]]
+Calibration = StartFigures | Sequence[StartFigures]
 SPEC_DEFAULT_REQUESTS = 48  # EAGLE, DFLASH and DSPARK reset an unset --max-running-requests to 48
 PLAIN_DEFAULT_REQUESTS = 64
 
@@ -98,7 +98,7 @@ def choose(
     host: HostConfig,
     asked: Target,
     model: PoolModel,
-    starts: Sequence[Mapping[str, Any]],
+    starts: Sequence[StartFigures],
     notes: Sequence[str],
 ) -> Plan:
     """The flags for a target on a host whose pool `model` predicts. `host` is the inventory-shaped view of
@@ -202,7 +202,7 @@ def _approaches(alt: Alternative, plan: Plan, need: Need) -> bool:
 
 
 def _after_failures(
-    model: PoolModel, starts: Sequence[Mapping[str, Any]], flags: Flags, target: int
+    model: PoolModel, starts: Sequence[StartFigures], flags: Flags, target: int
 ) -> tuple[PoolModel, list[str]]:
     """The model bounded by the earlier starts that ran out of memory (plan/failed.py), and why."""
     requests = int(str(flag(flags, "max-running-requests") or PLAIN_DEFAULT_REQUESTS))

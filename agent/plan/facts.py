@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.errors import UsageError
 from agent.inventory import MAX_GIB, FlagValue, Planning
+from agent.plan.model import StartFigures
 
 FORMAT = "deployctl-facts/1"
 MIB = 2**20
@@ -88,7 +89,7 @@ class PlanInput:
     draft: ModelInput | None
     flags: Mapping[str, FlagValue]
     env: Mapping[str, str] = field(default_factory=dict)
-    starts: tuple[Mapping[str, Any], ...] = ()  # start_figures() of earlier starts, oldest first
+    starts: tuple[StartFigures, ...] = ()  # earlier starts, oldest first
     sources: Mapping[str, str] = field(default_factory=dict)  # figure -> where it came from
     device: str | None = None  # "cpu": SGLang's CPU backend, gpus[0] is the host's RAM
     planning: Planning = field(default_factory=Planning)  # the margin and the memory floor
@@ -127,7 +128,7 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         facts = FactsFile.model_validate(data)
     except ValidationError as exc:
         raise UsageError(f"{name}: {_first_error(exc)}") from None
-    starts: tuple[Mapping[str, Any], ...] = ()
+    starts: tuple[StartFigures, ...] = ()
     if facts.last_start:
         from agent.sglang.logs.summary import start_figures
 

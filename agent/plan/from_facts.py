@@ -18,7 +18,15 @@ from agent.plan.choose import Plan, Target, choose
 from agent.plan.cpu import is_cpu, plan_cpu
 from agent.plan.facts import PlanInput, parse_facts
 from agent.plan.from_inventory import plan_input_from_host
-from agent.plan.model import CELL_AGREEMENT, PoolModel, Start, graph_figures, runtime_need, start_of
+from agent.plan.model import (
+    CELL_AGREEMENT,
+    PoolModel,
+    Start,
+    StartFigures,
+    runtime_need,
+    start_of,
+    with_graphs,
+)
 from agent.plan.overhead import pre_weights_overhead
 from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
@@ -111,39 +119,9 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
         )
     swa_ratio = None
     if layout.family == "swa":
-        full_bytes, swa_bytes = pools.swa_cells(layout, dtype, par.attn_tp)
-        ratio = _float(f, "swa-full-tokens-ratio") or pools.SWA_FULL_TOKENS_RATIO
-        if not 0 < ratio <= 1:
-            raise UsageError(
-                "--swa-full-tokens-ratio should be in range (0, 1.0] (arg_groups/kv_cache_hook.py)"
-            )
-        if _on(f, "disable-radix-cache") and "disable-radix-cache" in f and _int(f, "max-running-requests"):
-            raise Unsupported(
-                f"{layout.arch}: the SWA request-cap pool (--disable-radix-cache with "
-                "--max-running-requests, "
-                "SWARequestCapPoolConfigurator) is not followed by deployctl"
-            )
-        full_layer = full_bytes // max(1, len(layout.kv_layers))
-        if algorithm in EAGLE_STYLE:
-            draft_layers, _ = _draft_layers(inp, layout, algorithm)
-            full_bytes += full_layer * draft_layers  # draft layers are full-attention rows
-        cell: float = full_bytes + ratio * swa_bytes
-        swa_ratio = ratio
-        notes.append(
-            f"hybrid sliding-window pool: {len(layout.kv_layers)} full and {len(layout.swa_layers)} sliding "
-            f"layers, sliding tokens = {ratio:g} x full (pool_configurator.py HybridSWAPoolConfigurator)"
-        )
+        cell, swa_ratio = _swa_cell(inp, layout, (dtype, par, algorithm), notes)
     else:
-        layers = stage_kv
-        prefill, decode = _flag(f, "dsa-prefill-backend"), _flag(f, "dsa-decode-backend")
-        backends = DsaBackends(
-            None if prefill is None else str(prefill), None if decode is None else str(decode), sm
-        )
-        cell = pools.full_cell(layout, dtype, layers, par, backends)
-        if algorithm in EAGLE_STYLE:
-            cell = _eagle_cell(inp, layout, int(cell), layers, algorithm)
-        elif algorithm in DFLASH_FAMILY:
-            cell = _dflash_cell(inp, layout, int(cell), layers, par)
+        cell = _full_cell(inp, layout, (dtype, par, algorithm), stage_kv)
     if algorithm not in (None, "NGRAM", *EAGLE_STYLE, *DFLASH_FAMILY):
         raise Unsupported(f"--speculative-algorithm {algorithm}: its pool is not followed by deployctl")
     page = _int(f, "page-size") or _default_page(layout, f, sm)
@@ -163,6 +141,47 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
         max_total_tokens=_int(f, "max-total-tokens"),
         swa_ratio=swa_ratio,
     )
+
+
+def _swa_cell(
+    inp: PlanInput, layout: KVLayout, how: tuple[str, Parallel, str | None], notes: list[str]
+) -> tuple[float, float]:
+    """The hybrid sliding-window cell (full rows plus ratio x sliding rows) and the ratio
+    (pool_configurator.py HybridSWAPoolConfigurator)."""
+    (dtype, par, algorithm), f = how, inp.flags
+    full_bytes, swa_bytes = pools.swa_cells(layout, dtype, par.attn_tp)
+    ratio = _float(f, "swa-full-tokens-ratio") or pools.SWA_FULL_TOKENS_RATIO
+    if not 0 < ratio <= 1:
+        raise UsageError("--swa-full-tokens-ratio should be in range (0, 1.0] (arg_groups/kv_cache_hook.py)")
+    if _on(f, "disable-radix-cache") and "disable-radix-cache" in f and _int(f, "max-running-requests"):
+        raise Unsupported(
+            f"{layout.arch}: the SWA request-cap pool (--disable-radix-cache with --max-running-requests, "
+            "SWARequestCapPoolConfigurator) is not followed by deployctl"
+        )
+    full_layer = full_bytes // max(1, len(layout.kv_layers))
+    if algorithm in EAGLE_STYLE:
+        draft_layers, _ = _draft_layers(inp, layout, algorithm)
+        full_bytes += full_layer * draft_layers  # draft layers are full-attention rows
+    notes.append(
+        f"hybrid sliding-window pool: {len(layout.kv_layers)} full and {len(layout.swa_layers)} sliding "
+        f"layers, sliding tokens = {ratio:g} x full (pool_configurator.py HybridSWAPoolConfigurator)"
+    )
+    return full_bytes + ratio * swa_bytes, ratio
+
+
+def _full_cell(inp: PlanInput, layout: KVLayout, how: tuple[str, Parallel, str | None], layers: int) -> float:
+    """The cell of every other family over the stage's KV layers, with the draft's share."""
+    (dtype, par, algorithm), f = how, inp.flags
+    prefill, decode = _flag(f, "dsa-prefill-backend"), _flag(f, "dsa-decode-backend")
+    backends = DsaBackends(
+        None if prefill is None else str(prefill), None if decode is None else str(decode), inp.sm_major
+    )
+    cell: float = pools.full_cell(layout, dtype, layers, par, backends)
+    if algorithm in EAGLE_STYLE:
+        return _eagle_cell(inp, layout, int(cell), layers, algorithm)
+    if algorithm in DFLASH_FAMILY:
+        return _dflash_cell(inp, layout, int(cell), layers, par)
+    return cell
 
 
 def _mm_transport(inp: PlanInput, layout: KVLayout) -> tuple[dict[str, str], str | None]:
@@ -385,9 +404,6 @@ class Sizing:
     notes: tuple[str, ...]
 
 
-_UNSET = PoolModel(0.0, 0.0, 0.0, "architecture", 0.0, False)
-
-
 def pool_model(inp: PlanInput, context: int) -> FactsModel:
     """The PoolModel for this host: cold from the facts, or calibrated by the last start's memory lines."""
     arch = sizing(inp)
@@ -395,39 +411,40 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     fraction = _fraction(inp, layout, par, notes)
     explicit = _flag(inp.flags, "mem-fraction-static") is not None
     scale = _aiter_scale(inp, context, explicit, notes)
-    common: dict[str, Any] = {
-        "page_size": sizer.page_size,
-        "max_total_tokens": sizer.max_total_tokens,
-        "dp": par.attn_dp,
-        "sizer": sizer,
-        "fraction_scale": scale,
-    }
-    return _fitted(inp, FactsModel(_UNSET, layout, dtype, fraction, ()), par, common, notes)
+    # What every model of this host shares; the memory figures and the cell come from the starts or the card.
+    shape = PoolModel(
+        0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,
+        max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
+    )  # fmt: skip
+    model = _fitted(inp, fraction, par, (shape, sizer), notes)
+    return FactsModel(model, layout, dtype, fraction, tuple(notes))
 
 
 def _fitted(
-    inp: PlanInput, base: FactsModel, par: Parallel, common: dict[str, Any], notes: list[str]
-) -> FactsModel:
+    inp: PlanInput,
+    fraction: float,
+    par: Parallel,
+    shaped: tuple[PoolModel, pools.PoolSizer],
+    notes: list[str],
+) -> PoolModel:
     """The pool model calibrated by the earlier starts, or by their memory lines, else cold."""
-    sizer = common["sizer"]
-    flags_for_start = {**inp.flags, "mem-fraction-static": base.fraction}
+    shape = shaped[0]
+    flags_for_start = {**inp.flags, "mem-fraction-static": fraction}
     starts = [s for s in (start_of(f, flags_for_start) for f in inp.starts) if s is not None]
     memory = [f for f in inp.starts if f.get("avail_mem_before_weights_gb") and _post(f)]
     if inp.starts and not starts and not memory:
         notes.append("the earlier start(s) given did not log a pool and the memory lines; not used")
     _refuse_gaps(inp, calibrated=bool(starts))
     if starts:
-        model = _calibrated(starts, sizer, common, notes, _Fit(inp.flags, _origin(inp), _figure_gaps(inp)))
+        return _calibrated(starts, shaped, notes, _Fit(inp.flags, _origin(inp), _figure_gaps(inp)))
     elif memory:  # a start that died before its pool still tells pre and post
         pre, post = float(memory[-1]["avail_mem_before_weights_gb"]), float(_post(memory[-1]) or 0.0)
         notes.append(
             f"pre {pre:.2f} GiB and post {post:.2f} GiB from the last start's memory lines "
             "(it logged no pool: the cell is the architecture's)"
         )
-        model = PoolModel(pre, post, sizer.cell_bytes, "calibrated", 0.0, False, **common)
-    else:
-        model = _cold(inp, par, sizer, common, notes)
-    return replace(base, pool=model, notes=tuple(notes))
+        return replace(shape, pre_gib=pre, post_gib=post, basis="calibrated")
+    return _cold(inp, par, shape, notes)
 
 
 def _origin(inp: PlanInput) -> str:
@@ -491,14 +508,12 @@ def _label(inp: PlanInput, layout: KVLayout) -> str:
     return "the inventory's figures" if _origin(inp) == "the inventory" else layout.arch
 
 
-def _post(figures: Mapping[str, Any]) -> float | None:
+def _post(figures: StartFigures) -> float | None:
     value = figures.get("avail_mem_before_pool_gb") or figures.get("avail_mem_after_weights_gb")
     return None if value is None else float(value)
 
 
-def _cold(
-    inp: PlanInput, par: Parallel, sizer: pools.PoolSizer, common: dict[str, Any], notes: list[str]
-) -> PoolModel:
+def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> PoolModel:
     """No start yet: pre = card - overhead (overhead.py), post = pre - weights per GPU (target + draft:
     0.5.14+ loads the draft before sizing, Scheduler.init_model_worker)."""
     if inp.model.weights_bytes is None:
@@ -515,16 +530,7 @@ def _cold(
         f"cold estimate: {over.why}; weights {weights:.2f} GiB per GPU"
         + (f" + draft {draft:.2f} GiB" if draft else "")
     )
-    return PoolModel(
-        pre,
-        pre - weights - draft,
-        sizer.cell_bytes,
-        "architecture",
-        0.0,
-        False,
-        margin_gib=over.margin_gib,
-        **common,
-    )
+    return replace(shape, pre_gib=pre, post_gib=pre - weights - draft, margin_gib=over.margin_gib)
 
 
 @dataclass(frozen=True)
@@ -537,9 +543,10 @@ class _Fit:
 
 
 def _calibrated(
-    starts: list[Start], sizer: pools.PoolSizer, common: dict[str, Any], notes: list[str], fit: _Fit
+    starts: list[Start], shaped: tuple[PoolModel, pools.PoolSizer], notes: list[str], fit: _Fit
 ) -> PoolModel:
     """Fit post to the logged pools (2-decimal logs); a cell far from the architecture's is measured."""
+    shape, sizer = shaped
     pre = sum(s.pre for s in starts) / len(starts)
     posts, measured = [], []
     for s in starts:
@@ -561,15 +568,15 @@ def _calibrated(
             else f"the architecture's is {off:.1%} off: check {fit.origin}"
         )
         cell, how = sizer.cell_bytes, f"a measured cell ({why})"
-        common = {**common, "sizer": sizer}
-    base = PoolModel(pre, post, cell, "calibrated", 0.0, True, **common)
+    base = replace(shape, pre_gib=pre, post_gib=post, cell_bytes=cell, sizer=sizer)
+    base = replace(base, basis="calibrated", runtime_measured=True)
     runtime, measured_runtime = runtime_need(starts, base)
     notes.append(
         f"calibrated from {len(starts)} earlier start(s): pre {pre:.2f} GiB, post {post:.4f} GiB, {how}"
     )
     # The CUDA-graph memory the start logged, credited per request count (model.py GRAPH_SCALING_SHARE).
-    return replace(
-        base, runtime_gib=runtime, runtime_measured=measured_runtime, **graph_figures(starts, fit.flags)
+    return with_graphs(
+        replace(base, runtime_gib=runtime, runtime_measured=measured_runtime), starts, fit.flags
     )
 
 
@@ -701,7 +708,7 @@ def _state_notes(inp: PlanInput, fm: FactsModel, plan: Plan) -> list[str]:
 def plan_from_host_facts(
     host: HostConfig,
     facts: Mapping[str, Any],
-    calibration: Sequence[Mapping[str, Any]] | None,
+    calibration: Sequence[StartFigures] | None,
     asked: Target,
 ) -> Plan | None:
     """The plan from what the host's agent read (config.json, safetensors headers, nvidia-smi), the

@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.facts import Gpu, ModelInput, PlanInput
+from agent.plan.model import StartFigures
 
 GIB = 2**30
 _DTYPES = {1: "bfloat16", 2: "bfloat16", 4: "float32"}  # 1 byte: an FP8 KV cache the checkpoint declares
@@ -89,7 +90,7 @@ def _draft_input(host: HostConfig, tp: int) -> ModelInput | None:
 
 
 def plan_input_from_inventory(
-    host: HostConfig, running: Mapping[str, FlagValue], starts: tuple[Mapping[str, Any], ...] = ()
+    host: HostConfig, running: Mapping[str, FlagValue], starts: tuple[StartFigures, ...] = ()
 ) -> PlanInput:
     """The host as its inventory describes it, with the running unit's flags over the baseline and the
     earlier starts that calibrate it."""
@@ -100,18 +101,6 @@ def plan_input_from_inventory(
     config, missing = inventory_config(host)
     weights = host.model.weights_gib_per_gpu
     gaps = (*missing, *(() if weights is not None else ("model.weights_gib_per_gpu",)), *_draft_gaps(host))
-    figures = (
-        "layers, kv_lora_rank, qk_rope_head_dim"
-        if host.model.attention == "mla"
-        else "layers, kv_heads, head_dim"
-    )
-    sources = {
-        "gpus": f"inventory: gpus ({host.gpus.count} x {host.gpus.name})",
-        "architecture": f"inventory: model ({host.model.attention}: {figures})",
-        "weights": "inventory: model.weights_gib_per_gpu" if weights is not None else "absent",
-        "flags": "inventory: sglang.flags"
-        + ("" if dict(running) == dict(host.sglang.flags) else " under the running unit's"),
-    }
     device = flags.get("device")
     return PlanInput(
         name=host.name or "the host",
@@ -124,15 +113,30 @@ def plan_input_from_inventory(
         flags=flags,
         env=dict(host.unit.environment),
         starts=starts,
-        sources=sources,
+        sources=_sources(host, running),
         device=None if device is None else str(device).lower(),
         planning=host.planning,
         gaps=gaps,
     )
 
 
+def _sources(host: HostConfig, running: Mapping[str, FlagValue]) -> dict[str, str]:
+    """Where each figure came from, for the plan's notes."""
+    m = host.model
+    figures = (
+        "layers, kv_lora_rank, qk_rope_head_dim" if m.attention == "mla" else "layers, kv_heads, head_dim"
+    )
+    under = "" if dict(running) == dict(host.sglang.flags) else " under the running unit's"
+    return {
+        "gpus": f"inventory: gpus ({host.gpus.count} x {host.gpus.name})",
+        "architecture": f"inventory: model ({m.attention}: {figures})",
+        "weights": "inventory: model.weights_gib_per_gpu" if m.weights_gib_per_gpu is not None else "absent",
+        "flags": f"inventory: sglang.flags{under}",
+    }
+
+
 def plan_input_from_host(
-    host: HostConfig, facts: PlanInput, starts: tuple[Mapping[str, Any], ...] = ()
+    host: HostConfig, facts: PlanInput, starts: tuple[StartFigures, ...] = ()
 ) -> PlanInput:
     """What the host reported (its facts), with the inventory's figures as overrides."""
     sources = dict(facts.sources)

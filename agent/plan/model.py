@@ -23,6 +23,8 @@ GRAPH_SCALING_SHARE = 0.5
 DEFAULT_GRAPH_MAX_BS = 512  # SGLang's decode max bs for TP >= 4 on 60-160 GB cards (server_args)
 Basis = Literal["calibrated", "architecture"]
 Flags = Mapping[str, FlagValue]
+# One start as the log parser summarises it (agent/sglang/logs/summary.py start_figures): optional figures.
+StartFigures = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ class Start:
     graph: float | None = None
 
 
-def start_of(figures: Mapping[str, Any], flags: Flags) -> Start | None:
+def start_of(figures: StartFigures, flags: Flags) -> Start | None:
     """One earlier start's figures, or None when it lacks the pool or the memory lines."""
     post = figures.get("avail_mem_before_pool_gb") or figures.get("avail_mem_after_weights_gb")
     pre = figures.get("avail_mem_before_weights_gb")
@@ -204,14 +206,15 @@ def start_of(figures: Mapping[str, Any], flags: Flags) -> Start | None:
     )  # fmt: skip
 
 
-def graph_figures(starts: Sequence[Start], flags: Flags) -> dict[str, Any]:
-    """The latest start that logged its CUDA-graph memory, for crediting a lower request count."""
+def with_graphs(model: PoolModel, starts: Sequence[Start], flags: Flags) -> PoolModel:
+    """The model with the CUDA-graph memory of the latest start that logged it, for crediting a lower
+    request count (GRAPH_SCALING_SHARE); unchanged when none did."""
     max_bs_flag = flag(flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs")
     max_bs = int(str(max_bs_flag)) if max_bs_flag else DEFAULT_GRAPH_MAX_BS
     for s in reversed(starts):
         if s.graph and s.requests and s.available is not None:
-            return {"graph_gib": s.graph, "graph_bs": min(s.requests, max_bs), "graph_max_bs": max_bs}
-    return {}
+            return replace(model, graph_gib=s.graph, graph_bs=min(s.requests, max_bs), graph_max_bs=max_bs)
+    return model
 
 
 def runtime_need(starts: Sequence[Start], model: PoolModel) -> tuple[float, bool]:

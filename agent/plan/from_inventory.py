@@ -85,6 +85,10 @@ def _draft_gaps(host: HostConfig) -> tuple[str, ...]:
 
 
 def _draft_input(host: HostConfig, tp: int) -> ModelInput | None:
+    """The draft for the planner; without its layers one stands in, and the gap is named (_draft_gaps)."""
+    d = host.draft
+    if d is not None and d.layers is None and d.algorithm != "NGRAM":
+        host = host.model_copy(update={"draft": d.model_copy(update={"layers": _STAND_IN})})
     entry = inventory_draft(host, tp)
     return None if entry is None else ModelInput(entry["config"], entry["weights_bytes"], entry["path"])
 

@@ -9,13 +9,15 @@ everything the plan decides: the fraction, the request count, the pool, the verd
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.inventory import FlagValue, HostConfig
+from agent.errors import UsageError
+from agent.inventory import FlagValue, HostConfig, Planning, Sglang
 from agent.plan.choose import Plan, Target, plan_for_host
 from agent.plan.facts import parse_facts
 from agent.plan.from_facts import plan_from_facts, plan_from_host_facts
@@ -158,3 +160,30 @@ def test_an_unset_fraction_is_sglangs_default_on_both_paths() -> None:
     plan = from_inventory(case)
     assert plan.feasible and plan.mem_fraction_static > 0.8
     assert any("SGLang 0.5.23 would use" in n for n in plan.notes)
+
+
+def test_a_figure_the_inventory_lacks_is_named_or_measured() -> None:
+    from tests.pure.test_planner import START_085, host, plan
+
+    no_layers = host(draft={"layers": None})
+    with pytest.raises(UsageError, match=r"the inventory lacks draft\.layers"):
+        plan(no_layers, 200_000)
+    calibrated = plan(no_layers, 200_000, START_085)  # the start's bytes per token stand in
+    assert calibrated.basis == "calibrated" and calibrated.feasible
+    assert any("a measured cell (the inventory lacks draft.layers)" in n for n in calibrated.notes)
+
+
+def test_the_inventorys_floor_and_margin_hold_on_every_path() -> None:
+    case = CASES["gpt-oss-120b-swa-tp2"]  # planned from the host's facts
+    default = from_inventory(case)
+    strict = inventory_host(case).model_copy(
+        update={
+            "planning": Planning(margin=0.2, reserve_floor_gib=20.0),
+            "sglang": Sglang(version="0.5.23", flags={"tp-size": 2, "mem-fraction-static": 0.95}),
+        }
+    )
+    host_facts = {**facts_doc(case), "gpus": [], "model": {"config": case.config, "path": "/models/m"}}
+    plan = plan_from_host_facts(strict, {"model_facts": host_facts}, None, Target(case.context))
+    assert plan is not None and plan.reserve_floor_gib == 20.0 and default.reserve_floor_gib == 4.0
+    assert plan.target_pool_tokens == math.ceil(case.context * 1.2)
+    assert plan.reserve_gib_per_gpu >= 20.0

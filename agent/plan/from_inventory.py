@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.facts import Gpu, ModelInput, PlanInput
 from agent.plan.model import StartFigures
@@ -39,6 +40,8 @@ def inventory_config(host: HostConfig) -> tuple[dict[str, Any], tuple[str, ...]]
         else ("layers", "kv_heads", "head_dim")
     )
     missing = tuple(f"model.{k}" for k in need if getattr(m, k) is None)
+    if m.dtype_bytes not in _DTYPES:
+        raise UsageError(f"model.dtype_bytes {m.dtype_bytes}: a KV element is 1, 2 or 4 bytes")
     layers = m.layers or _STAND_IN
     config: dict[str, Any] = {"num_hidden_layers": layers, "torch_dtype": _DTYPES[m.dtype_bytes]}
     if m.attention == "mla":

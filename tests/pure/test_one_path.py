@@ -187,3 +187,10 @@ def test_the_inventorys_floor_and_margin_hold_on_every_path() -> None:
     assert plan is not None and plan.reserve_floor_gib == 20.0 and default.reserve_floor_gib == 4.0
     assert plan.target_pool_tokens == math.ceil(case.context * 1.2)
     assert plan.reserve_gib_per_gpu >= 20.0
+
+
+def test_a_kv_element_of_three_bytes_is_refused_in_one_line() -> None:
+    from tests.pure.test_planner import host, plan
+
+    with pytest.raises(UsageError, match=r"model\.dtype_bytes 3"):
+        plan(host(model={"dtype_bytes": 3}), 200_000)

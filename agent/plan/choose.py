@@ -10,11 +10,11 @@ from typing import Any
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.alternatives import Alternative, Need, alternatives
 from agent.plan.failed import bounded, failed_starts
-from agent.plan.model import Flags, PoolModel, flag, from_architecture, from_calibration, version
+from agent.plan.model import Flags, PoolModel, StartFigures, flag, version
 from agent.plan.refusals import refusals
 from agent.sglang import kvpool
 
-Calibration = Mapping[str, Any] | Sequence[Mapping[str, Any]]
+Calibration = StartFigures | Sequence[StartFigures]
 SPEC_DEFAULT_REQUESTS = 48  # EAGLE, DFLASH and DSPARK reset an unset --max-running-requests to 48
 PLAIN_DEFAULT_REQUESTS = 64
 
@@ -81,53 +81,67 @@ class Plan:
 
 
 def plan_for_host(
+    host: HostConfig, asked: Target, calibration: Calibration | None, running_flags: Flags
+) -> Plan:
+    """Plan from the inventory: the host becomes the PlanInput a facts file would (plan/from_inventory.py),
+    the running unit's flags over the baseline and the earlier starts calibrating it, and is planned by
+    the one planner (plan/from_facts.py plan_from_facts)."""
+    # Imported here: the planner builds on this module's Plan and choose().
+    from agent.plan.from_facts import plan_from_facts
+    from agent.plan.from_inventory import plan_input_from_inventory
+
+    history = (calibration,) if isinstance(calibration, Mapping) else tuple(calibration or ())
+    return plan_from_facts(plan_input_from_inventory(host, running_flags, history), asked)
+
+
+def choose(
     host: HostConfig,
     asked: Target,
-    calibration: Calibration | None,
-    running_flags: Flags,
-    model: PoolModel | None = None,
+    model: PoolModel,
+    starts: Sequence[StartFigures],
+    notes: Sequence[str],
 ) -> Plan:
-    """Plan a target context: calibrated from earlier starts when given, else from the architecture;
-    a model built elsewhere (from a host's facts) is taken as it is, the starts then only bounding it
-    where one ran out of memory."""
-    target, fraction, max_running = asked.context, asked.fraction, asked.max_running
-    notes: list[str] = []
-    if model is None and calibration:
-        model = from_calibration(host, running_flags, calibration)
-        if model is None:
-            notes.append("the earlier start(s) given did not log a pool and the memory lines; not used")
-    elif model is not None and model.basis == "architecture":
-        notes.append(
-            f"estimated from the host's facts: pre {model.pre_gib:.2f} GiB, post {model.post_gib:.2f} GiB, "
-            f"{model.cell_bytes_effective():,.0f} B/token; the first real start will calibrate the plan"
-        )
-    if model is None:
-        model = from_architecture(host, running_flags)
-        notes.append(
-            f"estimated from the architecture: pre {model.pre_gib:.2f} GiB (card minus CUDA context and "
-            f"NCCL), post {model.post_gib:.2f} GiB (minus the weights), {model.cell_bytes:,.0f} B/token; "
-            "the first real start will calibrate the plan"
-        )
-    notes.extend(model.notes)
-    model, failures = _after_failures(model, calibration, running_flags, target)
-    options = [max_running] if max_running else _request_options(host, running_flags)
-    goal = math.ceil(target * (1 + host.planning.margin))
-    floor = host.planning.reserve_floor_gib
-    need = Need(target, goal, floor)
+    """The flags for a target on a host whose pool `model` predicts. `host` is the inventory-shaped view of
+    the plan's input, its flags the running unit's with the fraction SGLang resolves; earlier starts that
+    ran out of memory bound the model."""
+    target, fraction, flags = asked.context, asked.fraction, host.sglang.flags
+    model, failures = _after_failures(model, starts, flags, target)
+    options = [asked.max_running] if asked.max_running else _request_options(host, flags)
+    need = Need(target, math.ceil(target * (1 + host.planning.margin)), host.planning.reserve_floor_gib)
     chosen: float | None
     if fraction is not None:
-        chosen, requests = fraction, _fitting(model, fraction, options, target, floor)
+        chosen, requests = fraction, _fitting(model, fraction, options, target, need.floor)
     else:
-        running = flag(running_flags, "mem-fraction-static")
-        chosen, requests = _recommend(model, need, options, _as_float(running))
+        chosen, requests = _recommend(model, need, options, _as_float(flag(flags, "mem-fraction-static")))
+    plan = _sized(host, model, need, (chosen, requests), fraction is not None)
+    kept = [*notes, *model.notes]
+    smallest = model.min_fraction(need.goal)
+    if fraction is None and plan.feasible and smallest is not None and smallest < plan.mem_fraction_static:
+        kept.append(
+            f"the running --mem-fraction-static {plan.mem_fraction_static:.3f} already reaches the target "
+            f"and is kept: {smallest:.3f} would too, with fewer tokens for concurrent requests"
+        )
+    plan = _explained(plan, host, flags, model, kept)
+    plan = replace(plan, warnings=(*failures, *plan.warnings))
+    if fraction is not None:
+        plan = _against_recommendation(plan, model, need, options, flags)
+    return _bound(plan, host, model, need)
+
+
+def _sized(
+    host: HostConfig, model: PoolModel, need: Need, choice: tuple[float | None, int], user: bool
+) -> Plan:
+    """The plan at the chosen fraction and request count; with none, at the highest safe fraction."""
+    chosen, requests = choice
+    target, goal, floor = need.target, need.goal, need.floor
     pool = model.pool(chosen) if chosen is not None else 0
     reserve = model.reserve_gib(chosen, requests, target) if chosen is not None else 0.0
-    feasible = chosen is not None and pool >= (goal if fraction is None else target) and reserve >= floor
+    feasible = chosen is not None and pool >= (target if user else goal) and reserve >= floor
     forced = None if feasible else model.max_fraction(requests, target, floor)
     if chosen is None:  # the target is out of reach: show what forcing the highest safe fraction gives
-        chosen = forced if forced is not None else _running_fraction(running_flags)
+        chosen = forced if forced is not None else _running_fraction(host.sglang.flags)
         pool, reserve = model.pool(chosen), model.reserve_gib(chosen, requests, target)
-    plan = Plan(
+    return Plan(
         mem_fraction_static=chosen,
         max_running_requests=requests,
         context_length=target,
@@ -142,22 +156,11 @@ def plan_for_host(
         post_gib=model.post_gib,
         cell_bytes=model.cell_bytes,
         tokens_per_0_01=model.tokens_per_step(),
-        user_fraction=fraction is not None,
+        user_fraction=user,
         forced_fraction=forced,
         forced_pool_tokens=None if forced is None else model.pool(forced),
-        alternatives=() if feasible else alternatives(host, running_flags, model, need, requests),
+        alternatives=() if feasible else alternatives(host, host.sglang.flags, model, need, requests),
     )
-    smallest = model.min_fraction(goal)
-    if fraction is None and plan.feasible and smallest is not None and smallest < plan.mem_fraction_static:
-        notes.append(
-            f"the running --mem-fraction-static {plan.mem_fraction_static:.3f} already reaches the target "
-            f"and is kept: {smallest:.3f} would too, with fewer tokens for concurrent requests"
-        )
-    plan = _explained(plan, host, running_flags, model, notes)
-    plan = replace(plan, warnings=(*failures, *plan.warnings))
-    if fraction is not None:
-        plan = _against_recommendation(plan, model, need, options, running_flags)
-    return _bound(plan, host, model, need)
 
 
 def _bound(plan: Plan, host: HostConfig, model: PoolModel, need: Need) -> Plan:
@@ -199,15 +202,11 @@ def _approaches(alt: Alternative, plan: Plan, need: Need) -> bool:
 
 
 def _after_failures(
-    model: PoolModel,
-    calibration: Calibration | None,
-    flags: Flags,
-    target: int,
+    model: PoolModel, starts: Sequence[StartFigures], flags: Flags, target: int
 ) -> tuple[PoolModel, list[str]]:
     """The model bounded by the earlier starts that ran out of memory (plan/failed.py), and why."""
-    history = [calibration] if isinstance(calibration, Mapping) else list(calibration or [])
     requests = int(str(flag(flags, "max-running-requests") or PLAIN_DEFAULT_REQUESTS))
-    return bounded(model, failed_starts(history, requests, target))
+    return bounded(model, failed_starts(starts, requests, target))
 
 
 def _request_options(host: HostConfig, flags: Flags) -> list[int]:

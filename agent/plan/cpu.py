@@ -15,13 +15,12 @@ There are no CUDA graphs, no CUDA context or NCCL overhead classes and no graph 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from agent.errors import UsageError
 from agent.plan.choose import Plan, Target
 from agent.plan.facts import PlanInput
+from agent.plan.model import StartFigures
 from agent.sglang import kvpool
 from agent.sglang.kvpool import GIB
 from agent.sglang.pools import PoolSizer
@@ -173,9 +172,9 @@ def _requests(inp: PlanInput, asked: Target) -> int:
     return 2048  # what SGLang 0.5.23 resolved on CPU for the toy model (REAL-ON-CPU.md's scheduler line)
 
 
-def _pre(figures: Mapping[str, Any]) -> float:
+def _pre(figures: StartFigures) -> float:
     return float(figures.get("avail_mem_before_weights_gb") or 0.0)
 
 
-def _post(figures: Mapping[str, Any]) -> float:
+def _post(figures: StartFigures) -> float:
     return float(figures.get("avail_mem_before_pool_gb") or figures.get("avail_mem_after_weights_gb") or 0.0)

@@ -2,7 +2,8 @@
 
 A file other tools may write by hand; `deployctl facts HOST --json` prints it. It is validated here with
 pydantic (unknown keys are kept, not refused: the format grows) and turned into one PlanInput, the value
-the pool model takes. The inventory path builds the same value (plan_input_from_host).
+the pool model takes. The inventory becomes the same value (plan/from_inventory.py), so one planner
+plans both.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.errors import UsageError
-from agent.inventory import MAX_GIB, FlagValue, HostConfig
+from agent.inventory import MAX_GIB, FlagValue, Planning
+from agent.plan.model import StartFigures
 
 FORMAT = "deployctl-facts/1"
 MIB = 2**20
@@ -87,9 +89,12 @@ class PlanInput:
     draft: ModelInput | None
     flags: Mapping[str, FlagValue]
     env: Mapping[str, str] = field(default_factory=dict)
-    starts: tuple[Mapping[str, Any], ...] = ()  # start_figures() of earlier starts, oldest first
+    starts: tuple[StartFigures, ...] = ()  # earlier starts, oldest first
     sources: Mapping[str, str] = field(default_factory=dict)  # figure -> where it came from
     device: str | None = None  # "cpu": SGLang's CPU backend, gpus[0] is the host's RAM
+    planning: Planning = field(default_factory=Planning)  # the margin and the memory floor
+    # Figures the source lacks (an inventory without model.kv_heads...): an earlier start must stand in.
+    gaps: tuple[str, ...] = ()
 
     @property
     def gpu(self) -> Gpu:
@@ -123,23 +128,12 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         facts = FactsFile.model_validate(data)
     except ValidationError as exc:
         raise UsageError(f"{name}: {_first_error(exc)}") from None
-    starts: tuple[Mapping[str, Any], ...] = ()
+    starts: tuple[StartFigures, ...] = ()
     if facts.last_start:
         from agent.sglang.logs.summary import start_figures
 
         starts = (start_figures(facts.last_start.replace("\r", "\n").splitlines()),)
-    sources = {
-        "gpus": f"{name}: gpus ({len(facts.gpus)} x {facts.gpus[0].name})",
-        "architecture": f"{name}: model.config",
-        "weights": f"{name}: model.weights_bytes" if facts.model.weights_bytes is not None else "absent",
-        "flags": f"{name}: flags",
-    }
-    if starts:
-        sources["calibration"] = f"{name}: last_start"
-
-    def model(m: ModelFact) -> ModelInput:
-        return ModelInput(config=m.config, weights_bytes=m.weights_bytes, path=m.path)
-
+    device = facts.flags.get("device")
     return PlanInput(
         name=name,
         gpus=tuple(
@@ -147,15 +141,31 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
             for g in facts.gpus
         ),
         sglang_version=facts.sglang.version,
-        model=model(facts.model),
-        draft=model(facts.draft) if facts.draft is not None else None,
+        model=_model(facts.model),
+        draft=_model(facts.draft) if facts.draft is not None else None,
         flags=dict(facts.flags),
         env=dict(facts.env),
         starts=starts,
-        sources=sources,
-        device=facts.device
-        or (str(facts.flags.get("device")).lower() if facts.flags.get("device") else None),
+        sources=_sources(facts, name),
+        device=facts.device or (str(device).lower() if device else None),
     )
+
+
+def _model(m: ModelFact) -> ModelInput:
+    return ModelInput(config=m.config, weights_bytes=m.weights_bytes, path=m.path)
+
+
+def _sources(facts: FactsFile, name: str) -> dict[str, str]:
+    """Where each figure of a facts file came from, for the plan's notes."""
+    sources = {
+        "gpus": f"{name}: gpus ({len(facts.gpus)} x {facts.gpus[0].name})",
+        "architecture": f"{name}: model.config",
+        "weights": f"{name}: model.weights_bytes" if facts.model.weights_bytes is not None else "absent",
+        "flags": f"{name}: flags",
+    }
+    if facts.last_start:
+        sources["calibration"] = f"{name}: last_start"
+    return sources
 
 
 def load_facts(path: Path) -> PlanInput:
@@ -167,58 +177,3 @@ def load_facts(path: Path) -> PlanInput:
     except ValueError as exc:
         raise UsageError(f"--facts {str(path)!r}: not JSON: {exc}") from None
     return parse_facts(data, name=path.name)
-
-
-def inventory_draft(host: HostConfig, tp: int) -> dict[str, Any] | None:
-    """The inventory's draft as a facts `draft` entry (a config.json of its KV shape), or None."""
-    d = host.draft
-    if d is None or d.layers is None or d.algorithm == "NGRAM":
-        return None
-    heads = d.kv_heads or 1
-    config = {
-        "architectures": ["InventoryDraft"],
-        "num_hidden_layers": d.layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": heads,
-        "head_dim": d.head_dim or 128,
-    }
-    weights = None if d.weights_gib_per_gpu is None else int(d.weights_gib_per_gpu * 2**30 * tp)
-    return {"config": config, "weights_bytes": weights, "path": d.path, "source": "inventory"}
-
-
-def plan_input_from_host(
-    host: HostConfig, facts: PlanInput | None = None, starts: tuple[Mapping[str, Any], ...] = ()
-) -> PlanInput | None:
-    """The inventory's view as a PlanInput: what the host reported (facts), with the inventory's figures as
-    overrides; None when neither gives a config.json (the inventory-only planner answers then)."""
-    if facts is None:
-        return None
-    sources = dict(facts.sources)
-    gpus = facts.gpus
-    if not gpus:  # nvidia-smi said nothing: the inventory's cards
-        gpus = tuple(Gpu(host.gpus.name, host.gpus.memory_gib * 1024) for _ in range(host.gpus.count))
-        sources["gpus"] = "inventory: gpus"
-    model = facts.model
-    if host.model.weights_gib_per_gpu is not None:
-        tp = int(str(host.sglang.flags.get("tp-size") or facts.flags.get("tp-size") or len(gpus)))
-        model = ModelInput(model.config, int(host.model.weights_gib_per_gpu * 2**30 * tp), model.path)
-        sources["weights"] = "inventory: model.weights_gib_per_gpu (overrides the host's)"
-    flags = {**host.sglang.flags, **facts.flags}  # the running unit's flags over the inventory's baseline
-    draft = facts.draft
-    stand_in = inventory_draft(host, int(str(flags.get("tp-size") or len(gpus))))
-    if stand_in is not None and (draft is None or (host.draft is not None and host.draft.kv_heads)):
-        # The inventory's draft figures stand in for (or override) the draft config.json.
-        draft = ModelInput(stand_in["config"], stand_in["weights_bytes"], stand_in["path"])
-        sources["draft"] = "inventory: draft (layers, kv_heads, head_dim, weights_gib_per_gpu)"
-    return PlanInput(
-        name=host.name or facts.name,
-        gpus=gpus,
-        sglang_version=host.sglang.version or facts.sglang_version,
-        model=model,
-        draft=draft,
-        flags=flags,
-        env={**facts.env, **host.unit.environment},
-        starts=starts or facts.starts,
-        sources=sources,
-        device=facts.device,
-    )

@@ -8,11 +8,10 @@ keeps the plan below it. A start that failed before its pool (weights) says noth
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-from agent.plan.model import PoolModel
+from agent.plan.model import PoolModel, StartFigures
 
 _OUT_OF_MEMORY = ("cuda_oom", "cuda_graph_failed")  # agent/sglang/logs/events.py failure kinds
 
@@ -25,7 +24,7 @@ class FailedStart:
     context: int
 
 
-def failed_starts(starts: Sequence[Mapping[str, Any]], requests: int, context: int) -> list[FailedStart]:
+def failed_starts(starts: Sequence[StartFigures], requests: int, context: int) -> list[FailedStart]:
     """The starts that ran out of memory after their pool was built, at a known fraction."""
     found = []
     for s in starts:

@@ -1,4 +1,4 @@
-"""A PoolModel from a host's facts (PlanInput): config.json, weights, GPUs, flags, env, the last start.
+"""The one planner: a PlanInput (a facts file, the host's facts, or the inventory) to a PoolModel and a Plan.
 
 Follows SGLang 0.5.23 (files named per rule, relative to sglang/srt/). Every figure's origin goes into the
 notes; a kind deployctl does not follow is refused in one line.
@@ -14,10 +14,19 @@ from pydantic import ValidationError
 
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
-from agent.plan.choose import Plan, Target, plan_for_host
+from agent.plan.choose import Plan, Target, choose
 from agent.plan.cpu import is_cpu, plan_cpu
-from agent.plan.facts import PlanInput, parse_facts, plan_input_from_host
-from agent.plan.model import CELL_AGREEMENT, PoolModel, _graphs, _runtime, _Start, _start
+from agent.plan.facts import PlanInput, parse_facts
+from agent.plan.from_inventory import plan_input_from_host
+from agent.plan.model import (
+    CELL_AGREEMENT,
+    PoolModel,
+    Start,
+    StartFigures,
+    runtime_need,
+    start_of,
+    with_graphs,
+)
 from agent.plan.overhead import pre_weights_overhead
 from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
@@ -110,39 +119,9 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
         )
     swa_ratio = None
     if layout.family == "swa":
-        full_bytes, swa_bytes = pools.swa_cells(layout, dtype, par.attn_tp)
-        ratio = _float(f, "swa-full-tokens-ratio") or pools.SWA_FULL_TOKENS_RATIO
-        if not 0 < ratio <= 1:
-            raise UsageError(
-                "--swa-full-tokens-ratio should be in range (0, 1.0] (arg_groups/kv_cache_hook.py)"
-            )
-        if _on(f, "disable-radix-cache") and "disable-radix-cache" in f and _int(f, "max-running-requests"):
-            raise Unsupported(
-                f"{layout.arch}: the SWA request-cap pool (--disable-radix-cache with "
-                "--max-running-requests, "
-                "SWARequestCapPoolConfigurator) is not followed by deployctl"
-            )
-        full_layer = full_bytes // max(1, len(layout.kv_layers))
-        if algorithm in EAGLE_STYLE:
-            draft_layers, _ = _draft_layers(inp, layout, algorithm)
-            full_bytes += full_layer * draft_layers  # draft layers are full-attention rows
-        cell: float = full_bytes + ratio * swa_bytes
-        swa_ratio = ratio
-        notes.append(
-            f"hybrid sliding-window pool: {len(layout.kv_layers)} full and {len(layout.swa_layers)} sliding "
-            f"layers, sliding tokens = {ratio:g} x full (pool_configurator.py HybridSWAPoolConfigurator)"
-        )
+        cell, swa_ratio = _swa_cell(inp, layout, (dtype, par, algorithm), notes)
     else:
-        layers = stage_kv
-        prefill, decode = _flag(f, "dsa-prefill-backend"), _flag(f, "dsa-decode-backend")
-        backends = DsaBackends(
-            None if prefill is None else str(prefill), None if decode is None else str(decode), sm
-        )
-        cell = pools.full_cell(layout, dtype, layers, par, backends)
-        if algorithm in EAGLE_STYLE:
-            cell = _eagle_cell(inp, layout, int(cell), layers, algorithm)
-        elif algorithm in DFLASH_FAMILY:
-            cell = _dflash_cell(inp, layout, int(cell), layers, par)
+        cell = _full_cell(inp, layout, (dtype, par, algorithm), stage_kv)
     if algorithm not in (None, "NGRAM", *EAGLE_STYLE, *DFLASH_FAMILY):
         raise Unsupported(f"--speculative-algorithm {algorithm}: its pool is not followed by deployctl")
     page = _int(f, "page-size") or _default_page(layout, f, sm)
@@ -162,6 +141,47 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
         max_total_tokens=_int(f, "max-total-tokens"),
         swa_ratio=swa_ratio,
     )
+
+
+def _swa_cell(
+    inp: PlanInput, layout: KVLayout, how: tuple[str, Parallel, str | None], notes: list[str]
+) -> tuple[float, float]:
+    """The hybrid sliding-window cell (full rows plus ratio x sliding rows) and the ratio
+    (pool_configurator.py HybridSWAPoolConfigurator)."""
+    (dtype, par, algorithm), f = how, inp.flags
+    full_bytes, swa_bytes = pools.swa_cells(layout, dtype, par.attn_tp)
+    ratio = _float(f, "swa-full-tokens-ratio") or pools.SWA_FULL_TOKENS_RATIO
+    if not 0 < ratio <= 1:
+        raise UsageError("--swa-full-tokens-ratio should be in range (0, 1.0] (arg_groups/kv_cache_hook.py)")
+    if _on(f, "disable-radix-cache") and "disable-radix-cache" in f and _int(f, "max-running-requests"):
+        raise Unsupported(
+            f"{layout.arch}: the SWA request-cap pool (--disable-radix-cache with --max-running-requests, "
+            "SWARequestCapPoolConfigurator) is not followed by deployctl"
+        )
+    full_layer = full_bytes // max(1, len(layout.kv_layers))
+    if algorithm in EAGLE_STYLE:
+        draft_layers, _ = _draft_layers(inp, layout, algorithm)
+        full_bytes += full_layer * draft_layers  # draft layers are full-attention rows
+    notes.append(
+        f"hybrid sliding-window pool: {len(layout.kv_layers)} full and {len(layout.swa_layers)} sliding "
+        f"layers, sliding tokens = {ratio:g} x full (pool_configurator.py HybridSWAPoolConfigurator)"
+    )
+    return full_bytes + ratio * swa_bytes, ratio
+
+
+def _full_cell(inp: PlanInput, layout: KVLayout, how: tuple[str, Parallel, str | None], layers: int) -> float:
+    """The cell of every other family over the stage's KV layers, with the draft's share."""
+    (dtype, par, algorithm), f = how, inp.flags
+    prefill, decode = _flag(f, "dsa-prefill-backend"), _flag(f, "dsa-decode-backend")
+    backends = DsaBackends(
+        None if prefill is None else str(prefill), None if decode is None else str(decode), inp.sm_major
+    )
+    cell: float = pools.full_cell(layout, dtype, layers, par, backends)
+    if algorithm in EAGLE_STYLE:
+        return _eagle_cell(inp, layout, int(cell), layers, algorithm)
+    if algorithm in DFLASH_FAMILY:
+        return _dflash_cell(inp, layout, int(cell), layers, par)
+    return cell
 
 
 def _mm_transport(inp: PlanInput, layout: KVLayout) -> tuple[dict[str, str], str | None]:
@@ -384,9 +404,6 @@ class Sizing:
     notes: tuple[str, ...]
 
 
-_UNSET = PoolModel(0.0, 0.0, 0.0, "architecture", 0.0, False)
-
-
 def pool_model(inp: PlanInput, context: int) -> FactsModel:
     """The PoolModel for this host: cold from the facts, or calibrated by the last start's memory lines."""
     arch = sizing(inp)
@@ -394,36 +411,59 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     fraction = _fraction(inp, layout, par, notes)
     explicit = _flag(inp.flags, "mem-fraction-static") is not None
     scale = _aiter_scale(inp, context, explicit, notes)
-    common: dict[str, Any] = {
-        "page_size": sizer.page_size,
-        "max_total_tokens": sizer.max_total_tokens,
-        "dp": par.attn_dp,
-        "sizer": sizer,
-        "fraction_scale": scale,
-    }
-    return _fitted(inp, FactsModel(_UNSET, layout, dtype, fraction, ()), par, common, notes)
+    # What every model of this host shares; the memory figures and the cell come from the starts or the card.
+    shape = PoolModel(
+        0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,
+        max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
+    )  # fmt: skip
+    model = _fitted(inp, fraction, par, (shape, sizer), notes)
+    return FactsModel(model, layout, dtype, fraction, tuple(notes))
 
 
 def _fitted(
-    inp: PlanInput, base: FactsModel, par: Parallel, common: dict[str, Any], notes: list[str]
-) -> FactsModel:
+    inp: PlanInput,
+    fraction: float,
+    par: Parallel,
+    shaped: tuple[PoolModel, pools.PoolSizer],
+    notes: list[str],
+) -> PoolModel:
     """The pool model calibrated by the earlier starts, or by their memory lines, else cold."""
-    sizer = common["sizer"]
-    flags_for_start = {**inp.flags, "mem-fraction-static": base.fraction}
-    starts = [s for s in (_start(f, flags_for_start) for f in inp.starts) if s is not None]
+    shape = shaped[0]
+    flags_for_start = {**inp.flags, "mem-fraction-static": fraction}
+    starts = [s for s in (start_of(f, flags_for_start) for f in inp.starts) if s is not None]
     memory = [f for f in inp.starts if f.get("avail_mem_before_weights_gb") and _post(f)]
+    if inp.starts and not starts and not memory:
+        notes.append("the earlier start(s) given did not log a pool and the memory lines; not used")
+    _refuse_gaps(inp, calibrated=bool(starts))
     if starts:
-        model = _calibrated(starts, sizer, common, notes, inp.flags)
+        return _calibrated(starts, shaped, notes, _Fit(inp.flags, _origin(inp), _figure_gaps(inp)))
     elif memory:  # a start that died before its pool still tells pre and post
         pre, post = float(memory[-1]["avail_mem_before_weights_gb"]), float(_post(memory[-1]) or 0.0)
         notes.append(
             f"pre {pre:.2f} GiB and post {post:.2f} GiB from the last start's memory lines "
             "(it logged no pool: the cell is the architecture's)"
         )
-        model = PoolModel(pre, post, sizer.cell_bytes, "calibrated", 0.0, False, **common)
-    else:
-        model = _cold(inp, par, sizer, common, notes)
-    return replace(base, pool=model, notes=tuple(notes))
+        return replace(shape, pre_gib=pre, post_gib=post, basis="calibrated")
+    return _cold(inp, par, shape, notes)
+
+
+def _origin(inp: PlanInput) -> str:
+    """Where the architecture came from, in the words a note asks the reader to check."""
+    return "the inventory" if inp.sources.get("architecture", "").startswith("inventory") else "the facts"
+
+
+def _figure_gaps(inp: PlanInput) -> tuple[str, ...]:
+    """The missing figures that shape the cell (the weights only matter before a first start)."""
+    return tuple(g for g in inp.gaps if not g.endswith("weights_gib_per_gpu"))
+
+
+def _refuse_gaps(inp: PlanInput, calibrated: bool) -> None:
+    """Without a start that logged its pool, every figure the source lacks is needed: name them all."""
+    if inp.gaps and not calibrated:
+        raise UsageError(
+            f"cannot plan {inp.name} without an earlier start: {_origin(inp)} lacks " + ", ".join(inp.gaps),
+            hint="add them to the host's inventory file, or pass --from-log with a start-up log of this host",
+        )
 
 
 def sizing(inp: PlanInput) -> Sizing:
@@ -455,7 +495,7 @@ def sizing(inp: PlanInput) -> Sizing:
     except ValueError as exc:
         raise UsageError(f"{inp.name}: {exc}") from None
     notes.append(
-        f"{layout.arch}: {layout.family} pool, {sizer.cell_bytes:,.0f} B per token per GPU "
+        f"{_label(inp, layout)}: {layout.family} pool, {sizer.cell_bytes:,.0f} B per token per GPU "
         f"(KV dtype {dtype if dtype != 'auto' else f'auto = {layout.dtype_bytes} B'}, "
         f"attention TP {par.attn_tp}, "
         f"page {sizer.page_size}); architecture from {inp.sources.get('architecture', 'config.json')}"
@@ -463,14 +503,17 @@ def sizing(inp: PlanInput) -> Sizing:
     return Sizing(layout, dtype, par, sizer, tuple(notes))
 
 
-def _post(figures: Mapping[str, Any]) -> float | None:
+def _label(inp: PlanInput, layout: KVLayout) -> str:
+    """The model's name in the notes: its architecture, or the inventory's figures it was written from."""
+    return "the inventory's figures" if _origin(inp) == "the inventory" else layout.arch
+
+
+def _post(figures: StartFigures) -> float | None:
     value = figures.get("avail_mem_before_pool_gb") or figures.get("avail_mem_after_weights_gb")
     return None if value is None else float(value)
 
 
-def _cold(
-    inp: PlanInput, par: Parallel, sizer: pools.PoolSizer, common: dict[str, Any], notes: list[str]
-) -> PoolModel:
+def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> PoolModel:
     """No start yet: pre = card - overhead (overhead.py), post = pre - weights per GPU (target + draft:
     0.5.14+ loads the draft before sizing, Scheduler.init_model_worker)."""
     if inp.model.weights_bytes is None:
@@ -487,26 +530,23 @@ def _cold(
         f"cold estimate: {over.why}; weights {weights:.2f} GiB per GPU"
         + (f" + draft {draft:.2f} GiB" if draft else "")
     )
-    return PoolModel(
-        pre,
-        pre - weights - draft,
-        sizer.cell_bytes,
-        "architecture",
-        0.0,
-        False,
-        margin_gib=over.margin_gib,
-        **common,
-    )
+    return replace(shape, pre_gib=pre, post_gib=pre - weights - draft, margin_gib=over.margin_gib)
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """How a calibration reads the starts: the flags, where the architecture came from, its gaps."""
+
+    flags: Mapping[str, FlagValue]
+    origin: str
+    gaps: tuple[str, ...]
 
 
 def _calibrated(
-    starts: list[_Start],
-    sizer: pools.PoolSizer,
-    common: dict[str, Any],
-    notes: list[str],
-    flags: Mapping[str, FlagValue],
+    starts: list[Start], shaped: tuple[PoolModel, pools.PoolSizer], notes: list[str], fit: _Fit
 ) -> PoolModel:
     """Fit post to the logged pools (2-decimal logs); a cell far from the architecture's is measured."""
+    shape, sizer = shaped
     pre = sum(s.pre for s in starts) / len(starts)
     posts, measured = [], []
     for s in starts:
@@ -517,26 +557,27 @@ def _calibrated(
         # Move post by what the logged token count says the 2-decimal figure hid.
         posts.append(s.post + (s.tokens - predicted) * sizer.effective_cell() / GIB)
     off = max(abs(m - 1) for m in measured)
-    if off <= CELL_AGREEMENT:
+    if off <= CELL_AGREEMENT and not fit.gaps:
         post, cell, how = sum(posts) / len(posts), sizer.cell_bytes, "the architecture's cell"
     else:
         post = sum(s.post for s in starts) / len(starts)
         sizer = replace(sizer, cell_bytes=sizer.cell_bytes * sum(measured) / len(measured))
-        cell, how = (
-            sizer.cell_bytes,
-            f"a measured cell (the architecture's is {off:.1%} off: check the facts)",
+        why = (
+            f"{fit.origin} lacks {', '.join(fit.gaps)}"
+            if fit.gaps
+            else f"the architecture's is {off:.1%} off: check {fit.origin}"
         )
-        common = {**common, "sizer": sizer}
-    base = PoolModel(pre, post, cell, "calibrated", 0.0, True, **common)
-    runtime, measured_runtime = _runtime(starts, base)
+        cell, how = sizer.cell_bytes, f"a measured cell ({why})"
+    base = replace(shape, pre_gib=pre, post_gib=post, cell_bytes=cell, sizer=sizer)
+    base = replace(base, basis="calibrated", runtime_measured=True)
+    runtime, measured_runtime = runtime_need(starts, base)
     notes.append(
         f"calibrated from {len(starts)} earlier start(s): pre {pre:.2f} GiB, post {post:.4f} GiB, {how}"
     )
     # The CUDA-graph memory the start logged, credited per request count (model.py GRAPH_SCALING_SHARE).
-    return replace(base, runtime_gib=runtime, runtime_measured=measured_runtime, **_graphs(starts, flags))
-
-
-ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+    return with_graphs(
+        replace(base, runtime_gib=runtime, runtime_measured=measured_runtime), starts, fit.flags
+    )
 
 
 ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
@@ -544,36 +585,16 @@ ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
 def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostConfig:
     """The inventory-shaped view the plan's notes and alternatives read (no SSH: it is never contacted)."""
-    par = parallel(inp)
-    model: dict[str, Any] = {
-        "path": inp.model.path or "/facts/model",
-        "dtype_bytes": layout.dtype_bytes,
-        "max_context": layout.context_len,
-    }
-    model["attention"] = "mla" if layout.kv_lora_rank else "gqa"
-    if layout.family in ("mla", "mha") and not layout.linear:
-        model["layers"] = len(layout.kv_layers)
-        if layout.kv_lora_rank:
-            model.update(kv_lora_rank=layout.kv_lora_rank, qk_rope_head_dim=layout.qk_rope_head_dim)
-        else:
-            model.update(kv_heads=layout.kv_heads, head_dim=layout.head_dim, v_head_dim=layout.v_head_dim)
-    if inp.model.weights_bytes:
-        model["weights_gib_per_gpu"] = inp.model.weights_bytes / par.tp / par.pp / GIB
-    algorithm = str(_flag(inp.flags, "speculative-algorithm") or "").upper()
-    draft = {"algorithm": algorithm, "path": "/facts/draft"} if algorithm else None
-    gpu = inp.gpu
     data: dict[str, Any] = {
         "name": inp.name,
         "ssh": {"target": "local"},
-        "gpus": {"count": len(inp.gpus), "memory_gib": gpu.memory_gib, "name": gpu.name},
-        "model": model,
-        "draft": draft,
+        "gpus": {"count": len(inp.gpus), "memory_gib": inp.gpu.memory_gib, "name": inp.gpu.name},
+        "model": _model_view(inp, layout),
+        "draft": _draft_view(inp),
         # the one variable that changes what SGLang accepts (plan/refusals.py): a context above the model's
         "unit": {"environment": {k: v for k, v in inp.env.items() if k == ALLOW_LONGER_CONTEXT}},
-        "sglang": {
-            "version": inp.sglang_version,
-            "flags": {**{k: v for k, v in inp.flags.items()}, "mem-fraction-static": fraction},
-        },
+        "sglang": {"version": inp.sglang_version, "flags": {**inp.flags, "mem-fraction-static": fraction}},
+        "planning": inp.planning.model_dump(),
     }
     try:
         return HostConfig.model_validate(data)
@@ -583,59 +604,115 @@ def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostCon
         raise UsageError(f"{inp.name}: {where}: {err['msg']}") from None
 
 
+def _model_view(inp: PlanInput, layout: KVLayout) -> dict[str, Any]:
+    """The [model] figures of the layout, for the alternatives' cell ratios and the refusals."""
+    par = parallel(inp)
+    model: dict[str, Any] = {
+        "path": inp.model.path or "/facts/model",
+        "dtype_bytes": layout.dtype_bytes,
+        "max_context": layout.context_len,
+        "attention": "mla" if layout.kv_lora_rank else "gqa",
+    }
+    if layout.family in ("mla", "mha") and not layout.linear:
+        model["layers"] = len(layout.kv_layers)
+        if layout.kv_lora_rank:
+            model.update(kv_lora_rank=layout.kv_lora_rank, qk_rope_head_dim=layout.qk_rope_head_dim)
+        else:
+            model.update(kv_heads=layout.kv_heads, head_dim=layout.head_dim, v_head_dim=layout.v_head_dim)
+    if inp.model.weights_bytes:
+        model["weights_gib_per_gpu"] = inp.model.weights_bytes / par.tp / par.pp / GIB
+    return model
+
+
+def _draft_view(inp: PlanInput) -> dict[str, Any] | None:
+    """The [draft] of the speculative algorithm, with its figures when its config.json is known."""
+    algorithm = str(_flag(inp.flags, "speculative-algorithm") or "").upper()
+    if not algorithm:
+        return None
+    draft: dict[str, Any] = {"algorithm": algorithm, "path": "/facts/draft"}
+    if inp.draft is None or algorithm == "NGRAM":
+        return draft
+    try:
+        layout = read_layout(inp.draft.config, is_draft=True)
+    except (Unsupported, ValueError):  # sizing() already said what it made of the draft
+        return draft
+    draft.update(layers=layout.layers, kv_heads=layout.kv_heads or None, head_dim=layout.head_dim or None)
+    draft["path"] = inp.draft.path or draft["path"]
+    if inp.draft.weights_bytes is not None:
+        draft["weights_gib_per_gpu"] = inp.draft.weights_bytes / parallel(inp).tp / GIB
+    return draft
+
+
 def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
-    """deployctl plan --facts FILE: the plan, its notes naming every figure's origin."""
+    """Plan a host from its PlanInput: a facts file, the host's own facts, or the inventory. The notes
+    name every figure's origin."""
+    origins = "figures from " + "; ".join(f"{k}: {v}" for k, v in inp.sources.items())
     if is_cpu(inp):
         arch = sizing(inp)
-        origins = "figures from " + "; ".join(f"{k}: {v}" for k, v in inp.sources.items())
         return plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins))
     fm = pool_model(inp, asked.context)
     host = synthetic_host(inp, fm.layout, fm.fraction)
-    plan = plan_for_host(host, asked, inp.starts or None, host.sglang.flags, model=fm.pool)
-    sources = [f"{k}: {v}" for k, v in inp.sources.items()]
-    extra = [*fm.notes, "figures from " + "; ".join(sources)]
-    warnings = list(plan.warnings)
+    plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp))
+    extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan)]
+    return replace(plan, notes=(*extra, *plan.notes), warnings=(*plan.warnings, *_version_warning(inp)))
+
+
+def _estimate_notes(model: PoolModel, inp: PlanInput) -> tuple[str, ...]:
+    if model.basis != "architecture":
+        return ()
+    return (
+        f"estimated from {_origin(inp)}: pre {model.pre_gib:.2f} GiB, post {model.post_gib:.2f} GiB, "
+        f"{model.cell_bytes_effective():,.0f} B/token; the first real start will calibrate the plan",
+    )
+
+
+def _version_warning(inp: PlanInput) -> tuple[str, ...]:
     version = _version(inp)
-    if version is None or version[:3] != (0, 5, 23):
-        warnings.append(
-            f"the host runs SGLang {inp.sglang_version}: this plan follows 0.5.23's sizing rules "
-            "(the versions differ in drafts before 0.5.14, DFLASH before 0.5.18 and the hybrid pools); "
-            "let the first start calibrate it"
-        )
+    if version is not None and version[:3] == (0, 5, 23):
+        return ()
+    return (
+        f"the host runs SGLang {inp.sglang_version}: this plan follows 0.5.23's sizing rules "
+        "(the versions differ in drafts before 0.5.14, DFLASH before 0.5.18 and the hybrid pools); "
+        "let the first start calibrate it",
+    )
+
+
+def _attention_dp_note(inp: PlanInput, fm: FactsModel) -> tuple[str, ...]:
     if parallel(inp).attn_dp > 1 and fm.pool.basis == "architecture":
-        extra.append(
-            "attention DP replicates the attention weights on every rank: the cold post is optimistic"
-        )
+        return ("attention DP replicates the attention weights on every rank: the cold post is optimistic",)
+    return ()
+
+
+def _state_notes(inp: PlanInput, fm: FactsModel, plan: Plan) -> list[str]:
+    """What the hybrid pools hold besides the full-attention tokens: state slots, sliding-window tokens."""
+    notes: list[str] = []
     sizer = fm.pool.sizer
     if sizer is not None and sizer.mamba is not None and plan.mem_fraction_static:
         rest = fm.pool.post_gib - fm.pool.pre_gib * (1 - plan.mem_fraction_static * fm.pool.fraction_scale)
         slots = sizer.mamba.slots(rest - sizer.reserve_gib)
         # kv_cache_configurator.resolve_max_num_reqs: 3 state slots per request (1 without radix cache).
         per = 1 if _on(inp.flags, "disable-radix-cache") and "disable-radix-cache" in inp.flags else 3
-        extra.append(
+        notes.append(
             f"the state cache holds {slots:,} slots: SGLang caps --max-running-requests at {slots // per:,} "
             f"({per} slot(s) per request)"
         )
-    if fm.pool.sizer is not None and fm.pool.sizer.swa_ratio is not None:
-        swa = fm.pool.sizer.swa_tokens(plan.predicted_pool_tokens)
-        extra.append(f"the sliding-window layers hold {swa:,} tokens (window {fm.layout.sliding_window})")
-        if (
-            fm.layout.sliding_window
-            and swa is not None
-            and swa <= fm.layout.sliding_window + fm.pool.page_size
-        ):
-            extra.append("SGLang refuses this: 'SWA pool ... cannot hold even one request' (raise the ratio)")
-    return replace(plan, notes=(*extra, *plan.notes), warnings=tuple(warnings))
+    if sizer is not None and sizer.swa_ratio is not None:
+        swa = sizer.swa_tokens(plan.predicted_pool_tokens)
+        window = fm.layout.sliding_window
+        notes.append(f"the sliding-window layers hold {swa:,} tokens (window {window})")
+        if window and swa is not None and swa <= window + fm.pool.page_size:
+            notes.append("SGLang refuses this: 'SWA pool ... cannot hold even one request' (raise the ratio)")
+    return notes
 
 
 def plan_from_host_facts(
     host: HostConfig,
     facts: Mapping[str, Any],
-    calibration: Sequence[Mapping[str, Any]] | None,
+    calibration: Sequence[StartFigures] | None,
     asked: Target,
 ) -> Plan | None:
     """The plan from what the host's agent read (config.json, safetensors headers, nvidia-smi), the
-    inventory's figures overriding; None when the host gave no config.json (the inventory plans then)."""
+    inventory's figures overriding; None when the host gave no config.json (plan_for_host plans then)."""
     doc = facts.get("model_facts")
     if not isinstance(doc, Mapping):
         return None
@@ -648,7 +725,6 @@ def plan_from_host_facts(
         doc["gpus"] = [card] * host.gpus.count
     inp = plan_input_from_host(host, parse_facts(doc, name=f"{host.name} (host facts)"),
                                starts=tuple(calibration or ()))  # fmt: skip
-    assert inp is not None
     if inventory_gpus:
         inp = replace(inp, sources={**inp.sources, "gpus": "inventory: gpus (no nvidia-smi rows)"})
     return plan_from_facts(inp, asked)

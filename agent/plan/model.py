@@ -1,4 +1,4 @@
-"""A host's KV pool at any fraction: fitted to earlier starts, else estimated from the architecture."""
+"""A host's KV pool at any fraction (PoolModel), and the figures of an earlier start that fit it."""
 
 from __future__ import annotations
 
@@ -13,9 +13,6 @@ from agent.sglang import kvpool
 from agent.sglang.kvpool import GIB
 from agent.sglang.pools import PoolSizer
 
-# Free memory lost before the weights load: CUDA context, NCCL and custom-allreduce buffers. SGLang's
-# "Init torch distributed ends. mem usage=" shows 1.5-4 GiB on big cards; the first start replaces it.
-CONTEXT_OVERHEAD_GIB = 2.8
 # Within this, the measured bytes per token are the architecture's cell seen through 2-decimal logs.
 CELL_AGREEMENT = 0.015
 # CUDA graphs are captured for batch sizes up to min(--max-running-requests, --cuda-graph-max-bs); part of
@@ -26,6 +23,8 @@ GRAPH_SCALING_SHARE = 0.5
 DEFAULT_GRAPH_MAX_BS = 512  # SGLang's decode max bs for TP >= 4 on 60-160 GB cards (server_args)
 Basis = Literal["calibrated", "architecture"]
 Flags = Mapping[str, FlagValue]
+# One start as the log parser summarises it (agent/sglang/logs/summary.py start_figures): optional figures.
+StartFigures = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -174,47 +173,8 @@ def architecture_cell(
         return None, [f"draft.{k}" for k in keys if getattr(d, k) is None] or [f"draft ({d.algorithm})"]
 
 
-def _common(host: HostConfig, flags: Flags) -> dict[str, Any]:
-    cap = flag(flags, "max-total-tokens")
-    return {
-        "page_size": int(flag(flags, "page-size") or 1),
-        "max_total_tokens": int(cap) if cap is not None else None,
-        "dp": parallelism(host, flags)[1],
-    }
-
-
-def from_architecture(host: HostConfig, flags: Flags) -> PoolModel:
-    """Estimate pre/post from the card size and the weights (FACTS: predictor without history)."""
-    cell, missing = architecture_cell(host, flags)
-    if host.model.weights_gib_per_gpu is None:
-        missing.append("model.weights_gib_per_gpu")
-    draft = host.draft if host.draft is not None and host.draft.algorithm != "NGRAM" else None
-    if draft is not None and draft.weights_gib_per_gpu is None:
-        missing.append("draft.weights_gib_per_gpu")
-    if cell is None or missing:
-        raise UsageError(
-            f"cannot plan {host.name or 'this host'} without an earlier start: the inventory lacks "
-            + ", ".join(missing),
-            hint="add them to the host's inventory file, or pass --from-log with a start-up log of this host",
-        )
-    pre = host.gpus.memory_gib - CONTEXT_OVERHEAD_GIB
-    weights = host.model.weights_gib_per_gpu or 0.0
-    draft_gib = (draft.weights_gib_per_gpu or 0.0) if draft is not None else 0.0
-    # From 0.5.14 the draft loads before sizing, so it lowers post; before that it comes out of the slack.
-    early_draft = version(host) >= (0, 5, 14, 0)
-    return PoolModel(
-        pre_gib=pre,
-        post_gib=pre - weights - (draft_gib if early_draft else 0.0),
-        cell_bytes=cell,
-        basis="architecture",
-        runtime_gib=0.0 if early_draft else draft_gib,
-        runtime_measured=False,
-        **_common(host, flags),
-    )
-
-
 @dataclass(frozen=True)
-class _Start:
+class Start:
     pre: float
     post: float
     fraction: float
@@ -225,7 +185,7 @@ class _Start:
     graph: float | None = None
 
 
-def _start(figures: Mapping[str, Any], flags: Flags) -> _Start | None:
+def start_of(figures: StartFigures, flags: Flags) -> Start | None:
     """One earlier start's figures, or None when it lacks the pool or the memory lines."""
     post = figures.get("avail_mem_before_pool_gb") or figures.get("avail_mem_after_weights_gb")
     pre = figures.get("avail_mem_before_weights_gb")
@@ -237,7 +197,7 @@ def _start(figures: Mapping[str, Any], flags: Flags) -> _Start | None:
     context = figures.get("context_len") or flag(flags, "context-length")
     available = figures.get("available_gpu_mem_gb")
     graph = figures.get("graph_mem_gb")
-    return _Start(
+    return Start(
         float(pre), float(post), float(fraction), int(tokens),
         None if available is None else float(available),
         None if requests is None else int(requests),
@@ -246,49 +206,18 @@ def _start(figures: Mapping[str, Any], flags: Flags) -> _Start | None:
     )  # fmt: skip
 
 
-def from_calibration(
-    host: HostConfig, flags: Flags, calibration: Mapping[str, Any] | Sequence[Mapping[str, Any]]
-) -> PoolModel | None:
-    """Fit the model to earlier starts of this host; None when none of them logged its pool and memory."""
-    history = [calibration] if isinstance(calibration, Mapping) else list(calibration)
-    starts = [s for s in (_start(f, flags) for f in history) if s is not None]
-    if not starts:
-        return None
-    pre = sum(s.pre for s in starts) / len(starts)
-    # Bytes per token as measured; it includes the draft's share of the pool.
-    measured = sum((s.post - s.pre * (1 - s.fraction)) * GIB for s in starts) / sum(s.tokens for s in starts)
-    arch, _ = architecture_cell(host, flags)
-    if arch is not None and abs(measured / arch - 1) <= CELL_AGREEMENT:
-        # The logs round post to 0.01 GiB, which alone moves the measured cell by ~0.1 % for the seed
-        # host; the exact architecture cell with post re-derived from the logged token count predicted
-        # the seed's later pools within 6 tokens, against ~35 with the measured cell and logged post.
-        cell: float = arch
-        post = sum(s.tokens * arch / GIB + s.pre * (1 - s.fraction) for s in starts) / len(starts)
-        how = f"the architecture's {arch:,} B/token, {abs(measured / arch - 1) * 100:.2f} % from the measured"
-    else:
-        cell, post = measured, sum(s.post for s in starts) / len(starts)
-        how = f"{measured:,.0f} B/token measured" + (
-            f" (the architecture says {arch:,}: check the inventory)" if arch is not None else ""
-        )
-    runtime, measured_runtime = _runtime(
-        starts, PoolModel(pre, post, cell, "calibrated", 0.0, True, **_common(host, flags))
-    )
-    note = f"calibrated from {len(starts)} earlier start(s): pre {pre:.2f} GiB, post {post:.4f} GiB, {how}"
-    model = PoolModel(pre, post, cell, "calibrated", runtime, measured_runtime, **_common(host, flags))
-    return replace(model, notes=(note,), **_graphs(starts, flags))
-
-
-def _graphs(starts: Sequence[_Start], flags: Flags) -> dict[str, Any]:
-    """The latest start that logged its CUDA-graph memory, for crediting a lower request count."""
+def with_graphs(model: PoolModel, starts: Sequence[Start], flags: Flags) -> PoolModel:
+    """The model with the CUDA-graph memory of the latest start that logged it, for crediting a lower
+    request count (GRAPH_SCALING_SHARE); unchanged when none did."""
     max_bs_flag = flag(flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs")
     max_bs = int(str(max_bs_flag)) if max_bs_flag else DEFAULT_GRAPH_MAX_BS
     for s in reversed(starts):
         if s.graph and s.requests and s.available is not None:
-            return {"graph_gib": s.graph, "graph_bs": min(s.requests, max_bs), "graph_max_bs": max_bs}
-    return {}
+            return replace(model, graph_gib=s.graph, graph_bs=min(s.requests, max_bs), graph_max_bs=max_bs)
+    return model
 
 
-def _runtime(starts: Sequence[_Start], model: PoolModel) -> tuple[float, bool]:
+def runtime_need(starts: Sequence[Start], model: PoolModel) -> tuple[float, bool]:
     """The largest measured graphs-and-activations need, req_to_token taken out (it is re-added per plan)."""
     needs = [
         s.pre * (1 - s.fraction) - s.available - model.need_gib(s.requests or 0, s.context or 0)

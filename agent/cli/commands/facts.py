@@ -38,7 +38,7 @@ def host_facts(args: argparse.Namespace) -> dict[str, Any]:
         if not (doc.get("sglang") or {}).get("version"):  # no SGLang in the unit's Python to ask
             doc["sglang"] = {"version": s.host.sglang.version, "source": "inventory"}
         if doc.get("draft") is None:  # no draft config.json on the host: the inventory's figures
-            from agent.plan.facts import inventory_draft
+            from agent.plan.from_inventory import inventory_draft
 
             tp = int(str((doc.get("flags") or {}).get("tp-size") or s.host.gpus.count))
             doc["draft"] = inventory_draft(s.host, tp)

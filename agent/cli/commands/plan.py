@@ -16,7 +16,9 @@ from agent.inventory import load_host, units_dir
 from agent.output import Output, Style
 
 if TYPE_CHECKING:
+    from agent.inventory import HostConfig
     from agent.plan.choose import Plan, Target
+    from agent.plan.model import Flags, StartFigures
     from agent.plan.startcheck import Planned
 
 # plan's exit status: 0 feasible, NOT_FEASIBLE when the plan cannot reach the target (it is printed all the
@@ -63,46 +65,56 @@ def _asked(change: Change) -> Target:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from agent.plan.choose import plan_for_host
-    from agent.report import plan_with_chart
-
     if args.facts:
         return _run_facts(args, out)
     if not args.host:
         raise UsageError("a host is required (or --facts FILE)", hint="see: deployctl plan --help")
     from agent.apply import with_set_flags
+    from agent.plan.choose import plan_for_host
     from agent.render import check_with_sglang_table
 
     change = Change.of(args)
     host = load_host(args.host, units_dir(args.units))
     check_with_sglang_table(host, dict(change.flags))
     host = with_set_flags(host, change, {})[0]
-    history, set_aside = checked_starts(args.from_log, planned_for(None, host.model.path, host.sglang.flags,
-                                                                     host.gpus.count))  # fmt: skip
-    running: Mapping[str, Any] = host.sglang.flags
+    given, set_aside = checked_starts(args.from_log, planned_for(None, host.model.path, host.sglang.flags,
+                                                                   host.gpus.count))  # fmt: skip
+    history: Sequence[StartFigures] = given
+    running: Flags = host.sglang.flags
     asked = _asked(change)
     if not args.from_log and not args.offline:
-        from agent import deploy  # SSH only when the host is asked
-        from agent.apply import calibration_from
-        from agent.remote.client import base_request
-
-        with deploy.session(Connection.of(args)) as s:
-            facts = with_set_flags(host, change, s.client.call(base_request(s.host, "facts")))[1]
-        history = [dict(h) for h in calibration_from(facts) or []]
-        running = facts.get("flags") or running
-        from agent.plan.from_facts import plan_from_host_facts
-
-        from_host = plan_from_host_facts(host, facts, history, asked)
+        from_host, history, running = _from_host(args, host, change, asked)
         if from_host is not None:
-            chart = plan_with_chart(host.name, from_host, running, unicode=out.style is Style.TTY)
-            out.print(json.dumps(from_host.to_dict(), indent=2) if args.json else chart)
-            return verdict(from_host)
+            return _printed(out, args, host.name, from_host, running)
     plan = plan_for_host(host, asked, history or None, running)
-    plan = replace(plan, notes=(*set_aside, *plan.notes))
+    return _printed(out, args, host.name, replace(plan, notes=(*set_aside, *plan.notes)), running)
+
+
+def _from_host(
+    args: argparse.Namespace, host: HostConfig, change: Change, asked: Target
+) -> tuple[Plan | None, Sequence[StartFigures], Flags]:
+    """Ask the host for its facts: the plan from its config.json when it read one, its earlier starts and
+    the running unit's flags."""
+    from agent import deploy  # SSH only when the host is asked
+    from agent.apply import calibration_from, with_set_flags
+    from agent.plan.from_facts import plan_from_host_facts
+    from agent.remote.client import base_request
+
+    with deploy.session(Connection.of(args)) as s:
+        facts = with_set_flags(host, change, s.client.call(base_request(s.host, "facts")))[1]
+    history = [dict(h) for h in calibration_from(facts) or []]
+    running: Flags = facts.get("flags") or host.sglang.flags
+    return plan_from_host_facts(host, facts, history, asked), history, running
+
+
+def _printed(out: Output, args: argparse.Namespace, name: str, plan: Plan, running: Flags) -> int:
+    """Print the plan (JSON, or the notes and the chart) and return its exit status."""
+    from agent.report import plan_with_chart
+
     if args.json:
         out.print(json.dumps(plan.to_dict(), indent=2))
     else:
-        out.print(plan_with_chart(host.name, plan, running, unicode=out.style is Style.TTY))
+        out.print(plan_with_chart(name, plan, running, unicode=out.style is Style.TTY))
     return verdict(plan)
 
 
@@ -115,7 +127,6 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     """Plan from a facts file alone; --from-log adds earlier starts to the one the file may carry."""
     from agent.plan.facts import load_facts
     from agent.plan.from_facts import plan_from_facts
-    from agent.report import plan_with_chart
     from agent.sglang import server_args
 
     if args.host:
@@ -133,10 +144,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     )
     inp = replace(inp, starts=(*inp.starts, *starts))
     plan = plan_from_facts(inp, _asked(change))
-    plan = replace(plan, notes=(*set_aside, *plan.notes))
-    chart = plan_with_chart(inp.name, plan, inp.flags, unicode=out.style is Style.TTY)
-    out.print(json.dumps(plan.to_dict(), indent=2) if args.json else chart)
-    return verdict(plan)
+    return _printed(out, args, inp.name, replace(plan, notes=(*set_aside, *plan.notes)), inp.flags)
 
 
 def planned_for(arch: str | None, path: str, flags: Mapping[str, Any], gpus: int) -> Planned:

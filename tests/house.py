@@ -25,7 +25,7 @@ LONG = 40
 # Measured on a498560: 177 / 11 / 4 / 13. This round's merged work (drain, CPU planning, flag table, secrets)
 # raised the first two; the ceilings start from that merged state and may only fall from here. One planning
 # path (agent/plan/) brought them to 194 / 10 / 0 / 13.
-CEILINGS = {"untyped": 194, "long_functions": 10, "private_imports": 0, "flat_modules": 13}
+CEILINGS = {"untyped": 194, "long_functions": 9, "private_imports": 0, "flat_modules": 13}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ DECODE = {"SGLANG_SIM_DECODE_SECONDS_PER_TOKEN": "0.02"}  # 20 ms per decode ste
 def sim() -> Iterator[simhost.SimHost]:
     host = boot_sim(DECODE)
     path = host.units_dir / f"{host.name}.toml"
-    path.write_text(path.read_text() + "\n[smoke]\nprompt_tokens = 20000\nload = 3\n")
+    path.write_text(path.read_text().replace("[smoke]\n", "[smoke]\nload = 3\n", 1))
     try:
         yield host
     finally:

@@ -207,7 +207,7 @@ class Probe:
             ) as r:
                 if r.status_code != 200:
                     return Reply(r.status_code, r.text[:200], total_s=time.monotonic() - sent)
-                for line in r.iter_lines():
+                for line in r.iter_lines(chunk_size=64):  # small reads: each token's line as it comes
                     chunk = _event(line)
                     if chunk is None:
                         continue

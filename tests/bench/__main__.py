@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.sglang.flags import parse_unit_flags
 from tests import simhost
-from tests.bench import fleet, parse_bench, restart, restarts
+from tests.bench import fleet, parse_bench, real, restart, restarts
 from tests.bench.tools import Ansible, Deployctl, Run
 from tests.integration.conftest import wait_pool
 
@@ -51,6 +51,7 @@ def args_() -> argparse.Namespace:
     ap.add_argument("--parse-lines", type=int, default=300_000)
     ap.add_argument("--downtime-rounds", type=int, default=_env_int("DOWNTIME_ROUNDS", 3))
     ap.add_argument("--fleet-hosts", type=int, default=_env_int("FLEET_HOSTS", 16), help="0 skips the fleet")
+    ap.add_argument("--real-rounds", type=int, default=_env_int("REAL_ROUNDS", 3), help="0 skips real SGLang")
     return ap.parse_args()
 
 
@@ -192,6 +193,15 @@ def table(f: dict[str, Any], a: argparse.Namespace) -> None:
         "\ndeployctl's time per change, medians: "
         + ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in f["deployctl_phases_s_median"].items())
     )
+    if f.get("real_rounds"):
+        say(
+            f"\nreal SGLang 0.5.23 (CPU), medians of {f['real_rounds']} restarts with a request in flight: "
+            f"deployctl's own time {f['real_own_s_median']:.2f} s beyond the downtime and its drain wait; "
+            f"server ready -> /health answered {f['real_ready_s_median']:.2f} s; downtime "
+            f"{f['real_downtime_s_median']:.1f} s; drain {f['real_in_flight_median']:.0f} in flight, "
+            f"{f['real_finished_median']:.0f} finished, {f['real_cut_median']:.0f} cut, "
+            f"{f['real_drain_s_median']:.1f} s"
+        )
     say(f"\n{'':42} {'deployctl':>12} {'ansible':>12}  notes")
     for name, dc, an, note in rows:
         say(f"{name:42} {dc:>12} {an:>12}  {note}")
@@ -213,8 +223,9 @@ def main() -> int:
         say("booting a test host whose simulated weights are big enough to dominate a restart")
         downtime = restart.measure(a.downtime_rounds, Path(tmp), say)
     fleet_figures = fleet.measure(a.fleet_hosts, say=say) if a.fleet_hosts else {}
+    real_figures = real.measure(a.real_rounds, say)
     say("parser throughput")
-    f = figures(compared, counted, parser_rate(a.parse_lines)) | downtime | fleet_figures
+    f = figures(compared, counted, parser_rate(a.parse_lines)) | downtime | fleet_figures | real_figures
     table(f, a)
     f["date"] = datetime.date.today().isoformat()
     f["machine"] = f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"

@@ -122,6 +122,21 @@ class StateDir:
                 out.append(json.loads(line))
         return out
 
+    # the router: a worker this host took out and has not put back yet ---------------------------
+    def mark_router_out(self, unit: str, worker: str) -> None:
+        write_json_atomic(self.unit_dir(unit) / "router_out.json", {"worker": worker})
+
+    def router_left_out(self, unit: str) -> str | None:
+        try:
+            value = json.loads((self.unit_dir(unit) / "router_out.json").read_text()).get("worker")
+            return value if isinstance(value, str) else None
+        except (FileNotFoundError, ValueError, AttributeError):
+            return None
+
+    def clear_router_out(self, unit: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.unit_dir(unit) / "router_out.json").unlink()
+
     # transactions ----------------------------------------------------------------------------
     def set_last_txn(self, unit: str, txn: str) -> None:
         write_json_atomic(self.unit_dir(unit) / "last_txn.json", {"txn": txn})

@@ -258,6 +258,8 @@ class Transaction:
         """Finish an earlier run's change; a failed or impossible recovery stops everything here."""
         self.log.emit(Stage.RECOVER, "step", "checking for an unfinished earlier run")
         found = self.recovered = self.recover()
+        if found not in ("corrupt", "failed"):
+            self._rejoin_left_out()
         if found == "corrupt":
             path = self.state.record_path(self.unit)
             return Result(
@@ -323,6 +325,8 @@ class Transaction:
         except RouterError as exc:
             return Result(Outcome.ERROR, f"the router at {url} did not take {worker} out: {exc}")
         self.log.emit(Stage.ROUTER, "step", taken.message, out=taken.out)
+        if taken.out:  # a run killed from here on leaves the mark: the next run puts the worker back
+            self.state.mark_router_out(self.unit, worker)
         left = time.monotonic()
         result: Result | None = None
         try:
@@ -349,7 +353,17 @@ class Transaction:
         except RouterError as exc:
             self.log.emit(Stage.ROUTER, "warning", f"putting {worker} back in the router failed: {exc}")
             return False
+        self.state.clear_router_out(self.unit)
         return True
+
+    def _rejoin_left_out(self) -> None:
+        """An earlier run took the worker out and was killed before it put it back: put it back now, once
+        that run's change is finished (recovered or kept) and the server answers."""
+        worker = self.state.router_left_out(self.unit)
+        if worker is None or self.req.router_url is None or worker != self.req.router_worker_url:
+            return
+        self.log.emit(Stage.ROUTER, "step", f"an earlier run left {worker} out of the router")
+        self._back_in_router(self.router(self.req.router_url), worker)
 
     # -- the change ------------------------------------------------------------------------------
     def _change(

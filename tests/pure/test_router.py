@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.host.router import RouterError, Worker, parse_workers, put_back, take_out
+from agent.host.state import StateDir
 from agent.protocol import Outcome, ProtocolError, Request
 from tests.pure.txnfakes import Host, Script, unit_text
 
@@ -172,3 +173,25 @@ def test_the_router_list_is_read_as_the_gateway_sends_it() -> None:
 def test_a_bad_router_setting_is_refused_on_the_wire(fields: dict[str, object]) -> None:
     with pytest.raises(ProtocolError):
         Request("apply", unit_text="[Service]\nExecStart=/x\n", target_context=1, **fields).validate()  # type: ignore[arg-type]
+
+
+def test_a_run_killed_while_the_worker_was_out_is_put_back_by_the_next_run(host: Host) -> None:
+    router = FakeRouter()
+    req = routed(host, router, OLD)
+    # the killed run: it took the worker out, marked it, and died before putting it back
+    router.remove(next(k for k, w in router.workers_.items() if w.url == ME))
+    StateDir(req.state_dir).mark_router_out(req.unit, ME)
+    outcome, _ = run(host, router, req)  # cron's next run: nothing to change
+    assert outcome is Outcome.UP_TO_DATE
+    assert ME in router.urls() and StateDir(req.state_dir).router_left_out(req.unit) is None
+
+
+def test_a_worker_put_back_leaves_no_mark_and_one_left_out_keeps_it(host: Host) -> None:
+    router = FakeRouter()
+    req = routed(host, router, NEW)
+    run(host, router, req)
+    assert StateDir(req.state_dir).router_left_out(req.unit) is None
+    req = replace(req, unit_text=unit_text(TOO_BIG), target_context=TOO_BIG)
+    host.probe.down = True
+    run(host, router, req)
+    assert StateDir(req.state_dir).router_left_out(req.unit) == ME  # still out: the next run tries again

@@ -554,9 +554,8 @@ def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> 
             f"cannot plan {inp.name} without an earlier start: the facts lack model.weights_bytes",
             hint="add weights_bytes (the checkpoint's tensor bytes) or last_start (a start-up log)",
         )
-    layout = RankLayout(
-        par.tp, par.pp, attn_tp=par.attn_tp if par.attn_dp > 1 else None, custom_all_reduce=_custom_ar(inp)
-    )
+    attn_tp = par.attn_tp if par.attn_dp > 1 else None
+    layout = RankLayout(par.tp, par.pp, attn_tp, _custom_ar(inp), _quick_reduce_gib(inp))
     over = overhead_for(inp.gpu.name, inp.gpu.memory_gib, layout)
     pre = inp.gpu.memory_gib - over.gib
     shards = par.tp * par.pp
@@ -574,6 +573,18 @@ def _custom_ar(inp: PlanInput) -> bool:
     SGLANG_USE_AITER_AR=0 (distributed/device_communicators/custom_all_reduce.py) turn the aiter one off."""
     off = "disable-custom-all-reduce" in inp.flags and _on(inp.flags, "disable-custom-all-reduce")
     return not off and inp.env.get("SGLANG_USE_AITER_AR", "true") not in _OFF
+
+
+def _quick_reduce_gib(inp: PlanInput) -> float:
+    """ROCm quick all-reduce: on with ROCM_QUICK_REDUCE_QUANTIZATION in FP/INT8/INT6/INT4; its max problem
+    size is ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB, else 2 GiB (device_communicators/quick_all_reduce.py)."""
+    if inp.env.get("ROCM_QUICK_REDUCE_QUANTIZATION", "NONE") not in ("FP", "INT8", "INT6", "INT4"):
+        return 0.0
+    try:
+        mib = int(inp.env.get("ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB", "0"))
+    except ValueError:
+        mib = 0
+    return mib / 1024 if mib > 0 else 2.0
 
 
 @dataclass(frozen=True)

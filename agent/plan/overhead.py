@@ -34,9 +34,14 @@ aiter/dist/device_communicators/custom_all_reduce.py, max_size=1024*1024*1024, _
 rest of the logged 3.20-3.83 GB: up to 0.82 GiB at TP 8 on the hungriest rank, which the minimum takes
 (about 0.12 GiB per extra rank). With attention DP splitting TP into attention-TP groups of 2-8 ranks,
 0.5.23 gives that group its own custom all-reduce too (distributed/parallel_state.py, the attention_tp
-group inherits the policy), so a second 3.01 GiB. Two public images spent 4-5 GiB more in torch.distributed
-init (7.81 GB, 8.29 GB) than 0.5.23's code accounts for; the margin covers them, and the first real start
-replaces the estimate (a failed start's "Load weight begin" too).
+group inherits the policy), so a second 3.01 GiB. With ROCM_QUICK_REDUCE_QUANTIZATION set (FP, INT8, INT6,
+INT4) each such group also opens a quick all-reduce (TP 2, 4 or 8; quick_all_reduce.py), whose uncached
+buffer is 2 x its max problem size (quickreduce DeviceComms::init, data_buffer_size = 2 * kMaxProblemSize),
+2 GiB unless ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB says otherwise (quick_all_reduce.py): 4 GiB, which is what
+the rocm/sgl-dev 0.5.9 image took beyond the 0.5.8.post1 one (7.81 against 3.81 GB; the image's environment
+is not in the log, so this is consistent, not shown). An MI300X DeepSeek-V4 dev image took 8.29 GB at TP 4
+with attention DP. The margin covers both; the first real start replaces the estimate (a failed start's
+"Load weight begin" too).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ AITER_ALLREDUCE_GIB = 3.0 + 8 / 1024  # 1 GiB input + 2 GiB meta/tmp + 8 MiB ran
 RCCL_PER_RANK_GIB = 0.12
 AMD_MARGIN_GIB = 5.4
 _AR_WORLD_SIZES = (2, 4, 6, 8)  # aiter/sglang CustomAllreduce._SUPPORTED_WORLD_SIZES
+_QR_WORLD_SIZES = (2, 4, 8)  # QuickAllReduce._SUPPORTED_WORLD_SIZES
 _AMD_WORDS = ("AMD", "Instinct", "MI300", "MI308", "MI325", "MI350", "MI355")
 
 
@@ -70,6 +76,7 @@ class RankLayout:
     pp: int = 1
     attn_tp: int | None = None
     custom_all_reduce: bool = True
+    quick_reduce_max_gib: float = 0.0  # ROCm quick all-reduce's max problem size; 0: not set up
 
 
 def is_amd(gpu_name: str) -> bool:
@@ -97,20 +104,20 @@ def overhead_for(gpu_name: str, card_gib: float, layout: RankLayout) -> Overhead
 
 
 def _amd(layout: RankLayout) -> Overhead:
-    """HIP context, aiter's custom all-reduce per all-reduce group, RCCL per extra rank."""
+    """HIP context, aiter's custom (and quick) all-reduce per all-reduce group, RCCL per extra rank."""
     ranks = max(1, layout.tp) * max(1, layout.pp)
-    groups = 0
-    if layout.custom_all_reduce and layout.tp in _AR_WORLD_SIZES:
-        groups = 1
-        attn = layout.attn_tp
-        if attn is not None and attn != layout.tp and attn in _AR_WORLD_SIZES:
-            groups = 2  # the attention-TP group's own custom all-reduce
-    gib = HIP_CONTEXT_GIB + AITER_ALLREDUCE_GIB * groups + RCCL_PER_RANK_GIB * (ranks - 1)
+    sizes = [layout.tp]
+    if layout.attn_tp is not None and layout.attn_tp != layout.tp:
+        sizes.append(layout.attn_tp)  # the attention-TP group's own all-reduce
+    groups = [n for n in sizes if layout.custom_all_reduce and n in _AR_WORLD_SIZES]
+    quick = 2 * layout.quick_reduce_max_gib * sum(n in _QR_WORLD_SIZES for n in groups)
+    gib = HIP_CONTEXT_GIB + AITER_ALLREDUCE_GIB * len(groups) + quick + RCCL_PER_RANK_GIB * (ranks - 1)
     why = (
         f"{gib:.2f} GiB before the weights (AMD Instinct: HIP context {HIP_CONTEXT_GIB:.2f} GiB + "
-        f"{groups} aiter custom all-reduce x {AITER_ALLREDUCE_GIB:.2f} GiB + RCCL "
-        f"{RCCL_PER_RANK_GIB:.2f} GiB per extra rank, from aiter's code and public MI355X startups), "
-        f"-{AMD_MARGIN_GIB:.2f} GiB margin "
-        "(two public ROCm images took 4-5 GiB more): the fraction is chosen for the low end"
+        f"{len(groups)} aiter custom all-reduce x {AITER_ALLREDUCE_GIB:.2f} GiB"
+        + (f" + quick all-reduce {quick:.2f} GiB" if quick else "")
+        + f" + RCCL {RCCL_PER_RANK_GIB:.2f} GiB per extra rank, from aiter's code and public MI355X "
+        f"startups), -{AMD_MARGIN_GIB:.2f} GiB margin (two public ROCm images took 4-5 GiB more): the "
+        "fraction is chosen for the low end"
     )
     return Overhead(gib, AMD_MARGIN_GIB, why)

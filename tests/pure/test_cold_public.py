@@ -149,3 +149,21 @@ def test_the_unit_environment_turns_the_aiter_all_reduce_off() -> None:
         CONTEXT,
     ).pool
     assert off.pre_gib - on.pre_gib == pytest.approx(3.0 + 8 / 1024) == flag.pre_gib - on.pre_gib
+
+
+def test_rocm_quick_all_reduce_takes_twice_its_max_size_per_group() -> None:
+    # quickreduce DeviceComms::init: data buffer = 2 x kMaxProblemSize (2 GiB by default in 0.5.23's
+    # quick_all_reduce.py): 4 GiB, the 7.81 - 3.81 GB the rocm/sgl-dev 0.5.9 image took beyond 0.5.8.post1.
+    base = {"tp-size": 8, "mem-fraction-static": 0.9}
+    plain = pool_model(_doc("llama-3.1-8b", MI355X, base), CONTEXT).pool
+    quick = pool_model(
+        _doc("llama-3.1-8b", MI355X, base, {"ROCM_QUICK_REDUCE_QUANTIZATION": "INT4"}), CONTEXT
+    )
+    small = {"ROCM_QUICK_REDUCE_QUANTIZATION": "FP", "ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB": "512"}
+    half = pool_model(_doc("llama-3.1-8b", MI355X, base, small), CONTEXT).pool
+    assert plain.pre_gib - quick.pool.pre_gib == pytest.approx(4.0)
+    assert plain.pre_gib - half.pre_gib == pytest.approx(1.0)
+    assert any("quick all-reduce 4.00 GiB" in n for n in quick.notes)
+    # TP 6 has a custom all-reduce but no quick one.
+    six = overhead_for("AMD Instinct MI355X", 287.98, RankLayout(6, quick_reduce_max_gib=2.0))
+    assert six.gib == overhead_for("AMD Instinct MI355X", 287.98, RankLayout(6)).gib

@@ -16,7 +16,7 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.choose import Plan, Target, choose
 from agent.plan.cpu import is_cpu, plan_cpu
-from agent.plan.facts import PlanInput, parse_facts
+from agent.plan.facts import ModelInput, PlanInput, parse_facts
 from agent.plan.from_inventory import plan_input_from_host
 from agent.plan.model import (
     CELL_AGREEMENT,
@@ -27,7 +27,7 @@ from agent.plan.model import (
     start_of,
     with_graphs,
 )
-from agent.plan.overhead import pre_weights_overhead
+from agent.plan.overhead import RankLayout, is_amd, overhead_for
 from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
 from agent.sglang.kvpool import GIB
@@ -35,7 +35,7 @@ from agent.sglang.pools import DsaBackends, Parallel
 
 EAGLE_STYLE = kvpool.EAGLE_STYLE
 DFLASH_FAMILY = kvpool.DFLASH_FAMILY
-_AMD = ("AMD", "Instinct", "MI300", "MI325", "MI355")
+_OFF = ("0", "false", "False", "no")
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,10 @@ def _full_cell(inp: PlanInput, layout: KVLayout, how: tuple[str, Parallel, str |
     (dtype, par, algorithm), f = how, inp.flags
     prefill, decode = _flag(f, "dsa-prefill-backend"), _flag(f, "dsa-decode-backend")
     backends = DsaBackends(
-        None if prefill is None else str(prefill), None if decode is None else str(decode), inp.sm_major
+        None if prefill is None else str(prefill),
+        None if decode is None else str(decode),
+        inp.sm_major,
+        hip=is_amd(inp.gpu.name),
     )
     cell: float = pools.full_cell(layout, dtype, layers, par, backends)
     if algorithm in EAGLE_STYLE:
@@ -374,15 +377,13 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
     return settings.fraction
 
 
-def _aiter_scale(inp: PlanInput, context: int, explicit: bool, notes: list[str]) -> float:
+def _aiter_scale(inp: PlanInput, arch: Sizing, context: int, notes: list[str]) -> float:
     """arg_groups/attention_hook.py: aiter above 8k context runs at 0.85 x the fraction."""
-    backend = _flag(inp.flags, "attention-backend")
-    amd = any(word in inp.gpu.name for word in _AMD)
-    if backend is None and amd:
-        backend = "aiter"  # SGLang's default attention backend on AMD Instinct with aiter installed
+    backend = attention_backend(inp, arch.layout, arch.par)
+    explicit = _flag(inp.flags, "mem-fraction-static") is not None
     honor = bool(inp.env.get("SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION"))
     scale = memory_defaults.aiter_fraction(
-        1.0, backend=str(backend) if backend else None, context_len=context, explicit=explicit, honor=honor
+        1.0, backend=backend, context_len=context, explicit=explicit, honor=honor
     )
     if scale != 1.0:
         notes.append(
@@ -390,7 +391,40 @@ def _aiter_scale(inp: PlanInput, context: int, explicit: bool, notes: list[str])
             "(arg_groups/attention_hook.py); set SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION=1 in the unit to "
             "use the fraction as given. The plan accounts for the 0.85"
         )
+    elif backend is not None and is_amd(inp.gpu.name) and _flag(inp.flags, "attention-backend") is None:
+        notes.append(
+            f"AMD: SGLang picks the {backend} attention backend for this model, so no 0.85 x fraction"
+        )
     return scale
+
+
+def attention_backend(inp: PlanInput, layout: KVLayout, par: Parallel) -> str | None:
+    """The attention backend SGLang resolves where it changes the pool: the flag (or equal prefill and
+    decode flags, arg_groups/overrides.py _attention_backend_default), else on AMD the ROCm default:
+    dsa for DSA models (arg_groups/model_overrides/deepseek_v2.py), aiter for MHA, and for MLA aiter only
+    with 16 or 128 KV heads per rank, else triton (model_override_base.py get_default_attn_backend)."""
+    f = inp.flags
+    prefill, decode = _flag(f, "prefill-attention-backend"), _flag(f, "decode-attention-backend")
+    if prefill is not None and prefill == decode:
+        return str(prefill)
+    backend = _flag(f, "attention-backend")
+    if backend is not None:
+        return str(backend)
+    if not is_amd(inp.gpu.name):
+        return None
+    if layout.family == "dsa":
+        return "dsa"
+    if layout.kv_lora_rank:
+        heads = max(1, _total_kv_heads(inp.model) // max(1, par.tp))
+        return "aiter" if heads in (16, 128) else "triton"
+    return "aiter"
+
+
+def _total_kv_heads(model: ModelInput) -> int:
+    """configs/model_config.py get_total_num_kv_heads of the text config (MLA models list theirs too)."""
+    text = model.config.get("text_config")
+    text = text if isinstance(text, Mapping) else model.config
+    return int(text.get("num_key_value_heads") or text.get("num_attention_heads") or 0)
 
 
 @dataclass(frozen=True)
@@ -409,8 +443,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     arch = sizing(inp)
     layout, dtype, par, sizer, notes = arch.layout, arch.dtype, arch.par, arch.sizer, list(arch.notes)
     fraction = _fraction(inp, layout, par, notes)
-    explicit = _flag(inp.flags, "mem-fraction-static") is not None
-    scale = _aiter_scale(inp, context, explicit, notes)
+    scale = _aiter_scale(inp, arch, context, notes)
     # What every model of this host shares; the memory figures and the cell come from the starts or the card.
     shape = PoolModel(
         0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,
@@ -521,7 +554,9 @@ def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> 
             f"cannot plan {inp.name} without an earlier start: the facts lack model.weights_bytes",
             hint="add weights_bytes (the checkpoint's tensor bytes) or last_start (a start-up log)",
         )
-    over = pre_weights_overhead(inp.gpu.memory_gib, par.tp, par.pp)
+    attn_tp = par.attn_tp if par.attn_dp > 1 else None
+    layout = RankLayout(par.tp, par.pp, attn_tp, _custom_ar(inp), _quick_reduce_gib(inp))
+    over = overhead_for(inp.gpu.name, inp.gpu.memory_gib, layout)
     pre = inp.gpu.memory_gib - over.gib
     shards = par.tp * par.pp
     weights = inp.model.weights_bytes / shards / GIB
@@ -531,6 +566,25 @@ def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> 
         + (f" + draft {draft:.2f} GiB" if draft else "")
     )
     return replace(shape, pre_gib=pre, post_gib=pre - weights - draft, margin_gib=over.margin_gib)
+
+
+def _custom_ar(inp: PlanInput) -> bool:
+    """Whether SGLang sets up the (aiter, on ROCm) custom all-reduce: --disable-custom-all-reduce and
+    SGLANG_USE_AITER_AR=0 (distributed/device_communicators/custom_all_reduce.py) turn the aiter one off."""
+    off = "disable-custom-all-reduce" in inp.flags and _on(inp.flags, "disable-custom-all-reduce")
+    return not off and inp.env.get("SGLANG_USE_AITER_AR", "true") not in _OFF
+
+
+def _quick_reduce_gib(inp: PlanInput) -> float:
+    """ROCm quick all-reduce: on with ROCM_QUICK_REDUCE_QUANTIZATION in FP/INT8/INT6/INT4; its max problem
+    size is ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB, else 2 GiB (device_communicators/quick_all_reduce.py)."""
+    if inp.env.get("ROCM_QUICK_REDUCE_QUANTIZATION", "NONE") not in ("FP", "INT8", "INT6", "INT4"):
+        return 0.0
+    try:
+        mib = int(inp.env.get("ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB", "0"))
+    except ValueError:
+        mib = 0
+    return mib / 1024 if mib > 0 else 2.0
 
 
 @dataclass(frozen=True)

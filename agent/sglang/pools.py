@@ -80,21 +80,26 @@ class DsaBackends:
     prefill: str | None = None
     decode: str | None = None
     sm_major: int | None = None
+    hip: bool = False  # an AMD Instinct card (ROCm): other defaults, other rows
 
 
 def _mla_dim(layout: KVLayout, dtype: str, backends: DsaBackends) -> int:
     """mem_cache/kv_cache_configurator.py calculate_mla_kv_cache_dim.
 
     DSA with fp8 stores the scaled row (latent + 4 B per 128 + rope in bf16: 656 for 512/64) unless a
-    backend reads the raw row: trtllm on either side, or tilelang on both. Default DSA backends for fp8
-    (arg_groups/overrides.py _dsa_split_backend_resolution): trtllm on SM >= 10, flashmla_kv before.
+    backend reads the raw row: trtllm on either side, or tilelang on both; on ROCm tilelang, triton or
+    aiter on either side. Default DSA backends for fp8 (arg_groups/overrides.py
+    _dsa_split_backend_resolution): triton on ROCm, trtllm on SM >= 10, flashmla_kv before.
     """
     raw = layout.kv_lora_rank + layout.qk_rope_head_dim
     if layout.family != "dsa" or dtype != "fp8_e4m3":
         return raw
     default = "trtllm" if (backends.sm_major or 9) >= 10 else "flashmla_kv"
+    default = "triton" if backends.hip else default
     prefill, decode = backends.prefill or default, backends.decode or default
     if "trtllm" in (prefill, decode) or prefill == decode == "tilelang":
+        return raw
+    if backends.hip and {prefill, decode} & {"tilelang", "triton", "aiter"}:
         return raw
     return layout.kv_lora_rank + layout.kv_lora_rank // DSA_QUANT_BLOCK * 4 + layout.qk_rope_head_dim * 2
 

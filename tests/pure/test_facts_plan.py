@@ -81,7 +81,7 @@ def test_cold_ct200_still_reaches_200k_and_says_how_wide_the_margin_is() -> None
     p = plan_from_facts(parse_facts(ct200(last_start=None)), Target(200_000))
     assert p.feasible and p.basis == "architecture"
     assert kvpool.pool_tokens(TRUE_PRE, TRUE_POST, p.mem_fraction_static, TRUE_CELL) >= 200_000
-    assert any("±0.35 GiB" in n for n in p.notes)
+    assert any("-0.40 GiB margin" in n for n in p.notes)
     # The cold prediction at the seed's 0.85 is within 4 % of the logged pool (101,134).
     cold = pool_model(parse_facts(ct200(last_start=None)), 200_000).pool
     assert abs(cold.pool(0.85) / 101_134 - 1) < 0.04

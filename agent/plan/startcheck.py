@@ -1,9 +1,10 @@
 """Calibrate only on a start of this model: what a start-up log says it ran, against what is planned.
 
 The architecture is the `type=` of the first `Load weight end` line (model_runner.py logs the target before
-any draft); TP, PP, the KV cache dtype and the model path come from the `server_args=ServerArgs(...)` line.
-A start of another model, TP or PP is refused with one line; one with another KV dtype is set aside (its
-bytes per token are not the plan's), and the plan says so.
+any draft); TP, PP, the KV cache dtype and the model path come from the `server_args=ServerArgs(...)`
+line; the GPU shows in `Load weight begin. avail mem=` (free memory per card before the weights), which no
+card of this host could exceed. A start of another model, TP, PP or on bigger cards is refused with one
+line; one with another KV dtype is set aside (its bytes per token are not the plan's), and the plan says so.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 _TYPE = re.compile(r"Load weight end\..*?\btype=([A-Za-z0-9_]+)")
+_PRE = re.compile(r"Load weight begin\. avail mem=(\d+(?:\.\d+)?) ?GB")
+# SGLang's "GB" is GiB (utils get_available_gpu_memory divides by 1 << 30); a card never has more free than
+# it has, but the driver's total and torch's view differ by a few hundred MiB
+_CARD_SLACK_GIB = 0.5
 _ARG = {
     "tp": re.compile(r"\btp_size=(\d+)"),
     "pp": re.compile(r"\bpp_size=(\d+)"),
@@ -30,6 +35,7 @@ class StartIdentity:
     tp: int | None = None
     pp: int | None = None
     kv_dtype: str | None = None
+    pre_gib: float | None = None  # free memory per GPU before the weights (the first rank that logged it)
 
 
 def identity(lines: Iterable[str]) -> StartIdentity:
@@ -37,6 +43,8 @@ def identity(lines: Iterable[str]) -> StartIdentity:
     for line in lines:
         if "architecture" not in found and (m := _TYPE.search(line)):
             found["architecture"] = m[1]
+        if "pre" not in found and (m := _PRE.search(line)):
+            found["pre"] = m[1]
         if "ServerArgs(" in line:
             for key, pattern in _ARG.items():
                 if key not in found and (m := pattern.search(line)):
@@ -47,6 +55,7 @@ def identity(lines: Iterable[str]) -> StartIdentity:
         int(found["tp"]) if "tp" in found else None,
         int(found["pp"]) if "pp" in found else None,
         found.get("kv_dtype"),
+        float(found["pre"]) if "pre" in found else None,
     )
 
 
@@ -59,6 +68,7 @@ class Planned:
     tp: int
     pp: int
     kv_dtype: str
+    card_gib: float | None = None  # the host's GPU memory per card
 
 
 def refusal(start: StartIdentity, planned: Planned) -> str | None:
@@ -71,6 +81,11 @@ def refusal(start: StartIdentity, planned: Planned) -> str | None:
         return f"a start at tensor parallel {start.tp}; the plan is for {planned.tp}"
     if start.pp is not None and start.pp != planned.pp:
         return f"a start at pipeline parallel {start.pp}; the plan is for {planned.pp}"
+    if start.pre_gib is not None and planned.card_gib and start.pre_gib > planned.card_gib + _CARD_SLACK_GIB:
+        return (
+            f"a start with {start.pre_gib:g} GiB free per GPU before the weights, more than this host's "
+            f"{planned.card_gib:g} GiB cards hold: a start on other GPUs"
+        )
     return None
 
 

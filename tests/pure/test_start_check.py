@@ -45,6 +45,11 @@ def run_plan(tmp_path: Path, log: str, *argv: str) -> tuple[int, str, str]:
             ARGS.format(path="/models/Kimi-K2.6", tp=4, kv="auto") + START_LOG,
             "tensor parallel 4; the plan is for 8",
         ),
+        (
+            ARGS.format(path="/models/Kimi-K2.6", tp=8, kv="auto")
+            + START_LOG.replace("avail mem=92.80 GB", "avail mem=137.29 GB"),
+            "a start on other GPUs",
+        ),
     ],
 )
 def test_a_start_of_another_model_or_layout_is_refused(tmp_path: Path, log: str, says: str) -> None:
@@ -74,3 +79,15 @@ def test_the_architecture_is_the_targets_type() -> None:
         refusal(start, Planned("DeepseekV3ForCausalLM", "/m", 8, 1, "auto"))
     )
     assert refusal(StartIdentity(), kimi) is None  # a log that does not say is not refused
+
+
+def test_a_start_on_bigger_cards_is_refused() -> None:
+    """An H200 start (137.29 GiB free before the weights) cannot calibrate a plan for 95.6 GiB cards."""
+    h200 = START_LOG.replace("avail mem=92.80 GB", "avail mem=137.29 GB")
+    start = identity(h200.splitlines())
+    assert start.pre_gib == 137.29
+    kimi = Planned("KimiK25ForConditionalGeneration", "/m", 8, 1, "auto", 95.6)
+    assert "137.29 GiB free per GPU before the weights, more than this host's 95.6 GiB" in str(
+        refusal(start, kimi)
+    )
+    assert refusal(identity(START_LOG.splitlines()), kimi) is None  # the host's own cards

@@ -77,8 +77,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = load_host(args.host, units_dir(args.units))
     check_with_sglang_table(host, dict(change.flags))
     host = with_set_flags(host, change, {})[0]
-    given, set_aside = checked_starts(args.from_log, planned_for(None, host.model.path, host.sglang.flags,
-                                                                   host.gpus.count))  # fmt: skip
+    planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
+    given, set_aside = checked_starts(args.from_log, planned)
     history: Sequence[StartFigures] = given
     running: Flags = host.sglang.flags
     asked = _asked(change)
@@ -140,14 +140,19 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
         inp = replace(inp, flags={**inp.flags, **given})
     arch = (inp.model.config.get("architectures") or [None])[0]
     starts, set_aside = checked_starts(
-        args.from_log, planned_for(arch, inp.model.path or "", inp.flags, len(inp.gpus))
+        args.from_log,
+        planned_for(
+            arch, inp.model.path or "", inp.flags, len(inp.gpus), inp.gpus[0].memory_gib if inp.gpus else None
+        ),
     )
     inp = replace(inp, starts=(*inp.starts, *starts))
     plan = plan_from_facts(inp, _asked(change))
     return _printed(out, args, inp.name, replace(plan, notes=(*set_aside, *plan.notes)), inp.flags)
 
 
-def planned_for(arch: str | None, path: str, flags: Mapping[str, Any], gpus: int) -> Planned:
+def planned_for(
+    arch: str | None, path: str, flags: Mapping[str, Any], gpus: int, card_gib: float | None = None
+) -> Planned:
     from agent.plan.startcheck import Planned
 
     def number(*names: str, default: int) -> int:
@@ -155,7 +160,7 @@ def planned_for(arch: str | None, path: str, flags: Mapping[str, Any], gpus: int
 
     tp = number("tp-size", "tensor-parallel-size", default=gpus)
     pp = number("pp-size", "pipeline-parallel-size", default=1)
-    return Planned(arch, path, tp, pp, str(flags.get("kv-cache-dtype") or "auto"))
+    return Planned(arch, path, tp, pp, str(flags.get("kv-cache-dtype") or "auto"), card_gib)
 
 
 def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[dict[str, Any]], list[str]]:

@@ -76,6 +76,9 @@ class ModelInput:
     config: Mapping[str, Any]
     weights_bytes: int | None
     path: str | None = None
+    # False: the config does not state the model's context (an inventory without model.max_context), so
+    # SGLang's refusal of a longer one is not predicted (its 2048 fallback would be a guess)
+    context_known: bool = True
 
 
 @dataclass(frozen=True)

@@ -664,7 +664,7 @@ def _model_view(inp: PlanInput, layout: KVLayout) -> dict[str, Any]:
     model: dict[str, Any] = {
         "path": inp.model.path or "/facts/model",
         "dtype_bytes": layout.dtype_bytes,
-        "max_context": layout.context_len,
+        "max_context": layout.context_len if inp.model.context_known else None,
         "attention": "mla" if layout.kv_lora_rank else "gqa",
     }
     if layout.family in ("mla", "mha") and not layout.linear:

@@ -114,7 +114,10 @@ def plan_input_from_inventory(
         gpus=tuple(Gpu(host.gpus.name, host.gpus.memory_gib * 1024) for _ in range(host.gpus.count)),
         sglang_version=host.sglang.version,
         model=ModelInput(
-            config, None if weights is None else round(weights * GIB * tp * pp), host.model.path
+            config,
+            None if weights is None else round(weights * GIB * tp * pp),
+            host.model.path,
+            context_known=host.model.max_context is not None,
         ),
         draft=_draft_input(host, tp),
         flags=flags,

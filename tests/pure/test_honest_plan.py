@@ -109,3 +109,21 @@ def test_the_chart_passes_through_the_plans_own_point() -> None:
     assert chart.pool_at(p.mem_fraction_static) == p.predicted_pool_tokens
     label = f"{p.predicted_pool_tokens / 1e3:.0f}k"
     assert any(line.lstrip().startswith(label) and "O" in line for line in draw(chart).splitlines())
+
+
+def test_an_inventory_without_the_models_context_is_not_refused_on_a_guess() -> None:
+    """An adopted inventory names no model.max_context: SGLang's 2048 fallback (no length key in a config)
+    is not this model's limit, so a 200k plan must not be refused for it (it was, once the inventory went
+    through the facts planner)."""
+    from pathlib import Path
+
+    from agent.inventory import load_host
+    from agent.plan.choose import Target, plan_for_host
+
+    host = load_host("ct200-sim", Path(__file__).resolve().parents[2] / "units")
+    host = host.model_copy(update={"model": host.model.model_copy(update={"max_context": None})})
+    plan = plan_for_host(host, Target(200_000), [], dict(host.sglang.flags))
+    assert plan.feasible and not plan.refusals, plan.refusals
+    known = host.model_copy(update={"model": host.model.model_copy(update={"max_context": 131072})})
+    refused = plan_for_host(known, Target(200_000), [], dict(host.sglang.flags))
+    assert not refused.feasible and "above the model's own 131,072" in " ".join(refused.refusals)

@@ -24,8 +24,8 @@ END = "<!-- end of inventory-table -->"
 # What a key means where its Field carries no description.
 MEANING = {
     "[ssh]": "how to reach the host",
-    "[gpus]": "the service's GPUs on its host (facts read them from nvidia-smi when it answers); see "
-    "topologies.md for several services on one host",
+    "[gpus]": "the service's GPUs on its host (facts read them from nvidia-smi when it answers); several "
+    "services on one host: [topologies.md](topologies.md)",
     "[model]": "the model served; its architecture is read from `config.json` on the host where it exists",
     "[draft]": "the speculative-decoding draft model, whose own pool is budgeted per token too",
     "[unit]": "the systemd unit deployctl writes",

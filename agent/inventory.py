@@ -337,10 +337,13 @@ class HostConfig(_Model):
         if self.gpus.indices is not None:
             return tuple(self.gpus.indices)
         visible = self.unit.environment.get(VISIBLE)
-        if visible is None:
-            return tuple(range(self.gpus.count))
-        words = [w.strip() for w in visible.split(",")]
-        return tuple(int(w) for w in words) if all(w.isdigit() for w in words) else None
+        return tuple(range(self.gpus.count)) if visible is None else visible_devices(visible)
+
+
+def visible_devices(value: str) -> tuple[int, ...] | None:
+    """A CUDA_VISIBLE_DEVICES of plain GPU numbers ("4,5"); None for UUIDs or MIG instances."""
+    words = [w.strip() for w in value.split(",")]
+    return tuple(int(w) for w in words) if all(w.isdigit() for w in words) else None
 
 
 def units_dir(explicit: str | None) -> Path:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomlkit
 
 from agent.errors import InventoryError, UsageError
 from agent.exitcodes import ExitCode
@@ -358,3 +359,22 @@ def test_each_service_has_its_own_state_backups_and_metrics(tmp_path: Path) -> N
     assert a.metrics_file == "/var/lib/prometheus/node-exporter/deployctl_sglang-a.service.prom"
     assert b.metrics_file == "/var/lib/prometheus/node-exporter/deployctl_sglang-b.service.prom"
     assert (a.port, b.port) == (30001, 30002)
+
+
+# -- adopting a unit that pins its GPUs ----------------------------------------------------------
+def test_adopting_a_unit_that_pins_its_gpus_counts_those_gpus_only(tmp_path: Path) -> None:
+    """CUDA_VISIBLE_DEVICES stays as written (the unit runs as it ran); the count and the card are its."""
+    from agent.adopt import choose_unit, inventory_text
+    from agent.inventory import HostConfig as Config
+    from tests.pure.test_adopt import HAND, inspected
+
+    text = HAND.replace("[Service]\n", "[Service]\nEnvironment=CUDA_VISIBLE_DEVICES=6,7\n", 1)
+    text = text.replace("--tp-size 8", "--tp-size 2").replace("'--tp-size=8'", "'--tp-size=2'")
+    cards = [("H200", "143771")] * 6 + [("L40S", "46068")] * 2
+    rows = [{"index": str(i), "name": name, "total_mib": mib} for i, (name, mib) in enumerate(cards)]
+    toml = inventory_text("box-small", "box", True, choose_unit(inspected(tmp_path, text), None), rows)
+    host = Config.model_validate({**tomlkit.parse(toml).unwrap(), "name": "box-small"})
+    assert host.gpus.count == 2 and host.gpus.name == "L40S" and host.gpus.memory_gib == 45.0
+    assert host.unit.environment["CUDA_VISIBLE_DEVICES"] == "6,7" and host.gpu_set == (6, 7)
+    unit = render_unit(host, {}, template_dir())
+    assert unit.count("CUDA_VISIBLE_DEVICES=6,7") == 1 and unit.count("CUDA_DEVICE_ORDER") == 1  # as written

@@ -43,7 +43,7 @@ class Shared:
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, **self.env}
-        return subprocess.run([DEPLOYCTL, *args], env=env, capture_output=True, text=True, timeout=240)
+        return subprocess.run([DEPLOYCTL, *args], env=env, capture_output=True, text=True, timeout=600)
 
     def show(self, name: str, prop: str) -> str:
         out = self.host.ssh(["systemctl", "show", "-p", prop, "--value", f"sglang-{name}.service"])
@@ -182,3 +182,51 @@ def test_an_apply_of_one_service_never_restarts_the_other(shared: Shared) -> Non
     }
     status = shared.run("status", "a")
     assert status.returncode == ExitCode.OK and "sglang-a.service" in status.stdout + status.stderr
+
+
+def _install(shared: Shared, name: str, indices: str) -> None:
+    """Another service on the running host: its inventory file, its unit started."""
+    (port,) = free_ports(1)
+    shared.ports[name] = port
+    (shared.units / f"{name}.toml").write_text(service_toml(name, indices, port))
+    unit = render_unit(load_service(name, shared.units), {}, template_dir())
+    dropin = "[Service]\n" + "".join(f"Environment={k}={v}\n" for k, v in SLICE.items())
+    shared.host.put(f"/etc/systemd/system/sglang-{name}.service", unit.encode())
+    shared.host.put(f"/etc/systemd/system/sglang-{name}.service.d/sim.conf", dropin.encode())
+    started = shared.host.ssh(
+        ["sh", "-c", f"systemctl daemon-reload && systemctl start sglang-{name}.service"]
+    )
+    assert started.returncode == 0, started.stderr
+    shared.pool(name)
+
+
+def _spans(shared: Shared) -> dict[str, tuple[str, str]]:
+    """Each unit's last transaction: its first and last event's time."""
+    spans: dict[str, tuple[str, str]] = {}
+    for folder in sorted((shared.host.root / "var/lib/deployctl/txn").iterdir()):
+        if not (folder / "request.json").is_file() or not (folder / "events.jsonl").is_file():
+            continue
+        unit = json.loads((folder / "request.json").read_text()).get("unit")
+        times = [json.loads(line)["ts"] for line in (folder / "events.jsonl").read_text().splitlines()]
+        if times:
+            spans[unit] = (times[0], times[-1])
+    return spans
+
+
+def test_a_fleet_batch_may_hold_two_services_of_one_host(shared: Shared) -> None:
+    """A group of three services of one host: the canary, then a batch of two at once, each under its own
+    lock; every one restarts once."""
+    _install(shared, "c", "[8, 9, 10, 11]")  # the simulated host has as many GPUs as it is told
+    for name in "abc":
+        path = shared.units / f"{name}.toml"
+        path.write_text('groups = ["pool"]\n' + path.read_text())
+    before = {n: shared.process(n) for n in "abc"}
+    r = shared.run("fleet", "apply", "pool", "--context", "150k", "--canary", "1", "--batch", "2", "--yes")
+    assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+    for name in "abc":
+        assert shared.process(name)[0] != before[name][0], name
+        assert shared.pool(name) >= 150_000
+    spans = _spans(shared)
+    b, c = spans["sglang-b.service"], spans["sglang-c.service"]
+    assert b[0] < c[1] and c[0] < b[1], spans  # b and c ran at once
+    assert spans["sglang-a.service"][1] < min(b[0], c[0]), spans  # after the canary

@@ -447,4 +447,6 @@ def _first_error(exc: ValidationError) -> str:
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    if not err["loc"] and err["type"] == "value_error":  # a check across sections names its own keys
+        return f"{msg}{more}"
     return f"{where}: {msg}{more}"

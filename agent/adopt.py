@@ -15,6 +15,7 @@ from typing import Any
 import tomlkit
 
 from agent.errors import UsageError
+from agent.inventory import VISIBLE, visible_devices
 from agent.sglang.flags import FlagValue, parse_flag_words
 from agent.sglang.unitfile import AdoptError, command_words
 
@@ -140,12 +141,20 @@ def split_command(unit: Inspected) -> tuple[list[str], dict[str, FlagValue]]:
     return [unit.exec_path, *words[1:first]], parse_flag_words(words[first:])
 
 
-def _gpus_table(gpus: Sequence[Mapping[str, Any]], flags: Mapping[str, FlagValue]) -> Any:
+def _gpus_table(
+    gpus: Sequence[Mapping[str, Any]], flags: Mapping[str, FlagValue], environment: Mapping[str, str]
+) -> Any:
     table = tomlkit.table()
+    # A unit that pins its GPUs (CUDA_VISIBLE_DEVICES, kept in [unit.environment] as written, so the unit
+    # runs as it ran) is a service of those GPUs alone: their count, their cards.
+    visible = visible_devices(environment[VISIBLE]) if VISIBLE in environment else None
     if gpus:
-        table.add("count", len(gpus))
-        table.add("memory_gib", round(float(gpus[0]["total_mib"]) / 1024, 1))
-        table.add("name", str(gpus[0]["name"]))
+        own = [g for g in gpus if visible is None or str(g.get("index")) in {str(i) for i in visible}] or gpus
+        table.add("count", len(visible) if visible else len(gpus))
+        if visible:
+            table["count"].comment(f"the GPUs of {VISIBLE} in [unit.environment]")
+        table.add("memory_gib", round(min(float(g["total_mib"]) for g in own) / 1024, 1))
+        table.add("name", str(own[0]["name"]))
         return table
     table.add(tomlkit.comment("CHECK: nvidia-smi gave nothing on the host; the count is --tp-size"))
     table.add("count", int(str(flags.get("tp-size", flags.get("tp", "1")))))
@@ -181,7 +190,7 @@ def inventory_text(
     ssh.add("target", ssh_target)
     ssh.add("sudo", sudo)
     doc.add("ssh", ssh)
-    doc.add("gpus", _gpus_table(gpus, flags))
+    doc.add("gpus", _gpus_table(gpus, flags, unit.environment))
 
     model = tomlkit.table()
     model.add("path", model_path)

@@ -15,7 +15,7 @@ from typing import Any
 from agent.cli.options import Change, Connection
 from agent.errors import ConnectError, UsageError
 from agent.exitcodes import ExitCode
-from agent.inventory import HostConfig, load_host, units_dir
+from agent.inventory import HostConfig, load_service, units_dir
 from agent.output import Output, Style
 from agent.progress import Progress
 from agent.protocol import Event, Request, exit_code
@@ -31,7 +31,7 @@ class Session:
 
 @contextlib.contextmanager
 def session(conn: Connection) -> Iterator[Session]:
-    host = load_host(conn.host, units_dir(conn.units))
+    host = load_service(conn.host, units_dir(conn.units))
     if conn.local:
         host = host.model_copy(update={"ssh": host.ssh.model_copy(update={"target": "local"})})
     transport = open_transport(host, conn.accept_new_host_key)

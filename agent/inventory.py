@@ -6,6 +6,8 @@ import difflib
 import os
 import re
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -28,6 +30,7 @@ MAX_LAYERS = 4096
 MAX_DIM = 65536  # heads, head dimensions, ranks
 MAX_TOKENS = 2**31  # context lengths, prompt sizes
 HOUR, WEEK = 3600.0, 7 * 86400.0  # timeouts
+VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
 def _no_control(value: str) -> str:
@@ -97,10 +100,48 @@ class Ssh(_Model):
     python: AbsPath = "/usr/bin/python3"
 
 
+MAX_GPUS = 64
+GpuIndex = Annotated[int, Field(ge=0, lt=MAX_GPUS)]
+
+
 class Gpus(_Model):
-    count: int = Field(ge=1, le=64)
+    count: int = Field(
+        ge=1, le=MAX_GPUS,
+        description="the GPUs this service runs on (all of the host's when it is the host's only service); "
+        "may be left out when `indices` is given, and must equal their number when both are",
+    )  # fmt: skip
     memory_gib: float = Field(gt=0, le=MAX_GIB, description="per GPU, as the driver reports it")
     name: Text = "GPU"
+    indices: list[GpuIndex] | None = Field(
+        default=None, min_length=1, max_length=MAX_GPUS,
+        description="the host's GPUs this service runs on, as nvidia-smi numbers them: the unit gets "
+        "`CUDA_VISIBLE_DEVICES` (in this order) and `CUDA_DEVICE_ORDER=PCI_BUS_ID`; unset: GPUs 0 to "
+        "count-1, and no variable",
+    )  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_from_indices(cls, data: object) -> object:
+        """`count` left out follows `indices`: one figure to keep right, not two."""
+        if isinstance(data, dict) and isinstance(data.get("indices"), list):
+            if not data["indices"]:
+                raise ValueError("indices: must name at least one GPU (leave it out for GPUs 0 to count-1)")
+            if "count" not in data:
+                return {**data, "count": len(data["indices"])}
+        return data
+
+    @model_validator(mode="after")
+    def _indices_agree(self) -> Gpus:
+        if self.indices is None:
+            return self
+        if len(set(self.indices)) != len(self.indices):
+            raise ValueError("indices: names a GPU twice")
+        if self.count != len(self.indices):
+            raise ValueError(
+                f"count: {self.count}, but indices name {len(self.indices)} GPUs "
+                "(leave count out: it follows indices)"
+            )
+        return self
 
 
 class Model(_Model):
@@ -278,9 +319,31 @@ class HostConfig(_Model):
     drain: Drain = Field(default_factory=Drain)
     router: Router = Field(default_factory=Router)
 
+    @model_validator(mode="after")
+    def _one_gpu_setting(self) -> HostConfig:
+        if self.gpus.indices is not None and VISIBLE in self.unit.environment:
+            raise ValueError(f"unit.environment.{VISIBLE}: gpus.indices sets it; keep one of the two")
+        return self
+
     @property
     def unit_path(self) -> str:
         return f"{self.unit.directory.rstrip('/')}/{self.unit.name}"
+
+    @property
+    def gpu_set(self) -> tuple[int, ...] | None:
+        """The host's GPUs this service runs on: gpus.indices, else a CUDA_VISIBLE_DEVICES of plain numbers
+        in unit.environment (an adopted unit), else 0..count-1; None when that variable names GPUs some
+        other way (UUIDs, MIG): unknown, so never checked against another service."""
+        if self.gpus.indices is not None:
+            return tuple(self.gpus.indices)
+        visible = self.unit.environment.get(VISIBLE)
+        return tuple(range(self.gpus.count)) if visible is None else visible_devices(visible)
+
+
+def visible_devices(value: str) -> tuple[int, ...] | None:
+    """A CUDA_VISIBLE_DEVICES of plain GPU numbers ("4,5"); None for UUIDs or MIG instances."""
+    words = [w.strip() for w in value.split(",")]
+    return tuple(int(w) for w in words) if all(w.isdigit() for w in words) else None
 
 
 def units_dir(explicit: str | None) -> Path:
@@ -315,6 +378,68 @@ def load_host(name: str, directory: Path) -> HostConfig:
         raise InventoryError(f"{path}: {_first_error(exc)}") from None
 
 
+@dataclass(frozen=True)
+class Service:
+    """One inventory file: one SGLang unit on the host its ssh.target names (several may share a host)."""
+
+    path: Path
+    config: HostConfig
+
+
+def load_service(name: str, directory: Path) -> HostConfig:
+    """units/<name>.toml, checked against the other services of its host (the same ssh.target)."""
+    host = load_host(name, directory)
+    me = Service(directory / f"{name}.toml", host)
+    # A sibling file that does not load is left out: it cannot be deployed, and its own commands say why.
+    siblings = [s for s in load_services(directory, skip_broken=True) if s.path != me.path]
+    check_services([me, *(s for s in siblings if s.config.ssh.target == host.ssh.target)])
+    return host
+
+
+def load_services(directory: Path, skip_broken: bool = False) -> list[Service]:
+    """Every inventory file of the folder, in name order."""
+    found = []
+    for name in known_hosts(directory):
+        try:
+            found.append(Service(directory / f"{name}.toml", load_host(name, directory)))
+        except UsageError:  # InventoryError included
+            if not skip_broken:
+                raise
+    return found
+
+
+def check_services(services: Sequence[Service]) -> None:
+    """Services of one host (the same ssh.target) must not share a unit, a port, a GPU or a metrics file:
+    the first clash is refused in one line naming both files, before anything is touched."""
+    by_target: dict[str, list[Service]] = {}
+    for service in sorted(services, key=lambda s: s.path):  # the same line whichever file was asked for
+        by_target.setdefault(service.config.ssh.target, []).append(service)
+    for target, group in by_target.items():
+        for i, a in enumerate(group):
+            for b in group[i + 1 :]:
+                clash = _clash(a.config, b.config)
+                if clash:
+                    raise InventoryError(
+                        f"{a.path} and {b.path}: {clash} on host {target!r}",
+                        hint="each service of a host needs its own [unit] name, [sglang] port and "
+                        "[gpus] indices",
+                    )
+
+
+def _clash(a: HostConfig, b: HostConfig) -> str | None:
+    if a.unit.name == b.unit.name:
+        return f"both are unit {a.unit.name}"
+    if a.sglang.port == b.sglang.port:
+        return f"both listen on port {a.sglang.port}"
+    shared = sorted(set(a.gpu_set or ()) & set(b.gpu_set or ()))
+    if shared:
+        return f"both use GPU{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared))}"
+    metrics = a.metrics.file_for(a.unit.name)
+    if metrics is not None and metrics == b.metrics.file_for(b.unit.name):
+        return f"both write metrics to {metrics}"
+    return None
+
+
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
@@ -322,4 +447,6 @@ def _first_error(exc: ValidationError) -> str:
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    if not err["loc"] and err["type"] == "value_error":  # a check across sections names its own keys
+        return f"{msg}{more}"
     return f"{where}: {msg}{more}"

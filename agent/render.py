@@ -13,7 +13,7 @@ import jinja2
 
 from agent.errors import RenderError
 from agent.host.drain import stop_timeout_s
-from agent.inventory import HostConfig
+from agent.inventory import VISIBLE, HostConfig
 from agent.protocol import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.sglang import server_args, version_flags
 from agent.sglang.flags import FlagInput, FlagsError, exec_start_lines
@@ -245,6 +245,18 @@ def cache_environment(host: HostConfig) -> dict[str, str]:
     return {"SGLANG_CACHE_DIR": base, "SGLANG_JIT_CACHE_DIR": f"{base}/jit"}
 
 
+def gpu_environment(host: HostConfig) -> dict[str, str]:
+    """The service's GPUs (gpus.indices) as CUDA sees them: CUDA_VISIBLE_DEVICES in the inventory's order,
+    and PCI-bus order, so that the indices mean what nvidia-smi numbers (CUDA's own default order, fastest
+    first, differs on a host with mixed GPUs) unless the inventory sets CUDA_DEVICE_ORDER itself."""
+    if host.gpus.indices is None:
+        return {}
+    env = {VISIBLE: ",".join(str(i) for i in host.gpus.indices)}
+    if "CUDA_DEVICE_ORDER" not in host.unit.environment:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return env
+
+
 def _specifiers(text: str) -> str:
     """Escape systemd's specifier character in free text (Description=, User=)."""
     return text.replace("%", "%%")
@@ -270,7 +282,9 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
         "description": _specifiers(host.unit.description),
         "user": _specifiers(host.unit.user) if host.unit.user else None,
         "environment": [
-            _env_word(k, v) for k, v in host.unit.environment.items() if k not in secret_env(host)
+            _env_word(k, v)
+            for k, v in {**gpu_environment(host), **host.unit.environment}.items()
+            if k not in secret_env(host)
         ],
         "cache_environment": [_env_word(k, v) for k, v in cache_environment(host).items()],
         "cache_directory": _specifiers(cache_directory(host)) if cache_environment(host) else None,

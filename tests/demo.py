@@ -75,6 +75,9 @@ def main() -> int:
 
         banner("0. ct200 already runs SGLang from a unit written by hand: adopt it")
         print(redact(hand).rstrip(), flush=True)
+        # The adopted inventory takes the place of the file the test host was booted from: two inventory
+        # files of one unit on one host are refused (docs/topologies.md).
+        (sim.units_dir / f"{sim.name}.toml").unlink()
         deployctl("adopt", HOST, "--ssh", sim.name, expect=ExitCode.OK)
         inventory = (sim.units_dir / f"{HOST}.toml").read_text()
         print(inventory.rstrip(), flush=True)

@@ -24,7 +24,8 @@ END = "<!-- end of inventory-table -->"
 # What a key means where its Field carries no description.
 MEANING = {
     "[ssh]": "how to reach the host",
-    "[gpus]": "the host's GPUs (facts read them from nvidia-smi when it answers)",
+    "[gpus]": "the service's GPUs on its host (facts read them from nvidia-smi when it answers); several "
+    "services on one host: [topologies.md](topologies.md)",
     "[model]": "the model served; its architecture is read from `config.json` on the host where it exists",
     "[draft]": "the speculative-decoding draft model, whose own pool is budgeted per token too",
     "[unit]": "the systemd unit deployctl writes",
@@ -43,7 +44,6 @@ MEANING = {
     "ssh.connect_timeout_s": "seconds for one connection attempt",
     "ssh.agent_dir": "where the agent bundle, transactions and recovery records live on the host",
     "ssh.python": "the host's system Python that runs the agent (never the SGLang venv's)",
-    "gpus.count": "GPUs on the host",
     "gpus.name": "the GPU model, as nvidia-smi names it",
     "model.path": "the model's folder on the host (`--model-path`)",
     "model.served_name": "the name clients ask for (`--served-model-name`)",

@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.errors import UsageError
-from agent.inventory import HostConfig, known_hosts, load_host
+from agent.inventory import HostConfig, check_services, load_services
 
 
 def all_hosts(directory: Path) -> list[HostConfig]:
-    """Every host file, validated, in name order (the rollout order)."""
-    return [load_host(name, directory) for name in known_hosts(directory)]
+    """Every inventory file (a service; several may share a host), validated, in name order (the rollout
+    order); services of one host that share a unit, a port or a GPU are refused here."""
+    services = load_services(directory)
+    check_services(services)
+    return [s.config for s in services]
 
 
 def group_hosts(directory: Path, group: str) -> list[HostConfig]:

@@ -134,7 +134,8 @@ def model_fact(path: str | None) -> dict[str, Any] | None:
 
 
 def parse_gpus(csv: str) -> list[dict[str, Any]]:
-    """nvidia-smi --query-gpu=name,memory.total,memory.free,compute_cap --format=csv,noheader,nounits."""
+    """nvidia-smi --query-gpu=name,memory.total,memory.free,compute_cap,index --format=csv,noheader,nounits;
+    the index lets the laptop keep the rows of a service's own GPUs ([gpus] indices)."""
     gpus = []
     for line in csv.splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -147,6 +148,8 @@ def parse_gpus(csv: str) -> list[dict[str, Any]]:
             continue
         if len(parts) > 3 and re.fullmatch(r"[0-9]+\.[0-9]+", parts[3]):
             card["compute_capability"] = parts[3]
+        if len(parts) > 4 and parts[4].isdigit():
+            card["index"] = int(parts[4])
         gpus.append(card)
     return gpus
 
@@ -154,7 +157,7 @@ def parse_gpus(csv: str) -> list[dict[str, Any]]:
 def gpus() -> list[dict[str, Any]]:
     if shutil.which("nvidia-smi") is None:
         return []
-    query = "--query-gpu=name,memory.total,memory.free,compute_cap"
+    query = "--query-gpu=name,memory.total,memory.free,compute_cap,index"
     argv = ["nvidia-smi", query, "--format=csv,noheader,nounits"]
     try:
         text = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True).stdout

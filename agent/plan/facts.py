@@ -9,7 +9,7 @@ plans both.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.errors import UsageError
-from agent.inventory import MAX_GIB, FlagValue, Planning
+from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
 from agent.plan.model import StartFigures
 
 FORMAT = "deployctl-facts/1"
@@ -33,6 +33,7 @@ class GpuFact(_Open):
     memory_total_mib: float = Field(gt=0, le=MAX_GIB * 1024)
     memory_free_mib: float | None = Field(default=None, ge=0, le=MAX_GIB * 1024)
     compute_capability: str | None = Field(default=None, pattern=r"^[0-9]+\.[0-9]+$")
+    index: int | None = Field(default=None, ge=0)  # nvidia-smi's: a service keeps its own ([gpus] indices)
 
 
 class SglangFact(_Open):
@@ -169,6 +170,28 @@ def _sources(facts: FactsFile, name: str) -> dict[str, str]:
     if facts.last_start:
         sources["calibration"] = f"{name}: last_start"
     return sources
+
+
+def service_gpus(rows: Sequence[object], host: HostConfig) -> list[object]:
+    """The host's GPU rows (nvidia-smi's, with their index) that this service runs on, in its order: a
+    service of a shared host plans on its own GPUs, their count and their memory. A GPU that gpus.indices
+    names and nvidia-smi does not list is bad input; rows without an index (a facts file written by hand,
+    the CPU backend's RAM) are kept as they are."""
+    pinned = host.gpu_set
+    indexed = [r for r in rows if isinstance(r, Mapping) and isinstance(r.get("index"), int)]
+    if pinned is None or not rows or len(indexed) != len(rows):
+        return list(rows)
+    by_index = {r["index"]: r for r in indexed}
+    missing = [i for i in pinned if i not in by_index]
+    if missing and host.gpus.indices is None:  # the default 0..count-1: what the host has of it
+        return [by_index[i] for i in pinned if i in by_index] or list(rows)
+    if missing:
+        listed = ", ".join(str(i) for i in sorted(by_index))
+        raise UsageError(
+            f"{host.name}: gpus.indices names GPU {', '.join(map(str, missing))}, "
+            f"but nvidia-smi on the host lists GPUs {listed}"
+        )
+    return [by_index[i] for i in pinned]
 
 
 def load_facts(path: Path) -> PlanInput:

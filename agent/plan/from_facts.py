@@ -16,7 +16,7 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.choose import Plan, Target, choose
 from agent.plan.cpu import is_cpu, plan_cpu
-from agent.plan.facts import ModelInput, PlanInput, parse_facts
+from agent.plan.facts import ModelInput, PlanInput, parse_facts, service_gpus
 from agent.plan.from_inventory import plan_input_from_host
 from agent.plan.model import (
     CELL_AGREEMENT,
@@ -777,6 +777,8 @@ def plan_from_host_facts(
     if inventory_gpus:  # no nvidia-smi on the host: the inventory's cards
         card = {"name": host.gpus.name, "memory_total_mib": host.gpus.memory_gib * 1024}
         doc["gpus"] = [card] * host.gpus.count
+    else:  # the host's GPUs: only this service's own
+        doc["gpus"] = service_gpus(doc["gpus"], host)
     inp = plan_input_from_host(host, parse_facts(doc, name=f"{host.name} (host facts)"),
                                starts=tuple(calibration or ()))  # fmt: skip
     if inventory_gpus:

@@ -21,7 +21,7 @@ def refusals(host: HostConfig, context: int, model: PoolModel) -> list[str]:
     if tp * pp > host.gpus.count:
         # server_args.py compute_world_size: every rank is a GPU of this host (one node)
         needs = f"tensor parallel {tp} × pipeline parallel {pp} needs {tp * pp} GPUs"
-        found.append(f"{needs}; the host has {host.gpus.count}")
+        found.append(f"{needs}; the service has {host.gpus.count} ([gpus])")
     if model.post_gib <= 0:
         weights = model.pre_gib - model.post_gib
         found.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -82,6 +83,16 @@ def cli(
     return subprocess.run(
         [DEPLOYCTL, *args], env=env, capture_output=True, text=True, timeout=timeout, input=input or ""
     )
+
+
+def variant(sim: simhost.SimHost, name: str, text: str) -> simhost.SimHost:
+    """The sim host seen through an inventory folder of its own holding units/<name>.toml: another view of
+    the sim's unit (one setting changed). Two inventory files of one unit on one host are refused
+    (docs/topologies.md), so the variant never shares the folder of the sim's own file."""
+    units = sim.work / f"units-{name}"
+    units.mkdir(exist_ok=True)
+    (units / f"{name}.toml").write_text(text)
+    return dataclasses.replace(sim, units_dir=units, env={**sim.env, "DEPLOYCTL_UNITS": str(units)})
 
 
 def popen(sim: simhost.SimHost, *args: str) -> subprocess.Popen[str]:

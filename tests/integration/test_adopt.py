@@ -111,7 +111,9 @@ def test_adopt_render_apply_rollback(fresh_sim: SimHost) -> None:
     argv_before, env_before = _proc(sim)
     assert env_before["HF_TOKEN"] == TOKEN and argv_before[1:3] == ["/usr/local/bin/sglang", "serve"]
 
-    # adopt: the inventory names the secret but never holds its value
+    # adopt: the inventory names the secret but never holds its value; it takes the place of the file the
+    # host was booted from (two inventory files of one unit on one host are refused)
+    (sim.units_dir / f"{sim.name}.toml").unlink()
     r = cli(sim, "adopt", HOST, "--ssh", sim.name)
     assert r.returncode == ExitCode.OK, r.stderr
     path = sim.units_dir / f"{HOST}.toml"

@@ -19,7 +19,7 @@ import pytest
 from agent.exitcodes import ExitCode
 from agent.sglang.flags import parse_unit_flags
 from tests import faultkit as fk
-from tests.integration.conftest import cli, invocation, popen, server_info, wait_pool
+from tests.integration.conftest import cli, invocation, popen, server_info, variant, wait_pool
 from tests.pure import facts_fixtures as cfg
 
 pytestmark = pytest.mark.integration
@@ -512,14 +512,14 @@ def test_a_secrets_backup_on_a_full_disk_keeps_the_live_secrets(sim, base):
     text = (sim.units_dir / f"{sim.name}.toml").read_text()
     text = text.replace("[unit]\n", '[unit]\nenvironment = { HF_TOKEN = "secret-token-1" }\n')
     text = text.replace("[sglang.flags]\n", '[sglang.flags]\napi-key = "secret-key-1"\n')
-    (sim.units_dir / "ct200-fullsecrets.toml").write_text(text)
+    view = variant(sim, "ct200-fullsecrets", text)
     try:
-        r = cli(sim, "apply", "ct200-fullsecrets", "--context", "120k", "--yes")
+        r = cli(view, "apply", "ct200-fullsecrets", "--context", "120k", "--yes")
         assert r.returncode == ExitCode.OK, r.stdout + r.stderr
         live = {n: sim.host.read(f"{SECRET_DIR}/{n}") for n in SECRET_FILES}
         unit, before, backups = sim.unit_text(), invocation(sim), sim.backups()
         with fk.small_dir(sim, SECRET_DIR, 0):
-            r = cli(sim, "apply", "ct200-fullsecrets", "--context", "200k", "--yes")
+            r = cli(view, "apply", "ct200-fullsecrets", "--context", "200k", "--yes")
             assert r.returncode == ExitCode.REFUSED, r.stdout + r.stderr
             assert re.search(
                 r"cannot write /etc/deployctl/secrets/sglang\.service\.bak\.\S+: no space left on the device",
@@ -531,7 +531,6 @@ def test_a_secrets_backup_on_a_full_disk_keeps_the_live_secrets(sim, base):
         assert invocation(sim) == before  # never restarted
         assert fk.verified_problems(sim, old, unit) == []
     finally:  # back to the baseline unit, which has no secrets (the fault matrix reuses the host)
-        (sim.units_dir / "ct200-fullsecrets.toml").unlink()
         fk.sh(sim, "sh", "-c", f"rm -f {SECRET_DIR}/sglang.service.*")
         if sim.unit_text() != old:
             sim.host.put("/etc/systemd/system/sglang.service", old.encode())
@@ -576,9 +575,9 @@ def test_a_stalled_read_in_the_model_folder_never_hangs_the_apply(sim, base):
     fk.sh(sim, "systemctl", "daemon-reload")
     text = (sim.units_dir / f"{sim.name}.toml").read_text()
     text = text.replace('path = "/models/Kimi-K2.6"', f'path = "{STALL_WEIGHTS}"')
-    (sim.units_dir / "ct200-stall.toml").write_text(text)
+    view = variant(sim, "ct200-stall", text)
     try:
-        r = cli(sim, "apply", "ct200-stall", "--context", "200k", "--yes", "--json", timeout=300)
+        r = cli(view, "apply", "ct200-stall", "--context", "200k", "--yes", "--json", timeout=300)
         assert r.returncode == ExitCode.OK, r.stdout + r.stderr
         events = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
         warm = next(e for e in events if e["kind"] == "outcome")["data"]["prewarm"]
@@ -586,7 +585,6 @@ def test_a_stalled_read_in_the_model_folder_never_hangs_the_apply(sim, base):
         assert re.search(rf"--model-path[= ]{STALL_WEIGHTS}\s", sim.unit_text())
         assert fk.verified_problems(sim, hand_edited, sim.unit_text()) == []
     finally:  # back to the baseline unit (the fault matrix reuses the host)
-        (sim.units_dir / "ct200-stall.toml").unlink()
         sim.host.put(UNIT_PATH, old.encode())
         fk.sh(sim, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
         wait_pool(sim)
@@ -613,9 +611,9 @@ printf 'keep\\n' > {METRICS_VICTIM}/target"""
         script += f"\nmkdir {METRICS_DIR}\nln -s {METRICS_VICTIM}/target {prom}"
     fk.sh(sim, "sh", "-c", script)
     text = (sim.units_dir / f"{sim.name}.toml").read_text() + f'\n[metrics]\npath = "{prom}"\n'
-    (sim.units_dir / "ct200-metricslink.toml").write_text(text)
+    view = variant(sim, "ct200-metricslink", text)
     try:
-        r = cli(sim, "apply", "ct200-metricslink", "--context", "200k", "--yes")
+        r = cli(view, "apply", "ct200-metricslink", "--context", "200k", "--yes")
         assert r.returncode == ExitCode.OK, r.stdout + r.stderr
         said = r.stdout + r.stderr
         victim = fk.sh(sim, "sh", "-c", f"ls -A {METRICS_VICTIM}; cat {METRICS_VICTIM}/target").split()
@@ -632,7 +630,6 @@ printf 'keep\\n' > {METRICS_VICTIM}/target"""
         assert parse_unit_flags(sim.unit_text())["context-length"] == NEW_CONTEXT
         assert fk.verified_problems(sim, old, sim.unit_text()) == []
     finally:
-        (sim.units_dir / "ct200-metricslink.toml").unlink()
         fk.sh(sim, "rm", "-rf", METRICS_DIR, METRICS_VICTIM)
 
 
@@ -652,13 +649,13 @@ def test_a_runner_killed_before_it_took_its_staged_secrets_leaves_none_behind(si
     text = (sim.units_dir / f"{sim.name}.toml").read_text()
     text = text.replace("[unit]\n", '[unit]\nenvironment = { HF_TOKEN = "staged-token-1" }\n')
     text = text.replace("[sglang.flags]\n", '[sglang.flags]\napi-key = "staged-key-1"\n')
-    (sim.units_dir / "ct200-staged.toml").write_text(text)
+    view = variant(sim, "ct200-staged", text)
     site = fk.sh(sim, "python3", "-c", "import site; print(site.getsitepackages()[0])").strip()
     pth = f"{site}/zz-deployctl-fault.pth"
     sim.host.put(pth, KILL_RUNNER_PTH.encode())
     before = invocation(sim)
     try:
-        r = cli(sim, "apply", "ct200-staged", "--context", "200k", "--yes")
+        r = cli(view, "apply", "ct200-staged", "--context", "200k", "--yes")
         said = r.stdout + r.stderr
         assert r.returncode == ExitCode.REFUSED, said
         assert "the agent died before it changed anything" in said, said
@@ -668,7 +665,6 @@ def test_a_runner_killed_before_it_took_its_staged_secrets_leaves_none_behind(si
         assert left == [], left  # the values are gone from the host, not merely unreadable
     finally:
         fk.sh(sim, "rm", "-f", pth)
-        (sim.units_dir / "ct200-staged.toml").unlink()
         if sim.unit_text() != old:  # the fault missed: back to the baseline unit, without secrets
             sim.host.put("/etc/systemd/system/sglang.service", old.encode())
             fk.sh(sim, "sh", "-c", f"rm -f {SECRET_DIR}/sglang.service.* && systemctl daemon-reload")

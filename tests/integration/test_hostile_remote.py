@@ -24,7 +24,7 @@ from agent.exitcodes import ExitCode
 from agent.protocol import Request
 from agent.remote import bundle
 from tests import faultkit as fk
-from tests.integration.conftest import DEPLOYCTL, cli, wait_pool
+from tests.integration.conftest import DEPLOYCTL, cli, variant, wait_pool
 from tests.pure import facts_fixtures as cfg
 from tests.simhost import SimHost
 
@@ -276,7 +276,7 @@ def test_no_secret_readable_by_another_user_nor_shown(sim: SimHost) -> None:
     env = ", ".join(f'{k} = "{v}"' for k, v in SECRETS.items())
     text = text.replace("[unit]\n", f'[unit]\nenvironment = {{ {env} }}\nsecret_environment = ["CRED_X"]\n')
     text = text.replace("[sglang.flags]\n", f'[sglang.flags]\napi-key = "{API_KEY}"\n')
-    (sim.units_dir / "ct200-secret.toml").write_text(text)
+    secret = variant(sim, "ct200-secret", text)
     shown = ""
     for argv in (
         ["render", "ct200-secret", "--context", "120k", "--diff"],
@@ -286,7 +286,7 @@ def test_no_secret_readable_by_another_user_nor_shown(sim: SimHost) -> None:
         ["status", "ct200-secret"],
         ["plan", "ct200-secret", "--context", "120k"],
     ):
-        r = cli(sim, *argv)
+        r = cli(secret, *argv)
         assert r.returncode == ExitCode.OK, (argv, r.stdout, r.stderr)
         shown += r.stdout + r.stderr
     # The server logs its API key (SGLang's server_args= line does): the facts carried that line.
@@ -319,7 +319,7 @@ def test_no_secret_readable_by_another_user_nor_shown(sim: SimHost) -> None:
     assert API_KEY in sim.host.read(f"{SECRET_DIR}/sglang.service.flags.yaml").decode()
     environ = sim.host.read(f"/proc/{pid}/environ").split(b"\0")
     assert f"HF_TOKEN={SECRETS['HF_TOKEN']}".encode() in environ
-    assert_hand_written_secrets_not_shown(sim)
+    assert_hand_written_secrets_not_shown(secret)
     # A rollback to the baseline takes the secrets it ran with (none) along with the unit.
     texts = {b: sim.host.read(f"/etc/systemd/system/{b}") for b in sim.backups()}
     baseline = max(b for b, t in texts.items() if b"EnvironmentFile" not in t)

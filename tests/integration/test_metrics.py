@@ -12,7 +12,7 @@ import pytest
 from agent.exitcodes import ExitCode
 from agent.protocol import unit_sha256
 from tests import faultkit as fk
-from tests.integration.conftest import cli, wait_pool
+from tests.integration.conftest import cli, variant, wait_pool
 from tests.integration.test_faults import apply, base
 from tests.testhost.instance import free_ports
 
@@ -123,7 +123,6 @@ def test_each_run_is_scraped_by_node_exporter(sim, base, exporter):
 def test_metrics_that_cannot_be_written_never_change_the_outcome(sim, base):
     text = (sim.units_dir / f"{sim.name}.toml").read_text()
     text += '\n[metrics]\npath = "/etc/hostname/deployctl.prom"\n'  # its folder is a file: mkdir fails
-    (sim.units_dir / "ct200-nometrics.toml").write_text(text)
-    r = cli(sim, "apply", "ct200-nometrics", "--context", "200k", "--yes")
+    r = cli(variant(sim, "ct200-nometrics", text), "apply", "ct200-nometrics", "--context", "200k", "--yes")
     assert r.returncode == ExitCode.OK, r.stdout + r.stderr
     assert "metrics not written to /etc/hostname/deployctl.prom" in r.stdout + r.stderr

@@ -18,7 +18,8 @@ UNITS = Path(__file__).resolve().parents[2] / "units"
 
 def _units(tmp_path: Path, groups: dict[str, str]) -> Path:
     for name, line in groups.items():
-        (tmp_path / f"{name}.toml").write_text(line + "\n" + (UNITS / "ct200-sim.toml").read_text())
+        text = (UNITS / "ct200-sim.toml").read_text().replace('target = "ct200-sim"', f'target = "{name}"')
+        (tmp_path / f"{name}.toml").write_text(line + "\n" + text)  # each its own host
     return tmp_path
 
 

@@ -52,7 +52,10 @@ def test_tp_times_pp_above_the_gpus_is_refused(tmp_path: Path) -> None:
     assert code == 8
     head = text.splitlines()
     assert "NOT FEASIBLE" in head[0]
-    assert head[1] == "  because         tensor parallel 8 × pipeline parallel 1 needs 8 GPUs; the host has 4"
+    assert (
+        head[1] == "  because         tensor parallel 8 × pipeline parallel 1 needs 8 GPUs; "
+        "the service has 4 ([gpus])"
+    )
 
 
 def test_weights_that_do_not_fit_say_so(tmp_path: Path) -> None:

@@ -363,6 +363,7 @@ def toml_doc(data: dict[str, Any]) -> str:
 def write_host(place: Place, name: str, patch: dict[tuple[str, str], Any]) -> None:
     """Write units/<name>.toml: ct200 with the values of `patch` replaced."""
     data = {s: dict(t) for s, t in BASE.items()}
+    data["ssh"]["target"] = name  # a host of its own: ct200's unit on ct200's host is ct200.toml's service
     for (section, key), value in patch.items():
         data[section][key] = value
     text = toml_doc(data)

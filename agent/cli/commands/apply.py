@@ -35,8 +35,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     out.json, out.quiet = args.json, args.quiet
     change = Change.of(args)
     if change.flags:  # SGLang's own table refuses a bad --set before any connection is made
-        from agent.inventory import load_host, units_dir
+        from agent.inventory import load_service, units_dir
         from agent.render import check_with_sglang_table
 
-        check_with_sglang_table(load_host(args.host, units_dir(args.units)), dict(change.flags))
+        check_with_sglang_table(load_service(args.host, units_dir(args.units)), dict(change.flags))
     return deploy.apply(Connection.of(args), change, out)

@@ -46,6 +46,10 @@ def host_facts(args: argparse.Namespace) -> dict[str, Any]:
             card = {"name": s.host.gpus.name, "memory_total_mib": round(s.host.gpus.memory_gib * 1024, 1),
                     "source": "inventory"}  # fmt: skip
             doc["gpus"] = [card] * s.host.gpus.count
+        else:  # the facts of this service: its own GPUs, so that `plan --facts` plans on them
+            from agent.plan.facts import service_gpus
+
+            doc["gpus"] = service_gpus(doc["gpus"], s.host)
         return doc
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from agent.cli.options import Change, Connection, add_set_arg, add_target_args
 from agent.errors import UsageError
 from agent.exitcodes import ExitCode
-from agent.inventory import load_host, units_dir
+from agent.inventory import load_service, units_dir
 from agent.output import Output, Style
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent.render import check_with_sglang_table
 
     change = Change.of(args)
-    host = load_host(args.host, units_dir(args.units))
+    host = load_service(args.host, units_dir(args.units))
     check_with_sglang_table(host, dict(change.flags))
     host = with_set_flags(host, change, {})[0]
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)

@@ -154,6 +154,31 @@ def _gpus_table(gpus: Sequence[Mapping[str, Any]], flags: Mapping[str, FlagValue
     return table
 
 
+def _model_table(unit: Inspected, flags: Mapping[str, FlagValue], model_path: str) -> Any:
+    model = tomlkit.table()
+    model.add("path", model_path)
+    served = flags.get("served-model-name")
+    if isinstance(served, str):
+        model.add("served_name", served)
+    if unit.config_json:
+        model.add("config_json", unit.config_json)
+        model["config_json"].comment("the planner reads the architecture here on the host")
+    else:
+        model.add(tomlkit.comment("CHECK: no config.json under the model path; give the architecture here"))
+    return model
+
+
+def _draft_table(flags: Mapping[str, FlagValue]) -> Any | None:
+    """The [draft] table when the unit runs a draft model from an absolute path; None otherwise."""
+    algorithm, draft_path = flags.get("speculative-algorithm"), flags.get("speculative-draft-model-path")
+    if algorithm not in DRAFT_ALGORITHMS or not isinstance(draft_path, str) or not draft_path.startswith("/"):
+        return None
+    draft = tomlkit.table()
+    draft.add("algorithm", str(algorithm))
+    draft.add("path", draft_path)
+    return draft
+
+
 def inventory_text(
     host: str,
     ssh_target: str,
@@ -182,26 +207,10 @@ def inventory_text(
     ssh.add("sudo", sudo)
     doc.add("ssh", ssh)
     doc.add("gpus", _gpus_table(gpus, flags))
-
-    model = tomlkit.table()
-    model.add("path", model_path)
-    served = flags.get("served-model-name")
-    if isinstance(served, str):
-        model.add("served_name", served)
-    if unit.config_json:
-        model.add("config_json", unit.config_json)
-        model["config_json"].comment("the planner reads the architecture here on the host")
-    else:
-        model.add(tomlkit.comment("CHECK: no config.json under the model path; give the architecture here"))
-    doc.add("model", model)
-
-    algorithm, draft_path = flags.get("speculative-algorithm"), flags.get("speculative-draft-model-path")
-    if algorithm in DRAFT_ALGORITHMS and isinstance(draft_path, str) and draft_path.startswith("/"):
-        draft = tomlkit.table()
-        draft.add("algorithm", str(algorithm))
-        draft.add("path", draft_path)
+    doc.add("model", _model_table(unit, flags, model_path))
+    draft = _draft_table(flags)
+    if draft is not None:
         doc.add("draft", draft)
-
     doc.add("unit", _unit_table(unit))
     doc.add("sglang", _sglang_table(unit, executable, flags))
     return tomlkit.dumps(doc)

@@ -286,6 +286,10 @@ class Request:
             ok = isinstance(self.metrics_file, str) and "/../" not in self.metrics_file
             ok = ok and re.fullmatch(r"/[A-Za-z0-9_./@+-]*\.prom", self.metrics_file) is not None
             _check(ok, "metrics_file must be an absolute path ending in .prom")
+        self._check_nested_types()
+
+    def _check_nested_types(self) -> None:
+        """The secrets' names and values, the smoke test's settings and the timeouts."""
         for label, secrets in (("secret_env", self.secret_env), ("secret_flags", self.secret_flags)):
             _check(isinstance(secrets, dict), f"{label} must be an object")
             for key, value in secrets.items():

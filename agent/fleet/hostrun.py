@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from agent.apply import allow_context, calibration_from, installed_sha256, with_set_flags
@@ -23,7 +24,7 @@ from agent.protocol import Event, Request, new_txn_id, unit_sha256
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 from agent.render import redact_flags, render_unit, secret_values, template_dir
-from agent.sglang.flags import FlagInput, FlagsError, parse_unit_flags
+from agent.sglang.flags import FlagInput, FlagsError, FlagValue, parse_unit_flags
 from agent.verify import render_checked
 
 Emit = Callable[[str, str], None]  # (phase, message)
@@ -40,7 +41,7 @@ def connected(host: HostConfig) -> Iterator[AgentClient]:
         transport.close()
 
 
-def _flags(text: str | None) -> dict[str, Any]:
+def _flags(text: str | None) -> dict[str, FlagValue]:
     try:
         return dict(parse_unit_flags(text)) if text else {}
     except FlagsError:
@@ -139,20 +140,7 @@ def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peer
     host, facts = talk.client.host, talk.answer
     plan, sources = plan_host(host, context, facts, peers, flags)
     unit_flags = {**dict(_change(context, flags).flags), **plan.flags()}
-    figures = PlanFigures(
-        plan.mem_fraction_static,
-        plan.max_running_requests,
-        plan.predicted_pool_tokens,
-        plan.feasible,
-        plan.basis,
-        sources,
-    )
-    basis = ", ".join(sources) or "architecture"
-    emit(
-        "plan",
-        f"fraction {plan.mem_fraction_static:.3f}, {plan.max_running_requests} requests, "
-        f"predicted pool {plan.predicted_pool_tokens:,} ({basis})",
-    )
+    figures = _figures(plan, sources, emit)
     old_text = facts.get("unit_text") or ""
     before = redact_flags(_flags(old_text))
     if not plan.feasible:
@@ -162,13 +150,9 @@ def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peer
         )  # fmt: skip
     target_host = allow_context(host, Change(context))
     new_text = render_checked(target_host, unit_flags, installed=old_text)
+    applied = _Applied(host.name, context, figures, before, redact_flags(_flags(new_text)))
     if check:
-        differs = unit_sha256(new_text) != installed_sha256(facts)
-        return HostResult(
-            host.name, "would_change" if differs else "up_to_date",
-            "check mode: the unit would change" if differs else "check mode: the unit would not change",
-            context, figures, before=before, after=redact_flags(_flags(new_text)),
-        )  # fmt: skip
+        return applied.checked(unit_sha256(new_text) != installed_sha256(facts))
     env_secrets, flag_secrets = secret_values(target_host, unit_flags)
     req = base_request(
         host,
@@ -182,26 +166,67 @@ def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peer
         secret_flags=flag_secrets,
     )
     message, data = follow_outcome(talk.client, host, req, emit, talk)
-    outcome = str(data.get("outcome"))
-    summary = data.get("summary") or {}
-    if outcome == "up_to_date":
-        summary = facts.get("last_start") or {}
-    smoke = data.get("smoke") or {}
-    measured = summary if summary.get("kv_tokens") and outcome in ("applied", "up_to_date") else None
-    return HostResult(
-        host.name,
-        outcome,
-        message,
-        context,
-        figures,
-        measured_pool=summary.get("kv_tokens"),
-        before=before,
-        after=redact_flags(_flags(new_text)) if outcome in ("applied", "up_to_date") else before,
-        backup=data.get("backup"),
-        smoke_seconds=smoke.get("seconds"),
-        downtime_s=_downtime(data),
-        measured_start=dict(measured) if measured else None,
+    return applied.result(message, data, facts)
+
+
+def _figures(plan: Plan, sources: tuple[str, ...], emit: Emit) -> PlanFigures:
+    """The plan's figures for the result, told to the operator as they are known."""
+    basis = ", ".join(sources) or "architecture"
+    emit(
+        "plan",
+        f"fraction {plan.mem_fraction_static:.3f}, {plan.max_running_requests} requests, "
+        f"predicted pool {plan.predicted_pool_tokens:,} ({basis})",
     )
+    return PlanFigures(
+        plan.mem_fraction_static,
+        plan.max_running_requests,
+        plan.predicted_pool_tokens,
+        plan.feasible,
+        plan.basis,
+        sources,
+    )
+
+
+@dataclass(frozen=True)
+class _Applied:
+    """What the controller knew of a host when it sent the apply: the result adds the host's outcome."""
+
+    host: str
+    context: int
+    figures: PlanFigures
+    before: Mapping[str, FlagValue]  # the installed unit's flags, redacted
+    after: Mapping[str, FlagValue]  # the rendered unit's flags, redacted
+
+    def checked(self, differs: bool) -> HostResult:
+        """Ansible's check mode: whether the unit would change; nothing was sent to the host."""
+        return HostResult(
+            self.host, "would_change" if differs else "up_to_date",
+            "check mode: the unit would change" if differs else "check mode: the unit would not change",
+            self.context, self.figures, before=dict(self.before), after=dict(self.after),
+        )  # fmt: skip
+
+    def result(self, message: str, data: Mapping[str, Any], facts: Mapping[str, Any]) -> HostResult:
+        outcome = str(data.get("outcome"))
+        summary = data.get("summary") or {}
+        if outcome == "up_to_date":
+            summary = facts.get("last_start") or {}
+        smoke = data.get("smoke") or {}
+        ran = outcome in ("applied", "up_to_date")
+        measured = summary if summary.get("kv_tokens") and ran else None
+        return HostResult(
+            self.host,
+            outcome,
+            message,
+            self.context,
+            self.figures,
+            measured_pool=summary.get("kv_tokens"),
+            before=dict(self.before),
+            after=dict(self.after) if ran else dict(self.before),
+            backup=data.get("backup"),
+            smoke_seconds=smoke.get("seconds"),
+            downtime_s=_downtime(data),
+            measured_start=dict(measured) if measured else None,
+        )
 
 
 def follow_outcome(

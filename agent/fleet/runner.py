@@ -64,39 +64,52 @@ def run_playbook(
         )
         feed = work / "events.jsonl"
         feed.touch(mode=0o600)
-        env = {
-            **os.environ,
-            "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
-                [str(COLLECTIONS), *filter(None, [os.environ.get("ANSIBLE_COLLECTIONS_PATH")])]
-            ),
-            "ANSIBLE_RETRY_FILES_ENABLED": "false",
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_LOCAL_TEMP": str(work / "tmp"),
-            events.ENV: str(feed),
-        }
+        env = _ansible_env(work, feed)
         argv = [
             ansible_playbook(), "-i", str(inventory), "--forks", str(forks),
             "-e", json.dumps(dict(extra_vars)), f"deployctl.sglang.{playbook}",
         ]  # fmt: skip
         log_path = work / "ansible.log"
-        seen: list[dict[str, Any]] = []
-        pending = bytearray()
         with open(log_path, "wb") as log, open(feed, "rb") as follow:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-            try:
-                while True:
-                    done = proc.poll() is not None
-                    for event in _complete_lines(follow, pending):
-                        seen.append(event)
-                        on_event(event)
-                    if done:
-                        break
-                    time.sleep(POLL_S)
-            except BaseException:
-                proc.terminate()
-                proc.wait()
-                raise
+            seen = _follow(proc, follow, on_event)
         return Run(proc.returncode, seen, log_path.read_text(errors="replace"))
+
+
+def _ansible_env(work: Path, feed: Path) -> dict[str, str]:
+    """ansible-playbook's environment: this collection found first, no retry files or colour, the feed."""
+    return {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
+            [str(COLLECTIONS), *filter(None, [os.environ.get("ANSIBLE_COLLECTIONS_PATH")])]
+        ),
+        "ANSIBLE_RETRY_FILES_ENABLED": "false",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCAL_TEMP": str(work / "tmp"),
+        events.ENV: str(feed),
+    }
+
+
+def _follow(
+    proc: subprocess.Popen[bytes], follow: BinaryIO, on_event: Callable[[dict[str, Any]], None]
+) -> list[dict[str, Any]]:
+    """The events the run writes, each passed to on_event as it comes, until the run ends; an interrupt
+    ends the run too."""
+    seen: list[dict[str, Any]] = []
+    pending = bytearray()
+    try:
+        while True:
+            done = proc.poll() is not None
+            for event in _complete_lines(follow, pending):
+                seen.append(event)
+                on_event(event)
+            if done:
+                return seen
+            time.sleep(POLL_S)
+    except BaseException:
+        proc.terminate()
+        proc.wait()
+        raise
 
 
 def _complete_lines(follow: BinaryIO, pending: bytearray) -> list[dict[str, Any]]:

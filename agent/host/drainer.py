@@ -33,20 +33,7 @@ def restart_drained(
     def read() -> drain.Load | None:
         return read_load(probe)
 
-    if req.drain:
-        first = _first_look(read)
-        if first is not None and first.total:
-            log.emit(
-                Stage.DRAIN,
-                "step",
-                f"draining: {first.running} running, {first.waiting} waiting; waiting up to "
-                f"{req.drain_timeout_s:g} s for them before the restart",
-                running=first.running,
-                waiting=first.waiting,
-            )
-        waited = drain.wait_idle(read, req.drain_timeout_s, time.monotonic, time.sleep)
-    else:
-        waited = drain.Waited(drain.End.OFF, 0, 0, 0.0)
+    waited = _wait(req, read, log)
     done = threading.Event()
     seen = drain.StopWatch()
     watcher = threading.Thread(
@@ -66,6 +53,23 @@ def restart_drained(
     watcher.join(timeout=10)  # what it saw so far stands if its last poll still hangs
     logged = drain.logged_left(old_log())
     return job, drain.result(waited, seen.last, seen.answered_s, req.drain_timeout_s, logged)
+
+
+def _wait(req: Request, read: Callable[[], drain.Load | None], log: EventLog) -> drain.Waited:
+    """The drain's wait for the running server's requests (told when there are any); OFF without --drain."""
+    if not req.drain:
+        return drain.Waited(drain.End.OFF, 0, 0, 0.0)
+    first = _first_look(read)
+    if first is not None and first.total:
+        log.emit(
+            Stage.DRAIN,
+            "step",
+            f"draining: {first.running} running, {first.waiting} waiting; waiting up to "
+            f"{req.drain_timeout_s:g} s for them before the restart",
+            running=first.running,
+            waiting=first.waiting,
+        )
+    return drain.wait_idle(read, req.drain_timeout_s, time.monotonic, time.sleep)
 
 
 def _first_look(read: Callable[[], drain.Load | None]) -> drain.Load | None:

@@ -87,6 +87,12 @@ def start(req: Request, out: TextIO) -> int:
         out.write(_event_line(txn, "outcome", msg, Stage.LOCK, outcome=Outcome.ERROR.value))
         return int(ExitCode.REFUSED)
     record_request(state_dir, req, txn)
+    return _spawn(req, txn, out)
+
+
+def _spawn(req: Request, txn: str, out: TextIO) -> int:
+    """Run the transaction as a transient unit (it outlives this SSH session) and follow it; attached
+    when there is no systemd-run or it fails."""
     if req.detach and shutil.which("systemd-run"):
         argv = ["systemd-run", f"--unit=deployctl-{txn}", "--collect", "--quiet", "--no-ask-password"]
         argv += ["--working-directory=/"]
@@ -199,15 +205,7 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
     try:
         state_dir.set_last_txn(req.unit, txn)
         log.emit(Stage.LOCK, "step", f"locked {req.unit}", pid=os.getpid())
-        with Systemd() as sd:
-            t = Transaction(req, txn, sd, Journal(), log)
-            if req.verb == "apply":
-                result = t.apply()
-            elif req.verb == "rollback":
-                result = t.rollback()
-            else:
-                result = t.recover_only()
-        return _finish(req, txn, result, log)
+        return _finish(req, txn, _transact(req, txn, log), log)
     except Exception as exc:
         # A bug must not leave the new unit half-verified: restore now; the record stays if this fails too.
         recovered = recovery.try_recover(req, txn, log)
@@ -218,6 +216,17 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
     finally:
         lock.release()
         log.close()
+
+
+def _transact(req: Request, txn: str, log: EventLog) -> Result:
+    """The verb's transaction, run under the lock."""
+    with Systemd() as sd:
+        t = Transaction(req, txn, sd, Journal(), log)
+        if req.verb == "apply":
+            return t.apply()
+        if req.verb == "rollback":
+            return t.rollback()
+        return t.recover_only()
 
 
 def _holder(req: Request, txn: str) -> dict[str, Any]:

@@ -64,7 +64,6 @@ def _asked(change: Change) -> Target:
 
 def run(args: argparse.Namespace, out: Output) -> int:
     from agent.plan.choose import plan_for_host
-    from agent.report import plan_with_chart
 
     if args.facts:
         return _run_facts(args, out)
@@ -94,15 +93,19 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
         from_host = plan_from_host_facts(host, facts, history, asked)
         if from_host is not None:
-            chart = plan_with_chart(host.name, from_host, running, unicode=out.style is Style.TTY)
-            out.print(json.dumps(from_host.to_dict(), indent=2) if args.json else chart)
-            return verdict(from_host)
+            return _show(args, out, host.name, from_host, running)
     plan = plan_for_host(host, asked, history or None, running)
-    plan = replace(plan, notes=(*set_aside, *plan.notes))
+    return _show(args, out, host.name, replace(plan, notes=(*set_aside, *plan.notes)), running)
+
+
+def _show(args: argparse.Namespace, out: Output, name: str, plan: Plan, running: Mapping[str, Any]) -> int:
+    """Print the plan (JSON with --json, else the text with its chart); the exit status is its verdict."""
+    from agent.report import plan_with_chart
+
     if args.json:
         out.print(json.dumps(plan.to_dict(), indent=2))
     else:
-        out.print(plan_with_chart(host.name, plan, running, unicode=out.style is Style.TTY))
+        out.print(plan_with_chart(name, plan, running, unicode=out.style is Style.TTY))
     return verdict(plan)
 
 

@@ -30,7 +30,7 @@ from agent.render import (
     unit_diff,
 )
 from agent.report import ApplyReport, plan_with_chart, render_report
-from agent.sglang.flags import FlagsError, diff_flags, flag_table, parse_unit_flags
+from agent.sglang.flags import FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
 from agent.verify import render_checked
 
 
@@ -193,7 +193,7 @@ def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text
         out.note("== the unit would not change")
 
 
-def _readable_flags(text: str) -> dict[str, Any]:
+def _readable_flags(text: str) -> dict[str, FlagValue]:
     """The flags of a unit found on the host; {} when there is none or deployctl cannot read it."""
     try:
         return dict(parse_unit_flags(text)) if text else {}

@@ -10,7 +10,7 @@ from typing import Any
 from agent.chart import draw, from_plan
 from agent.plan.choose import Plan
 from agent.protocol import DOWNTIME_PHASES, Outcome
-from agent.sglang.flags import FlagChange, diff_flags, flag_table
+from agent.sglang.flags import FlagChange, FlagInput, FlagValue, diff_flags, flag_table
 
 TIGHT_RESERVE_GIB = 5.0  # below this, say plainly not to push the fraction higher
 
@@ -21,8 +21,8 @@ class ApplyReport:
     unit: str
     target: int | None  # None: a rollback, which only has to come back healthy
     plan: Plan | None
-    before_flags: Mapping[str, Any]
-    after_flags: Mapping[str, Any]
+    before_flags: Mapping[str, FlagValue]
+    after_flags: Mapping[str, FlagValue]
     outcome: str
     message: str
     data: Mapping[str, Any]
@@ -227,16 +227,16 @@ def _flag_text(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def plan_with_chart(host: str, plan: Plan, running: Mapping[str, Any], *, unicode: bool) -> str:
+def plan_with_chart(host: str, plan: Plan, running: Mapping[str, FlagInput], *, unicode: bool) -> str:
     """What `plan` and `apply --dry-run` both print: the plan, then the pool against the fraction."""
     chart = draw(from_plan(plan, _running_fraction(running)), unicode=unicode)
     return f"{render_plan(host, plan)}\n\n{chart}"
 
 
-def _running_fraction(flags: Mapping[str, Any]) -> float | None:
+def _running_fraction(flags: Mapping[str, FlagInput]) -> float | None:
     """The running --mem-fraction-static, if the unit sets one that reads as a number."""
     try:
-        value = float(flags["mem-fraction-static"])
-    except (KeyError, TypeError, ValueError):
+        value = float(str(flags["mem-fraction-static"]))  # a bool or a list reads as no number
+    except (KeyError, ValueError):
         return None
     return value if 0 < value < 1 else None

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent.exitcodes import ExitCode
+from agent.sglang.flags import FlagValue
 
 FAILED = ("rolled_back", "rollback_failed", "unreachable", "error", "agent_error", "locked", "not_started")
 
@@ -113,7 +114,7 @@ def _n(value: int | None) -> str:
     return f"{value:,}" if value is not None else "-"
 
 
-def _flag_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+def _flag_change(before: Mapping[str, FlagValue], after: Mapping[str, FlagValue]) -> str:
     keys = ("context-length", "mem-fraction-static", "max-running-requests")
     parts = [f"{k} {before.get(k, '-')}->{after.get(k, '-')}" for k in keys if before.get(k) != after.get(k)]
     return ", ".join(parts) or "no flag change"

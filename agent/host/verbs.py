@@ -17,7 +17,7 @@ from agent.host.systemd import Systemd, SystemdError
 from agent.host.units import UnitFiles
 from agent.protocol import Request
 from agent.protocol import unit_sha256 as sha256
-from agent.sglang.flags import FlagsError, diff_flags, parse_unit_flags
+from agent.sglang.flags import FlagsError, FlagValue, diff_flags, parse_unit_flags
 from agent.sglang.logs.summary import start_figures
 from agent.sglang.redact import redact, redact_changes, redact_flags, redact_log_line
 
@@ -130,7 +130,7 @@ def _outcome(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((e for e in reversed(events) if e.get("kind") == "outcome"), None)
 
 
-def _flags(text: str | None) -> dict[str, Any] | None:
+def _flags(text: str | None) -> dict[str, FlagValue] | None:
     """The unit's SGLang flags; None for a unit deployctl cannot read (hand-edited oddly), never a crash."""
     if not text:
         return None

@@ -17,7 +17,9 @@ from agent.output import Output, Style
 
 if TYPE_CHECKING:
     from agent.plan.choose import Plan, Target
+    from agent.plan.model import Flags
     from agent.plan.startcheck import Planned
+    from agent.sglang.flags import FlagInput
 
 # plan's exit status: 0 feasible, NOT_FEASIBLE when the plan cannot reach the target (it is printed all the
 # same), 2 bad input, 3 host unreachable. A script can branch on it: `deployctl plan ... && deployctl apply`.
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = with_set_flags(host, change, {})[0]
     history, set_aside = checked_starts(args.from_log, planned_for(None, host.model.path, host.sglang.flags,
                                                                      host.gpus.count))  # fmt: skip
-    running: Mapping[str, Any] = host.sglang.flags
+    running: Flags = host.sglang.flags
     asked = _asked(change)
     if not args.from_log and not args.offline:
         from agent import deploy  # SSH only when the host is asked
@@ -98,7 +100,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     return _show(args, out, host.name, replace(plan, notes=(*set_aside, *plan.notes)), running)
 
 
-def _show(args: argparse.Namespace, out: Output, name: str, plan: Plan, running: Mapping[str, Any]) -> int:
+def _show(
+    args: argparse.Namespace, out: Output, name: str, plan: Plan, running: Mapping[str, FlagInput]
+) -> int:
     """Print the plan (JSON with --json, else the text with its chart); the exit status is its verdict."""
     from agent.report import plan_with_chart
 
@@ -142,7 +146,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     return verdict(plan)
 
 
-def planned_for(arch: str | None, path: str, flags: Mapping[str, Any], gpus: int) -> Planned:
+def planned_for(arch: str | None, path: str, flags: Mapping[str, FlagInput], gpus: int) -> Planned:
     from agent.plan.startcheck import Planned
 
     def number(*names: str, default: int) -> int:

@@ -20,7 +20,7 @@ from agent.exitcodes import ExitCode
 from agent.host import recovery, txnfiles
 from agent.host.events import EventLog, journal_note, utc_now
 from agent.host.journal import Journal
-from agent.host.lock import Locked, UnitLock, describe_holder
+from agent.host.lock import Holder, Locked, UnitLock, describe_holder
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.transaction import Result, Transaction
@@ -33,7 +33,7 @@ FOLLOW_POLL_S = 0.02
 RUNNER_SETTLE_S = 10.0  # how long a started runner may take to lock (Python start-up on a loaded host)
 
 
-def running(req: Request) -> dict[str, Any] | None:
+def running(req: Request) -> Holder | None:
     """The change running on this unit, decided from the lock and from systemd, never from timing.
 
     A runner that systemd started but that has not taken the lock yet (or has released it and is
@@ -161,7 +161,7 @@ def _in_place(req: Request, txn: str, out: TextIO) -> int | None:
         lock.release()
 
 
-def _same_apply(holder: dict[str, Any], req: Request) -> bool:
+def _same_apply(holder: Holder, req: Request) -> bool:
     """Whether a re-run of apply asks for the running change, so it re-attaches instead of failing."""
     # The re-run plans from facts the running change already altered (new unit, a half-done start),
     # so its unit may differ in a digit from the running one: the same target is the same request.
@@ -229,7 +229,7 @@ def _transact(req: Request, txn: str, log: EventLog) -> Result:
         return t.recover_only()
 
 
-def _holder(req: Request, txn: str) -> dict[str, Any]:
+def _holder(req: Request, txn: str) -> Holder:
     """What the lock records about its holder: a re-run of the same apply re-attaches by it."""
     return {
         "pid": os.getpid(), "since": utc_now(), "verb": req.verb, "txn": txn, "unit": req.unit,
@@ -353,7 +353,7 @@ def _runner_alive(txn: str) -> bool:
         return False
 
 
-def _locked_outcome(holder: dict[str, Any], out: TextIO) -> int:
+def _locked_outcome(holder: Holder, out: TextIO) -> int:
     msg = f"locked: {describe_holder(holder)}"
     journal_note(f"{msg}; a second change was refused")  # cron's locked runs show on the host too
     out.write(

@@ -15,7 +15,7 @@ from agent.errors import UsageError
 from agent.inventory import HostConfig
 from agent.output import Output, Style
 from agent.plan.choose import Plan, Target, plan_for_host
-from agent.protocol import Event, Request, exit_code, unit_sha256
+from agent.protocol import DowntimeData, Event, Request, exit_code, unit_sha256
 from agent.remote.client import base_request
 from agent.render import (
     check_with_sglang_table,
@@ -145,7 +145,7 @@ def report(out: Output, host: HostConfig, sent: Prepared, outcome: Event, facts:
         redact_flags(parse_unit_flags(sent.new_text)),
         str(outcome.data.get("outcome")),
         outcome.message,
-        outcome.data,
+        outcome.outcome_data(),
         next_plan=_next_plan(host, context, outcome),
         previous_downtime=_previous_downtime(facts),
     )
@@ -154,7 +154,7 @@ def report(out: Output, host: HostConfig, sent: Prepared, outcome: Event, facts:
     return int(exit_code(rep.outcome))
 
 
-def _previous_downtime(facts: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _previous_downtime(facts: Mapping[str, Any]) -> DowntimeData | None:
     """The downtime of the newest verified start the host remembers (before this change)."""
     return next((h["downtime"] for h in reversed(facts.get("history") or []) if h.get("downtime")), None)
 

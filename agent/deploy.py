@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,8 +123,6 @@ def backup_listing(s: Session) -> dict[str, Any]:
 
 
 def rollback(conn: Connection, to: str | None, out: Output, *, yes: bool) -> int:
-    from agent.report import ApplyReport, render_report
-
     with session(conn) as s:
         rows = backup_listing(s).get("backups") or []
         # The default is the newest backup that differs from the installed unit: after an automatic
@@ -147,18 +145,25 @@ def rollback(conn: Connection, to: str | None, out: Output, *, yes: bool) -> int
         outcome = follow(out, s, base_request(s.host, "rollback", backup=to))
         result = str(outcome.data.get("outcome"))
         if out.style is not Style.JSON:
-            changes = [(f, a, b) for f, b, a in chosen.get("changes", [])]
-            report = ApplyReport(
-                s.host.name, s.host.unit.name, None, None, {}, {}, result, outcome.message, outcome.data
-            )
-            out.print(render_report(report).rstrip())
-            if changes and result == "applied":
-                out.print("flags restored: " + ", ".join(f"--{f} {a} -> {b}" for f, a, b in changes))
-            backup = outcome.data.get("backup")
-            if backup and result == "applied":
-                out.print(f"the unit replaced by this rollback is kept as {backup}; undo with:")
-                out.print(f"  deployctl rollback {s.host.name} --to {backup}")
+            _report_rollback(out, s, chosen.get("changes", []), outcome)
         return int(exit_code(result))
+
+
+def _report_rollback(out: Output, s: Session, changes: Sequence[Sequence[str]], outcome: Event) -> None:
+    """The rollback's report, the flags it restored and the way back to the unit it replaced."""
+    from agent.report import ApplyReport, render_report
+
+    result = str(outcome.data.get("outcome"))
+    data = outcome.outcome_data()
+    report = ApplyReport(s.host.name, s.host.unit.name, None, None, {}, {}, result, outcome.message, data)
+    out.print(render_report(report).rstrip())
+    if changes and result == "applied":
+        restored = (f"--{flag} {after} -> {before}" for flag, before, after in changes)
+        out.print("flags restored: " + ", ".join(restored))
+    backup = data.get("backup")
+    if backup and result == "applied":
+        out.print(f"the unit replaced by this rollback is kept as {backup}; undo with:")
+        out.print(f"  deployctl rollback {s.host.name} --to {backup}")
 
 
 def backups(conn: Connection, out: Output) -> int:

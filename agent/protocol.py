@@ -14,9 +14,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from secrets import token_hex
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from agent.exitcodes import ExitCode
+
+if TYPE_CHECKING:
+    from agent.sglang.logs.summary import StartFigures
 
 VERSION = 1
 RESTART_JOB_TIMEOUT_S = 300.0  # systemd's restart (or stop) job, as the host's transaction waits for it
@@ -320,6 +323,62 @@ def _check(ok: bool, message: str) -> None:
         raise ProtocolError(message)
 
 
+class DrainData(TypedDict):
+    """A restart's drain (host/drain.py Drain)."""
+
+    end: str
+    in_flight: int  # running + waiting when the drain began
+    finished: int
+    cut: int
+    seconds: float
+    waited_s: float
+    timeout_s: float
+
+
+class PrewarmData(TypedDict):
+    """The page-cache pre-warm before the restart (host/prewarm.py Prewarmed)."""
+
+    files: int
+    total_bytes: int
+    read_bytes: int
+    seconds: float
+    skip: str | None
+
+
+class DowntimeData(TypedDict):
+    """A restart's downtime by phase (host/timeline.py Downtime)."""
+
+    seconds: float | None
+    phases: dict[str, float]
+
+
+class SmokeData(TypedDict):
+    """The smoke test's answer (host/probe.py SmokeResult)."""
+
+    prompt_tokens: int
+    seconds: float
+    answer: str
+    passed: bool
+    detail: str
+
+
+class OutcomeData(TypedDict, total=False):
+    """A change's figures, as its outcome event carries them beside "outcome"; each verb sends its part."""
+
+    summary: StartFigures
+    backup: str | None
+    start_seconds: float
+    downtime: DowntimeData
+    prewarm: PrewarmData
+    drain: DrainData
+    smoke: SmokeData
+    reason: str
+    failure_kind: str | None
+    rejected: str
+    restore_failure: str
+    restored_from: str  # a rollback's backup
+
+
 @dataclass(frozen=True)
 class Event:
     """One step of a transaction, as a JSON line; kind "outcome" is the last one."""
@@ -335,6 +394,10 @@ class Event:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, default=str)
+
+    def outcome_data(self) -> OutcomeData:
+        """An outcome event's figures: the agent writes them as OutcomeData says."""
+        return cast(OutcomeData, self.data)
 
     @classmethod
     def from_json(cls, line: str) -> Event:

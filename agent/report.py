@@ -9,8 +9,9 @@ from typing import Any
 
 from agent.chart import draw, from_plan
 from agent.plan.choose import Plan
-from agent.protocol import DOWNTIME_PHASES, Outcome
+from agent.protocol import DOWNTIME_PHASES, DowntimeData, DrainData, Outcome, OutcomeData, PrewarmData
 from agent.sglang.flags import FlagChange, FlagInput, FlagValue, diff_flags, flag_table
+from agent.sglang.logs.summary import StartFigures
 
 TIGHT_RESERVE_GIB = 5.0  # below this, say plainly not to push the fraction higher
 
@@ -25,9 +26,9 @@ class ApplyReport:
     after_flags: Mapping[str, FlagValue]
     outcome: str
     message: str
-    data: Mapping[str, Any]
+    data: OutcomeData
     next_plan: Plan | None = None  # on a rejected change: what the measured figures now recommend
-    previous_downtime: Mapping[str, Any] | None = None  # the last verified start's, on the same host
+    previous_downtime: DowntimeData | None = None  # the last verified start's, on the same host
 
 
 def render_report(r: ApplyReport) -> str:
@@ -37,7 +38,7 @@ def render_report(r: ApplyReport) -> str:
     changes = diff_flags(r.before_flags, r.after_flags)
     if changes and r.outcome != "up_to_date":
         out += ["", "flags (before -> after):", _indent(flag_table(changes))]
-    summary: Mapping[str, Any] = r.data.get("summary") or {}
+    summary: StartFigures = r.data.get("summary") or {}
     if r.outcome in ("applied", "rolled_back", "rollback_failed"):
         out += ["", *_pool_lines(r, summary)]
     smoke = r.data.get("smoke")
@@ -55,7 +56,7 @@ def render_report(r: ApplyReport) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _drain_lines(drain: Mapping[str, Any] | None) -> list[str]:
+def _drain_lines(drain: DrainData | None) -> list[str]:
     """The requests the old server had when the restart was due, and what became of them."""
     if not drain:
         return []
@@ -77,7 +78,7 @@ def _drain_lines(drain: Mapping[str, Any] | None) -> list[str]:
 
 
 def _downtime_lines(
-    prewarm: Mapping[str, Any] | None, now: Mapping[str, Any] | None, before: Mapping[str, Any] | None
+    prewarm: PrewarmData | None, now: DowntimeData | None, before: DowntimeData | None
 ) -> list[str]:
     """The restart's downtime by phase, next to the previous start's on this host."""
     lines = []
@@ -89,14 +90,15 @@ def _downtime_lines(
             f"pre-warm:              {gib:.2f} GiB of weights read in {prewarm['seconds']:.1f} s "
             "while the old server served"
         )
-    if not now or now.get("seconds") is None:
+    seconds = now.get("seconds") if now else None
+    if not now or seconds is None:
         return lines
     phases = _phases(now["phases"])
-    lines.append(f"downtime:              {now['seconds']:.1f} s ({phases})")
-    if before and before.get("seconds"):
+    lines.append(f"downtime:              {seconds:.1f} s ({phases})")
+    previous = before.get("seconds") if before else None
+    if before and previous:
         was = _phases(before.get("phases") or {})
-        ratio = now["seconds"] / before["seconds"]
-        lines.append(f"previous start:        {before['seconds']:.1f} s ({was}); now {ratio:.2f}x")
+        lines.append(f"previous start:        {previous:.1f} s ({was}); now {seconds / previous:.2f}x")
     return lines
 
 
@@ -105,7 +107,7 @@ def _phases(seconds: Mapping[str, float]) -> str:
     return ", ".join(f"{p} {seconds[p]:.1f}" for p in DOWNTIME_PHASES if p in seconds)
 
 
-def _pool_lines(r: ApplyReport, s: Mapping[str, Any]) -> list[str]:
+def _pool_lines(r: ApplyReport, s: StartFigures) -> list[str]:
     measured = s.get("kv_tokens")
     context = r.target or s.get("context_len")
     lines = [f"target context:        {r.target:,} tokens"] if r.target else []

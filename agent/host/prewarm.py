@@ -15,9 +15,10 @@ import stat
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from agent.protocol import PrewarmData
 
 GIB = 1 << 30
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -52,8 +53,14 @@ class Prewarmed:
     seconds: float
     skip: str | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> PrewarmData:
+        return PrewarmData(
+            files=self.files,
+            total_bytes=self.total_bytes,
+            read_bytes=self.read_bytes,
+            seconds=self.seconds,
+            skip=self.skip,
+        )
 
     def describe(self) -> str:
         if self.skip:

@@ -15,7 +15,7 @@ with warnings.catch_warnings():  # the bundle ships requests without a charset d
 from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_after_delay, wait_fixed
 
 from agent.host.drain import Load, NoLoad, parse_loads, parse_metrics
-from agent.protocol import Smoke
+from agent.protocol import Smoke, SmokeData
 
 # Words and marks: every tokenizer in use splits at least here (byte-level BPE, SentencePiece), so a prompt
 # counted by the server below half of this did not reach the model whole.
@@ -33,6 +33,15 @@ class SmokeResult:
     answer: str
     passed: bool
     detail: str = ""
+
+    def to_dict(self) -> SmokeData:
+        return SmokeData(
+            prompt_tokens=self.prompt_tokens,
+            seconds=self.seconds,
+            answer=self.answer,
+            passed=self.passed,
+            detail=self.detail,
+        )
 
 
 def url_host(host: str) -> str:

@@ -30,7 +30,7 @@ from agent.host.state import (
 from agent.host.timeline import downtime
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchedStart, WatchResult, watch_start
-from agent.protocol import RESTART_JOB_TIMEOUT_S, Event, Outcome, Request, Smoke, Stage
+from agent.protocol import RESTART_JOB_TIMEOUT_S, Event, Outcome, OutcomeData, Request, Smoke, Stage
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import FlagsError, FlagValue, parse_unit_flags
 from agent.sglang.logs.summary import summarize
@@ -80,7 +80,7 @@ def _utc_now() -> datetime:
 class Result:
     outcome: Outcome
     message: str
-    data: dict[str, Any] = field(default_factory=dict)
+    data: OutcomeData = field(default_factory=lambda: OutcomeData())
 
 
 class Transaction:
@@ -531,30 +531,31 @@ class Transaction:
     ) -> Result:
         self._record(PHASE_VERIFIED, backup, new)
         state = self.systemd.unit_state(self.unit)
+        down = downtime(self.events).to_dict()
         entry = {
             "txn": self.txn,
             "at": self.now().isoformat(),
             "sha256": sha256(new),
             "invocation": state.invocation_id,
             "start_seconds": round(started.seconds, 2),
-            "downtime": downtime(self.events).to_dict(),
+            "downtime": down,
             **started.summary,
         }
         self.state.append_history(self.unit, entry)
         self.state.clear_record(self.unit)
         self.log.emit(Stage.COMMIT, "step", "committed", backup=backup)
-        data: dict[str, Any] = {
+        data: OutcomeData = {
             "summary": started.summary,
             "backup": backup,
             "start_seconds": started.seconds,
-            "downtime": entry["downtime"],
+            "downtime": down,
         }
         if self.prewarmed is not None:
             data["prewarm"] = self.prewarmed.to_dict()
         if self.drains:
             data["drain"] = self.drains[0].to_dict()
         if self.smoke_result is not None:
-            data["smoke"] = self.smoke_result.__dict__
+            data["smoke"] = self.smoke_result.to_dict()
         what = f"restored {restored_from}" if restored_from else "applied"
         pool = started.summary.get("kv_tokens")
         return Result(Outcome.APPLIED, f"{self.unit} {what}: KV pool {pool:,} tokens, server ready", data)
@@ -575,7 +576,7 @@ class Transaction:
         )  # no invocation: the service runs the rejected unit, so the restore must restart it
         self.state.save_record(record)
         ok, why = self._restore(record)
-        data: dict[str, Any] = {
+        data: OutcomeData = {
             "reason": reason,
             "failure_kind": started.verdict.kind,
             "summary": started.summary,
@@ -698,8 +699,9 @@ class Transaction:
         # Not started by deployctl (or its history is gone): believe the running start's own log.
         lines = self.journal.last_invocation_lines(self.unit, 20000)
         figures = summarize(lines).to_dict() if lines else {}
-        if figures.get("kv_tokens"):
-            return bool(figures.get("ready")) and int(figures["kv_tokens"]) >= target
+        kv_tokens = figures.get("kv_tokens")
+        if kv_tokens:
+            return bool(figures.get("ready")) and int(kv_tokens) >= target
         if history:
             # This start's log is gone (a reboot, then the journal rotated): the same unit's verified
             # start, kept in our own state, stands for it rather than a restart for nothing.

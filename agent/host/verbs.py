@@ -18,7 +18,7 @@ from agent.host.units import UnitFiles
 from agent.protocol import Request
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import FlagsError, FlagValue, diff_flags, parse_unit_flags
-from agent.sglang.logs.summary import start_figures
+from agent.sglang.logs.summary import StartFigures, start_figures
 from agent.sglang.redact import redact, redact_changes, redact_flags, redact_log_line
 
 CHANGING_VERBS = ("apply", "rollback", "recover")
@@ -69,7 +69,7 @@ def unit_view(text: str | None, secret_names: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def _last_start(lines: Sequence[str]) -> dict[str, Any] | None:
+def _last_start(lines: Sequence[str]) -> StartFigures | None:
     """The newest start's figures; the failure line it quotes with secret values replaced."""
     if not lines:
         return None

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from agent.plan.model import Flags
     from agent.plan.startcheck import Planned
     from agent.sglang.flags import FlagInput
+    from agent.sglang.logs.summary import StartFigures
 
 # plan's exit status: 0 feasible, NOT_FEASIBLE when the plan cannot reach the target (it is printed all the
 # same), 2 bad input, 3 host unreachable. A script can branch on it: `deployctl plan ... && deployctl apply`.
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = load_host(args.host, units_dir(args.units))
     check_with_sglang_table(host, dict(change.flags))
     host = with_set_flags(host, change, {})[0]
+    history: Sequence[Mapping[str, Any]]  # the starts that calibrate the plan
     history, set_aside = checked_starts(args.from_log, planned_for(None, host.model.path, host.sglang.flags,
                                                                      host.gpus.count))  # fmt: skip
     running: Flags = host.sglang.flags
@@ -157,12 +159,12 @@ def planned_for(arch: str | None, path: str, flags: Mapping[str, FlagInput], gpu
     return Planned(arch, path, tp, pp, str(flags.get("kv-cache-dtype") or "auto"))
 
 
-def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[dict[str, Any]], list[str]]:
+def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[StartFigures], list[str]]:
     """The --from-log starts of this model and layout; another model, TP or PP is refused with one line,
     another KV dtype set aside with a note (plan/startcheck.py)."""
     from agent.plan.startcheck import identity, other_dtype, refusal
 
-    kept: list[dict[str, Any]] = []
+    kept: list[StartFigures] = []
     notes: list[str] = []
     for name in names:
         lines = _lines(Path(name))

@@ -17,7 +17,7 @@ from agent.apply import allow_context, calibration_from, installed_sha256, with_
 from agent.cli.options import Change
 from agent.errors import ConnectError, DeployError
 from agent.fleet.calibrate import Measured, peer_key
-from agent.fleet.results import HostResult, PlanFigures
+from agent.fleet.results import HostResult, HostStatus, PlanFigures
 from agent.inventory import HostConfig
 from agent.plan.choose import Plan, Target, plan_for_host
 from agent.protocol import Event, Request, new_txn_id, unit_sha256
@@ -324,7 +324,7 @@ def rollback_host(host: HostConfig, backup: str | None, emit: Emit) -> HostResul
     )  # fmt: skip
 
 
-def host_status(host: HostConfig, context: int | None) -> dict[str, Any]:
+def host_status(host: HostConfig, context: int | None) -> HostStatus:
     """Drift and the measured pool: does the installed unit differ from what the plan renders?"""
     try:
         with connected(host) as client:
@@ -334,7 +334,7 @@ def host_status(host: HostConfig, context: int | None) -> dict[str, Any]:
     text = facts.get("unit_text") or ""
     last = facts.get("last_start") or {}
     state = facts.get("state") or {}
-    status: dict[str, Any] = {
+    status: HostStatus = {
         "host": host.name,
         "reachable": True,
         "active": state.get("active_state"),

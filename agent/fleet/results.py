@@ -4,12 +4,38 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from agent.exitcodes import ExitCode
 from agent.sglang.flags import FlagValue
 
 FAILED = ("rolled_back", "rollback_failed", "unreachable", "error", "agent_error", "locked", "not_started")
+
+
+class HostStatus(TypedDict, total=False):
+    """`deployctl fleet status`'s row of one host (its --json output)."""
+
+    host: str
+    reachable: bool
+    message: str  # why it is unreachable
+    active: str | None
+    measured_pool: int | None
+    flags: dict[str, FlagValue]  # redacted
+    unit_sha256: str | None
+    drift: bool
+    planned_fraction: float
+    drift_against: int | None  # the context the drift was judged at
+
+
+class FleetEvent(TypedDict, total=False):
+    """One line of the rollout's events file (fleet/events.py writes them, the front end follows them)."""
+
+    kind: str  # "phase", "result" or "status"
+    host: str
+    phase: str  # a phase line's
+    message: str
+    result: dict[str, object]  # HostResult.to_dict
+    status: HostStatus
 
 
 @dataclass(frozen=True)
@@ -153,7 +179,7 @@ def render_fleet(report: FleetReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def results_from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, HostResult]:
+def results_from_events(events: Iterable[FleetEvent]) -> dict[str, HostResult]:
     """The last result event of each host (a re-run task replaces an earlier one)."""
     found: dict[str, HostResult] = {}
     for event in events:
@@ -163,7 +189,7 @@ def results_from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, HostRe
     return found
 
 
-def progress_line(event: Mapping[str, Any]) -> str | None:
+def progress_line(event: FleetEvent) -> str | None:
     """One line per host and phase for a person watching."""
     if event.get("kind") == "phase":
         return f"{event.get('host')}: {event.get('phase')}: {event.get('message')}"

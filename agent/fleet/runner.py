@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 from agent.errors import DeployError, UsageError
 from agent.fleet import events
+from agent.fleet.results import FleetEvent
 
 COLLECTIONS = Path(__file__).resolve().parent  # holds ansible_collections/deployctl/sglang
 POLL_S = 0.1
@@ -25,7 +26,7 @@ POLL_S = 0.1
 @dataclass(frozen=True)
 class Run:
     rc: int
-    events: list[dict[str, Any]]
+    events: list[FleetEvent]
     log: str
 
 
@@ -53,7 +54,7 @@ def run_playbook(
     units: Path,
     extra_vars: Mapping[str, Any],
     forks: int,
-    on_event: Callable[[dict[str, Any]], None],
+    on_event: Callable[[FleetEvent], None],
 ) -> Run:
     """ansible-playbook deployctl.sglang.<playbook>, its events passed to on_event as they come."""
     with tempfile.TemporaryDirectory(prefix="deployctl-fleet-") as tmp:
@@ -91,11 +92,11 @@ def _ansible_env(work: Path, feed: Path) -> dict[str, str]:
 
 
 def _follow(
-    proc: subprocess.Popen[bytes], follow: BinaryIO, on_event: Callable[[dict[str, Any]], None]
-) -> list[dict[str, Any]]:
+    proc: subprocess.Popen[bytes], follow: BinaryIO, on_event: Callable[[FleetEvent], None]
+) -> list[FleetEvent]:
     """The events the run writes, each passed to on_event as it comes, until the run ends; an interrupt
     ends the run too."""
-    seen: list[dict[str, Any]] = []
+    seen: list[FleetEvent] = []
     pending = bytearray()
     try:
         while True:
@@ -112,12 +113,12 @@ def _follow(
         raise
 
 
-def _complete_lines(follow: BinaryIO, pending: bytearray) -> list[dict[str, Any]]:
+def _complete_lines(follow: BinaryIO, pending: bytearray) -> list[FleetEvent]:
     """The events whose whole line has been written: a read can end inside a line a worker is writing."""
     pending += follow.read()
     *whole, rest = bytes(pending).split(b"\n")
     pending[:] = rest
-    found = []
+    found: list[FleetEvent] = []
     for line in whole:
         try:
             found.append(json.loads(line))

@@ -15,6 +15,7 @@ from typing import Any
 import tomlkit
 
 from agent.errors import UsageError
+from agent.protocol import GpuRow
 from agent.sglang.flags import FlagValue, parse_flag_words
 from agent.sglang.unitfile import AdoptError, command_words
 
@@ -140,7 +141,7 @@ def split_command(unit: Inspected) -> tuple[list[str], dict[str, FlagValue]]:
     return [unit.exec_path, *words[1:first]], parse_flag_words(words[first:])
 
 
-def _gpus_table(gpus: Sequence[Mapping[str, Any]], flags: Mapping[str, FlagValue]) -> Any:
+def _gpus_table(gpus: Sequence[GpuRow], flags: Mapping[str, FlagValue]) -> Any:
     table = tomlkit.table()
     if gpus:
         table.add("count", len(gpus))
@@ -184,7 +185,7 @@ def inventory_text(
     ssh_target: str,
     sudo: bool,
     unit: Inspected,
-    gpus: Sequence[Mapping[str, Any]] = (),
+    gpus: Sequence[GpuRow] = (),
 ) -> str:
     """The commented units/HOST.toml for a hand-written unit."""
     _refuse_unmodelable(unit)

@@ -18,7 +18,7 @@ from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_host, units_dir
 from agent.output import Output, Style
 from agent.progress import Progress
-from agent.protocol import Event, Request, exit_code
+from agent.protocol import Event, Request, as_facts, exit_code
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 
@@ -63,12 +63,13 @@ def _load_planner(host: HostConfig) -> None:
 def _apply(out: Output, s: Session, change: Change, talk: Conversation) -> int:
     from agent import apply as planned
 
-    sent = planned.prepare(out, s.host, change, talk.answer)
+    facts = as_facts(talk.answer)
+    sent = planned.prepare(out, s.host, change, facts)
     if sent is None:
         return int(ExitCode.OK)
     confirm(out, change.yes, s.host)
     outcome = follow(out, s, sent.request, talk)
-    return planned.report(out, s.host, sent, outcome, talk.answer)
+    return planned.report(out, s.host, sent, outcome, facts)
 
 
 def confirm(out: Output, yes: bool, host: HostConfig) -> None:

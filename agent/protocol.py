@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
@@ -19,6 +20,9 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 from agent.exitcodes import ExitCode
 
 if TYPE_CHECKING:
+    from agent.host.lock import Holder
+    from agent.host.state import HistoryEntry
+    from agent.sglang.flags import FlagValue
     from agent.sglang.logs.summary import StartFigures
 
 VERSION = 1
@@ -377,6 +381,46 @@ class OutcomeData(TypedDict, total=False):
     rejected: str
     restore_failure: str
     restored_from: str  # a rollback's backup
+
+
+class GpuRow(TypedDict):
+    """A GPU as the facts verb reads nvidia-smi: the figures as it prints them."""
+
+    index: str
+    name: str
+    total_mib: str
+    used_mib: str
+
+
+class UnitView(TypedDict):
+    """The installed unit as it may leave the host: secret values replaced by ***; the real text's sha256."""
+
+    unit_text: str | None
+    unit_sha256: str | None
+    flags: dict[str, FlagValue] | None
+
+
+class HostFacts(TypedDict, total=False):
+    """The facts verb's answer: what the laptop plans from (deployctl's --set flags go over `flags`)."""
+
+    agent_version: str
+    unit_text: str | None
+    unit_sha256: str | None
+    flags: Mapping[str, Any] | None  # the unit's (a repeated flag's values a list), --set's over them
+    state: dict[str, Any] | None  # systemd's UnitState
+    last_start: StartFigures | None
+    history: list[HistoryEntry]
+    gpus: list[GpuRow]
+    lock: Holder | None
+    last_txn: str | None
+    backups: list[str]
+    model_facts: dict[str, Any] | None  # plan/facts.py parses it
+    orphan: bool
+
+
+def as_facts(answer: Mapping[str, Any]) -> HostFacts:
+    """A facts answer (a JSON object, as the client checked) as the agent writes it."""
+    return cast(HostFacts, answer)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from agent.fleet.calibrate import Measured, peer_key
 from agent.fleet.results import HostResult, HostStatus, PlanFigures
 from agent.inventory import HostConfig
 from agent.plan.choose import Plan, Target, plan_for_host
-from agent.protocol import Event, Request, new_txn_id, unit_sha256
+from agent.protocol import Event, HostFacts, Request, as_facts, new_txn_id, unit_sha256
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 from agent.render import redact_flags, render_unit, secret_values, template_dir
@@ -51,7 +51,7 @@ def _flags(text: str | None) -> dict[str, FlagValue]:
 def plan_host(
     host: HostConfig,
     context: int,
-    facts: Mapping[str, Any],
+    facts: HostFacts,
     peers: Sequence[Measured],
     flags: Mapping[str, FlagInput] | None = None,
 ) -> tuple[Plan, tuple[str, ...]]:
@@ -137,7 +137,7 @@ def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peer
     check: bool,
     flags: Mapping[str, FlagInput],
 ) -> HostResult:
-    host, facts = talk.client.host, talk.answer
+    host, facts = talk.client.host, as_facts(talk.answer)
     plan, sources = plan_host(host, context, facts, peers, flags)
     unit_flags = {**dict(_change(context, flags).flags), **plan.flags()}
     figures = _figures(plan, sources, emit)
@@ -205,7 +205,7 @@ class _Applied:
             self.context, self.figures, before=dict(self.before), after=dict(self.after),
         )  # fmt: skip
 
-    def result(self, message: str, data: Mapping[str, Any], facts: Mapping[str, Any]) -> HostResult:
+    def result(self, message: str, data: Mapping[str, Any], facts: HostFacts) -> HostResult:
         outcome = str(data.get("outcome"))
         summary = data.get("summary") or {}
         if outcome == "up_to_date":
@@ -328,7 +328,7 @@ def host_status(host: HostConfig, context: int | None) -> HostStatus:
     """Drift and the measured pool: does the installed unit differ from what the plan renders?"""
     try:
         with connected(host) as client:
-            facts = client.call(base_request(host, "facts"))
+            facts = as_facts(client.call(base_request(host, "facts")))
     except ConnectError as exc:
         return {"host": host.name, "reachable": False, "message": exc.message}
     text = facts.get("unit_text") or ""
@@ -343,7 +343,7 @@ def host_status(host: HostConfig, context: int | None) -> HostStatus:
         "unit_sha256": None if installed_sha256(facts) == "absent" else installed_sha256(facts),
     }
     # Without a target: the context of the last start the agent verified (what it was deployed to).
-    verified = [h.get("context_len") for h in facts.get("history") or [] if h.get("context_len")]
+    verified = [c for h in facts.get("history") or [] if (c := h.get("context_len"))]
     against = context or (int(verified[-1]) if verified else None)
     if against is not None:
         plan, _ = plan_host(host, against, facts, ())

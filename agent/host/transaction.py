@@ -24,6 +24,7 @@ from agent.host.state import (
     PHASE_VERIFIED,
     PHASE_WRITTEN,
     CorruptRecord,
+    HistoryEntry,
     Record,
     StateDir,
 )
@@ -532,7 +533,7 @@ class Transaction:
         self._record(PHASE_VERIFIED, backup, new)
         state = self.systemd.unit_state(self.unit)
         down = downtime(self.events).to_dict()
-        entry = {
+        entry: HistoryEntry = {
             "txn": self.txn,
             "at": self.now().isoformat(),
             "sha256": sha256(new),

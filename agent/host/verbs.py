@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from agent import __version__
@@ -15,7 +15,7 @@ from agent.host.journal import Journal
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.units import UnitFiles
-from agent.protocol import Request
+from agent.protocol import GpuRow, HostFacts, Request, UnitView
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import FlagsError, FlagValue, diff_flags, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures, start_figures
@@ -30,22 +30,28 @@ def dispatch(req: Request, out: TextIO) -> int:
     if req.verb == "follow":
         assert req.txn is not None
         return runner.follow(req, req.txn, out)
-    result = {"facts": facts, "backups": backups, "status": status, "inspect": adopt.inspect}[req.verb](req)
+    verbs: dict[str, Callable[[Request], Mapping[str, object]]] = {
+        "facts": facts, "backups": backups, "status": status, "inspect": adopt.inspect
+    }  # fmt: skip
+    result = dict(verbs[req.verb](req))
     result["orphan"] = recovery.orphaned(req, lambda: runner.running(req))
     out.write(json.dumps(result, sort_keys=True, default=str) + "\n")
     return 0
 
 
 # -- read-only verbs ---------------------------------------------------------------------------
-def facts(req: Request) -> dict[str, Any]:
+def facts(req: Request) -> HostFacts:
     """What the laptop needs to plan: the unit, its flags, the service state, the last start's figures."""
     files = UnitFiles(req.unit_dir)
     text = files.read(req.unit)
     lines = Journal().last_invocation_lines(req.unit, 20000)
     state_dir = StateDir(req.state_dir)
+    view = unit_view(text, req.secret_names)
     return {
         "agent_version": __version__,
-        **unit_view(text, req.secret_names),
+        "unit_text": view["unit_text"],
+        "unit_sha256": view["unit_sha256"],
+        "flags": view["flags"],
         "state": _state(req.unit),
         "last_start": _last_start(lines),
         "history": state_dir.history(req.unit, 10),
@@ -57,7 +63,7 @@ def facts(req: Request) -> dict[str, Any]:
     }
 
 
-def unit_view(text: str | None, secret_names: Sequence[str]) -> dict[str, Any]:
+def unit_view(text: str | None, secret_names: Sequence[str]) -> UnitView:
     """The installed unit as it may leave the host: its text and flags with secret values replaced by ***
     (Environment= of secret-looking names, secret --flags, SetCredential= data), and the sha256 of the
     real text, which is what an apply must name to change it."""
@@ -140,7 +146,7 @@ def _flags(text: str | None) -> dict[str, FlagValue] | None:
         return None
 
 
-def _state(unit: str) -> dict[str, Any] | None:
+def _state(unit: str) -> dict[str, object] | None:
     try:
         with Systemd() as sd:
             return sd.unit_state(unit).__dict__
@@ -148,7 +154,7 @@ def _state(unit: str) -> dict[str, Any] | None:
         return None
 
 
-def _gpus() -> list[dict[str, Any]]:
+def _gpus() -> list[GpuRow]:
     if shutil.which("nvidia-smi") is None:
         return []
     argv = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"]
@@ -156,9 +162,9 @@ def _gpus() -> list[dict[str, Any]]:
         text = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    rows = []
+    rows: list[GpuRow] = []
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 4:
-            rows.append({"index": parts[0], "name": parts[1], "total_mib": parts[2], "used_mib": parts[3]})
+            rows.append(GpuRow(index=parts[0], name=parts[1], total_mib=parts[2], used_mib=parts[3]))
     return rows

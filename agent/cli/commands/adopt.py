@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.errors import UsageError
 from agent.inventory import HOST_NAME, Gpus, HostConfig, Model, Ssh, Unit, units_dir
 from agent.output import Output
-from agent.protocol import UNIT_NAME
+from agent.protocol import UNIT_NAME, GpuRow, as_facts
 
 if TYPE_CHECKING:
     from agent.adopt import Inspected
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _inspect(args: argparse.Namespace) -> tuple[Inspected, list[Any]]:
+def _inspect(args: argparse.Namespace) -> tuple[Inspected, list[GpuRow]]:
     """The unit to adopt and the host's GPUs, asked over SSH (reads only)."""
     from agent.adopt import choose_unit
     from agent.remote.client import AgentClient, base_request, open_transport
@@ -66,7 +66,7 @@ def _inspect(args: argparse.Namespace) -> tuple[Inspected, list[Any]]:
         client = AgentClient(transport, probe)
         unit = choose_unit(client.call(base_request(probe, "inspect")), args.unit)
         probe = probe.model_copy(update={"unit": Unit(name=unit.name)})
-        facts = client.call(base_request(probe, "facts"))
+        facts = as_facts(client.call(base_request(probe, "facts")))
     finally:
         transport.close()
     return unit, facts.get("gpus") or []

@@ -87,10 +87,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if not args.from_log and not args.offline:
         from agent import deploy  # SSH only when the host is asked
         from agent.apply import calibration_from
+        from agent.protocol import as_facts
         from agent.remote.client import base_request
 
         with deploy.session(Connection.of(args)) as s:
-            facts = with_set_flags(host, change, s.client.call(base_request(s.host, "facts")))[1]
+            facts = with_set_flags(host, change, as_facts(s.client.call(base_request(s.host, "facts"))))[1]
         history = [dict(h) for h in calibration_from(facts) or []]
         running = facts.get("flags") or running
         from agent.plan.from_facts import plan_from_host_facts

@@ -21,6 +21,7 @@ from agent.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from agent.host.lock import Holder
+    from agent.host.model_facts import FactsDoc
     from agent.host.state import HistoryEntry
     from agent.sglang.flags import FlagValue
     from agent.sglang.logs.summary import StartFigures
@@ -414,7 +415,7 @@ class HostFacts(TypedDict, total=False):
     lock: Holder | None
     last_txn: str | None
     backups: list[str]
-    model_facts: dict[str, Any] | None  # plan/facts.py parses it
+    model_facts: FactsDoc | None  # plan/facts.py reads it
     orphan: bool
 
 

@@ -10,7 +10,7 @@ import contextlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from agent.cli.options import Change, Connection
 from agent.errors import ConnectError, UsageError
@@ -18,9 +18,12 @@ from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_host, units_dir
 from agent.output import Output, Style
 from agent.progress import Progress
-from agent.protocol import Event, Request, as_facts, exit_code
+from agent.protocol import BackupsAnswer, Event, Request, StatusAnswer, as_facts, exit_code
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
+
+if TYPE_CHECKING:
+    from agent.sglang.flags import FlagValue
 
 
 @dataclass
@@ -111,14 +114,16 @@ def follow(out: Output, s: Session, req: Request, talk: Conversation | None = No
     return outcome
 
 
-def backup_listing(s: Session) -> dict[str, Any]:
+def backup_listing(s: Session) -> BackupsAnswer:
     """The host's backups, with the values of secret flags (api-key, token...) replaced for printing."""
     from agent.render import redact_changes
     from agent.sglang.flags import FlagChange
 
-    listing = s.client.call(base_request(s.host, "backups"))
+    listing = cast(BackupsAnswer, s.client.call(base_request(s.host, "backups")))
     for row in listing.get("backups") or []:
-        changes = redact_changes([FlagChange(*c) for c in row.get("changes", [])])
+        changes = redact_changes(
+            [FlagChange(str(name), before, after) for name, before, after in row.get("changes", [])]
+        )
         row["changes"] = [[c.name, c.before, c.after] for c in changes]
     return listing
 
@@ -150,7 +155,9 @@ def rollback(conn: Connection, to: str | None, out: Output, *, yes: bool) -> int
         return int(exit_code(result))
 
 
-def _report_rollback(out: Output, s: Session, changes: Sequence[Sequence[str]], outcome: Event) -> None:
+def _report_rollback(
+    out: Output, s: Session, changes: Sequence[Sequence[FlagValue | None]], outcome: Event
+) -> None:
     """The rollback's report, the flags it restored and the way back to the unit it replaced."""
     from agent.report import ApplyReport, render_report
 
@@ -181,12 +188,13 @@ def backups(conn: Connection, out: Output) -> int:
 
 def status(conn: Connection, out: Output, *, follow_running: bool) -> int:
     with session(conn) as s:
-        st = s.client.call(base_request(s.host, "status"))
+        st = _status(s)
         if recover_orphan(out, s, st):
-            st = s.client.call(base_request(s.host, "status"))
-        if follow_running and st.get("running"):
-            outcome = follow(out, s, base_request(s.host, "follow", txn=st["running"]["txn"]))
-            st = s.client.call(base_request(s.host, "status"))
+            st = _status(s)
+        running = st.get("running")
+        if follow_running and running:
+            outcome = follow(out, s, base_request(s.host, "follow", txn=running["txn"]))
+            st = _status(s)
             st["followed_outcome"] = outcome.data.get("outcome")
         if out.style is Style.JSON:
             out.print(json.dumps(st, sort_keys=True, default=str))
@@ -195,7 +203,11 @@ def status(conn: Connection, out: Output, *, follow_running: bool) -> int:
         return int(ExitCode.OK)
 
 
-def recover_orphan(out: Output, s: Session, answer: Mapping[str, Any]) -> bool:
+def _status(s: Session) -> StatusAnswer:
+    return cast(StatusAnswer, s.client.call(base_request(s.host, "status")))
+
+
+def recover_orphan(out: Output, s: Session, answer: Mapping[str, object]) -> bool:
     """An earlier change's agent died (killed, host restarted): finish it before anything else."""
     if not answer.get("orphan"):
         return False
@@ -205,11 +217,12 @@ def recover_orphan(out: Output, s: Session, answer: Mapping[str, Any]) -> bool:
     return True
 
 
-def status_text(host: str, unit: str, st: Mapping[str, Any]) -> str:
-    state = st.get("state") or {}
-    lines = [f"{host} {unit}: {state.get('active_state', '?')}/{state.get('sub_state', '?')}"]
-    if st.get("running"):
-        r = st["running"]
+def status_text(host: str, unit: str, st: StatusAnswer) -> str:
+    state = st.get("state")
+    active, sub = (state.get("active_state", "?"), state.get("sub_state", "?")) if state else ("?", "?")
+    lines = [f"{host} {unit}: {active}/{sub}"]
+    r = st.get("running")
+    if r:
         lines.append(
             f"  running: {r.get('verb')} transaction {r.get('txn')} "
             f"since {r.get('since')} (pid {r.get('pid')})"

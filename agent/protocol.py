@@ -401,6 +401,78 @@ class UnitView(TypedDict):
     flags: dict[str, FlagValue] | None
 
 
+class UnitStateData(TypedDict):
+    """systemd's view of a unit (host/systemd.py UnitState)."""
+
+    unit: str
+    load_state: str
+    active_state: str
+    sub_state: str
+    invocation_id: str
+    need_daemon_reload: bool
+    n_restarts: int
+    exec_main_status: int
+    exec_main_code: int
+    fragment_path: str
+    active_enter_timestamp_us: int
+    drop_in_paths: tuple[str, ...]
+
+
+class EventJson(TypedDict):
+    """An Event as its JSON line reads (Event.to_json)."""
+
+    txn: str
+    seq: int
+    ts: str
+    stage: str
+    kind: str
+    message: str
+    data: dict[str, Any]  # what each kind of event carries (OutcomeData for an outcome)
+    version: int
+
+
+class TxnStatus(TypedDict):
+    """A re-attach's question: does the host know the transaction it chose, and how did it end?"""
+
+    id: str
+    known: bool
+    outcome: EventJson | None
+
+
+class StatusAnswer(TypedDict, total=False):
+    """The status verb's answer (`deployctl status --json` prints it; followed_outcome after --follow)."""
+
+    state: UnitStateData | None
+    running: Holder | None
+    last_txn: str | None
+    last_outcome: EventJson | None
+    last_events: list[EventJson]
+    pending: bool
+    record: str
+    txn: TxnStatus
+    orphan: bool
+    followed_outcome: object
+
+
+class BackupRow(TypedDict):
+    """A backup of the unit, with its flag differences against the installed one: [name, backup, now]."""
+
+    name: str
+    taken: str  # ISO 8601
+    size: int
+    same_as_installed: bool
+    changes: list[list[FlagValue | None]]
+
+
+class BackupsAnswer(TypedDict, total=False):
+    """The backups verb's answer, newest first (`deployctl backups --json` prints it)."""
+
+    unit: str
+    installed_sha256: str | None
+    backups: list[BackupRow]
+    orphan: bool
+
+
 class HostFacts(TypedDict, total=False):
     """The facts verb's answer: what the laptop plans from (deployctl's --set flags go over `flags`)."""
 
@@ -408,7 +480,7 @@ class HostFacts(TypedDict, total=False):
     unit_text: str | None
     unit_sha256: str | None
     flags: Mapping[str, Any] | None  # the unit's (a repeated flag's values a list), --set's over them
-    state: dict[str, Any] | None  # systemd's UnitState
+    state: UnitStateData | None
     last_start: StartFigures | None
     history: list[HistoryEntry]
     gpus: list[GpuRow]

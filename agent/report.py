@@ -9,7 +9,15 @@ from typing import Any
 
 from agent.chart import draw, from_plan
 from agent.plan.choose import Plan
-from agent.protocol import DOWNTIME_PHASES, DowntimeData, DrainData, Outcome, OutcomeData, PrewarmData
+from agent.protocol import (
+    DOWNTIME_PHASES,
+    BackupRow,
+    DowntimeData,
+    DrainData,
+    Outcome,
+    OutcomeData,
+    PrewarmData,
+)
 from agent.sglang.flags import FlagChange, FlagInput, FlagValue, diff_flags, flag_table
 from agent.sglang.logs.summary import StartFigures
 
@@ -181,7 +189,7 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
-def backups_table(host: str, rows: Sequence[Mapping[str, Any]]) -> str:
+def backups_table(host: str, rows: Sequence[BackupRow]) -> str:
     """`deployctl backups`: newest first, with what each would change back."""
     if not rows:
         return f"{host}: no backups\n"

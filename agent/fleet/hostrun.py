@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from agent.apply import allow_context, calibration_from, installed_sha256, with_set_flags
 from agent.cli.options import Change
@@ -20,7 +20,7 @@ from agent.fleet.calibrate import Measured, peer_key
 from agent.fleet.results import HostResult, HostStatus, PlanFigures
 from agent.inventory import HostConfig
 from agent.plan.choose import Plan, Target, plan_for_host
-from agent.protocol import Event, HostFacts, Request, as_facts, new_txn_id, unit_sha256
+from agent.protocol import Event, HostFacts, Request, StatusAnswer, as_facts, new_txn_id, unit_sha256
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 from agent.render import redact_flags, render_unit, secret_values, template_dir
@@ -246,7 +246,9 @@ def follow_outcome(
         time.sleep(min(2.0 * (attempt + 1), 10.0))
         try:
             with connected(host) as again:
-                found = reattach(again.call(base_request(host, "status", txn=req.txn)), ours)
+                found = reattach(
+                    cast(StatusAnswer, again.call(base_request(host, "status", txn=req.txn))), ours
+                )
                 if isinstance(found, str):
                     return _stream(again.events(base_request(host, "follow", txn=found)), emit, ours)
                 # "not started" twice: the first answer may come while the request is still being read
@@ -264,19 +266,24 @@ NOT_STARTED = (
 )
 
 
-def reattach(status: Mapping[str, Any], ours: set[str]) -> str | tuple[str, dict[str, Any]] | None:
+def reattach(status: StatusAnswer, ours: set[str]) -> str | tuple[str, dict[str, Any]] | None:
     """After a dropped link, from the host's status: the transaction to follow (its id), its outcome
     (message, data), or None to ask again. Only an outcome of this run's own transaction counts: another
     one's (an earlier apply, a cron run) would make an untouched host look applied."""
     running = (status.get("running") or {}).get("txn")
     if running in ours:
         return str(running)
-    last = status.get("last_outcome") or {}
-    asked = status.get("txn") or {}
-    for outcome in (last if last.get("txn") in ours else None, asked.get("outcome")):
+    last = status.get("last_outcome")
+    asked = status.get("txn")
+    for outcome in (
+        last if last and last.get("txn") in ours else None,
+        asked.get("outcome") if asked else None,
+    ):
         if outcome:
             return str(outcome.get("message", "")), {**outcome.get("data", {})}
-    if asked.get("known"):  # asked for and not finished: its runner is starting, or died (follow recovers)
+    if asked and asked.get(
+        "known"
+    ):  # asked for and not finished: its runner is starting, or died (follow recovers)
         return None if running else str(asked["id"])
     return NOT_STARTED, {"outcome": "not_started"}
 
@@ -333,11 +340,11 @@ def host_status(host: HostConfig, context: int | None) -> HostStatus:
         return {"host": host.name, "reachable": False, "message": exc.message}
     text = facts.get("unit_text") or ""
     last = facts.get("last_start") or {}
-    state = facts.get("state") or {}
+    state = facts.get("state")
     status: HostStatus = {
         "host": host.name,
         "reachable": True,
-        "active": state.get("active_state"),
+        "active": state.get("active_state") if state else None,
         "measured_pool": last.get("kv_tokens"),
         "flags": redact_flags(_flags(text)),
         "unit_sha256": None if installed_sha256(facts) == "absent" else installed_sha256(facts),

@@ -7,7 +7,7 @@ import json
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TextIO
+from typing import TextIO, cast
 
 from agent import __version__
 from agent.host import adopt, model_facts, recovery, runner
@@ -15,7 +15,17 @@ from agent.host.journal import Journal
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.units import UnitFiles
-from agent.protocol import GpuRow, HostFacts, Request, UnitView
+from agent.protocol import (
+    BackupRow,
+    BackupsAnswer,
+    EventJson,
+    GpuRow,
+    HostFacts,
+    Request,
+    StatusAnswer,
+    UnitStateData,
+    UnitView,
+)
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import FlagsError, FlagValue, diff_flags, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures, start_figures
@@ -86,12 +96,12 @@ def _last_start(lines: Sequence[str]) -> StartFigures | None:
     return figures
 
 
-def backups(req: Request) -> dict[str, Any]:
+def backups(req: Request) -> BackupsAnswer:
     """Newest first, each with its flag differences against the installed unit."""
     files = UnitFiles(req.unit_dir)
     installed = files.read(req.unit) or ""
     now_flags = _flags(installed) or {}
-    rows = []
+    rows: list[BackupRow] = []
     for b in files.backups(req.unit):
         text = b.path.read_text(encoding="utf-8", errors="replace")
         changes = redact_changes(diff_flags(_flags(text) or {}, now_flags))
@@ -107,13 +117,13 @@ def backups(req: Request) -> dict[str, Any]:
     return {"unit": req.unit, "installed_sha256": sha256(installed) if installed else None, "backups": rows}
 
 
-def status(req: Request) -> dict[str, Any]:
+def status(req: Request) -> StatusAnswer:
     """The unit's state, the change running, the last one's outcome; with req.txn, that one's too."""
     state_dir = StateDir(req.state_dir)
     record = recovery.record_state(state_dir, req.unit)
     txn = state_dir.last_txn(req.unit)
     events = _events(state_dir, txn) if txn else []
-    answer = {
+    answer: StatusAnswer = {
         "state": _state(req.unit),
         "running": runner.running(req),
         "last_txn": txn,
@@ -128,11 +138,11 @@ def status(req: Request) -> dict[str, Any]:
     return answer
 
 
-def _events(state_dir: StateDir, txn: str) -> list[dict[str, Any]]:
+def _events(state_dir: StateDir, txn: str) -> list[EventJson]:
     return [json.loads(line) for line in state_dir.read_events(txn)]
 
 
-def _outcome(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _outcome(events: list[EventJson]) -> EventJson | None:
     return next((e for e in reversed(events) if e.get("kind") == "outcome"), None)
 
 
@@ -146,10 +156,10 @@ def _flags(text: str | None) -> dict[str, FlagValue] | None:
         return None
 
 
-def _state(unit: str) -> dict[str, object] | None:
+def _state(unit: str) -> UnitStateData | None:
     try:
         with Systemd() as sd:
-            return sd.unit_state(unit).__dict__
+            return cast(UnitStateData, sd.unit_state(unit).__dict__)
     except SystemdError:
         return None
 

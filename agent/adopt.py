@@ -15,7 +15,7 @@ from typing import Any
 import tomlkit
 
 from agent.errors import UsageError
-from agent.protocol import GpuRow
+from agent.protocol import GpuRow, HomeData, InspectAnswer
 from agent.sglang.flags import FlagValue, parse_flag_words
 from agent.sglang.unitfile import AdoptError, command_words
 
@@ -52,7 +52,7 @@ class Inspected:
     config_json: str | None = None
     sglang_version: str | None = None
     drop_ins: list[DropIn] = field(default_factory=list)
-    home: dict[str, Any] | None = None  # the service user's home: {"path", "writable"}
+    home: HomeData | None = None  # the service user's home
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Inspected:
@@ -67,7 +67,7 @@ class Inspected:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def choose_unit(answer: Mapping[str, Any], wanted: str | None) -> Inspected:
+def choose_unit(answer: InspectAnswer, wanted: str | None) -> Inspected:
     """The unit to adopt: --unit, else the one unit that runs SGLang; none or several is refused."""
     units = answer.get("units") or {}
     candidates = list(answer.get("candidates") or [])
@@ -259,7 +259,7 @@ def cache_notes(unit: Inspected) -> list[str]:
     if "SGLANG_CACHE_DIR" in env:
         base, why = env["SGLANG_CACHE_DIR"], "SGLANG_CACHE_DIR"
     else:
-        home = env.get("HOME") or (unit.home or {}).get("path")
+        home = env.get("HOME") or (unit.home.get("path") if unit.home else None)
         base, why = (f"{home}/.cache/sglang" if home else "~/.cache/sglang"), "SGLang's default"
     notes = []
     private = (_service_value(unit, "PrivateTmp") or "no").lower() in _YES

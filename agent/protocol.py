@@ -473,6 +473,54 @@ class BackupsAnswer(TypedDict, total=False):
     orphan: bool
 
 
+class HomeData(TypedDict):
+    """The service user's home, and whether that user can write it (SGLang's caches default to ~/.cache)."""
+
+    path: str | None
+    writable: bool
+
+
+class DropInData(TypedDict, total=False):
+    """A drop-in's directives as they may leave the host (secret values replaced)."""
+
+    path: str
+    lines: list[str]
+    problem: str  # why it could not be read
+    sets_exec_start: bool
+
+
+class InspectedUnit(TypedDict, total=False):
+    """What `deployctl adopt` needs of one unit (host/adopt.py); only name, fragment_path and problems
+    when its file cannot be read."""
+
+    name: str
+    fragment_path: str
+    problems: list[str]
+    description: str | None
+    user: str | None
+    environment: list[list[str]]  # [name, value]: a list, as the reply's keys are sorted
+    secret_environment: list[str]
+    directives: list[list[str]]  # [section, key, value]
+    secret_directives: list[str]
+    exec_start_raw_count: int
+    exec_start_prefix: str
+    exec_path: str
+    exec_argv: list[str]
+    secret_flags: list[str]
+    config_json: str | None
+    sglang_version: str | None
+    drop_ins: list[DropInData]
+    home: HomeData | None
+
+
+class InspectAnswer(TypedDict, total=False):
+    """The inspect verb's answer: the units that run SGLang, and each (and the asked one) described."""
+
+    candidates: list[str]
+    units: dict[str, InspectedUnit]
+    orphan: bool
+
+
 class HostFacts(TypedDict, total=False):
     """The facts verb's answer: what the laptop plans from (deployctl's --set flags go over `flags`)."""
 

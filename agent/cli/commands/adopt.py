@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from agent.errors import UsageError
 from agent.inventory import HOST_NAME, Gpus, HostConfig, Model, Ssh, Unit, units_dir
 from agent.output import Output
-from agent.protocol import UNIT_NAME, GpuRow, as_facts
+from agent.protocol import UNIT_NAME, GpuRow, InspectAnswer, as_facts
 
 if TYPE_CHECKING:
     from agent.adopt import Inspected
@@ -64,7 +64,7 @@ def _inspect(args: argparse.Namespace) -> tuple[Inspected, list[GpuRow]]:
     transport = open_transport(probe, args.accept_new_host_key)
     try:
         client = AgentClient(transport, probe)
-        unit = choose_unit(client.call(base_request(probe, "inspect")), args.unit)
+        unit = choose_unit(cast(InspectAnswer, client.call(base_request(probe, "inspect"))), args.unit)
         probe = probe.model_copy(update={"unit": Unit(name=unit.name)})
         facts = as_facts(client.call(base_request(probe, "facts")))
     finally:

@@ -368,7 +368,10 @@ class SmokeData(TypedDict):
 
 
 class OutcomeData(TypedDict, total=False):
-    """A change's figures, as its outcome event carries them beside "outcome"; each verb sends its part."""
+    """An outcome event's data: the outcome and the change's figures (each verb sends its part)."""
+
+    outcome: str  # an Outcome's value, or one the laptop gives (not_started, unreachable...)
+    peak_rss_kib: int  # the runner's
 
     summary: StartFigures
     backup: str | None
@@ -561,7 +564,7 @@ class Event:
         return json.dumps(asdict(self), sort_keys=True, default=str)
 
     def outcome_data(self) -> OutcomeData:
-        """An outcome event's figures: the agent writes them as OutcomeData says."""
+        """An outcome event's data, as the agent writes it."""
         return cast(OutcomeData, self.data)
 
     @classmethod

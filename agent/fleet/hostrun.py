@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from agent.apply import allow_context, calibration_from, installed_sha256, with_set_flags
 from agent.cli.options import Change
@@ -20,11 +20,21 @@ from agent.fleet.calibrate import Measured, peer_key
 from agent.fleet.results import HostResult, HostStatus, PlanFigures
 from agent.inventory import HostConfig
 from agent.plan.choose import Plan, Target, plan_for_host
-from agent.protocol import Event, HostFacts, Request, StatusAnswer, as_facts, new_txn_id, unit_sha256
+from agent.protocol import (
+    Event,
+    HostFacts,
+    OutcomeData,
+    Request,
+    StatusAnswer,
+    as_facts,
+    new_txn_id,
+    unit_sha256,
+)
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 from agent.render import redact_flags, render_unit, secret_values, template_dir
 from agent.sglang.flags import FlagInput, FlagsError, FlagValue, parse_unit_flags
+from agent.sglang.logs.summary import StartFigures
 from agent.verify import render_checked
 
 Emit = Callable[[str, str], None]  # (phase, message)
@@ -205,12 +215,12 @@ class _Applied:
             self.context, self.figures, before=dict(self.before), after=dict(self.after),
         )  # fmt: skip
 
-    def result(self, message: str, data: Mapping[str, Any], facts: HostFacts) -> HostResult:
+    def result(self, message: str, data: OutcomeData, facts: HostFacts) -> HostResult:
         outcome = str(data.get("outcome"))
-        summary = data.get("summary") or {}
+        summary: StartFigures = data.get("summary") or {}
         if outcome == "up_to_date":
             summary = facts.get("last_start") or {}
-        smoke = data.get("smoke") or {}
+        smoke = data.get("smoke")
         ran = outcome in ("applied", "up_to_date")
         measured = summary if summary.get("kv_tokens") and ran else None
         return HostResult(
@@ -223,15 +233,15 @@ class _Applied:
             before=dict(self.before),
             after=dict(self.after) if ran else dict(self.before),
             backup=data.get("backup"),
-            smoke_seconds=smoke.get("seconds"),
+            smoke_seconds=smoke.get("seconds") if smoke else None,
             downtime_s=_downtime(data),
-            measured_start=dict(measured) if measured else None,
+            measured_start=measured.copy() if measured else None,
         )
 
 
 def follow_outcome(
     client: AgentClient, host: HostConfig, req: Request, emit: Emit, talk: Conversation | None = None
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, OutcomeData]:
     """The transaction's outcome (message, data with "outcome"); re-attaches after a dropped link.
 
     With `talk`, the request goes to the agent process that answered the facts it was planned from.
@@ -266,7 +276,7 @@ NOT_STARTED = (
 )
 
 
-def reattach(status: StatusAnswer, ours: set[str]) -> str | tuple[str, dict[str, Any]] | None:
+def reattach(status: StatusAnswer, ours: set[str]) -> str | tuple[str, OutcomeData] | None:
     """After a dropped link, from the host's status: the transaction to follow (its id), its outcome
     (message, data), or None to ask again. Only an outcome of this run's own transaction counts: another
     one's (an earlier apply, a cron run) would make an untouched host look applied."""
@@ -280,7 +290,7 @@ def reattach(status: StatusAnswer, ours: set[str]) -> str | tuple[str, dict[str,
         asked.get("outcome") if asked else None,
     ):
         if outcome:
-            return str(outcome.get("message", "")), {**outcome.get("data", {})}
+            return str(outcome.get("message", "")), cast(OutcomeData, {**outcome.get("data", {})})
     if asked and asked.get(
         "known"
     ):  # asked for and not finished: its runner is starting, or died (follow recovers)
@@ -288,7 +298,7 @@ def reattach(status: StatusAnswer, ours: set[str]) -> str | tuple[str, dict[str,
     return NOT_STARTED, {"outcome": "not_started"}
 
 
-def _stream(events: Iterator[Event], emit: Emit, ours: set[str] | None = None) -> tuple[str, dict[str, Any]]:
+def _stream(events: Iterator[Event], emit: Emit, ours: set[str] | None = None) -> tuple[str, OutcomeData]:
     outcome: Event | None = None
     for event in events:
         if ours is not None and event.txn not in ("", "-"):
@@ -299,12 +309,13 @@ def _stream(events: Iterator[Event], emit: Emit, ours: set[str] | None = None) -
             emit(event.stage, event.message)
     if outcome is None:
         raise ConnectionLost("the agent ended without an outcome")
-    return outcome.message, dict(outcome.data)
+    return outcome.message, outcome.outcome_data().copy()
 
 
-def _downtime(data: Mapping[str, Any]) -> float | None:
+def _downtime(data: OutcomeData) -> float | None:
     """The restart's downtime: the agent's stop-to-answer figure where it reports one, else the start's."""
-    seconds = (data.get("downtime") or {}).get("seconds")
+    down = data.get("downtime")
+    seconds = down.get("seconds") if down else None
     return float(seconds) if seconds is not None else data.get("start_seconds")
 
 
@@ -324,7 +335,7 @@ def rollback_host(host: HostConfig, backup: str | None, emit: Emit) -> HostResul
         return HostResult(host.name, "unreachable", exc.message)
     except DeployError as exc:
         return HostResult(host.name, "error", exc.message)
-    summary = data.get("summary") or {}
+    summary: StartFigures = data.get("summary") or {}
     return HostResult(
         host.name, str(data.get("outcome")), message, measured_pool=summary.get("kv_tokens"),
         backup=data.get("backup"), downtime_s=_downtime(data),

@@ -8,6 +8,7 @@ from typing import Any, TypedDict
 
 from agent.exitcodes import ExitCode
 from agent.sglang.flags import FlagValue
+from agent.sglang.logs.summary import StartFigures
 
 FAILED = ("rolled_back", "rollback_failed", "unreachable", "error", "agent_error", "locked", "not_started")
 
@@ -63,7 +64,7 @@ class HostResult:
     backup: str | None = None
     smoke_seconds: float | None = None
     downtime_s: float | None = None
-    measured_start: dict[str, Any] | None = None  # the start's figures, for recalibrating later hosts
+    measured_start: StartFigures | None = None  # the start's figures, for recalibrating later hosts
 
     @property
     def changed(self) -> bool:

@@ -260,7 +260,7 @@ def _write_metrics(req: Request, txn: str, result: Result, state_dir: StateDir, 
     from agent.host import metrics
 
     events = [Event.from_json(line) for line in state_dir.read_events(txn) if line.startswith("{")]
-    data: dict[str, Any] = {
+    data: dict[str, object] = {  # metrics.run_from reads each figure by its type
         **result.data,
         "target_context": req.target_context,
         "planned_pool": req.planned_pool,

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.cli.options import Change, Connection, add_set_arg, add_target_args
 from agent.errors import UsageError
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = load_host(args.host, units_dir(args.units))
     check_with_sglang_table(host, dict(change.flags))
     host = with_set_flags(host, change, {})[0]
-    history: Sequence[Mapping[str, Any]]  # the starts that calibrate the plan
+    history: Sequence[StartFigures]  # the starts that calibrate the plan
     history, set_aside = checked_starts(args.from_log, planned_for(None, host.model.path, host.sglang.flags,
                                                                      host.gpus.count))  # fmt: skip
     running: Flags = host.sglang.flags
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
         with deploy.session(Connection.of(args)) as s:
             facts = with_set_flags(host, change, as_facts(s.client.call(base_request(s.host, "facts"))))[1]
-        history = [dict(h) for h in calibration_from(facts) or []]
+        history = [h.copy() for h in calibration_from(facts) or []]
         running = facts.get("flags") or running
         from agent.plan.from_facts import plan_from_host_facts
 

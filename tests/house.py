@@ -25,7 +25,7 @@ LONG = 40
 # Measured on a498560: 177 / 11 / 4 / 13. This round's merged work (drain, CPU planning, flag table, secrets)
 # raised the first two to 208 / 15; the wire's answers and outcomes typed (protocol.py's TypedDicts) and the
 # long functions outside agent/plan/ split brought them to the ceilings below, which may only fall from here.
-CEILINGS = {"untyped": 97, "long_functions": 4, "private_imports": 4, "flat_modules": 13}
+CEILINGS = {"untyped": 93, "long_functions": 4, "private_imports": 4, "flat_modules": 13}
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from agent.exitcodes import ExitCode
 from agent.sglang.flags import FlagValue
@@ -35,8 +35,37 @@ class FleetEvent(TypedDict, total=False):
     host: str
     phase: str  # a phase line's
     message: str
-    result: dict[str, object]  # HostResult.to_dict
+    result: HostResultData
     status: HostStatus
+
+
+class PlanFiguresData(TypedDict):
+    fraction: float
+    requests: int
+    predicted_pool: int
+    feasible: bool
+    basis: str
+    calibrated_from: list[str]
+
+
+class HostResultData(TypedDict, total=False):
+    """HostResult.to_dict: its fields, with what they imply (changed, failed, revert)."""
+
+    host: str
+    outcome: str
+    message: str
+    target: int | None
+    plan: PlanFiguresData | None
+    measured_pool: int | None
+    before: dict[str, Any]
+    after: dict[str, Any]
+    backup: str | None
+    smoke_seconds: float | None
+    downtime_s: float | None
+    measured_start: StartFigures | None
+    changed: bool
+    failed: bool
+    revert: str | None
 
 
 @dataclass(frozen=True)
@@ -80,11 +109,11 @@ class HostResult:
         applied = self.outcome == "applied" and self.backup
         return f"deployctl rollback {self.host} --to {self.backup}" if applied else None
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.update(changed=self.changed, failed=self.failed, revert=self.revert)
-        if self.plan is not None:
-            data["plan"]["calibrated_from"] = list(self.plan.calibrated_from)
+    def to_dict(self) -> HostResultData:
+        data = cast(HostResultData, asdict(self))  # the fields are the keys above
+        data.update(HostResultData(changed=self.changed, failed=self.failed, revert=self.revert))
+        if data["plan"] is not None:
+            data["plan"]["calibrated_from"] = list(data["plan"]["calibrated_from"])
         return data
 
     @classmethod

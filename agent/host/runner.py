@@ -91,8 +91,8 @@ def start(req: Request, out: TextIO) -> int:
 
 
 def _spawn(req: Request, txn: str, out: TextIO) -> int:
-    """Run the transaction as a transient unit (it outlives this SSH session) and follow it; attached
-    when there is no systemd-run or it fails."""
+    """Run the transaction as a transient unit when detached (it outlives this SSH session) and follow it;
+    in this process otherwise, or when systemd-run is missing or fails."""
     if req.detach and shutil.which("systemd-run"):
         argv = ["systemd-run", f"--unit=deployctl-{txn}", "--collect", "--quiet", "--no-ask-password"]
         argv += ["--working-directory=/"]

@@ -16,6 +16,7 @@ import tomlkit
 
 from agent.errors import UsageError
 from agent.inventory import VISIBLE, visible_devices
+from agent.protocol import GpuRow, HomeData, InspectAnswer
 from agent.sglang.flags import FlagValue, parse_flag_words
 from agent.sglang.unitfile import AdoptError, command_words
 
@@ -52,7 +53,7 @@ class Inspected:
     config_json: str | None = None
     sglang_version: str | None = None
     drop_ins: list[DropIn] = field(default_factory=list)
-    home: dict[str, Any] | None = None  # the service user's home: {"path", "writable"}
+    home: HomeData | None = None  # the service user's home
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Inspected:
@@ -67,7 +68,7 @@ class Inspected:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def choose_unit(answer: Mapping[str, Any], wanted: str | None) -> Inspected:
+def choose_unit(answer: InspectAnswer, wanted: str | None) -> Inspected:
     """The unit to adopt: --unit, else the one unit that runs SGLang; none or several is refused."""
     units = answer.get("units") or {}
     candidates = list(answer.get("candidates") or [])
@@ -142,7 +143,7 @@ def split_command(unit: Inspected) -> tuple[list[str], dict[str, FlagValue]]:
 
 
 def _gpus_table(
-    gpus: Sequence[Mapping[str, Any]], flags: Mapping[str, FlagValue], environment: Mapping[str, str]
+    gpus: Sequence[GpuRow], flags: Mapping[str, FlagValue], environment: Mapping[str, str]
 ) -> Any:
     table = tomlkit.table()
     # A unit that pins its GPUs (CUDA_VISIBLE_DEVICES, kept in [unit.environment] as written, so the unit
@@ -163,12 +164,37 @@ def _gpus_table(
     return table
 
 
+def _model_table(unit: Inspected, flags: Mapping[str, FlagValue], model_path: str) -> Any:
+    model = tomlkit.table()
+    model.add("path", model_path)
+    served = flags.get("served-model-name")
+    if isinstance(served, str):
+        model.add("served_name", served)
+    if unit.config_json:
+        model.add("config_json", unit.config_json)
+        model["config_json"].comment("the planner reads the architecture here on the host")
+    else:
+        model.add(tomlkit.comment("CHECK: no config.json under the model path; give the architecture here"))
+    return model
+
+
+def _draft_table(flags: Mapping[str, FlagValue]) -> Any | None:
+    """The [draft] table when the unit runs a draft model from an absolute path; None otherwise."""
+    algorithm, draft_path = flags.get("speculative-algorithm"), flags.get("speculative-draft-model-path")
+    if algorithm not in DRAFT_ALGORITHMS or not isinstance(draft_path, str) or not draft_path.startswith("/"):
+        return None
+    draft = tomlkit.table()
+    draft.add("algorithm", str(algorithm))
+    draft.add("path", draft_path)
+    return draft
+
+
 def inventory_text(
     host: str,
     ssh_target: str,
     sudo: bool,
     unit: Inspected,
-    gpus: Sequence[Mapping[str, Any]] = (),
+    gpus: Sequence[GpuRow] = (),
 ) -> str:
     """The commented units/HOST.toml for a hand-written unit."""
     _refuse_unmodelable(unit)
@@ -191,26 +217,10 @@ def inventory_text(
     ssh.add("sudo", sudo)
     doc.add("ssh", ssh)
     doc.add("gpus", _gpus_table(gpus, flags, unit.environment))
-
-    model = tomlkit.table()
-    model.add("path", model_path)
-    served = flags.get("served-model-name")
-    if isinstance(served, str):
-        model.add("served_name", served)
-    if unit.config_json:
-        model.add("config_json", unit.config_json)
-        model["config_json"].comment("the planner reads the architecture here on the host")
-    else:
-        model.add(tomlkit.comment("CHECK: no config.json under the model path; give the architecture here"))
-    doc.add("model", model)
-
-    algorithm, draft_path = flags.get("speculative-algorithm"), flags.get("speculative-draft-model-path")
-    if algorithm in DRAFT_ALGORITHMS and isinstance(draft_path, str) and draft_path.startswith("/"):
-        draft = tomlkit.table()
-        draft.add("algorithm", str(algorithm))
-        draft.add("path", draft_path)
+    doc.add("model", _model_table(unit, flags, model_path))
+    draft = _draft_table(flags)
+    if draft is not None:
         doc.add("draft", draft)
-
     doc.add("unit", _unit_table(unit))
     doc.add("sglang", _sglang_table(unit, executable, flags))
     return tomlkit.dumps(doc)
@@ -258,7 +268,7 @@ def cache_notes(unit: Inspected) -> list[str]:
     if "SGLANG_CACHE_DIR" in env:
         base, why = env["SGLANG_CACHE_DIR"], "SGLANG_CACHE_DIR"
     else:
-        home = env.get("HOME") or (unit.home or {}).get("path")
+        home = env.get("HOME") or (unit.home.get("path") if unit.home else None)
         base, why = (f"{home}/.cache/sglang" if home else "~/.cache/sglang"), "SGLang's default"
     notes = []
     private = (_service_value(unit, "PrivateTmp") or "no").lower() in _YES

@@ -6,16 +6,15 @@ the laptop loads the planner, the template engine and the report.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from agent.cli.options import Change
 from agent.errors import UsageError
 from agent.inventory import HostConfig
 from agent.output import Output, Style
 from agent.plan.choose import Plan, Target, plan_for_host
-from agent.protocol import Event, Request, exit_code, unit_sha256
+from agent.protocol import DowntimeData, Event, HostFacts, Request, exit_code, unit_sha256
 from agent.remote.client import base_request
 from agent.render import (
     check_with_sglang_table,
@@ -30,11 +29,12 @@ from agent.render import (
     unit_diff,
 )
 from agent.report import ApplyReport, plan_with_chart, render_report
-from agent.sglang.flags import FlagsError, diff_flags, flag_table, parse_unit_flags
+from agent.sglang.flags import FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
+from agent.sglang.logs.summary import StartFigures
 from agent.verify import render_checked
 
 
-def calibration_from(facts: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
+def calibration_from(facts: HostFacts) -> Sequence[StartFigures] | None:
     """The last start's figures (its journal), else the verified starts the agent remembers."""
     history = [h for h in facts.get("history") or [] if h.get("kv_tokens")]
     last = facts.get("last_start")
@@ -46,7 +46,7 @@ def calibration_from(facts: Mapping[str, Any]) -> list[Mapping[str, Any]] | None
     return history[-1:] or None
 
 
-def installed_sha256(facts: Mapping[str, Any]) -> str:
+def installed_sha256(facts: HostFacts) -> str:
     """The sha256 of the unit the host has, "absent" for none: what an apply must find to change it. The
     host sends it beside the unit's text, whose secret values it replaced before sending."""
     if "unit_sha256" in facts:
@@ -56,9 +56,7 @@ def installed_sha256(facts: Mapping[str, Any]) -> str:
     return unit_sha256(text) if isinstance(text, str) and text else "absent"
 
 
-def with_set_flags(
-    host: HostConfig, change: Change, facts: Mapping[str, Any]
-) -> tuple[HostConfig, Mapping[str, Any]]:
+def with_set_flags(host: HostConfig, change: Change, facts: HostFacts) -> tuple[HostConfig, HostFacts]:
     """The inventory and the host's facts with the --set flags over the baseline and the running flags:
     the plan sizes the pool of the unit that will run (an fp8 KV cache, another TP size)."""
     if not change.flags:
@@ -67,13 +65,13 @@ def with_set_flags(
     flags = {**host.sglang.flags, **extra}
     host = host.model_copy(update={"sglang": host.sglang.model_copy(update={"flags": flags})})
     facts = {**facts, "flags": {**(facts.get("flags") or {}), **extra}}
-    if isinstance(facts.get("model_facts"), Mapping):
-        doc = facts["model_facts"]
+    doc = facts.get("model_facts")
+    if isinstance(doc, Mapping):
         facts["model_facts"] = {**doc, "flags": {**(doc.get("flags") or {}), **extra}}
     return host, facts
 
 
-def make_plan(host: HostConfig, change: Change, facts: Mapping[str, Any]) -> Plan:
+def make_plan(host: HostConfig, change: Change, facts: HostFacts) -> Plan:
     from agent.plan.from_facts import plan_from_host_facts  # the host read its config.json: plan from that
 
     host, facts = with_set_flags(host, change, facts)
@@ -100,7 +98,7 @@ class Prepared:
     request: Request
 
 
-def prepare(out: Output, host: HostConfig, change: Change, facts: Mapping[str, Any]) -> Prepared | None:
+def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> Prepared | None:
     """Plan from the host's facts, render, show the plan and the diff; None for a dry run."""
     check_with_sglang_table(host, dict(change.flags))  # before the plan: a typo is not planned for
     plan = make_plan(host, change, facts)
@@ -133,7 +131,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: Mapping[str, A
     return Prepared(plan, old_text, new_text, req)
 
 
-def report(out: Output, host: HostConfig, sent: Prepared, outcome: Event, facts: Mapping[str, Any]) -> int:
+def report(out: Output, host: HostConfig, sent: Prepared, outcome: Event, facts: HostFacts) -> int:
     """The report of a change's outcome (unless --json, or --quiet and nothing changed); its exit code."""
     context = sent.request.target_context or 0
     rep = ApplyReport(
@@ -145,7 +143,7 @@ def report(out: Output, host: HostConfig, sent: Prepared, outcome: Event, facts:
         redact_flags(parse_unit_flags(sent.new_text)),
         str(outcome.data.get("outcome")),
         outcome.message,
-        outcome.data,
+        outcome.outcome_data(),
         next_plan=_next_plan(host, context, outcome),
         previous_downtime=_previous_downtime(facts),
     )
@@ -154,7 +152,7 @@ def report(out: Output, host: HostConfig, sent: Prepared, outcome: Event, facts:
     return int(exit_code(rep.outcome))
 
 
-def _previous_downtime(facts: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _previous_downtime(facts: HostFacts) -> DowntimeData | None:
     """The downtime of the newest verified start the host remembers (before this change)."""
     return next((h["downtime"] for h in reversed(facts.get("history") or []) if h.get("downtime")), None)
 
@@ -193,7 +191,7 @@ def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text
         out.note("== the unit would not change")
 
 
-def _readable_flags(text: str) -> dict[str, Any]:
+def _readable_flags(text: str) -> dict[str, FlagValue]:
     """The flags of a unit found on the host; {} when there is none or deployctl cannot read it."""
     try:
         return dict(parse_unit_flags(text)) if text else {}

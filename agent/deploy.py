@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from agent.cli.options import Change, Connection
 from agent.errors import ConnectError, UsageError
@@ -18,9 +18,12 @@ from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_service, units_dir
 from agent.output import Output, Style
 from agent.progress import Progress
-from agent.protocol import Event, Request, exit_code
+from agent.protocol import BackupsAnswer, Event, Request, StatusAnswer, as_facts, exit_code
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
+
+if TYPE_CHECKING:
+    from agent.sglang.flags import FlagValue
 
 
 @dataclass
@@ -63,12 +66,13 @@ def _load_planner(host: HostConfig) -> None:
 def _apply(out: Output, s: Session, change: Change, talk: Conversation) -> int:
     from agent import apply as planned
 
-    sent = planned.prepare(out, s.host, change, talk.answer)
+    facts = as_facts(talk.answer)
+    sent = planned.prepare(out, s.host, change, facts)
     if sent is None:
         return int(ExitCode.OK)
     confirm(out, change.yes, s.host)
     outcome = follow(out, s, sent.request, talk)
-    return planned.report(out, s.host, sent, outcome, talk.answer)
+    return planned.report(out, s.host, sent, outcome, facts)
 
 
 def confirm(out: Output, yes: bool, host: HostConfig) -> None:
@@ -110,21 +114,21 @@ def follow(out: Output, s: Session, req: Request, talk: Conversation | None = No
     return outcome
 
 
-def backup_listing(s: Session) -> dict[str, Any]:
+def backup_listing(s: Session) -> BackupsAnswer:
     """The host's backups, with the values of secret flags (api-key, token...) replaced for printing."""
     from agent.render import redact_changes
     from agent.sglang.flags import FlagChange
 
-    listing = s.client.call(base_request(s.host, "backups"))
+    listing = cast(BackupsAnswer, s.client.call(base_request(s.host, "backups")))
     for row in listing.get("backups") or []:
-        changes = redact_changes([FlagChange(*c) for c in row.get("changes", [])])
+        changes = redact_changes(
+            [FlagChange(str(name), before, after) for name, before, after in row.get("changes", [])]
+        )
         row["changes"] = [[c.name, c.before, c.after] for c in changes]
     return listing
 
 
 def rollback(conn: Connection, to: str | None, out: Output, *, yes: bool) -> int:
-    from agent.report import ApplyReport, render_report
-
     with session(conn) as s:
         rows = backup_listing(s).get("backups") or []
         # The default is the newest backup that differs from the installed unit: after an automatic
@@ -147,18 +151,27 @@ def rollback(conn: Connection, to: str | None, out: Output, *, yes: bool) -> int
         outcome = follow(out, s, base_request(s.host, "rollback", backup=to))
         result = str(outcome.data.get("outcome"))
         if out.style is not Style.JSON:
-            changes = [(f, a, b) for f, b, a in chosen.get("changes", [])]
-            report = ApplyReport(
-                s.host.name, s.host.unit.name, None, None, {}, {}, result, outcome.message, outcome.data
-            )
-            out.print(render_report(report).rstrip())
-            if changes and result == "applied":
-                out.print("flags restored: " + ", ".join(f"--{f} {a} -> {b}" for f, a, b in changes))
-            backup = outcome.data.get("backup")
-            if backup and result == "applied":
-                out.print(f"the unit replaced by this rollback is kept as {backup}; undo with:")
-                out.print(f"  deployctl rollback {s.host.name} --to {backup}")
+            _report_rollback(out, s, chosen.get("changes", []), outcome)
         return int(exit_code(result))
+
+
+def _report_rollback(
+    out: Output, s: Session, changes: Sequence[Sequence[FlagValue | None]], outcome: Event
+) -> None:
+    """The rollback's report, the flags it restored and the way back to the unit it replaced."""
+    from agent.report import ApplyReport, render_report
+
+    result = str(outcome.data.get("outcome"))
+    data = outcome.outcome_data()
+    report = ApplyReport(s.host.name, s.host.unit.name, None, None, {}, {}, result, outcome.message, data)
+    out.print(render_report(report).rstrip())
+    if changes and result == "applied":
+        restored = (f"--{flag} {after} -> {before}" for flag, before, after in changes)
+        out.print("flags restored: " + ", ".join(restored))
+    backup = data.get("backup")
+    if backup and result == "applied":
+        out.print(f"the unit replaced by this rollback is kept as {backup}; undo with:")
+        out.print(f"  deployctl rollback {s.host.name} --to {backup}")
 
 
 def backups(conn: Connection, out: Output) -> int:
@@ -175,12 +188,13 @@ def backups(conn: Connection, out: Output) -> int:
 
 def status(conn: Connection, out: Output, *, follow_running: bool) -> int:
     with session(conn) as s:
-        st = s.client.call(base_request(s.host, "status"))
+        st = _status(s)
         if recover_orphan(out, s, st):
-            st = s.client.call(base_request(s.host, "status"))
-        if follow_running and st.get("running"):
-            outcome = follow(out, s, base_request(s.host, "follow", txn=st["running"]["txn"]))
-            st = s.client.call(base_request(s.host, "status"))
+            st = _status(s)
+        running = st.get("running")
+        if follow_running and running:
+            outcome = follow(out, s, base_request(s.host, "follow", txn=running["txn"]))
+            st = _status(s)
             st["followed_outcome"] = outcome.data.get("outcome")
         if out.style is Style.JSON:
             out.print(json.dumps(st, sort_keys=True, default=str))
@@ -189,7 +203,11 @@ def status(conn: Connection, out: Output, *, follow_running: bool) -> int:
         return int(ExitCode.OK)
 
 
-def recover_orphan(out: Output, s: Session, answer: Mapping[str, Any]) -> bool:
+def _status(s: Session) -> StatusAnswer:
+    return cast(StatusAnswer, s.client.call(base_request(s.host, "status")))
+
+
+def recover_orphan(out: Output, s: Session, answer: Mapping[str, object]) -> bool:
     """An earlier change's agent died (killed, host restarted): finish it before anything else."""
     if not answer.get("orphan"):
         return False
@@ -199,11 +217,12 @@ def recover_orphan(out: Output, s: Session, answer: Mapping[str, Any]) -> bool:
     return True
 
 
-def status_text(host: str, unit: str, st: Mapping[str, Any]) -> str:
-    state = st.get("state") or {}
-    lines = [f"{host} {unit}: {state.get('active_state', '?')}/{state.get('sub_state', '?')}"]
-    if st.get("running"):
-        r = st["running"]
+def status_text(host: str, unit: str, st: StatusAnswer) -> str:
+    state = st.get("state")
+    active, sub = (state.get("active_state", "?"), state.get("sub_state", "?")) if state else ("?", "?")
+    lines = [f"{host} {unit}: {active}/{sub}"]
+    r = st.get("running")
+    if r:
         lines.append(
             f"  running: {r.get('verb')} transaction {r.get('txn')} "
             f"since {r.get('since')} (pid {r.get('pid')})"

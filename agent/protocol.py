@@ -10,13 +10,21 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from secrets import token_hex
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from agent.exitcodes import ExitCode
+
+if TYPE_CHECKING:
+    from agent.host.lock import Holder
+    from agent.host.model_facts import FactsDoc
+    from agent.host.state import HistoryEntry
+    from agent.sglang.flags import FlagValue
+    from agent.sglang.logs.summary import StartFigures
 
 VERSION = 1
 RESTART_JOB_TIMEOUT_S = 300.0  # systemd's restart (or stop) job, as the host's transaction waits for it
@@ -303,6 +311,10 @@ class Request:
             ok = isinstance(self.metrics_file, str) and "/../" not in self.metrics_file
             ok = ok and re.fullmatch(r"/[A-Za-z0-9_./@+-]*\.prom", self.metrics_file) is not None
             _check(ok, "metrics_file must be an absolute path ending in .prom")
+        self._check_nested_types()
+
+    def _check_nested_types(self) -> None:
+        """The secrets' names and values, the smoke test's settings and the timeouts."""
         for label, secrets in (("secret_env", self.secret_env), ("secret_flags", self.secret_flags)):
             _check(isinstance(secrets, dict), f"{label} must be an object")
             for key, value in secrets.items():
@@ -334,6 +346,248 @@ def _check(ok: bool, message: str) -> None:
         raise ProtocolError(message)
 
 
+class DrainData(TypedDict):
+    """A restart's drain (host/drain.py Drain)."""
+
+    end: str
+    in_flight: int  # running + waiting when the drain began
+    finished: int
+    cut: int
+    seconds: float
+    waited_s: float
+    timeout_s: float
+
+
+class PrewarmData(TypedDict):
+    """The page-cache pre-warm before the restart (host/prewarm.py Prewarmed)."""
+
+    files: int
+    total_bytes: int
+    read_bytes: int
+    seconds: float
+    skip: str | None
+
+
+class DowntimeData(TypedDict):
+    """A restart's downtime by phase (host/timeline.py Downtime)."""
+
+    seconds: float | None
+    phases: dict[str, float]
+
+
+class SmokeData(TypedDict):
+    """The smoke test's answer (host/probe.py SmokeResult)."""
+
+    prompt_tokens: int
+    seconds: float
+    answer: str
+    passed: bool
+    detail: str
+
+
+class LoadData(TypedDict):
+    """The load check ([smoke] load): how its requests ended, and the long prompt's two figures."""
+
+    requests: int
+    failed: int
+    detail: str | None
+    prefill_tokens_per_s: float | None
+    decode_ms_per_token: float | None
+    long_prompt_tokens: int | None
+    seconds: float
+
+
+class RouterData(TypedDict):
+    """The router in front: how long the worker was out, and whether it is back (None: never listed)."""
+
+    url: str
+    worker: str
+    out_s: float
+    back: bool | None
+
+
+class OutcomeData(TypedDict, total=False):
+    """An outcome event's data: the outcome and the change's figures (each verb sends its part)."""
+
+    outcome: str  # an Outcome's value, or one the laptop gives (not_started, unreachable...)
+    peak_rss_kib: int  # the runner's
+
+    summary: StartFigures
+    backup: str | None
+    start_seconds: float
+    downtime: DowntimeData
+    prewarm: PrewarmData
+    drain: DrainData
+    smoke: SmokeData
+    load: LoadData
+    router: RouterData
+    reason: str
+    failure_kind: str | None
+    rejected: str
+    restore_failure: str
+    restored_from: str  # a rollback's backup
+
+
+class GpuRow(TypedDict):
+    """A GPU as the facts verb reads nvidia-smi: the figures as it prints them."""
+
+    index: str
+    name: str
+    total_mib: str
+    used_mib: str
+
+
+class UnitView(TypedDict):
+    """The installed unit as it may leave the host: secret values replaced by ***; the real text's sha256."""
+
+    unit_text: str | None
+    unit_sha256: str | None
+    flags: dict[str, FlagValue] | None
+
+
+class UnitStateData(TypedDict):
+    """systemd's view of a unit (host/systemd.py UnitState)."""
+
+    unit: str
+    load_state: str
+    active_state: str
+    sub_state: str
+    invocation_id: str
+    need_daemon_reload: bool
+    n_restarts: int
+    exec_main_status: int
+    exec_main_code: int
+    fragment_path: str
+    active_enter_timestamp_us: int
+    drop_in_paths: tuple[str, ...]
+
+
+class EventJson(TypedDict):
+    """An Event as its JSON line reads (Event.to_json)."""
+
+    txn: str
+    seq: int
+    ts: str
+    stage: str
+    kind: str
+    message: str
+    data: dict[str, Any]  # what each kind of event carries (OutcomeData for an outcome)
+    version: int
+
+
+class TxnStatus(TypedDict):
+    """A re-attach's question: does the host know the transaction it chose, and how did it end?"""
+
+    id: str
+    known: bool
+    outcome: EventJson | None
+
+
+class StatusAnswer(TypedDict, total=False):
+    """The status verb's answer (`deployctl status --json` prints it; followed_outcome after --follow)."""
+
+    state: UnitStateData | None
+    running: Holder | None
+    last_txn: str | None
+    last_outcome: EventJson | None
+    last_events: list[EventJson]
+    pending: bool
+    record: str
+    txn: TxnStatus
+    orphan: bool
+    followed_outcome: object
+
+
+class BackupRow(TypedDict):
+    """A backup of the unit, with its flag differences against the installed one: [name, backup, now]."""
+
+    name: str
+    taken: str  # ISO 8601
+    size: int
+    same_as_installed: bool
+    changes: list[list[FlagValue | None]]
+
+
+class BackupsAnswer(TypedDict, total=False):
+    """The backups verb's answer, newest first (`deployctl backups --json` prints it)."""
+
+    unit: str
+    installed_sha256: str | None
+    backups: list[BackupRow]
+    orphan: bool
+
+
+class HomeData(TypedDict):
+    """The service user's home, and whether that user can write it (SGLang's caches default to ~/.cache)."""
+
+    path: str | None
+    writable: bool
+
+
+class DropInData(TypedDict, total=False):
+    """A drop-in's directives as they may leave the host (secret values replaced)."""
+
+    path: str
+    lines: list[str]
+    problem: str  # why it could not be read
+    sets_exec_start: bool
+
+
+class InspectedUnit(TypedDict, total=False):
+    """What `deployctl adopt` needs of one unit (host/adopt.py); only name, fragment_path and problems
+    when its file cannot be read."""
+
+    name: str
+    fragment_path: str
+    problems: list[str]
+    description: str | None
+    user: str | None
+    environment: list[list[str]]  # [name, value]: a list, as the reply's keys are sorted
+    secret_environment: list[str]
+    directives: list[list[str]]  # [section, key, value]
+    secret_directives: list[str]
+    exec_start_raw_count: int
+    exec_start_prefix: str
+    exec_path: str
+    exec_argv: list[str]
+    secret_flags: list[str]
+    config_json: str | None
+    sglang_version: str | None
+    drop_ins: list[DropInData]
+    home: HomeData | None
+
+
+class InspectAnswer(TypedDict, total=False):
+    """The inspect verb's answer: the units that run SGLang, and each (and the asked one) described."""
+
+    candidates: list[str]
+    units: dict[str, InspectedUnit]
+    orphan: bool
+
+
+class HostFacts(TypedDict, total=False):
+    """The facts verb's answer: what the laptop plans from (deployctl's --set flags go over `flags`)."""
+
+    agent_version: str
+    unit_text: str | None
+    unit_sha256: str | None
+    flags: Mapping[str, Any] | None  # the unit's (a repeated flag's values a list), --set's over them
+    state: UnitStateData | None
+    last_start: StartFigures | None
+    history: list[HistoryEntry]
+    gpus: list[GpuRow]
+    lock: Holder | None
+    last_txn: str | None
+    backups: list[str]
+    model_facts: FactsDoc | None  # plan/facts.py reads it
+    orphan: bool
+
+
+def as_facts(answer: Mapping[str, Any]) -> HostFacts:
+    """A facts answer (a JSON object, as the client checked) as the agent writes it."""
+    return cast(HostFacts, answer)
+
+
 @dataclass(frozen=True)
 class Event:
     """One step of a transaction, as a JSON line; kind "outcome" is the last one."""
@@ -349,6 +603,10 @@ class Event:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, default=str)
+
+    def outcome_data(self) -> OutcomeData:
+        """An outcome event's data, as the agent writes it."""
+        return cast(OutcomeData, self.data)
 
     @classmethod
     def from_json(cls, line: str) -> Event:

@@ -9,8 +9,19 @@ from typing import Any
 
 from agent.chart import draw, from_plan
 from agent.plan.choose import Plan
-from agent.protocol import DOWNTIME_PHASES, Outcome
-from agent.sglang.flags import FlagChange, diff_flags, flag_table
+from agent.protocol import (
+    DOWNTIME_PHASES,
+    BackupRow,
+    DowntimeData,
+    DrainData,
+    LoadData,
+    Outcome,
+    OutcomeData,
+    PrewarmData,
+    RouterData,
+)
+from agent.sglang.flags import FlagChange, FlagInput, FlagValue, diff_flags, flag_table
+from agent.sglang.logs.summary import StartFigures
 
 TIGHT_RESERVE_GIB = 5.0  # below this, say plainly not to push the fraction higher
 
@@ -21,13 +32,13 @@ class ApplyReport:
     unit: str
     target: int | None  # None: a rollback, which only has to come back healthy
     plan: Plan | None
-    before_flags: Mapping[str, Any]
-    after_flags: Mapping[str, Any]
+    before_flags: Mapping[str, FlagValue]
+    after_flags: Mapping[str, FlagValue]
     outcome: str
     message: str
-    data: Mapping[str, Any]
+    data: OutcomeData
     next_plan: Plan | None = None  # on a rejected change: what the measured figures now recommend
-    previous_downtime: Mapping[str, Any] | None = None  # the last verified start's, on the same host
+    previous_downtime: DowntimeData | None = None  # the last verified start's, on the same host
 
 
 def render_report(r: ApplyReport) -> str:
@@ -37,7 +48,7 @@ def render_report(r: ApplyReport) -> str:
     changes = diff_flags(r.before_flags, r.after_flags)
     if changes and r.outcome != "up_to_date":
         out += ["", "flags (before -> after):", _indent(flag_table(changes))]
-    summary: Mapping[str, Any] = r.data.get("summary") or {}
+    summary: StartFigures = r.data.get("summary") or {}
     if r.outcome in ("applied", "rolled_back", "rollback_failed"):
         out += ["", *_pool_lines(r, summary)]
     smoke = r.data.get("smoke")
@@ -57,26 +68,25 @@ def render_report(r: ApplyReport) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _load_lines(load: object) -> list[str]:
+def _load_lines(load: LoadData | None) -> list[str]:
     """The load check's verdict and the two figures the context costs: prefill rate, decode time."""
-    if not isinstance(load, dict):
+    if not load:
         return []
     head = "load check:            "
-    if load.get("failed"):
-        return [f"{head}{load['failed']} of {load['requests']} requests FAILED: {load.get('detail')}"]
+    if load["failed"]:
+        return [f"{head}{load['failed']} of {load['requests']} requests FAILED: {load['detail']}"]
     line = f"{head}{load['requests']} requests at once, all answered in {load['seconds']:.1f} s"
-    if load.get("prefill_tokens_per_s") is not None:
+    if load["prefill_tokens_per_s"] is not None:
         line += f"; prefill {load['prefill_tokens_per_s']:,.0f} tokens/s"
-    if load.get("decode_ms_per_token") is not None:
-        line += (
-            f", decode {load['decode_ms_per_token']:,.1f} ms/token at {load['long_prompt_tokens']:,} tokens"
-        )
+    if load["decode_ms_per_token"] is not None:
+        at = load["long_prompt_tokens"] or 0
+        line += f", decode {load['decode_ms_per_token']:,.1f} ms/token at {at:,} tokens"
     return [line]
 
 
-def _router_lines(router: object) -> list[str]:
+def _router_lines(router: RouterData | None) -> list[str]:
     """How long the router sent this server nothing, and whether it took it back."""
-    if not isinstance(router, dict):
+    if not router:
         return []
     head = "router:                "
     if router.get("back") is None:
@@ -85,7 +95,7 @@ def _router_lines(router: object) -> list[str]:
     return [f"{head}out of {router['url']} for {router['out_s']:.1f} s, {back}"]
 
 
-def _drain_lines(drain: Mapping[str, Any] | None) -> list[str]:
+def _drain_lines(drain: DrainData | None) -> list[str]:
     """The requests the old server had when the restart was due, and what became of them."""
     if not drain:
         return []
@@ -107,7 +117,7 @@ def _drain_lines(drain: Mapping[str, Any] | None) -> list[str]:
 
 
 def _downtime_lines(
-    prewarm: Mapping[str, Any] | None, now: Mapping[str, Any] | None, before: Mapping[str, Any] | None
+    prewarm: PrewarmData | None, now: DowntimeData | None, before: DowntimeData | None
 ) -> list[str]:
     """The restart's downtime by phase, next to the previous start's on this host."""
     lines = []
@@ -119,14 +129,15 @@ def _downtime_lines(
             f"pre-warm:              {gib:.2f} GiB of weights read in {prewarm['seconds']:.1f} s "
             "while the old server served"
         )
-    if not now or now.get("seconds") is None:
+    seconds = now.get("seconds") if now else None
+    if not now or seconds is None:
         return lines
     phases = _phases(now["phases"])
-    lines.append(f"downtime:              {now['seconds']:.1f} s ({phases})")
-    if before and before.get("seconds"):
+    lines.append(f"downtime:              {seconds:.1f} s ({phases})")
+    previous = before.get("seconds") if before else None
+    if before and previous:
         was = _phases(before.get("phases") or {})
-        ratio = now["seconds"] / before["seconds"]
-        lines.append(f"previous start:        {before['seconds']:.1f} s ({was}); now {ratio:.2f}x")
+        lines.append(f"previous start:        {previous:.1f} s ({was}); now {seconds / previous:.2f}x")
     return lines
 
 
@@ -135,7 +146,7 @@ def _phases(seconds: Mapping[str, float]) -> str:
     return ", ".join(f"{p} {seconds[p]:.1f}" for p in DOWNTIME_PHASES if p in seconds)
 
 
-def _pool_lines(r: ApplyReport, s: Mapping[str, Any]) -> list[str]:
+def _pool_lines(r: ApplyReport, s: StartFigures) -> list[str]:
     measured = s.get("kv_tokens")
     context = r.target or s.get("context_len")
     lines = [f"target context:        {r.target:,} tokens"] if r.target else []
@@ -209,7 +220,7 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
-def backups_table(host: str, rows: Sequence[Mapping[str, Any]]) -> str:
+def backups_table(host: str, rows: Sequence[BackupRow]) -> str:
     """`deployctl backups`: newest first, with what each would change back."""
     if not rows:
         return f"{host}: no backups\n"
@@ -257,16 +268,16 @@ def _flag_text(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def plan_with_chart(host: str, plan: Plan, running: Mapping[str, Any], *, unicode: bool) -> str:
+def plan_with_chart(host: str, plan: Plan, running: Mapping[str, FlagInput], *, unicode: bool) -> str:
     """What `plan` and `apply --dry-run` both print: the plan, then the pool against the fraction."""
     chart = draw(from_plan(plan, _running_fraction(running)), unicode=unicode)
     return f"{render_plan(host, plan)}\n\n{chart}"
 
 
-def _running_fraction(flags: Mapping[str, Any]) -> float | None:
+def _running_fraction(flags: Mapping[str, FlagInput]) -> float | None:
     """The running --mem-fraction-static, if the unit sets one that reads as a number."""
     try:
-        value = float(flags["mem-fraction-static"])
-    except (KeyError, TypeError, ValueError):
+        value = float(str(flags["mem-fraction-static"]))  # a bool or a list reads as no number
+    except (KeyError, ValueError):
         return None
     return value if 0 < value < 1 else None

@@ -23,9 +23,10 @@ SKIP = ("ansible_collections",)  # Ansible's plugin shape, not ours
 UNTYPED = re.compile(r"\b(?:Mutable)?(?:dict|Mapping|Dict)\[str, *(?:typing\.)?Any\]")
 LONG = 40
 # Measured on a498560: 177 / 11 / 4 / 13. This round's merged work (drain, CPU planning, flag table, secrets)
-# raised the first two; the ceilings start from that merged state and may only fall from here. One planning
-# path (agent/plan/) brought them to 194 / 10 / 0 / 13.
-CEILINGS = {"untyped": 194, "long_functions": 9, "private_imports": 0, "flat_modules": 13}
+# raised the first two to 208 / 15; one planning path (agent/plan/), the wire's answers and outcomes typed
+# (protocol.py's TypedDicts) and the long functions split brought them to the ceilings below, which may
+# only fall from here.
+CEILINGS = {"untyped": 80, "long_functions": 0, "private_imports": 0, "flat_modules": 13}
 
 
 @dataclass(frozen=True)

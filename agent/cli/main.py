@@ -67,10 +67,15 @@ def _with_help(hint: str | None, args: Sequence[str]) -> str:
 
 def _add_common(p: argparse.ArgumentParser, *, top: bool) -> None:
     """--debug and --units work before and after the subcommand; the subcommand's copy never resets them."""
-    default: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
-    p.add_argument("--debug", action="store_true", help="show tracebacks", **default)
+    # argparse's own defaults at the top; the subcommand's copy leaves the attribute alone (SUPPRESS)
     p.add_argument(
-        "--units", metavar="DIR", help="inventory folder (default $DEPLOYCTL_UNITS or ./units)", **default
+        "--debug", action="store_true", help="show tracebacks", default=False if top else argparse.SUPPRESS
+    )
+    p.add_argument(
+        "--units",
+        metavar="DIR",
+        help="inventory folder (default $DEPLOYCTL_UNITS or ./units)",
+        default=None if top else argparse.SUPPRESS,
     )
 
 

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from agent.inventory import HostConfig
 from agent.plan.model import Flags, parallelism
+from agent.sglang.logs.summary import StartFigures
+
+
+class MeasuredFact(TypedDict):
+    """A canary's measurement as an Ansible fact (Measured.to_fact)."""
+
+    host: str
+    key: list[str]
+    start: StartFigures
 
 
 @dataclass(frozen=True)
@@ -16,15 +25,17 @@ class Measured:
 
     host: str
     key: tuple[str, ...]
-    start: Mapping[str, Any]
+    start: StartFigures
 
-    def to_fact(self) -> dict[str, Any]:
-        return {"host": self.host, "key": list(self.key), "start": dict(self.start)}
+    def to_fact(self) -> MeasuredFact:
+        return {"host": self.host, "key": list(self.key), "start": self.start.copy()}
 
     @classmethod
     def from_fact(cls, fact: Mapping[str, Any]) -> Measured | None:
         try:
-            return cls(str(fact["host"]), tuple(str(k) for k in fact["key"]), dict(fact["start"]))
+            return cls(
+                str(fact["host"]), tuple(str(k) for k in fact["key"]), cast(StartFigures, dict(fact["start"]))
+            )
         except (KeyError, TypeError, ValueError):
             return None
 

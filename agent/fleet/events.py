@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 from agent.fleet.hostrun import Emit
+from agent.fleet.results import FleetEvent
 
 ENV = "DEPLOYCTL_FLEET_EVENTS"
 
 
-def write(event: dict[str, Any]) -> None:
+def write(event: FleetEvent) -> None:
     """Append one line; O_APPEND and a single write keep lines from parallel workers whole."""
     path = os.environ.get(ENV)
     if not path:

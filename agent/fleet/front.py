@@ -10,7 +10,14 @@ from typing import Any
 from agent.errors import UsageError
 from agent.exitcodes import ExitCode
 from agent.fleet.inventory import group_hosts
-from agent.fleet.results import FleetReport, progress_line, render_fleet, results_from_events
+from agent.fleet.results import (
+    FleetEvent,
+    FleetReport,
+    HostStatus,
+    progress_line,
+    render_fleet,
+    results_from_events,
+)
 from agent.fleet.runner import ansible_failed, forks_for, run_playbook
 from agent.inventory import GROUP_NAME, HostConfig, units_dir
 from agent.output import Output
@@ -23,7 +30,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _printer(out: Output, as_json: bool) -> Any:
-    def show(event: dict[str, Any]) -> None:
+    def show(event: FleetEvent) -> None:
         if as_json:
             out.print(json.dumps(event, sort_keys=True, default=str))
             return
@@ -107,7 +114,9 @@ def status(args: argparse.Namespace, out: Output) -> int:
     found = {e["host"]: e["status"] for e in run.events if e.get("kind") == "status"}
     if not found:
         raise ansible_failed(run)
-    rows = [found.get(h, {"host": h, "reachable": False, "message": "no answer"}) for h in hosts]
+    rows = [
+        found[h] if h in found else HostStatus(host=h, reachable=False, message="no answer") for h in hosts
+    ]
     if args.json:
         out.print(json.dumps({"group": args.group, "hosts": rows}, sort_keys=True, default=str))
     else:

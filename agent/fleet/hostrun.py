@@ -10,20 +10,31 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import cast
 
 from agent.apply import allow_context, calibration_from, installed_sha256, with_set_flags
 from agent.cli.options import Change
 from agent.errors import ConnectError, DeployError
 from agent.fleet.calibrate import Measured, peer_key
-from agent.fleet.results import HostResult, PlanFigures
+from agent.fleet.results import HostResult, HostStatus, PlanFigures
 from agent.inventory import HostConfig
 from agent.plan.choose import Plan, Target, plan_for_host
-from agent.protocol import Event, Request, new_txn_id, unit_sha256
+from agent.protocol import (
+    Event,
+    HostFacts,
+    OutcomeData,
+    Request,
+    StatusAnswer,
+    as_facts,
+    new_txn_id,
+    unit_sha256,
+)
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 from agent.render import redact_flags, render_unit, secret_values, template_dir
-from agent.sglang.flags import FlagInput, FlagsError, parse_unit_flags
+from agent.sglang.flags import FlagInput, FlagsError, FlagValue, parse_unit_flags
+from agent.sglang.logs.summary import StartFigures
 from agent.verify import render_checked
 
 Emit = Callable[[str, str], None]  # (phase, message)
@@ -40,7 +51,7 @@ def connected(host: HostConfig) -> Iterator[AgentClient]:
         transport.close()
 
 
-def _flags(text: str | None) -> dict[str, Any]:
+def _flags(text: str | None) -> dict[str, FlagValue]:
     try:
         return dict(parse_unit_flags(text)) if text else {}
     except FlagsError:
@@ -50,7 +61,7 @@ def _flags(text: str | None) -> dict[str, Any]:
 def plan_host(
     host: HostConfig,
     context: int,
-    facts: Mapping[str, Any],
+    facts: HostFacts,
     peers: Sequence[Measured],
     flags: Mapping[str, FlagInput] | None = None,
 ) -> tuple[Plan, tuple[str, ...]]:
@@ -136,23 +147,10 @@ def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peer
     check: bool,
     flags: Mapping[str, FlagInput],
 ) -> HostResult:
-    host, facts = talk.client.host, talk.answer
+    host, facts = talk.client.host, as_facts(talk.answer)
     plan, sources = plan_host(host, context, facts, peers, flags)
     unit_flags = {**dict(_change(context, flags).flags), **plan.flags()}
-    figures = PlanFigures(
-        plan.mem_fraction_static,
-        plan.max_running_requests,
-        plan.predicted_pool_tokens,
-        plan.feasible,
-        plan.basis,
-        sources,
-    )
-    basis = ", ".join(sources) or "architecture"
-    emit(
-        "plan",
-        f"fraction {plan.mem_fraction_static:.3f}, {plan.max_running_requests} requests, "
-        f"predicted pool {plan.predicted_pool_tokens:,} ({basis})",
-    )
+    figures = _figures(plan, sources, emit)
     old_text = facts.get("unit_text") or ""
     before = redact_flags(_flags(old_text))
     if not plan.feasible:
@@ -162,13 +160,9 @@ def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peer
         )  # fmt: skip
     target_host = allow_context(host, Change(context))
     new_text = render_checked(target_host, unit_flags, installed=old_text)
+    applied = _Applied(host.name, context, figures, before, redact_flags(_flags(new_text)))
     if check:
-        differs = unit_sha256(new_text) != installed_sha256(facts)
-        return HostResult(
-            host.name, "would_change" if differs else "up_to_date",
-            "check mode: the unit would change" if differs else "check mode: the unit would not change",
-            context, figures, before=before, after=redact_flags(_flags(new_text)),
-        )  # fmt: skip
+        return applied.checked(unit_sha256(new_text) != installed_sha256(facts))
     env_secrets, flag_secrets = secret_values(target_host, unit_flags)
     req = base_request(
         host,
@@ -182,31 +176,72 @@ def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peer
         secret_flags=flag_secrets,
     )
     message, data = follow_outcome(talk.client, host, req, emit, talk)
-    outcome = str(data.get("outcome"))
-    summary = data.get("summary") or {}
-    if outcome == "up_to_date":
-        summary = facts.get("last_start") or {}
-    smoke = data.get("smoke") or {}
-    measured = summary if summary.get("kv_tokens") and outcome in ("applied", "up_to_date") else None
-    return HostResult(
-        host.name,
-        outcome,
-        message,
-        context,
-        figures,
-        measured_pool=summary.get("kv_tokens"),
-        before=before,
-        after=redact_flags(_flags(new_text)) if outcome in ("applied", "up_to_date") else before,
-        backup=data.get("backup"),
-        smoke_seconds=smoke.get("seconds"),
-        downtime_s=_downtime(data),
-        measured_start=dict(measured) if measured else None,
+    return applied.result(message, data, facts)
+
+
+def _figures(plan: Plan, sources: tuple[str, ...], emit: Emit) -> PlanFigures:
+    """The plan's figures for the result, told to the operator as they are known."""
+    basis = ", ".join(sources) or "architecture"
+    emit(
+        "plan",
+        f"fraction {plan.mem_fraction_static:.3f}, {plan.max_running_requests} requests, "
+        f"predicted pool {plan.predicted_pool_tokens:,} ({basis})",
     )
+    return PlanFigures(
+        plan.mem_fraction_static,
+        plan.max_running_requests,
+        plan.predicted_pool_tokens,
+        plan.feasible,
+        plan.basis,
+        sources,
+    )
+
+
+@dataclass(frozen=True)
+class _Applied:
+    """What the controller knew of a host when it sent the apply: the result adds the host's outcome."""
+
+    host: str
+    context: int
+    figures: PlanFigures
+    before: Mapping[str, FlagValue]  # the installed unit's flags, redacted
+    after: Mapping[str, FlagValue]  # the rendered unit's flags, redacted
+
+    def checked(self, differs: bool) -> HostResult:
+        """Ansible's check mode: whether the unit would change; nothing was sent to the host."""
+        return HostResult(
+            self.host, "would_change" if differs else "up_to_date",
+            "check mode: the unit would change" if differs else "check mode: the unit would not change",
+            self.context, self.figures, before=dict(self.before), after=dict(self.after),
+        )  # fmt: skip
+
+    def result(self, message: str, data: OutcomeData, facts: HostFacts) -> HostResult:
+        outcome = str(data.get("outcome"))
+        summary: StartFigures = data.get("summary") or {}
+        if outcome == "up_to_date":
+            summary = facts.get("last_start") or {}
+        smoke = data.get("smoke")
+        ran = outcome in ("applied", "up_to_date")
+        measured = summary if summary.get("kv_tokens") and ran else None
+        return HostResult(
+            self.host,
+            outcome,
+            message,
+            self.context,
+            self.figures,
+            measured_pool=summary.get("kv_tokens"),
+            before=dict(self.before),
+            after=dict(self.after) if ran else dict(self.before),
+            backup=data.get("backup"),
+            smoke_seconds=smoke.get("seconds") if smoke else None,
+            downtime_s=_downtime(data),
+            measured_start=measured.copy() if measured else None,
+        )
 
 
 def follow_outcome(
     client: AgentClient, host: HostConfig, req: Request, emit: Emit, talk: Conversation | None = None
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, OutcomeData]:
     """The transaction's outcome (message, data with "outcome"); re-attaches after a dropped link.
 
     With `talk`, the request goes to the agent process that answered the facts it was planned from.
@@ -221,7 +256,9 @@ def follow_outcome(
         time.sleep(min(2.0 * (attempt + 1), 10.0))
         try:
             with connected(host) as again:
-                found = reattach(again.call(base_request(host, "status", txn=req.txn)), ours)
+                found = reattach(
+                    cast(StatusAnswer, again.call(base_request(host, "status", txn=req.txn))), ours
+                )
                 if isinstance(found, str):
                     return _stream(again.events(base_request(host, "follow", txn=found)), emit, ours)
                 # "not started" twice: the first answer may come while the request is still being read
@@ -239,24 +276,29 @@ NOT_STARTED = (
 )
 
 
-def reattach(status: Mapping[str, Any], ours: set[str]) -> str | tuple[str, dict[str, Any]] | None:
+def reattach(status: StatusAnswer, ours: set[str]) -> str | tuple[str, OutcomeData] | None:
     """After a dropped link, from the host's status: the transaction to follow (its id), its outcome
     (message, data), or None to ask again. Only an outcome of this run's own transaction counts: another
     one's (an earlier apply, a cron run) would make an untouched host look applied."""
     running = (status.get("running") or {}).get("txn")
     if running in ours:
         return str(running)
-    last = status.get("last_outcome") or {}
-    asked = status.get("txn") or {}
-    for outcome in (last if last.get("txn") in ours else None, asked.get("outcome")):
+    last = status.get("last_outcome")
+    asked = status.get("txn")
+    for outcome in (
+        last if last and last.get("txn") in ours else None,
+        asked.get("outcome") if asked else None,
+    ):
         if outcome:
-            return str(outcome.get("message", "")), {**outcome.get("data", {})}
-    if asked.get("known"):  # asked for and not finished: its runner is starting, or died (follow recovers)
+            return str(outcome.get("message", "")), cast(OutcomeData, {**outcome.get("data", {})})
+    if asked and asked.get(
+        "known"
+    ):  # asked for and not finished: its runner is starting, or died (follow recovers)
         return None if running else str(asked["id"])
     return NOT_STARTED, {"outcome": "not_started"}
 
 
-def _stream(events: Iterator[Event], emit: Emit, ours: set[str] | None = None) -> tuple[str, dict[str, Any]]:
+def _stream(events: Iterator[Event], emit: Emit, ours: set[str] | None = None) -> tuple[str, OutcomeData]:
     outcome: Event | None = None
     for event in events:
         if ours is not None and event.txn not in ("", "-"):
@@ -267,12 +309,13 @@ def _stream(events: Iterator[Event], emit: Emit, ours: set[str] | None = None) -
             emit(event.stage, event.message)
     if outcome is None:
         raise ConnectionLost("the agent ended without an outcome")
-    return outcome.message, dict(outcome.data)
+    return outcome.message, outcome.outcome_data().copy()
 
 
-def _downtime(data: Mapping[str, Any]) -> float | None:
+def _downtime(data: OutcomeData) -> float | None:
     """The restart's downtime: the agent's stop-to-answer figure where it reports one, else the start's."""
-    seconds = (data.get("downtime") or {}).get("seconds")
+    down = data.get("downtime")
+    seconds = down.get("seconds") if down else None
     return float(seconds) if seconds is not None else data.get("start_seconds")
 
 
@@ -292,33 +335,33 @@ def rollback_host(host: HostConfig, backup: str | None, emit: Emit) -> HostResul
         return HostResult(host.name, "unreachable", exc.message)
     except DeployError as exc:
         return HostResult(host.name, "error", exc.message)
-    summary = data.get("summary") or {}
+    summary: StartFigures = data.get("summary") or {}
     return HostResult(
         host.name, str(data.get("outcome")), message, measured_pool=summary.get("kv_tokens"),
         backup=data.get("backup"), downtime_s=_downtime(data),
     )  # fmt: skip
 
 
-def host_status(host: HostConfig, context: int | None) -> dict[str, Any]:
+def host_status(host: HostConfig, context: int | None) -> HostStatus:
     """Drift and the measured pool: does the installed unit differ from what the plan renders?"""
     try:
         with connected(host) as client:
-            facts = client.call(base_request(host, "facts"))
+            facts = as_facts(client.call(base_request(host, "facts")))
     except ConnectError as exc:
         return {"host": host.name, "reachable": False, "message": exc.message}
     text = facts.get("unit_text") or ""
     last = facts.get("last_start") or {}
-    state = facts.get("state") or {}
-    status: dict[str, Any] = {
+    state = facts.get("state")
+    status: HostStatus = {
         "host": host.name,
         "reachable": True,
-        "active": state.get("active_state"),
+        "active": state.get("active_state") if state else None,
         "measured_pool": last.get("kv_tokens"),
         "flags": redact_flags(_flags(text)),
         "unit_sha256": None if installed_sha256(facts) == "absent" else installed_sha256(facts),
     }
     # Without a target: the context of the last start the agent verified (what it was deployed to).
-    verified = [h.get("context_len") for h in facts.get("history") or [] if h.get("context_len")]
+    verified = [c for h in facts.get("history") or [] if (c := h.get("context_len"))]
     against = context or (int(verified[-1]) if verified else None)
     if against is not None:
         plan, _ = plan_host(host, against, facts, ())

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from agent.cli.options import ArgError, parse_context
 from agent.errors import DeployError
 from agent.fleet import events
-from agent.fleet.calibrate import peers_for
+from agent.fleet.calibrate import MeasuredFact, peers_for
 from agent.fleet.hostrun import apply_host, host_status, measurement, rollback_host
-from agent.fleet.results import HostResult
+from agent.fleet.results import HostResult, HostResultData, HostStatus
 from agent.inventory import HostConfig, load_host, units_dir
 from agent.render import check_with_sglang_table
 from agent.sglang.flags import FlagInput
 
 FACT = "deployctl_measured"
+
+
+class ModuleResult(HostResultData, total=False):
+    """What an action gives Ansible: the host's result (or why its arguments were refused), and a message."""
+
+    msg: str
+    ansible_facts: dict[str, MeasuredFact]  # a canary's measurement, under FACT
+    deployctl: HostStatus  # sglang_facts'
 
 
 def raw_fact(hostvars: Any, name: str) -> Mapping[str, Any] | None:
@@ -55,14 +63,14 @@ def _set_flags(host: HostConfig, value: Any) -> dict[str, FlagInput]:
     return flags
 
 
-def _module_result(result: HostResult) -> dict[str, Any]:
-    data = result.to_dict()
+def _module_result(result: HostResult) -> ModuleResult:
+    data = cast(ModuleResult, result.to_dict())  # a result with no message or facts yet
     data["msg"] = f"{result.host}: {result.outcome}: {result.message}"
     events.write({"kind": "result", "host": result.host, "result": result.to_dict()})
     return data
 
 
-def _bad_args(exc: DeployError) -> dict[str, Any]:
+def _bad_args(exc: DeployError) -> ModuleResult:
     return {"failed": True, "changed": False, "outcome": "error", "msg": exc.message}
 
 
@@ -71,7 +79,7 @@ def apply(
     task_vars: Mapping[str, Any],
     peer_facts: list[Mapping[str, Any]],
     check: bool = False,
-) -> dict[str, Any]:
+) -> ModuleResult:
     """sglang_apply: the host's result; a canary also publishes its measured start as a fact."""
     try:
         host = _host(args, task_vars)
@@ -88,7 +96,7 @@ def apply(
     return data
 
 
-def rollback(args: Mapping[str, Any], task_vars: Mapping[str, Any]) -> dict[str, Any]:
+def rollback(args: Mapping[str, Any], task_vars: Mapping[str, Any]) -> ModuleResult:
     try:
         host = _host(args, task_vars)
     except DeployError as exc:
@@ -97,7 +105,7 @@ def rollback(args: Mapping[str, Any], task_vars: Mapping[str, Any]) -> dict[str,
     return _module_result(rollback_host(host, str(to) if to else None, events.emitter(host.name)))
 
 
-def facts(args: Mapping[str, Any], task_vars: Mapping[str, Any]) -> dict[str, Any]:
+def facts(args: Mapping[str, Any], task_vars: Mapping[str, Any]) -> ModuleResult:
     """sglang_facts: read-only; unreachable hosts fail so that a status run shows them."""
     try:
         host = _host(args, task_vars)

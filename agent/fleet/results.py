@@ -4,11 +4,68 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from agent.exitcodes import ExitCode
+from agent.sglang.flags import FlagValue
+from agent.sglang.logs.summary import StartFigures
 
 FAILED = ("rolled_back", "rollback_failed", "unreachable", "error", "agent_error", "locked", "not_started")
+
+
+class HostStatus(TypedDict, total=False):
+    """`deployctl fleet status`'s row of one host (its --json output)."""
+
+    host: str
+    reachable: bool
+    message: str  # why it is unreachable
+    active: str | None
+    measured_pool: int | None
+    flags: dict[str, FlagValue]  # redacted
+    unit_sha256: str | None
+    drift: bool
+    planned_fraction: float
+    drift_against: int | None  # the context the drift was judged at
+
+
+class FleetEvent(TypedDict, total=False):
+    """One line of the rollout's events file (fleet/events.py writes them, the front end follows them)."""
+
+    kind: str  # "phase", "result" or "status"
+    host: str
+    phase: str  # a phase line's
+    message: str
+    result: HostResultData
+    status: HostStatus
+
+
+class PlanFiguresData(TypedDict):
+    fraction: float
+    requests: int
+    predicted_pool: int
+    feasible: bool
+    basis: str
+    calibrated_from: list[str]
+
+
+class HostResultData(TypedDict, total=False):
+    """HostResult.to_dict: its fields, with what they imply (changed, failed, revert)."""
+
+    host: str
+    outcome: str
+    message: str
+    target: int | None
+    plan: PlanFiguresData | None
+    measured_pool: int | None
+    before: dict[str, Any]
+    after: dict[str, Any]
+    backup: str | None
+    smoke_seconds: float | None
+    downtime_s: float | None
+    measured_start: StartFigures | None
+    changed: bool
+    failed: bool
+    revert: str | None
 
 
 @dataclass(frozen=True)
@@ -36,7 +93,7 @@ class HostResult:
     backup: str | None = None
     smoke_seconds: float | None = None
     downtime_s: float | None = None
-    measured_start: dict[str, Any] | None = None  # the start's figures, for recalibrating later hosts
+    measured_start: StartFigures | None = None  # the start's figures, for recalibrating later hosts
 
     @property
     def changed(self) -> bool:
@@ -52,11 +109,11 @@ class HostResult:
         applied = self.outcome == "applied" and self.backup
         return f"deployctl rollback {self.host} --to {self.backup}" if applied else None
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.update(changed=self.changed, failed=self.failed, revert=self.revert)
-        if self.plan is not None:
-            data["plan"]["calibrated_from"] = list(self.plan.calibrated_from)
+    def to_dict(self) -> HostResultData:
+        data = cast(HostResultData, asdict(self))  # the fields are the keys above
+        data.update(HostResultData(changed=self.changed, failed=self.failed, revert=self.revert))
+        if data["plan"] is not None:
+            data["plan"]["calibrated_from"] = list(data["plan"]["calibrated_from"])
         return data
 
     @classmethod
@@ -113,7 +170,7 @@ def _n(value: int | None) -> str:
     return f"{value:,}" if value is not None else "-"
 
 
-def _flag_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+def _flag_change(before: Mapping[str, FlagValue], after: Mapping[str, FlagValue]) -> str:
     keys = ("context-length", "mem-fraction-static", "max-running-requests")
     parts = [f"{k} {before.get(k, '-')}->{after.get(k, '-')}" for k in keys if before.get(k) != after.get(k)]
     return ", ".join(parts) or "no flag change"
@@ -152,7 +209,7 @@ def render_fleet(report: FleetReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def results_from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, HostResult]:
+def results_from_events(events: Iterable[FleetEvent]) -> dict[str, HostResult]:
     """The last result event of each host (a re-run task replaces an earlier one)."""
     found: dict[str, HostResult] = {}
     for event in events:
@@ -162,7 +219,7 @@ def results_from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, HostRe
     return found
 
 
-def progress_line(event: Mapping[str, Any]) -> str | None:
+def progress_line(event: FleetEvent) -> str | None:
     """One line per host and phase for a person watching."""
     if event.get("kind") == "phase":
         return f"{event.get('host')}: {event.get('phase')}: {event.get('message')}"

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 from agent.errors import DeployError, UsageError
 from agent.fleet import events
+from agent.fleet.results import FleetEvent
 
 COLLECTIONS = Path(__file__).resolve().parent  # holds ansible_collections/deployctl/sglang
 POLL_S = 0.1
@@ -25,7 +26,7 @@ POLL_S = 0.1
 @dataclass(frozen=True)
 class Run:
     rc: int
-    events: list[dict[str, Any]]
+    events: list[FleetEvent]
     log: str
 
 
@@ -53,7 +54,7 @@ def run_playbook(
     units: Path,
     extra_vars: Mapping[str, Any],
     forks: int,
-    on_event: Callable[[dict[str, Any]], None],
+    on_event: Callable[[FleetEvent], None],
 ) -> Run:
     """ansible-playbook deployctl.sglang.<playbook>, its events passed to on_event as they come."""
     with tempfile.TemporaryDirectory(prefix="deployctl-fleet-") as tmp:
@@ -64,47 +65,60 @@ def run_playbook(
         )
         feed = work / "events.jsonl"
         feed.touch(mode=0o600)
-        env = {
-            **os.environ,
-            "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
-                [str(COLLECTIONS), *filter(None, [os.environ.get("ANSIBLE_COLLECTIONS_PATH")])]
-            ),
-            "ANSIBLE_RETRY_FILES_ENABLED": "false",
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_LOCAL_TEMP": str(work / "tmp"),
-            events.ENV: str(feed),
-        }
+        env = _ansible_env(work, feed)
         argv = [
             ansible_playbook(), "-i", str(inventory), "--forks", str(forks),
             "-e", json.dumps(dict(extra_vars)), f"deployctl.sglang.{playbook}",
         ]  # fmt: skip
         log_path = work / "ansible.log"
-        seen: list[dict[str, Any]] = []
-        pending = bytearray()
         with open(log_path, "wb") as log, open(feed, "rb") as follow:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-            try:
-                while True:
-                    done = proc.poll() is not None
-                    for event in _complete_lines(follow, pending):
-                        seen.append(event)
-                        on_event(event)
-                    if done:
-                        break
-                    time.sleep(POLL_S)
-            except BaseException:
-                proc.terminate()
-                proc.wait()
-                raise
+            seen = _follow(proc, follow, on_event)
         return Run(proc.returncode, seen, log_path.read_text(errors="replace"))
 
 
-def _complete_lines(follow: BinaryIO, pending: bytearray) -> list[dict[str, Any]]:
+def _ansible_env(work: Path, feed: Path) -> dict[str, str]:
+    """ansible-playbook's environment: this collection found first, no retry files or colour, the feed."""
+    return {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
+            [str(COLLECTIONS), *filter(None, [os.environ.get("ANSIBLE_COLLECTIONS_PATH")])]
+        ),
+        "ANSIBLE_RETRY_FILES_ENABLED": "false",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCAL_TEMP": str(work / "tmp"),
+        events.ENV: str(feed),
+    }
+
+
+def _follow(
+    proc: subprocess.Popen[bytes], follow: BinaryIO, on_event: Callable[[FleetEvent], None]
+) -> list[FleetEvent]:
+    """The events the run writes, each passed to on_event as it comes, until the run ends; an interrupt
+    ends the run too."""
+    seen: list[FleetEvent] = []
+    pending = bytearray()
+    try:
+        while True:
+            done = proc.poll() is not None
+            for event in _complete_lines(follow, pending):
+                seen.append(event)
+                on_event(event)
+            if done:
+                return seen
+            time.sleep(POLL_S)
+    except BaseException:
+        proc.terminate()
+        proc.wait()
+        raise
+
+
+def _complete_lines(follow: BinaryIO, pending: bytearray) -> list[FleetEvent]:
     """The events whose whole line has been written: a read can end inside a line a worker is writing."""
     pending += follow.read()
     *whole, rest = bytes(pending).split(b"\n")
     pending[:] = rest
-    found = []
+    found: list[FleetEvent] = []
     for line in whole:
         try:
             found.append(json.loads(line))

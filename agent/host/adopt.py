@@ -12,11 +12,10 @@ import glob
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from agent.host.model_facts import sglang_version
 from agent.host.systemd import Systemd, SystemdError
-from agent.protocol import Request
+from agent.protocol import DropInData, HomeData, InspectAnswer, InspectedUnit, Request
 from agent.sglang.flags import FlagsError, unit_lines
 from agent.sglang.redact import redact
 from agent.sglang.unitfile import (
@@ -38,10 +37,10 @@ UNIT_DIRS = (
 )
 
 
-def inspect(req: Request) -> dict[str, Any]:
+def inspect(req: Request) -> InspectAnswer:
     """The SGLang units on this host (`candidates`) and, for each and for req.unit, what adopt needs."""
     names = _mentioning_sglang()
-    units: dict[str, Any] = {}
+    units: dict[str, InspectedUnit] = {}
     candidates: list[str] = []
     with Systemd() as sd:
         for name in sorted(names | {req.unit}):
@@ -76,28 +75,29 @@ def _mentioning_sglang() -> set[str]:
 
 def _describe(
     name: str, fragment: str, drop_ins: tuple[str, ...], commands: list[tuple[str, tuple[str, ...]]]
-) -> dict[str, Any]:
-    info: dict[str, Any] = {"name": name, "fragment_path": fragment, "problems": []}
+) -> InspectedUnit:
+    info: InspectedUnit = {"name": name, "fragment_path": fragment, "problems": []}
     try:
         text = Path(fragment).read_bytes().decode("utf-8")
         hand = read_unit(text)
     except (OSError, UnicodeDecodeError, AdoptError) as exc:
-        info["problems"].append(f"{fragment}: cannot read: {exc}")
-        return info
+        return {**info, "problems": [f"{fragment}: cannot read: {exc}"]}
     info.update(
-        description=hand.description,
-        user=hand.user,
-        environment=[[k, v] for k, v in hand.environment.items()],  # a list: the reply's keys are sorted
-        secret_environment=hand.secret_environment,
-        directives=[[d.section, d.key, _shown(d)] for d in hand.other],
-        secret_directives=[d.key for d in hand.other if _shown(d) != d.value],
-        exec_start_raw_count=len(hand.exec_start),
-        exec_start_prefix=(hand.exec_start[0][:1] if hand.exec_start else ""),
+        InspectedUnit(
+            description=hand.description,
+            user=hand.user,
+            environment=[[k, v] for k, v in hand.environment.items()],  # a list: the reply's keys are sorted
+            secret_environment=hand.secret_environment,
+            directives=[[d.section, d.key, _shown(d)] for d in hand.other],
+            secret_directives=[d.key for d in hand.other if _shown(d) != d.value],
+            exec_start_raw_count=len(hand.exec_start),
+            exec_start_prefix=(hand.exec_start[0][:1] if hand.exec_start else ""),
+        )
     )
     if len(commands) == 1:
         path, argv = commands[0]
         shown, secret_flags = redact_secret_flags(argv)
-        info.update(exec_path=path, exec_argv=shown, secret_flags=secret_flags)
+        info.update(InspectedUnit(exec_path=path, exec_argv=shown, secret_flags=secret_flags))
         info["config_json"] = _config_json(argv)
         info["sglang_version"] = sglang_version(path)  # read, never run
     info["drop_ins"] = [_drop_in(p) for p in drop_ins]
@@ -105,7 +105,7 @@ def _describe(
     return info
 
 
-def _home(user: str | None) -> dict[str, Any] | None:
+def _home(user: str | None) -> HomeData | None:
     """The service user's home and whether that user can write it: SGLang's caches default to ~/.cache."""
     import pwd
 
@@ -118,7 +118,7 @@ def _home(user: str | None) -> dict[str, Any] | None:
     return {"path": entry.pw_dir, "writable": writable}
 
 
-def _drop_in(path: str) -> dict[str, Any]:
+def _drop_in(path: str) -> DropInData:
     """A drop-in's directives, secret variables' values replaced: it stays on the host as it is."""
     try:
         hand = read_unit(Path(path).read_bytes().decode("utf-8", "replace"))

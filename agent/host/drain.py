@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
+from agent.protocol import DrainData
 from agent.sglang.logs.events import Draining
 from agent.sglang.logs.lines import parse_line
 
@@ -201,8 +201,16 @@ class Drain:
     waited_s: float  # deployctl's own wait, before the restart
     timeout_s: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> DrainData:
+        return DrainData(
+            end=self.end,
+            in_flight=self.in_flight,
+            finished=self.finished,
+            cut=self.cut,
+            seconds=self.seconds,
+            waited_s=self.waited_s,
+            timeout_s=self.timeout_s,
+        )
 
     def describe(self) -> str:
         if self.end in (End.NO_ANSWER.value, End.OFF.value, End.NO_LOAD.value) and not self.in_flight:

@@ -33,20 +33,7 @@ def restart_drained(
     def read() -> drain.Load | None:
         return read_load(probe)
 
-    if req.drain:
-        first = _first_look(read)
-        if first is not None and first.total:
-            log.emit(
-                Stage.DRAIN,
-                "step",
-                f"draining: {first.running} running, {first.waiting} waiting; waiting up to "
-                f"{req.drain_timeout_s:g} s for them before the restart",
-                running=first.running,
-                waiting=first.waiting,
-            )
-        waited = drain.wait_idle(read, req.drain_timeout_s, time.monotonic, time.sleep)
-    else:
-        waited = drain.Waited(drain.End.OFF, 0, 0, 0.0)
+    waited = _wait(req, read, log)
     if waited.end not in (drain.End.IDLE, drain.End.TIMEOUT):
         return restart(), drain.result(waited, None, 0.0, req.drain_timeout_s)
     job, seen = _watched(read, restart)
@@ -70,6 +57,23 @@ def _watched(read: drain.Reader, restart: Callable[[], JobResult]) -> tuple[JobR
         done.set()
     watcher.join(timeout=10)
     return job, seen
+
+
+def _wait(req: Request, read: Callable[[], drain.Load | None], log: EventLog) -> drain.Waited:
+    """The drain's wait for the running server's requests (told when there are any); OFF without --drain."""
+    if not req.drain:
+        return drain.Waited(drain.End.OFF, 0, 0, 0.0)
+    first = _first_look(read)
+    if first is not None and first.total:
+        log.emit(
+            Stage.DRAIN,
+            "step",
+            f"draining: {first.running} running, {first.waiting} waiting; waiting up to "
+            f"{req.drain_timeout_s:g} s for them before the restart",
+            running=first.running,
+            waiting=first.waiting,
+        )
+    return drain.wait_idle(read, req.drain_timeout_s, time.monotonic, time.sleep)
 
 
 def _first_look(read: Callable[[], drain.Load | None]) -> drain.Load | None:

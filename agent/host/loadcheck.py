@@ -12,7 +12,9 @@ The HTTP side is `agent/host/probe.py` (Probe.load); these functions only decide
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+
+from agent.protocol import LoadData
 
 DECODE_TOKENS = 32  # the long prompt's answer: enough steps for a decode time per token
 
@@ -54,8 +56,12 @@ class LoadResult:
     long_prompt_tokens: int | None
     seconds: float
 
-    def to_dict(self) -> dict[str, float | int | str | None]:
-        return asdict(self)
+    def to_dict(self) -> LoadData:
+        return LoadData(
+            requests=self.requests, failed=self.failed, detail=self.detail,
+            prefill_tokens_per_s=self.prefill_tokens_per_s, decode_ms_per_token=self.decode_ms_per_token,
+            long_prompt_tokens=self.long_prompt_tokens, seconds=self.seconds,
+        )  # fmt: skip
 
     @property
     def passed(self) -> bool:

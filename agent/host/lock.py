@@ -6,20 +6,33 @@ import fcntl
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 PROC_LOCKS = "/proc/locks"
+
+
+class Holder(TypedDict, total=False):
+    """What the lock file records about the runner holding it (JSON): a re-run of the same apply
+    re-attaches by it, and LOCKED outcomes and status answers carry it as it is."""
+
+    pid: int | str  # "?": a runner systemd runs that has not taken the lock yet
+    since: str
+    verb: str
+    txn: str | None
+    unit: str
+    unit_sha256: str | None
+    target_context: int | None
 
 
 class Locked(Exception):
     """Another process holds the unit's lock; `holder` says who, since when, doing what."""
 
-    def __init__(self, holder: dict[str, Any]) -> None:
+    def __init__(self, holder: Holder) -> None:
         super().__init__(describe_holder(holder))
         self.holder = holder
 
 
-def describe_holder(holder: dict[str, Any]) -> str:
+def describe_holder(holder: Holder) -> str:
     if not holder:
         return "held by another process"
     return (
@@ -35,7 +48,7 @@ class UnitLock:
         self.path = Path(run_dir) / f"{unit}.lock"
         self._fd: int | None = None
 
-    def acquire(self, holder: dict[str, Any]) -> None:
+    def acquire(self, holder: Holder) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -47,13 +60,13 @@ class UnitLock:
         os.pwrite(fd, json.dumps(holder, sort_keys=True).encode(), 0)
         self._fd = fd
 
-    def holder(self) -> dict[str, Any]:
+    def holder(self) -> Holder:
         """The details the current holder wrote; {} when free or unreadable."""
         try:
             raw = json.loads(self.path.read_text() or "{}")
         except (OSError, ValueError):
             return {}
-        return raw if isinstance(raw, dict) else {}
+        return cast(Holder, raw) if isinstance(raw, dict) else {}
 
     def is_held(self) -> bool:
         """Whether a process holds the lock, read from /proc/locks: asking must never take the lock,

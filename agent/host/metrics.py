@@ -60,19 +60,33 @@ def timings(events: Iterable[Event]) -> tuple[float | None, dict[str, float]]:
     return downtime(events).seconds, phases
 
 
-def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str:
-    """The textfile, metric names and help texts after Prometheus' conventions."""
-    labels = f'host="{_escape(run.host)}",unit="{_escape(run.unit)}"'
-    out: list[str] = []
+class _Textfile:
+    """The textfile's lines: each metric's HELP and TYPE once, before its first sample."""
 
-    def metric(name: str, kind: str, help_text: str, value: float | None, extra: str = "") -> None:
+    def __init__(self, labels: str) -> None:
+        self.labels = labels
+        self.lines: list[str] = []
+
+    def metric(self, name: str, kind: str, help_text: str, value: float | None, extra: str = "") -> None:
         if value is None:
             return
-        if not any(line.startswith(f"# HELP {name} ") for line in out):
-            out.extend((f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"))
+        if not any(line.startswith(f"# HELP {name} ") for line in self.lines):
+            self.lines.extend((f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"))
         number = str(int(value)) if float(value).is_integer() else repr(float(value))  # full precision
-        out.append(f"{name}{{{labels}{extra}}} {number}")
+        self.lines.append(f"{name}{{{self.labels}{extra}}} {number}")
 
+
+def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str:
+    """The textfile, metric names and help texts after Prometheus' conventions."""
+    out = _Textfile(f'host="{_escape(run.host)}",unit="{_escape(run.unit)}"')
+    _outcome_metrics(out, run, rollbacks_total, last_success)
+    _pool_metrics(out, run)
+    _drain_metrics(out, run)
+    return "\n".join(out.lines) + "\n"
+
+
+def _outcome_metrics(out: _Textfile, run: Run, rollbacks_total: int, last_success: float | None) -> None:
+    metric = out.metric
     metric("deployctl_last_run_timestamp_seconds", "gauge", "When deployctl last ran on this unit.", run.at)
     for o in Outcome:
         if o is not Outcome.LOCKED:
@@ -96,6 +110,10 @@ def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str
         last_success,
     )
     metric("deployctl_rollbacks_total", "counter", "Changes rejected and rolled back.", rollbacks_total)
+
+
+def _pool_metrics(out: _Textfile, run: Run) -> None:
+    metric = out.metric
     metric(
         "deployctl_kv_pool_tokens", "gauge", "The KV pool the last verified start logged.", run.pool_tokens
     )
@@ -112,6 +130,11 @@ def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str
         "From the restart to the first ready start in the last run.",
         run.downtime_s,
     )
+
+
+def _drain_metrics(out: _Textfile, run: Run) -> None:
+    """The drain's figures, the phases' seconds and the installed unit's sha256."""
+    metric = out.metric
     for state in ("in_flight", "finished", "cut"):
         metric(
             "deployctl_drain_requests",
@@ -126,6 +149,12 @@ def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str
         "From the last drain's start until the old server stopped answering.",
         run.drain.get("seconds"),
     )
+    _phase_metrics(out, run)
+
+
+def _phase_metrics(out: _Textfile, run: Run) -> None:
+    """Where the downtime went, deployctl's own stages, and the installed unit's sha256."""
+    metric = out.metric
     for phase, seconds in run.downtime_phases.items():
         metric(
             "deployctl_downtime_phase_seconds",
@@ -150,7 +179,6 @@ def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str
             1,
             f',sha256="{run.unit_sha256}"',
         )
-    return "\n".join(out) + "\n"
 
 
 def record_run(state_file: Path, prom_file: Path, run: Run) -> None:

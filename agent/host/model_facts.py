@@ -21,13 +21,47 @@ import struct
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypedDict
 
-from agent.sglang.flags import FlagsError, parse_unit, unit_lines
+from agent.sglang.flags import FlagInput, FlagsError, parse_unit, unit_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env, redact_log_line
 from agent.sglang.unitfile import AdoptError, split_environment
 
 FORMAT = "deployctl-facts/1"
+
+
+class GpuCard(TypedDict, total=False):
+    """A card of the facts document (nvidia-smi's; the host's RAM for SGLang's CPU backend)."""
+
+    name: str
+    memory_total_mib: float
+    memory_free_mib: float
+    compute_capability: str  # where nvidia-smi gives one
+    index: int  # nvidia-smi's index: a service's [gpus] indices name these
+
+
+class ModelFact(TypedDict):
+    """A local checkpoint folder: its config.json as published and its tensors' bytes."""
+
+    config: dict[str, Any]  # json.loads of config.json: read_config parses it
+    weights_bytes: int | None
+    path: str
+
+
+class FactsDoc(TypedDict, total=False):
+    """The facts document (deployctl-facts/1) that plan/facts.py reads; `device` only for the CPU backend."""
+
+    format: str
+    device: str
+    gpus: list[GpuCard]
+    sglang: dict[str, str | None]
+    model: ModelFact
+    draft: ModelFact | None
+    flags: Mapping[str, FlagInput]  # the unit's (secret ones left out); deployctl's --set over them
+    env: dict[str, str]
+    last_start: str | None
+
+
 MAX_CONFIG_BYTES = 4 * 2**20
 MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit on the JSON header
 MAX_METADATA_BYTES = 64 * 2**10  # the headers of a dist-info METADATA come first; the long description after
@@ -122,7 +156,7 @@ def read_config(model_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def model_fact(path: str | None) -> dict[str, Any] | None:
+def model_fact(path: str | None) -> ModelFact | None:
     """{"config", "weights_bytes", "path"} for a local checkpoint folder; None for a hub id or no config."""
     if not path:
         return None
@@ -133,7 +167,7 @@ def model_fact(path: str | None) -> dict[str, Any] | None:
     return {"config": config, "weights_bytes": weights_bytes(folder), "path": str(folder)}
 
 
-def parse_gpus(csv: str) -> list[dict[str, Any]]:
+def parse_gpus(csv: str) -> list[GpuCard]:
     """nvidia-smi --query-gpu=name,memory.total,memory.free,compute_cap,index --format=csv,noheader,nounits;
     the index lets the laptop keep the rows of a service's own GPUs ([gpus] indices)."""
     gpus = []
@@ -142,7 +176,7 @@ def parse_gpus(csv: str) -> list[dict[str, Any]]:
         if len(parts) < 3:
             continue
         try:
-            card: dict[str, Any] = {"name": parts[0], "memory_total_mib": float(parts[1]),
+            card: GpuCard = {"name": parts[0], "memory_total_mib": float(parts[1]),
                                     "memory_free_mib": float(parts[2])}  # fmt: skip
         except ValueError:
             continue
@@ -154,7 +188,7 @@ def parse_gpus(csv: str) -> list[dict[str, Any]]:
     return gpus
 
 
-def gpus() -> list[dict[str, Any]]:
+def gpus() -> list[GpuCard]:
     if shutil.which("nvidia-smi") is None:
         return []
     query = "--query-gpu=name,memory.total,memory.free,compute_cap,index"
@@ -168,7 +202,7 @@ def gpus() -> list[dict[str, Any]]:
 
 def parse_host_ram(
     meminfo: str, cgroup_max: str | None = None, cgroup_current: str | None = None, numa_nodes: int = 1
-) -> dict[str, Any] | None:
+) -> GpuCard | None:
     """The RAM SGLang's CPU backend sizes from, as a facts `gpus` row (srt/utils/common.py): free is
     MemAvailable (psutil's available), or less where the cgroup's memory.max - memory.current is lower
     (get_free_cpu_memory), shared by the NUMA nodes (get_available_gpu_memory, device "cpu")."""
@@ -191,7 +225,7 @@ def parse_host_ram(
     }
 
 
-def host_ram() -> dict[str, Any] | None:
+def host_ram() -> GpuCard | None:
     """parse_host_ram of this host: /proc/meminfo, the cgroup's memory files, /sys's NUMA nodes."""
 
     def read(path: str) -> str | None:
@@ -292,7 +326,7 @@ def start_excerpt(lines: Iterable[str]) -> str | None:
 
 def collect(
     unit_text: str | None, journal_lines: Sequence[str], secret_names: Iterable[str]
-) -> dict[str, Any] | None:
+) -> FactsDoc | None:
     """The facts document for the unit's model, or None when the unit names no local config.json."""
     if not unit_text:
         return None

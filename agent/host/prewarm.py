@@ -15,9 +15,10 @@ import stat
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from agent.protocol import PrewarmData
 
 GIB = 1 << 30
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -52,8 +53,14 @@ class Prewarmed:
     seconds: float
     skip: str | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> PrewarmData:
+        return PrewarmData(
+            files=self.files,
+            total_bytes=self.total_bytes,
+            read_bytes=self.read_bytes,
+            seconds=self.seconds,
+            skip=self.skip,
+        )
 
     def describe(self) -> str:
         if self.skip:
@@ -175,6 +182,15 @@ def read_into_cache(paths: Sequence[str], stop: threading.Event, done: list[int]
             return
 
 
+@dataclass
+class _Found:
+    """What the reading thread found, handed to the waiting one."""
+
+    files: list[WeightFile] = field(default_factory=list)
+    decision: Decision | None = None
+    error: Exception | None = None
+
+
 def prewarm(flags: Mapping[str, object], margin: int, timeout_s: float = 1800.0) -> Prewarmed:
     """List, decide and read in a thread of its own, waited for at most timeout_s.
 
@@ -183,32 +199,32 @@ def prewarm(flags: Mapping[str, object], margin: int, timeout_s: float = 1800.0)
     """
     start = time.monotonic()
     stop, done = threading.Event(), [0]
-    box: dict[str, Any] = {}
+    box = _Found()
 
     def work() -> None:
         try:
             files = weight_files(model_dirs(flags))
-            box["files"], box["decision"] = files, decide(files, mem_available(), margin)
-            if box["decision"].skip is None:
-                read_into_cache(box["decision"].read, stop, done)
+            box.files, box.decision = files, decide(files, mem_available(), margin)
+            if box.decision.skip is None:
+                read_into_cache(box.decision.read, stop, done)
         except Exception as exc:  # reported by the waiting thread
-            box["error"] = exc
+            box.error = exc
 
     worker = threading.Thread(target=work, name="prewarm", daemon=True)
     worker.start()
     worker.join(timeout_s)
     stop.set()
-    if "error" in box:
-        raise box["error"]
+    if box.error is not None:
+        raise box.error
     seconds = time.monotonic() - start
-    decision: Decision | None = box.get("decision")
+    decision = box.decision
     if worker.is_alive() or decision is None:
         why = (
             f"stopped at its limit of {timeout_s:g} s after {done[0] / GIB:.2f} GiB (a stalled or slow disk)"
         )
         total = decision.total_bytes if decision else 0
-        return Prewarmed(len(box.get("files", ())), total, done[0], seconds, why)
-    return Prewarmed(len(box["files"]), decision.total_bytes, done[0], seconds, decision.skip)
+        return Prewarmed(len(box.files), total, done[0], seconds, why)
+    return Prewarmed(len(box.files), decision.total_bytes, done[0], seconds, decision.skip)
 
 
 def _idle_io() -> None:

@@ -18,7 +18,7 @@ from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_af
 
 from agent.host.drain import Load, NoLoad, parse_loads, parse_metrics
 from agent.host.loadcheck import DECODE_TOKENS, LoadResult, LoadSpec, Reply, verdict
-from agent.protocol import Smoke
+from agent.protocol import Smoke, SmokeData
 
 # Words and marks: every tokenizer in use splits at least here (byte-level BPE, SentencePiece), so a prompt
 # counted by the server below half of this did not reach the model whole.
@@ -36,6 +36,15 @@ class SmokeResult:
     answer: str
     passed: bool
     detail: str = ""
+
+    def to_dict(self) -> SmokeData:
+        return SmokeData(
+            prompt_tokens=self.prompt_tokens,
+            seconds=self.seconds,
+            answer=self.answer,
+            passed=self.passed,
+            detail=self.detail,
+        )
 
 
 def url_host(host: str) -> str:

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
 
 from agent.host.events import EventLog
 from agent.host.journal import Journal
+from agent.host.lock import Holder
 from agent.host.state import CorruptRecord, StateDir
 from agent.host.systemd import Systemd
 from agent.host.transaction import Transaction
 from agent.protocol import Outcome, Request
 
 
-def orphaned(req: Request, running: Callable[[], dict[str, Any] | None]) -> bool:
+def orphaned(req: Request, running: Callable[[], Holder | None]) -> bool:
     """A change whose agent died (SIGKILL, reboot) left its record: the caller runs `recover` next.
 
     `running` is asked only when there is a record: it costs systemd calls every read-only verb would pay.

@@ -20,7 +20,7 @@ from agent.exitcodes import ExitCode
 from agent.host import recovery, txnfiles
 from agent.host.events import EventLog, journal_note, utc_now
 from agent.host.journal import Journal
-from agent.host.lock import Locked, UnitLock, describe_holder
+from agent.host.lock import Holder, Locked, UnitLock, describe_holder
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.transaction import Result, Transaction
@@ -33,7 +33,7 @@ FOLLOW_POLL_S = 0.02
 RUNNER_SETTLE_S = 10.0  # how long a started runner may take to lock (Python start-up on a loaded host)
 
 
-def running(req: Request) -> dict[str, Any] | None:
+def running(req: Request) -> Holder | None:
     """The change running on this unit, decided from the lock and from systemd, never from timing.
 
     A runner that systemd started but that has not taken the lock yet (or has released it and is
@@ -87,6 +87,12 @@ def start(req: Request, out: TextIO) -> int:
         out.write(_event_line(txn, "outcome", msg, Stage.LOCK, outcome=Outcome.ERROR.value))
         return int(ExitCode.REFUSED)
     record_request(state_dir, req, txn)
+    return _spawn(req, txn, out)
+
+
+def _spawn(req: Request, txn: str, out: TextIO) -> int:
+    """Run the transaction as a transient unit when detached (it outlives this SSH session) and follow it;
+    in this process otherwise, or when systemd-run is missing or fails."""
     if req.detach and shutil.which("systemd-run"):
         argv = ["systemd-run", f"--unit=deployctl-{txn}", "--collect", "--quiet", "--no-ask-password"]
         argv += ["--working-directory=/"]
@@ -155,7 +161,7 @@ def _in_place(req: Request, txn: str, out: TextIO) -> int | None:
         lock.release()
 
 
-def _same_apply(holder: dict[str, Any], req: Request) -> bool:
+def _same_apply(holder: Holder, req: Request) -> bool:
     """Whether a re-run of apply asks for the running change, so it re-attaches instead of failing."""
     # The re-run plans from facts the running change already altered (new unit, a half-done start),
     # so its unit may differ in a digit from the running one: the same target is the same request.
@@ -199,15 +205,7 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
     try:
         state_dir.set_last_txn(req.unit, txn)
         log.emit(Stage.LOCK, "step", f"locked {req.unit}", pid=os.getpid())
-        with Systemd() as sd:
-            t = Transaction(req, txn, sd, Journal(), log)
-            if req.verb == "apply":
-                result = t.apply()
-            elif req.verb == "rollback":
-                result = t.rollback()
-            else:
-                result = t.recover_only()
-        return _finish(req, txn, result, log)
+        return _finish(req, txn, _transact(req, txn, log), log)
     except Exception as exc:
         # A bug must not leave the new unit half-verified: restore now; the record stays if this fails too.
         recovered = recovery.try_recover(req, txn, log)
@@ -220,7 +218,18 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
         log.close()
 
 
-def _holder(req: Request, txn: str) -> dict[str, Any]:
+def _transact(req: Request, txn: str, log: EventLog) -> Result:
+    """The verb's transaction, run under the lock."""
+    with Systemd() as sd:
+        t = Transaction(req, txn, sd, Journal(), log)
+        if req.verb == "apply":
+            return t.apply()
+        if req.verb == "rollback":
+            return t.rollback()
+        return t.recover_only()
+
+
+def _holder(req: Request, txn: str) -> Holder:
     """What the lock records about its holder: a re-run of the same apply re-attaches by it."""
     return {
         "pid": os.getpid(), "since": utc_now(), "verb": req.verb, "txn": txn, "unit": req.unit,
@@ -251,7 +260,7 @@ def _write_metrics(req: Request, txn: str, result: Result, state_dir: StateDir, 
     from agent.host import metrics
 
     events = [Event.from_json(line) for line in state_dir.read_events(txn) if line.startswith("{")]
-    data: dict[str, Any] = {
+    data: dict[str, object] = {  # metrics.run_from reads each figure by its type
         **result.data,
         "target_context": req.target_context,
         "planned_pool": req.planned_pool,
@@ -344,7 +353,7 @@ def _runner_alive(txn: str) -> bool:
         return False
 
 
-def _locked_outcome(holder: dict[str, Any], out: TextIO) -> int:
+def _locked_outcome(holder: Holder, out: TextIO) -> int:
     msg = f"locked: {describe_holder(holder)}"
     journal_note(f"{msg}; a second change was refused")  # cron's locked runs show on the host too
     out.write(

@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.protocol import BACKUP_NAME
+from agent.protocol import BACKUP_NAME, DowntimeData
+from agent.sglang.logs.summary import StartFigures
 
 # A recovery record's phase says what `recover` must do after a crash.
 PHASE_WRITTEN = "written"  # the new unit is on disk: restore the backup
@@ -59,6 +60,17 @@ def write_json_atomic(path: Path, payload: Any) -> None:
         os.close(fd)
 
 
+class HistoryEntry(StartFigures, total=False):
+    """One verified start in history.jsonl (facts send the last ten): its figures and its transaction's."""
+
+    txn: str
+    at: str  # ISO 8601
+    sha256: str  # the unit's
+    invocation: str
+    start_seconds: float
+    downtime: DowntimeData
+
+
 class StateDir:
     """Per-unit records and per-transaction event logs; everything written here survives a reboot."""
 
@@ -102,7 +114,7 @@ class StateDir:
             self.record_path(unit).unlink()
 
     # history: one JSON line per verified start, newest last ----------------------------------
-    def append_history(self, unit: str, entry: dict[str, Any]) -> None:
+    def append_history(self, unit: str, entry: HistoryEntry) -> None:
         path = self.unit_dir(unit) / "history.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
@@ -110,13 +122,13 @@ class StateDir:
             f.flush()
             os.fsync(f.fileno())
 
-    def history(self, unit: str, limit: int = 20) -> list[dict[str, Any]]:
+    def history(self, unit: str, limit: int = 20) -> list[HistoryEntry]:
         path = self.unit_dir(unit) / "history.jsonl"
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
             return []
-        out = []
+        out: list[HistoryEntry] = []
         for line in lines[-limit:]:
             with contextlib.suppress(ValueError):
                 out.append(json.loads(line))

@@ -9,6 +9,7 @@ from typing import Any
 
 from jeepney import DBusAddress, MatchRule, Properties, message_bus, new_method_call
 from jeepney.io.blocking import DBusConnection, open_dbus_connection
+from jeepney.io.common import FilterHandle
 from jeepney.wrappers import DBusErrorResponse, unwrap_msg
 
 SYSTEMD = "org.freedesktop.systemd1"
@@ -71,7 +72,7 @@ class Systemd:
         self._jobs_rule = MatchRule(
             type="signal", interface=MANAGER_IFACE, member="JobRemoved", path=MANAGER_PATH
         )
-        self._watched: dict[str, Any] = {}  # unit object path -> jeepney filter handle
+        self._watched: dict[str, FilterHandle] = {}  # unit object path -> its signals
         # The bus only forwards signals we asked for; ask before any job exists so none is missed.
         self._call(message_bus.AddMatch(self._jobs_rule), "AddMatch")
         self._manager("Subscribe")

@@ -15,11 +15,10 @@ that line to the answer: on a host with no CUDA graphs no phase is named for the
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
-from agent.protocol import DOWNTIME_PHASES, Event, Stage
+from agent.protocol import DOWNTIME_PHASES, DowntimeData, Event, Stage
 
 # The start's phases as the log summary names them, and the downtime phase each one begins.
 _LOG_PHASE = {"loading_weights": "weights", "kv_pool": "pool", "cuda_graphs": "cuda_graphs", "ready": "ready"}
@@ -30,8 +29,8 @@ class Downtime:
     seconds: float | None  # None: the new server never answered (or nothing was restarted)
     phases: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> DowntimeData:
+        return DowntimeData(seconds=self.seconds, phases=dict(self.phases))
 
 
 def seconds_of(ts: str) -> float:

@@ -27,13 +27,23 @@ from agent.host.state import (
     PHASE_VERIFIED,
     PHASE_WRITTEN,
     CorruptRecord,
+    HistoryEntry,
     Record,
     StateDir,
 )
 from agent.host.timeline import downtime
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchedStart, WatchResult, watch_start
-from agent.protocol import RESTART_JOB_TIMEOUT_S, Event, Outcome, Request, Smoke, Stage
+from agent.protocol import (
+    RESTART_JOB_TIMEOUT_S,
+    Event,
+    Outcome,
+    OutcomeData,
+    Request,
+    RouterData,
+    Smoke,
+    Stage,
+)
 from agent.protocol import unit_sha256 as sha256
 from agent.sglang.flags import FlagsError, FlagValue, parse_unit_flags
 from agent.sglang.logs.summary import summarize
@@ -85,7 +95,7 @@ def _utc_now() -> datetime:
 class Result:
     outcome: Outcome
     message: str
-    data: dict[str, Any] = field(default_factory=dict)
+    data: OutcomeData = field(default_factory=lambda: OutcomeData())
 
 
 class Transaction:
@@ -335,7 +345,7 @@ class Transaction:
             back = self._back_in_router(router, worker) if taken.out else None
             if result is not None:
                 out_s = round(time.monotonic() - left, 3) if taken.out else 0.0
-                result.data["router"] = {"url": url, "worker": worker, "out_s": out_s, "back": back}
+                result.data["router"] = RouterData(url=url, worker=worker, out_s=out_s, back=back)
         return result
 
     def _back_in_router(self, router: RouterPort, worker: str) -> bool:
@@ -591,13 +601,15 @@ class Transaction:
         )
         if not res.passed:
             return f"smoke test failed: {res.detail or res.answer}"
-        return self._load_check(probe, smoke, started, int(context)) if smoke.load else None
+        if not smoke.load:
+            return None
+        chunk = _flags_of(new).get("chunked-prefill-size")
+        return self._load_check(probe, smoke, chunk if isinstance(chunk, int) else None, int(context))
 
-    def _load_check(self, probe: ProbePort, smoke: Smoke, started: WatchResult, context: int) -> str | None:
-        """[smoke] load: chunk-sized prompts and one at the target context at once; a failure rolls back."""
-        spec = loadcheck.spec(
-            smoke.load, started.summary.get("chunked_prefill_size"), context, smoke.timeout_s
-        )
+    def _load_check(self, probe: ProbePort, smoke: Smoke, chunk: int | None, context: int) -> str | None:
+        """[smoke] load: chunk-sized prompts and one at the target context at once; a failure rolls back.
+        chunk: the unit's --chunked-prefill-size (SGLang's 8192 stands in when the unit leaves it out)."""
+        spec = loadcheck.spec(smoke.load, chunk, context, smoke.timeout_s)
         self.log.emit(Stage.SMOKE, "step", f"load check: {spec.concurrent} prompts of ~{spec.chunk_tokens:,} "
                       f"tokens and one of ~{spec.long_tokens:,}, at once")  # fmt: skip
         self.load_result = probe.load(smoke, spec)
@@ -611,30 +623,31 @@ class Transaction:
     ) -> Result:
         self._record(PHASE_VERIFIED, backup, new)
         state = self.systemd.unit_state(self.unit)
-        entry = {
+        down = downtime(self.events).to_dict()
+        entry: HistoryEntry = {
             "txn": self.txn,
             "at": self.now().isoformat(),
             "sha256": sha256(new),
             "invocation": state.invocation_id,
             "start_seconds": round(started.seconds, 2),
-            "downtime": downtime(self.events).to_dict(),
+            "downtime": down,
             **started.summary,
         }
         self.state.append_history(self.unit, entry)
         self.state.clear_record(self.unit)
         self.log.emit(Stage.COMMIT, "step", "committed", backup=backup)
-        data: dict[str, Any] = {
+        data: OutcomeData = {
             "summary": started.summary,
             "backup": backup,
             "start_seconds": started.seconds,
-            "downtime": entry["downtime"],
+            "downtime": down,
         }
         if self.prewarmed is not None:
             data["prewarm"] = self.prewarmed.to_dict()
         if self.drains:
             data["drain"] = self.drains[0].to_dict()
         if self.smoke_result is not None:
-            data["smoke"] = self.smoke_result.__dict__
+            data["smoke"] = self.smoke_result.to_dict()
         if self.load_result is not None:
             data["load"] = self.load_result.to_dict()
         what = f"restored {restored_from}" if restored_from else "applied"
@@ -657,7 +670,7 @@ class Transaction:
         )  # no invocation: the service runs the rejected unit, so the restore must restart it
         self.state.save_record(record)
         ok, why = self._restore(record)
-        data: dict[str, Any] = {
+        data: OutcomeData = {
             "reason": reason,
             "failure_kind": started.verdict.kind,
             "summary": started.summary,
@@ -780,8 +793,9 @@ class Transaction:
         # Not started by deployctl (or its history is gone): believe the running start's own log.
         lines = self.journal.last_invocation_lines(self.unit, 20000)
         figures = summarize(lines).to_dict() if lines else {}
-        if figures.get("kv_tokens"):
-            return bool(figures.get("ready")) and int(figures["kv_tokens"]) >= target
+        kv_tokens = figures.get("kv_tokens")
+        if kv_tokens:
+            return bool(figures.get("ready")) and int(kv_tokens) >= target
         if history:
             # This start's log is gone (a reboot, then the journal rotated): the same unit's verified
             # start, kept in our own state, stands for it rather than a restart for nothing.

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import TextIO, cast
 
 from agent import __version__
 from agent.host import adopt, model_facts, recovery, runner
@@ -15,10 +15,20 @@ from agent.host.journal import Journal
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.units import UnitFiles
-from agent.protocol import Request
+from agent.protocol import (
+    BackupRow,
+    BackupsAnswer,
+    EventJson,
+    GpuRow,
+    HostFacts,
+    Request,
+    StatusAnswer,
+    UnitStateData,
+    UnitView,
+)
 from agent.protocol import unit_sha256 as sha256
-from agent.sglang.flags import FlagsError, diff_flags, parse_unit_flags
-from agent.sglang.logs.summary import start_figures
+from agent.sglang.flags import FlagsError, FlagValue, diff_flags, parse_unit_flags
+from agent.sglang.logs.summary import StartFigures, start_figures
 from agent.sglang.redact import redact, redact_changes, redact_flags, redact_log_line
 
 CHANGING_VERBS = ("apply", "rollback", "recover")
@@ -30,22 +40,28 @@ def dispatch(req: Request, out: TextIO) -> int:
     if req.verb == "follow":
         assert req.txn is not None
         return runner.follow(req, req.txn, out)
-    result = {"facts": facts, "backups": backups, "status": status, "inspect": adopt.inspect}[req.verb](req)
+    verbs: dict[str, Callable[[Request], Mapping[str, object]]] = {
+        "facts": facts, "backups": backups, "status": status, "inspect": adopt.inspect
+    }  # fmt: skip
+    result = dict(verbs[req.verb](req))
     result["orphan"] = recovery.orphaned(req, lambda: runner.running(req))
     out.write(json.dumps(result, sort_keys=True, default=str) + "\n")
     return 0
 
 
 # -- read-only verbs ---------------------------------------------------------------------------
-def facts(req: Request) -> dict[str, Any]:
+def facts(req: Request) -> HostFacts:
     """What the laptop needs to plan: the unit, its flags, the service state, the last start's figures."""
     files = UnitFiles(req.unit_dir)
     text = files.read(req.unit)
     lines = Journal().last_invocation_lines(req.unit, 20000)
     state_dir = StateDir(req.state_dir)
+    view = unit_view(text, req.secret_names)
     return {
         "agent_version": __version__,
-        **unit_view(text, req.secret_names),
+        "unit_text": view["unit_text"],
+        "unit_sha256": view["unit_sha256"],
+        "flags": view["flags"],
         "state": _state(req.unit),
         "last_start": _last_start(lines),
         "history": state_dir.history(req.unit, 10),
@@ -57,7 +73,7 @@ def facts(req: Request) -> dict[str, Any]:
     }
 
 
-def unit_view(text: str | None, secret_names: Sequence[str]) -> dict[str, Any]:
+def unit_view(text: str | None, secret_names: Sequence[str]) -> UnitView:
     """The installed unit as it may leave the host: its text and flags with secret values replaced by ***
     (Environment= of secret-looking names, secret --flags, SetCredential= data), and the sha256 of the
     real text, which is what an apply must name to change it."""
@@ -69,7 +85,7 @@ def unit_view(text: str | None, secret_names: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def _last_start(lines: Sequence[str]) -> dict[str, Any] | None:
+def _last_start(lines: Sequence[str]) -> StartFigures | None:
     """The newest start's figures; the failure line it quotes with secret values replaced."""
     if not lines:
         return None
@@ -80,12 +96,12 @@ def _last_start(lines: Sequence[str]) -> dict[str, Any] | None:
     return figures
 
 
-def backups(req: Request) -> dict[str, Any]:
+def backups(req: Request) -> BackupsAnswer:
     """Newest first, each with its flag differences against the installed unit."""
     files = UnitFiles(req.unit_dir)
     installed = files.read(req.unit) or ""
     now_flags = _flags(installed) or {}
-    rows = []
+    rows: list[BackupRow] = []
     for b in files.backups(req.unit):
         text = b.path.read_text(encoding="utf-8", errors="replace")
         changes = redact_changes(diff_flags(_flags(text) or {}, now_flags))
@@ -101,13 +117,13 @@ def backups(req: Request) -> dict[str, Any]:
     return {"unit": req.unit, "installed_sha256": sha256(installed) if installed else None, "backups": rows}
 
 
-def status(req: Request) -> dict[str, Any]:
+def status(req: Request) -> StatusAnswer:
     """The unit's state, the change running, the last one's outcome; with req.txn, that one's too."""
     state_dir = StateDir(req.state_dir)
     record = recovery.record_state(state_dir, req.unit)
     txn = state_dir.last_txn(req.unit)
     events = _events(state_dir, txn) if txn else []
-    answer = {
+    answer: StatusAnswer = {
         "state": _state(req.unit),
         "running": runner.running(req),
         "last_txn": txn,
@@ -122,15 +138,15 @@ def status(req: Request) -> dict[str, Any]:
     return answer
 
 
-def _events(state_dir: StateDir, txn: str) -> list[dict[str, Any]]:
+def _events(state_dir: StateDir, txn: str) -> list[EventJson]:
     return [json.loads(line) for line in state_dir.read_events(txn)]
 
 
-def _outcome(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _outcome(events: list[EventJson]) -> EventJson | None:
     return next((e for e in reversed(events) if e.get("kind") == "outcome"), None)
 
 
-def _flags(text: str | None) -> dict[str, Any] | None:
+def _flags(text: str | None) -> dict[str, FlagValue] | None:
     """The unit's SGLang flags; None for a unit deployctl cannot read (hand-edited oddly), never a crash."""
     if not text:
         return None
@@ -140,15 +156,15 @@ def _flags(text: str | None) -> dict[str, Any] | None:
         return None
 
 
-def _state(unit: str) -> dict[str, Any] | None:
+def _state(unit: str) -> UnitStateData | None:
     try:
         with Systemd() as sd:
-            return sd.unit_state(unit).__dict__
+            return cast(UnitStateData, sd.unit_state(unit).__dict__)
     except SystemdError:
         return None
 
 
-def _gpus() -> list[dict[str, Any]]:
+def _gpus() -> list[GpuRow]:
     if shutil.which("nvidia-smi") is None:
         return []
     argv = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"]
@@ -156,9 +172,9 @@ def _gpus() -> list[dict[str, Any]]:
         text = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    rows = []
+    rows: list[GpuRow] = []
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 4:
-            rows.append({"index": parts[0], "name": parts[1], "total_mib": parts[2], "used_mib": parts[3]})
+            rows.append(GpuRow(index=parts[0], name=parts[1], total_mib=parts[2], used_mib=parts[3]))
     return rows

@@ -11,7 +11,7 @@ from agent.host.decide import Action, Failure, Gate, Observation, Verdict, decid
 from agent.host.events import EventLog
 from agent.protocol import Stage
 from agent.sglang.logs.events import GENERIC_FAILURE_KINDS, EngineTimings, GraphEnd
-from agent.sglang.logs.summary import SummaryBuilder
+from agent.sglang.logs.summary import StartFigures, SummaryBuilder
 from agent.sglang.redact import redact_log_line
 
 STATE_POLL_S = 0.05  # one unit_state call costs ~1 ms; a crash is seen within this
@@ -59,7 +59,7 @@ class WatchedStart:
 @dataclass
 class WatchResult:
     verdict: Verdict
-    summary: dict[str, Any]
+    summary: StartFigures
     seconds: float
 
 
@@ -69,7 +69,7 @@ class _Start:
     def __init__(self, t0: float, log: EventLog, stage: Stage) -> None:
         self.builder = SummaryBuilder()
         self.log, self.stage = log, stage
-        self.summary: dict[str, Any] = self.builder.summary().to_dict()
+        self.summary = self.builder.summary().to_dict()
         self.graphs: dict[str | None, float] = {}
         self.phase, self.lines, self.last_text = "starting", 0, ""
         self.last_line_at, self.last_progress = t0, t0  # the first periodic line after a second
@@ -111,7 +111,7 @@ class _Start:
             self.log.emit(self.stage, "progress", line, phase=self.phase, percent=pct, line=line)
 
     def observe(self, now: float, t0: float, state: Any, n_restarts0: int) -> Observation:
-        failure = self.summary.get("failure") or {}
+        failure = self.summary.get("failure")
         return Observation(
             now=now,
             restarted_at=t0,
@@ -119,8 +119,8 @@ class _Start:
             weights_done_at=self.weights_done_at,
             pool_at=self.pool_at,
             kv_tokens=self.summary.get("kv_tokens"),
-            failure_kind=failure.get("kind"),
-            failure_line=failure.get("line"),
+            failure_kind=failure["kind"] if failure else None,
+            failure_line=failure["line"] if failure else None,
             ready=bool(self.summary.get("ready")),
             active_state=state.active_state,
             sub_state=state.sub_state,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 Family = Literal["mha", "mla", "dsa", "swa", "linear"]
@@ -383,6 +383,39 @@ def check_numbers(config: Mapping[str, Any], where: str = "config.json") -> None
                 raise ValueError(f"{where}: {path} = {value:.6g} is out of range ({lo:,} to {hi:,})")
 
 
+@dataclass(frozen=True)
+class _Common:
+    """The KVLayout fields every family fills the same way."""
+
+    arch: str
+    multimodal: bool
+    multimodal_off_by_default: bool
+    model_type: str
+    dtype_bytes: int
+    kv_quant_fp8: bool
+    context_len: int
+    nextn_layers: int
+    vit_layers: int
+    vit_hidden: int
+
+
+@dataclass(frozen=True)
+class _Heads:
+    """An attention layer's KV shape (MHA, SWA's full layers, the attention layers of linear hybrids)."""
+
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class _Latent:
+    """An MLA layer's KV shape: the compressed latent and the rope part."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+
+
 def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayout:
     """config.json (as published) -> KVLayout.
 
@@ -393,6 +426,31 @@ def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayou
     if not isinstance(archs, Sequence) or not archs or not isinstance(archs[0], str):
         raise ValueError("config.json has no 'architectures' list")
     arch = archs[0]
+    _refuse(arch)
+    text = text_config(config)
+    common = _common(config, text, arch, is_draft)
+    if arch in MAMBA2_ARCHS:
+        return _mamba2(text, common)
+    layers = _int(text, "num_hidden_layers", arch)
+    if arch in MLA_ARCHS or (arch == "PixtralForConditionalGeneration" and text.get("kv_lora_rank")):
+        return _latent_layout(text, layers, common)
+    heads = _mha_heads(text, arch)
+    if arch in GDN_ARCHS:
+        return _gdn(text, layers, heads, common)
+    if arch in HYBRID_SWA_ARCHS or text.get("is_hybrid_swa"):
+        return _swa(text, arch, layers, heads, common)
+    return KVLayout(
+        family="mha",
+        layers=layers,
+        kv_layers=tuple(range(layers)),
+        **asdict(heads),
+        **asdict(common),
+        swa_disabled_by_sglang=_swa_off(arch, text),
+    )
+
+
+def _refuse(arch: str) -> None:
+    """Unsupported for the architectures whose pools SGLang sizes in a way this module does not follow."""
     if arch in REFUSED:
         raise Unsupported(f"{arch}: SGLang 0.5.23 sizes {REFUSED[arch]}, which deployctl does not follow")
     if arch in SWA_COMPRESS_ARCHS:
@@ -400,53 +458,46 @@ def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayou
             f"{arch}: SGLang 0.5.23 sizes its sliding-window pool with separate global and sliding head "
             "shapes (is_hybrid_swa_compress), which deployctl does not follow yet"
         )
-    text = text_config(config)
+
+
+def _common(config: Mapping[str, Any], text: Mapping[str, Any], arch: str, is_draft: bool) -> _Common:
     # configs/model_config.py: multimodal when the arch is listed or the LM config is a sub-config
     # (has_multimodal_subconfig); Gemma 3, Llama 4, Step3-VL turn it off unless --enable-multimodal.
     structural = arch in MULTIMODAL_ARCHS or lm_subconfig(config) is not None
-    common: dict[str, Any] = {
-        "arch": arch,
-        "multimodal": structural and not is_draft,
-        "multimodal_off_by_default": arch in MM_OFF_BY_DEFAULT,
-        "model_type": str(config.get("model_type") or ""),
-        "dtype_bytes": _dtype_bytes(config, text),
-        "kv_quant_fp8": _kv_quant_fp8(config, text),
-        "context_len": context_length(text),
-        "nextn_layers": int(text.get("num_nextn_predict_layers") or 0),
-    }
-    common["vit_layers"], common["vit_hidden"] = _vision(config)
-    if arch in MAMBA2_ARCHS:
-        return _mamba2(text, common)
-    layers = _int(text, "num_hidden_layers", arch)
-    everything = tuple(range(layers))
-    if arch in MLA_ARCHS or (arch == "PixtralForConditionalGeneration" and text.get("kv_lora_rank")):
-        mla: dict[str, Any] = {
-            "kv_lora_rank": _int(text, "kv_lora_rank", arch),
-            "qk_rope_head_dim": _int(text, "qk_rope_head_dim", arch),
-        }
-        if arch in DSA_ARCHS and text.get("index_topk") is not None:
-            return KVLayout(
-                family="dsa",
-                layers=layers,
-                kv_layers=everything,
-                **mla,
-                **common,
-                dsa_index_head_dim=_int(text, "index_head_dim", arch),
-                dsa_shared_layers=sum(_dsa_skips_topk(text, i) for i in range(layers)),
-                dsa_index_kpool=int(text.get("index_kpool") or 1),
-            )
-        if arch in KDA_ARCHS:
-            return _kda(text, layers, mla, common)
-        return KVLayout(family="mla", layers=layers, kv_layers=everything, **mla, **common)
-    heads = _mha_heads(text, arch)
-    if arch in GDN_ARCHS:
-        return _gdn(text, layers, heads, common)
-    if arch in HYBRID_SWA_ARCHS or text.get("is_hybrid_swa"):
-        return _swa(text, arch, layers, heads, common)
-    why = _swa_off(arch, text)
-    return KVLayout(
-        family="mha", layers=layers, kv_layers=everything, **heads, **common, swa_disabled_by_sglang=why
+    vit_layers, vit_hidden = _vision(config)
+    return _Common(
+        arch=arch,
+        multimodal=structural and not is_draft,
+        multimodal_off_by_default=arch in MM_OFF_BY_DEFAULT,
+        model_type=str(config.get("model_type") or ""),
+        dtype_bytes=_dtype_bytes(config, text),
+        kv_quant_fp8=_kv_quant_fp8(config, text),
+        context_len=context_length(text),
+        nextn_layers=int(text.get("num_nextn_predict_layers") or 0),
+        vit_layers=vit_layers,
+        vit_hidden=vit_hidden,
     )
+
+
+def _latent_layout(text: Mapping[str, Any], layers: int, common: _Common) -> KVLayout:
+    """MLA, with DSA's indexer where the architecture carries one, or Kimi Linear's KDA layers."""
+    arch = common.arch
+    mla = _Latent(_int(text, "kv_lora_rank", arch), _int(text, "qk_rope_head_dim", arch))
+    everything = tuple(range(layers))
+    if arch in DSA_ARCHS and text.get("index_topk") is not None:
+        return KVLayout(
+            family="dsa",
+            layers=layers,
+            kv_layers=everything,
+            **asdict(mla),
+            **asdict(common),
+            dsa_index_head_dim=_int(text, "index_head_dim", arch),
+            dsa_shared_layers=sum(_dsa_skips_topk(text, i) for i in range(layers)),
+            dsa_index_kpool=int(text.get("index_kpool") or 1),
+        )
+    if arch in KDA_ARCHS:
+        return _kda(text, layers, mla, common)
+    return KVLayout(family="mla", layers=layers, kv_layers=everything, **asdict(mla), **asdict(common))
 
 
 def _dsa_skips_topk(cfg: Mapping[str, Any], layer: int) -> bool:
@@ -467,14 +518,14 @@ def _dsa_skips_topk(cfg: Mapping[str, Any], layer: int) -> bool:
     return max(layer - 1, 0) % freq != 0
 
 
-def _mha_heads(text: Mapping[str, Any], arch: str) -> dict[str, Any]:
+def _mha_heads(text: Mapping[str, Any], arch: str) -> _Heads:
     """configs/model_config.py: head_dim defaults to hidden/heads, v_head_dim to head_dim, kv heads to
     attention heads."""
     heads = _int(text, "num_attention_heads", arch)
     head_dim = text.get("head_dim") or _int(text, "hidden_size", arch) // heads
     kv_heads = text.get("num_key_value_heads") or heads
     v_head_dim = text.get("v_head_dim") or head_dim
-    return {"kv_heads": int(kv_heads), "head_dim": int(head_dim), "v_head_dim": int(v_head_dim)}
+    return _Heads(int(kv_heads), int(head_dim), int(v_head_dim))
 
 
 def _swa_off(arch: str, text: Mapping[str, Any]) -> str | None:
@@ -488,9 +539,7 @@ def _swa_off(arch: str, text: Mapping[str, Any]) -> str | None:
     return f"{arch} is not a hybrid-SWA architecture in configs/model_config.py: every layer is full size"
 
 
-def _swa(
-    text: Mapping[str, Any], arch: str, layers: int, heads: dict[str, Any], common: dict[str, Any]
-) -> KVLayout:
+def _swa(text: Mapping[str, Any], arch: str, layers: int, heads: _Heads, common: _Common) -> KVLayout:
     """configs/model_config.py get_hybrid_layer_ids and get_swa_num_kv_heads."""
     if arch == _LLAMA4:
         swa = tuple(i for i in range(layers) if (i + 1) % 4 != 0)
@@ -502,9 +551,9 @@ def _swa(
         swa = tuple(i for i, t in enumerate(types[:layers]) if t == "sliding_attention")
     full = tuple(i for i in range(layers) if i not in set(swa))
     if not swa:
-        return KVLayout(family="mha", layers=layers, kv_layers=full, **heads, **common)
-    swa_heads = text.get("swa_num_key_value_heads") or heads["kv_heads"]
-    swa_head_dim = text.get("swa_head_dim") or heads["head_dim"]
+        return KVLayout(family="mha", layers=layers, kv_layers=full, **asdict(heads), **asdict(common))
+    swa_heads = text.get("swa_num_key_value_heads") or heads.kv_heads
+    swa_head_dim = text.get("swa_head_dim") or heads.head_dim
     window = text.get("sliding_window") or text.get("attention_chunk_size")
     return KVLayout(
         family="swa",
@@ -515,8 +564,8 @@ def _swa(
         swa_head_dim=int(swa_head_dim),
         swa_v_head_dim=int(text.get("swa_v_head_dim") or swa_head_dim),
         sliding_window=int(window) if window else None,
-        **heads,
-        **common,
+        **asdict(heads),
+        **asdict(common),
     )
 
 
@@ -525,7 +574,7 @@ def _ssm_bytes(text: Mapping[str, Any]) -> int:
     return _DTYPE_BYTES.get(str(text.get("mamba_ssm_dtype") or "float32"), 4)
 
 
-def _gdn(text: Mapping[str, Any], layers: int, heads: dict[str, Any], common: dict[str, Any]) -> KVLayout:
+def _gdn(text: Mapping[str, Any], layers: int, heads: _Heads, common: _Common) -> KVLayout:
     """configs/qwen3_next.py: every full_attention_interval-th layer is full attention; the rest GDN."""
     types = text.get("layer_types")
     if isinstance(types, Sequence) and len(types) >= layers:
@@ -543,34 +592,38 @@ def _gdn(text: Mapping[str, Any], layers: int, heads: dict[str, Any], common: di
         conv_kernel=int(text.get("linear_conv_kernel_dim") or 4),
         ssm_dtype_bytes=_ssm_bytes(text),
     )
-    return KVLayout(family="linear", layers=layers, kv_layers=full, linear=linear, **heads, **common)
+    return KVLayout(
+        family="linear", layers=layers, kv_layers=full, linear=linear, **asdict(heads), **asdict(common)
+    )
 
 
-def _mamba2(text: Mapping[str, Any], common: dict[str, Any]) -> KVLayout:
+def _mamba2(text: Mapping[str, Any], common: _Common) -> KVLayout:
     """configs/nemotron_h.py: hybrid_override_pattern, 'M' Mamba2 layers and '*' attention layers."""
     pattern = text.get("hybrid_override_pattern")
     if not isinstance(pattern, str):
-        raise ValueError(f"config.json of {common['arch']} lacks 'hybrid_override_pattern'")
+        raise ValueError(f"config.json of {common.arch} lacks 'hybrid_override_pattern'")
     full = tuple(i for i, c in enumerate(pattern) if c == "*")
     linear = LinearState(
         kind="mamba2",
         layers=tuple(i for i, c in enumerate(pattern) if c == "M"),
-        num_heads=_int(text, "mamba_num_heads", common["arch"]),
-        head_dim=_int(text, "mamba_head_dim", common["arch"]),
-        state_size=_int(text, "ssm_state_size", common["arch"]),
-        n_groups=_int(text, "n_groups", common["arch"]),
+        num_heads=_int(text, "mamba_num_heads", common.arch),
+        head_dim=_int(text, "mamba_head_dim", common.arch),
+        state_size=_int(text, "ssm_state_size", common.arch),
+        n_groups=_int(text, "n_groups", common.arch),
         conv_kernel=int(text.get("conv_kernel") or 4),
         ssm_dtype_bytes=_ssm_bytes(text),
     )
-    heads = _mha_heads(text, common["arch"])
-    return KVLayout(family="linear", layers=len(pattern), kv_layers=full, linear=linear, **heads, **common)
+    heads = _mha_heads(text, common.arch)
+    return KVLayout(
+        family="linear", layers=len(pattern), kv_layers=full, linear=linear, **asdict(heads), **asdict(common)
+    )
 
 
-def _kda(text: Mapping[str, Any], layers: int, mla: dict[str, Any], common: dict[str, Any]) -> KVLayout:
+def _kda(text: Mapping[str, Any], layers: int, mla: _Latent, common: _Common) -> KVLayout:
     """configs/kimi_linear.py: kda_layers (1-based) are linear; the others MLA."""
     cfg = text.get("linear_attn_config")
     if not isinstance(cfg, Mapping):
-        raise ValueError(f"config.json of {common['arch']} lacks 'linear_attn_config'")
+        raise ValueError(f"config.json of {common.arch} lacks 'linear_attn_config'")
     kda = {int(i) - 1 for i in cfg.get("kda_layers") or []}
     heads = int(cfg["num_heads"])
     linear = LinearState(
@@ -584,4 +637,6 @@ def _kda(text: Mapping[str, Any], layers: int, mla: dict[str, Any], common: dict
         ssm_dtype_bytes=_ssm_bytes(text),
     )
     full = tuple(i for i in range(layers) if i not in kda)
-    return KVLayout(family="linear", layers=layers, kv_layers=full, linear=linear, **mla, **common)
+    return KVLayout(
+        family="linear", layers=layers, kv_layers=full, linear=linear, **asdict(mla), **asdict(common)
+    )

@@ -74,7 +74,7 @@ class FlagTable:
         guess = f"; did you mean {' or '.join('--' + c for c in close)}?" if close else ""
         return f"SGLang {self.version} has no flag --{name}{guess}"
 
-    def deprecations(self, flags: Mapping[str, Any]) -> list[str]:
+    def deprecations(self, flags: Mapping[str, object]) -> list[str]:
         return [
             f"--{n} is deprecated in SGLang {self.version}: use {spec.deprecated}"
             for n in flags

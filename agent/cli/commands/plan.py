@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.cli.options import Change, Connection, add_set_arg, add_target_args
 from agent.errors import UsageError
@@ -18,8 +18,10 @@ from agent.output import Output, Style
 if TYPE_CHECKING:
     from agent.inventory import HostConfig
     from agent.plan.choose import Plan, Target
-    from agent.plan.model import Flags, StartFigures
+    from agent.plan.model import Flags
     from agent.plan.startcheck import Planned
+    from agent.sglang.flags import FlagInput
+    from agent.sglang.logs.summary import StartFigures
 
 # plan's exit status: 0 feasible, NOT_FEASIBLE when the plan cannot reach the target (it is printed all the
 # same), 2 bad input, 3 host unreachable. A script can branch on it: `deployctl plan ... && deployctl apply`.
@@ -78,8 +80,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     check_with_sglang_table(host, dict(change.flags))
     host = with_set_flags(host, change, {})[0]
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
-    given, set_aside = checked_starts(args.from_log, planned)
-    history: Sequence[StartFigures] = given
+    history: Sequence[StartFigures]  # the starts that calibrate the plan
+    history, set_aside = checked_starts(args.from_log, planned)
     running: Flags = host.sglang.flags
     asked = _asked(change)
     if not args.from_log and not args.offline:
@@ -98,16 +100,19 @@ def _from_host(
     from agent import deploy  # SSH only when the host is asked
     from agent.apply import calibration_from, with_set_flags
     from agent.plan.from_facts import plan_from_host_facts
+    from agent.protocol import as_facts
     from agent.remote.client import base_request
 
     with deploy.session(Connection.of(args)) as s:
-        facts = with_set_flags(host, change, s.client.call(base_request(s.host, "facts")))[1]
-    history = [dict(h) for h in calibration_from(facts) or []]
+        facts = with_set_flags(host, change, as_facts(s.client.call(base_request(s.host, "facts"))))[1]
+    history = [h.copy() for h in calibration_from(facts) or []]
     running: Flags = facts.get("flags") or host.sglang.flags
     return plan_from_host_facts(host, facts, history, asked), history, running
 
 
-def _printed(out: Output, args: argparse.Namespace, name: str, plan: Plan, running: Flags) -> int:
+def _printed(
+    out: Output, args: argparse.Namespace, name: str, plan: Plan, running: Mapping[str, FlagInput]
+) -> int:
     """Print the plan (JSON, or the notes and the chart) and return its exit status."""
     from agent.report import plan_with_chart
 
@@ -151,7 +156,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
 
 
 def planned_for(
-    arch: str | None, path: str, flags: Mapping[str, Any], gpus: int, card_gib: float | None = None
+    arch: str | None, path: str, flags: Mapping[str, FlagInput], gpus: int, card_gib: float | None = None
 ) -> Planned:
     from agent.plan.startcheck import Planned
 
@@ -163,12 +168,12 @@ def planned_for(
     return Planned(arch, path, tp, pp, str(flags.get("kv-cache-dtype") or "auto"), card_gib)
 
 
-def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[dict[str, Any]], list[str]]:
+def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[StartFigures], list[str]]:
     """The --from-log starts of this model and layout; another model, TP or PP is refused with one line,
     another KV dtype set aside with a note (plan/startcheck.py)."""
     from agent.plan.startcheck import identity, other_dtype, refusal
 
-    kept: list[dict[str, Any]] = []
+    kept: list[StartFigures] = []
     notes: list[str] = []
     for name in names:
         lines = _lines(Path(name))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from agent.sglang.logs import events as ev
 from agent.sglang.logs.events import LogEvent
@@ -43,6 +43,33 @@ _START_ONLY = frozenset(
 )
 
 
+class FailureData(TypedDict):
+    kind: str
+    line: str
+
+
+class StartFigures(TypedDict, total=False):
+    """A start's figures on the wire: StartSummary.to_dict (the keys are a contract), graph_mem_gb where a
+    rank logged its CUDA graphs; the agent's history entries add their transaction's own keys."""
+
+    kv_tokens: int | None
+    kv_size_gb: float | None
+    draft_kv_tokens: int | None
+    max_total_num_tokens: int | None
+    context_len: int | None
+    max_running_requests: int | None
+    avail_mem_before_weights_gb: float | None
+    avail_mem_after_weights_gb: float | None
+    avail_mem_before_pool_gb: float | None
+    available_gpu_mem_gb: float | None
+    mem_fraction_static: float | None
+    ready: bool
+    failure: FailureData | None
+    stopped: bool
+    startup_timings: dict[str, float] | None
+    graph_mem_gb: float
+
+
 @dataclass(frozen=True)
 class StartSummary:
     """What one start said; None where the log does not say. Pool figures are per GPU (per DP rank)."""
@@ -65,15 +92,27 @@ class StartSummary:
     stopped: bool = False  # the main process logged a SIGTERM: the end of this start was asked for
     startup_timings: ev.EngineTimings | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> StartFigures:
         """The machine form (the keys are a contract); k/v sizes stay out of it."""
-        d = dataclasses.asdict(self)
-        del d["k_size_gb"], d["v_size_gb"]
-        d["failure"] = (
-            None if self.failure is None else {"kind": self.failure.failure_kind, "line": self.failure.line}
+        failure = self.failure
+        timings = self.startup_timings
+        return StartFigures(
+            kv_tokens=self.kv_tokens,
+            kv_size_gb=self.kv_size_gb,
+            draft_kv_tokens=self.draft_kv_tokens,
+            max_total_num_tokens=self.max_total_num_tokens,
+            context_len=self.context_len,
+            max_running_requests=self.max_running_requests,
+            avail_mem_before_weights_gb=self.avail_mem_before_weights_gb,
+            avail_mem_after_weights_gb=self.avail_mem_after_weights_gb,
+            avail_mem_before_pool_gb=self.avail_mem_before_pool_gb,
+            available_gpu_mem_gb=self.available_gpu_mem_gb,
+            mem_fraction_static=self.mem_fraction_static,
+            ready=self.ready,
+            failure=None if failure is None else FailureData(kind=failure.failure_kind, line=failure.line),
+            stopped=self.stopped,
+            startup_timings=None if timings is None else timings.to_dict(),
         )
-        d["startup_timings"] = None if self.startup_timings is None else self.startup_timings.to_dict()
-        return d
 
 
 class SummaryBuilder:
@@ -243,7 +282,7 @@ def _min(values: Iterable[float]) -> float | None:
     return min(values, default=None)
 
 
-def start_figures(lines: Iterable[str]) -> dict[str, Any]:
+def start_figures(lines: Iterable[str]) -> StartFigures:
     """A start's summary plus the CUDA-graph memory one rank logged (the planner credits it per request)."""
     builder = SummaryBuilder()
     graphs: dict[str | None, float] = {}
@@ -251,7 +290,7 @@ def start_figures(lines: Iterable[str]) -> dict[str, Any]:
         for event in builder.feed(line):
             if isinstance(event, ev.GraphEnd) and event.usage_gb is not None:
                 graphs[event.rank] = graphs.get(event.rank, 0.0) + event.usage_gb
-    figures: dict[str, Any] = builder.summary().to_dict()
+    figures = builder.summary().to_dict()
     if graphs:
         figures["graph_mem_gb"] = round(max(graphs.values()), 3)
     return figures

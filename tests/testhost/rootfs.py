@@ -34,8 +34,9 @@ DONE_MARK = "etc/deployctl-testhost-recipe"
 
 
 class TestHostUnavailable(RuntimeError):
-    __test__ = False  # an exception, not a pytest class
     """This machine cannot build or boot the test host; the message names what is missing."""
+
+    __test__ = False  # an exception, not a test class for pytest to collect
 
 
 def missing_prerequisites() -> list[str]:

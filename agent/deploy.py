@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
 from agent.cli.options import Change, Connection
@@ -18,7 +18,7 @@ from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_service, units_dir
 from agent.output import Output, Style
 from agent.progress import Progress
-from agent.protocol import BackupsAnswer, Event, Request, StatusAnswer, as_facts, exit_code
+from agent.protocol import BackupsAnswer, Event, Request, StatusAnswer, as_facts, exit_code, new_txn_id
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 
@@ -87,18 +87,26 @@ def confirm(out: Output, yes: bool, host: HostConfig) -> None:
 
 
 def follow(out: Output, s: Session, req: Request, talk: Conversation | None = None) -> Event:
-    """Stream the transaction's events until its outcome; a dropped link says how to re-attach.
+    """Stream the transaction's events until its outcome; a dropped link is re-attached to by itself
+    (remote/follow.py, the follower the fleet uses too), and says how to when that fails.
 
     With `talk`, the request goes to the agent process that answered the facts it was planned from.
     """
+    from agent.remote.follow import NOT_STARTED, Watch, connected
+    from agent.remote.follow import follow as follow_transaction
+
+    if req.txn is None and req.verb in ("apply", "rollback", "recover"):
+        req = replace(req, txn=new_txn_id())  # chosen here: a re-attach then knows this one's outcome
     progress = Progress(out, s.host.name)
-    outcome: Event | None = None
-    events = talk.events(req) if talk is not None else s.client.events(req)
+
+    def lost(why: str) -> None:
+        progress.done()
+        out.note(f"{s.host.name}: connection lost during {req.verb} ({why}); the host goes on alone: "
+                 "re-attaching")  # fmt: skip
+
+    watch = Watch(progress.show, lost, lambda: connected(s.host))
     try:
-        for event in events:
-            progress.show(event)
-            if event.is_outcome:
-                outcome = event
+        outcome = follow_transaction(talk if talk is not None else s.client, s.host, req, watch)
     except ConnectionLost as exc:
         progress.done()
         raise ConnectError(
@@ -107,10 +115,8 @@ def follow(out: Output, s: Session, req: Request, talk: Conversation | None = No
             hint=f"see it with: deployctl status {s.host.name}; re-running the same apply re-attaches",
         ) from None
     progress.done()
-    if outcome is None:
-        raise ConnectError(
-            f"{s.host.name}: the agent ended without an outcome", hint=f"deployctl status {s.host.name}"
-        )
+    if outcome.data.get("outcome") == "not_started":
+        raise ConnectError(f"{s.host.name}: {NOT_STARTED}", hint=f"deployctl status {s.host.name}")
     return outcome
 
 

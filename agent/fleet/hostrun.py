@@ -8,10 +8,8 @@ dropped connection loses nothing: the host finishes on its own and this side re-
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 from agent.apply import allow_context, calibration_from, installed_sha256, with_set_flags
 from agent.cli.options import Change
@@ -25,12 +23,12 @@ from agent.protocol import (
     HostFacts,
     OutcomeData,
     Request,
-    StatusAnswer,
     as_facts,
     new_txn_id,
     unit_sha256,
 )
-from agent.remote.client import AgentClient, Conversation, base_request, open_transport
+from agent.remote.client import AgentClient, Conversation, base_request
+from agent.remote.follow import Watch, connected, follow
 from agent.remote.transport import ConnectionLost
 from agent.render import redact_flags, render_unit, secret_values, template_dir
 from agent.sglang.flags import FlagInput, FlagsError, FlagValue, parse_unit_flags
@@ -38,17 +36,6 @@ from agent.sglang.logs.summary import StartFigures
 from agent.verify import render_checked
 
 Emit = Callable[[str, str], None]  # (phase, message)
-REATTACH_TRIES = 5
-
-
-@contextmanager
-def connected(host: HostConfig) -> Iterator[AgentClient]:
-    """The host's agent over its inventory connection; a fleet run never trusts an unknown host key."""
-    transport = open_transport(host)
-    try:
-        yield AgentClient(transport, host)
-    finally:
-        transport.close()
 
 
 def _flags(text: str | None) -> dict[str, FlagValue]:
@@ -242,73 +229,24 @@ class _Applied:
 def follow_outcome(
     client: AgentClient, host: HostConfig, req: Request, emit: Emit, talk: Conversation | None = None
 ) -> tuple[str, OutcomeData]:
-    """The transaction's outcome (message, data with "outcome"); re-attaches after a dropped link.
+    """The transaction's outcome (message, data with "outcome"), re-attaching after a dropped link
+    (remote/follow.py, the follower deploy uses too); steps and warnings go to emit.
 
     With `talk`, the request goes to the agent process that answered the facts it was planned from.
     """
-    ours: set[str] = {req.txn} if req.txn else set()  # and any the host answered with (a re-attach)
-    try:
-        return _stream(talk.events(req) if talk is not None else client.events(req), emit, ours)
-    except ConnectionLost as exc:
-        emit("reattach", f"connection lost ({exc.message}); the host goes on alone, re-attaching")
-    seen_unstarted = False
-    for attempt in range(REATTACH_TRIES):
-        time.sleep(min(2.0 * (attempt + 1), 10.0))
-        try:
-            with connected(host) as again:
-                found = reattach(
-                    cast(StatusAnswer, again.call(base_request(host, "status", txn=req.txn))), ours
-                )
-                if isinstance(found, str):
-                    return _stream(again.events(base_request(host, "follow", txn=found)), emit, ours)
-                # "not started" twice: the first answer may come while the request is still being read
-                if found is not None and (found[0] != NOT_STARTED or seen_unstarted):
-                    return found
-                seen_unstarted = found is not None
-        except ConnectError:
-            continue
-    raise ConnectionLost(f"{host.name}: could not re-attach to the transaction")
 
-
-NOT_STARTED = (
-    "the transaction never started on the host (the link dropped before it began): this run changed "
-    "nothing there; re-run"
-)
-
-
-def reattach(status: StatusAnswer, ours: set[str]) -> str | tuple[str, OutcomeData] | None:
-    """After a dropped link, from the host's status: the transaction to follow (its id), its outcome
-    (message, data), or None to ask again. Only an outcome of this run's own transaction counts: another
-    one's (an earlier apply, a cron run) would make an untouched host look applied."""
-    running = (status.get("running") or {}).get("txn")
-    if running in ours:
-        return str(running)
-    last = status.get("last_outcome")
-    asked = status.get("txn")
-    for outcome in (
-        last if last and last.get("txn") in ours else None,
-        asked.get("outcome") if asked else None,
-    ):
-        if outcome:
-            return str(outcome.get("message", "")), cast(OutcomeData, {**outcome.get("data", {})})
-    if asked and asked.get(
-        "known"
-    ):  # asked for and not finished: its runner is starting, or died (follow recovers)
-        return None if running else str(asked["id"])
-    return NOT_STARTED, {"outcome": "not_started"}
-
-
-def _stream(events: Iterator[Event], emit: Emit, ours: set[str] | None = None) -> tuple[str, OutcomeData]:
-    outcome: Event | None = None
-    for event in events:
-        if ours is not None and event.txn not in ("", "-"):
-            ours.add(event.txn)
-        if event.is_outcome:
-            outcome = event
-        elif event.kind in ("step", "warning"):
+    def on_event(event: Event) -> None:
+        if event.kind in ("step", "warning"):
             emit(event.stage, event.message)
-    if outcome is None:
-        raise ConnectionLost("the agent ended without an outcome")
+
+    def lost(why: str) -> None:
+        emit("reattach", f"connection lost ({why}); the host goes on alone, re-attaching")
+
+    watch = Watch(on_event, lost, lambda: connected(host), lambda s: time.sleep(s))
+    try:
+        outcome = follow(talk if talk is not None else client, host, req, watch)
+    except ConnectionLost as exc:
+        raise ConnectionLost(f"{host.name}: {exc.message}") from None
     return outcome.message, outcome.outcome_data().copy()
 
 

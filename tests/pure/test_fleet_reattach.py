@@ -98,5 +98,6 @@ def test_a_request_the_host_was_still_reading_is_asked_after_again(monkeypatch) 
 
 def test_not_started_fails_the_host() -> None:
     from agent.fleet.results import HostResult
+    from agent.remote.follow import NOT_STARTED
 
-    assert HostResult("h", "not_started", hostrun.NOT_STARTED).failed
+    assert HostResult("h", "not_started", NOT_STARTED).failed

@@ -317,7 +317,8 @@ def test_the_inventory_plugin_serves_the_same_hosts_and_groups(tmp_path: Path) -
     units.mkdir()
     base = (Path(__file__).resolve().parents[2] / "units/ct200-sim.toml").read_text()
     (units / "a.toml").write_text('groups = ["ct-fleet", "blackwell"]\n' + base)
-    (units / "b.toml").write_text('groups = ["ct-fleet"]\n' + base)
+    other = base.replace('target = "ct200-sim"', 'target = "ct200-b"')  # one service per host here
+    (units / "b.toml").write_text('groups = ["ct-fleet"]\n' + other)
     (tmp_path / "fleet.deployctl.yml").write_text("plugin: deployctl.sglang.units\nunits_dir: units\n")
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTION.parents[2])}
     argv = [str(BIN / "ansible-inventory"), "-i", str(tmp_path / "fleet.deployctl.yml"), "--list"]
@@ -328,7 +329,7 @@ def test_the_inventory_plugin_serves_the_same_hosts_and_groups(tmp_path: Path) -
     assert listing["blackwell"]["hosts"] == ["a"]
     folder = listing["_meta"]["hostvars"]["a"]["deployctl_units_dir"]
     assert str(units) in (folder, folder.get("__ansible_unsafe") if isinstance(folder, dict) else None)
-    (units / "b.toml").write_text('groups = ["all"]\n' + base)  # a bad host file: Ansible says which
+    (units / "b.toml").write_text('groups = ["all"]\n' + other)  # a bad host file: Ansible says which
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert "b.toml: groups" in proc.stderr
 

@@ -234,8 +234,8 @@ def _dflash_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, par: 
     if inp.draft is None:
         raise UsageError("DFLASH / DSPARK: the facts need the draft's config.json (draft)")
     draft = read_layout(inp.draft.config, is_draft=True)
-    dflash = inp.draft.config.get("dflash_config")
-    ids = dflash.get("target_layer_ids") if isinstance(dflash, Mapping) else None
+    dflash = inp.draft.config.sub("dflash_config")
+    ids = dflash.value("target_layer_ids") if dflash is not None else None
     if isinstance(ids, list) and any(not isinstance(i, int) or not 0 <= i < layout.layers for i in ids):
         # speculative/dflash_utils.py resolve_target_layer_ids: SGLang refuses the start.
         raise ValueError(
@@ -422,9 +422,8 @@ def attention_backend(inp: PlanInput, layout: KVLayout, par: Parallel) -> str | 
 
 def _total_kv_heads(model: ModelInput) -> int:
     """configs/model_config.py get_total_num_kv_heads of the text config (MLA models list theirs too)."""
-    text = model.config.get("text_config")
-    text = text if isinstance(text, Mapping) else model.config
-    return int(text.get("num_key_value_heads") or text.get("num_attention_heads") or 0)
+    text = model.config.sub("text_config") or model.config
+    return int(text.number("num_key_value_heads") or text.number("num_attention_heads") or 0)
 
 
 @dataclass(frozen=True)

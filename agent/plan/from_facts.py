@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -32,6 +32,9 @@ from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
 from agent.sglang.kvpool import GIB
 from agent.sglang.pools import DsaBackends, Parallel
+
+if TYPE_CHECKING:
+    from agent.protocol import HostFacts
 
 EAGLE_STYLE = kvpool.EAGLE_STYLE
 DFLASH_FAMILY = kvpool.DFLASH_FAMILY
@@ -638,7 +641,7 @@ ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
 def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostConfig:
     """The inventory-shaped view the plan's notes and alternatives read (no SSH: it is never contacted)."""
-    data: dict[str, Any] = {
+    data: dict[str, object] = {  # HostConfig's own shape, validated by it below
         "name": inp.name,
         "ssh": {"target": "local"},
         "gpus": {"count": len(inp.gpus), "memory_gib": inp.gpu.memory_gib, "name": inp.gpu.name},
@@ -657,10 +660,10 @@ def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostCon
         raise UsageError(f"{inp.name}: {where}: {err['msg']}") from None
 
 
-def _model_view(inp: PlanInput, layout: KVLayout) -> dict[str, Any]:
+def _model_view(inp: PlanInput, layout: KVLayout) -> dict[str, object]:
     """The [model] figures of the layout, for the alternatives' cell ratios and the refusals."""
     par = parallel(inp)
-    model: dict[str, Any] = {
+    model: dict[str, object] = {
         "path": inp.model.path or "/facts/model",
         "dtype_bytes": layout.dtype_bytes,
         "max_context": layout.context_len if inp.model.context_known else None,
@@ -677,12 +680,12 @@ def _model_view(inp: PlanInput, layout: KVLayout) -> dict[str, Any]:
     return model
 
 
-def _draft_view(inp: PlanInput) -> dict[str, Any] | None:
+def _draft_view(inp: PlanInput) -> dict[str, object] | None:
     """The [draft] of the speculative algorithm, with its figures when its config.json is known."""
     algorithm = str(_flag(inp.flags, "speculative-algorithm") or "").upper()
     if not algorithm:
         return None
-    draft: dict[str, Any] = {"algorithm": algorithm, "path": "/facts/draft"}
+    draft: dict[str, object] = {"algorithm": algorithm, "path": "/facts/draft"}
     if inp.draft is None or algorithm == "NGRAM":
         return draft
     try:
@@ -760,24 +763,25 @@ def _state_notes(inp: PlanInput, fm: FactsModel, plan: Plan) -> list[str]:
 
 def plan_from_host_facts(
     host: HostConfig,
-    facts: Mapping[str, Any],
+    facts: HostFacts,
     calibration: Sequence[StartFigures] | None,
     asked: Target,
 ) -> Plan | None:
     """The plan from what the host's agent read (config.json, safetensors headers, nvidia-smi), the
     inventory's figures overriding; None when the host gave no config.json (plan_for_host plans then)."""
-    doc = facts.get("model_facts")
-    if not isinstance(doc, Mapping):
+    given = facts.get("model_facts")
+    if not isinstance(given, Mapping):
         return None
-    doc = dict(doc)
-    if not (doc.get("sglang") or {}).get("version"):
+    doc: dict[str, object] = dict(given)  # the facts document, as parse_facts reads it
+    if not (given.get("sglang") or {}).get("version"):
         doc["sglang"] = {"version": host.sglang.version}
-    inventory_gpus = not doc.get("gpus")
-    if inventory_gpus:  # no nvidia-smi on the host: the inventory's cards
+    rows = given.get("gpus")
+    inventory_gpus = not rows
+    if not rows:  # no nvidia-smi on the host: the inventory's cards
         card = {"name": host.gpus.name, "memory_total_mib": host.gpus.memory_gib * 1024}
         doc["gpus"] = [card] * host.gpus.count
     else:  # the host's GPUs: only this service's own
-        doc["gpus"] = service_gpus(doc["gpus"], host)
+        doc["gpus"] = service_gpus(rows, host)
     inp = plan_input_from_host(host, parse_facts(doc, name=f"{host.name} (host facts)"),
                                starts=tuple(calibration or ()))  # fmt: skip
     if inventory_gpus:

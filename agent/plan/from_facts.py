@@ -473,7 +473,10 @@ def _fitted(
     if starts:
         return _calibrated(starts, shaped, notes, _Fit(inp.flags, _origin(inp), _figure_gaps(inp)))
     elif memory:  # a start that died before its pool still tells pre and post
-        pre, post = float(memory[-1]["avail_mem_before_weights_gb"]), float(_post(memory[-1]) or 0.0)
+        pre, post = (
+            float(memory[-1].get("avail_mem_before_weights_gb") or 0.0),
+            float(_post(memory[-1]) or 0.0),
+        )
         notes.append(
             f"pre {pre:.2f} GiB and post {post:.2f} GiB from the last start's memory lines "
             "(it logged no pool: the cell is the architecture's)"

@@ -26,7 +26,7 @@ LONG = 40
 # raised the first two to 208 / 15; one planning path (agent/plan/), the wire's answers and outcomes typed
 # (protocol.py's TypedDicts) and the long functions split brought them to the ceilings below, which may
 # only fall from here.
-CEILINGS = {"untyped": 41, "long_functions": 0, "private_imports": 0, "flat_modules": 13}
+CEILINGS = {"untyped": 39, "long_functions": 0, "private_imports": 0, "flat_modules": 13}
 
 
 @dataclass(frozen=True)

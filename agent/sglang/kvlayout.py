@@ -289,11 +289,9 @@ def context_length(cfg: ModelConfig) -> int:
     rope = cfg.sub("rope_scaling")
     factor: float = 1
     if rope is not None and rope.data:
-        given = rope.number("factor")
-        if given is not None and not (
-            rope.has("original_max_position_embeddings") or rope.value("rope_type") == "llama3"
-        ):
-            factor = given
+        overridden = rope.has("original_max_position_embeddings") or rope.value("rope_type") == "llama3"
+        given = None if overridden else rope.number("factor")
+        factor = 1 if given is None else given
     for key in (
         "max_sequence_length",
         "seq_length",

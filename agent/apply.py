@@ -201,7 +201,7 @@ def _readable_flags(text: str) -> dict[str, FlagValue]:
 
 def _next_plan(host: HostConfig, context: int, outcome: Event) -> Plan | None:
     """After a rejected change, re-plan from what that very start measured."""
-    summary = outcome.data.get("summary") or {}
+    summary: StartFigures = outcome.data.get("summary") or StartFigures()
     if outcome.data.get("outcome") not in ("rolled_back", "rollback_failed") or not summary.get("kv_tokens"):
         return None
     try:

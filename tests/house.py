@@ -24,9 +24,10 @@ UNTYPED = re.compile(r"\b(?:Mutable)?(?:dict|Mapping|Dict)\[str, *(?:typing\.)?A
 LONG = 40
 # Measured on a498560: 177 / 11 / 4 / 13. This round's merged work (drain, CPU planning, flag table, secrets)
 # raised the first two to 208 / 15; one planning path (agent/plan/), the wire's answers and outcomes typed
-# (protocol.py's TypedDicts) and the long functions split brought them to the ceilings below, which may
-# only fall from here.
-CEILINGS = {"untyped": 80, "long_functions": 0, "private_imports": 0, "flat_modules": 13}
+# (protocol.py's TypedDicts) and the long functions split brought them to 80 / 0; config.json read through
+# one typed reader (agent/sglang/config_json.py ModelConfig) by kvlayout and the planner, to the ceilings
+# below, which may only fall from here.
+CEILINGS = {"untyped": 37, "long_functions": 0, "private_imports": 0, "flat_modules": 13}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import struct
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, TypedDict
+from typing import BinaryIO, TypedDict
 
 from agent.sglang.flags import FlagInput, FlagsError, parse_unit, unit_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env, redact_log_line
@@ -43,7 +43,7 @@ class GpuCard(TypedDict, total=False):
 class ModelFact(TypedDict):
     """A local checkpoint folder: its config.json as published and its tensors' bytes."""
 
-    config: dict[str, Any]  # json.loads of config.json: read_config parses it
+    config: dict[str, object]  # json.loads of config.json: read_config parses it
     weights_bytes: int | None
     path: str
 
@@ -143,7 +143,7 @@ def weights_bytes(model_dir: Path) -> int | None:
     return sum(s for s in sizes if s is not None)
 
 
-def read_config(model_dir: Path) -> dict[str, Any] | None:
+def read_config(model_dir: Path) -> dict[str, object] | None:
     path = model_dir / "config.json"
     try:
         with open_regular(path) as f:

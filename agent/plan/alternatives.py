@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.model import Flags, PoolModel, architecture_cell, flag, parallelism, version
@@ -22,7 +21,7 @@ class Alternative:
     reaches_target: bool
     effect: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:  # the JSON object `plan --json` prints
         return asdict(self)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.alternatives import Alternative, Need, alternatives
@@ -66,7 +65,7 @@ class Plan:
             flags["max-total-tokens"] = self.max_total_tokens
         return flags
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:  # the JSON object `plan --json` prints
         data = asdict(self)
         data["alternatives"] = [a.to_dict() for a in self.alternatives]
         data["notes"], data["warnings"] = list(self.notes), list(self.warnings)

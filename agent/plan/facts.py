@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agent.errors import UsageError
 from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
 from agent.plan.model import StartFigures
+from agent.sglang.config_json import ModelConfig
 
 FORMAT = "deployctl-facts/1"
 MIB = 2**20
@@ -41,7 +42,7 @@ class SglangFact(_Open):
 
 
 class ModelFact(_Open):
-    config: dict[str, Any]
+    config: dict[str, object]  # config.json as decoded: ModelConfig reads it
     weights_bytes: int | None = Field(default=None, ge=0, le=2**46)  # 64 TiB: a whole checkpoint, all ranks
     path: str | None = None
 
@@ -74,12 +75,17 @@ class Gpu:
 class ModelInput:
     """One checkpoint: its config.json and its tensors' bytes (whole checkpoint, all ranks together)."""
 
-    config: Mapping[str, Any]
+    config: ModelConfig
     weights_bytes: int | None
     path: str | None = None
     # False: the config does not state the model's context (an inventory without model.max_context), so
     # SGLang's refusal of a longer one is not predicted (its 2048 fallback would be a guess)
     context_known: bool = True
+
+    def __post_init__(self) -> None:
+        # A config.json handed in as decoded (a tool's, a test's) is wrapped here, once.
+        if not isinstance(self.config, ModelConfig):
+            object.__setattr__(self, "config", ModelConfig.of(self.config))
 
 
 @dataclass(frozen=True)
@@ -145,8 +151,8 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
             for g in facts.gpus
         ),
         sglang_version=facts.sglang.version,
-        model=_model(facts.model),
-        draft=_model(facts.draft) if facts.draft is not None else None,
+        model=_model(facts.model, "config.json"),
+        draft=_model(facts.draft, "the draft's config.json") if facts.draft is not None else None,
         flags=dict(facts.flags),
         env=dict(facts.env),
         starts=starts,
@@ -155,8 +161,8 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
     )
 
 
-def _model(m: ModelFact) -> ModelInput:
-    return ModelInput(config=m.config, weights_bytes=m.weights_bytes, path=m.path)
+def _model(m: ModelFact, where: str) -> ModelInput:
+    return ModelInput(config=ModelConfig(m.config, where), weights_bytes=m.weights_bytes, path=m.path)
 
 
 def _sources(facts: FactsFile, name: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ keeps the plan below it. A start that failed before its pool (weights) says noth
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from agent.plan.model import PoolModel, StartFigures
@@ -28,15 +28,16 @@ def failed_starts(starts: Sequence[StartFigures], requests: int, context: int) -
     """The starts that ran out of memory after their pool was built, at a known fraction."""
     found = []
     for s in starts:
-        failure = s.get("failure") or {}
+        failure: Mapping[str, object] = s.get("failure") or {}
         kind, line = str(failure.get("kind") or ""), str(failure.get("line") or "")
         graphs = kind == "cuda_graph_failed" or "graph" in line.lower()
         if kind not in _OUT_OF_MEMORY or (kind == "cuda_graph_failed" and "memory" not in line.lower()):
             continue
-        if not s.get("mem_fraction_static") or not (s.get("kv_tokens") or graphs):
+        fraction = s.get("mem_fraction_static")
+        if not fraction or not (s.get("kv_tokens") or graphs):
             continue  # no fraction, or it died loading the weights: the fraction was not the cause
         found.append(FailedStart(
-            float(s["mem_fraction_static"]), graphs,
+            float(fraction), graphs,
             int(s.get("max_running_requests") or requests), int(s.get("context_len") or context),
         ))  # fmt: skip
     return found

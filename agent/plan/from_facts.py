@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -32,6 +32,9 @@ from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
 from agent.sglang.kvpool import GIB
 from agent.sglang.pools import DsaBackends, Parallel
+
+if TYPE_CHECKING:
+    from agent.protocol import HostFacts
 
 EAGLE_STYLE = kvpool.EAGLE_STYLE
 DFLASH_FAMILY = kvpool.DFLASH_FAMILY
@@ -234,8 +237,8 @@ def _dflash_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, par: 
     if inp.draft is None:
         raise UsageError("DFLASH / DSPARK: the facts need the draft's config.json (draft)")
     draft = read_layout(inp.draft.config, is_draft=True)
-    dflash = inp.draft.config.get("dflash_config")
-    ids = dflash.get("target_layer_ids") if isinstance(dflash, Mapping) else None
+    dflash = inp.draft.config.sub("dflash_config")
+    ids = dflash.value("target_layer_ids") if dflash is not None else None
     if isinstance(ids, list) and any(not isinstance(i, int) or not 0 <= i < layout.layers for i in ids):
         # speculative/dflash_utils.py resolve_target_layer_ids: SGLang refuses the start.
         raise ValueError(
@@ -422,9 +425,8 @@ def attention_backend(inp: PlanInput, layout: KVLayout, par: Parallel) -> str | 
 
 def _total_kv_heads(model: ModelInput) -> int:
     """configs/model_config.py get_total_num_kv_heads of the text config (MLA models list theirs too)."""
-    text = model.config.get("text_config")
-    text = text if isinstance(text, Mapping) else model.config
-    return int(text.get("num_key_value_heads") or text.get("num_attention_heads") or 0)
+    text = model.config.sub("text_config") or model.config
+    return int(text.number("num_key_value_heads") or text.number("num_attention_heads") or 0)
 
 
 @dataclass(frozen=True)
@@ -471,7 +473,10 @@ def _fitted(
     if starts:
         return _calibrated(starts, shaped, notes, _Fit(inp.flags, _origin(inp), _figure_gaps(inp)))
     elif memory:  # a start that died before its pool still tells pre and post
-        pre, post = float(memory[-1]["avail_mem_before_weights_gb"]), float(_post(memory[-1]) or 0.0)
+        pre, post = (
+            float(memory[-1].get("avail_mem_before_weights_gb") or 0.0),
+            float(_post(memory[-1]) or 0.0),
+        )
         notes.append(
             f"pre {pre:.2f} GiB and post {post:.2f} GiB from the last start's memory lines "
             "(it logged no pool: the cell is the architecture's)"
@@ -639,7 +644,7 @@ ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
 def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostConfig:
     """The inventory-shaped view the plan's notes and alternatives read (no SSH: it is never contacted)."""
-    data: dict[str, Any] = {
+    data: dict[str, object] = {  # HostConfig's own shape, validated by it below
         "name": inp.name,
         "ssh": {"target": "local"},
         "gpus": {"count": len(inp.gpus), "memory_gib": inp.gpu.memory_gib, "name": inp.gpu.name},
@@ -658,10 +663,10 @@ def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostCon
         raise UsageError(f"{inp.name}: {where}: {err['msg']}") from None
 
 
-def _model_view(inp: PlanInput, layout: KVLayout) -> dict[str, Any]:
+def _model_view(inp: PlanInput, layout: KVLayout) -> dict[str, object]:
     """The [model] figures of the layout, for the alternatives' cell ratios and the refusals."""
     par = parallel(inp)
-    model: dict[str, Any] = {
+    model: dict[str, object] = {
         "path": inp.model.path or "/facts/model",
         "dtype_bytes": layout.dtype_bytes,
         "max_context": layout.context_len if inp.model.context_known else None,
@@ -678,12 +683,12 @@ def _model_view(inp: PlanInput, layout: KVLayout) -> dict[str, Any]:
     return model
 
 
-def _draft_view(inp: PlanInput) -> dict[str, Any] | None:
+def _draft_view(inp: PlanInput) -> dict[str, object] | None:
     """The [draft] of the speculative algorithm, with its figures when its config.json is known."""
     algorithm = str(_flag(inp.flags, "speculative-algorithm") or "").upper()
     if not algorithm:
         return None
-    draft: dict[str, Any] = {"algorithm": algorithm, "path": "/facts/draft"}
+    draft: dict[str, object] = {"algorithm": algorithm, "path": "/facts/draft"}
     if inp.draft is None or algorithm == "NGRAM":
         return draft
     try:
@@ -761,24 +766,25 @@ def _state_notes(inp: PlanInput, fm: FactsModel, plan: Plan) -> list[str]:
 
 def plan_from_host_facts(
     host: HostConfig,
-    facts: Mapping[str, Any],
+    facts: HostFacts,
     calibration: Sequence[StartFigures] | None,
     asked: Target,
 ) -> Plan | None:
     """The plan from what the host's agent read (config.json, safetensors headers, nvidia-smi), the
     inventory's figures overriding; None when the host gave no config.json (plan_for_host plans then)."""
-    doc = facts.get("model_facts")
-    if not isinstance(doc, Mapping):
+    given = facts.get("model_facts")
+    if not isinstance(given, Mapping):
         return None
-    doc = dict(doc)
-    if not (doc.get("sglang") or {}).get("version"):
+    doc: dict[str, object] = dict(given)  # the facts document, as parse_facts reads it
+    if not (given.get("sglang") or {}).get("version"):
         doc["sglang"] = {"version": host.sglang.version}
-    inventory_gpus = not doc.get("gpus")
-    if inventory_gpus:  # no nvidia-smi on the host: the inventory's cards
+    rows = given.get("gpus")
+    inventory_gpus = not rows
+    if not rows:  # no nvidia-smi on the host: the inventory's cards
         card = {"name": host.gpus.name, "memory_total_mib": host.gpus.memory_gib * 1024}
         doc["gpus"] = [card] * host.gpus.count
     else:  # the host's GPUs: only this service's own
-        doc["gpus"] = service_gpus(doc["gpus"], host)
+        doc["gpus"] = service_gpus(rows, host)
     inp = plan_input_from_host(host, parse_facts(doc, name=f"{host.name} (host facts)"),
                                starts=tuple(calibration or ()))  # fmt: skip
     if inventory_gpus:

@@ -8,12 +8,12 @@ weights per GPU as the checkpoint's bytes, the cards as the GPUs nvidia-smi woul
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.facts import Gpu, ModelInput, PlanInput
 from agent.plan.model import StartFigures
+from agent.sglang.config_json import ModelConfig
 
 GIB = 2**30
 _DTYPES = {1: "bfloat16", 2: "bfloat16", 4: "float32"}  # 1 byte: an FP8 KV cache the checkpoint declares
@@ -31,7 +31,7 @@ def _world(host: HostConfig, flags: Mapping[str, FlagValue]) -> tuple[int, int]:
     )
 
 
-def inventory_config(host: HostConfig) -> tuple[dict[str, Any], tuple[str, ...]]:
+def inventory_config(host: HostConfig) -> tuple[ModelConfig, tuple[str, ...]]:
     """The inventory's [model] figures as a config.json, and the figures it lacks (stood in for by 1)."""
     m = host.model
     need = (
@@ -43,7 +43,7 @@ def inventory_config(host: HostConfig) -> tuple[dict[str, Any], tuple[str, ...]]
     if m.dtype_bytes not in _DTYPES:
         raise UsageError(f"model.dtype_bytes {m.dtype_bytes}: a KV element is 1, 2 or 4 bytes")
     layers = m.layers or _STAND_IN
-    config: dict[str, Any] = {"num_hidden_layers": layers, "torch_dtype": _DTYPES[m.dtype_bytes]}
+    config: dict[str, object] = {"num_hidden_layers": layers, "torch_dtype": _DTYPES[m.dtype_bytes]}
     if m.attention == "mla":
         rank, rope = m.kv_lora_rank or _STAND_IN, m.qk_rope_head_dim or _STAND_IN
         config.update(architectures=["DeepseekV3ForCausalLM"], num_attention_heads=1, num_key_value_heads=1,
@@ -56,16 +56,16 @@ def inventory_config(host: HostConfig) -> tuple[dict[str, Any], tuple[str, ...]]
         config["max_position_embeddings"] = m.max_context
     if m.dtype_bytes == 1:
         config["quantization_config"] = {"quant_method": "fp8", "kv_cache_quant_algo": "FP8"}
-    return config, missing
+    return ModelConfig(config, "the inventory's model"), missing
 
 
-def inventory_draft(host: HostConfig, tp: int) -> dict[str, Any] | None:
-    """The inventory's draft as a facts `draft` entry (a config.json of its KV shape), or None."""
+def _draft_model(host: HostConfig, tp: int) -> ModelInput | None:
+    """The inventory's draft as a config.json of its KV shape and its bytes, or None."""
     d = host.draft
     if d is None or d.layers is None or d.algorithm == "NGRAM":
         return None
     heads = d.kv_heads or 1
-    config = {
+    config: dict[str, object] = {
         "architectures": ["InventoryDraft"],
         "num_hidden_layers": d.layers,
         "num_attention_heads": heads,
@@ -73,7 +73,16 @@ def inventory_draft(host: HostConfig, tp: int) -> dict[str, Any] | None:
         "head_dim": d.head_dim or 128,
     }
     weights = None if d.weights_gib_per_gpu is None else round(d.weights_gib_per_gpu * GIB * tp)
-    return {"config": config, "weights_bytes": weights, "path": d.path, "source": "inventory"}
+    return ModelInput(ModelConfig(config, "the inventory's draft"), weights, d.path)
+
+
+def inventory_draft(host: HostConfig, tp: int) -> dict[str, object] | None:
+    """The inventory's draft as a facts `draft` entry (a config.json of its KV shape), or None."""
+    draft = _draft_model(host, tp)
+    if draft is None:
+        return None
+    config = dict(draft.config.data)
+    return {"config": config, "weights_bytes": draft.weights_bytes, "path": draft.path, "source": "inventory"}
 
 
 def _draft_gaps(host: HostConfig) -> tuple[str, ...]:
@@ -92,8 +101,7 @@ def _draft_input(host: HostConfig, tp: int) -> ModelInput | None:
     d = host.draft
     if d is not None and d.layers is None and d.algorithm != "NGRAM":
         host = host.model_copy(update={"draft": d.model_copy(update={"layers": _STAND_IN})})
-    entry = inventory_draft(host, tp)
-    return None if entry is None else ModelInput(entry["config"], entry["weights_bytes"], entry["path"])
+    return _draft_model(host, tp)
 
 
 def plan_input_from_inventory(

@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.sglang import kvpool
 from agent.sglang.kvpool import GIB
+from agent.sglang.logs.summary import (
+    StartFigures as StartFigures,
+)  # one start as the log parser summarises it
 from agent.sglang.pools import PoolSizer
 
 # Within this, the measured bytes per token are the architecture's cell seen through 2-decimal logs.
@@ -23,8 +26,6 @@ GRAPH_SCALING_SHARE = 0.5
 DEFAULT_GRAPH_MAX_BS = 512  # SGLang's decode max bs for TP >= 4 on 60-160 GB cards (server_args)
 Basis = Literal["calibrated", "architecture"]
 Flags = Mapping[str, FlagValue]
-# One start as the log parser summarises it (agent/sglang/logs/summary.py start_figures): optional figures.
-StartFigures = Mapping[str, Any]
 
 
 @dataclass(frozen=True)

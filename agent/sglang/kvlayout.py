@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+from agent.sglang.config_json import ModelConfig
 
 Family = Literal["mha", "mla", "dsa", "swa", "linear"]
 LinearKind = Literal["gdn", "mamba2", "kda"]
@@ -205,18 +207,19 @@ class KVLayout:
     swa_disabled_by_sglang: str | None = None  # why SGLang sizes a sliding-window model as full attention
 
 
-def _get(cfg: Mapping[str, Any], *names: str) -> Any:
-    for name in names:
-        if cfg.get(name) is not None:
-            return cfg[name]
-    return None
-
-
-def _int(cfg: Mapping[str, Any], name: str, what: str) -> int:
-    value = cfg.get(name)
+def _int(cfg: ModelConfig, name: str, what: str) -> int:
+    value = cfg.value(name)
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"config.json of {what} lacks an integer {name!r}")
     return value
+
+
+def _number(cfg: ModelConfig, name: str, what: str) -> int:
+    """A number the kind needs, as an integer (int() of it)."""
+    value = cfg.number(name)
+    if value is None:
+        raise ValueError(f"config.json of {what} lacks {name!r}")
+    return int(value)
 
 
 # Keys a published config.json may leave out because they sit at the config class's default: transformers
@@ -247,8 +250,8 @@ CLASS_DEFAULTS: dict[str, dict[str, int]] = {
 _TEXT_TYPE = {"gemma3": "gemma3_text"}
 
 
-def with_class_defaults(cfg: Mapping[str, Any], parent_type: str = "") -> Mapping[str, Any]:
-    """The config as transformers loads it: the keys left at the class's default filled in."""
+def with_class_defaults(cfg: Mapping[str, object], parent_type: str = "") -> Mapping[str, object]:
+    """The decoded config as transformers loads it: the keys left at the class's default filled in."""
     model_type = str(cfg.get("model_type") or _TEXT_TYPE.get(parent_type, ""))
     defaults = CLASS_DEFAULTS.get(model_type)
     if not defaults:
@@ -256,35 +259,39 @@ def with_class_defaults(cfg: Mapping[str, Any], parent_type: str = "") -> Mappin
     return {**defaults, **cfg}
 
 
-def lm_subconfig(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _loaded(cfg: ModelConfig, parent_type: str = "") -> ModelConfig:
+    return replace(cfg, data=with_class_defaults(cfg.data, parent_type))
+
+
+def lm_subconfig(config: ModelConfig) -> ModelConfig | None:
     """The language model's sub-config of a multimodal config (with its class defaults), or None."""
-    parent = str(config.get("model_type") or "")
+    parent = str(config.value("model_type") or "")
     for key in ("thinker_config", "llm_config", "language_config", "text_config"):
-        sub = config.get(key)
-        if not isinstance(sub, Mapping):
+        sub = config.sub(key)
+        if sub is None:
             continue
-        sub = with_class_defaults(sub, parent)
-        if sub.get("num_hidden_layers") or sub.get("hybrid_override_pattern"):
+        sub = _loaded(sub, parent)
+        if sub.value("num_hidden_layers") or sub.value("hybrid_override_pattern"):
             return sub
     return None
 
 
-def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+def text_config(config: ModelConfig) -> ModelConfig:
     """hf_text_config: text_config / llm_config / language_config for multimodal configs, else the config;
     with the keys its config class would fill (CLASS_DEFAULTS)."""
     sub = lm_subconfig(config)
-    return sub if sub is not None else with_class_defaults(config)
+    return sub if sub is not None else _loaded(config)
 
 
-def context_length(cfg: Mapping[str, Any]) -> int:
+def context_length(cfg: ModelConfig) -> int:
     """utils/hf_transformers/common.py get_context_length: the first length key times the rope factor;
     the factor counts 1 with original_max_position_embeddings or llama3 rope; 2048 when no key is there."""
-    rope = cfg.get("rope_scaling")
+    rope = cfg.sub("rope_scaling")
     factor: float = 1
-    if isinstance(rope, Mapping) and rope:
-        factor = rope.get("factor", 1)
-        if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
-            factor = 1
+    if rope is not None and rope.data:
+        overridden = rope.has("original_max_position_embeddings") or rope.value("rope_type") == "llama3"
+        given = None if overridden else rope.number("factor")
+        factor = 1 if given is None else given
     for key in (
         "max_sequence_length",
         "seq_length",
@@ -292,17 +299,18 @@ def context_length(cfg: Mapping[str, Any]) -> int:
         "model_max_length",
         "max_position_embeddings",
     ):
-        if cfg.get(key) is not None:
-            return int(factor * cfg[key])
+        length = cfg.number(key)
+        if length is not None:
+            return int(factor * length)
     return 2048
 
 
-def _dtype_bytes(config: Mapping[str, Any], text: Mapping[str, Any]) -> int:
-    name = _get(text, "torch_dtype", "dtype") or _get(config, "torch_dtype", "dtype") or "bfloat16"
+def _dtype_bytes(config: ModelConfig, text: ModelConfig) -> int:
+    name = text.first("torch_dtype", "dtype") or config.first("torch_dtype", "dtype") or "bfloat16"
     return _DTYPE_BYTES.get(str(name).removeprefix("torch."), 2)
 
 
-def _kv_quant_fp8(config: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
+def _kv_quant_fp8(config: ModelConfig, text: ModelConfig) -> bool:
     """mem_cache/kv_cache_dtype.py: auto means fp8 when the loaded quant config's kv_cache_quant_algo is FP8.
 
     How each method derives it (layers/quantization/): modelopt's flat config from kv_cache_scheme (float,
@@ -310,36 +318,36 @@ def _kv_quant_fp8(config: Mapping[str, Any], text: Mapping[str, Any]) -> bool:
     fp8 and others from kv_cache_quant_algo.
     """
     for cfg in (config, text):
-        quant = cfg.get("quantization_config")
-        if not isinstance(quant, Mapping):
+        quant = cfg.sub("quantization_config")
+        if quant is None:
             continue
-        scheme = quant.get("kv_cache_scheme")
-        method = str(quant.get("quant_method") or "")
+        scheme = quant.sub("kv_cache_scheme")
+        method = str(quant.value("quant_method") or "")
         if method == "compressed-tensors":
             return (
-                isinstance(scheme, Mapping) and scheme.get("type") == "float" and scheme.get("num_bits") == 8
-                and scheme.get("strategy") == "tensor" and bool(scheme.get("symmetric", True))
-                and not scheme.get("dynamic", False)
+                scheme is not None and scheme.value("type") == "float" and scheme.value("num_bits") == 8
+                and scheme.value("strategy") == "tensor" and bool(scheme.value("symmetric", True))
+                and not scheme.value("dynamic", False)
             )  # fmt: skip
-        if quant.get("quant_algo") is not None and isinstance(scheme, Mapping):
-            return scheme.get("type") == "float" and scheme.get("num_bits") == 8
-        algo = quant.get("kv_cache_quant_algo")
+        if quant.value("quant_algo") is not None and scheme is not None:
+            return scheme.value("type") == "float" and scheme.value("num_bits") == 8
+        algo = quant.value("kv_cache_quant_algo")
         return isinstance(algo, str) and algo.upper() == "FP8"
     return False
 
 
-def _vision(config: Mapping[str, Any]) -> tuple[int, int]:
+def _vision(config: ModelConfig) -> tuple[int, int]:
     """(vit layers, vit hidden) for the default fraction's multimodal factor.
 
     arg_groups/memory_hook.py adjust_mem_fraction_for_vlm reads vision_config.num_hidden_layers and
     hidden_size, 24 and 1024 when absent: a Qwen-VL `depth` is not read. Kimi K2.5's vision config class
     (configs/kimi_k25.py) names them vt_num_hidden_layers / vt_hidden_size.
     """
-    vision = config.get("vision_config")
-    if not isinstance(vision, Mapping):
+    vision = config.sub("vision_config")
+    if vision is None:
         return 0, 0
-    layers = _get(vision, "num_hidden_layers", "vt_num_hidden_layers")
-    hidden = _get(vision, "hidden_size", "vt_hidden_size")
+    layers = vision.first("num_hidden_layers", "vt_num_hidden_layers")
+    hidden = vision.first("hidden_size", "vt_hidden_size")
     return (layers if isinstance(layers, int) else 24), (hidden if isinstance(hidden, int) else 1024)
 
 
@@ -366,9 +374,9 @@ _RANGES: dict[str, tuple[int, int]] = {
 _LARGEST = 2**53  # any other number: beyond this a float no longer holds every integer
 
 
-def check_numbers(config: Mapping[str, Any], where: str = "config.json") -> None:
+def check_numbers(config: ModelConfig, where: str = "config.json") -> None:
     """ValueError naming the first number of `config` that is not finite or not in its range."""
-    stack: list[tuple[str, str, Any]] = [(k, k, v) for k, v in config.items()]
+    stack: list[tuple[str, str, object]] = [(k, k, v) for k, v in config.items()]
     while stack:
         path, key, value = stack.pop()
         if isinstance(value, Mapping):
@@ -416,13 +424,15 @@ class _Latent:
     qk_rope_head_dim: int
 
 
-def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayout:
-    """config.json (as published) -> KVLayout.
+def read_layout(config: ModelConfig | Mapping[str, object], *, is_draft: bool = False) -> KVLayout:
+    """config.json (as published, or as decoded) -> KVLayout.
 
     Unsupported for kinds not followed, ValueError for bad input (a number out of range included).
     """
-    check_numbers(config, "the draft's config.json" if is_draft else "config.json")
-    archs = config.get("architectures")
+    where = "the draft's config.json" if is_draft else "config.json"
+    config = ModelConfig.of(config, where)
+    check_numbers(config, where)
+    archs = config.value("architectures")
     if not isinstance(archs, Sequence) or not archs or not isinstance(archs[0], str):
         raise ValueError("config.json has no 'architectures' list")
     arch = archs[0]
@@ -432,12 +442,12 @@ def read_layout(config: Mapping[str, Any], *, is_draft: bool = False) -> KVLayou
     if arch in MAMBA2_ARCHS:
         return _mamba2(text, common)
     layers = _int(text, "num_hidden_layers", arch)
-    if arch in MLA_ARCHS or (arch == "PixtralForConditionalGeneration" and text.get("kv_lora_rank")):
+    if arch in MLA_ARCHS or (arch == "PixtralForConditionalGeneration" and text.value("kv_lora_rank")):
         return _latent_layout(text, layers, common)
     heads = _mha_heads(text, arch)
     if arch in GDN_ARCHS:
         return _gdn(text, layers, heads, common)
-    if arch in HYBRID_SWA_ARCHS or text.get("is_hybrid_swa"):
+    if arch in HYBRID_SWA_ARCHS or text.value("is_hybrid_swa"):
         return _swa(text, arch, layers, heads, common)
     return KVLayout(
         family="mha",
@@ -460,7 +470,7 @@ def _refuse(arch: str) -> None:
         )
 
 
-def _common(config: Mapping[str, Any], text: Mapping[str, Any], arch: str, is_draft: bool) -> _Common:
+def _common(config: ModelConfig, text: ModelConfig, arch: str, is_draft: bool) -> _Common:
     # configs/model_config.py: multimodal when the arch is listed or the LM config is a sub-config
     # (has_multimodal_subconfig); Gemma 3, Llama 4, Step3-VL turn it off unless --enable-multimodal.
     structural = arch in MULTIMODAL_ARCHS or lm_subconfig(config) is not None
@@ -469,22 +479,22 @@ def _common(config: Mapping[str, Any], text: Mapping[str, Any], arch: str, is_dr
         arch=arch,
         multimodal=structural and not is_draft,
         multimodal_off_by_default=arch in MM_OFF_BY_DEFAULT,
-        model_type=str(config.get("model_type") or ""),
+        model_type=str(config.value("model_type") or ""),
         dtype_bytes=_dtype_bytes(config, text),
         kv_quant_fp8=_kv_quant_fp8(config, text),
         context_len=context_length(text),
-        nextn_layers=int(text.get("num_nextn_predict_layers") or 0),
+        nextn_layers=int(text.number("num_nextn_predict_layers") or 0),
         vit_layers=vit_layers,
         vit_hidden=vit_hidden,
     )
 
 
-def _latent_layout(text: Mapping[str, Any], layers: int, common: _Common) -> KVLayout:
+def _latent_layout(text: ModelConfig, layers: int, common: _Common) -> KVLayout:
     """MLA, with DSA's indexer where the architecture carries one, or Kimi Linear's KDA layers."""
     arch = common.arch
     mla = _Latent(_int(text, "kv_lora_rank", arch), _int(text, "qk_rope_head_dim", arch))
     everything = tuple(range(layers))
-    if arch in DSA_ARCHS and text.get("index_topk") is not None:
+    if arch in DSA_ARCHS and text.value("index_topk") is not None:
         return KVLayout(
             family="dsa",
             layers=layers,
@@ -493,44 +503,44 @@ def _latent_layout(text: Mapping[str, Any], layers: int, common: _Common) -> KVL
             **asdict(common),
             dsa_index_head_dim=_int(text, "index_head_dim", arch),
             dsa_shared_layers=sum(_dsa_skips_topk(text, i) for i in range(layers)),
-            dsa_index_kpool=int(text.get("index_kpool") or 1),
+            dsa_index_kpool=int(text.number("index_kpool") or 1),
         )
     if arch in KDA_ARCHS:
         return _kda(text, layers, mla, common)
     return KVLayout(family="mla", layers=layers, kv_layers=everything, **asdict(mla), **asdict(common))
 
 
-def _dsa_skips_topk(cfg: Mapping[str, Any], layer: int) -> bool:
+def _dsa_skips_topk(cfg: ModelConfig, layer: int) -> bool:
     """configs/model_config.py dsa_layer_skips_topk: a layer reusing the previous layer's top-k."""
-    types = cfg.get("indexer_types")
+    types = cfg.value("indexer_types")
     if isinstance(types, Sequence) and not isinstance(types, str):
         return 0 <= layer < len(types) and types[layer] == "shared"
-    cli = int(cfg.get("cli_factor") or 1)
+    cli = int(cfg.number("cli_factor") or 1)
     if cli > 1:
         return layer % cli != 0
-    pattern = cfg.get("index_topk_pattern")
+    pattern = cfg.value("index_topk_pattern")
     if isinstance(pattern, (str, Sequence)) and pattern:
         return layer < len(pattern) and pattern[layer] == "S"
-    freq = int(cfg.get("index_topk_freq") or 1)
-    offset = cfg.get("index_skip_topk_offset")
+    freq = int(cfg.number("index_topk_freq") or 1)
+    offset = cfg.number("index_skip_topk_offset")
     if offset is not None:
         return max(layer - int(offset) + 1, 0) % freq != 0
     return max(layer - 1, 0) % freq != 0
 
 
-def _mha_heads(text: Mapping[str, Any], arch: str) -> _Heads:
+def _mha_heads(text: ModelConfig, arch: str) -> _Heads:
     """configs/model_config.py: head_dim defaults to hidden/heads, v_head_dim to head_dim, kv heads to
     attention heads."""
     heads = _int(text, "num_attention_heads", arch)
-    head_dim = text.get("head_dim") or _int(text, "hidden_size", arch) // heads
-    kv_heads = text.get("num_key_value_heads") or heads
-    v_head_dim = text.get("v_head_dim") or head_dim
+    head_dim = text.number("head_dim") or _int(text, "hidden_size", arch) // heads
+    kv_heads = text.number("num_key_value_heads") or heads
+    v_head_dim = text.number("v_head_dim") or head_dim
     return _Heads(int(kv_heads), int(head_dim), int(v_head_dim))
 
 
-def _swa_off(arch: str, text: Mapping[str, Any]) -> str | None:
+def _swa_off(arch: str, text: ModelConfig) -> str | None:
     """Sliding-window models SGLang 0.5.23 sizes as full attention (arg_groups/model_overrides/*.py)."""
-    if not text.get("sliding_window") and "sliding_attention" not in (text.get("layer_types") or []):
+    if not text.value("sliding_window") and "sliding_attention" not in (text.array("layer_types") or ()):
         return None
     if arch.startswith(("Gemma2", "Gemma3")):
         return f"{arch}: hybrid SWA memory is turned off (model_overrides/gemma2_gemma3.py)"
@@ -539,22 +549,21 @@ def _swa_off(arch: str, text: Mapping[str, Any]) -> str | None:
     return f"{arch} is not a hybrid-SWA architecture in configs/model_config.py: every layer is full size"
 
 
-def _swa(text: Mapping[str, Any], arch: str, layers: int, heads: _Heads, common: _Common) -> KVLayout:
+def _swa(text: ModelConfig, arch: str, layers: int, heads: _Heads, common: _Common) -> KVLayout:
     """configs/model_config.py get_hybrid_layer_ids and get_swa_num_kv_heads."""
     if arch == _LLAMA4:
         swa = tuple(i for i in range(layers) if (i + 1) % 4 != 0)
-    elif text.get("hybrid_layer_pattern") is not None:
-        pattern = text["hybrid_layer_pattern"]
+    elif (pattern := text.array("hybrid_layer_pattern")) is not None:
         swa = tuple(i for i in range(layers) if pattern[i] == 1)
     else:
-        types = text.get("layer_types") or []
+        types = text.array("layer_types") or ()
         swa = tuple(i for i, t in enumerate(types[:layers]) if t == "sliding_attention")
     full = tuple(i for i in range(layers) if i not in set(swa))
     if not swa:
         return KVLayout(family="mha", layers=layers, kv_layers=full, **asdict(heads), **asdict(common))
-    swa_heads = text.get("swa_num_key_value_heads") or heads.kv_heads
-    swa_head_dim = text.get("swa_head_dim") or heads.head_dim
-    window = text.get("sliding_window") or text.get("attention_chunk_size")
+    swa_heads = text.number("swa_num_key_value_heads") or heads.kv_heads
+    swa_head_dim = text.number("swa_head_dim") or heads.head_dim
+    window = text.number("sliding_window") or text.number("attention_chunk_size")
     return KVLayout(
         family="swa",
         layers=layers,
@@ -562,34 +571,34 @@ def _swa(text: Mapping[str, Any], arch: str, layers: int, heads: _Heads, common:
         swa_layers=swa,
         swa_kv_heads=int(swa_heads),
         swa_head_dim=int(swa_head_dim),
-        swa_v_head_dim=int(text.get("swa_v_head_dim") or swa_head_dim),
+        swa_v_head_dim=int(text.number("swa_v_head_dim") or swa_head_dim),
         sliding_window=int(window) if window else None,
         **asdict(heads),
         **asdict(common),
     )
 
 
-def _ssm_bytes(text: Mapping[str, Any]) -> int:
+def _ssm_bytes(text: ModelConfig) -> int:
     """configs/mamba_utils.py mamba2_state_dtype: float32 unless mamba_ssm_dtype says otherwise."""
-    return _DTYPE_BYTES.get(str(text.get("mamba_ssm_dtype") or "float32"), 4)
+    return _DTYPE_BYTES.get(str(text.value("mamba_ssm_dtype") or "float32"), 4)
 
 
-def _gdn(text: Mapping[str, Any], layers: int, heads: _Heads, common: _Common) -> KVLayout:
+def _gdn(text: ModelConfig, layers: int, heads: _Heads, common: _Common) -> KVLayout:
     """configs/qwen3_next.py: every full_attention_interval-th layer is full attention; the rest GDN."""
-    types = text.get("layer_types")
+    types = text.value("layer_types")
     if isinstance(types, Sequence) and len(types) >= layers:
         full = tuple(i for i in range(layers) if types[i] == "full_attention")
     else:
-        interval = int(text.get("full_attention_interval") or 4)
+        interval = int(text.number("full_attention_interval") or 4)
         full = tuple(i for i in range(layers) if (i + 1) % interval == 0)
     linear = LinearState(
         kind="gdn",
         layers=tuple(i for i in range(layers) if i not in set(full)),
-        num_heads=int(text.get("linear_num_value_heads") or 32),
-        head_dim=int(text.get("linear_value_head_dim") or 128),
-        state_size=int(text.get("linear_key_head_dim") or 128),
-        n_groups=int(text.get("linear_num_key_heads") or 16),
-        conv_kernel=int(text.get("linear_conv_kernel_dim") or 4),
+        num_heads=int(text.number("linear_num_value_heads") or 32),
+        head_dim=int(text.number("linear_value_head_dim") or 128),
+        state_size=int(text.number("linear_key_head_dim") or 128),
+        n_groups=int(text.number("linear_num_key_heads") or 16),
+        conv_kernel=int(text.number("linear_conv_kernel_dim") or 4),
         ssm_dtype_bytes=_ssm_bytes(text),
     )
     return KVLayout(
@@ -597,9 +606,9 @@ def _gdn(text: Mapping[str, Any], layers: int, heads: _Heads, common: _Common) -
     )
 
 
-def _mamba2(text: Mapping[str, Any], common: _Common) -> KVLayout:
+def _mamba2(text: ModelConfig, common: _Common) -> KVLayout:
     """configs/nemotron_h.py: hybrid_override_pattern, 'M' Mamba2 layers and '*' attention layers."""
-    pattern = text.get("hybrid_override_pattern")
+    pattern = text.value("hybrid_override_pattern")
     if not isinstance(pattern, str):
         raise ValueError(f"config.json of {common.arch} lacks 'hybrid_override_pattern'")
     full = tuple(i for i, c in enumerate(pattern) if c == "*")
@@ -610,7 +619,7 @@ def _mamba2(text: Mapping[str, Any], common: _Common) -> KVLayout:
         head_dim=_int(text, "mamba_head_dim", common.arch),
         state_size=_int(text, "ssm_state_size", common.arch),
         n_groups=_int(text, "n_groups", common.arch),
-        conv_kernel=int(text.get("conv_kernel") or 4),
+        conv_kernel=int(text.number("conv_kernel") or 4),
         ssm_dtype_bytes=_ssm_bytes(text),
     )
     heads = _mha_heads(text, common.arch)
@@ -619,21 +628,21 @@ def _mamba2(text: Mapping[str, Any], common: _Common) -> KVLayout:
     )
 
 
-def _kda(text: Mapping[str, Any], layers: int, mla: _Latent, common: _Common) -> KVLayout:
+def _kda(text: ModelConfig, layers: int, mla: _Latent, common: _Common) -> KVLayout:
     """configs/kimi_linear.py: kda_layers (1-based) are linear; the others MLA."""
-    cfg = text.get("linear_attn_config")
-    if not isinstance(cfg, Mapping):
+    cfg = text.sub("linear_attn_config")
+    if cfg is None:
         raise ValueError(f"config.json of {common.arch} lacks 'linear_attn_config'")
-    kda = {int(i) - 1 for i in cfg.get("kda_layers") or []}
-    heads = int(cfg["num_heads"])
+    kda = {i - 1 for i in cfg.integers("kda_layers") or ()}
+    heads = _number(cfg, "num_heads", common.arch)
     linear = LinearState(
         kind="kda",
         layers=tuple(sorted(kda)),
         num_heads=heads,
-        head_dim=int(cfg["head_dim"]),
-        state_size=int(cfg["head_dim"]),
+        head_dim=_number(cfg, "head_dim", common.arch),
+        state_size=_number(cfg, "head_dim", common.arch),
         n_groups=heads,
-        conv_kernel=int(cfg.get("short_conv_kernel_size") or 4),
+        conv_kernel=int(cfg.number("short_conv_kernel_size") or 4),
         ssm_dtype_bytes=_ssm_bytes(text),
     )
     full = tuple(i for i in range(layers) if i not in kda)

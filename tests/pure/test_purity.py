@@ -13,6 +13,7 @@ IO = {"paramiko", "jeepney", "requests", "subprocess", "socket", "os", "shutil",
 PURE = [
     "sglang/kvpool.py",
     "sglang/kvlayout.py",
+    "sglang/config_json.py",
     "sglang/pools.py",
     "sglang/memory_defaults.py",
     "plan/from_facts.py",

@@ -143,7 +143,8 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     if change.flags:
         given = {k: " ".join(v) if isinstance(v, tuple) else v for k, v in change.flags}  # --set: one word
         inp = replace(inp, flags={**inp.flags, **given})
-    arch = (inp.model.config.get("architectures") or [None])[0]
+    archs = inp.model.config.value("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     starts, set_aside = checked_starts(
         args.from_log,
         planned_for(

@@ -1,0 +1,92 @@
+"""A model's config.json, decoded once and read through typed accessors.
+
+Stdlib only (this module may run on the host). JSON's values are `object` until an accessor says what it
+expects: a key that is absent or null reads as None; a key holding another kind of value than the one asked
+for is bad input (ValueError naming the key), except `sub`, which reads anything but an object as absent,
+as SGLang's own isinstance checks do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One JSON object of config.json (the whole file, or a sub-config such as text_config)."""
+
+    data: Mapping[str, object]
+    where: str = "config.json"  # the file, named in the errors
+    prefix: str = ""  # the path of this object in it ("text_config.")
+
+    @classmethod
+    def of(cls, config: ModelConfig | Mapping[str, object], where: str = "config.json") -> ModelConfig:
+        """The decoded JSON object as a ModelConfig (a ModelConfig as it is)."""
+        if isinstance(config, ModelConfig):
+            return config
+        if not isinstance(config, Mapping):
+            raise ValueError(f"{where} is not a JSON object")
+        return cls(config, where)
+
+    def has(self, key: str) -> bool:
+        """The key is in the object, whatever it holds (null included)."""
+        return key in self.data
+
+    def value(self, key: str, default: object = None) -> object:
+        """The value as decoded (`default` when absent), for truth tests and comparisons."""
+        return self.data.get(key, default)
+
+    def first(self, *keys: str) -> object:
+        """The first of `keys` that holds a value other than null, else None."""
+        return next((self.data[k] for k in keys if self.data.get(k) is not None), None)
+
+    def number(self, key: str) -> int | float | None:
+        """A JSON number as decoded (int or float), None when absent or null."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{self.where}: {self.prefix}{key} = {value!r} is not a number")
+        return value
+
+    def integer(self, key: str) -> int | None:
+        """A JSON number as an integer (a float truncated, as int() does), None when absent or null."""
+        value = self.number(key)
+        return None if value is None else int(value)
+
+    def text(self, key: str) -> str | None:
+        """A JSON string, None when absent or null."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ValueError(f"{self.where}: {self.prefix}{key} = {value!r} is not a string")
+        return value
+
+    def array(self, key: str) -> tuple[object, ...] | None:
+        """A JSON array's items, None when absent or null."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, str) or not isinstance(value, Sequence):
+            raise ValueError(f"{self.where}: {self.prefix}{key} = {value!r} is not a list")
+        return tuple(value)
+
+    def integers(self, key: str) -> tuple[int, ...] | None:
+        """A JSON array of numbers as integers, None when absent or null."""
+        items = self.array(key)
+        if items is None:
+            return None
+        if any(isinstance(i, bool) or not isinstance(i, (int, float)) for i in items):
+            raise ValueError(f"{self.where}: {self.prefix}{key} = {list(items)!r} is not a list of numbers")
+        return tuple(int(i) for i in items if isinstance(i, (int, float)))
+
+    def sub(self, key: str) -> ModelConfig | None:
+        """The JSON object under `key` (text_config, vision_config, quantization_config...), else None."""
+        value = self.data.get(key)
+        return ModelConfig(value, self.where, f"{self.prefix}{key}.") if isinstance(value, Mapping) else None
+
+    def items(self) -> tuple[tuple[str, object], ...]:
+        """The object's keys and values as decoded (check_numbers walks them)."""
+        return tuple((str(k), v) for k, v in self.data.items())

@@ -12,8 +12,9 @@ injected while it stands still:
            finish on its own (an outcome in the events file, no one re-attaching);
   kill     the transient unit deployctl-<txn>.service gets SIGKILL; the client stays attached and
            its host-side follower starts `recover` (the next agent start); `deployctl status` after;
-  restart  the test host is powered off and booted again (TestHost.restart()); then
-           `deployctl status` recovers what the record says.
+  restart  the client is killed and the test host is powered off and booted again
+           (TestHost.restart()); then `deployctl status` recovers what the record says (a client
+           still attached re-attaches by itself: tests/integration/test_e2e_ssh.py).
 Each case then checks the host: sglang.service active and serving the flags of the installed
 unit, which is the old or the new unit, no recovery record left, and the old unit's content still
 on disk (as the unit or a backup; a case without it counts in units_lost). A case also fails if
@@ -160,8 +161,11 @@ def step_case(sim: simhost.SimHost, verb: str, step: str, injection: str, out: O
         proc.communicate(timeout=180)
         out.notes.append(f"client exit {proc.returncode}")
     else:
+        # the laptop's side goes with the host (a client still there would re-attach and recover by
+        # itself, before the reboot's own start is recorded below): the next agent start recovers
+        proc.kill()
+        proc.communicate(timeout=30)
         fk.restart_host(sim)
-        proc.communicate(timeout=180)
         # The reboot itself started the service, from whatever unit file was on disk: recovery must
         # restart it only if that start is not the unit it keeps.
         wait_pool(sim)

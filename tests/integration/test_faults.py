@@ -245,19 +245,21 @@ def test_agent_sigkilled_after_the_new_unit_was_verified_keeps_it(sim, base):
     assert wait_pool(sim) >= 200_000
 
 
-def restart_host_at(sim, step: str) -> int:
-    """Start a 200k apply, restart the test host when its transaction reaches `step`; the client's exit."""
+def restart_host_at(sim, step: str) -> None:
+    """Start a 200k apply, restart the test host when its transaction reaches `step`, the laptop's side
+    gone too (a client still there re-attaches and recovers by itself: test_e2e_ssh.py), so the next
+    agent start is what recovers."""
     watcher = fk.Watcher(sim, step)
     proc = popen(sim, "apply", sim.name, "--context", "200k", "--yes")
     watcher.wait()
+    proc.kill()
+    proc.communicate(timeout=30)
     fk.restart_host(sim)
-    proc.communicate(timeout=120)
-    return proc.returncode
 
 
 def test_host_restarted_mid_transaction_recovers_at_the_next_agent_start(sim, base):
     old, pool = base
-    assert restart_host_at(sim, "watch") == ExitCode.UNREACHABLE
+    restart_host_at(sim, "watch")
     assert fk.pending(sim)  # the record survived the reboot; the host booted the unverified unit
     st = cli(sim, "status", sim.name)
     assert st.returncode == ExitCode.OK and "recovering first" in st.stderr + st.stdout

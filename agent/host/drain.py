@@ -145,6 +145,7 @@ class StopWatch:
 
     last: int | None = None  # the last count before it stopped answering; None: it never answered
     answered_s: float = 0.0  # how long after the watch began it still answered
+    peak: int = 0  # the most it had at once meanwhile (requests that arrived during the stop count too)
 
     def run(
         self, read: Reader, stopped: Callable[[], bool], clock: Callable[[], float],
@@ -166,6 +167,7 @@ class StopWatch:
             if seen is None:
                 break
             self.last, self.answered_s = seen.total, round(clock() - start, 3)
+            self.peak = max(self.peak, seen.total)
             sleep(poll_s)
         return self.last, self.answered_s
 
@@ -228,27 +230,26 @@ class Drain:
         )
 
 
-def result(
-    waited: Waited, last_before_stop: int | None, stop_seconds: float, timeout_s: float,
-    logged: int | None = None,
-) -> Drain:  # fmt: skip
-    """What became of the requests in flight: `last_before_stop` is the StopWatch's answer, `logged`
-    what SGLang's own drain logged last (`logged_left`)."""
+def result(waited: Waited, stop: StopWatch | None, timeout_s: float, logged: int | None = None) -> Drain:
+    """What became of the requests in flight: `stop` is what the StopWatch saw while the old server
+    stopped (None: not watched), `logged` what SGLang's own drain logged last (`logged_left`)."""
     if waited.end in (End.NO_ANSWER, End.NO_LOAD, End.OFF):
         cut = waited.left if waited.end is End.NO_ANSWER else 0
         return Drain(waited.end.value, waited.in_flight, waited.in_flight - cut, cut,
                      waited.seconds, waited.seconds, timeout_s)  # fmt: skip
+    stop = stop or StopWatch()
     if logged == 0:
         # SGLang logs "Remaining ... 0" only once its drain is done, right before it exits: whatever the
         # last poll saw finished in the gap (a poll every 0.5 s, a drain check every 5 s).
         cut = 0
-    elif last_before_stop is not None:
-        cut = last_before_stop
+    elif stop.last is not None:
+        cut = stop.last
     else:
         cut = waited.left if logged is None else logged
-    # Requests that arrived during the drain (nothing stops them without a router) can be cut too.
-    in_flight = max(waited.in_flight, cut)
-    seconds = round(waited.seconds + stop_seconds, 3)
+    # Requests that arrived during the drain or the stop (nothing stops them without a router) count too:
+    # SGLang keeps taking them while it drains, and finishes or loses them with the rest.
+    in_flight = max(waited.in_flight, cut, stop.peak)
+    seconds = round(waited.seconds + stop.answered_s, 3)
     return Drain(waited.end.value, in_flight, in_flight - cut, cut, seconds, waited.seconds, timeout_s)
 
 

@@ -35,10 +35,10 @@ def restart_drained(
 
     waited = _wait(req, read, log)
     if waited.end not in (drain.End.IDLE, drain.End.TIMEOUT):
-        return restart(), drain.result(waited, None, 0.0, req.drain_timeout_s)
+        return restart(), drain.result(waited, None, req.drain_timeout_s)
     job, seen = _watched(read, restart)
     logged = drain.logged_left(old_log())
-    return job, drain.result(waited, seen.last, seen.answered_s, req.drain_timeout_s, logged)
+    return job, drain.result(waited, seen, req.drain_timeout_s, logged)
 
 
 def _watched(read: drain.Reader, restart: Callable[[], JobResult]) -> tuple[JobResult, drain.StopWatch]:

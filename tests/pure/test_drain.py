@@ -116,7 +116,7 @@ def test_a_server_that_does_not_answer_is_not_waited_for() -> None:
 def test_a_server_that_dies_during_the_wait_lost_what_it_had() -> None:
     w = waited([2, 1, None])
     assert w == drain.Waited(End.NO_ANSWER, 2, 1, 2.0)
-    d = drain.result(w, None, 0.0, 10.0)
+    d = drain.result(w, None, 10.0)
     assert (d.in_flight, d.finished, d.cut) == (2, 1, 1)
 
 
@@ -130,16 +130,16 @@ def test_the_stop_watch_reports_the_last_count_before_the_old_server_went_away()
 
 def test_requests_sglang_finished_in_its_own_drain_are_not_cut() -> None:
     timed_out = drain.Waited(End.TIMEOUT, 1, 1, 5.0)
-    finished = drain.result(timed_out, 0, 12.0, 5.0)
+    finished = drain.result(timed_out, drain.StopWatch(0, 12.0), 5.0)
     assert (finished.in_flight, finished.finished, finished.cut, finished.seconds) == (1, 1, 0, 17.0)
-    cut = drain.result(timed_out, 1, 3.0, 5.0)
+    cut = drain.result(timed_out, drain.StopWatch(1, 3.0), 5.0)
     assert (cut.finished, cut.cut) == (0, 1)
     assert "1 in flight, 0 finished, 1 cut, 8.0 s" in cut.describe()
     assert "timed out after 5 s" in cut.describe()
 
 
 def test_arrivals_during_the_drain_count_when_they_are_cut() -> None:
-    d = drain.result(drain.Waited(End.IDLE, 1, 0, 2.0), 3, 1.0, 900.0)
+    d = drain.result(drain.Waited(End.IDLE, 1, 0, 2.0), drain.StopWatch(3, 1.0), 900.0)
     assert (d.in_flight, d.finished, d.cut) == (3, 0, 3)
 
 
@@ -233,13 +233,13 @@ def test_a_request_that_finished_between_the_last_poll_and_the_exit_is_not_cut()
     # CI, on a loaded machine: the watch last saw the request, SGLang's drain finished it and exited before
     # the next poll; the report said "1 cut" for a request that got its 200.
     timed_out = drain.Waited(End.TIMEOUT, 1, 1, 2.0)
-    d = drain.result(timed_out, 1, 24.6, 2.0, logged=drain.logged_left(OLD_SERVER))
+    d = drain.result(timed_out, drain.StopWatch(1, 24.6), 2.0, logged=drain.logged_left(OLD_SERVER))
     assert (d.in_flight, d.finished, d.cut) == (1, 1, 0)
     # killed mid-drain: its own last line says one was left, and so does the watch
-    killed = drain.result(timed_out, 1, 3.0, 2.0, logged=drain.logged_left(OLD_SERVER[:3]))
+    killed = drain.result(timed_out, drain.StopWatch(1, 3.0), 2.0, logged=drain.logged_left(OLD_SERVER[:3]))
     assert (killed.finished, killed.cut) == (0, 1)
     # the watch never got an answer in: the log's count stands over the wait's
-    unseen = drain.result(drain.Waited(End.TIMEOUT, 3, 3, 2.0), None, 0.0, 2.0, logged=1)
+    unseen = drain.result(drain.Waited(End.TIMEOUT, 3, 3, 2.0), None, 2.0, logged=1)
     assert (unseen.finished, unseen.cut) == (2, 1)
 
 
@@ -257,3 +257,14 @@ def test_the_stop_watch_keeps_what_it_saw_while_its_last_poll_still_hangs() -> N
         return drain.Load(n, 0)
 
     assert watch.run(read, lambda: False, clock, clock.sleep, poll_s=0.5) == (1, 0.5)
+
+
+def test_a_request_that_arrived_after_the_first_look_and_finished_in_sglangs_drain_is_counted() -> None:
+    """deployctl's first look saw nothing; a request came before the stop and SGLang's drain finished it:
+    the report said "0 in flight" for a request the restart did carry through."""
+    idle = drain.Waited(End.IDLE, 0, 0, 0.0)
+    clock = FakeClock()
+    watch = drain.StopWatch()
+    watch.run(FakeServer([0, 1, 1, None], clock).read, lambda: False, clock, clock.sleep, poll_s=0.5)
+    d = drain.result(idle, watch, 2.0, logged=0)
+    assert (d.in_flight, d.finished, d.cut) == (1, 1, 0)

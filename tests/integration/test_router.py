@@ -19,14 +19,14 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
 from tests import fleethosts, testhost
 from tests.fleethosts import Fleet, HostSpec
-from tests.integration.conftest import DEPLOYCTL
+from tests.integration.conftest import DEPLOYCTL, wait_for
 from tests.testhost.instance import free_ports
 
 pytestmark = pytest.mark.integration
@@ -107,13 +107,15 @@ def routed() -> Iterator[tuple[Fleet, Router]]:
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
     router = Router(f"http://127.0.0.1:{port}", proc)
     try:
-        if not _until(lambda: _answers(router), 60):
-            raise AssertionError(f"the router never answered: {log.read_text()[-2000:]}")
+        try:
+            wait_for(lambda: _answers(router), 60, 0.5)
+        except AssertionError:
+            raise AssertionError(f"the router never answered: {log.read_text()[-2000:]}") from None
         for name in HOSTS:
             worker = f"http://127.0.0.1:{_port(f, name)}"
-            assert _until(lambda w=worker: _answers_at(w + "/health"), 300), f"{name} never served"
+            wait_for(lambda w=worker: _answers_at(w + "/health"), 300, 0.5)
             router.call("POST", "/workers", {"url": worker})
-        assert _until(lambda: len(router.healthy_workers()) == len(HOSTS), 120), "not all three listed"
+        wait_for(lambda: len(router.healthy_workers()) == len(HOSTS), 120, 0.5)
         yield f, router
     finally:
         proc.terminate()
@@ -135,15 +137,6 @@ def _answers_at(url: str) -> bool:
             return bool(r.status == 200)
     except OSError:
         return False
-
-
-def _until(check: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.5)
-    return True
 
 
 def _set_router(f: Fleet, router: Router | None, extra: str = "") -> None:

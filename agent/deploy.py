@@ -45,6 +45,11 @@ def session(conn: Connection) -> Iterator[Session]:
 
 
 def apply(conn: Connection, change: Change, out: Output) -> int:
+    host = load_service(conn.host, units_dir(conn.units))
+    if host.nodes is not None:  # one service over several hosts: one coordinated change of every node
+        from agent.group.apply import apply as apply_group
+
+        return apply_group(host, conn, change, out)
     with session(conn) as s:
         ask = base_request(s.host, "facts")
         # facts and the apply planned from them go to one agent process over one channel

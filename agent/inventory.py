@@ -301,6 +301,41 @@ class Router(_Model):
         return self
 
 
+NODE_FLAGS = ("nnodes", "node-rank", "dist-init-addr")  # what [nodes] renders, per node
+DIST_ADDR = re.compile(r"(?P<host>[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):(?P<port>\d{1,5})")
+
+
+def _dist_addr(value: str) -> str:
+    m = DIST_ADDR.fullmatch(value)
+    if m is None or not 1 <= int(m["port"]) <= 65535:
+        raise ValueError("must be HOST:PORT (node 0's address as the other nodes reach it, and a free port)")
+    return value
+
+
+class Nodes(_Model):
+    """One SGLang server over several hosts (--nnodes): [ssh] target is node rank 0, the one that serves
+    HTTP; each node gets the same unit with its own --node-rank."""
+
+    others: list[Text] = Field(
+        min_length=1, max_length=63,
+        description="the SSH targets of node ranks 1, 2, ... in this order ([ssh] target is rank 0)",
+    )  # fmt: skip
+    dist_init_addr: Annotated[str, AfterValidator(_dist_addr)] = Field(
+        description="--dist-init-addr: node 0's HOST:PORT for the ranks' rendezvous"
+    )
+    wait_s: float = Field(
+        default=3600.0, gt=0, le=WEEK,
+        description="how long a node waits for deployctl's next word (start, commit) before it rolls "
+        "itself back: a change whose laptop is gone ends with every node on its old unit",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _distinct_nodes(self) -> Nodes:
+        if len(set(self.others)) != len(self.others):
+            raise ValueError("others: names a node twice")
+        return self
+
+
 class HostConfig(_Model):
     name: Text = ""
     # Inventory groups for a fleet rollout (deployctl fleet, the Ansible inventory plugin).
@@ -318,12 +353,29 @@ class HostConfig(_Model):
     prewarm: Prewarm = Field(default_factory=Prewarm)
     drain: Drain = Field(default_factory=Drain)
     router: Router = Field(default_factory=Router)
+    nodes: Nodes | None = None
 
     @model_validator(mode="after")
     def _one_gpu_setting(self) -> HostConfig:
         if self.gpus.indices is not None and VISIBLE in self.unit.environment:
             raise ValueError(f"unit.environment.{VISIBLE}: gpus.indices sets it; keep one of the two")
         return self
+
+    @model_validator(mode="after")
+    def _nodes_set_their_flags(self) -> HostConfig:
+        if self.nodes is None:
+            return self
+        if self.ssh.target in self.nodes.others:
+            raise ValueError(f"nodes.others: names [ssh] target {self.ssh.target!r}, which is node rank 0")
+        for flag in NODE_FLAGS:
+            if flag in self.sglang.flags:
+                raise ValueError(f"sglang.flags.{flag}: [nodes] sets it for each node; leave it out")
+        return self
+
+    @property
+    def node_targets(self) -> tuple[str, ...]:
+        """The SSH targets this service runs on, node rank 0 first (one for a single-host service)."""
+        return (self.ssh.target, *(self.nodes.others if self.nodes else ()))
 
     @property
     def unit_path(self) -> str:
@@ -392,7 +444,8 @@ def load_service(name: str, directory: Path) -> HostConfig:
     me = Service(directory / f"{name}.toml", host)
     # A sibling file that does not load is left out: it cannot be deployed, and its own commands say why.
     siblings = [s for s in load_services(directory, skip_broken=True) if s.path != me.path]
-    check_services([me, *(s for s in siblings if s.config.ssh.target == host.ssh.target)])
+    mine = set(host.node_targets)
+    check_services([me, *(s for s in siblings if mine & set(s.config.node_targets))])
     return host
 
 
@@ -413,7 +466,8 @@ def check_services(services: Sequence[Service]) -> None:
     the first clash is refused in one line naming both files, before anything is touched."""
     by_target: dict[str, list[Service]] = {}
     for service in sorted(services, key=lambda s: s.path):  # the same line whichever file was asked for
-        by_target.setdefault(service.config.ssh.target, []).append(service)
+        for target in service.config.node_targets:  # a multi-node service is on each of its nodes
+            by_target.setdefault(target, []).append(service)
     for target, group in by_target.items():
         for i, a in enumerate(group):
             for b in group[i + 1 :]:

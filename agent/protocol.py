@@ -40,7 +40,9 @@ def conversation_bound_s(req: Request) -> float:
     return ANSWER_TIMEOUT_S + t.weights_s + 3 * one_start + req.smoke.timeout_s + SLACK_S
 
 
-VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow", "inspect")
+VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow", "inspect", "signal")
+# A multi-node service's coordinator to one node's transaction (agent/host/groupsignal.py).
+SIGNALS = ("go", "commit", "abort")
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
 BACKUP_NAME = re.compile(rf"(?P<unit>{UNIT_NAME.pattern})\.bak\.(?P<ts>\d{{8}}T\d{{6}}Z)(?:-\d+)?")
 TXN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
@@ -104,6 +106,7 @@ class Stage(str, Enum):
     ROLLBACK = "rollback"
     RESTORE = "restore"
     VERIFY_OLD = "verify_old"
+    GROUP = "group"  # one node of a multi-node service: its stop, its vote, the group's decision
     DONE = "done"
 
 
@@ -172,6 +175,17 @@ class Smoke:
 
 
 @dataclass(frozen=True)
+class Group:
+    """One node's part in a change of a multi-node service: the node stops, waits for the coordinator's
+    "go" (every rank stopped), starts, votes, and waits for "commit" or "abort". Without a signal within
+    wait_s the node rolls itself back: a group converges on the old units when its coordinator is gone."""
+
+    rank: int
+    nnodes: int
+    wait_s: float = 3600.0
+
+
+@dataclass(frozen=True)
 class Timeouts:
     weights_s: float = 1800.0
     pool_s: float = 600.0
@@ -217,6 +231,9 @@ class Request:
     router_url: str | None = None
     router_worker_url: str | None = None
     router_timeout_s: float = 60.0
+    group: Group | None = None  # apply: this node's rank in a multi-node service
+    signal: str | None = None  # signal: "go", "commit" or "abort" to transaction `txn`
+    reason: str = ""  # signal abort: why, for the node's report
     version: int = VERSION
 
     def to_json(self) -> str:
@@ -237,6 +254,8 @@ class Request:
             timeouts = Timeouts(**raw.pop("timeouts", {}))
             raw["secret_names"] = tuple(raw.get("secret_names", ()))
             raw["keep_secret_env"] = tuple(raw.get("keep_secret_env", ()))
+            group = raw.pop("group", None)
+            raw["group"] = Group(**group) if isinstance(group, dict) else group
             req = cls(smoke=smoke, timeouts=timeouts, **raw)
         except TypeError as exc:
             raise ProtocolError(f"bad request: {exc}") from None
@@ -272,8 +291,21 @@ class Request:
         if self.txn is not None:
             _check(TXN_ID.fullmatch(self.txn) is not None, f"bad transaction id {self.txn!r}")
         _check(self.smoke.prompt_tokens > 0 and self.smoke.timeout_s > 0, "bad smoke test settings")
+        self._check_group()
         for text in (self.smoke.sentence, self.smoke.question, self.smoke.expect, *self.secret_names):
             _check(not find_control(text), "smoke test text contains a control character")
+
+    def _check_group(self) -> None:
+        g = self.group
+        if g is not None:
+            _check(_is_int(g.rank) and _is_int(g.nnodes) and 0 <= g.rank < g.nnodes <= 64, "bad group rank")
+            _check(_is_number(g.wait_s) and 0 < g.wait_s <= 7 * 86400, "bad group wait_s")
+            _check(self.verb == "apply", "only apply runs as a node of a group")
+        if self.verb == "signal":
+            _check(
+                self.signal in SIGNALS and self.txn is not None, "signal needs one of go/commit/abort and txn"
+            )
+        _check(isinstance(self.reason, str) and not find_control(self.reason), "bad reason")
 
     def _check_types(self) -> None:
         """JSON may put any type anywhere: refuse what the range checks could not even compare."""
@@ -481,6 +513,18 @@ class TxnStatus(TypedDict):
     id: str
     known: bool
     outcome: EventJson | None
+
+
+class SignalAnswer(TypedDict, total=False):
+    """The signal verb's answer: what the node's transaction has been told, and the decision that stands
+    (the coordinator's, or the node's own when it gave up waiting)."""
+
+    known: bool
+    go: bool
+    decision: str | None
+    by: str
+    reason: str
+    orphan: bool
 
 
 class StatusAnswer(TypedDict, total=False):

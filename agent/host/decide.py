@@ -20,6 +20,9 @@ class Gate:
     planned_pool: int | None
     margin: float
     timeouts: Timeouts
+    # A multi-node service's node rank >= 1: it serves no HTTP and never logs "fired up" (SGLang
+    # entrypoints/engine.py, node_rank >= 1): its own pool line on a running unit is its readiness.
+    follower: bool = False
 
     @property
     def required_pool(self) -> int | None:
@@ -97,6 +100,8 @@ def decide(obs: Observation, gate: Gate, pool_passed: bool) -> Verdict:
         return Verdict(
             Action.POOL_OK, f"KV pool {obs.kv_tokens:,} tokens" + (f" >= {need:,}" if need else "")
         )
+    if pool_passed and gate.follower:
+        return Verdict(Action.READY, "its KV pool is logged and it runs (node ranks >= 1 serve no HTTP)")
     if obs.ready:
         if obs.kv_tokens is None:
             return fail("the server is ready but logged no KV pool size", Failure.SGLANG_FAILURE)

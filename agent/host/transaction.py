@@ -9,15 +9,16 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.host import drain, loadcheck, serverinfo
 from agent.host.adopt import kept_secret_env
-from agent.host.decide import Action, Gate
+from agent.host.decide import Action, Failure, Gate, fail
 from agent.host.events import EventLog, utc_now
+from agent.host.groupsignal import Decided, Decision, Signals, wait_for
 from agent.host.loadcheck import LoadResult, LoadSpec
 from agent.host.router import HttpRouter, RouterError, RouterPort, put_back, take_out
 from agent.host.secrets import SecretFiles
@@ -64,6 +65,8 @@ class SystemdPort(Protocol):
     def restart(self, unit: str, timeout: float) -> JobResult: ...
 
     def stop(self, unit: str, timeout: float) -> JobResult: ...
+
+    def start(self, unit: str, timeout: float) -> JobResult: ...
 
 
 class ProbePort(Protocol):
@@ -128,6 +131,7 @@ class Transaction:
         self.prewarmed: Prewarmed | None = None
         self.drains: list[drain.Drain] = []  # the old server's, then (a rollback) the rejected one's
         self.stopping_at = ""
+        self.barrier: str | None = None  # a node of a group that got no "go": why it never started
         self.events: list[Event] = []  # this run's events: the downtime is read off them
         log.listeners.append(self.events.append)
 
@@ -188,7 +192,9 @@ class Transaction:
             return Result(Outcome.ERROR, msg + "; nothing changed: set them in the inventory's environment")
         secrets = self.secrets.wanted({**kept, **self.req.secret_env}, self.req.secret_flags)
         same = current == new and self.secrets.current() == secrets
-        if same and self._running_as_installed():
+        # A node of a group restarts with the others even when its own unit is unchanged: the laptop asks
+        # only when some rank needs it, and one rank cannot restart alone.
+        if same and self._running_as_installed() and self.req.group is None:
             if self._met_target(sha256(new)):
                 msg = f"{self.unit} is already up to date and its pool meets the target: nothing to do"
                 self.log.emit(Stage.COMPARE, "step", msg)
@@ -391,7 +397,7 @@ class Transaction:
         backup_name: str | None = None
         touched: dict[str, str | None] | None = None  # the live secrets, once this run began writing them
         try:
-            if not wrote:
+            if not wrote and self.req.group is None:
                 # Written but not running as written: finish the start; go back to the last other unit.
                 backup_name = self._last_different_backup(new)
                 self.log.emit(Stage.COMPARE, "step", f"{self.unit} is installed but not running as written")
@@ -455,6 +461,8 @@ class Transaction:
         self, new: str, gate: Gate, smoke: Smoke | None, backup: str | None, restored_from: str | None
     ) -> Result:
         """Restart, watch, gate, verify: commit the new unit, or roll back to the backup."""
+        if self.req.group is not None:
+            return self._group_start_and_decide(new, gate, smoke, backup, restored_from)
         started = self._restart_and_watch(gate, Stage.WATCH)
         if started.verdict.action is Action.READY:
             verified = self._verify(started, smoke, gate, new)
@@ -525,10 +533,43 @@ class Transaction:
             return
         self.log.emit(Stage.PREWARM, "step", self.prewarmed.describe(), **self.prewarmed.to_dict())
 
-    def _restart_and_watch(self, gate: Gate, stage: Stage) -> WatchResult:
+    def _group_start_and_decide(
+        self, new: str, gate: Gate, smoke: Smoke | None, backup: str | None, restored_from: str | None
+    ) -> Result:
+        """One node of a multi-node service: stop, wait for every rank to stop ("go"), start, watch, vote,
+        then do what the group decided; no word from the coordinator in time is a rollback."""
+        assert self.req.group is not None
+        signals = Signals(self.state.txn_dir(self.txn))
+        started = self._restart_and_watch(gate, Stage.WATCH, barrier=signals)
+        reason = self.barrier or started.verdict.reason
+        if self.barrier is None and started.verdict.action is Action.READY:
+            reason = self._verify(started, smoke, gate, new) or ""
+        rank = self.req.group.rank
+        if reason:
+            stands = signals.claim(Decision.ABORT, f"rank {rank}: {reason}", "node")
+            self.log.emit(Stage.GROUP, "warning", f"rank {rank} failed: {reason}", vote="failed")
+        else:
+            pool = started.summary.get("kv_tokens")
+            self.log.emit(Stage.GROUP, "step", f"rank {rank} ready (KV pool {pool:,} tokens): waiting for "
+                          "the group's decision", vote="ready", kv_tokens=pool)  # fmt: skip
+            wait_s = self.req.group.wait_s
+            if not wait_for(lambda: signals.decided() is not None, wait_s):
+                signals.claim(Decision.ABORT, f"no decision from deployctl within {wait_s:.0f} s", "node")
+            stands = signals.decided() or Decided(Decision.ABORT, "no decision", "node")
+            if stands.decision is Decision.COMMIT:
+                self.log.emit(Stage.GROUP, "step", "the group committed", decision="commit")
+                return self._commit(started, new, backup, restored_from)
+            reason = f"the group rolled back ({stands.reason})"
+        self.log.emit(Stage.GROUP, "step", f"the group rolled back: {stands.reason}", decision="abort")
+        return self._roll_back(reason, started, backup, new)
+
+    def _restart_and_watch(self, gate: Gate, stage: Stage, barrier: Signals | None = None) -> WatchResult:
         cursor = self.journal.cursor()
         before = self.systemd.unit_state(self.unit)
-        job = self._drained_restart(before.invocation_id)
+        gate = replace(gate, follower=_node_rank(self.files.read(self.unit) or "") >= 1)
+        job = self._drained_restart(before.invocation_id, barrier)
+        if barrier is not None and self.barrier is not None:  # never started: not every rank stopped
+            return WatchResult(fail(self.barrier, Failure.TIMEOUT), {}, 0.0)
         after = self.systemd.unit_state(self.unit)
         self.log.emit(
             Stage.RESTART,
@@ -546,8 +587,9 @@ class Transaction:
         )
         return watch_start(start, self.log, stage)
 
-    def _drained_restart(self, old_invocation: str) -> JobResult:
-        """Let the running server finish what it has (bounded by [drain] timeout_s), then restart."""
+    def _drained_restart(self, old_invocation: str, barrier: Signals | None = None) -> JobResult:
+        """Let the running server finish what it has (bounded by [drain] timeout_s), then restart; a node
+        of a group stops, waits for the coordinator's "go" and only then starts."""
         from agent.host.drainer import restart_drained
 
         # The job covers SGLang's own drain (up to TimeoutStopSec) before the new process starts.
@@ -555,6 +597,8 @@ class Transaction:
 
         def restart() -> JobResult:
             self.stopping_at = utc_now()  # the old server stops answering from here: the downtime begins
+            if barrier is not None:
+                return self._stop_then_start(barrier, timeout + RESTART_JOB_TIMEOUT_S)
             job: JobResult = self.systemd.restart(self.unit, timeout + RESTART_JOB_TIMEOUT_S)
             return job
 
@@ -566,9 +610,30 @@ class Transaction:
         self.log.emit(Stage.DRAIN, "step", drained.describe(), **drained.to_dict())
         return job
 
+    def _stop_then_start(self, barrier: Signals, timeout: float) -> JobResult:
+        """A group's node: stop, tell the coordinator, start once every rank has stopped. A rank that
+        started early would join the other ranks' old servers (their rendezvous port is the same)."""
+        assert self.req.group is not None
+        stopped = self.systemd.stop(self.unit, timeout)
+        rank, wait_s = self.req.group.rank, self.req.group.wait_s
+        self.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}): waiting for every rank "
+                      "to stop", vote="stopped", job=stopped.result)  # fmt: skip
+        if not wait_for(lambda: barrier.gone() or barrier.decided() is not None, wait_s):
+            barrier.claim(Decision.ABORT, f"rank {rank} got no start signal within {wait_s:.0f} s", "node")
+        stands = barrier.decided()
+        if stands is not None and stands.decision is Decision.ABORT:  # by the coordinator, or on its own
+            self.barrier = f"the group rolled back before the start ({stands.reason})"
+            return stopped
+        self.log.emit(Stage.GROUP, "step", f"every rank stopped: starting rank {rank}")
+        job: JobResult = self.systemd.start(self.unit, RESTART_JOB_TIMEOUT_S)
+        return job
+
     def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate, new: str) -> str | None:
         """After the log said ready: the HTTP API answers, runs what was rendered, and a long prompt fits."""
         from agent.host.probe import ProbeError  # requests: only once a start is ready
+
+        if _node_rank(new) >= 1:  # a placeholder answers 200 to anything there: rank 0 is checked instead
+            return None
 
         probe = self.probe(self.req.http_host, self.req.port, self.secrets.api_key())
         try:
@@ -746,6 +811,9 @@ class Transaction:
         old = self._restart_and_watch(Gate(None, None, 0.0, self.req.timeouts), Stage.VERIFY_OLD)
         if old.verdict.action is not Action.READY:
             return False, old.verdict.reason
+        if _node_rank(self.files.read(self.unit) or "") >= 1:  # its /health is a placeholder's
+            self.log.emit(Stage.VERIFY_OLD, "step", "old unit running with its KV pool (node rank >= 1)")
+            return True, ""
         try:
             self.probe(self.req.http_host, self.req.port, self.secrets.api_key()).wait_ready(
                 self.req.timeouts.ready_s
@@ -819,6 +887,16 @@ class Transaction:
 _NO_UNIT = ("not-found", "masked")  # systemd's load states of a name with no unit to run (an empty file)
 # systemd's unit folders searched before /etc/systemd/system (systemd.unit(5), "Unit File Load Path")
 _SEARCHED_BEFORE_ETC = ("system.control", "transient", "generator.early")
+
+
+def _node_rank(unit_text: str) -> int:
+    """The unit's --node-rank (0 when absent or unreadable): ranks >= 1 of a multi-node service."""
+    try:
+        rank = parse_unit_flags(unit_text).get("node-rank", 0) if unit_text else 0
+    except FlagsError:
+        return 0
+    text = str(rank)
+    return int(text) if text.isdigit() else 0
 
 
 def _flags_of(unit_text: str) -> dict[str, FlagValue]:

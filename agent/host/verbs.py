@@ -22,6 +22,7 @@ from agent.protocol import (
     GpuRow,
     HostFacts,
     Request,
+    SignalAnswer,
     StatusAnswer,
     UnitStateData,
     UnitView,
@@ -41,7 +42,7 @@ def dispatch(req: Request, out: TextIO) -> int:
         assert req.txn is not None
         return runner.follow(req, req.txn, out)
     verbs: dict[str, Callable[[Request], Mapping[str, object]]] = {
-        "facts": facts, "backups": backups, "status": status, "inspect": adopt.inspect
+        "facts": facts, "backups": backups, "status": status, "inspect": adopt.inspect, "signal": signal
     }  # fmt: skip
     result = dict(verbs[req.verb](req))
     result["orphan"] = recovery.orphaned(req, lambda: runner.running(req))
@@ -136,6 +137,29 @@ def status(req: Request) -> StatusAnswer:
         known = (state_dir.txn_dir(req.txn) / "request.json").is_file()
         answer["txn"] = {"id": req.txn, "known": known, "outcome": _outcome(_events(state_dir, req.txn))}
     return answer
+
+
+def signal(req: Request) -> SignalAnswer:
+    """A multi-node change's coordinator to this node's transaction: "go" (every rank stopped: start), or
+    the group's decision; the answer is the decision that stands, which may be the node's own."""
+    from agent.host.groupsignal import Decision, Signals
+
+    assert req.txn is not None and req.signal is not None
+    folder = StateDir(req.state_dir).txn_dir(req.txn)
+    if not (folder / "request.json").is_file():
+        return {"known": False, "go": False, "decision": None}
+    signals = Signals(folder)
+    if req.signal == "go":
+        signals.go()
+    else:
+        signals.claim(Decision(req.signal), req.reason, "deployctl")
+    stands = signals.decided()
+    if stands is None:
+        return {"known": True, "go": signals.gone(), "decision": None}
+    return {
+        "known": True, "go": signals.gone(), "decision": stands.decision.value, "by": stands.by,
+        "reason": stands.reason,
+    }  # fmt: skip
 
 
 def _events(state_dir: StateDir, txn: str) -> list[EventJson]:

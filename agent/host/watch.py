@@ -154,7 +154,8 @@ def watch_start(
             log.emit(
                 Stage.GATE, "step", verdict.reason, kv_tokens=obs.kv_tokens, verdict_ms=round(verdict_ms, 2)
             )
-        elif verdict.action is Action.READY:
+            verdict = decide(obs, gate, pool_passed)  # a node rank >= 1 is ready on its pool line
+        if verdict.action is Action.READY:
             return WatchResult(verdict, seen.summary, clock() - t0)
         elif verdict.action is Action.FAIL:
             failed_at = now if failed_at is None else failed_at

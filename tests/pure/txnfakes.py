@@ -52,7 +52,9 @@ class Script:
         if context in self.crash:
             return [OOM_LINE], False
         if context in self.pools:
-            return [kv_line(self.pools[context]), READY_LINE], True
+            # a node rank >= 1 of a multi-node service never logs "fired up" (it serves no HTTP)
+            follower = "--node-rank 0" not in text and "--node-rank" in text
+            return [kv_line(self.pools[context]), *([] if follower else [READY_LINE])], True
         return [], True
 
 
@@ -71,7 +73,7 @@ class FakeSystemd:
         self.active, self.sub, self.invocation, self.n_restarts = "inactive", "dead", "", 0
         self.lines: dict[str, list[str]] = {}  # invocation -> what it logged so far
         self.later: dict[str, list[str]] = {}  # invocation -> what it logs once someone follows it
-        self.restarts = self.stops = self.reloads = 0
+        self.restarts = self.stops = self.reloads = self.starts = 0
         self.fragment, self.loaded = "", ""
         self._ids = itertools.count(1)
         self.entered_us = 0
@@ -97,6 +99,15 @@ class FakeSystemd:
             return JobResult(unit, "0", "failed")
         self.boot(*self.script.lines(self.loaded))
         return JobResult(unit, str(self.restarts), "done")
+
+    def start(self, unit: str, timeout: float) -> JobResult:
+        self.starts += 1
+        if self.active == "active":  # systemd: starting a running unit is a no-op
+            return JobResult(unit, str(self.starts), "done")
+        if not self.fragment or not self.loaded:
+            return JobResult(unit, "0", "failed")
+        self.boot(*self.script.lines(self.loaded))
+        return JobResult(unit, str(self.starts), "done")
 
     def stop(self, unit: str, timeout: float) -> JobResult:
         self.stops += 1

@@ -1,0 +1,94 @@
+"""Pure: a multi-node change's next step, from what each node's transaction has said so far.
+
+Every node stops, and none starts before every rank has stopped ("go"): a rank started early would join
+the other ranks' old servers at the same rendezvous port. Every node then votes; the group commits only
+when every rank is ready (rank 0's votes last: its gate includes /health and the smoke test, which need
+every rank up). Anything else aborts every rank. A node that kept the new unit while another went back is
+rolled back too: the group converges on all new or all old, never a mix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from agent.protocol import Outcome
+
+
+class Vote(str, Enum):
+    """How far a node's transaction has got, from its events."""
+
+    STARTED = "started"  # sent, not stopped yet (writing, draining, stopping)
+    STOPPED = "stopped"  # stopped, waiting for "go"
+    READY = "ready"  # its start passed its gate: waiting for the decision
+    FAILED = "failed"  # its start failed (it rolls itself back)
+
+
+@dataclass(frozen=True)
+class Rank:
+    vote: Vote = Vote.STARTED
+    outcome: Outcome | None = None  # its transaction ended
+    lost: bool = False  # no contact: the follow gave up re-attaching
+    why: str = ""  # a failed vote's reason, or the outcome's message
+
+
+class Step(str, Enum):
+    WAIT = "wait"
+    GO = "go"
+    COMMIT = "commit"
+    ABORT = "abort"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class Next:
+    step: Step
+    reason: str = ""
+
+
+def next_step(ranks: Sequence[Rank], went: bool, decided: Step | None) -> Next:
+    """went: "go" was sent; decided: COMMIT or ABORT once sent."""
+    if decided is not None:
+        done = all(r.outcome is not None or r.lost for r in ranks)
+        return Next(Step.DONE) if done else Next(Step.WAIT)
+    for n, r in enumerate(ranks):
+        why = _why_not(r)
+        if why is not None:
+            return Next(Step.ABORT, f"rank {n} {why}")
+    votes = {r.vote for r in ranks}
+    if not went and votes <= {Vote.STOPPED, Vote.READY}:
+        return Next(Step.GO)
+    if votes == {Vote.READY}:
+        return Next(Step.COMMIT)
+    return Next(Step.WAIT)
+
+
+def _why_not(r: Rank) -> str | None:
+    """Why this rank stops the group, or None."""
+    if r.lost:
+        return "cannot be reached (it rolls itself back when no decision comes)"
+    if r.vote is Vote.FAILED:
+        return f"failed: {r.why}" if r.why else "failed"
+    if r.outcome is not None:  # ended before the group decided: refused, locked, or the agent died
+        return f"ended without a decision ({r.outcome.value}): {r.why}"
+    return None
+
+
+def to_roll_back(ranks: Sequence[Rank]) -> tuple[int, ...]:
+    """Once every transaction ended: the ranks that kept the new unit while another did not."""
+    kept = tuple(n for n, r in enumerate(ranks) if r.outcome is Outcome.APPLIED)
+    return () if len(kept) == len(ranks) else kept
+
+
+def group_outcome(ranks: Sequence[Rank], converged: bool) -> Outcome:
+    """The group's outcome: applied only when every rank applied; rolled back when every rank is back on
+    its old unit (converged: the ranks that had kept the new one were rolled back too)."""
+    outcomes = [r.outcome for r in ranks]
+    if all(o is Outcome.APPLIED for o in outcomes):
+        return Outcome.APPLIED
+    if any(r.lost for r in ranks) or Outcome.ROLLBACK_FAILED in outcomes or not converged:
+        return Outcome.ROLLBACK_FAILED
+    if all(o in (Outcome.ERROR, Outcome.LOCKED) for o in outcomes):
+        return Outcome.ERROR  # refused everywhere before anything was changed
+    return Outcome.ROLLED_BACK

@@ -1,0 +1,96 @@
+"""A multi-node change's signals to one node, kept as files in that node's transaction folder.
+
+The coordinator (deployctl on the laptop) delivers "go" and the group's decision over any SSH connection
+(the `signal` verb), so a dropped link loses nothing: the next connection delivers it, and the node's
+transaction reads files, not a socket. The decision has one writer that wins: the coordinator's commit or
+abort, or the node's own abort when no decision came in time. Both claim it by hard-linking a finished
+file to one name, which succeeds once; whoever comes second reads the winner. So a node never keeps a
+unit the coordinator rolled back elsewhere, nor rolls back one the coordinator was told it kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+POLL_S = 0.2
+
+
+class Decision(str, Enum):
+    COMMIT = "commit"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True)
+class Decided:
+    decision: Decision
+    reason: str
+    by: str  # "deployctl" or "node": who claimed it
+
+
+@dataclass(frozen=True)
+class Signals:
+    """The signal files of one transaction on this node."""
+
+    folder: Path
+
+    @property
+    def _go(self) -> Path:
+        return self.folder / "group-go"
+
+    @property
+    def _decision(self) -> Path:
+        return self.folder / "group-decision"
+
+    def go(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._go.touch()
+
+    def gone(self) -> bool:
+        return self._go.exists()
+
+    def decided(self) -> Decided | None:
+        try:
+            text = self._decision.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        word, _, rest = text.partition("\n")
+        by, _, reason = rest.partition("\n")
+        return Decided(Decision(word), reason, by)
+
+    def claim(self, decision: Decision, reason: str, by: str) -> Decided:
+        """Write the decision unless one is there already; the one that stands either way."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".group-decision.{os.getpid()}.{time.monotonic_ns()}"
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(f"{decision.value}\n{by}\n{reason}")
+            f.flush()
+            os.fsync(f.fileno())  # on disk before it can win: a host that reboots keeps what was decided
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, self._decision)  # atomic and exclusive: the first claim wins
+        finally:
+            tmp.unlink(missing_ok=True)
+        found = self.decided()
+        assert found is not None
+        return found
+
+
+def wait_for(
+    ready: Callable[[], bool],
+    wait_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Poll until ready() or wait_s passed: whether it became ready."""
+    deadline = clock() + wait_s
+    while not ready():
+        if clock() >= deadline:
+            return False
+        sleep(POLL_S)
+    return True

@@ -1,0 +1,185 @@
+"""A multi-node change end to end with fakes: the coordinator (group/run.py) drives a real host transaction
+per node (fake systemd and journal, txnfakes.py), and its signals go through the agent's own `signal` verb.
+Each fault is one test: a rank that fails, a link that drops, a coordinator that goes away."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from agent.errors import ConnectError
+from agent.group.decide import Rank, Step, Vote, group_outcome, next_step, to_roll_back
+from agent.group.run import Coordinator, Node, converge
+from agent.host import verbs
+from agent.inventory import HostConfig
+from agent.protocol import Event, Group, Outcome, Request, SignalAnswer, Timeouts
+from tests.pure.test_group_node import BROKEN, NEW, OLD, node_request, node_unit
+from tests.pure.txnfakes import TXN, Host, Script
+
+WAIT_S = 0.5
+
+
+@dataclass
+class FakeNode:
+    """One node: its fake host, and whether the link to it is down for signals."""
+
+    host: Host
+    link_down: bool = False
+
+    def txn_dir(self, txn: str) -> Path:
+        return self.host.root / "state" / "txn" / txn
+
+
+def nodes_for(tmp_path: Path, contexts: list[int]) -> tuple[list[Node], list[FakeNode]]:
+    fakes, nodes = [], []
+    for rank, context in enumerate(contexts):
+        host = Host(
+            tmp_path / f"n{rank}", Script(pools={"100000": 110_000, "200000": 210_000}, crash={"300000"})
+        )
+        host.install(host.etc, node_unit(OLD, rank))
+        req = replace(node_request(host, context, rank), txn=TXN, group=Group(rank, len(contexts), WAIT_S))
+        fakes.append(FakeNode(host))
+        nodes.append(Node(rank, HostConfig.model_construct(name=f"n{rank}"), None, req))
+    return nodes, fakes
+
+
+def run_group(nodes: list[Node], fakes: list[FakeNode]) -> Coordinator:
+    def follow(node: Node, on_event: Callable[[Event], None]) -> object:
+        fake = fakes[node.rank]
+        fake.txn_dir(TXN).mkdir(parents=True, exist_ok=True)
+        (fake.txn_dir(TXN) / "request.json").write_text(node.request.to_json())  # as the runner does
+        txn = fake.host.transaction(node.request)
+        txn.log.listeners.append(on_event)
+        result = txn.apply()
+        data = {"outcome": result.outcome.value, **result.data}
+        on_event(Event(TXN, 99, "", "done", "outcome", result.message, data))
+        return None
+
+    def deliver(node: Node, word: str, reason: str) -> SignalAnswer:
+        if fakes[node.rank].link_down:
+            raise ConnectError(f"{node.host.name}: connection refused")
+        return verbs.signal(replace(node.request, verb="signal", signal=word, reason=reason, group=None))
+
+    coordinator = Coordinator(nodes, lambda node, event: None, deliver=deliver, follow=follow)
+    coordinator.run()
+    return coordinator
+
+
+def rollback(fakes: list[FakeNode]) -> Callable[[Node, str], Event]:
+    def back(node: Node, backup: str) -> Event:
+        req = replace(node.request, verb="rollback", backup=backup, group=None, txn=None)
+        result = fakes[node.rank].host.transaction(req, txn="20261203T130000Z-abcdef").rollback()
+        return Event("-", 0, "", "done", "outcome", result.message, {"outcome": result.outcome.value})
+
+    return back
+
+
+def served(fake: FakeNode) -> str:
+    assert fake.host.systemd.active == "active"
+    return fake.host.systemd.loaded
+
+
+def test_two_healthy_ranks_are_raised_in_one_restart_each(tmp_path: Path) -> None:
+    nodes, fakes = nodes_for(tmp_path, [NEW, NEW])
+    run_group(nodes, fakes)
+    assert group_outcome([n.view for n in nodes], converge(nodes, rollback(fakes))) is Outcome.APPLIED
+    for rank, fake in enumerate(fakes):
+        assert served(fake) == node_unit(NEW, rank)
+        assert (fake.host.systemd.stops, fake.host.systemd.starts, fake.host.systemd.restarts) == (1, 1, 0)
+
+
+def test_a_failure_on_rank_1_rolls_both_back_and_names_rank_1(tmp_path: Path) -> None:
+    nodes, fakes = nodes_for(tmp_path, [NEW, BROKEN])
+    run_group(nodes, fakes)
+    converged = converge(nodes, rollback(fakes))
+    assert group_outcome([n.view for n in nodes], converged) is Outcome.ROLLED_BACK
+    assert served(fakes[0]) == node_unit(OLD, 0) and served(fakes[1]) == node_unit(OLD, 1)
+    assert nodes[0].outcome is not None and "rank 1" in nodes[0].outcome.message
+    assert "cuda_oom" in nodes[1].view.why or "OutOfMemory" in nodes[1].view.why
+
+
+def test_a_commit_that_cannot_reach_rank_1_converges_on_the_old_units(tmp_path: Path) -> None:
+    nodes, fakes = nodes_for(tmp_path, [NEW, NEW])
+
+    def cut_when_ready(event: Event) -> None:  # the link to rank 1 drops once it voted ready
+        if event.data.get("vote") == "ready":
+            fakes[1].link_down = True
+
+    run_with_hook(nodes, fakes, rank=1, hook=cut_when_ready)
+    # rank 0 was told commit first and kept the new unit; rank 1 heard nothing and rolled itself back
+    assert nodes[0].view.outcome is Outcome.APPLIED and nodes[1].view.outcome is Outcome.ROLLED_BACK
+    converged = converge(nodes, rollback(fakes))
+    assert converged and group_outcome([n.view for n in nodes], converged) is Outcome.ROLLED_BACK
+    assert served(fakes[0]) == node_unit(OLD, 0) and served(fakes[1]) == node_unit(OLD, 1)
+
+
+def run_with_hook(nodes: list[Node], fakes: list[FakeNode], rank: int, hook: Callable[[Event], None]) -> None:
+    """run_group, with `hook` hearing every event of node `rank` first."""
+    real_transaction = fakes[rank].host.transaction
+
+    def transaction(req, txn=TXN):  # type: ignore[no-untyped-def]
+        t = real_transaction(req, txn)
+        t.log.listeners.append(hook)
+        return t
+
+    fakes[rank].host.transaction = transaction  # type: ignore[method-assign]
+    run_group(nodes, fakes)
+
+
+def test_rank_1_that_gave_up_before_the_commit_turns_it_into_an_abort(tmp_path: Path) -> None:
+    nodes, fakes = nodes_for(tmp_path, [NEW, NEW])
+    # rank 1 claimed its own abort (it waited too long) just before the coordinator decides
+    run_with_hook(
+        nodes, fakes, rank=1,
+        hook=lambda e: e.data.get("vote") == "ready" and verbs.signal(
+            replace(nodes[1].request, verb="signal", signal="abort", reason="no decision in time", group=None)
+        ),
+    )  # fmt: skip
+    converged = converge(nodes, rollback(fakes))
+    assert converged and group_outcome([n.view for n in nodes], converged) is Outcome.ROLLED_BACK
+    assert served(fakes[0]) == node_unit(OLD, 0) and served(fakes[1]) == node_unit(OLD, 1)
+
+
+def test_a_node_whose_follow_is_lost_is_in_doubt_not_rolled_back_blindly() -> None:
+    ranks = [Rank(Vote.READY, Outcome.APPLIED), Rank(Vote.READY, None, lost=True)]
+    assert to_roll_back(ranks) == (0,)
+    assert group_outcome(ranks, converged=False) is Outcome.ROLLBACK_FAILED
+
+
+@pytest.mark.parametrize(
+    ("ranks", "went", "step"),
+    [
+        ([Rank(Vote.STOPPED), Rank(Vote.STARTED)], False, Step.WAIT),  # rank 1 still draining or stopping
+        ([Rank(Vote.STOPPED), Rank(Vote.STOPPED)], False, Step.GO),
+        ([Rank(Vote.READY), Rank(Vote.STOPPED)], True, Step.WAIT),
+        ([Rank(Vote.READY), Rank(Vote.READY)], True, Step.COMMIT),
+        ([Rank(Vote.READY), Rank(Vote.FAILED, why="OOM")], True, Step.ABORT),
+        ([Rank(Vote.STARTED, Outcome.ERROR, why="locked"), Rank(Vote.STOPPED)], False, Step.ABORT),
+        ([Rank(Vote.STOPPED), Rank(lost=True)], False, Step.ABORT),
+    ],
+)
+def test_next_step(ranks: list[Rank], went: bool, step: Step) -> None:
+    assert next_step(ranks, went, None).step is step
+
+
+def test_the_abort_names_the_rank_and_why() -> None:
+    nxt = next_step([Rank(Vote.READY), Rank(Vote.FAILED, why="SGLang failed (cuda_oom)")], True, None)
+    assert nxt.reason == "rank 1 failed: SGLang failed (cuda_oom)"
+
+
+def test_signal_verb_on_an_unknown_transaction_changes_nothing(tmp_path: Path) -> None:
+    host = Host(tmp_path, Script())
+    req = replace(host.request(NEW), verb="signal", signal="commit", txn=TXN)
+    assert verbs.signal(req) == {"known": False, "go": False, "decision": None}
+    assert not (tmp_path / "state" / "txn").exists()
+
+
+def test_request_json_round_trips_the_group(tmp_path: Path) -> None:
+    host = Host(tmp_path, Script())
+    req = replace(node_request(host, NEW, 1), timeouts=Timeouts())
+    back = Request.from_json(req.to_json())
+    assert back.group == Group(1, 2, 0.4) and json.loads(req.to_json())["group"]["rank"] == 1

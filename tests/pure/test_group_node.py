@@ -1,0 +1,132 @@
+"""One node's transaction in a multi-node change, with fake systemd and the coordinator's signals as files:
+stop, wait for "go", start, vote, then commit or roll back as the group decided, or by itself in time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agent.host.groupsignal import Decision, Signals
+from agent.host.transaction import Transaction
+from agent.protocol import Event, Group, Outcome, Request
+from tests.pure.txnfakes import TXN, Host, Script, unit_text
+
+OLD, NEW, BROKEN = 100_000, 200_000, 300_000
+WAIT_S = 0.4  # how long the node waits for a signal before it rolls itself back
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Host:
+    return Host(tmp_path, Script(pools={"100000": 110_000, "200000": 210_000}, crash={"300000"}))
+
+
+def node_unit(context: int, rank: int) -> str:
+    return unit_text(context).replace(
+        f"--context-length {context}", f"--context-length {context} --nnodes 2 --node-rank {rank}"
+    )
+
+
+def node_request(host: Host, context: int, rank: int) -> Request:
+    req = host.request(context, unit_text=node_unit(context, rank), group=Group(rank, 2, WAIT_S))
+    return replace(req, drain=rank == 0)
+
+
+def on_vote(txn: Transaction, vote: str, then: Callable[[Signals], object]) -> Signals:
+    """What the coordinator does when this node's `vote` event ("stopped", "ready") is logged."""
+    signals = Signals(Path(txn.req.state_dir) / "txn" / TXN)
+
+    def hear(event: Event) -> None:
+        if event.data.get("vote") == vote:
+            then(signals)
+
+    txn.log.listeners.append(hear)
+    return signals
+
+
+def coordinator(txn: Transaction, decision: Decision | None) -> Signals:
+    """ "go" once the node stopped, then `decision` once it voted ready (None: never a word)."""
+    signals = on_vote(txn, "stopped", Signals.go)
+    if decision is not None:
+        on_vote(txn, "ready", lambda s: s.claim(decision, "rank 1 failed: OOM", "deployctl"))
+    return signals
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_node_starts_only_after_go_and_keeps_the_new_unit_on_commit(host: Host, rank: int) -> None:
+    host.install(host.etc, node_unit(OLD, rank))
+    txn = host.transaction(node_request(host, NEW, rank))
+    coordinator(txn, Decision.COMMIT)
+    result = txn.apply()
+    assert result.outcome is Outcome.APPLIED, result.message
+    assert host.systemd.loaded == node_unit(NEW, rank) and host.systemd.active == "active"
+    assert (host.systemd.stops, host.systemd.starts, host.systemd.restarts) == (1, 1, 0)
+
+
+def test_a_rank_above_0_is_ready_on_its_pool_line_and_never_asked_over_http(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, NEW, 1))
+    coordinator(txn, Decision.COMMIT)
+    assert txn.apply().outcome is Outcome.APPLIED
+    assert host.probe.asked == []  # its /health is a placeholder's: 200 whatever the group does
+
+
+def test_the_group_s_abort_rolls_a_healthy_node_back_and_says_why(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 0))
+    txn = host.transaction(node_request(host, NEW, 0))
+    coordinator(txn, Decision.ABORT)
+    result = txn.apply()
+    assert result.outcome is Outcome.ROLLED_BACK
+    assert "rank 1 failed: OOM" in result.message
+    assert host.systemd.loaded == node_unit(OLD, 0) and host.systemd.active == "active"
+
+
+def test_no_go_in_time_rolls_back_without_ever_starting_the_new_unit(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, NEW, 1))
+    result = txn.apply()  # no coordinator: it never says go
+    assert result.outcome is Outcome.ROLLED_BACK
+    assert "no start signal" in result.message
+    assert host.systemd.starts == 0 and host.systemd.loaded == node_unit(OLD, 1)
+    assert host.systemd.active == "active"  # the old unit restarted
+
+
+def test_no_decision_in_time_rolls_back_and_a_late_commit_is_told_so(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 0))
+    txn = host.transaction(node_request(host, NEW, 0))
+    signals = coordinator(txn, None)
+    result = txn.apply()
+    assert result.outcome is Outcome.ROLLED_BACK and "no decision" in result.message
+    late = signals.claim(Decision.COMMIT, "", "deployctl")  # the coordinator comes back too late
+    assert (late.decision, late.by) == (Decision.ABORT, "node")
+
+
+def test_a_node_whose_start_fails_claims_the_abort_so_no_commit_can_win_it(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, BROKEN, 1))
+    signals = coordinator(txn, None)
+    result = txn.apply()
+    assert result.outcome is Outcome.ROLLED_BACK
+    stands = signals.decided()
+    assert stands is not None and stands.decision is Decision.ABORT and stands.by == "node"
+    assert "rank 1" in stands.reason
+
+
+def test_an_unchanged_node_still_restarts_with_the_group_and_its_rollback_keeps_its_unit(host: Host) -> None:
+    host.install(host.etc, node_unit(NEW, 1))  # this rank already runs the new unit; another rank does not
+    txn = host.transaction(node_request(host, NEW, 1))
+    coordinator(txn, Decision.ABORT)
+    result = txn.apply()
+    assert result.outcome is Outcome.ROLLED_BACK
+    assert host.systemd.starts == 1  # it restarted with the group
+    assert host.systemd.loaded == node_unit(NEW, 1) and host.systemd.active == "active"
+
+
+def test_the_first_claim_wins_and_later_ones_read_it(tmp_path: Path) -> None:
+    signals = Signals(tmp_path / "txn")
+    first = signals.claim(Decision.COMMIT, "", "deployctl")
+    second = signals.claim(Decision.ABORT, "timeout", "node")
+    assert first == second and second.decision is Decision.COMMIT and second.by == "deployctl"
+    assert list((tmp_path / "txn").iterdir()) == [tmp_path / "txn" / "group-decision"]  # no temp file left

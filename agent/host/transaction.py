@@ -629,11 +629,12 @@ class Transaction:
         return job
 
     def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate, new: str) -> str | None:
-        """After the log said ready: the HTTP API answers, runs what was rendered, and a long prompt fits."""
-        from agent.host.probe import ProbeError  # requests: only once a start is ready
+        """After the log said ready: the HTTP API answers, runs what was rendered, and a long prompt fits.
+        A node rank >= 1 has a placeholder that answers 200 to anything: rank 0 is checked instead."""
+        return None if _node_rank(new) >= 1 else self._verify_http(started, smoke, gate, new)
 
-        if _node_rank(new) >= 1:  # a placeholder answers 200 to anything there: rank 0 is checked instead
-            return None
+    def _verify_http(self, started: WatchResult, smoke: Smoke | None, gate: Gate, new: str) -> str | None:
+        from agent.host.probe import ProbeError  # requests: only once a start is ready
 
         probe = self.probe(self.req.http_host, self.req.port, self.secrets.api_key())
         try:

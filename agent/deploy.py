@@ -34,7 +34,10 @@ class Session:
 
 @contextlib.contextmanager
 def session(conn: Connection) -> Iterator[Session]:
-    host = load_service(conn.host, units_dir(conn.units))
+    """The service's host; for a multi-node service, its node rank 0 (the one that serves HTTP)."""
+    from agent.group.nodes import node_host
+
+    host = node_host(load_service(conn.host, units_dir(conn.units)), 0)
     if conn.local:
         host = host.model_copy(update={"ssh": host.ssh.model_copy(update={"target": "local"})})
     transport = open_transport(host, conn.accept_new_host_key)
@@ -140,6 +143,14 @@ def backup_listing(s: Session) -> BackupsAnswer:
 
 
 def rollback(conn: Connection, to: str | None, out: Output, *, yes: bool) -> int:
+    host = load_service(conn.host, units_dir(conn.units))
+    if host.nodes is not None:
+        raise UsageError(
+            f"{host.name} is one service over {len(host.node_targets)} nodes: a rollback of one node would "
+            "leave the others on the new unit; nothing was changed",
+            hint=f"roll the whole group back with an apply of the old settings: deployctl apply {host.name} "
+            "--context N (its nodes' backups: deployctl backups)",
+        )
     with session(conn) as s:
         rows = backup_listing(s).get("backups") or []
         # The default is the newest backup that differs from the installed unit: after an automatic
@@ -198,6 +209,11 @@ def backups(conn: Connection, out: Output) -> int:
 
 
 def status(conn: Connection, out: Output, *, follow_running: bool) -> int:
+    host = load_service(conn.host, units_dir(conn.units))
+    if host.nodes is not None:  # every node's state; a rank down while rank 0 still answers is said
+        from agent.group.status import status as group_status
+
+        return group_status(host, conn, out)
     with session(conn) as s:
         st = _status(s)
         if recover_orphan(out, s, st):

@@ -323,6 +323,11 @@ class Nodes(_Model):
     dist_init_addr: Annotated[str, AfterValidator(_dist_addr)] = Field(
         description="--dist-init-addr: node 0's HOST:PORT for the ranks' rendezvous"
     )
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] | None = Field(
+        default=None,
+        description="the --port of node ranks 1, 2, ... where it is not [sglang] port (nodes that share "
+        "one machine's network, as the test hosts do); their placeholder /health listens there",
+    )
     wait_s: float = Field(
         default=3600.0, gt=0, le=WEEK,
         description="how long a node waits for deployctl's next word (start, commit) before it rolls "
@@ -333,6 +338,8 @@ class Nodes(_Model):
     def _distinct_nodes(self) -> Nodes:
         if len(set(self.others)) != len(self.others):
             raise ValueError("others: names a node twice")
+        if self.ports is not None and len(self.ports) != len(self.others):
+            raise ValueError(f"ports: {len(self.ports)} given for {len(self.others)} nodes in others")
         return self
 
 

@@ -27,13 +27,18 @@ def node_host(host: HostConfig, rank: int) -> HostConfig:
     update: dict[str, object] = {
         "name": f"{host.name}.rank{rank}",
         "ssh": host.ssh.model_copy(update={"target": host.node_targets[rank]}),
-        "sglang": host.sglang.model_copy(update={"flags": flags}),
+        "sglang": host.sglang.model_copy(update={"flags": flags, "port": _port(host, rank)}),
     }
     if rank > 0:  # nothing to smoke-test, drain or route: its /health is a placeholder
         update["smoke"] = host.smoke.model_copy(update={"enabled": False, "load": 0})
         update["drain"] = host.drain.model_copy(update={"enabled": False})
         update["router"] = type(host.router)()
     return host.model_copy(update=update)
+
+
+def _port(host: HostConfig, rank: int) -> int:
+    ports = host.nodes.ports if host.nodes else None
+    return ports[rank - 1] if ports and rank > 0 else host.sglang.port
 
 
 def node_hosts(host: HostConfig) -> list[HostConfig]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from agent.cli.options import Change, Connection, add_set_arg, add_target_args
 from agent.errors import UsageError
 from agent.exitcodes import ExitCode
+from agent.group.nodes import node_host
 from agent.inventory import load_service, units_dir
 from agent.output import Output, Style
 
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent.render import check_with_sglang_table
 
     change = Change.of(args)
-    host = load_service(args.host, units_dir(args.units))
+    host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
     check_with_sglang_table(host, dict(change.flags))
     host = with_set_flags(host, change, {})[0]
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)

@@ -6,6 +6,7 @@ import argparse
 
 from agent.cli.options import OPTION_FLAGS, add_set_arg, add_target_args
 from agent.errors import UsageError
+from agent.group.nodes import node_host
 from agent.inventory import HostConfig, load_service, units_dir
 from agent.output import Output
 from agent.sglang.flags import FlagInput, diff_flags, flag_table, parse_unit_flags
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent.sglang import version_flags
     from agent.verify import render_checked
 
-    host = load_service(args.host, units_dir(args.units))
+    host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
     flags = requested_flags(args)
     text = render_checked(host, flags)
     for warning in version_flags.deprecated(host.sglang.version, {**host.sglang.flags, **flags}):

@@ -311,6 +311,32 @@ def worker(todo: queue.Queue[tuple[str, Callable[..., None]]], results: list[Out
         sim.stop()
 
 
+def group_worker(results: list[Outcome], only: list[str]) -> None:
+    """The multi-node cases, one after another on one two-node group."""
+    from tests import groupfaults, grouphosts
+    from tests.integration.test_group import wait_for_group
+
+    todo = [c for c in groupfaults.CASES if not only or any(o in c[0] for o in only)]
+    if not todo:
+        return
+    g = grouphosts.boot(2)
+    try:
+        wait_for_group(g)
+        for name, step, seconds in todo:
+            out, t0 = Outcome(name), time.monotonic()
+            try:
+                case = groupfaults.run_case(g, step, seconds, lambda: wait_for_group(g))
+                out.survived, out.notes = case.survived, list(case.notes)
+            except Exception as exc:
+                out.notes.append(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}")
+            out.seconds = time.monotonic() - t0
+            results.append(out)
+            verdict = "survived" if out.survived else "FAILED"
+            print(f"{name:42s} {verdict:8s} {out.seconds:5.1f} s  {'; '.join(out.notes)}", flush=True)
+    finally:
+        g.stop()
+
+
 def main() -> int:
     todo: queue.Queue[tuple[str, Callable[..., None]]] = queue.Queue()
     only = sys.argv[1:]
@@ -320,6 +346,7 @@ def main() -> int:
     results: list[Outcome] = []
     t0 = time.monotonic()
     threads = [threading.Thread(target=worker, args=(todo, results)) for _ in range(WORKERS)]
+    threads.append(threading.Thread(target=group_worker, args=(results, only)))
     for t in threads:
         t.start()
     for t in threads:

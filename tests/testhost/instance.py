@@ -212,6 +212,15 @@ class TestHost:
             stdin=None if input is not None else subprocess.DEVNULL,
         )
 
+    def inside(self, argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess[bytes]:
+        """Run argv in the host's namespaces without SSH (nsenter into its init): for what must work
+        while its sshd is down."""
+        leader = _leader(self.pid)
+        if not leader:
+            raise TestHostUnavailable(f"{self.name}: no init to enter")
+        enter = ["nsenter", "-t", str(leader), "-m", "-u", "-i", "-p", "--"]
+        return subprocess.run([*enter, *argv], capture_output=True, timeout=timeout)
+
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Write a file on the running host atomically (parent folders created)."""
         target = self.root / path.lstrip("/")

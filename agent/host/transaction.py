@@ -552,10 +552,7 @@ class Transaction:
             pool = started.summary.get("kv_tokens")
             self.log.emit(Stage.GROUP, "step", f"rank {rank} ready (KV pool {pool:,} tokens): waiting for "
                           "the group's decision", vote="ready", kv_tokens=pool)  # fmt: skip
-            wait_s = self.req.group.wait_s
-            if not wait_for(lambda: signals.decided() is not None, wait_s):
-                signals.claim(Decision.ABORT, f"no decision from deployctl within {wait_s:.0f} s", "node")
-            stands = signals.decided() or Decided(Decision.ABORT, "no decision", "node")
+            stands = self._wait_for_decision(signals)
             if stands.decision is Decision.COMMIT:
                 self.log.emit(Stage.GROUP, "step", "the group committed", decision="commit")
                 return self._commit(started, new, backup, restored_from)
@@ -563,10 +560,31 @@ class Transaction:
         self.log.emit(Stage.GROUP, "step", f"the group rolled back: {stands.reason}", decision="abort")
         return self._roll_back(reason, started, backup, new)
 
+    def _wait_for_decision(self, signals: Signals) -> Decided:
+        """The group's decision; the node's own abort when none comes within wait_s, or when its server
+        stops meanwhile: it cannot serve without its peers (a rank that went back to its old unit takes
+        the others down), and systemd's Restart= must not bring it back to join another generation."""
+        assert self.req.group is not None
+        wait_s, started = self.req.group.wait_s, self.systemd.unit_state(self.unit)
+
+        def gone() -> bool:
+            now = self.systemd.unit_state(self.unit)
+            return now.invocation_id != started.invocation_id or now.active_state != "active"
+
+        if not wait_for(lambda: signals.decided() is not None or gone(), wait_s):
+            signals.claim(Decision.ABORT, f"no decision from deployctl within {wait_s:.0f} s", "node")
+        elif signals.decided() is None:
+            signals.claim(Decision.ABORT, "its server stopped while it waited for the decision", "node")
+        return signals.decided() or Decided(Decision.ABORT, "no decision", "node")
+
     def _restart_and_watch(self, gate: Gate, stage: Stage, barrier: Signals | None = None) -> WatchResult:
         cursor = self.journal.cursor()
         before = self.systemd.unit_state(self.unit)
         gate = replace(gate, follower=_node_rank(self.files.read(self.unit) or "") >= 1)
+        if self.req.group is not None:  # a rank waits at the rendezvous for its peers, silently
+            t, more = gate.timeouts, self.req.group.wait_s
+            waits = replace(t, weights_s=t.weights_s + more, no_progress_s=t.no_progress_s + more)
+            gate = replace(gate, timeouts=waits)
         job = self._drained_restart(before.invocation_id, barrier)
         if barrier is not None and self.barrier is not None:  # never started: not every rank stopped
             return WatchResult(fail(self.barrier, Failure.TIMEOUT), {}, 0.0)

@@ -130,3 +130,20 @@ def test_the_first_claim_wins_and_later_ones_read_it(tmp_path: Path) -> None:
     second = signals.claim(Decision.ABORT, "timeout", "node")
     assert first == second and second.decision is Decision.COMMIT and second.by == "deployctl"
     assert list((tmp_path / "txn").iterdir()) == [tmp_path / "txn" / "group-decision"]  # no temp file left
+
+
+def test_a_node_whose_server_dies_while_it_waits_rolls_back_at_once_and_claims_the_abort(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, NEW, 1))
+    on_vote(txn, "stopped", Signals.go)
+
+    def peer_gone(s: Signals) -> None:  # node 0 went away: this rank's process exits (gloo)
+        host.systemd.active, host.systemd.sub = "failed", "failed"
+
+    signals = on_vote(txn, "ready", peer_gone)
+    txn.req = replace(txn.req, group=Group(1, 2, 60.0))  # it must not wait its whole minute
+    result = txn.apply()
+    assert result.outcome is Outcome.ROLLED_BACK and "server stopped" in result.message
+    stands = signals.decided()
+    assert stands is not None and (stands.decision, stands.by) == (Decision.ABORT, "node")
+    assert host.systemd.loaded == node_unit(OLD, 1) and host.systemd.active == "active"

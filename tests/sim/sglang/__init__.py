@@ -30,8 +30,23 @@ Environment knobs (a systemd drop-in can set them), all prefixed SGLANG_SIM_:
                          the restored old unit starts cleanly)
     FAULT_WHEN_FRACTION  likewise for --mem-fraction-static; both given: both must match
     SLOW_FACTOR          delay multiplier for slow_start (10)
-    DIE_AFTER_S          seconds of serving before die_after_ready dies (5)
+    DIE_AFTER_S          seconds of serving before die_after_ready dies (5); set alone, it is that fault
+                         (a rank that dies later; a node >= 1 counts from node 0's warmup)
     ORACLE               "auto" (default: SGLang's own sizing where the oracle is available) or "require"
+    RENDEZVOUS_TIMEOUT_S multi-node: how long the rendezvous at --dist-init-addr waits (300); then torch's
+                         DistStoreError (node 0) or DistNetworkError (a node >= 1) and the scheduler's death
+    PEER_TIMEOUT_S       multi-node: how long node 0's request waits for a node that is gone before it fails
+                         with HTTP 500 and NCCL's watchdog line (5)
+
+Multi-node (--nnodes N --node-rank K --dist-init-addr HOST:PORT, see multinode.py): node 0 listens at
+HOST:PORT before it loads weights; the others connect and start-up goes in lockstep (the pool is the minimum
+over the nodes). Each node logs its own ranks' lines (TP K*tp/N ...); only node 0 logs max_total_num_tokens,
+serves the HTTP API and fires up. A node >= 1 serves a placeholder /health, /health_generate and /ping (200;
+anything else 404) with no access log, only logs on SIGTERM (it waits for node 0's ShutdownReq broadcast,
+sent when node 0 stops gracefully) and dies with gloo's "Connection closed by peer" when node 0 goes away
+otherwise, unless it is in that SIGTERM wait (then it exits 0). Node 0 has no heartbeat: with a node gone its
+/health stays 200 and requests fail. Each node reads its own SGLANG_SIM_* environment, so a fault can be set
+on one node only.
 """
 
 import os

@@ -45,6 +45,7 @@ def build_parser(v: V) -> argparse.ArgumentParser:
     add("--port", type=int, default=30000)
     add("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
     add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    add_nodes(p)
     add("--context-length", type=human_readable_int if v >= (0, 5, 10) else int)
     add("--mem-fraction-static", type=float)
     add("--max-running-requests", type=int)
@@ -79,6 +80,14 @@ def build_parser(v: V) -> argparse.ArgumentParser:
     return p
 
 
+def add_nodes(p: argparse.ArgumentParser) -> None:
+    """Multi-node flags (arg_groups/fields/parallel.py); absent, they stay out of server_args as the sim has
+    always printed it."""
+    p.add_argument("--nnodes", type=int, default=argparse.SUPPRESS)
+    p.add_argument("--node-rank", type=int, default=argparse.SUPPRESS)
+    p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=argparse.SUPPRESS)
+
+
 def with_config(argv: list[str]) -> list[str]:
     """SGLang's --config FILE.yaml: its `key: value` lines become flags placed before the command line's
     (so the command line wins). The simulator reads the subset deployctl writes: a JSON scalar per key."""
@@ -104,6 +113,22 @@ def fault_applies(args: argparse.Namespace, env: dict[str, str]) -> bool:
     return fraction is None or args.mem_fraction_static == float(fraction)
 
 
+def check_nodes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """SGLang's multi-node checks (arg_groups/validation_hook.py); it fails an assert with exit 1."""
+    nnodes, rank = getattr(args, "nnodes", 1), getattr(args, "node_rank", 0)
+    if nnodes < 1 or not 0 <= rank < nnodes:
+        parser.error(f"argument --node-rank: {rank} is not below --nnodes {nnodes}")
+    if args.tp_size % nnodes:
+        print("AssertionError: tp_size must be divisible by number of nodes", file=sys.stderr)
+        raise SystemExit(1)
+    if nnodes > 1 and args.dp_size > 1:
+        print("AssertionError: multi-node data-parallel replicas are not supported; use attention DP "
+              "(--attn-dp-size) across nodes", file=sys.stderr)  # fmt: skip
+        raise SystemExit(1)
+    if nnodes > 1 and not getattr(args, "dist_init_addr", None):
+        parser.error("--nnodes > 1 requires --dist-init-addr HOST:PORT")
+
+
 def main(argv: list[str] | None = None) -> None:
     env = dict(os.environ)
     hw = sz.hardware_from_env(env)
@@ -113,6 +138,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"argument --mem-fraction-static: {args.mem_fraction_static} is not between 0 and 1")
     if args.speculative_algorithm == "DFLASH" and not args.speculative_draft_model_path:
         parser.error("--speculative-algorithm DFLASH requires --speculative-draft-model-path")
+    check_nodes(parser, args)
+    if env.get("SGLANG_SIM_DIE_AFTER_S") and not hw.fault:  # the knob alone: a rank that dies later
+        hw = dataclasses.replace(hw, fault="die_after_ready")
     if not fault_applies(args, env):
         hw = dataclasses.replace(hw, fault="")
     launch = Launch(args, hw, env)

@@ -61,6 +61,11 @@ class State:
     oom_over_tokens: int = 0
     prefilling: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # multi-node: another node's connection closed. No heartbeat tells node 0 (SGLang issues #3099, #4780),
+    # so /health stays 200 and only a request's collective, which never completes, times out
+    peer_lost: Callable[[], bool] = lambda: False
+    peer_timeout_s: float = 5.0  # SGLANG_SIM_PEER_TIMEOUT_S
+    error_log: Callable[[str], None] = print
 
     def loads(self) -> dict[str, Any]:
         """GET /v1/loads?include=core as SGLang 0.5.23 answers it (v1_loads.py, load_snapshot.py)."""
@@ -80,6 +85,25 @@ class State:
 
 class BadRequest(Exception):
     """A request SGLang answers with HTTP 400."""
+
+
+class CollectiveTimeout(Exception):
+    """A request whose collective never completes because another node is gone: HTTP 500."""
+
+
+def collective(state: State) -> None:
+    """A forward pass needs every node: with one gone it waits out the timeout, logs as NCCL's watchdog
+    does (ProcessGroupNCCL.cpp) and fails."""
+    if not state.peer_lost():
+        return
+    time.sleep(state.peer_timeout_s)
+    ms = round(state.peer_timeout_s * 1000)
+    message = (
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2051, OpType=ALLREDUCE, "
+        f"NumelIn=7168, NumelOut=7168, Timeout(ms)={ms}) ran for {ms + 3} milliseconds before timing out."
+    )
+    state.error_log(message)
+    raise CollectiveTimeout(message)
 
 
 def check_length(state: State, n: int, max_new: int | None) -> int:
@@ -112,6 +136,7 @@ def check_length(state: State, n: int, max_new: int | None) -> int:
 def generate(state: State, prompt: str, prompt_tokens: int, max_new: int | None) -> tuple[str, int, int]:
     """Run one simulated request: length checks, prefill time, decode time, a short answer."""
     n = check_length(state, prompt_tokens, max_new)
+    collective(state)
     rid = uuid.uuid4().hex
     with state.lock:
         state.in_flight[rid] = time.time()
@@ -229,6 +254,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.reply(404, {"detail": "Not Found"})
         except BadRequest as exc:
             self.error(400, str(exc))
+        except CollectiveTimeout as exc:
+            body = {"object": "error", "message": str(exc), "type": "InternalServerError", "param": None}
+            self.reply(500, body | {"code": 500})
 
     def chat(self, body: dict[str, Any]) -> None:
         if self.state.odd_reply:
@@ -258,6 +286,7 @@ class Handler(BaseHTTPRequestHandler):
         """A streamed chat answer as SGLang sends it: the first token after the prefill, then one per step."""
         s = self.state
         n = check_length(s, n, max_new)
+        collective(s)
         rid = uuid.uuid4().hex
         with s.lock:
             s.in_flight[rid] = time.time()
@@ -332,3 +361,39 @@ def make_server(host: str, port: int, state: State) -> ThreadingHTTPServer:
     """Bind the listening socket (OSError when the port is taken)."""
     handler = type("BoundHandler", (Handler,), {"state": state})
     return (SimServer6 if ":" in host else SimServer)((host, port), handler)
+
+
+class PlaceholderHandler(BaseHTTPRequestHandler):
+    """A node rank >= 1's stand-in HTTP server (srt/utils/common.py launch_dummy_health_check_server):
+    /health, /health_generate and /ping always 200, anything else 404; uvicorn at log_level=warning, so
+    no access log."""
+
+    server_version = "uvicorn"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def answer(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0] in ("/health", "/health_generate", "/ping"):
+            self.answer(200, b"")
+        else:
+            self.answer(404, b'{"detail":"Not Found"}')
+
+    def do_POST(self) -> None:
+        known = self.path.split("?")[0] in ("/health", "/health_generate", "/ping")
+        self.answer(
+            405 if known else 404, b'{"detail":"Method Not Allowed"}' if known else b'{"detail":"Not Found"}'
+        )
+
+
+def make_placeholder(host: str, port: int) -> ThreadingHTTPServer:
+    """Bind the placeholder server (OSError when the port is taken)."""
+    return (SimServer6 if ":" in host else SimServer)((host, port), PlaceholderHandler)

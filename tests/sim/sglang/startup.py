@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,9 @@ from typing import Any, NoReturn
 
 from . import oracle
 from . import sizing as sz
+from .multinode import Follower, Leader, PeerLost, RendezvousFailed, gloo_error, parse_addr
 from .output import Out, traceback_lines
-from .serve import State, make_server
+from .serve import State, make_placeholder, make_server
 
 GIVEN = (
     "chunked_prefill_size", "attention_backend", "page_size", "max_running_requests", "speculative_num_steps",
@@ -33,6 +35,25 @@ Frame = tuple[str, int, str, str]
 SCHEDULER: list[Frame] = [
     ("managers/scheduler.py", 3301, "run_scheduler_process", "scheduler = Scheduler("),
     ("managers/scheduler.py", 412, "__init__", "self.init_model_worker()"),
+]
+DIST_INIT: list[Frame] = [
+    ("managers/scheduler.py", 640, "init_model_worker", "self.tp_worker = TpModelWorker("),
+    ("model_executor/model_runner.py", 702, "init_torch_distributed", "init_distributed_environment("),
+    (
+        "distributed/parallel_state.py",
+        1502,
+        "init_distributed_environment",
+        "torch.distributed.init_process_group(",
+    ),
+]
+EVENT_LOOP: list[Frame] = [
+    ("managers/scheduler.py", 3310, "run_scheduler_process", "scheduler.run_event_loop()"),
+    ("managers/scheduler.py", 1120, "event_loop_overlap", "recv_reqs = self.recv_requests()"),
+]
+# a collective over the CPU (gloo) group: the scheduler's request broadcast, or the min-reduce at start-up
+GLOO_FRAMES: list[Frame] = [
+    ("managers/scheduler.py", 1391, "recv_requests", "recv_reqs = broadcast_pyobj("),
+    ("utils/common.py", 1288, "broadcast_pyobj", "dist.broadcast(tensor_size, src=src, group=dist_group)"),
 ]
 
 
@@ -112,13 +133,21 @@ class Launch:
         self.kv_dtype = fp8.get(args.kv_cache_dtype, "bfloat16" if self.elem == 2 else t.dtype)
         self.serving = False
         self.stopping = False  # the main process ends its scheduler itself
+        # --nnodes: this node runs TP ranks first .. first + per_node - 1 (absent flags: one node)
+        self.nnodes: int = getattr(args, "nnodes", 1)
+        self.node_rank: int = getattr(args, "node_rank", 0)
+        self.per_node = self.ranks // self.nnodes
+        self.first = self.node_rank * self.per_node
+        self.group: Leader | Follower | None = None
+        self.sigterm_wait = False  # a node >= 1 got SIGTERM and waits for node 0's ShutdownReq
 
     def pause(self, seconds: float) -> None:
         time.sleep(seconds * self.slow)
 
     def order(self) -> list[int]:
         """Ranks in the jumbled order parallel processes print in."""
-        return sorted(range(self.ranks), key=lambda r: (r * 5 + 3) % (self.ranks + 1))
+        local = range(self.first, self.first + self.per_node)
+        return sorted(local, key=lambda r: (r * 5 + 3) % (self.ranks + 1))
 
     def resolve(self) -> None:
         """Fill in the defaults SGLang resolves before it prints server_args."""
@@ -210,13 +239,14 @@ class Launch:
             self.out.raw(line)
         os._exit(1)
 
-    def die(self, body: list[str], rank: int = 0, serving: bool = False) -> NoReturn:
-        """SGLang's way down: the scheduler traceback, SIGQUIT to the parent, kill_process_tree."""
-        self.out.log("Scheduler hit an exception: " + HEADER, rank)
+    def die(self, body: list[str], serving: bool = False) -> NoReturn:
+        """SGLang's way down: the scheduler traceback, SIGQUIT to the parent, kill_process_tree. A node >= 1
+        has no tokenizer manager, so its main process answers SIGQUIT with the launch-phase handler."""
+        self.out.log("Scheduler hit an exception: " + HEADER, self.first)
         for line in body:
             self.out.raw(line)
         self.pause(0.05)
-        if serving and self.v >= (0, 5, 3):
+        if serving and self.node_rank == 0 and self.v >= (0, 5, 3):
             self.out.log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
         else:
             self.out.log("Received sigquit from a child process. It usually means the child failed.")
@@ -224,16 +254,44 @@ class Launch:
         raise SystemExit(137)
 
     def dist_init(self) -> None:
+        begin = "Init parallel begin." if self.v >= (0, 5, 21) else "Init torch distributed begin."
+        if self.nnodes > 1:  # every rank waits in torch's rendezvous
+            for r in self.order():
+                self.out.log(begin, r)
+            self.join()
         for r in self.order():
             used = self.hw.gpu_mem_gib - self.pre(r)
+            if self.nnodes == 1:
+                self.out.log(begin, r)
             if self.v >= (0, 5, 21):
-                self.out.log("Init parallel begin.", r)
                 self.out.log("Init parallel ends. elapsed=0.84 s", r)
                 self.out.log(f"Memory baseline taken. mem usage={used:.2f} GB", r)
             else:
-                self.out.log("Init torch distributed begin.", r)
                 elapsed = "elapsed=0.84 s, " if self.v >= (0, 5, 9) else ""
                 self.out.log(f"Init torch distributed ends. {elapsed}mem usage={used:.2f} GB", r)
+
+    def join(self) -> None:
+        """The rendezvous at --dist-init-addr, bounded by SGLANG_SIM_RENDEZVOUS_TIMEOUT_S."""
+        addr = parse_addr(self.a.dist_init_addr)
+        timeout = float(self.env.get("SGLANG_SIM_RENDEZVOUS_TIMEOUT_S") or 300)
+        try:
+            if self.node_rank == 0:
+                leader = self.group = Leader(addr, self.nnodes, timeout)
+                leader.gather(self.per_node)
+            else:
+                self.group = Follower(addr, self.node_rank, timeout)
+        except RendezvousFailed as exc:
+            self.die(traceback_lines(SITE, SCHEDULER + DIST_INIT, str(exc)))
+
+    def sync(self, name: str, value: int = 0) -> int:
+        """A collective over all nodes at start-up (the minimum of `value`); a node gone is gloo's closed
+        connection."""
+        if self.group is None:
+            return value
+        try:
+            return self.group.barrier(name, value)
+        except PeerLost as exc:
+            self.die(traceback_lines(SITE, SCHEDULER + GLOO_FRAMES, gloo_error(exc.peer)))
 
     def pre(self, r: int) -> float:
         return self.hw.pre_gib + self.spreads[r]
@@ -251,7 +309,9 @@ class Launch:
         cr, eol = ("", "\n") if self.v < (0, 5, 0) else ("\r", "")
         bar = "Loading safetensors checkpoint shards: {:3.0f}% Completed | {}/{} [{}<{}, {}]"
         start = time.monotonic()
-        self.out.raw(cr + bar.format(0, 0, shards, "00:00", "?", "?it/s"), end=eol)
+        shown = self.node_rank == 0  # tqdm is enabled on global rank 0 only (weight_utils.py)
+        if shown:
+            self.out.raw(cr + bar.format(0, 0, shards, "00:00", "?", "?it/s"), end=eol)
         for n in range(1, shards + 1):
             began = time.monotonic()
             read_files(files[(n - 1) * len(files) // shards : n * len(files) // shards])
@@ -259,14 +319,17 @@ class Launch:
             # the GPU) that a page cache does not save
             self.pause(max(0.0, seconds / shards - (time.monotonic() - began) / self.slow))
             if self.hw.fault == "crash_loading" and n > shards // 2:
-                self.out.raw("")
+                if shown:
+                    self.out.raw("")
                 self.crash_loading()
             elapsed = time.monotonic() - start
             rate = n / max(elapsed, 1e-6)
             speed = f"{rate:5.2f}it/s" if rate >= 1 else f"{1 / rate:5.2f}s/it"
             line = bar.format(100 * n / shards, n, shards, clock(elapsed), clock((shards - n) / rate), speed)
-            self.out.raw(cr + line, end=eol)
-        self.out.raw("", end="\n" if cr else "")
+            if shown:
+                self.out.raw(cr + line, end=eol)
+        if shown:
+            self.out.raw("", end="\n" if cr else "")
         for r in self.order():
             self.out.log(self.load_end(arch, before[r] - weights, weights, time.monotonic() - start), r)
 
@@ -379,7 +442,7 @@ class Launch:
                 head = "Capture cuda graph begin. This can take up to several minutes. "
             self.out.log(f"{head}avail mem={avail[r]:.2f} GB", r)
         if self.v < (0, 5, 14):
-            self.out.log(f"Capture cuda graph bs {sizes}", 0)
+            self.out.log(f"Capture cuda graph bs {sizes}", self.first)
         headroom = max(0.25, 0.5 * self.a.chunked_prefill_size / 8192)
         if self.hw.fault == "oom_graph" or min(avail) - graph < headroom:
             self.pause(self.hw.step_seconds)
@@ -421,7 +484,7 @@ class Launch:
             self.out.log(
                 f"max_total_tokens={a.max_total_tokens} is larger than the profiled value {pool.profiled}. "
                 "Use the profiled value instead.",
-                0,
+                self.first,
             )
         if spec and self.v < (0, 5, 8):  # before 0.5.8 the draft's headroom inflates the count
             per_req = a.speculative_num_steps * a.speculative_eagle_topk + a.speculative_num_draft_tokens
@@ -440,7 +503,7 @@ class Launch:
             self.die(traceback_lines(SITE, SCHEDULER, error))
         for line in ans.get("logs", []):
             if "is larger than the profiled value" in line:
-                self.out.log(line, 0)
+                self.out.log(line, self.first)
         return int(ans["max_total_num_tokens"])
 
     def run(self) -> None:
@@ -449,7 +512,7 @@ class Launch:
         self.out.log(self.server_args_line())
         self.check_context()
         self.pause(hw.step_seconds)
-        if self.ranks > hw.gpus:
+        if self.per_node > hw.gpus:
             frames: list[Frame] = [
                 ("distributed/parallel_state.py", 1210, "init", "torch.cuda.set_device(rank)")
             ]
@@ -469,17 +532,27 @@ class Launch:
         if hw.fault == "hang_before_pool":
             while True:
                 idle()
-        tokens = self.size(used)
+        # SGLang min-reduces the free memory over all ranks, so every node sizes the same pool
+        tokens = self.sync("pool", self.size(used))
         if (0, 5, 3) <= self.v < (0, 5, 13):
-            self.out.log(f"Using KV cache dtype: torch.{self.kv_dtype}", 0)
+            self.out.log(f"Using KV cache dtype: torch.{self.kv_dtype}", self.first)
         running = sz.resolve_max_running(a.max_running_requests, self.spec, tokens, self.context)
         if self.answer and self.answer.get("ok"):
             running = int(self.answer["max_running_requests"])
         free, kv, graph = self.allocate(tokens, running, used, draft_w)
-        self.scheduler_lines(tokens, running, free)
+        self.schedulers_ready(tokens, running, free)
         self.memory = {"weight": round(weights + draft_w, 2), "kvcache": round(kv, 2)}
         self.memory |= {"token_capacity": tokens, "graph": round(graph, 2)}
         self.serve(tokens, running)
+
+    def schedulers_ready(self, tokens: int, running: int, free: float) -> None:
+        """TP rank 0 alone logs the scheduler's line; every node reports ready, and a node >= 1 goes on to
+        follow node 0."""
+        if self.node_rank >= 1:
+            self.sync("ready")
+            self.follow()
+        self.scheduler_lines(tokens, running, free)
+        self.sync("ready")
 
     def allocate(self, tokens: int, running: int, used: float, draft_w: float) -> tuple[float, float, float]:
         """Pools, graphs and (before 0.5.14) the draft; returns TP0's free memory, KV and graph GiB."""
@@ -552,6 +625,7 @@ class Launch:
         state.decode_seconds_per_token = float(self.env.get("SGLANG_SIM_DECODE_SECONDS_PER_TOKEN") or 0)
         state.oom_over_tokens = int(self.env.get("SGLANG_SIM_OOM_OVER_TOKENS") or 0)
         self.state = state
+        self.wire_peers(state)
         info["max_req_input_len"] = state.max_req_input_len
         for msg in (f"Started server process [{os.getpid()}]", "Waiting for application startup."):
             out.uvicorn(msg)
@@ -572,10 +646,51 @@ class Launch:
         self.serving = True
         out.uvicorn(f"Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)")
         self.warmup(state)
-        if self.hw.fault == "die_after_ready":
-            threading.Timer(self.hw.die_after_s, self.die_serving).start()
+        self.arm_die_after()
         while True:
             idle()
+
+    def wire_peers(self, state: State) -> None:
+        """Node 0 of several: a node whose connection closes is seen by the next request's collective only."""
+        state.peer_timeout_s = float(self.env.get("SGLANG_SIM_PEER_TIMEOUT_S") or 5)
+        state.error_log = self.c10d_error
+        if isinstance(self.group, Leader):
+            state.peer_lost = self.group.lost
+
+    def c10d_error(self, message: str) -> None:
+        """An error line as torch's C++ side prints it (glog style, not through SGLang's logger)."""
+        now = time.time()
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}000"
+        self.out.raw(f"[rank0]:[E{stamp} {os.getpid()} ProcessGroupNCCL.cpp:632] {message}")
+
+    def follow(self) -> NoReturn:
+        """A node >= 1 once its schedulers are ready (engine.py _launch_subprocesses): no tokenizer, a
+        placeholder HTTP server, then the schedulers run until node 0's ShutdownReq broadcast stops them."""
+        group = self.group
+        assert isinstance(group, Follower)
+        self.placeholder()
+        self.serving = True
+        if group.follow(self.arm_die_after) or self.sigterm_wait:
+            os._exit(0)
+        self.die(traceback_lines(SITE, EVENT_LOOP + GLOO_FRAMES, gloo_error(group.leader.peer)), serving=True)
+
+    def placeholder(self) -> None:
+        """launch_dummy_health_check_server: uvicorn at log_level=warning in a thread; a failed bind is its
+        error line, and the node goes on without it."""
+        a = self.a
+        where = f"[{a.host}]:{a.port}" if ":" in a.host else f"{a.host}:{a.port}"
+        try:
+            if self.hw.fault == "port_taken":
+                raise OSError(98, "address already in use")
+            httpd = make_placeholder(a.host, a.port)
+        except OSError as exc:
+            self.out.log(f"Dummy health check server started in background thread at {where}")
+            self.out.uvicorn(f"[Errno {exc.errno}] error while attempting to bind on address ('{a.host}', "
+                             f"{a.port}): address already in use", level="ERROR")  # fmt: skip
+            self.out.log(f"Dummy health check server stopped at {where}")
+            return
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        self.out.log(f"Dummy health check server started in background thread at {where}")
 
     def warmup(self, state: State) -> None:
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.a.host, self.a.host)
@@ -589,9 +704,29 @@ class Launch:
         }
         request = urllib.request.Request(base + "/generate", json.dumps(body).encode())
         request.add_header("content-type", "application/json")
-        urllib.request.urlopen(request, timeout=30).read()
+        try:
+            urllib.request.urlopen(request, timeout=30).read()
+        except urllib.error.HTTPError as exc:  # http_server.py _execute_server_warmup
+            self.out.log("Initialization failed. warmup error: " + HEADER)
+            frame: Frame = (
+                "entrypoints/http_server.py",
+                2508,
+                "_execute_server_warmup",
+                "assert res.status_code",
+            )
+            for line in traceback_lines(SITE, [frame], f"AssertionError: {exc.read().decode()}"):
+                self.out.raw(line)
+            os.kill(os.getpid(), signal.SIGKILL)  # kill_process_tree(os.getpid())
         state.ready.set()
         self.out.log("The server is fired up and ready to roll!")
+        if isinstance(self.group, Leader):
+            self.group.warmed_up()
+
+    def arm_die_after(self) -> None:
+        """die_after_ready (or DIE_AFTER_S alone): die that long after the server is ready; a node >= 1
+        counts from the warmup's forward pass, which runs on every node."""
+        if self.hw.fault == "die_after_ready":
+            threading.Timer(self.hw.die_after_s, self.die_serving).start()
 
     def die_serving(self) -> None:
         frames: list[Frame] = [("managers/scheduler.py", 1120, "event_loop_overlap", "self.run_batch(batch)")]
@@ -620,7 +755,15 @@ class Launch:
 
     def on_sigterm(self, signum: int, frame: object) -> None:
         """Not yet serving: stop at once. Serving: drain as SGLang 0.5.23 does (tokenizer_manager.py
-        sigterm_watchdog): keep serving, /health 503, a line every 5 s, exit when nothing is left."""
+        sigterm_watchdog): keep serving, /health 503, a line every 5 s, exit when nothing is left. A serving
+        node >= 1 only logs (engine.py): its schedulers stop on node 0's ShutdownReq broadcast."""
+        if self.serving and self.node_rank >= 1:
+            self.out.log(
+                f"SIGTERM received on node_rank {self.node_rank}; waiting for the rank-0 ShutdownReq "
+                "broadcast to stop the schedulers."
+            )
+            self.sigterm_wait = True
+            return
         if self.serving:
             self.drain()
         os._exit(0)
@@ -639,6 +782,8 @@ class Launch:
             if not rids:
                 break
             time.sleep(every)
+        if isinstance(self.group, Leader):
+            self.group.shutdown()
         self.stopping = True
         self.scheduler.kill()
         if self.serving:

@@ -37,6 +37,8 @@ MEANING = {
     "[prewarm]": "reading the new weights into the page cache before the stop",
     "[drain]": "waiting for requests in flight before a restart, and the unit's stop timeout derived from it",
     "[router]": "the SGLang model gateway in front of the server (see reliability.md)",
+    "[nodes]": "one service over several hosts (`--nnodes`): the other nodes, in rank order, and node 0's "
+    "rendezvous ([topologies.md](topologies.md))",
     "name": "the host's name (default: the file's name)",
     "groups": "inventory groups for a fleet rollout (`deployctl fleet`, the Ansible inventory plugin)",
     "ssh.sudo": "run the host agent through sudo",

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from agent.cli.options import Change, Connection
 from agent.exitcodes import ExitCode
-from agent.group.decide import group_outcome
+from agent.group.decide import first_cause, group_outcome
 from agent.group.nodes import node_hosts
 from agent.group.run import Coordinator, Hear, Node, converge
 from agent.inventory import HostConfig
@@ -113,12 +113,14 @@ def _run(out: Output, host: HostConfig, nodes: list[Node], report_rank0: Callabl
     Coordinator(nodes, hear).run()
     converged = converge(nodes, lambda node, backup: _rollback(node, backup, hear))
     outcome = group_outcome([n.view for n in nodes], converged)
+    cause = first_cause([n.view for n in nodes])
+    why = f"rank {cause[0]} ({nodes[cause[0]].host.ssh.target}) failed: {cause[1]}" if cause else ""
     if out.style is Style.JSON:
-        out.print(json.dumps(_json(host, nodes, outcome), sort_keys=True, default=str))
+        out.print(json.dumps({**_json(host, nodes, outcome), "reason": why}, sort_keys=True, default=str))
         return int(outcome.exit_code)
     if nodes[0].outcome is not None:
         report_rank0(nodes[0].outcome)
-    out.print(f"== {host.name}: {outcome.headline}")
+    out.print(f"== {host.name}: {outcome.headline}" + (f": {why}" if why else ""))
     for node in nodes:
         what = node.view.outcome.value if node.view.outcome else "unknown (no contact)"
         out.print(f"   rank {node.rank} ({node.host.ssh.target}): {what}: {_message(node)}")

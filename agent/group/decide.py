@@ -75,6 +75,19 @@ def _why_not(r: Rank) -> str | None:
     return None
 
 
+# A rank that lost its peers fails because another one did: torch's words for it (gloo's closed pair,
+# the rendezvous store's timeouts). Such a failure is a consequence, not the cause.
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "DistStoreError", "DistNetworkError")
+
+
+def first_cause(ranks: Sequence[Rank]) -> tuple[int, str] | None:
+    """The rank whose failure rolled the group back, and why: a rank that failed on its own rather than
+    one that lost its peers (in a lockstep start every rank dies when one does)."""
+    failed = [(n, r.why) for n, r in enumerate(ranks) if r.vote is Vote.FAILED or r.lost]
+    own = [(n, why) for n, why in failed if not any(word in why for word in PEER_LOST)]
+    return (own or failed or [None])[0]
+
+
 def to_roll_back(ranks: Sequence[Rank]) -> tuple[int, ...]:
     """Once every transaction ended: the ranks that kept the new unit while another did not."""
     kept = tuple(n for n, r in enumerate(ranks) if r.outcome is Outcome.APPLIED)

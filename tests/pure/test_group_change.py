@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ConnectError
-from agent.group.decide import Rank, Step, Vote, group_outcome, next_step, to_roll_back
+from agent.group.decide import Rank, Step, Vote, first_cause, group_outcome, next_step, to_roll_back
 from agent.group.run import Coordinator, Node, converge
 from agent.host import verbs
 from agent.inventory import HostConfig
@@ -183,3 +183,11 @@ def test_request_json_round_trips_the_group(tmp_path: Path) -> None:
     req = replace(node_request(host, NEW, 1), timeouts=Timeouts())
     back = Request.from_json(req.to_json())
     assert back.group == Group(1, 2, 0.4) and json.loads(req.to_json())["group"]["rank"] == 1
+
+
+def test_the_rank_that_failed_on_its_own_is_named_not_the_one_that_lost_its_peer() -> None:
+    gloo = "SGLang failed: RuntimeError: [pair.cc:534] Connection closed by peer [127.0.0.1]:4"
+    ranks = [Rank(Vote.FAILED, why=gloo), Rank(Vote.FAILED, why="SGLang failed (crash): weights corrupt")]
+    assert first_cause(ranks) == (1, "SGLang failed (crash): weights corrupt")
+    assert first_cause([Rank(Vote.FAILED, why=gloo), Rank(Vote.READY)]) == (0, gloo)
+    assert first_cause([Rank(Vote.READY), Rank(Vote.READY)]) is None

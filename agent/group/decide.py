@@ -85,7 +85,7 @@ def first_cause(ranks: Sequence[Rank]) -> tuple[int, str] | None:
     one that lost its peers (in a lockstep start every rank dies when one does)."""
     failed = [(n, r.why) for n, r in enumerate(ranks) if r.vote is Vote.FAILED or r.lost]
     own = [(n, why) for n, why in failed if not any(word in why for word in PEER_LOST)]
-    return (own or failed or [None])[0]
+    return (own or failed)[0] if failed else None
 
 
 def to_roll_back(ranks: Sequence[Rank]) -> tuple[int, ...]:

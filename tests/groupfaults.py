@@ -94,7 +94,8 @@ def converged(g: Group, old: list[str], rc: int) -> tuple[bool, tuple[str, ...]]
             notes.append(f"rank {rank} not running")
         if (g.nodes[rank].root / STATE.lstrip("/") / "units/sglang.service/pending.json").exists():
             notes.append(f"rank {rank} has a recovery record left")
-        kept = [p.read_text() for p in (g.nodes[rank].root / "etc/systemd/system").glob("sglang.service*")]
+        folder = g.nodes[rank].root / "etc/systemd/system"
+        kept = [p.read_text() for p in folder.glob("sglang.service*") if p.is_file()]
         if old[rank] not in kept:
             notes.append(f"rank {rank}'s old unit lost")
     return len(notes) == 2, tuple(notes)

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import tomlkit
+from pydantic import ValidationError
 
 from agent.errors import UsageError
-from agent.inventory import VISIBLE, visible_devices
+from agent.inventory import NODE_FLAGS, VISIBLE, Nodes, visible_devices
 from agent.protocol import GpuRow, HomeData, InspectAnswer
 from agent.sglang.flags import FlagValue, parse_flag_words
 from agent.sglang.unitfile import AdoptError, command_words
@@ -143,7 +144,7 @@ def split_command(unit: Inspected) -> tuple[list[str], dict[str, FlagValue]]:
 
 
 def _gpus_table(
-    gpus: Sequence[GpuRow], flags: Mapping[str, FlagValue], environment: Mapping[str, str]
+    gpus: Sequence[GpuRow], flags: Mapping[str, FlagValue], environment: Mapping[str, str], nnodes: int = 1
 ) -> Any:
     table = tomlkit.table()
     # A unit that pins its GPUs (CUDA_VISIBLE_DEVICES, kept in [unit.environment] as written, so the unit
@@ -157,8 +158,12 @@ def _gpus_table(
         table.add("memory_gib", round(min(float(g["total_mib"]) for g in own) / 1024, 1))
         table.add("name", str(own[0]["name"]))
         return table
-    table.add(tomlkit.comment("CHECK: nvidia-smi gave nothing on the host; the count is --tp-size"))
-    table.add("count", int(str(flags.get("tp-size", flags.get("tp", "1")))))
+    # --tp-size spans every node of a multi-node service; [gpus] is one node's
+    per_node = " / --nnodes" if nnodes > 1 else ""
+    table.add(
+        tomlkit.comment(f"CHECK: nvidia-smi gave nothing on the host; the count is --tp-size{per_node}")
+    )
+    table.add("count", max(1, int(str(flags.get("tp-size", flags.get("tp", "1")))) // nnodes))
     table.add("memory_gib", 80.0)
     table["memory_gib"].comment("CHECK: per GPU, as the driver reports it")
     return table
@@ -199,6 +204,21 @@ def inventory_text(
     """The commented units/HOST.toml for a hand-written unit."""
     _refuse_unmodelable(unit)
     executable, flags = split_command(unit)
+    _refuse_one_node_of_several(unit, flags)
+    command = NodeCommand(executable, flags, None, None, None, port_of(unit, flags))
+    return tomlkit.dumps(_document(host, _ssh_table(ssh_target, sudo), unit, gpus, command))
+
+
+def _ssh_table(target: str, sudo: bool) -> Any:
+    ssh = tomlkit.table()
+    ssh.add("target", target)
+    ssh.add("sudo", sudo)
+    return ssh
+
+
+def _document(host: str, ssh: Any, unit: Inspected, gpus: Sequence[GpuRow], command: NodeCommand) -> Any:
+    """The inventory's tables for `unit` running `command` ([nodes] is the caller's)."""
+    flags, nnodes = command.shared, command.nnodes or 1
     model_path = flags.get("model-path")
     if not isinstance(model_path, str) or not model_path.startswith("/"):
         raise UsageError(
@@ -212,18 +232,212 @@ def inventory_text(
     doc.add(tomlkit.comment("Rendering this inventory without a change gives a unit systemd runs as it ran"))
     doc.add(tomlkit.comment("that one; `deployctl apply` then changes only what its plan changes."))
     doc.add(tomlkit.nl())
-    ssh = tomlkit.table()
-    ssh.add("target", ssh_target)
-    ssh.add("sudo", sudo)
     doc.add("ssh", ssh)
-    doc.add("gpus", _gpus_table(gpus, flags, unit.environment))
+    doc.add("gpus", _gpus_table(gpus, flags, unit.environment, nnodes))
     doc.add("model", _model_table(unit, flags, model_path))
     draft = _draft_table(flags)
     if draft is not None:
         doc.add("draft", draft)
     doc.add("unit", _unit_table(unit))
-    doc.add("sglang", _sglang_table(unit, executable, flags))
+    doc.add("sglang", _sglang_table(unit, command.executable, flags, command.port))
+    return doc
+
+
+def port_of(unit: Inspected, flags: Mapping[str, FlagValue]) -> int:
+    port = _int_flag(unit, flags, "port")
+    return 30000 if port is None else port
+
+
+def _int_flag(unit: Inspected, flags: Mapping[str, FlagValue], name: str) -> int | None:
+    value = flags.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.isdigit():
+        raise UsageError(f"{unit.name}: --{name} {value!r} is not a number")
+    return int(value)
+
+
+def _refuse_one_node_of_several(unit: Inspected, flags: Mapping[str, FlagValue]) -> None:
+    """A unit of a multi-node service (--nnodes N > 1) is adopted with every node's unit (--node)."""
+    nnodes = _int_flag(unit, flags, "nnodes") or 1
+    if nnodes <= 1:
+        return
+    rank = _int_flag(unit, flags, "node-rank") or 0
+    others = " ".join(f"--node TARGET{r}" for r in range(1, nnodes))
+    raise UsageError(
+        f"{unit.name} runs node rank {rank} of {nnodes} (--nnodes {nnodes}): adopt reads every node, "
+        f"--ssh TARGET0 (node rank 0) {others}, in rank order",
+        hint="one inventory with [nodes] for all of them",
+    )
+
+
+# A multi-node service written by hand: one unit per node, the same but for --node-rank (and --port where
+# nodes share one machine's network), read into one inventory with [nodes].
+
+DIST_ALIAS = "nccl-init-addr"  # SGLang's other name for --dist-init-addr
+OWN_FLAGS = (*NODE_FLAGS, DIST_ALIAS, "port")  # a node's own; [nodes] and [sglang] port render them
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a multi-node service: its SSH target and its unit as `inspect` read it."""
+
+    target: str
+    unit: Inspected
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """A unit's ExecStart=: the executable, the flags every node shares, and the node's own (a single-node
+    unit: all its flags are `shared`, the node's own are None)."""
+
+    executable: list[str]
+    shared: dict[str, FlagValue]
+    nnodes: int | None
+    rank: int | None
+    dist_init_addr: str | None
+    port: int
+
+
+def check_node_targets(ssh_target: str, others: Sequence[str]) -> None:
+    """--ssh and each --node name a different host (checked before any connection)."""
+    if ssh_target in others:
+        raise UsageError(f"--node {ssh_target}: it is --ssh, node rank 0")
+    for i, target in enumerate(others):
+        if target in others[:i]:
+            raise UsageError(f"--node {target} is given twice")
+
+
+def pick_node_unit(answer: InspectAnswer, name: str, target: str) -> Inspected:
+    """Node `target`'s unit of the name node rank 0 runs."""
+    units = answer.get("units") or {}
+    if name not in units:
+        raise UsageError(f"node {target}: no loaded unit {name} (the unit of node rank 0)")
+    return Inspected.from_json(units[name])
+
+
+def node_command(node: Node) -> NodeCommand:
+    """What a node's unit runs; a unit adopt cannot model is refused with the node's name."""
+    try:
+        _refuse_unmodelable(node.unit)
+        executable, flags = split_command(node.unit)
+        addr = flags.get("dist-init-addr", flags.get(DIST_ALIAS))
+        return NodeCommand(
+            executable=executable,
+            shared={k: v for k, v in flags.items() if k not in OWN_FLAGS},
+            nnodes=_int_flag(node.unit, flags, "nnodes"),
+            rank=_int_flag(node.unit, flags, "node-rank"),
+            dist_init_addr=addr if isinstance(addr, str) else None,
+            port=port_of(node.unit, flags),
+        )
+    except UsageError as exc:
+        raise UsageError(f"node {node.target}: {exc.message}", hint=exc.hint) from None
+
+
+def nodes_inventory_text(host: str, sudo: bool, nodes: Sequence[Node], gpus: Sequence[GpuRow] = ()) -> str:
+    """The commented units/HOST.toml for a multi-node service written by hand: `nodes` in rank order,
+    node rank 0 first; `gpus` are node rank 0's."""
+    check_node_targets(nodes[0].target, [n.target for n in nodes[1:]])
+    commands = [node_command(n) for n in nodes]
+    for rank, (node, command) in enumerate(zip(nodes, commands, strict=True)):
+        _check_position(node, rank, command, len(nodes), commands[0].dist_init_addr)
+        detail = _first_difference(nodes[0], commands[0], node, command)
+        if detail:
+            raise UsageError(
+                f"node {node.target} (rank {rank}) differs from node rank 0 ({nodes[0].target}): {detail}",
+                hint="an inventory renders the same unit on every node but for --node-rank (and --port, "
+                "kept in [nodes] ports): make the units the same first",
+            )
+    doc = _document(host, _ssh_table(nodes[0].target, sudo), nodes[0].unit, gpus, commands[0])
+    doc.add("nodes", _nodes_table(nodes, commands))
     return tomlkit.dumps(doc)
+
+
+def _check_position(node: Node, rank: int, command: NodeCommand, count: int, addr: str | None) -> None:
+    """The node's --nnodes, --node-rank and --dist-init-addr say it is node `rank` of these `count`."""
+    where = f"node {node.target} ({node.unit.name})"
+    if command.nnodes != count:
+        given = "missing" if command.nnodes is None else f"--nnodes {command.nnodes}"
+        raise UsageError(f"{where}: {given}, but {count} nodes are given (--ssh and {count - 1} --node)")
+    # SGLang's --node-rank defaults to 0: node rank 0 may leave it out
+    found = command.rank if command.rank is not None or rank > 0 else 0
+    if found != rank:
+        raise UsageError(
+            f"{where}: --node-rank {'missing' if found is None else found}, but it is given as node rank "
+            f"{rank} (--ssh is rank 0, then each --node in order)"
+        )
+    if addr is None:
+        raise UsageError(f"{where}: no --dist-init-addr (node rank 0's HOST:PORT for the rendezvous)")
+    if command.dist_init_addr != addr:
+        raise UsageError(
+            f"{where}: --dist-init-addr {command.dist_init_addr or 'missing'}, node rank 0 has {addr}"
+        )
+
+
+def _first_difference(a: Node, ca: NodeCommand, b: Node, cb: NodeCommand) -> str | None:
+    """The first thing node b's unit does otherwise than node rank 0's (a), or None."""
+    ua, ub = a.unit, b.unit
+    plain: list[tuple[str, object, object]] = [
+        ("unit", ua.name, ub.name),
+        ("unit folder", posixpath.dirname(ua.fragment_path), posixpath.dirname(ub.fragment_path)),
+        ("executable", " ".join(ca.executable), " ".join(cb.executable)),
+        ("User=", ua.user, ub.user),
+        ("Description=", ua.description, ub.description),
+        ("SGLang version", ua.sglang_version, ub.sglang_version),
+        ("secret variables", ", ".join(ua.secret_environment), ", ".join(ub.secret_environment)),
+    ]
+    for what, mine, theirs in plain:
+        if mine != theirs:
+            return f"{what} {_shown(theirs)} here, {_shown(mine)} on rank 0"
+    return (
+        _mapping_difference("--", ca.shared, cb.shared)
+        or _mapping_difference("Environment ", ua.environment, ub.environment)
+        or _directive_difference(ua, ub)
+    )
+
+
+def _shown(value: object) -> str:
+    return "missing" if value is None or value == "" else "given" if value is True else str(value)
+
+
+def _mapping_difference(prefix: str, a: Mapping[str, object], b: Mapping[str, object]) -> str | None:
+    for key in [*a, *(k for k in b if k not in a)]:
+        if a.get(key) != b.get(key):
+            return f"{prefix}{key} {_shown(b.get(key))} here, {_shown(a.get(key))} on rank 0"
+    return None
+
+
+def _directive_difference(a: Inspected, b: Inspected) -> str | None:
+    """The first directive (outside the stop, which the template renders) that differs."""
+    la, lb = ([f"[{s}] {k}={v}" for s, k, v in u.directives if k not in STOP_KEYS] for u in (a, b))
+    for i in range(max(len(la), len(lb))):
+        mine, theirs = (la[i] if i < len(la) else None), (lb[i] if i < len(lb) else None)
+        if mine != theirs:
+            return f"directive {_shown(theirs)} here, {_shown(mine)} on rank 0"
+    return None
+
+
+def _nodes_table(nodes: Sequence[Node], commands: Sequence[NodeCommand]) -> Any:
+    """[nodes]: the other nodes in rank order, the rendezvous, and their --port where it is not rank 0's."""
+    ports = [c.port for c in commands[1:]]
+    try:
+        section = Nodes(
+            others=[n.target for n in nodes[1:]],
+            dist_init_addr=str(commands[0].dist_init_addr),
+            ports=ports if any(p != commands[0].port for p in ports) else None,
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise UsageError(f"{nodes[0].unit.name}: [nodes] {where}: {err['msg']}") from None
+    table = tomlkit.table()
+    table.add(tomlkit.comment("Node rank 0 is [ssh] target; each node's unit gets its own --node-rank."))
+    table.add("others", list(section.others))
+    table.add("dist_init_addr", section.dist_init_addr)
+    if section.ports is not None:
+        table.add("ports", list(section.ports))
+        table["ports"].comment("their --port, as written by hand ([sglang] port is node rank 0's)")
+    return table
 
 
 def _service_value(unit: Inspected, key: str) -> str | None:
@@ -347,7 +561,7 @@ def _unit_table(unit: Inspected) -> Any:
     return table
 
 
-def _sglang_table(unit: Inspected, executable: list[str], flags: Mapping[str, FlagValue]) -> Any:
+def _sglang_table(unit: Inspected, executable: list[str], flags: Mapping[str, FlagValue], port: int) -> Any:
     table = tomlkit.table()
     table.add(tomlkit.comment("As the unit runs it: [python, -m, sglang.launch_server] or [sglang, serve]"))
     table.add("executable", executable)
@@ -356,7 +570,7 @@ def _sglang_table(unit: Inspected, executable: list[str], flags: Mapping[str, Fl
     else:
         table.add(tomlkit.comment("CHECK: SGLang's version was not found next to the executable"))
     table.add("host", str(flags.get("host", "127.0.0.1")))
-    table.add("port", int(str(flags.get("port", "30000"))))
+    table.add("port", port)
     baseline = tomlkit.table()
     for name, value in flags.items():
         baseline.add(name, _toml_value(value))

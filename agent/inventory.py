@@ -384,6 +384,12 @@ class HostConfig(_Model):
         """The SSH targets this service runs on, node rank 0 first (one for a single-host service)."""
         return (self.ssh.target, *(self.nodes.others if self.nodes else ()))
 
+    def port_on(self, target: str) -> int:
+        """The --port this service listens on at one of its node targets ([nodes] ports for ranks >= 1)."""
+        rank = self.node_targets.index(target)
+        ports = self.nodes.ports if self.nodes else None
+        return ports[rank - 1] if ports and rank > 0 else self.sglang.port
+
     @property
     def unit_path(self) -> str:
         return f"{self.unit.directory.rstrip('/')}/{self.unit.name}"
@@ -478,7 +484,7 @@ def check_services(services: Sequence[Service]) -> None:
     for target, group in by_target.items():
         for i, a in enumerate(group):
             for b in group[i + 1 :]:
-                clash = _clash(a.config, b.config)
+                clash = _clash(a.config, b.config, target)
                 if clash:
                     raise InventoryError(
                         f"{a.path} and {b.path}: {clash} on host {target!r}",
@@ -487,11 +493,11 @@ def check_services(services: Sequence[Service]) -> None:
                     )
 
 
-def _clash(a: HostConfig, b: HostConfig) -> str | None:
+def _clash(a: HostConfig, b: HostConfig, target: str) -> str | None:
     if a.unit.name == b.unit.name:
         return f"both are unit {a.unit.name}"
-    if a.sglang.port == b.sglang.port:
-        return f"both listen on port {a.sglang.port}"
+    if a.port_on(target) == b.port_on(target):  # a node of a multi-node service may have its own port
+        return f"both listen on port {a.port_on(target)}"
     shared = sorted(set(a.gpu_set or ()) & set(b.gpu_set or ()))
     if shared:
         return f"both use GPU{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared))}"

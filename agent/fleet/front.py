@@ -132,5 +132,8 @@ def status(args: argparse.Namespace, out: Output) -> int:
             pool = f"{r['measured_pool']:,}" if r.get("measured_pool") else "-"
             drift = "yes" if r.get("drift") else "no"
             out.print(f"{r['host']:<20} {r.get('active') or '?':<10} {drift:<6} {pool:>10}  {brief}")
+        for r in rows:  # a multi-node service with a rank down: rank 0's state alone would look fine
+            if r.get("warning"):
+                out.print(f"WARNING: {r['host']}: {r['warning']}")
     unreachable = any(not r.get("reachable") for r in rows)
     return int(ExitCode.UNREACHABLE if unreachable else ExitCode.OK)

@@ -16,6 +16,8 @@ from agent.cli.options import Change
 from agent.errors import ConnectError, DeployError
 from agent.fleet.calibrate import Measured, peer_key
 from agent.fleet.results import HostResult, HostStatus, PlanFigures
+from agent.group.nodes import node_hosts
+from agent.group.status import warning
 from agent.inventory import HostConfig
 from agent.plan.choose import Plan, Target, plan_for_host
 from agent.protocol import (
@@ -38,7 +40,7 @@ from agent.verify import render_checked
 Emit = Callable[[str, str], None]  # (phase, message)
 
 
-def _flags(text: str | None) -> dict[str, FlagValue]:
+def flags_of(text: str | None) -> dict[str, FlagValue]:
     try:
         return dict(parse_unit_flags(text)) if text else {}
     except FlagsError:
@@ -54,7 +56,7 @@ def plan_host(
 ) -> tuple[Plan, tuple[str, ...]]:
     """Plan from the host's own last start plus the canaries' measured starts, else the architecture;
     with the --set flags over the running ones, a fraction or request count among them kept as asked."""
-    change = _change(context, flags or {})
+    change = as_change(context, flags or {})
     host, facts = with_set_flags(host, change, facts)
     running = facts.get("flags") or dict(host.sglang.flags)
     own = list(calibration_from(facts) or [])
@@ -68,7 +70,7 @@ def plan_host(
     return plan, sources if plan.basis == "calibrated" else ()
 
 
-def _change(context: int, flags: Mapping[str, FlagInput]) -> Change:
+def as_change(context: int, flags: Mapping[str, FlagInput]) -> Change:
     """The fleet's --set as the Change `deployctl apply` makes of it."""
     rest = dict(flags)
     fraction, requests = rest.pop("mem-fraction-static", None), rest.pop("max-running-requests", None)
@@ -94,6 +96,10 @@ def apply_host(  # noqa: PLR0913 - as _planned below
     check: Ansible's check mode: plan and render only; the outcome says whether the unit would change.
     """
     try:
+        if host.nodes is not None:  # one service over several hosts: every node in one coordinated change
+            from agent.fleet.grouprun import apply_group
+
+            return apply_group(host, context, peers, emit, check, flags or {})
         with connected(host) as client:
             return _apply(client, context, peers, emit, check, flags or {})
     except ConnectionLost as exc:  # re-attaching failed too: the host finishes on its own
@@ -136,37 +142,53 @@ def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peer
 ) -> HostResult:
     host, facts = talk.client.host, as_facts(talk.answer)
     plan, sources = plan_host(host, context, facts, peers, flags)
-    unit_flags = {**dict(_change(context, flags).flags), **plan.flags()}
-    figures = _figures(plan, sources, emit)
+    unit_flags = {**dict(as_change(context, flags).flags), **plan.flags()}
+    figures = plan_figures(plan, sources, emit)
     old_text = facts.get("unit_text") or ""
-    before = redact_flags(_flags(old_text))
+    before = redact_flags(flags_of(old_text))
     if not plan.feasible:
         return HostResult(
             host.name, "not_feasible", f"the plan cannot reach {context:,} tokens; nothing was changed",
             context, figures, before=before,
         )  # fmt: skip
-    target_host = allow_context(host, Change(context))
-    new_text = render_checked(target_host, unit_flags, installed=old_text)
-    applied = _Applied(host.name, context, figures, before, redact_flags(_flags(new_text)))
+    new_text = render_for(host, context, unit_flags, facts)
+    applied = Applied(host.name, context, figures, before, redact_flags(flags_of(new_text)))
     if check:
         return applied.checked(unit_sha256(new_text) != installed_sha256(facts))
-    env_secrets, flag_secrets = secret_values(target_host, unit_flags)
-    req = base_request(
-        host,
-        "apply",
-        txn=new_txn_id(),  # chosen here: a re-attach then knows this transaction's outcome from any other
-        unit_text=new_text,
-        target_context=context,
-        planned_pool=plan.predicted_pool_tokens,
-        expect_sha256=installed_sha256(facts),
-        secret_env=env_secrets,
-        secret_flags=flag_secrets,
-    )
+    req = apply_request(host, context, new_text, unit_flags, plan.predicted_pool_tokens, facts)
     message, data = follow_outcome(talk.client, host, req, emit, talk)
     return applied.result(message, data, facts)
 
 
-def _figures(plan: Plan, sources: tuple[str, ...], emit: Emit) -> PlanFigures:
+def render_for(host: HostConfig, context: int, unit_flags: Mapping[str, FlagInput], facts: HostFacts) -> str:
+    """The unit for `context` with the plan's flags, rendered with this host's (or node's) inventory."""
+    target_host = allow_context(host, Change(context))
+    return render_checked(target_host, unit_flags, installed=facts.get("unit_text") or "")
+
+
+def apply_request(  # noqa: PLR0913 - the request's parts: whose, what target, which unit, flags, pool, facts
+    host: HostConfig,
+    context: int,
+    text: str,
+    unit_flags: Mapping[str, FlagInput],
+    pool: int,
+    facts: HostFacts,
+) -> Request:
+    env_secrets, flag_secrets = secret_values(allow_context(host, Change(context)), unit_flags)
+    return base_request(
+        host,
+        "apply",
+        txn=new_txn_id(),  # chosen here: a re-attach then knows this transaction's outcome from any other
+        unit_text=text,
+        target_context=context,
+        planned_pool=pool,
+        expect_sha256=installed_sha256(facts),
+        secret_env=env_secrets,
+        secret_flags=flag_secrets,
+    )
+
+
+def plan_figures(plan: Plan, sources: tuple[str, ...], emit: Emit) -> PlanFigures:
     """The plan's figures for the result, told to the operator as they are known."""
     basis = ", ".join(sources) or "architecture"
     emit(
@@ -185,7 +207,7 @@ def _figures(plan: Plan, sources: tuple[str, ...], emit: Emit) -> PlanFigures:
 
 
 @dataclass(frozen=True)
-class _Applied:
+class Applied:
     """What the controller knew of a host when it sent the apply: the result adds the host's outcome."""
 
     host: str
@@ -221,7 +243,7 @@ class _Applied:
             after=dict(self.after) if ran else dict(self.before),
             backup=data.get("backup"),
             smoke_seconds=smoke.get("seconds") if smoke else None,
-            downtime_s=_downtime(data),
+            downtime_s=downtime_of(data),
             measured_start=measured.copy() if measured else None,
         )
 
@@ -250,7 +272,7 @@ def follow_outcome(
     return outcome.message, outcome.outcome_data().copy()
 
 
-def _downtime(data: OutcomeData) -> float | None:
+def downtime_of(data: OutcomeData) -> float | None:
     """The restart's downtime: the agent's stop-to-answer figure where it reports one, else the start's."""
     down = data.get("downtime")
     seconds = down.get("seconds") if down else None
@@ -265,6 +287,13 @@ def measurement(host: HostConfig, result: HostResult) -> Measured | None:
 
 
 def rollback_host(host: HostConfig, backup: str | None, emit: Emit) -> HostResult:
+    if host.nodes is not None:  # as `deployctl rollback` of a group: each node has its own backups
+        return HostResult(
+            host.name, "error",
+            f"one service over {len(host.node_targets)} nodes: a rollback of one node would leave the others "
+            "on the new unit; nothing was changed (roll the group back with an apply of the old context: "
+            f"deployctl apply {host.name} --context N)",
+        )  # fmt: skip
     try:
         with connected(host) as client:
             req = base_request(host, "rollback", backup=backup, txn=new_txn_id())
@@ -276,37 +305,53 @@ def rollback_host(host: HostConfig, backup: str | None, emit: Emit) -> HostResul
     summary: StartFigures = data.get("summary") or {}
     return HostResult(
         host.name, str(data.get("outcome")), message, measured_pool=summary.get("kv_tokens"),
-        backup=data.get("backup"), downtime_s=_downtime(data),
+        backup=data.get("backup"), downtime_s=downtime_of(data),
     )  # fmt: skip
 
 
 def host_status(host: HostConfig, context: int | None) -> HostStatus:
-    """Drift and the measured pool: does the installed unit differ from what the plan renders?"""
-    try:
-        with connected(host) as client:
-            facts = as_facts(client.call(base_request(host, "facts")))
-    except ConnectError as exc:
-        return {"host": host.name, "reachable": False, "message": exc.message}
-    text = facts.get("unit_text") or ""
-    last = facts.get("last_start") or {}
-    state = facts.get("state")
+    """Drift and the measured pool: does the installed unit differ from what the plan renders? For a
+    multi-node service, one row: rank 0's pool and flags, drift on any node, and a rank that is down."""
+    nodes = node_hosts(host)
+    facts: list[HostFacts] = []
+    for rank, node in enumerate(nodes):
+        try:
+            with connected(node) as client:
+                facts.append(as_facts(client.call(base_request(node, "facts"))))
+        except ConnectError as exc:
+            where = f"rank {rank} ({node.ssh.target}): " if len(nodes) > 1 else ""
+            return {"host": host.name, "reachable": False, "message": where + exc.message}
+    state = facts[0].get("state")
     status: HostStatus = {
         "host": host.name,
         "reachable": True,
         "active": state.get("active_state") if state else None,
-        "measured_pool": last.get("kv_tokens"),
-        "flags": redact_flags(_flags(text)),
-        "unit_sha256": None if installed_sha256(facts) == "absent" else installed_sha256(facts),
+        "measured_pool": (facts[0].get("last_start") or {}).get("kv_tokens"),
+        "flags": redact_flags(flags_of(facts[0].get("unit_text") or "")),
+        "unit_sha256": None if installed_sha256(facts[0]) == "absent" else installed_sha256(facts[0]),
     }
-    # Without a target: the context of the last start the agent verified (what it was deployed to).
-    verified = [c for h in facts.get("history") or [] if (c := h.get("context_len"))]
-    against = context or (int(verified[-1]) if verified else None)
-    if against is not None:
-        plan, _ = plan_host(host, against, facts, ())
-        forced = allow_context(host, Change(against, force=True))
-        status["drift"] = unit_sha256(render_checked(forced, plan.flags())) != installed_sha256(facts)
-        status["planned_fraction"] = plan.mem_fraction_static
-    else:  # never deployed by deployctl: drift from the inventory's baseline
-        status["drift"] = unit_sha256(render_unit(host, {}, template_dir())) != installed_sha256(facts)
-    status["drift_against"] = against
+    status.update(_drift(nodes, facts, context))
+    if len(nodes) > 1:
+        status["nodes"] = len(nodes)
+        said = warning(host, [f.get("state") for f in facts])
+        if said:
+            status["warning"] = said
     return status
+
+
+def _drift(nodes: Sequence[HostConfig], facts: Sequence[HostFacts], context: int | None) -> HostStatus:
+    """Whether any node's installed unit differs from what rank 0's plan renders for it."""
+    # Without a target: the context of the last start the agent verified (what it was deployed to).
+    verified = [c for h in facts[0].get("history") or [] if (c := h.get("context_len"))]
+    against = context or (int(verified[-1]) if verified else None)
+    if against is None:  # never deployed by deployctl: drift from the inventory's baseline
+        texts = [render_unit(node, {}, template_dir()) for node in nodes]
+        return {"drift": _differs(texts, facts), "drift_against": None}
+    plan, _ = plan_host(nodes[0], against, facts[0], ())
+    texts = [render_checked(allow_context(n, Change(against, force=True)), plan.flags()) for n in nodes]
+    return {"drift": _differs(texts, facts), "planned_fraction": plan.mem_fraction_static,
+            "drift_against": against}  # fmt: skip
+
+
+def _differs(texts: Sequence[str], facts: Sequence[HostFacts]) -> bool:
+    return any(unit_sha256(t) != installed_sha256(f) for t, f in zip(texts, facts, strict=True))

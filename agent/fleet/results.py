@@ -26,6 +26,8 @@ class HostStatus(TypedDict, total=False):
     drift: bool
     planned_fraction: float
     drift_against: int | None  # the context the drift was judged at
+    nodes: int  # a multi-node service's node count (its row stands for all of them)
+    warning: str  # a rank down while rank 0 runs
 
 
 class FleetEvent(TypedDict, total=False):
@@ -48,6 +50,14 @@ class PlanFiguresData(TypedDict):
     calibrated_from: list[str]
 
 
+class RankResultData(TypedDict):
+    rank: int
+    target: str
+    outcome: str | None
+    message: str
+    backup: str | None
+
+
 class HostResultData(TypedDict, total=False):
     """HostResult.to_dict: its fields, with what they imply (changed, failed, revert)."""
 
@@ -63,6 +73,8 @@ class HostResultData(TypedDict, total=False):
     smoke_seconds: float | None
     downtime_s: float | None
     measured_start: StartFigures | None
+    ranks: list[RankResultData]
+    failed_rank: int | None
     changed: bool
     failed: bool
     revert: str | None
@@ -81,6 +93,17 @@ class PlanFigures:
 
 
 @dataclass(frozen=True)
+class RankResult:
+    """One node of a multi-node service: where its own transaction (or the group's rollback) left it."""
+
+    rank: int
+    target: str  # its SSH target
+    outcome: str | None  # None: no contact, its state is unknown
+    message: str
+    backup: str | None = None  # the unit its apply replaced, on that node
+
+
+@dataclass(frozen=True)
 class HostResult:
     host: str
     outcome: str  # an agent Outcome, or "unreachable", or "not_feasible"
@@ -94,6 +117,9 @@ class HostResult:
     smoke_seconds: float | None = None
     downtime_s: float | None = None
     measured_start: StartFigures | None = None  # the start's figures, for recalibrating later hosts
+    # A multi-node service (one row, one host of the rollout): every node, and the rank that stopped it.
+    ranks: tuple[RankResult, ...] = ()
+    failed_rank: int | None = None
 
     @property
     def changed(self) -> bool:
@@ -106,14 +132,19 @@ class HostResult:
 
     @property
     def revert(self) -> str | None:
-        applied = self.outcome == "applied" and self.backup
-        return f"deployctl rollback {self.host} --to {self.backup}" if applied else None
+        if self.outcome != "applied":
+            return None
+        if self.ranks:  # a group refuses a one-node rollback: an apply of the old context restarts all
+            old = self.before.get("context-length")
+            return f"deployctl apply {self.host} --context {old}" if old is not None else None
+        return f"deployctl rollback {self.host} --to {self.backup}" if self.backup else None
 
     def to_dict(self) -> HostResultData:
         data = cast(HostResultData, asdict(self))  # the fields are the keys above
         data.update(HostResultData(changed=self.changed, failed=self.failed, revert=self.revert))
         if data["plan"] is not None:
             data["plan"]["calibrated_from"] = list(data["plan"]["calibrated_from"])
+        data["ranks"] = list(data["ranks"])
         return data
 
     @classmethod
@@ -125,6 +156,7 @@ class HostResult:
             values["plan"] = PlanFigures(
                 **{**plan, "calibrated_from": tuple(plan.get("calibrated_from", ()))}
             )
+        values["ranks"] = tuple(RankResult(**r) for r in values.get("ranks") or ())
         return cls(**values)
 
 
@@ -176,6 +208,21 @@ def _flag_change(before: Mapping[str, FlagValue], after: Mapping[str, FlagValue]
     return ", ".join(parts) or "no flag change"
 
 
+def _details(r: HostResult) -> list[str]:
+    detail = [_flag_change(r.before, r.after)] if r.before or r.after else []
+    if r.plan is not None:
+        detail.append("planned from " + (", ".join(r.plan.calibrated_from) or "the architecture"))
+    if r.ranks:  # a multi-node service: where each node is now
+        detail.append(
+            "nodes: " + ", ".join(f"rank {n.rank} {n.target} {n.outcome or 'unknown'}" for n in r.ranks)
+        )
+    if r.failed:
+        detail.append(r.message)
+    if r.revert:
+        detail.append(f"revert: {r.revert}")
+    return detail
+
+
 def render_fleet(report: FleetReport) -> str:
     """Per host: outcome, flags before -> after, predicted vs measured pool, downtime, the way back."""
     lines = [f"== fleet {report.group}: {len(report.results)} of {len(report.hosts)} hosts run"]
@@ -193,14 +240,7 @@ def render_fleet(report: FleetReport) -> str:
         downtime = f"{r.downtime_s:.1f} s" if r.downtime_s is not None else "-"
         measured = _n(r.measured_pool)
         lines.append(f"{host:<20} {r.outcome:<15} {fraction:>8} {predicted:>10} {measured:>10} {downtime:>9}")
-        detail = [_flag_change(r.before, r.after)] if r.before or r.after else []
-        if r.plan is not None:
-            detail.append("planned from " + (", ".join(r.plan.calibrated_from) or "the architecture"))
-        if r.failed:
-            detail.append(r.message)
-        lines.extend(f"  {d}" for d in detail)
-        if r.revert:
-            lines.append(f"  revert: {r.revert}")
+        lines.extend(f"  {d}" for d in _details(r))
     if report.halted:
         lines.append(f"halted: {', '.join(report.untouched)} not touched")
     elif failed := [h for h, r in report.results.items() if r.failed]:

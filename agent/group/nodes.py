@@ -37,8 +37,7 @@ def node_host(host: HostConfig, rank: int) -> HostConfig:
 
 
 def _port(host: HostConfig, rank: int) -> int:
-    ports = host.nodes.ports if host.nodes else None
-    return ports[rank - 1] if ports and rank > 0 else host.sglang.port
+    return host.port_on(host.node_targets[rank])
 
 
 def node_hosts(host: HostConfig) -> list[HostConfig]:

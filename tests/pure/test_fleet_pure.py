@@ -169,13 +169,13 @@ def test_a_line_still_being_written_is_held_back_until_it_is_whole() -> None:
     assert _complete_lines(feed, pending) == [{"kind": "result"}] and pending == b""
 
 
-def test_downtime_is_the_agents_stop_to_answer_figure_when_it_gives_one() -> None:
-    from agent.fleet.hostrun import _downtime
+def testdowntime_of_is_the_agents_stop_to_answer_figure_when_it_gives_one() -> None:
+    from agent.fleet.hostrun import downtime_of
 
-    assert _downtime({"start_seconds": 2.5, "downtime": {"seconds": 3.25, "phases": {}}}) == 3.25
-    assert _downtime({"start_seconds": 2.5}) == 2.5
-    assert _downtime({"start_seconds": 2.5, "downtime": {"seconds": None}}) == 2.5
-    assert _downtime({}) is None
+    assert downtime_of({"start_seconds": 2.5, "downtime": {"seconds": 3.25, "phases": {}}}) == 3.25
+    assert downtime_of({"start_seconds": 2.5}) == 2.5
+    assert downtime_of({"start_seconds": 2.5, "downtime": {"seconds": None}}) == 2.5
+    assert downtime_of({}) is None
 
 
 def test_a_bad_context_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -47,7 +47,9 @@ def nodes_for(tmp_path: Path, contexts: list[int]) -> tuple[list[Node], list[Fak
     return nodes, fakes
 
 
-def run_group(nodes: list[Node], fakes: list[FakeNode]) -> Coordinator:
+def fake_follow(fakes: list[FakeNode]) -> Callable[[Node, Callable[[Event], None]], object]:
+    """Run the node's transaction on its fake host, its events to the coordinator."""
+
     def follow(node: Node, on_event: Callable[[Event], None]) -> object:
         fake = fakes[node.rank]
         fake.txn_dir(TXN).mkdir(parents=True, exist_ok=True)
@@ -59,12 +61,24 @@ def run_group(nodes: list[Node], fakes: list[FakeNode]) -> Coordinator:
         on_event(Event(TXN, 99, "", "done", "outcome", result.message, data))
         return None
 
+    return follow
+
+
+def fake_deliver(fakes: list[FakeNode]) -> Callable[[Node, str, str], SignalAnswer]:
+    """A signal through the agent's own `signal` verb, unless the link to that node is down."""
+
     def deliver(node: Node, word: str, reason: str) -> SignalAnswer:
         if fakes[node.rank].link_down:
             raise ConnectError(f"{node.host.name}: connection refused")
         return verbs.signal(replace(node.request, verb="signal", signal=word, reason=reason, group=None))
 
-    coordinator = Coordinator(nodes, lambda node, event: None, deliver=deliver, follow=follow)
+    return deliver
+
+
+def run_group(nodes: list[Node], fakes: list[FakeNode]) -> Coordinator:
+    coordinator = Coordinator(
+        nodes, lambda node, event: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes)
+    )
     coordinator.run()
     return coordinator
 

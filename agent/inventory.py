@@ -374,7 +374,7 @@ class HostConfig(_Model):
             return self
         if self.ssh.target in self.nodes.others:
             raise ValueError(f"nodes.others: names [ssh] target {self.ssh.target!r}, which is node rank 0")
-        for flag in NODE_FLAGS:
+        for flag in (*NODE_FLAGS, "port"):  # the port: [sglang] port, and [nodes] ports for ranks >= 1
             if flag in self.sglang.flags:
                 raise ValueError(f"sglang.flags.{flag}: [nodes] sets it for each node; leave it out")
         return self

@@ -42,7 +42,7 @@ def conversation_bound_s(req: Request) -> float:
 
 VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow", "inspect", "signal")
 # A multi-node service's coordinator to one node's transaction (agent/host/groupsignal.py).
-SIGNALS = ("go", "commit", "abort")
+SIGNALS = ("go", "go-back", "commit", "abort")
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}\.service")
 BACKUP_NAME = re.compile(rf"(?P<unit>{UNIT_NAME.pattern})\.bak\.(?P<ts>\d{{8}}T\d{{6}}Z)(?:-\d+)?")
 TXN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
@@ -303,7 +303,8 @@ class Request:
             _check(self.verb == "apply", "only apply runs as a node of a group")
         if self.verb == "signal":
             _check(
-                self.signal in SIGNALS and self.txn is not None, "signal needs one of go/commit/abort and txn"
+                self.signal in SIGNALS and self.txn is not None,
+                "signal needs one of go/go-back/commit/abort and txn",
             )
         _check(isinstance(self.reason, str) and not find_control(self.reason), "bad reason")
 

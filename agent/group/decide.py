@@ -30,6 +30,7 @@ class Rank:
     vote: Vote = Vote.STARTED
     outcome: Outcome | None = None  # its transaction ended
     lost: bool = False  # no contact: the follow gave up re-attaching
+    back: bool = False  # rolling back: it stopped its new server and waits to start its old one
     why: str = ""  # a failed vote's reason, or the outcome's message
 
 
@@ -38,6 +39,7 @@ class Step(str, Enum):
     GO = "go"
     COMMIT = "commit"
     ABORT = "abort"
+    GO_BACK = "go-back"  # every rank that rolls back has stopped its new server: start the old ones
     DONE = "done"
 
 
@@ -47,11 +49,15 @@ class Next:
     reason: str = ""
 
 
-def next_step(ranks: Sequence[Rank], went: bool, decided: Step | None) -> Next:
-    """went: "go" was sent; decided: COMMIT or ABORT once sent."""
+def next_step(ranks: Sequence[Rank], went: bool, decided: Step | None, went_back: bool = False) -> Next:
+    """went: "go" was sent; decided: COMMIT or ABORT once sent; went_back: "go-back" was sent."""
     if decided is not None:
-        done = all(r.outcome is not None or r.lost for r in ranks)
-        return Next(Step.DONE) if done else Next(Step.WAIT)
+        if all(r.outcome is not None or r.lost for r in ranks):
+            return Next(Step.DONE)
+        stopped = all(r.back or r.outcome is not None or r.lost for r in ranks)
+        if decided is Step.ABORT and not went_back and stopped:
+            return Next(Step.GO_BACK)
+        return Next(Step.WAIT)
     for n, r in enumerate(ranks):
         why = _why_not(r)
         if why is not None:

@@ -72,6 +72,7 @@ class Coordinator:
     deliver: Signal = signal
     follow: Follow = follow
     went: bool = False
+    went_back: bool = False
     decided: Step | None = None
     reason: str = ""
     events: queue.Queue[tuple[int, Event | None]] = field(default_factory=queue.Queue)
@@ -83,7 +84,7 @@ class Coordinator:
         while True:
             rank, event = self.events.get()
             self._take(self.nodes[rank], event)
-            nxt = next_step([n.view for n in self.nodes], self.went, self.decided)
+            nxt = next_step([n.view for n in self.nodes], self.went, self.decided, self.went_back)
             if nxt.step is Step.DONE:
                 return
             self._act(nxt)
@@ -108,6 +109,8 @@ class Coordinator:
             node.view = replace(node.view, vote=Vote.STOPPED)
         elif vote == "ready":
             node.view = replace(node.view, vote=Vote.READY)
+        elif vote == "stopped_back":
+            node.view = replace(node.view, back=True)
         elif vote == "failed":
             node.view = replace(node.view, vote=Vote.FAILED, why=event.message)
 
@@ -115,6 +118,9 @@ class Coordinator:
         if nxt.step is Step.GO:
             self.went = True
             self._send_all("go", "")
+        elif nxt.step is Step.GO_BACK:
+            self.went_back = True
+            self._send_all("go-back", "")
         elif nxt.step in (Step.COMMIT, Step.ABORT):
             self._decide(nxt.step, nxt.reason)
 

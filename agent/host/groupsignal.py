@@ -39,13 +39,18 @@ class Signals:
 
     folder: Path
 
+    back: bool = False  # the rollback's barrier: every rank stopped its new server, start the old ones
+
     @property
     def _go(self) -> Path:
-        return self.folder / "group-go"
+        return self.folder / ("group-go-back" if self.back else "group-go")
 
     @property
     def _decision(self) -> Path:
         return self.folder / "group-decision"
+
+    def for_rollback(self) -> Signals:
+        return Signals(self.folder, back=True)
 
     def go(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -586,7 +586,7 @@ class Transaction:
             waits = replace(t, weights_s=t.weights_s + more, no_progress_s=t.no_progress_s + more)
             gate = replace(gate, timeouts=waits)
         job = self._drained_restart(before.invocation_id, barrier)
-        if barrier is not None and self.barrier is not None:  # never started: not every rank stopped
+        if barrier is not None and not barrier.back and self.barrier:  # never started: not every rank stopped
             return WatchResult(fail(self.barrier, Failure.TIMEOUT), {}, 0.0)
         after = self.systemd.unit_state(self.unit)
         self.log.emit(
@@ -632,6 +632,8 @@ class Transaction:
         """A group's node: stop, tell the coordinator, start once every rank has stopped. A rank that
         started early would join the other ranks' old servers (their rendezvous port is the same)."""
         assert self.req.group is not None
+        if barrier.back:
+            return self._stop_then_start_old(barrier, timeout)
         stopped = self.systemd.stop(self.unit, timeout)
         rank, wait_s = self.req.group.rank, self.req.group.wait_s
         self.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}): waiting for every rank "
@@ -643,6 +645,23 @@ class Transaction:
             self.barrier = f"the group rolled back before the start ({stands.reason})"
             return stopped
         self.log.emit(Stage.GROUP, "step", f"every rank stopped: starting rank {rank}")
+        job: JobResult = self.systemd.start(self.unit, RESTART_JOB_TIMEOUT_S)
+        return job
+
+    def _stop_then_start_old(self, barrier: Signals, timeout: float) -> JobResult:
+        """The rollback of a group's node: stop the new server, and start the old one once every rank
+        has stopped its new one (an old rank must not meet a new one at the rendezvous); with no word
+        from the coordinator within wait_s, start it anyway: the others do the same."""
+        assert self.req.group is not None
+        stopped = self.systemd.stop(self.unit, timeout)
+        rank, wait_s = self.req.group.rank, self.req.group.wait_s
+        self.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}) to roll back: waiting "
+                      "for every rank to stop", vote="stopped_back", job=stopped.result)  # fmt: skip
+        if wait_for(barrier.gone, wait_s):
+            self.log.emit(Stage.GROUP, "step", f"every rank stopped: starting rank {rank}'s old unit")
+        else:
+            self.log.emit(Stage.GROUP, "warning", f"no word from deployctl within {wait_s:.0f} s: starting "
+                          f"rank {rank}'s old unit anyway")  # fmt: skip
         job: JobResult = self.systemd.start(self.unit, RESTART_JOB_TIMEOUT_S)
         return job
 
@@ -827,7 +846,8 @@ class Transaction:
         """Restart the restored unit and see it serve: a rollback is reported only once it does."""
         from agent.host.probe import ProbeError
 
-        old = self._restart_and_watch(Gate(None, None, 0.0, self.req.timeouts), Stage.VERIFY_OLD)
+        back = Signals(self.state.txn_dir(self.txn), back=True) if self.req.group is not None else None
+        old = self._restart_and_watch(Gate(None, None, 0.0, self.req.timeouts), Stage.VERIFY_OLD, back)
         if old.verdict.action is not Action.READY:
             return False, old.verdict.reason
         if _node_rank(self.files.read(self.unit) or "") >= 1:  # its /health is a placeholder's

@@ -149,8 +149,8 @@ def signal(req: Request) -> SignalAnswer:
     if not (folder / "request.json").is_file():
         return {"known": False, "go": False, "decision": None}
     signals = Signals(folder)
-    if req.signal == "go":
-        signals.go()
+    if req.signal in ("go", "go-back"):
+        (signals.for_rollback() if req.signal == "go-back" else signals).go()
     else:
         signals.claim(Decision(req.signal), req.reason, "deployctl")
     stands = signals.decided()

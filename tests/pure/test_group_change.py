@@ -205,3 +205,13 @@ def test_the_rank_that_failed_on_its_own_is_named_not_the_one_that_lost_its_peer
     assert first_cause(ranks) == (1, "SGLang failed (crash): weights corrupt")
     assert first_cause([Rank(Vote.FAILED, why=gloo), Rank(Vote.READY)]) == (0, gloo)
     assert first_cause([Rank(Vote.READY), Rank(Vote.READY)]) is None
+
+
+def test_go_back_waits_for_every_rank_that_rolls_back_to_stop_its_new_server() -> None:
+    stopping = [Rank(Vote.READY, back=True), Rank(Vote.READY)]  # rank 1 still running its new server
+    assert next_step(stopping, True, Step.ABORT).step is Step.WAIT
+    stopped = [Rank(Vote.READY, back=True), Rank(Vote.FAILED, back=True)]
+    assert next_step(stopped, True, Step.ABORT).step is Step.GO_BACK
+    assert next_step(stopped, True, Step.ABORT, went_back=True).step is Step.WAIT
+    ended = [Rank(Vote.READY, back=True), Rank(Vote.STARTED, Outcome.ERROR)]  # refused: nothing to stop
+    assert next_step(ended, True, Step.ABORT).step is Step.GO_BACK

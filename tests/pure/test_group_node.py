@@ -49,6 +49,7 @@ def on_vote(txn: Transaction, vote: str, then: Callable[[Signals], object]) -> S
 def coordinator(txn: Transaction, decision: Decision | None) -> Signals:
     """ "go" once the node stopped, then `decision` once it voted ready (None: never a word)."""
     signals = on_vote(txn, "stopped", Signals.go)
+    on_vote(txn, "stopped_back", lambda s: s.for_rollback().go())  # every rank stopped to roll back
     if decision is not None:
         on_vote(txn, "ready", lambda s: s.claim(decision, "rank 1 failed: OOM", "deployctl"))
     return signals
@@ -89,7 +90,9 @@ def test_no_go_in_time_rolls_back_without_ever_starting_the_new_unit(host: Host)
     result = txn.apply()  # no coordinator: it never says go
     assert result.outcome is Outcome.ROLLED_BACK
     assert "no start signal" in result.message
-    assert host.systemd.starts == 0 and host.systemd.loaded == node_unit(OLD, 1)
+    # its one start is the old unit's, after the rollback's own barrier (no word: it starts anyway)
+    assert host.systemd.starts == 1 and host.systemd.loaded == node_unit(OLD, 1)
+    assert any("starting rank 1's old unit anyway" in e.message for e in txn.events)
     assert host.systemd.active == "active"  # the old unit restarted
 
 
@@ -120,7 +123,7 @@ def test_an_unchanged_node_still_restarts_with_the_group_and_its_rollback_keeps_
     coordinator(txn, Decision.ABORT)
     result = txn.apply()
     assert result.outcome is Outcome.ROLLED_BACK
-    assert host.systemd.starts == 1  # it restarted with the group
+    assert host.systemd.starts == 2  # it restarted with the group, then with the group's rollback
     assert host.systemd.loaded == node_unit(NEW, 1) and host.systemd.active == "active"
 
 
@@ -136,6 +139,7 @@ def test_a_node_whose_server_dies_while_it_waits_rolls_back_at_once_and_claims_t
     host.install(host.etc, node_unit(OLD, 1))
     txn = host.transaction(node_request(host, NEW, 1))
     on_vote(txn, "stopped", Signals.go)
+    on_vote(txn, "stopped_back", lambda s: s.for_rollback().go())
 
     def peer_gone(s: Signals) -> None:  # node 0 went away: this rank's process exits (gloo)
         host.systemd.active, host.systemd.sub = "failed", "failed"
@@ -147,3 +151,13 @@ def test_a_node_whose_server_dies_while_it_waits_rolls_back_at_once_and_claims_t
     stands = signals.decided()
     assert stands is not None and (stands.decision, stands.by) == (Decision.ABORT, "node")
     assert host.systemd.loaded == node_unit(OLD, 1) and host.systemd.active == "active"
+
+
+def test_a_rolling_back_node_starts_its_old_unit_only_once_every_rank_stopped(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 0))
+    txn = host.transaction(node_request(host, NEW, 0))
+    coordinator(txn, Decision.ABORT)
+    txn.apply()
+    said = [(e.data.get("vote"), e.message) for e in txn.events if e.stage == "group"]
+    back = next(i for i, (vote, _) in enumerate(said) if vote == "stopped_back")
+    assert said[back + 1][1] == "every rank stopped: starting rank 0's old unit"

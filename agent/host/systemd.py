@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from jeepney import DBusAddress, MatchRule, Properties, message_bus, new_method_call
@@ -104,6 +105,20 @@ class Systemd:
     def stop(self, unit: str, timeout: float) -> JobResult:
         """Stop the unit and wait for the job to finish."""
         return self._run_job("StopUnit", unit, timeout)
+
+    def leftovers(self, unit: str) -> list[int]:
+        """The processes still in the unit's control group (a stopped unit should have none)."""
+        path = self.unit_path(unit)
+        group = str(self._get_all(path, SERVICE_IFACE).get("ControlGroup") or f"/system.slice/{unit}")
+        try:
+            text = Path(f"/sys/fs/cgroup{group}/cgroup.procs").read_text(encoding="ascii")
+        except OSError:  # no such group: nothing left
+            return []
+        return [int(word) for word in text.split()]
+
+    def kill(self, unit: str, signal: int) -> None:
+        """Send `signal` to every process of the unit (systemd's KillUnit, whom "all")."""
+        self._manager("KillUnit", "ssi", (unit, "all", signal))
 
     def reset_failed(self, unit: str) -> None:
         """Forget the unit's failed state and its start-limit counter."""

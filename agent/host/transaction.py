@@ -68,6 +68,10 @@ class SystemdPort(Protocol):
 
     def start(self, unit: str, timeout: float) -> JobResult: ...
 
+    def leftovers(self, unit: str) -> list[int]: ...
+
+    def kill(self, unit: str, signal: int) -> None: ...
+
 
 class ProbePort(Protocol):
     """The HTTP checks of a started server (agent.host.probe.Probe); they raise ProbeError."""
@@ -634,7 +638,7 @@ class Transaction:
         assert self.req.group is not None
         if barrier.back:
             return self._stop_then_start_old(barrier, timeout)
-        stopped = self.systemd.stop(self.unit, timeout)
+        stopped = self._stop_clean(timeout)
         rank, wait_s = self.req.group.rank, self.req.group.wait_s
         self.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}): waiting for every rank "
                       "to stop", vote="stopped", job=stopped.result)  # fmt: skip
@@ -648,12 +652,26 @@ class Transaction:
         job: JobResult = self.systemd.start(self.unit, RESTART_JOB_TIMEOUT_S)
         return job
 
+    def _stop_clean(self, timeout: float) -> JobResult:
+        """Stop, and see that no process of the unit is left: a scheduler still tearing down its gloo
+        links when systemd's final kill failed ("Failed to kill control group ...: Input/output
+        error", seen on the real two-node server) keeps the control group, and the next start then fails
+        with 219/CGROUP; on a GPU host it would also hold memory the next pool counts on."""
+        stopped = self.systemd.stop(self.unit, timeout)
+        left = self.systemd.leftovers(self.unit)
+        if left:
+            self.log.emit(Stage.GROUP, "warning", f"{len(left)} process(es) left after the stop "
+                          f"({', '.join(map(str, left[:5]))}): killing them")  # fmt: skip
+            self.systemd.kill(self.unit, 9)
+            wait_for(lambda: not self.systemd.leftovers(self.unit), 30.0)
+        return stopped
+
     def _stop_then_start_old(self, barrier: Signals, timeout: float) -> JobResult:
         """The rollback of a group's node: stop the new server, and start the old one once every rank
         has stopped its new one (an old rank must not meet a new one at the rendezvous); with no word
         from the coordinator within wait_s, start it anyway: the others do the same."""
         assert self.req.group is not None
-        stopped = self.systemd.stop(self.unit, timeout)
+        stopped = self._stop_clean(timeout)
         rank, wait_s = self.req.group.rank, self.req.group.wait_s
         self.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}) to roll back: waiting "
                       "for every rank to stop", vote="stopped_back", job=stopped.result)  # fmt: skip

@@ -161,3 +161,13 @@ def test_a_rolling_back_node_starts_its_old_unit_only_once_every_rank_stopped(ho
     said = [(e.data.get("vote"), e.message) for e in txn.events if e.stage == "group"]
     back = next(i for i, (vote, _) in enumerate(said) if vote == "stopped_back")
     assert said[back + 1][1] == "every rank stopped: starting rank 0's old unit"
+
+
+def test_processes_a_stop_left_behind_are_killed_before_the_new_start(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 0))
+    txn = host.transaction(node_request(host, NEW, 0))
+    coordinator(txn, Decision.COMMIT)
+    host.systemd.left = [4242]  # systemd's final kill failed: a scheduler is still in the group
+    assert txn.apply().outcome is Outcome.APPLIED
+    assert host.systemd.killed == [9] and host.systemd.left == []
+    assert any("1 process(es) left after the stop (4242)" in e.message for e in txn.events)

@@ -74,6 +74,8 @@ class FakeSystemd:
         self.lines: dict[str, list[str]] = {}  # invocation -> what it logged so far
         self.later: dict[str, list[str]] = {}  # invocation -> what it logs once someone follows it
         self.restarts = self.stops = self.reloads = self.starts = 0
+        self.left: list[int] = []  # processes a stop leaves behind (a failed final kill)
+        self.killed: list[int] = []  # signals sent with kill()
         self.fragment, self.loaded = "", ""
         self._ids = itertools.count(1)
         self.entered_us = 0
@@ -108,6 +110,13 @@ class FakeSystemd:
             return JobResult(unit, "0", "failed")
         self.boot(*self.script.lines(self.loaded))
         return JobResult(unit, str(self.starts), "done")
+
+    def leftovers(self, unit: str) -> list[int]:
+        return list(self.left)
+
+    def kill(self, unit: str, signal: int) -> None:
+        self.killed.append(signal)
+        self.left = []
 
     def stop(self, unit: str, timeout: float) -> JobResult:
         self.stops += 1

@@ -27,7 +27,7 @@ from agent.fleet.hostrun import (
     render_for,
 )
 from agent.fleet.results import HostResult, RankResult
-from agent.group.decide import Vote, group_outcome
+from agent.group.decide import Vote, first_cause, group_outcome
 from agent.group.nodes import node_hosts
 from agent.group.run import Coordinator, Follow, Node, Signal, converge, signal
 from agent.group.run import follow as follow_node
@@ -202,7 +202,11 @@ RANK = re.compile(r"rank (\d+)\b")
 def failed_rank(nodes: Sequence[Node], reason: str) -> int | None:
     """The rank that stopped the group: the one the coordinator's abort names (its start failed, it was
     lost, refused, or had rolled itself back), else one that was lost or failed after the decision (a
-    rank told to abort votes "failed" too, so the reason comes first)."""
+    rank told to abort votes "failed" too, so the reason comes first). A rank that failed on its own
+    comes before one that only lost its peers (decide.first_cause)."""
+    cause = first_cause([n.view for n in nodes])
+    if cause is not None:
+        return cause[0]
     named = RANK.match(reason)
     if named:
         return int(named.group(1))

@@ -7,6 +7,7 @@ import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from agent.cli.options import Change, Connection
 from agent.exitcodes import ExitCode
@@ -19,6 +20,9 @@ from agent.protocol import Event, Group, HostFacts, Outcome, Request, Stage, as_
 from agent.remote.client import AgentClient, base_request, open_transport
 from agent.remote.follow import Watch
 from agent.remote.follow import follow as follow_transaction
+
+if TYPE_CHECKING:
+    from agent.apply import Prepared
 
 
 @contextlib.contextmanager
@@ -69,13 +73,12 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
         return _run(out, host, nodes, report_rank0)
 
 
-def _node_request(host: HostConfig, change: Change, sent: object, facts: HostFacts) -> Request:
+def _node_request(host: HostConfig, change: Change, sent: Prepared, facts: HostFacts) -> Request:
     """Node rank >= 1: the same flags as node 0's plan, rendered with its own --node-rank."""
     from agent import apply as planned
     from agent.render import secret_values
     from agent.verify import render_checked
 
-    assert isinstance(sent, planned.Prepared)
     flags = {**dict(change.flags), **sent.plan.flags()}
     target = planned.allow_context(host, change)
     text = render_checked(target, flags, installed=facts.get("unit_text") or "")

@@ -119,4 +119,5 @@ def test_two_real_nodes_are_adopted_and_changed_in_one_restart_of_both(pair: Pai
         assert (flags["node-rank"], flags["max-total-tokens"]) == (str(rank), "20000")
         assert "KV Cache is allocated" in node.journal(invocation=after[rank])  # every rank's own pool line
     assert n0.pool() == 20000 and "smoke" in r.stdout + r.stderr
-    print(f"two-node real apply: {seconds:.1f} s")
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "left after the stop" in line]
+    print(f"two-node real apply: {seconds:.1f} s; {said or 'no process left after a stop'}")

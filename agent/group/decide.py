@@ -95,7 +95,11 @@ def first_cause(ranks: Sequence[Rank]) -> tuple[int, str] | None:
 
 
 def to_roll_back(ranks: Sequence[Rank]) -> tuple[int, ...]:
-    """Once every transaction ended: the ranks that kept the new unit while another did not."""
+    """Once every transaction ended: the ranks that kept the new unit while another did not. None while a
+    rank is out of reach: whether the commit reached it is unknown, and a rank restarted alone would meet
+    the others' servers of another generation (the report says the group is in doubt)."""
+    if any(r.lost for r in ranks):
+        return ()
     kept = tuple(n for n, r in enumerate(ranks) if r.outcome is Outcome.APPLIED)
     return () if len(kept) == len(ranks) else kept
 

@@ -125,18 +125,21 @@ class Coordinator:
             self._decide(nxt.step, nxt.reason)
 
     def _decide(self, step: Step, reason: str) -> None:
-        """Send the decision to every node; a node that already decided abort for itself (it waited too
-        long) turns a commit into an abort for the nodes not told yet."""
+        """Send the decision to every node; a node that cannot be told, or that already decided abort
+        for itself (it waited too long), turns a commit into an abort for the nodes not told yet. A commit
+        goes to rank 0 last: a rank >= 1 out of reach then leaves every node uncommitted, so the group
+        goes back together (rank 1 rolls itself back when no word comes) instead of converging later."""
         self.decided, self.reason = step, reason
-        for node in self.nodes:
+        order = [*self.nodes[1:], self.nodes[0]] if step is Step.COMMIT else list(self.nodes)
+        for node in order:
             word = self.decided.value
             try:
                 answer = self.deliver(node, word, self.reason)
             except ConnectError as exc:  # it rolls itself back when its wait runs out
-                answer = {"decision": "abort", "reason": str(exc)}
+                answer = {"decision": "abort", "reason": f"not reachable: {exc}"}
             if self.decided is Step.COMMIT and answer.get("decision") == "abort":
                 self.decided = Step.ABORT
-                self.reason = f"rank {node.rank} had rolled back: {answer.get('reason', '')}"
+                self.reason = f"rank {node.rank} rolled back: {answer.get('reason', '')}"
 
     def _send_all(self, word: str, reason: str) -> None:
         for node in self.nodes:

@@ -653,10 +653,9 @@ class Transaction:
         return job
 
     def _stop_clean(self, timeout: float) -> JobResult:
-        """Stop, and see that no process of the unit is left: a scheduler still tearing down its gloo
-        links when systemd's final kill failed ("Failed to kill control group ...: Input/output
-        error", seen on the real two-node server) keeps the control group, and the next start then fails
-        with 219/CGROUP; on a GPU host it would also hold memory the next pool counts on."""
+        """Stop, and see that no process of the unit is left: on the real two-node server a stop once
+        logged "Failed to kill control group ...: Input/output error" and the next start failed with
+        219/CGROUP; on a GPU host a leftover scheduler would also hold memory the next pool counts on."""
         stopped = self.systemd.stop(self.unit, timeout)
         left = self.systemd.leftovers(self.unit)
         if left:

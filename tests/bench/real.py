@@ -7,6 +7,10 @@ SGLang's own SIGTERM drain finishes it). Per round, from the outcome's own figur
   commit, report);
 - ready_s = the downtime's "ready" phase: from SGLang's own start-up timings line to deployctl's answer
   from /health (SGLang's HTTP start and warm-up request, and deployctl's polling);
+- own_in_restart_s = deployctl's own part of the restart beyond the server's own stop and start: from the
+  new server's "The server is fired up and ready to roll!" (its journal record's time) to deployctl's
+  "the server answers /health" event (the watch reading that line, then one /health answer); the stop and
+  the start in between are one systemd restart job, with no deployctl step between them;
 - the drain: requests in flight, finished, cut, seconds.
 """
 
@@ -18,6 +22,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from tests import realhost
@@ -53,6 +58,24 @@ def _outcome(stdout: str) -> dict[str, Any]:
     return data
 
 
+def _answered_at(stdout: str) -> float:
+    """When deployctl logged that the new server answers /health (epoch seconds)."""
+    for line in stdout.splitlines():
+        if line.startswith("{") and (e := json.loads(line)).get("message") == "the server answers /health":
+            return datetime.fromisoformat(str(e["ts"]).replace("Z", "+00:00")).timestamp()
+    raise AssertionError("no /health event in the apply's output")
+
+
+def _fired_up_at(real: realhost.RealHost) -> float:
+    """When journald received the running server's "fired up" line (epoch seconds)."""
+    argv = ["journalctl", "--no-pager", "-o", "json", f"_SYSTEMD_INVOCATION_ID={real.invocation()}"]
+    for line in real.host.ssh(argv).stdout.decode(errors="replace").splitlines():
+        record = json.loads(line)
+        if "The server is fired up" in str(record.get("MESSAGE")):
+            return int(record["__REALTIME_TIMESTAMP"]) / 1e6
+    raise AssertionError("no 'fired up' line in the new invocation's journal")
+
+
 def _round(real: realhost.RealHost, cap: int) -> dict[str, float]:
     thread = _stream(real.port)
     time.sleep(1.0)  # the request is running
@@ -65,6 +88,7 @@ def _round(real: realhost.RealHost, cap: int) -> dict[str, float]:
     data = _outcome(r.stdout)
     down, drain = data["downtime"], data.get("drain") or {}
     return {
+        "own_in_restart_s": _answered_at(r.stdout) - _fired_up_at(real),
         "wall_s": wall,
         "own_s": wall - float(drain.get("waited_s") or 0.0) - float(down["seconds"]),
         "ready_s": float(down["phases"].get("ready", 0.0)),

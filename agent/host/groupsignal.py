@@ -13,12 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-
-POLL_S = 0.2
 
 
 class Decision(str, Enum):
@@ -84,18 +81,3 @@ class Signals:
         found = self.decided()
         assert found is not None
         return found
-
-
-def wait_for(
-    ready: Callable[[], bool],
-    wait_s: float,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> bool:
-    """Poll until ready() or wait_s passed: whether it became ready."""
-    deadline = clock() + wait_s
-    while not ready():
-        if clock() >= deadline:
-            return False
-        sleep(POLL_S)
-    return True

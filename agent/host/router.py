@@ -13,13 +13,12 @@ transaction needs, so fakes test every path.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import quote
 
-POLL_S = 0.2
+from agent.host.poll import wait_until
 
 
 class RouterError(Exception):
@@ -61,19 +60,6 @@ class RouterPort(Protocol):
     def add(self, url: str) -> None: ...
 
     def remove(self, worker_id: str) -> None: ...
-
-
-def wait_until(
-    done: Callable[[], bool], timeout_s: float,
-    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-) -> bool:  # fmt: skip
-    """Poll done() until it holds or timeout_s passes (the router acts in the background)."""
-    deadline = clock() + timeout_s
-    while not done():
-        if clock() >= deadline:
-            return False
-        sleep(POLL_S)
-    return True
 
 
 def gone(router: RouterPort, url: str) -> Callable[[], bool]:

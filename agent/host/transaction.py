@@ -18,8 +18,9 @@ from agent.host import drain, loadcheck, serverinfo
 from agent.host.adopt import kept_secret_env
 from agent.host.decide import Action, Failure, Gate, fail
 from agent.host.events import EventLog, utc_now
-from agent.host.groupsignal import Decided, Decision, Signals, wait_for
+from agent.host.groupsignal import Decided, Decision, Signals
 from agent.host.loadcheck import LoadResult, LoadSpec
+from agent.host.poll import wait_until
 from agent.host.router import HttpRouter, RouterError, RouterPort, put_back, take_out
 from agent.host.secrets import SecretFiles
 from agent.host.state import (
@@ -575,7 +576,7 @@ class Transaction:
             now = self.systemd.unit_state(self.unit)
             return now.invocation_id != started.invocation_id or now.active_state != "active"
 
-        if not wait_for(lambda: signals.decided() is not None or gone(), wait_s):
+        if not wait_until(lambda: signals.decided() is not None or gone(), wait_s):
             signals.claim(Decision.ABORT, f"no decision from deployctl within {wait_s:.0f} s", "node")
         elif signals.decided() is None:
             signals.claim(Decision.ABORT, "its server stopped while it waited for the decision", "node")
@@ -642,7 +643,7 @@ class Transaction:
         rank, wait_s = self.req.group.rank, self.req.group.wait_s
         self.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}): waiting for every rank "
                       "to stop", vote="stopped", job=stopped.result)  # fmt: skip
-        if not wait_for(lambda: barrier.gone() or barrier.decided() is not None, wait_s):
+        if not wait_until(lambda: barrier.gone() or barrier.decided() is not None, wait_s):
             barrier.claim(Decision.ABORT, f"rank {rank} got no start signal within {wait_s:.0f} s", "node")
         stands = barrier.decided()
         if stands is not None and stands.decision is Decision.ABORT:  # by the coordinator, or on its own
@@ -662,7 +663,7 @@ class Transaction:
             self.log.emit(Stage.GROUP, "warning", f"{len(left)} process(es) left after the stop "
                           f"({', '.join(map(str, left[:5]))}): killing them")  # fmt: skip
             self.systemd.kill(self.unit, 9)
-            wait_for(lambda: not self.systemd.leftovers(self.unit), 30.0)
+            wait_until(lambda: not self.systemd.leftovers(self.unit), 30.0)
         return stopped
 
     def _stop_then_start_old(self, barrier: Signals, timeout: float) -> JobResult:
@@ -674,7 +675,7 @@ class Transaction:
         rank, wait_s = self.req.group.rank, self.req.group.wait_s
         self.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}) to roll back: waiting "
                       "for every rank to stop", vote="stopped_back", job=stopped.result)  # fmt: skip
-        if wait_for(barrier.gone, wait_s):
+        if wait_until(barrier.gone, wait_s):
             self.log.emit(Stage.GROUP, "step", f"every rank stopped: starting rank {rank}'s old unit")
         else:
             self.log.emit(Stage.GROUP, "warning", f"no word from deployctl within {wait_s:.0f} s: starting "

@@ -197,8 +197,9 @@ def table(f: dict[str, Any], a: argparse.Namespace) -> None:
         say(
             f"\nreal SGLang 0.5.23 (CPU), medians of {f['real_rounds']} restarts with a request in flight: "
             f"deployctl's own time {f['real_own_s_median']:.2f} s beyond the downtime and its drain wait, "
-            f"{f['real_own_in_restart_s_median']:.2f} s in the restart beyond the server's own start "
-            "(its 'fired up' line -> deployctl's /health answer); "
+            f"{f['real_own_in_restart_s_median']:.3f} s in the restart beyond the server's own start "
+            f"(its 'fired up' line -> deployctl's /health answer, less the {f['real_health_s_median']:.2f} s "
+            "its /health itself takes); "
             f"server ready -> /health answered {f['real_ready_s_median']:.2f} s; downtime "
             f"{f['real_downtime_s_median']:.1f} s; drain {f['real_in_flight_median']:.0f} in flight, "
             f"{f['real_finished_median']:.0f} finished, {f['real_cut_median']:.0f} cut, "

@@ -9,8 +9,10 @@ SGLang's own SIGTERM drain finishes it). Per round, from the outcome's own figur
   from /health (SGLang's HTTP start and warm-up request, and deployctl's polling);
 - own_in_restart_s = deployctl's own part of the restart beyond the server's own stop and start: from the
   new server's "The server is fired up and ready to roll!" (its journal record's time) to deployctl's
-  "the server answers /health" event (the watch reading that line, then one /health answer); the stop and
-  the start in between are one systemd restart job, with no deployctl step between them;
+  "the server answers /health" event (the watch reading that line, then one /health answer), less
+  health_s, what one /health takes the server itself (0.5.23's /health generates one token and sleeps
+  1 s before it answers: srt/entrypoints/http_server.py health_generate), timed on the same server after
+  the apply; the stop and the start before are one systemd restart job, with no deployctl step between;
 - the drain: requests in flight, finished, cut, seconds.
 """
 
@@ -76,6 +78,17 @@ def _fired_up_at(real: realhost.RealHost) -> float:
     raise AssertionError("no 'fired up' line in the new invocation's journal")
 
 
+def _health_s(real: realhost.RealHost) -> float:
+    """What one /health answer takes the server (median of three)."""
+    times = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        with urllib.request.urlopen(f"http://127.0.0.1:{real.port}/health", timeout=30):
+            pass
+        times.append(time.monotonic() - t0)
+    return statistics.median(times)
+
+
 def _round(real: realhost.RealHost, cap: int) -> dict[str, float]:
     thread = _stream(real.port)
     time.sleep(1.0)  # the request is running
@@ -87,8 +100,10 @@ def _round(real: realhost.RealHost, cap: int) -> dict[str, float]:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     data = _outcome(r.stdout)
     down, drain = data["downtime"], data.get("drain") or {}
+    health = _health_s(real)
     return {
-        "own_in_restart_s": _answered_at(r.stdout) - _fired_up_at(real),
+        "own_in_restart_s": _answered_at(r.stdout) - _fired_up_at(real) - health,
+        "health_s": health,
         "wall_s": wall,
         "own_s": wall - float(drain.get("waited_s") or 0.0) - float(down["seconds"]),
         "ready_s": float(down["phases"].get("ready", 0.0)),

@@ -546,10 +546,12 @@ class Transaction:
         assert self.req.group is not None
         signals = Signals(self.state.txn_dir(self.txn))
         started = self._restart_and_watch(gate, Stage.WATCH, barrier=signals)
-        reason = self.barrier or started.verdict.reason
-        if self.barrier is None and started.verdict.action is Action.READY:
-            reason = self._verify(started, smoke, gate, new) or ""
         rank = self.req.group.rank
+        if self.barrier is not None:  # aborted before it started: the group's word, not a failure of its own
+            return self._roll_back(self.barrier, started, backup, new)
+        reason = started.verdict.reason
+        if started.verdict.action is Action.READY:
+            reason = self._verify(started, smoke, gate, new) or ""
         if reason:
             stands = signals.claim(Decision.ABORT, f"rank {rank}: {reason}", "node")
             self.log.emit(Stage.GROUP, "warning", f"rank {rank} failed: {reason}", vote="failed")

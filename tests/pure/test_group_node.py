@@ -171,3 +171,16 @@ def test_processes_a_stop_left_behind_are_killed_before_the_new_start(host: Host
     assert txn.apply().outcome is Outcome.APPLIED
     assert host.systemd.killed == [9] and host.systemd.left == []
     assert any("1 process(es) left after the stop (4242)" in e.message for e in txn.events)
+
+
+def test_a_node_aborted_before_its_start_does_not_vote_failed(host: Host) -> None:
+    """Another rank failed while this one still waited for "go": the abort is the group's word, so this
+    node must not look like the rank that failed (the report names the one that did)."""
+    host.install(host.etc, node_unit(OLD, 0))
+    txn = host.transaction(node_request(host, NEW, 0))
+    on_vote(txn, "stopped", lambda s: s.claim(Decision.ABORT, "rank 1 failed: OOM", "deployctl"))
+    on_vote(txn, "stopped_back", lambda s: s.for_rollback().go())
+    result = txn.apply()
+    assert result.outcome is Outcome.ROLLED_BACK and "rank 1 failed: OOM" in result.message
+    assert not [e for e in txn.events if e.data.get("vote") == "failed"]
+    assert host.systemd.starts == 1 and host.systemd.loaded == node_unit(OLD, 0)

@@ -27,7 +27,6 @@ from agent.fleet.hostrun import (
     render_for,
 )
 from agent.fleet.results import HostResult, RankResult
-from agent.group.apply import all_in_place
 from agent.group.decide import Vote, first_cause, group_outcome
 from agent.group.nodes import node_hosts
 from agent.group.run import Coordinator, Follow, Node, Signal, converge, signal
@@ -84,7 +83,7 @@ def apply_group(  # noqa: PLR0913 - as hostrun.apply_host, which calls it
         applied = Applied(host.name, context, figures, before, redact_flags(flags_of(texts[0])))
         if check:
             return applied.checked(any(_differs(t, f) for t, f in zip(texts, facts, strict=True)))
-        if all_in_place(texts, facts):  # as `deployctl apply`: a restart of every node would change nothing
+        if _all_in_place(texts, facts):  # as `deployctl apply`: a restart of every node would change nothing
             return applied.result(f"every node of {host.name} runs the rendered unit", _UP_TO_DATE, facts[0])
         pool = plan.predicted_pool_tokens
         sends = zip(hosts, texts, facts, strict=True)
@@ -113,6 +112,16 @@ def _facts(client: AgentClient, emit: Emit) -> HostFacts:
 
 def _differs(text: str, facts: HostFacts) -> bool:
     return unit_sha256(text) != installed_sha256(facts)
+
+
+def _all_in_place(texts: Sequence[str], facts: Sequence[HostFacts]) -> bool:
+    """Every node runs its rendered unit already: nothing to restart."""
+    for text, f in zip(texts, facts, strict=True):
+        state = f.get("state")
+        running = state is not None and (state["active_state"], state["sub_state"]) == ("active", "running")
+        if not running or _differs(text, f):
+            return False
+    return True
 
 
 def group_nodes(

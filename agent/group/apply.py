@@ -55,7 +55,7 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
             sent.request,
             *(_node_request(h, change, sent, f) for h, f in zip(hosts[1:], facts[1:], strict=True)),
         ]
-        if all_in_place([r.unit_text or "" for r in requests], facts):
+        if _all_in_place(requests, facts):
             out.note(f"== every node of {host.name} runs the rendered unit: nothing to do, no restart")
             return int(ExitCode.OK)
         _show_nodes(out, hosts)
@@ -89,15 +89,13 @@ def _node_request(host: HostConfig, change: Change, sent: Prepared, facts: HostF
     )  # fmt: skip
 
 
-def all_in_place(texts: Sequence[str], facts: Sequence[HostFacts]) -> bool:
+def _all_in_place(requests: Sequence[Request], facts: Sequence[HostFacts]) -> bool:
     """Every node already runs its rendered unit: one restart of all of them would change nothing."""
-    from agent.apply import installed_sha256
-
-    for text, f in zip(texts, facts, strict=True):
+    for req, f in zip(requests, facts, strict=True):
         state = f.get("state")
         if state is None or (state["active_state"], state["sub_state"]) != ("active", "running"):
             return False
-        if unit_sha256(text) != installed_sha256(f):
+        if f.get("unit_sha256") != unit_sha256(req.unit_text or ""):
             return False
     return True
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from agent.errors import UsageError
 from agent.inventory import NODE_FLAGS, VISIBLE, Nodes, visible_devices
-from agent.protocol import GpuRow, HomeData, InspectAnswer
+from agent.protocol.answers import GpuRow, HomeData, InspectAnswer
 from agent.sglang.flags import FlagValue, parse_flag_words
 from agent.sglang.unitfile import AdoptError, command_words
 

@@ -14,7 +14,10 @@ from agent.errors import UsageError
 from agent.inventory import HostConfig
 from agent.output import Output, Style
 from agent.plan.choose import Plan, Target, plan_for_host
-from agent.protocol import DowntimeData, Event, HostFacts, Request, exit_code, unit_sha256
+from agent.protocol.answers import HostFacts
+from agent.protocol.common import unit_sha256
+from agent.protocol.events import DowntimeData, Event, exit_code
+from agent.protocol.requests import Request
 from agent.remote.client import base_request
 from agent.render import (
     check_with_sglang_table,

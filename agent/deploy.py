@@ -18,7 +18,10 @@ from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_service, units_dir
 from agent.output import Output, Style
 from agent.progress import Progress
-from agent.protocol import BackupsAnswer, Event, Request, StatusAnswer, as_facts, exit_code, new_txn_id
+from agent.protocol.answers import BackupsAnswer, StatusAnswer, as_facts
+from agent.protocol.common import new_txn_id
+from agent.protocol.events import Event, exit_code
+from agent.protocol.requests import Request
 from agent.remote.client import AgentClient, Conversation, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 

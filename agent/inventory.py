@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.errors import InventoryError, UsageError
-from agent.protocol import HTTP_URL, UNIT_NAME, find_control
+from agent.protocol.common import HTTP_URL, UNIT_NAME, find_control
 
 if sys.version_info >= (3, 11):
     import tomllib

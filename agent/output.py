@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TextIO
 
-from agent.protocol import UNPRINTABLE
+from agent.protocol.common import UNPRINTABLE
 
 
 def terminal_text(text: str, keep: str = "\n\t") -> str:

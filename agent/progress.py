@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from agent.output import Output, Style, terminal_text
-from agent.protocol import Event
+from agent.protocol.events import Event
 
 PLAIN_PROGRESS_EVERY_S = 15.0  # under cron a line per phase change plus one every 15 s is plenty
 

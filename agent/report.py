@@ -9,9 +9,9 @@ from typing import Any
 
 from agent.chart import draw, from_plan
 from agent.plan.choose import Plan
-from agent.protocol import (
+from agent.protocol.answers import BackupRow
+from agent.protocol.events import (
     DOWNTIME_PHASES,
-    BackupRow,
     DowntimeData,
     DrainData,
     LoadData,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent.errors import RenderError
 from agent.inventory import HostConfig
-from agent.protocol import UNIT_NAME
+from agent.protocol.common import UNIT_NAME
 from agent.render import render_unit, template_dir
 from agent.sglang.flags import FlagInput
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from agent.protocol import unit_sha256
+from agent.protocol.common import unit_sha256
 from agent.sglang.flags import parse_unit_flags
 from tests.simhost import SimHost
 

@@ -27,7 +27,7 @@ LONG = 40
 # (protocol.py's TypedDicts) and the long functions split brought them to 80 / 0; config.json read through
 # one typed reader (agent/sglang/config_json.py ModelConfig) by kvlayout and the planner, to the ceilings
 # below, which may only fall from here.
-CEILINGS = {"untyped": 37, "long_functions": 0, "private_imports": 0, "flat_modules": 13}
+CEILINGS = {"untyped": 37, "long_functions": 0, "private_imports": 0, "flat_modules": 12}
 
 
 @dataclass(frozen=True)

@@ -32,17 +32,10 @@ from agent.group.nodes import node_hosts
 from agent.group.run import Coordinator, Follow, Node, Signal, converge, signal
 from agent.group.run import follow as follow_node
 from agent.inventory import HostConfig
-from agent.protocol import (
-    Event,
-    Group,
-    HostFacts,
-    Outcome,
-    OutcomeData,
-    Request,
-    as_facts,
-    new_txn_id,
-    unit_sha256,
-)
+from agent.protocol.answers import HostFacts, as_facts
+from agent.protocol.common import new_txn_id, unit_sha256
+from agent.protocol.events import Event, Outcome, OutcomeData
+from agent.protocol.requests import Group, Request
 from agent.remote.client import AgentClient, base_request
 from agent.remote.follow import Watch, connected, follow
 from agent.render import redact_flags

@@ -20,15 +20,10 @@ from agent.group.nodes import node_hosts
 from agent.group.status import warning
 from agent.inventory import HostConfig
 from agent.plan.choose import Plan, Target, plan_for_host
-from agent.protocol import (
-    Event,
-    HostFacts,
-    OutcomeData,
-    Request,
-    as_facts,
-    new_txn_id,
-    unit_sha256,
-)
+from agent.protocol.answers import HostFacts, as_facts
+from agent.protocol.common import new_txn_id, unit_sha256
+from agent.protocol.events import Event, OutcomeData
+from agent.protocol.requests import Request
 from agent.remote.client import AgentClient, Conversation, base_request
 from agent.remote.follow import Watch, connected, follow
 from agent.remote.transport import ConnectionLost

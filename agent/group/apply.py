@@ -16,7 +16,10 @@ from agent.group.nodes import node_hosts
 from agent.group.run import Coordinator, Hear, Node, converge
 from agent.inventory import HostConfig
 from agent.output import Output, Style
-from agent.protocol import Event, Group, HostFacts, Outcome, Request, Stage, as_facts, new_txn_id, unit_sha256
+from agent.protocol.answers import HostFacts, as_facts
+from agent.protocol.common import new_txn_id, unit_sha256
+from agent.protocol.events import Event, Outcome, Stage
+from agent.protocol.requests import Group, Request
 from agent.remote.client import AgentClient, base_request, open_transport
 from agent.remote.follow import Watch
 from agent.remote.follow import follow as follow_transaction

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.protocol import Outcome
+from agent.protocol.events import Outcome
 
 
 class Vote(str, Enum):

@@ -20,7 +20,9 @@ from typing import cast
 from agent.errors import ConnectError, RemoteError
 from agent.group.decide import Next, Rank, Step, Vote, next_step, to_roll_back
 from agent.inventory import HostConfig
-from agent.protocol import Event, Outcome, Request, SignalAnswer
+from agent.protocol.answers import SignalAnswer
+from agent.protocol.events import Event, Outcome
+from agent.protocol.requests import Request
 from agent.remote.client import AgentClient, base_request
 from agent.remote.follow import Watch, connected
 from agent.remote.follow import follow as follow_transaction

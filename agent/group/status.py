@@ -17,7 +17,7 @@ from agent.group.apply import clients
 from agent.group.nodes import node_hosts
 from agent.inventory import HostConfig
 from agent.output import Output, Style
-from agent.protocol import StatusAnswer, UnitStateData
+from agent.protocol.answers import StatusAnswer, UnitStateData
 from agent.remote.client import base_request
 
 

@@ -11,7 +11,8 @@ import sys
 from typing import TextIO
 
 from agent.exitcodes import ExitCode
-from agent.protocol import TXN_ID, ProtocolError, Request
+from agent.protocol.common import TXN_ID, ProtocolError
+from agent.protocol.requests import Request
 
 SESSION_FIRST = ("facts", "status")
 SESSION_SECOND = ("apply", "rollback", "recover")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from agent.host.model_facts import sglang_version
 from agent.host.systemd import Systemd, SystemdError
-from agent.protocol import DropInData, HomeData, InspectAnswer, InspectedUnit, Request
+from agent.protocol.answers import DropInData, HomeData, InspectAnswer, InspectedUnit
+from agent.protocol.requests import Request
 from agent.sglang.flags import FlagsError, unit_lines
 from agent.sglang.redact import redact
 from agent.sglang.unitfile import (

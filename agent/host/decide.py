@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.protocol import Timeouts
+from agent.protocol.requests import Timeouts
 
 # systemd states that mean the process is gone or being restarted by systemd itself.
 _DEAD_ACTIVE = {"failed", "inactive", "deactivating"}

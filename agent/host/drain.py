@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from agent.protocol import DrainData
+from agent.protocol.events import DrainData
 from agent.sglang.logs.events import Draining
 from agent.sglang.logs.lines import parse_line
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from agent.host import drain
 from agent.host.events import EventLog
-from agent.protocol import Request, Stage
+from agent.protocol.events import Stage
+from agent.protocol.requests import Request
 
 if TYPE_CHECKING:
     from agent.host.systemd import JobResult

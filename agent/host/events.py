@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from agent.protocol import Event, Stage
+from agent.protocol.events import Event, Stage
 
 try:
     import syslog

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.protocol import LoadData
+from agent.protocol.events import LoadData
 
 DECODE_TOKENS = 32  # the long prompt's answer: enough steps for a decode time per token
 

@@ -6,22 +6,11 @@ import fcntl
 import json
 import os
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import cast
+
+from agent.protocol.answers import Holder
 
 PROC_LOCKS = "/proc/locks"
-
-
-class Holder(TypedDict, total=False):
-    """What the lock file records about the runner holding it (JSON): a re-run of the same apply
-    re-attaches by it, and LOCKED outcomes and status answers carry it as it is."""
-
-    pid: int | str  # "?": a runner systemd runs that has not taken the lock yet
-    since: str
-    verb: str
-    txn: str | None
-    unit: str
-    unit_sha256: str | None
-    target_context: int | None
 
 
 class Locked(Exception):

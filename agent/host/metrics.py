@@ -18,7 +18,8 @@ from datetime import datetime
 from pathlib import Path
 
 from agent.host.timeline import downtime
-from agent.protocol import Event, Outcome, Request, Stage
+from agent.protocol.events import Event, Outcome, Stage
+from agent.protocol.requests import Request
 
 SUCCESS = (Outcome.APPLIED, Outcome.UP_TO_DATE)
 # A phase lasts from its stage's first event to the next phase's first event.

@@ -21,45 +21,14 @@ import struct
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO, TypedDict
+from typing import BinaryIO
 
-from agent.sglang.flags import FlagInput, FlagsError, parse_unit, unit_lines
+from agent.protocol.answers import FactsDoc, GpuCard, ModelFact
+from agent.sglang.flags import FlagsError, parse_unit, unit_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env, redact_log_line
 from agent.sglang.unitfile import AdoptError, split_environment
 
 FORMAT = "deployctl-facts/1"
-
-
-class GpuCard(TypedDict, total=False):
-    """A card of the facts document (nvidia-smi's; the host's RAM for SGLang's CPU backend)."""
-
-    name: str
-    memory_total_mib: float
-    memory_free_mib: float
-    compute_capability: str  # where nvidia-smi gives one
-    index: int  # nvidia-smi's index: a service's [gpus] indices name these
-
-
-class ModelFact(TypedDict):
-    """A local checkpoint folder: its config.json as published and its tensors' bytes."""
-
-    config: dict[str, object]  # json.loads of config.json: read_config parses it
-    weights_bytes: int | None
-    path: str
-
-
-class FactsDoc(TypedDict, total=False):
-    """The facts document (deployctl-facts/1) that plan/facts.py reads; `device` only for the CPU backend."""
-
-    format: str
-    device: str
-    gpus: list[GpuCard]
-    sglang: dict[str, str | None]
-    model: ModelFact
-    draft: ModelFact | None
-    flags: Mapping[str, FlagInput]  # the unit's (secret ones left out); deployctl's --set over them
-    env: dict[str, str]
-    last_start: str | None
 
 
 MAX_CONFIG_BYTES = 4 * 2**20

@@ -18,7 +18,8 @@ from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_af
 
 from agent.host.drain import Load, NoLoad, parse_loads, parse_metrics
 from agent.host.loadcheck import DECODE_TOKENS, LoadResult, LoadSpec, Reply, verdict
-from agent.protocol import Smoke, SmokeData
+from agent.protocol.events import SmokeData
+from agent.protocol.requests import Smoke
 
 # Words and marks: every tokenizer in use splits at least here (byte-level BPE, SentencePiece), so a prompt
 # counted by the server below half of this did not reach the model whole.

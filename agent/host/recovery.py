@@ -11,11 +11,12 @@ from enum import Enum
 
 from agent.host.events import EventLog
 from agent.host.journal import Journal
-from agent.host.lock import Holder
 from agent.host.state import CorruptRecord, StateDir
 from agent.host.systemd import Systemd
 from agent.host.transaction import Transaction
-from agent.protocol import Outcome, Request
+from agent.protocol.answers import Holder
+from agent.protocol.events import Outcome
+from agent.protocol.requests import Request
 
 
 def orphaned(req: Request, running: Callable[[], Holder | None]) -> bool:

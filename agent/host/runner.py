@@ -20,13 +20,16 @@ from agent.exitcodes import ExitCode
 from agent.host import recovery, txnfiles
 from agent.host.events import EventLog, journal_note, utc_now
 from agent.host.journal import Journal
-from agent.host.lock import Holder, Locked, UnitLock, describe_holder
+from agent.host.lock import Locked, UnitLock, describe_holder
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.transaction import Result, Transaction
 from agent.host.units import UnitFiles
-from agent.protocol import Event, Outcome, Request, Stage, exit_code, new_txn_id
-from agent.protocol import unit_sha256 as sha256
+from agent.protocol.answers import Holder
+from agent.protocol.common import new_txn_id
+from agent.protocol.common import unit_sha256 as sha256
+from agent.protocol.events import Event, Outcome, Stage, exit_code
+from agent.protocol.requests import Request
 
 RUN_DIR = "/run/deployctl"
 FOLLOW_POLL_S = 0.02

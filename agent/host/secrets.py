@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agent.host.units import UnitFiles
 
-KINDS = ("env", "flags.yaml")  # the file name suffixes; see protocol.secret_path
+KINDS = ("env", "flags.yaml")  # the file name suffixes; see protocol/common.py secret_path
 
 
 def env_file_text(env: Mapping[str, str]) -> str | None:

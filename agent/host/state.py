@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.protocol import BACKUP_NAME, DowntimeData
-from agent.sglang.logs.summary import StartFigures
+from agent.protocol.answers import HistoryEntry
+from agent.protocol.common import BACKUP_NAME
 
 # A recovery record's phase says what `recover` must do after a crash.
 PHASE_WRITTEN = "written"  # the new unit is on disk: restore the backup
@@ -58,17 +58,6 @@ def write_json_atomic(path: Path, payload: Any) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-class HistoryEntry(StartFigures, total=False):
-    """One verified start in history.jsonl (facts send the last ten): its figures and its transaction's."""
-
-    txn: str
-    at: str  # ISO 8601
-    sha256: str  # the unit's
-    invocation: str
-    start_seconds: float
-    downtime: DowntimeData
 
 
 class StateDir:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from agent.protocol import DOWNTIME_PHASES, DowntimeData, Event, Stage
+from agent.protocol.events import DOWNTIME_PHASES, DowntimeData, Event, Stage
 
 # The start's phases as the log summary names them, and the downtime phase each one begins.
 _LOG_PHASE = {"loading_weights": "weights", "kv_pool": "pool", "cuda_graphs": "cuda_graphs", "ready": "ready"}

@@ -29,24 +29,16 @@ from agent.host.state import (
     PHASE_VERIFIED,
     PHASE_WRITTEN,
     CorruptRecord,
-    HistoryEntry,
     Record,
     StateDir,
 )
 from agent.host.timeline import downtime
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchedStart, WatchResult, watch_start
-from agent.protocol import (
-    RESTART_JOB_TIMEOUT_S,
-    Event,
-    Outcome,
-    OutcomeData,
-    Request,
-    RouterData,
-    Smoke,
-    Stage,
-)
-from agent.protocol import unit_sha256 as sha256
+from agent.protocol.answers import HistoryEntry
+from agent.protocol.common import unit_sha256 as sha256
+from agent.protocol.events import Event, Outcome, OutcomeData, RouterData, Stage
+from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, Request, Smoke
 from agent.sglang.flags import FlagsError, FlagValue, parse_unit_flags
 from agent.sglang.logs.summary import summarize
 

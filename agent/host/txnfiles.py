@@ -18,7 +18,8 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from agent.host.state import CorruptRecord, StateDir, write_json_atomic
-from agent.protocol import TXN_ID, Request
+from agent.protocol.common import TXN_ID
+from agent.protocol.requests import Request
 
 REQUEST = "request.json"
 STAGED = "staged"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from agent.protocol import BACKUP_NAME
+from agent.protocol.common import BACKUP_NAME
 
 
 class UnitWriteError(OSError):

@@ -15,19 +15,19 @@ from agent.host.journal import Journal
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.units import UnitFiles
-from agent.protocol import (
+from agent.protocol.answers import (
     BackupRow,
     BackupsAnswer,
-    EventJson,
     GpuRow,
     HostFacts,
-    Request,
     SignalAnswer,
     StatusAnswer,
     UnitStateData,
     UnitView,
 )
-from agent.protocol import unit_sha256 as sha256
+from agent.protocol.common import unit_sha256 as sha256
+from agent.protocol.events import EventJson
+from agent.protocol.requests import Request
 from agent.sglang.flags import FlagsError, FlagValue, diff_flags, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures, start_figures
 from agent.sglang.redact import redact, redact_changes, redact_flags, redact_log_line

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from agent.host.decide import Action, Failure, Gate, Observation, Verdict, decide, fail
 from agent.host.events import EventLog
-from agent.protocol import Stage
+from agent.protocol.events import Stage
 from agent.sglang.logs.events import GENERIC_FAILURE_KINDS, EngineTimings, GraphEnd
 from agent.sglang.logs.summary import StartFigures, SummaryBuilder
 from agent.sglang.redact import redact_log_line

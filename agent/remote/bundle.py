@@ -1,7 +1,7 @@
 """The host agent as one self-contained zipapp: the host-side package plus its pure-Python dependencies.
 
 A zipapp needs nothing installed on the server but python3; pydantic (compiled) is not needed there,
-which is why the host side speaks stdlib dataclasses (agent/protocol.py).
+which is why the host side speaks stdlib dataclasses (agent/protocol/).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 # The agent's own modules that run on the host, and the libraries they import.
-HOST_PARTS = ("__init__.py", "exitcodes.py", "protocol.py", "host", "sglang")
+HOST_PARTS = ("__init__.py", "exitcodes.py", "protocol", "host", "sglang")
 VENDORED = ("jeepney", "requests", "urllib3", "idna", "certifi", "tenacity")
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same code gives the same checksum
 

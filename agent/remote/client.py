@@ -11,7 +11,9 @@ from typing import Any
 
 from agent.errors import ConnectError, RemoteError
 from agent.inventory import HostConfig
-from agent.protocol import Event, ProtocolError, Request, Smoke, Stage, Timeouts, conversation_bound_s
+from agent.protocol.common import ProtocolError
+from agent.protocol.events import Event, Stage
+from agent.protocol.requests import Request, Smoke, Timeouts, conversation_bound_s
 from agent.remote import bundle
 from agent.remote.ssh.transport import ConnectRetry, SshSettings, SshTransport
 from agent.remote.transport import LocalTransport, Result, Stream, Transport, tail_lines

@@ -18,7 +18,9 @@ from typing import Protocol, cast
 
 from agent.errors import ConnectError
 from agent.inventory import HostConfig
-from agent.protocol import Event, EventJson, Request, StatusAnswer
+from agent.protocol.answers import StatusAnswer
+from agent.protocol.events import Event, EventJson
+from agent.protocol.requests import Request
 from agent.remote.client import AgentClient, base_request, open_transport
 from agent.remote.transport import ConnectionLost
 

@@ -150,7 +150,7 @@ def test_a_damaged_unpacked_folder_is_unpacked_again(sim: simhost.SimHost) -> No
     for rel, how in [
         ("agent/host/verbs.py", "delete"),
         ("agent/host/verbs.py", "truncate"),
-        ("agent/protocol.py", "truncate"),
+        ("agent/protocol/requests.py", "truncate"),
         ("agent/host/__main__.py", "delete"),
         ("jeepney/__init__.py", "delete"),
         ("requests/models.py", "truncate"),

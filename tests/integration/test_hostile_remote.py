@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from agent.exitcodes import ExitCode
-from agent.protocol import Request
+from agent.protocol.requests import Request
 from agent.remote import bundle
 from tests import faultkit as fk
 from tests.integration.conftest import DEPLOYCTL, cli, variant, wait_pool

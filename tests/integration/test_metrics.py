@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.exitcodes import ExitCode
-from agent.protocol import unit_sha256
+from agent.protocol.common import unit_sha256
 from tests import faultkit as fk
 from tests.integration.conftest import cli, variant, wait_pool
 from tests.integration.test_faults import apply, base

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from agent.host.probe import Probe, ProbeError
-from agent.protocol import Smoke
+from agent.protocol.requests import Smoke
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import pytest
 
 from agent.exitcodes import ExitCode
 from agent.host.probe import Probe
-from agent.protocol import Smoke
+from agent.protocol.requests import Smoke
 from agent.sglang.flags import diff_flags, normalize, parse_unit_flags
 from tests import realhost
 from tests.realhost import RealHost

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.host.secrets import env_file_text
-from agent.protocol import secret_path
+from agent.protocol.common import secret_path
 from agent.render import effective_flags, render_unit, secret_values, template_dir
 from agent.sglang.flags import flag_words
 from tests.pure.test_render import GOLDEN, case_inputs

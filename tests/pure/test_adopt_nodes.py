@@ -25,7 +25,7 @@ from agent.group.nodes import node_hosts
 from agent.host.adopt import _describe
 from agent.inventory import NODE_FLAGS, load_service
 from agent.output import Output
-from agent.protocol import InspectAnswer
+from agent.protocol.answers import InspectAnswer
 from agent.render import render_unit, template_dir
 from agent.sglang.flags import FlagValue, parse_flag_words, split_words, unit_lines
 from agent.sglang.unitfile import read_unit

@@ -9,7 +9,7 @@ import pytest
 
 from agent.host import recovery, runner
 from agent.host.state import StateDir
-from agent.protocol import Request
+from agent.protocol.requests import Request
 
 TXN = "20261203T120000Z-abcdef"
 

@@ -11,7 +11,7 @@ import pytest
 from agent.exitcodes import ExitCode
 from agent.host import __main__ as agent_main
 from agent.inventory import load_host
-from agent.protocol import Request
+from agent.protocol.requests import Request
 from agent.remote.client import base_request
 
 UNITS = Path(__file__).resolve().parents[2] / "units"

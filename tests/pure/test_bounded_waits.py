@@ -23,7 +23,7 @@ from agent.host import prewarm as prewarm_mod
 from agent.host.journal import Journal, JournalError
 from agent.host.prewarm import WeightFile, prewarm
 from agent.inventory import load_host
-from agent.protocol import RESTART_JOB_TIMEOUT_S, conversation_bound_s
+from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, conversation_bound_s
 from agent.remote.client import AgentClient, base_request
 from agent.remote.transport import CommandTimedOut, LocalTransport, Stream
 

@@ -59,7 +59,7 @@ def test_the_unpacked_folder_records_its_bundle(pyz: tuple[Path, str]) -> None:
         ("agent/host/verbs.py", "delete"),
         ("agent/host/verbs.py", "truncate"),
         ("agent/host/__main__.py", "delete"),
-        ("agent/protocol.py", "truncate"),
+        ("agent/protocol/requests.py", "truncate"),
         ("agent/__init__.py", "delete"),
         ("requests/models.py", "truncate"),  # imported only once a verb needs it: the sizes find it
         ("agent/host/verbs.py", "garble"),  # the same size: only importing it finds it

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.inventory import load_host
-from agent.protocol import Event, Stage
+from agent.protocol.events import Event, Stage
 from agent.remote.client import AgentClient, base_request
 from agent.remote.transport import LocalTransport, Source, Stream
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from agent.host.decide import Gate, Observation, decide
-from agent.protocol import Timeouts
+from agent.protocol.requests import Timeouts
 
 T = Timeouts(weights_s=100, pool_s=50, ready_s=30, no_progress_s=20)
 GATE = Gate(target_context=200_000, planned_pool=204_146, margin=0.02, timeouts=T)

@@ -14,7 +14,8 @@ from agent import deploy
 from agent.errors import ConnectError
 from agent.inventory import HostConfig, load_host
 from agent.output import Output
-from agent.protocol import Event, Request
+from agent.protocol.events import Event
+from agent.protocol.requests import Request
 from agent.remote import follow as follower
 from agent.remote.client import base_request
 from agent.remote.transport import ConnectionLost

@@ -10,7 +10,8 @@ from agent.host import drain
 from agent.host.drain import End, Load, NoLoad
 from agent.host.metrics import prom_text, run_from
 from agent.inventory import HostConfig, load_host
-from agent.protocol import Outcome, Request
+from agent.protocol.events import Outcome
+from agent.protocol.requests import Request
 from agent.render import render_unit, template_dir
 from agent.report import ApplyReport, render_report
 from agent.sglang.unitfile import unit_lines

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.host.timeline import downtime
-from agent.protocol import Event
+from agent.protocol.events import Event
 from agent.sglang.logs import events as ev
 from agent.sglang.logs.lines import parse_line
 from agent.sglang.logs.summary import summarize
@@ -139,7 +139,7 @@ def test_the_watcher_emits_the_timings_for_the_timeline() -> None:
     from agent.host.decide import Action, Gate
     from agent.host.events import EventLog
     from agent.host.watch import WatchedStart, watch_start
-    from agent.protocol import Timeouts
+    from agent.protocol.requests import Timeouts
 
     lines = [
         "[2026-12-03 18:46:02] Load weight begin. avail mem=21.63 GB",

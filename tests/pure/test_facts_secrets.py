@@ -16,7 +16,8 @@ from agent.host import model_facts, verbs
 from agent.host.decide import Gate
 from agent.host.events import EventLog
 from agent.host.watch import WatchedStart, watch_start
-from agent.protocol import Event, Request, Timeouts
+from agent.protocol.events import Event
+from agent.protocol.requests import Request, Timeouts
 from agent.sglang.redact import redact_log_line
 from tests.pure import facts_fixtures as cfg
 from tests.pure.test_model_facts import model_dir

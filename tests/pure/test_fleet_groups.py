@@ -26,7 +26,8 @@ from agent.fleet.results import FleetReport, HostResult, PlanFigures, RankResult
 from agent.fleet.runner import forks_for
 from agent.group.run import Node
 from agent.inventory import HostConfig, Ssh, load_host
-from agent.protocol import Outcome, Request
+from agent.protocol.events import Outcome
+from agent.protocol.requests import Request
 from tests.pure.test_group_change import FakeNode, fake_deliver, fake_follow, nodes_for, rollback, served
 from tests.pure.test_group_node import BROKEN, NEW, OLD, node_unit
 
@@ -169,7 +170,7 @@ def test_a_group_that_kept_the_new_unit_on_one_rank_is_converged_and_the_late_ra
 
 def test_a_lost_rank_is_rollback_failed_and_named() -> None:
     from agent.group.decide import Rank, Vote
-    from agent.protocol import Event
+    from agent.protocol.events import Event
 
     host = HostConfig.model_construct(name="x", ssh=Ssh(target="k2-a"))
     kept = Event("t", 1, "", "done", "outcome", "applied", {"outcome": "applied", "backup": "b.1"})

@@ -11,7 +11,8 @@ import pytest
 
 from agent.fleet import hostrun
 from agent.inventory import HostConfig, load_host
-from agent.protocol import Event, Request
+from agent.protocol.events import Event
+from agent.protocol.requests import Request
 from agent.remote.client import base_request
 from agent.remote.transport import ConnectionLost
 

@@ -16,7 +16,9 @@ from agent.group.decide import Rank, Step, Vote, first_cause, group_outcome, nex
 from agent.group.run import Coordinator, Node, converge
 from agent.host import verbs
 from agent.inventory import HostConfig
-from agent.protocol import Event, Group, Outcome, Request, SignalAnswer, Timeouts
+from agent.protocol.answers import SignalAnswer
+from agent.protocol.events import Event, Outcome
+from agent.protocol.requests import Group, Request, Timeouts
 from tests.pure.test_group_node import BROKEN, NEW, OLD, node_request, node_unit
 from tests.pure.txnfakes import TXN, Host, Script
 

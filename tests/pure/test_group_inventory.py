@@ -10,7 +10,7 @@ from agent.errors import InventoryError
 from agent.group.nodes import node_hosts
 from agent.group.status import down_ranks, warning
 from agent.inventory import load_service
-from agent.protocol import UnitStateData
+from agent.protocol.answers import UnitStateData
 
 BASE = """
 [ssh]

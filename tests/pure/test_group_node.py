@@ -11,7 +11,8 @@ import pytest
 
 from agent.host.groupsignal import Decision, Signals
 from agent.host.transaction import Transaction
-from agent.protocol import Event, Group, Outcome, Request
+from agent.protocol.events import Event, Outcome
+from agent.protocol.requests import Group, Request
 from tests.pure.txnfakes import TXN, Host, Script, unit_text
 
 OLD, NEW, BROKEN = 100_000, 200_000, 300_000

@@ -9,7 +9,9 @@ import pytest
 
 from agent.host import loadcheck
 from agent.host.loadcheck import Reply, verdict
-from agent.protocol import Outcome, ProtocolError, Smoke
+from agent.protocol.common import ProtocolError
+from agent.protocol.events import Outcome
+from agent.protocol.requests import Smoke
 from agent.report import ApplyReport, render_report
 from tests.pure.txnfakes import Host, Script, unit_text
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from agent.host.metrics import Run, prom_text, record_run, run_from, timings
-from agent.protocol import Event, Outcome, Request
+from agent.protocol.events import Event, Outcome
+from agent.protocol.requests import Request
 
 
 def event(stage: str, second: int) -> Event:

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from agent.protocol import Event, ProtocolError, Request, Smoke, exit_code
+from agent.protocol.common import ProtocolError
+from agent.protocol.events import Event, exit_code
+from agent.protocol.requests import Request, Smoke
 
 GOOD = Request(verb="apply", unit_text="[Service]\nExecStart=/bin/true\n", target_context=200_000)
 

@@ -29,7 +29,10 @@ PURE = [
     "render.py",
     "report.py",
     "host/decide.py",
-    "protocol.py",
+    "protocol/common.py",
+    "protocol/requests.py",
+    "protocol/events.py",
+    "protocol/answers.py",
 ]
 # What the agent bundle (agent/remote/bundle.py) ships besides the standard library.
 BUNDLED = {"agent", "jeepney", "requests", "urllib3", "idna", "certifi", "tenacity"}
@@ -52,7 +55,9 @@ def test_pure_modules_import_no_io(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", sorted([*AGENT.glob("host/*.py"), *AGENT.glob("sglang/**/*.py"), AGENT / "protocol.py"]), ids=str
+    "path",
+    sorted([*AGENT.glob("host/*.py"), *AGENT.glob("sglang/**/*.py"), *AGENT.glob("protocol/*.py")]),
+    ids=str,
 )
 def test_host_side_imports_only_what_the_bundle_carries(path: Path) -> None:
     outside = {n for n in imports(path) if n not in sys.stdlib_module_names and n not in BUNDLED}
@@ -66,3 +71,12 @@ def test_host_side_imports_no_laptop_module() -> None:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("agent"):
                 top = ".".join(node.module.split(".")[:2])
                 assert top in allowed or node.module in allowed, f"{path.name} imports {node.module}"
+
+
+def test_the_wire_imports_nothing_of_either_side() -> None:
+    """agent/protocol/ sits below host/ and the laptop's modules: it names what they send, never them."""
+    allowed = ("agent.protocol", "agent.exitcodes", "agent.sglang")
+    for path in AGENT.glob("protocol/*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("agent"):
+                assert node.module.startswith(allowed), f"{path.name} imports {node.module}"

@@ -14,7 +14,9 @@ import pytest
 
 from agent.host.router import RouterError, Worker, parse_workers, put_back, take_out
 from agent.host.state import StateDir
-from agent.protocol import Outcome, ProtocolError, Request
+from agent.protocol.common import ProtocolError
+from agent.protocol.events import Outcome
+from agent.protocol.requests import Request
 from tests.pure.txnfakes import Host, Script, unit_text
 
 OLD, NEW, TOO_BIG = 100_000, 200_000, 400_000

@@ -14,7 +14,8 @@ from agent.host import runner, verbs
 from agent.host.state import StateDir
 from agent.host.transaction import Result
 from agent.inventory import load_host
-from agent.protocol import Outcome, Request
+from agent.protocol.events import Outcome
+from agent.protocol.requests import Request
 from agent.remote.client import base_request
 
 UNITS = Path(__file__).resolve().parents[2] / "units"

@@ -11,7 +11,8 @@ from agent.host import runner
 from agent.host.events import EventLog
 from agent.host.state import StateDir
 from agent.inventory import load_host
-from agent.protocol import Request, Stage
+from agent.protocol.events import Stage
+from agent.protocol.requests import Request
 from agent.remote.client import base_request
 
 UNITS = Path(__file__).resolve().parents[2] / "units"

@@ -11,7 +11,8 @@ from agent.host.events import EventLog
 from agent.host.systemd import UnitState
 from agent.host.transaction import Transaction
 from agent.host.units import UnitFiles, UnitWriteError
-from agent.protocol import Outcome, Request
+from agent.protocol.events import Outcome
+from agent.protocol.requests import Request
 
 OLD = "[Service]\nExecStart=/bin/true --context-length 100000\n"
 NEW = "[Service]\nExecStart=/bin/true --context-length 200000\n"

@@ -25,7 +25,8 @@ from agent.inventory import HostConfig, load_host, load_service
 from agent.plan.choose import Target
 from agent.plan.facts import service_gpus
 from agent.plan.from_facts import plan_from_host_facts
-from agent.protocol import Outcome, Request
+from agent.protocol.events import Outcome
+from agent.protocol.requests import Request
 from agent.remote.client import base_request
 from agent.render import render_unit, template_dir
 

@@ -23,7 +23,7 @@ from agent.cli.main import main
 from agent.deploy import status_text
 from agent.output import Output, terminal_text
 from agent.progress import Progress
-from agent.protocol import Event
+from agent.protocol.events import Event
 from agent.report import ApplyReport, backups_table, render_report
 
 HOSTILE = "\x1b]0;pwned\x07 and \x1b[2J\x1b[31mred\r\x85\x9b1;1H\x00"

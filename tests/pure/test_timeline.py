@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.host.timeline import downtime
-from agent.protocol import Event
+from agent.protocol.events import Event
 
 
 def ev(second: float, stage: str, kind: str = "step", **data: Any) -> Event:

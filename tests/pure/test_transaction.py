@@ -8,8 +8,8 @@ import pytest
 
 from agent.host.state import StateDir
 from agent.host.transaction import Result
-from agent.protocol import Outcome
-from agent.protocol import unit_sha256 as sha256
+from agent.protocol.common import unit_sha256 as sha256
+from agent.protocol.events import Outcome
 from tests.pure.txnfakes import OOM_LINE, READY_LINE, UNIT, Host, Script, kv_line, unit_text
 
 OLD, NEW, TOO_BIG = 100_000, 200_000, 400_000

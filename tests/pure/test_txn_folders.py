@@ -10,7 +10,7 @@ import pytest
 from agent.exitcodes import ExitCode
 from agent.host import runner, txnfiles
 from agent.host.state import Record, StateDir
-from agent.protocol import Request
+from agent.protocol.requests import Request
 
 SECRET_ENV = {"HF_TOKEN": "hf-secret-1"}
 SECRET_FLAGS = {"api-key": "sk-secret-2"}

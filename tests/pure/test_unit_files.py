@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.host.units import UnitFiles, UnitWriteError
-from agent.protocol import BACKUP_NAME
+from agent.protocol.common import BACKUP_NAME
 
 NOW = datetime(2026, 12, 2, 15, 30, 5, tzinfo=timezone.utc)
 

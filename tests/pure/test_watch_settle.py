@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from agent.host.decide import Failure, Gate
 from agent.host.events import EventLog
 from agent.host.watch import DEAD_SETTLE_S, SETTLE_S, WatchedStart, watch_start
-from agent.protocol import Timeouts
+from agent.protocol.requests import Timeouts
 
 # Verbatim from a real start refused by SGLang 0.5.23 on CPU (tests/realhost.py), paths shortened.
 HEADER = "[2026-12-03 20:30:34] Scheduler hit an exception: Traceback (most recent call last):"

@@ -19,7 +19,7 @@ from agent.host.loadcheck import LoadResult, LoadSpec, Reply, verdict
 from agent.host.probe import ProbeError, SmokeResult
 from agent.host.systemd import JobResult, UnitState
 from agent.host.transaction import ProbePort, Transaction
-from agent.protocol import Request, Smoke, Timeouts
+from agent.protocol.requests import Request, Smoke, Timeouts
 from agent.sglang.flags import parse_unit_flags
 
 UNIT = "sglang.service"

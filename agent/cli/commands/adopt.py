@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, cast
 from agent.errors import UsageError
 from agent.inventory import HOST_NAME, Gpus, HostConfig, Model, Ssh, Unit, units_dir
 from agent.output import Output
-from agent.protocol import UNIT_NAME, GpuRow, InspectAnswer, as_facts
+from agent.protocol.answers import GpuRow, InspectAnswer, as_facts
+from agent.protocol.common import UNIT_NAME
 
 if TYPE_CHECKING:
     from agent.adopt import Inspected

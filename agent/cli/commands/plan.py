@@ -101,7 +101,7 @@ def _from_host(
     from agent import deploy  # SSH only when the host is asked
     from agent.apply import calibration_from, with_set_flags
     from agent.plan.from_facts import plan_from_host_facts
-    from agent.protocol import as_facts
+    from agent.protocol.answers import as_facts
     from agent.remote.client import base_request
 
     with deploy.session(Connection.of(args)) as s:

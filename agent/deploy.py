@@ -6,48 +6,22 @@ facts request is on its way: the host gathers its facts meanwhile.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from agent.cli.options import Change, Connection
-from agent.errors import ConnectError, UsageError
+from agent.errors import UsageError
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_service, units_dir
+from agent.orchestrate.session import Session, confirm, follow, recover_orphan, session, status_text
 from agent.output import Output, Style
-from agent.progress import Progress
 from agent.protocol.answers import BackupsAnswer, StatusAnswer, as_facts
-from agent.protocol.common import new_txn_id
 from agent.protocol.events import Event, exit_code
-from agent.protocol.requests import Request
-from agent.remote.client import AgentClient, Conversation, base_request, open_transport
-from agent.remote.transport import ConnectionLost
+from agent.remote.client import Conversation, base_request
 
 if TYPE_CHECKING:
     from agent.sglang.flags import FlagValue
-
-
-@dataclass
-class Session:
-    host: HostConfig
-    client: AgentClient
-
-
-@contextlib.contextmanager
-def session(conn: Connection) -> Iterator[Session]:
-    """The service's host; for a multi-node service, its node rank 0 (the one that serves HTTP)."""
-    from agent.group.nodes import node_host
-
-    host = node_host(load_service(conn.host, units_dir(conn.units)), 0)
-    if conn.local:
-        host = host.model_copy(update={"ssh": host.ssh.model_copy(update={"target": "local"})})
-    transport = open_transport(host, conn.accept_new_host_key)
-    try:
-        yield Session(host, AgentClient(transport, host))
-    finally:
-        transport.close()
 
 
 def apply(conn: Connection, change: Change, out: Output) -> int:
@@ -84,51 +58,6 @@ def _apply(out: Output, s: Session, change: Change, talk: Conversation) -> int:
     confirm(out, change.yes, s.host)
     outcome = follow(out, s, sent.request, talk)
     return planned.report(out, s.host, sent, outcome, facts)
-
-
-def confirm(out: Output, yes: bool, host: HostConfig) -> None:
-    """Ask on a terminal unless --yes; never ask without one (cron): then --yes is required."""
-    if yes:
-        return
-    if not out.stdin_isatty:
-        raise UsageError("not on a terminal and --yes not given: refusing to restart without confirmation")
-    answer = input(f"apply to {host.name} and restart {host.unit.name}? [y/N] ")
-    if answer.strip().lower() not in ("y", "yes"):
-        raise UsageError("not confirmed; nothing was changed")
-
-
-def follow(out: Output, s: Session, req: Request, talk: Conversation | None = None) -> Event:
-    """Stream the transaction's events until its outcome; a dropped link is re-attached to by itself
-    (remote/follow.py, the follower the fleet uses too), and says how to when that fails.
-
-    With `talk`, the request goes to the agent process that answered the facts it was planned from.
-    """
-    from agent.remote.follow import NOT_STARTED, Watch, connected
-    from agent.remote.follow import follow as follow_transaction
-
-    if req.txn is None and req.verb in ("apply", "rollback", "recover"):
-        req = replace(req, txn=new_txn_id())  # chosen here: a re-attach then knows this one's outcome
-    progress = Progress(out, s.host.name)
-
-    def lost(why: str) -> None:
-        progress.done()
-        out.note(f"{s.host.name}: connection lost during {req.verb} ({why}); the host goes on alone: "
-                 "re-attaching")  # fmt: skip
-
-    watch = Watch(progress.show, lost, lambda: connected(s.host))
-    try:
-        outcome = follow_transaction(talk if talk is not None else s.client, s.host, req, watch)
-    except ConnectionLost as exc:
-        progress.done()
-        raise ConnectError(
-            f"{s.host.name}: connection lost during {req.verb} ({exc.message}); the host finishes the change "
-            "on its own (commit or rollback)",
-            hint=f"see it with: deployctl status {s.host.name}; re-running the same apply re-attaches",
-        ) from None
-    progress.done()
-    if outcome.data.get("outcome") == "not_started":
-        raise ConnectError(f"{s.host.name}: {NOT_STARTED}", hint=f"deployctl status {s.host.name}")
-    return outcome
 
 
 def backup_listing(s: Session) -> BackupsAnswer:
@@ -235,44 +164,3 @@ def status(conn: Connection, out: Output, *, follow_running: bool) -> int:
 
 def _status(s: Session) -> StatusAnswer:
     return cast(StatusAnswer, s.client.call(base_request(s.host, "status")))
-
-
-def recover_orphan(out: Output, s: Session, answer: Mapping[str, object]) -> bool:
-    """An earlier change's agent died (killed, host restarted): finish it before anything else."""
-    if not answer.get("orphan"):
-        return False
-    out.note(f"== {s.host.name}: the agent of an earlier change died before it finished; recovering first")
-    outcome = follow(out, s, base_request(s.host, "recover"))
-    out.note(f"== {s.host.name}: {outcome.message}")
-    return True
-
-
-def status_text(host: str, unit: str, st: StatusAnswer) -> str:
-    state = st.get("state")
-    active, sub = (state.get("active_state", "?"), state.get("sub_state", "?")) if state else ("?", "?")
-    lines = [f"{host} {unit}: {active}/{sub}"]
-    r = st.get("running")
-    if r:
-        lines.append(
-            f"  running: {r.get('verb')} transaction {r.get('txn')} "
-            f"since {r.get('since')} (pid {r.get('pid')})"
-        )
-        lines.append(f"  follow it: deployctl status {host} --follow")
-    last = st.get("last_outcome")
-    if last:
-        lines.append(
-            f"  last transaction {st.get('last_txn')}: {last['data'].get('outcome')} at {last['ts']}"
-        )
-        lines.append(f"    {last['message']}")
-    elif st.get("last_txn"):
-        lines.append(f"  last transaction {st.get('last_txn')}: no outcome yet")
-    if st.get("record") == "corrupt":
-        lines.append(
-            "  the recovery record is unreadable: every change is refused until a person compares the unit"
-            " with its backups and removes the record"
-        )
-    elif st.get("pending"):
-        lines.append(
-            "  an unfinished transaction's recovery record is present: the next run restores the old unit"
-        )
-    return "\n".join(lines)

@@ -37,14 +37,15 @@ BIG_CLASS = 350
 # Round 4 measured on 3f079c3: 4 import cycles (deploy/group, fleet's grouprun/hostrun, host/state with
 # protocol, plan/), 4 big files (host/transaction.py 975, plan/from_facts.py 792, protocol.py 665,
 # sglang/kvlayout.py 651), 1 big class (Transaction, 835 lines). The wire split by what it carries took one
-# cycle and one big file out; the ceilings below are what is left, to fall to 0 (the transaction's steps,
+# cycle and one big file out, one host's session (orchestrate/session.py) and the fleet's one-host steps
+# (fleet/steps.py) two cycles; the ceilings below are what is left, to fall to 0 (the transaction's steps,
 # plan/'s split, kvlayout's).
 CEILINGS = {
     "untyped": 37,
     "long_functions": 0,
     "private_imports": 0,
     "flat_modules": 12,
-    "import_cycles": 3,
+    "import_cycles": 1,
     "big_files": 3,
     "big_classes": 1,
 }

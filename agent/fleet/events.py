@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 
-from agent.fleet.hostrun import Emit
 from agent.fleet.results import FleetEvent
+from agent.fleet.steps import Emit
 
 ENV = "DEPLOYCTL_FLEET_EVENTS"
 

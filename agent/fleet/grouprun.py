@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 from agent.apply import installed_sha256
 from agent.fleet.calibrate import Measured
-from agent.fleet.hostrun import (
+from agent.fleet.results import HostResult, RankResult
+from agent.fleet.steps import (
     Applied,
     Emit,
     apply_request,
@@ -26,7 +27,6 @@ from agent.fleet.hostrun import (
     plan_host,
     render_for,
 )
-from agent.fleet.results import HostResult, RankResult
 from agent.group.decide import Vote, first_cause, group_outcome
 from agent.group.nodes import node_hosts
 from agent.group.run import Coordinator, Follow, Node, Signal, converge, signal

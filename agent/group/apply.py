@@ -3,9 +3,8 @@ one unit per node, then the coordinated change (group/run.py) and one report."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -15,12 +14,13 @@ from agent.group.decide import first_cause, group_outcome
 from agent.group.nodes import node_hosts
 from agent.group.run import Coordinator, Hear, Node, converge
 from agent.inventory import HostConfig
+from agent.orchestrate.session import clients
 from agent.output import Output, Style
 from agent.protocol.answers import HostFacts, as_facts
 from agent.protocol.common import new_txn_id, unit_sha256
 from agent.protocol.events import Event, Outcome, Stage
 from agent.protocol.requests import Group, Request
-from agent.remote.client import AgentClient, base_request, open_transport
+from agent.remote.client import base_request
 from agent.remote.follow import Watch
 from agent.remote.follow import follow as follow_transaction
 
@@ -28,20 +28,9 @@ if TYPE_CHECKING:
     from agent.apply import Prepared
 
 
-@contextlib.contextmanager
-def clients(hosts: Sequence[HostConfig], conn: Connection) -> Iterator[list[AgentClient]]:
-    with contextlib.ExitStack() as stack:
-        opened = []
-        for host in hosts:
-            transport = open_transport(host, conn.accept_new_host_key)
-            stack.callback(transport.close)
-            opened.append(AgentClient(transport, host))
-        yield opened
-
-
 def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> int:
     from agent import apply as planned
-    from agent.deploy import Session, confirm, recover_orphan
+    from agent.orchestrate.session import Session, confirm, recover_orphan
 
     hosts = node_hosts(host)
     with clients(hosts, conn) as agents:

@@ -13,9 +13,9 @@ from typing import cast
 
 from agent.cli.options import Connection
 from agent.exitcodes import ExitCode
-from agent.group.apply import clients
 from agent.group.nodes import node_hosts
 from agent.inventory import HostConfig
+from agent.orchestrate.session import clients
 from agent.output import Output, Style
 from agent.protocol.answers import StatusAnswer, UnitStateData
 from agent.remote.client import base_request
@@ -44,7 +44,7 @@ def warning(host: HostConfig, states: Sequence[UnitStateData | None]) -> str | N
 
 
 def status(host: HostConfig, conn: Connection, out: Output) -> int:
-    from agent.deploy import Session, recover_orphan, status_text
+    from agent.orchestrate.session import Session, recover_orphan, status_text
 
     hosts = node_hosts(host)
     answers: list[StatusAnswer] = []

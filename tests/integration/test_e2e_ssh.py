@@ -407,19 +407,19 @@ class CountingTransport:
 def _apply_in_process(
     sim: simhost.SimHost, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], context: str
 ) -> tuple[CountingTransport, list[dict[str, Any]]]:
-    import agent.deploy
+    import agent.orchestrate.session
     from agent.cli import main as cli_main
 
     for key, value in sim.env.items():
         monkeypatch.setenv(key, value)
     opened: list[CountingTransport] = []
-    real_open = agent.deploy.open_transport
+    real_open = agent.orchestrate.session.open_transport
 
     def counting_open(*args: Any) -> Any:
         opened.append(CountingTransport(real_open(*args)))
         return opened[-1]
 
-    monkeypatch.setattr(agent.deploy, "open_transport", counting_open)
+    monkeypatch.setattr(agent.orchestrate.session, "open_transport", counting_open)
     capsys.readouterr()
     rc = cli_main.main(["apply", sim.name, "--context", context, "--yes", "--json"])
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from agent import deploy
 from agent.errors import ConnectError
 from agent.inventory import HostConfig, load_host
+from agent.orchestrate import session
 from agent.output import Output
 from agent.protocol.events import Event
 from agent.protocol.requests import Request
@@ -60,7 +60,7 @@ def run(monkeypatch: pytest.MonkeyPatch, again: Again) -> tuple[Event, str, Drop
     out = Output(stdout=io.StringIO(), stderr=io.StringIO())
     first = Dropped()
     req = base_request(host, "apply", unit_text="[Service]\nExecStart=/x\n", target_context=1)
-    outcome = deploy.follow(out, deploy.Session(host, first), req)  # type: ignore[arg-type]
+    outcome = session.follow(out, session.Session(host, first), req)  # type: ignore[arg-type]
     assert isinstance(out.stderr, io.StringIO)
     return outcome, out.stderr.getvalue(), first
 

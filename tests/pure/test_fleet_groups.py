@@ -20,10 +20,10 @@ from agent.exitcodes import ExitCode
 from agent.fleet import grouprun, hostrun
 from agent.fleet.front import check_canary
 from agent.fleet.grouprun import Drive, coordinate, group_result
-from agent.fleet.hostrun import Applied
 from agent.fleet.inventory import all_hosts, group_hosts
 from agent.fleet.results import FleetReport, HostResult, PlanFigures, RankResult, render_fleet
 from agent.fleet.runner import forks_for
+from agent.fleet.steps import Applied
 from agent.group.run import Node
 from agent.inventory import HostConfig, Ssh, load_host
 from agent.protocol.events import Outcome

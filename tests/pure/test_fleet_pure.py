@@ -170,7 +170,7 @@ def test_a_line_still_being_written_is_held_back_until_it_is_whole() -> None:
 
 
 def testdowntime_of_is_the_agents_stop_to_answer_figure_when_it_gives_one() -> None:
-    from agent.fleet.hostrun import downtime_of
+    from agent.fleet.steps import downtime_of
 
     assert downtime_of({"start_seconds": 2.5, "downtime": {"seconds": 3.25, "phases": {}}}) == 3.25
     assert downtime_of({"start_seconds": 2.5}) == 2.5
@@ -231,8 +231,8 @@ def test_a_bad_set_is_refused_before_ansible_runs(tmp_path: Path, value: str, sa
 
 def test_the_fleet_plans_each_host_with_the_set_flags() -> None:
     """--set kv-cache-dtype=fp8_e4m3 reaches each host's plan (250k fits only with it on ct200-sim)."""
-    from agent.fleet.hostrun import plan_host
     from agent.fleet.plugin import _set_flags
+    from agent.fleet.steps import plan_host
 
     host = load_host("ct200-sim", UNITS)
     plain, _ = plan_host(host, 250_000, {}, [])

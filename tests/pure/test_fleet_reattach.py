@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent.fleet import hostrun
+from agent.fleet import steps
 from agent.inventory import HostConfig, load_host
 from agent.protocol.events import Event
 from agent.protocol.requests import Request
@@ -56,10 +56,10 @@ def reattach_with(monkeypatch: pytest.MonkeyPatch, again: Again) -> tuple[str, d
     def connected(_host: HostConfig) -> Iterator[Again]:
         yield again
 
-    monkeypatch.setattr(hostrun, "connected", connected)
-    monkeypatch.setattr(hostrun.time, "sleep", lambda s: None)
+    monkeypatch.setattr(steps, "connected", connected)
+    monkeypatch.setattr(steps.time, "sleep", lambda s: None)
     req = base_request(host, "apply", txn=OURS, unit_text="[Service]\nExecStart=/x\n", target_context=1)
-    return hostrun.follow_outcome(None, host, req, lambda phase, msg: None, Dropped())  # type: ignore[arg-type]
+    return steps.follow_outcome(None, host, req, lambda phase, msg: None, Dropped())  # type: ignore[arg-type]
 
 
 def status(last: dict[str, Any] | None, running: str | None = None, **ours: Any) -> dict[str, Any]:

@@ -239,9 +239,9 @@ def test_every_command_refuses_overlapping_gpus_before_it_connects(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
 ) -> None:
     units = two_services(tmp_path, b_gpus="indices = [3, 4, 5, 6]")
-    from agent import deploy
+    from agent.orchestrate import session
 
-    monkeypatch.setattr(deploy, "open_transport", lambda *a: pytest.fail("connected to the host"))
+    monkeypatch.setattr(session, "open_transport", lambda *a: pytest.fail("connected to the host"))
     code, err = _main(units, *args)
     assert code == ExitCode.USAGE, err
     first = err.splitlines()[0]

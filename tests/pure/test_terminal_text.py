@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from agent.cli.commands import parse_log
 from agent.cli.main import main
-from agent.deploy import status_text
+from agent.orchestrate.session import status_text
 from agent.output import Output, terminal_text
 from agent.progress import Progress
 from agent.protocol.events import Event

@@ -23,11 +23,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def host_facts(args: argparse.Namespace) -> dict[str, Any]:
     """The facts document the host's agent read (config.json, safetensors headers, nvidia-smi...)."""
-    from agent import deploy
     from agent.cli.options import Connection
+    from agent.orchestrate.session import session
     from agent.remote.client import base_request
 
-    with deploy.session(Connection.of(args)) as s:
+    with session(Connection.of(args)) as s:
         answer = s.client.call(base_request(s.host, "facts"))
         doc = answer.get("model_facts")
         if not isinstance(doc, dict):

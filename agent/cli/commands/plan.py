@@ -98,13 +98,13 @@ def _from_host(
 ) -> tuple[Plan | None, Sequence[StartFigures], Flags]:
     """Ask the host for its facts: the plan from its config.json when it read one, its earlier starts and
     the running unit's flags."""
-    from agent import deploy  # SSH only when the host is asked
     from agent.apply import calibration_from, with_set_flags
+    from agent.orchestrate.session import session  # SSH only when the host is asked
     from agent.plan.from_facts import plan_from_host_facts
     from agent.protocol.answers import as_facts
     from agent.remote.client import base_request
 
-    with deploy.session(Connection.of(args)) as s:
+    with session(Connection.of(args)) as s:
         facts = with_set_flags(host, change, as_facts(s.client.call(base_request(s.host, "facts"))))[1]
     history = [h.copy() for h in calibration_from(facts) or []]
     running: Flags = facts.get("flags") or host.sglang.flags

@@ -8,6 +8,7 @@ as SGLang's own isinstance checks do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,6 +49,8 @@ class ModelConfig:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{self.where}: {self.prefix}{key} = {value!r} is not a number")
+        if not math.isfinite(value):
+            raise ValueError(f"{self.where}: {self.prefix}{key} = {value} is not a finite number")
         return value
 
     def integer(self, key: str) -> int | None:
@@ -78,7 +81,7 @@ class ModelConfig:
         items = self.array(key)
         if items is None:
             return None
-        if any(isinstance(i, bool) or not isinstance(i, (int, float)) for i in items):
+        if any(isinstance(i, bool) or not isinstance(i, (int, float)) or not math.isfinite(i) for i in items):
             raise ValueError(f"{self.where}: {self.prefix}{key} = {list(items)!r} is not a list of numbers")
         return tuple(int(i) for i in items if isinstance(i, (int, float)))
 

@@ -375,7 +375,11 @@ _LARGEST = 2**53  # any other number: beyond this a float no longer holds every 
 
 
 def check_numbers(config: ModelConfig, where: str = "config.json") -> None:
-    """ValueError naming the first number of `config` that is not finite or not in its range."""
+    """ValueError naming the first number of `config` that is not finite or not in its range.
+
+    A non-finite number under a key the planner never reads (Nemotron-H's time_step_limit holds
+    Infinity) is left alone: ModelConfig.number refuses one wherever a key is read.
+    """
     stack: list[tuple[str, str, object]] = [(k, k, v) for k, v in config.items()]
     while stack:
         path, key, value = stack.pop()
@@ -385,6 +389,8 @@ def check_numbers(config: ModelConfig, where: str = "config.json") -> None:
             stack.extend((f"{path}[{i}]", "", v) for i, v in enumerate(value))
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             lo, hi = _RANGES.get(key, (-_LARGEST, _LARGEST))
+            if not math.isfinite(value) and key not in _RANGES:
+                continue
             if not math.isfinite(value):
                 raise ValueError(f"{where}: {path} = {value} is not a finite number")
             if not lo <= value <= hi:

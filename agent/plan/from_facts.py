@@ -29,6 +29,7 @@ from agent.plan.model import (
 )
 from agent.plan.overhead import RankLayout, is_amd, overhead_for
 from agent.sglang import kvpool, memory_defaults, pools
+from agent.sglang.config_json import with_override
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
 from agent.sglang.kvpool import GIB
 from agent.sglang.pools import DsaBackends, Parallel
@@ -508,7 +509,7 @@ def sizing(inp: PlanInput) -> Sizing:
     """The layout and sizer of the host's model under its flags; a kind not followed is refused."""
     notes: list[str] = []
     try:
-        layout = read_layout(inp.model.config)
+        layout = read_layout(with_override(inp.model.config, _flag(inp.flags, "json-model-override-args")))
         if layout.swa_disabled_by_sglang:
             notes.append(layout.swa_disabled_by_sglang)
         if (

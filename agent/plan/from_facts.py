@@ -27,7 +27,7 @@ from agent.plan.model import (
     start_of,
     with_graphs,
 )
-from agent.plan.overhead import RankLayout, is_amd, overhead_for
+from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for
 from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.config_json import with_override
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
@@ -563,13 +563,15 @@ def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> 
     attn_tp = par.attn_tp if par.attn_dp > 1 else None
     layout = RankLayout(par.tp, par.pp, attn_tp, _custom_ar(inp), _quick_reduce_gib(inp))
     over = overhead_for(inp.gpu.name, inp.gpu.memory_gib, layout)
-    pre = inp.gpu.memory_gib - over.gib
+    others = outside_service([g.processes for g in inp.gpus])  # other processes on the service's GPUs
+    pre = inp.gpu.memory_gib - over.gib - others.gib
     shards = par.tp * par.pp
     weights = inp.model.weights_bytes / shards / GIB
     draft = (inp.draft.weights_bytes or 0) / par.tp / GIB if inp.draft is not None else 0.0
     notes.append(
         f"cold estimate: {over.why}; weights {weights:.2f} GiB per GPU"
         + (f" + draft {draft:.2f} GiB" if draft else "")
+        + (f"; less {others.why}" if others.why else "")
     )
     return replace(shape, pre_gib=pre, post_gib=pre - weights - draft, margin_gib=over.margin_gib)
 

@@ -167,13 +167,17 @@ def allow_context(host: HostConfig, change: Change) -> HostConfig:
     if limit is None or change.context <= limit:
         return host
     if not change.allow_longer_context:
-        yarn = yarn_override(limit, change.context)
+        yarn = yarn_override(limit, change.context) if host.model.attention != "mla" else None
         raise UsageError(
             f"--context {change.context:,} is above the model's own context of {limit:,}: "
             "SGLang would refuse to start; nothing was changed",
-            hint=f"scale RoPE with YaRN: --set json-model-override-args='{yarn}'; or pass "
-            "--allow-longer-context to set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (the model then runs "
-            "past its trained length, unscaled)",
+            hint=(
+                f"scale RoPE with YaRN: --set json-model-override-args='{yarn}'; or pass "
+                if yarn
+                else "pass "
+            )
+            + "--allow-longer-context to set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (the model then "
+            "runs past its trained length, unscaled)",
         )
     env = {**host.unit.environment, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
     return host.model_copy(update={"unit": host.unit.model_copy(update={"environment": env})})

@@ -29,9 +29,10 @@ def yarn_override(own: int, context: int) -> str | None:
     return json.dumps({"rope_scaling": rope, "max_position_embeddings": own * factor})
 
 
-def refusal(own: int, context: int) -> str:
-    """SGLang's refusal of `context`, with the two ways past it and what each risks."""
-    yarn = yarn_override(own, context)
+def refusal(own: int, context: int, scalable: bool = True) -> str:
+    """SGLang's refusal of `context`, with the ways past it and what each risks. `scalable`: a YaRN override
+    is named (not for MLA models, which ship their own YaRN rope_scaling: another would replace it)."""
+    yarn = yarn_override(own, context) if scalable else None
     scale = f"; or scale RoPE with YaRN: --json-model-override-args '{yarn}'" if yarn else ""
     return (
         f"SGLang refuses a context of {context:,} above the model's own {own:,} unless {ALLOW_LONGER}=1 is "

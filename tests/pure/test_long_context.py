@@ -86,7 +86,12 @@ def test_force_no_longer_sets_sglangs_longer_context_override() -> None:
     with pytest.raises(UsageError) as caught:
         allow_context(host, Change(400_000, force=True))
     assert caught.value.hint is not None
-    assert "--allow-longer-context" in caught.value.hint and '"rope_type": "yarn"' in caught.value.hint
+    assert "--allow-longer-context" in caught.value.hint
+    assert "yarn" not in caught.value.hint  # Kimi (MLA) ships its own YaRN: another would replace it
+    gqa = host.model_copy(update={"model": host.model.model_copy(update={"attention": "gqa"})})
+    with pytest.raises(UsageError) as caught:
+        allow_context(gqa, Change(400_000, force=True))
+    assert caught.value.hint is not None and '"rope_type": "yarn"' in caught.value.hint
     allowed = allow_context(host, Change(400_000, allow_longer_context=True))
     assert allowed.unit.environment["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] == "1"
     assert allow_context(host, Change(own)) is host

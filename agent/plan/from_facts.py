@@ -123,7 +123,8 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
         )
     swa_ratio = None
     if layout.family == "swa":
-        cell, swa_ratio = _swa_cell(inp, layout, (dtype, par, algorithm), notes)
+        how = (dtype, par, algorithm)  # PP: the stage with the largest blended cell sets the pool
+        cell, swa_ratio = max(_swa_cell(inp, st, how, notes) for st in pools.stage_layouts(layout, par.pp))
     else:
         cell = _full_cell(inp, layout, (dtype, par, algorithm), stage_kv)
     if algorithm not in (None, "NGRAM", *EAGLE_STYLE, *DFLASH_FAMILY):

@@ -25,6 +25,7 @@ from typing import Any
 from agent.errors import UsageError
 from agent.plan.facts import parse_facts
 from agent.plan.from_facts import pool_model
+from agent.plan.overhead import AMD_MARGIN_GIB, NVIDIA_MARGIN_GIB
 from agent.sglang.kvlayout import Unsupported, read_layout
 from tests.pure import test_oracle_pools as oracle
 
@@ -226,6 +227,33 @@ What is checked, and what counts as a hit:
 """
 
 
+NVIDIA_COVERS = "0.84-1.22 GiB at TP 1 and 2.78-3.11 GiB at TP 8 before the weights (H100, H200, RTX, 96 GB)"
+AMD_COVERS = "ROCm images that took 4-5 GiB more in torch.distributed init (quick all-reduce), MI355X, MI300X"
+MARGINS = f"""## Stated margins, per family of card, and the causes found
+
+A cold plan keeps a margin on the memory before the weights and chooses its fraction for the low end
+(agent/plan/overhead.py, where each figure's public start is cited):
+
+| card family | margin | what it covers |
+|---|---|---|
+| NVIDIA | {NVIDIA_MARGIN_GIB:.2f} GiB | {NVIDIA_COVERS} |
+| AMD Instinct | {AMD_MARGIN_GIB:.2f} GiB | {AMD_COVERS} |
+
+Over-predictions reported against the planner, and what SGLang's code says about each:
+- **Gemma 3 on an H200, about 6 GiB of pool over** (sgl-project/sglang#4826: 834,615 tokens, 108.24 GiB of
+  KV after 131.08 GiB free at 0.88): SGLang builds of early 2025 multiplied the fraction by 0.95 for a
+  multimodal model (model_runner.py, "Automatically reduce --mem-fraction-static ... because this is a
+  multimodal model"; 0.90 in mid-2025, sgl-project/sglang#8008 logs it). 0.88 x 0.95 = 0.836 gives 108.25 GiB:
+  the whole gap. SGLang 0.5.23 no longer scales the fraction (it reserves a multimodal budget instead, which
+  the planner follows); a host on an older build must be calibrated by its first start.
+- **GLM-5 (DSA) on MI355X, about 4 GiB over** (the rocm/sgl-dev 0.5.9 image): that image's torch.distributed
+  init took 7.83 GB against 3.83 GB (a quick all-reduce of 2 x 2 GiB, quick_all_reduce.py); the AMD margin
+  covers it, and the start is a hit above (+2.2 %, inside its interval).
+- **Hybrid linear-attention MoE on AMD, about 20 % under**: no public start with its log is in this set yet;
+  under-prediction leaves memory unused and costs no restart.
+"""
+
+
 def render() -> str:
     public, cases = public_rows(), oracle_rows()
     lines = [HEADER, "## Summary", ""]
@@ -235,6 +263,7 @@ def render() -> str:
     misses = [r for r in public + cases if r.verdict.startswith(("miss", "refused", "set aside"))]
     lines += ["", "## Known misses, refusals and cases set aside", ""]
     lines += table(misses, link=False) if misses else ["None."]
+    lines += ["", MARGINS.rstrip("\n")]
     lines += ["", "## Public starts", "", "Grouped by family, card and the SGLang version that ran."]
     lines += grouped(public, link=True)
     lines += ["", "## Oracle cases", "", "Grouped by family and card; SGLang 0.5.23's code on the CPU."]

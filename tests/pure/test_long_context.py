@@ -95,3 +95,19 @@ def test_force_no_longer_sets_sglangs_longer_context_override() -> None:
     allowed = allow_context(host, Change(400_000, allow_longer_context=True))
     assert allowed.unit.environment["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] == "1"
     assert allow_context(host, Change(own)) is host
+
+
+def test_qwen25_72b_at_200k_is_refused_with_the_reason_and_both_ways() -> None:
+    # Qwen2.5-72B-Instruct publishes max_position_embeddings 32768 (YaRN is left to the user).
+    shape = {
+        **json.loads((MODELS / "qwen2.5-32b" / "config.json").read_text()),
+        "max_position_embeddings": 32768,
+    }
+    shape.update(num_hidden_layers=80, hidden_size=8192, num_attention_heads=64)
+    doc = facts(shape, H100, 4, weights=145 * 10**9, flags={"tp-size": 4})
+    p = plan_from_facts(parse_facts(doc), Target(200_000))
+    assert not p.feasible and p.binding is not None
+    assert "SGLang refuses a context of 200,000 above the model's own 32,768" in p.binding
+    override = p.binding.split("--json-model-override-args '")[1].split("'")[0]
+    doc["flags"] = {"tp-size": 4, "json-model-override-args": override}
+    assert not plan_from_facts(parse_facts(doc), Target(200_000)).refusals

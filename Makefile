@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 APT_PKGS := $(shell cat tests/apt-packages.txt)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test quick lint faults bench testhost-up testhost-down clean oracle real-sglang
+.PHONY: help demo test quick lint faults bench testhost-up testhost-down clean oracle real-sglang accuracy
 
 help:
 	@echo "make demo           raise the context on the local test host, then watch a rollback"
@@ -17,6 +17,7 @@ help:
 	@echo "make bench          deployctl against Ansible and the manual path; ends with one JSON line"
 	@echo "make oracle         build the SGLang 0.5.23 oracle venv (once per machine, about 1.4 GB)"
 	@echo "make real-sglang    build the real SGLang 0.5.23 venv on CPU torch and its tiny model (once, 1.5 GB)"
+	@echo "make accuracy       write docs/accuracy.md: the planner against public starts and SGLang's own code"
 	@echo "make testhost-up    boot a local test host and print how to reach it"
 	@echo "make testhost-down  stop it"
 
@@ -62,6 +63,10 @@ lint: $(BIN)/.stamp
 	$(BIN)/ruff check agent tests
 	$(BIN)/mypy agent
 	$(BIN)/python -m tests.house
+
+# The published accuracy report, from committed data only (tests/data): no oracle venv, no GPU.
+accuracy: $(BIN)/.stamp
+	$(BIN)/python -m tests.accuracy
 
 quick: $(BIN)/.stamp
 	$(BIN)/pytest -q -m "not integration"

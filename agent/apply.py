@@ -34,6 +34,7 @@ from agent.render import (
 from agent.report import ApplyReport, plan_with_chart, render_report
 from agent.sglang.flags import FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures
+from agent.sglang.long_context import yarn_override
 from agent.verify import render_checked
 
 
@@ -104,6 +105,8 @@ class Prepared:
 def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> Prepared | None:
     """Plan from the host's facts, render, show the plan and the diff; None for a dry run."""
     check_with_sglang_table(host, dict(change.flags))  # before the plan: a typo is not planned for
+    if change.allow_longer_context:  # planned with SGLang's override in the unit, as it will run
+        host = allow_context(host, change)
     plan = make_plan(host, change, facts)
     flags = {**dict(change.flags), **plan.flags()}
     old_text = facts.get("unit_text") or ""
@@ -161,15 +164,23 @@ def _previous_downtime(facts: HostFacts) -> DowntimeData | None:
 
 
 def allow_context(host: HostConfig, change: Change) -> HostConfig:
-    """SGLang >= 0.5.3 refuses a context above the model's own; with --force the unit allows it."""
+    """SGLang >= 0.5.3 refuses a context above the model's own; --allow-longer-context (not --force, which
+    applies an infeasible plan) sets SGLang's override in the unit."""
     limit = host.model.max_context
     if limit is None or change.context <= limit:
         return host
-    if not change.force:
+    if not change.allow_longer_context:
+        yarn = yarn_override(limit, change.context) if host.model.attention != "mla" else None
         raise UsageError(
             f"--context {change.context:,} is above the model's own context of {limit:,}: "
             "SGLang would refuse to start; nothing was changed",
-            hint="pass --force to set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 in the unit anyway",
+            hint=(
+                f"scale RoPE with YaRN: --set json-model-override-args='{yarn}'; or pass "
+                if yarn
+                else "pass "
+            )
+            + "--allow-longer-context to set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (the model then "
+            "runs past its trained length, unscaled)",
         )
     env = {**host.unit.environment, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
     return host.model_copy(update={"unit": host.unit.model_copy(update={"environment": env})})

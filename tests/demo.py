@@ -102,7 +102,16 @@ def main() -> int:
 
         banner("2. ask for 400k: the plan says it cannot fit; forced, the pool falls short and it rolls back")
         deployctl("plan", HOST, "--context", "400k", expect=ExitCode.NOT_FEASIBLE)
-        deployctl("apply", HOST, "--context", "400k", "--yes", "--force", expect=ExitCode.ROLLED_BACK)
+        deployctl(
+            "apply",
+            HOST,
+            "--context",
+            "400k",
+            "--yes",
+            "--force",
+            "--allow-longer-context",
+            expect=ExitCode.ROLLED_BACK,
+        )
         check(sim.unit_text() == good_unit, "the 200k unit is back in place")
         check(pool(sim) == raised, f"the old service is healthy again with its pool of {raised:,}")
 

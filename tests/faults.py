@@ -117,7 +117,14 @@ def apply_action(sim: simhost.SimHost, failing: bool) -> Action:
     """An apply to a context the host does not run yet (or one its pool cannot meet)."""
     current = parse_unit_flags(sim.unit_text())["context-length"]
     context = "400k" if failing else ("150k" if current == "200000" else "200k")
-    argv = ["apply", sim.name, "--context", context, "--yes", *(["--force"] if failing else [])]
+    argv = [
+        "apply",
+        sim.name,
+        "--context",
+        context,
+        "--yes",
+        *(["--force", "--allow-longer-context"] if failing else []),
+    ]
     return Action(argv, lambda: None)
 
 

@@ -152,6 +152,7 @@ class Change:
     dry_run: bool = False
     yes: bool = False
     flags: tuple[tuple[str, FlagInput], ...] = ()  # --set FLAG=VALUE beyond the three above
+    allow_longer_context: bool = False  # --allow-longer-context: SGLang's own override, apart from --force
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Change:
@@ -166,6 +167,7 @@ class Change:
             getattr(args, "dry_run", False),
             getattr(args, "yes", False),
             tuple(flags.items()),
+            getattr(args, "allow_longer_context", False),
         )
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from agent.host.gpu_procs import processes
 from agent.protocol.answers import FactsDoc, GpuCard, ModelFact
 from agent.sglang.flags import FlagsError, parse_unit, unit_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env, redact_log_line
@@ -157,7 +158,8 @@ def parse_gpus(csv: str) -> list[GpuCard]:
     return gpus
 
 
-def gpus() -> list[GpuCard]:
+def gpus(own_unit: str | None = None) -> list[GpuCard]:
+    """nvidia-smi's cards, each with the processes on it, those of `own_unit` (the service) marked."""
     if shutil.which("nvidia-smi") is None:
         return []
     query = "--query-gpu=name,memory.total,memory.free,compute_cap,index"
@@ -166,7 +168,12 @@ def gpus() -> list[GpuCard]:
         text = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return parse_gpus(text)
+    cards = parse_gpus(text)
+    held = processes(own_unit)
+    if held is not None:
+        for card in cards:
+            card["processes"] = held.get(card.get("index", -1), [])
+    return cards
 
 
 def parse_host_ram(
@@ -294,7 +301,7 @@ def start_excerpt(lines: Iterable[str]) -> str | None:
 
 
 def collect(
-    unit_text: str | None, journal_lines: Sequence[str], secret_names: Iterable[str]
+    unit_text: str | None, journal_lines: Sequence[str], secret_names: Iterable[str], unit: str | None = None
 ) -> FactsDoc | None:
     """The facts document for the unit's model, or None when the unit names no local config.json."""
     if not unit_text:
@@ -313,7 +320,7 @@ def collect(
     return {
         "format": FORMAT,
         **({"device": "cpu"} if cpu else {}),
-        "gpus": [ram] if ram else [] if cpu else gpus(),
+        "gpus": [ram] if ram else [] if cpu else gpus(unit),
         "sglang": {"version": sglang_version(unit_python(executable))},
         "model": model,
         "draft": model_fact(str(draft_path)) if isinstance(draft_path, str) else None,

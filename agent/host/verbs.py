@@ -70,7 +70,7 @@ def facts(req: Request) -> HostFacts:
         "lock": runner.running(req),
         "last_txn": state_dir.last_txn(req.unit),
         "backups": [b.name for b in files.backups(req.unit)],
-        "model_facts": model_facts.collect(text, lines, req.secret_names),
+        "model_facts": model_facts.collect(text, lines, req.secret_names, req.unit),
     }
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agent.errors import UsageError
 from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
 from agent.plan.model import StartFigures
+from agent.plan.overhead import GpuProcess
 from agent.sglang.config_json import ModelConfig
 
 FORMAT = "deployctl-facts/1"
@@ -29,12 +30,21 @@ class _Open(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
 
+class GpuProcessFact(_Open):
+    pid: int = Field(ge=0)
+    name: str = ""
+    used_mib: float = Field(ge=0, le=MAX_GIB * 1024)
+    unit: str | None = None
+    service: bool = False
+
+
 class GpuFact(_Open):
     name: str = "GPU"
     memory_total_mib: float = Field(gt=0, le=MAX_GIB * 1024)
     memory_free_mib: float | None = Field(default=None, ge=0, le=MAX_GIB * 1024)
     compute_capability: str | None = Field(default=None, pattern=r"^[0-9]+\.[0-9]+$")
     index: int | None = Field(default=None, ge=0)  # nvidia-smi's: a service keeps its own ([gpus] indices)
+    processes: list[GpuProcessFact] = Field(default_factory=list)  # nvidia-smi --query-compute-apps
 
 
 class SglangFact(_Open):
@@ -65,6 +75,7 @@ class Gpu:
     memory_total_mib: float
     compute_capability: tuple[int, int] | None = None
     memory_free_mib: float | None = None
+    processes: tuple[GpuProcess, ...] = ()  # what holds memory on it now
 
     @property
     def memory_gib(self) -> float:
@@ -147,7 +158,13 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
     return PlanInput(
         name=name,
         gpus=tuple(
-            Gpu(g.name, g.memory_total_mib, _capability(g.compute_capability), g.memory_free_mib)
+            Gpu(
+                g.name,
+                g.memory_total_mib,
+                _capability(g.compute_capability),
+                g.memory_free_mib,
+                tuple(GpuProcess(p.pid, p.name, p.used_mib, p.unit, p.service) for p in g.processes),
+            )
             for g in facts.gpus
         ),
         sglang_version=facts.sglang.version,

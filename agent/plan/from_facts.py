@@ -27,8 +27,9 @@ from agent.plan.model import (
     start_of,
     with_graphs,
 )
-from agent.plan.overhead import RankLayout, is_amd, overhead_for
+from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for
 from agent.sglang import kvpool, memory_defaults, pools
+from agent.sglang.config_json import with_override
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
 from agent.sglang.kvpool import GIB
 from agent.sglang.pools import DsaBackends, Parallel
@@ -122,7 +123,8 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
         )
     swa_ratio = None
     if layout.family == "swa":
-        cell, swa_ratio = _swa_cell(inp, layout, (dtype, par, algorithm), notes)
+        how = (dtype, par, algorithm)  # PP: the stage with the largest blended cell sets the pool
+        cell, swa_ratio = max(_swa_cell(inp, st, how, notes) for st in pools.stage_layouts(layout, par.pp))
     else:
         cell = _full_cell(inp, layout, (dtype, par, algorithm), stage_kv)
     if algorithm not in (None, "NGRAM", *EAGLE_STYLE, *DFLASH_FAMILY):
@@ -508,7 +510,7 @@ def sizing(inp: PlanInput) -> Sizing:
     """The layout and sizer of the host's model under its flags; a kind not followed is refused."""
     notes: list[str] = []
     try:
-        layout = read_layout(inp.model.config)
+        layout = read_layout(with_override(inp.model.config, _flag(inp.flags, "json-model-override-args")))
         if layout.swa_disabled_by_sglang:
             notes.append(layout.swa_disabled_by_sglang)
         if (
@@ -562,13 +564,15 @@ def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> 
     attn_tp = par.attn_tp if par.attn_dp > 1 else None
     layout = RankLayout(par.tp, par.pp, attn_tp, _custom_ar(inp), _quick_reduce_gib(inp))
     over = overhead_for(inp.gpu.name, inp.gpu.memory_gib, layout)
-    pre = inp.gpu.memory_gib - over.gib
+    others = outside_service([g.processes for g in inp.gpus])  # other processes on the service's GPUs
+    pre = inp.gpu.memory_gib - over.gib - others.gib
     shards = par.tp * par.pp
     weights = inp.model.weights_bytes / shards / GIB
     draft = (inp.draft.weights_bytes or 0) / par.tp / GIB if inp.draft is not None else 0.0
     notes.append(
         f"cold estimate: {over.why}; weights {weights:.2f} GiB per GPU"
         + (f" + draft {draft:.2f} GiB" if draft else "")
+        + (f"; less {others.why}" if others.why else "")
     )
     return replace(shape, pre_gib=pre, post_gib=pre - weights - draft, margin_gib=over.margin_gib)
 

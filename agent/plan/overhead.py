@@ -46,6 +46,7 @@ with attention DP. The margin covers both; the first real start replaces the est
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 NVIDIA_BASE_GIB = 1.1
@@ -121,3 +122,40 @@ def _amd(layout: RankLayout) -> Overhead:
         "fraction is chosen for the low end"
     )
     return Overhead(gib, AMD_MARGIN_GIB, why)
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a card (nvidia-smi --query-compute-apps; agent/host/gpu_procs.py)."""
+
+    pid: int
+    name: str
+    used_mib: float
+    unit: str | None = None
+    service: bool = False  # the service's own: its memory goes with the restart
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    """What processes outside the service hold on its busiest card (SGLang sizes by the minimum free)."""
+
+    gib: float
+    why: str | None
+
+
+def outside_service(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
+    """The most memory processes outside the service hold on any one of its cards, naming them.
+
+    SGLang measures free memory per rank and takes the minimum (distributed/bootstrap.py
+    measure_pre_model_load_memory), so the card with the most held by others binds every rank.
+    """
+    held = [[p for p in procs if not p.service] for procs in cards]
+    worst = max(held, key=lambda procs: sum(p.used_mib for p in procs), default=[])
+    if not worst:
+        return Neighbours(0.0, None)
+    named = ", ".join(
+        f"pid {p.pid} {p.name}" + (f" ({p.unit})" if p.unit else "") + f": {p.used_mib / 1024:.2f} GiB"
+        for p in worst
+    )
+    gib = sum(p.used_mib for p in worst) / 1024
+    return Neighbours(gib, f"{gib:.2f} GiB held by other processes on the service's GPU ({named})")

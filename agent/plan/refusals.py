@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from agent.inventory import HostConfig
 from agent.plan.model import Flags, PoolModel, flag, version
-from agent.sglang import version_flags
+from agent.sglang import long_context, version_flags
 
 _ALLOW_LONGER = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
@@ -38,7 +38,4 @@ def _context(host: HostConfig, context: int) -> list[str]:
     allowed = host.unit.environment.get(_ALLOW_LONGER, "").lower() in ("1", "true", "yes")
     if limit is None or context <= limit or allowed or version(host) < (0, 5, 3, 0):
         return []
-    return [
-        f"SGLang refuses a context of {context:,} above the model's own {limit:,} unless "
-        f"{_ALLOW_LONGER}=1 is set (apply --force sets it)"
-    ]
+    return [long_context.refusal(limit, context, scalable=host.model.attention != "mla")]

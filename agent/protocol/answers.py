@@ -36,6 +36,16 @@ class HistoryEntry(StartFigures, total=False):
     downtime: DowntimeData
 
 
+class GpuProcess(TypedDict):
+    """A process on a card as the facts document carries it (card["processes"])."""
+
+    pid: int
+    name: str
+    used_mib: float
+    unit: str | None  # its systemd unit (cgroup), None when it has none or cannot be read
+    service: bool  # the service's own unit: its memory goes with the restart
+
+
 class GpuCard(TypedDict, total=False):
     """A card of the facts document (nvidia-smi's; the host's RAM for SGLang's CPU backend)."""
 
@@ -44,6 +54,7 @@ class GpuCard(TypedDict, total=False):
     memory_free_mib: float
     compute_capability: str  # where nvidia-smi gives one
     index: int  # nvidia-smi's index: a service's [gpus] indices name these
+    processes: list[GpuProcess]  # what holds memory on it (nvidia-smi --query-compute-apps)
 
 
 class ModelFact(TypedDict):

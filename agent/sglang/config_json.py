@@ -8,6 +8,8 @@ as SGLang's own isinstance checks do.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,6 +50,8 @@ class ModelConfig:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{self.where}: {self.prefix}{key} = {value!r} is not a number")
+        if not math.isfinite(value):
+            raise ValueError(f"{self.where}: {self.prefix}{key} = {value} is not a finite number")
         return value
 
     def integer(self, key: str) -> int | None:
@@ -78,7 +82,7 @@ class ModelConfig:
         items = self.array(key)
         if items is None:
             return None
-        if any(isinstance(i, bool) or not isinstance(i, (int, float)) for i in items):
+        if any(isinstance(i, bool) or not isinstance(i, (int, float)) or not math.isfinite(i) for i in items):
             raise ValueError(f"{self.where}: {self.prefix}{key} = {list(items)!r} is not a list of numbers")
         return tuple(int(i) for i in items if isinstance(i, (int, float)))
 
@@ -90,3 +94,35 @@ class ModelConfig:
     def items(self) -> tuple[tuple[str, object], ...]:
         """The object's keys and values as decoded (check_numbers walks them)."""
         return tuple((str(k), v) for k, v in self.data.items())
+
+
+# The keys whose object SGLang merges into the config's own rather than replacing it (a sub-config, or
+# these two; utils/hf_transformers/config.py get_config).
+_MERGED = ("rope_scaling", "rope_parameters")
+
+
+def with_override(config: ModelConfig, override: object) -> ModelConfig:
+    """config.json as SGLang sees it under --json-model-override-args (a JSON object, as text or decoded).
+
+    utils/hf_transformers/config.py get_config: each key replaces the config's, except an object given for
+    a sub-config or for rope_scaling/rope_parameters, which is merged into the one there. ValueError (one
+    line) for text that is not a JSON object.
+    """
+    if override is None or override == "":
+        return config
+    if isinstance(override, str):
+        try:
+            override = json.loads(override)
+        except ValueError as exc:
+            raise ValueError(f"--json-model-override-args is not JSON: {exc}") from None
+    if not isinstance(override, Mapping):
+        raise ValueError("--json-model-override-args is not a JSON object")
+    data = dict(config.data)
+    for key, value in override.items():
+        current = data.get(key)
+        merge = key in _MERGED or key.endswith("_config")
+        if merge and isinstance(value, Mapping) and isinstance(current, Mapping):
+            data[key] = {**current, **value}
+        else:
+            data[key] = value
+    return ModelConfig(data, config.where, config.prefix)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
+from agent.sglang import gemma4
 from agent.sglang.config_json import ModelConfig
 
 Family = Literal["mha", "mla", "dsa", "swa", "linear"]
@@ -107,10 +108,9 @@ HYBRID_SWA_ARCHS = frozenset(
         "MellumForCausalLM",
     }
 )
-# Hybrid SWA archs whose pool this module does not follow (compressed SWA, request-ring SWA).
-SWA_COMPRESS_ARCHS = frozenset(
-    {"Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "InklingForConditionalGeneration"}
-)
+# Hybrid SWA archs whose pool this module does not follow (compressed SWA, request-ring SWA); Gemma 4's
+# compressed shapes are read by agent/sglang/gemma4.py.
+SWA_COMPRESS_ARCHS = frozenset({"InklingForConditionalGeneration"})
 # configs/hybrid_arch.py: linear-attention state caches.
 GDN_ARCHS = frozenset(
     {
@@ -375,7 +375,11 @@ _LARGEST = 2**53  # any other number: beyond this a float no longer holds every 
 
 
 def check_numbers(config: ModelConfig, where: str = "config.json") -> None:
-    """ValueError naming the first number of `config` that is not finite or not in its range."""
+    """ValueError naming the first number of `config` that is not finite or not in its range.
+
+    A non-finite number under a key the planner never reads (Nemotron-H's time_step_limit holds
+    Infinity) is left alone: ModelConfig.number refuses one wherever a key is read.
+    """
     stack: list[tuple[str, str, object]] = [(k, k, v) for k, v in config.items()]
     while stack:
         path, key, value = stack.pop()
@@ -385,6 +389,8 @@ def check_numbers(config: ModelConfig, where: str = "config.json") -> None:
             stack.extend((f"{path}[{i}]", "", v) for i, v in enumerate(value))
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             lo, hi = _RANGES.get(key, (-_LARGEST, _LARGEST))
+            if not math.isfinite(value) and key not in _RANGES:
+                continue
             if not math.isfinite(value):
                 raise ValueError(f"{where}: {path} = {value} is not a finite number")
             if not lo <= value <= hi:
@@ -438,6 +444,8 @@ def read_layout(config: ModelConfig | Mapping[str, object], *, is_draft: bool = 
     arch = archs[0]
     _refuse(arch)
     text = text_config(config)
+    if arch in gemma4.ARCHS:
+        text = gemma4.flatten(text)
     common = _common(config, text, arch, is_draft)
     if arch in MAMBA2_ARCHS:
         return _mamba2(text, common)
@@ -447,7 +455,7 @@ def read_layout(config: ModelConfig | Mapping[str, object], *, is_draft: bool = 
     heads = _mha_heads(text, arch)
     if arch in GDN_ARCHS:
         return _gdn(text, layers, heads, common)
-    if arch in HYBRID_SWA_ARCHS or text.value("is_hybrid_swa"):
+    if arch in HYBRID_SWA_ARCHS or arch in gemma4.ARCHS or text.value("is_hybrid_swa"):
         return _swa(text, arch, layers, heads, common)
     return KVLayout(
         family="mha",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.sglang.kvlayout import KVLayout, Unsupported
 
@@ -138,6 +138,21 @@ def full_cell(
     if block == 32:  # mxfp8: one scale byte per 32 elements
         cell += width // 32
     return cell
+
+
+def stage_layouts(layout: KVLayout, pp: int) -> list[KVLayout]:
+    """The layout of each pipeline stage: its own full and sliding layers (get_pp_indices; each stage sizes
+    its pool from the layers it holds, layer_setup.py resolve_layer_indices)."""
+    if pp <= 1:
+        return [layout]
+    return [
+        replace(
+            layout,
+            kv_layers=tuple(i for i in layout.kv_layers if i in stage),
+            swa_layers=tuple(i for i in layout.swa_layers if i in stage),
+        )
+        for stage in pp_stage_layers(layout.layers, pp)
+    ]
 
 
 def swa_cells(layout: KVLayout, dtype: str, attn_tp: int) -> tuple[int, int]:

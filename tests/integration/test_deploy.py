@@ -55,7 +55,7 @@ def test_target_the_pool_cannot_meet_rolls_back_to_a_healthy_old_service(sim):
     refused = cli(sim, "apply", sim.name, "--context", "400k", "--yes")
     assert refused.returncode == ExitCode.USAGE and "cannot reach 400,000" in refused.stderr
     assert sim.unit_text() == old_unit
-    r = cli(sim, "apply", sim.name, "--context", "400k", "--yes", "--force")
+    r = cli(sim, "apply", sim.name, "--context", "400k", "--yes", "--force", "--allow-longer-context")
     assert r.returncode == ExitCode.ROLLED_BACK, r.stderr
     assert "ROLLED BACK" in r.stdout and "< target 400,000" in r.stdout
     assert "next recommendation:" in r.stdout

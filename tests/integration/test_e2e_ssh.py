@@ -274,7 +274,9 @@ def test_cron_outcomes_plain_lines_json_quiet_exit_codes_and_the_hosts_journal(s
     quiet = deployctl(sim, "apply", sim.name, "--context", "180k", "--yes", "--quiet")
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (ExitCode.OK, "", "")
 
-    forced = deployctl(sim, "apply", sim.name, "--context", "400k", "--yes", "--force", "--json")
+    forced = deployctl(
+        sim, "apply", sim.name, "--context", "400k", "--yes", "--force", "--allow-longer-context", "--json"
+    )
     assert forced.returncode == ExitCode.ROLLED_BACK, forced.stderr
     last = json.loads(forced.stdout.splitlines()[-1])
     assert last["kind"] == "outcome" and last["data"]["outcome"] == "rolled_back"

@@ -341,7 +341,7 @@ def test_a_read_only_unit_directory_changes_nothing(sim, base):
 def test_journal_rotated_and_vacuumed_while_watching_the_gate_still_decides(sim, base, context, code):
     old, _ = base
     watcher = fk.Watcher(sim, "watch")
-    proc = popen(sim, "apply", sim.name, "--context", context, "--yes", "--force")
+    proc = popen(sim, "apply", sim.name, "--context", context, "--yes", "--force", "--allow-longer-context")
     hit = watcher.wait()
     fk.sh(sim, "journalctl", "--rotate", "--vacuum-files=1")
     fk.resume_runner(sim, hit.pid)

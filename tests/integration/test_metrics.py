@@ -100,7 +100,7 @@ def test_each_run_is_scraped_by_node_exporter(sim, base, exporter):
     assert value(m, "deployctl_unit_info", sha256=unit_sha256(sim.unit_text())) == 1
     applied_pool = value(m, "deployctl_kv_pool_tokens")
 
-    r = apply(sim, "400k", "--force")  # the pool falls short: rolled back
+    r = apply(sim, "400k", "--force", "--allow-longer-context")  # the pool falls short: rolled back
     assert r.returncode == ExitCode.ROLLED_BACK, r.stdout + r.stderr
     m = scrape(exporter)
     assert value(m, "deployctl_last_run_outcome", outcome="rolled_back") == 1

@@ -132,7 +132,7 @@ def test_rollback_without_to_after_an_automatic_rollback_restores_a_different_un
     old, _ = base
     assert apply(sim).returncode == ExitCode.OK
     at_200k = sim.unit_text()
-    r = apply(sim, "400k", "--force")
+    r = apply(sim, "400k", "--force", "--allow-longer-context")
     assert r.returncode == ExitCode.ROLLED_BACK, r.stdout + r.stderr
     assert sim.unit_text() == at_200k  # its newest backup is a copy of this very unit
     r = cli(sim, "rollback", sim.name, "--yes")

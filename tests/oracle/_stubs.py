@@ -53,6 +53,11 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         module = _Anything(spec.name)
         module.__version__ = "3.5.0"  # torch._inductor reads triton.__version__
+        if spec.name == "triton.runtime":
+            # fla/utils.py get_available_device: the triton backend names a torch device module ("cuda")
+            target = types.SimpleNamespace(backend="cuda", arch=90, warp_size=32)
+            active = types.SimpleNamespace(get_current_target=lambda: target)
+            module.driver = types.SimpleNamespace(active=active)  # type: ignore[attr-defined]
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:

@@ -12,6 +12,12 @@ Patched (GPU queries only, everything else is SGLang's code):
 - utils/common.py get_nvgpu_memory_capacity (it shells out to nvidia-smi): the card's total;
 - torch.distributed collectives: no-ops, one process standing for every rank (all ranks are alike here);
 - the WORLD group handle that kv_cache_configurator.py _profile_available_bytes passes to the MIN all-reduce.
+
+No model is built, so what SGLang reads off the built model is given by a stand-in made with SGLang's own
+code: a pipeline stage's layers (distributed/utils.py get_pp_indices, as make_layers takes them; each stage
+is sized and the pool is the minimum, the MIN all-reduce of kv_cache_configurator.py
+_apply_token_constraints) and the checkpoint's quant config (model_loader/weight_utils.py get_quant_config),
+whose kv_cache_quant_algo decides --kv-cache-dtype auto (mem_cache/kv_cache_dtype.py).
 """
 
 from __future__ import annotations
@@ -126,7 +132,6 @@ def size_one(req: dict[str, Any], gpus: FakeGpus) -> dict[str, Any]:
     from sglang.srt.configs.model_config import AttentionArch, ModelConfig
     from sglang.srt.mem_cache.kv_cache_configurator import mm_runtime_reservation_gb
     from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.model_executor.model_runner_components.layer_setup import resolve_layer_indices
     from sglang.srt.model_executor.pool_configurator import create_memory_pool_configurator
     from sglang.srt.runtime_context import get_context, get_mm, get_parallel, get_schedule, get_spec
     from sglang.srt.server_args import prepare_server_args
@@ -154,17 +159,16 @@ def size_one(req: dict[str, Any], gpus: FakeGpus) -> dict[str, Any]:
     runner.draft_model_idx = runner.draft_attention_backend = runner.forward_stream = None
     runner.sliding_window_size = getattr(model_config, "sliding_window_size", None)
     runner.init_spec_aux_hidden_state()
-    runner.layer_info = resolve_layer_indices(model=None, model_config=model_config, is_draft_worker=False)
+    runner.model = types.SimpleNamespace(quant_config=_quant_config(model_config))  # the built model's
     runner.configure_kv_cache_dtype()
+    runner.model = None
     runner.pp_group = types.SimpleNamespace(world_size=1)
     runner.pre_model_load_memory = float(req["gpu"]["pre_gib"])
     get_parallel().override_permanently(
         world_group=types.SimpleNamespace(cpu_group=None, world_size=gpus.count)
     )
     gpus.free = int(float(req["gpu"]["post_gib"]) * GIB)  # the weights (and draft) are now loaded
-    runner.init_kv_cache_configurator()
-    kvc = runner.kv_cache_configurator
-    pool = kvc._resolve_memory_pool_config(runner.pre_model_load_memory)
+    pool, kvc = _size_stages(runner, model_config, int(server_args.pp_size or 1))
 
     pool_configurator = create_memory_pool_configurator(kvc)
     schedule = get_schedule()
@@ -191,6 +195,46 @@ def size_one(req: dict[str, Any], gpus: FakeGpus) -> dict[str, Any]:
         "pool_configurator": type(pool_configurator).__name__,
         "logs": collect.lines,
     }
+
+
+def _size_stages(runner: Any, model_config: Any, pp: int) -> tuple[Any, Any]:
+    """Each pipeline stage sized with its own layers; the one with the fewest tokens, as the MIN all-reduce
+    of kv_cache_configurator.py _apply_token_constraints leaves every stage."""
+    from sglang.srt.model_executor.model_runner_components.layer_setup import resolve_layer_indices
+
+    sized = []
+    for stage in _stages(model_config, pp):
+        runner.layer_info = resolve_layer_indices(
+            model=stage, model_config=model_config, is_draft_worker=False
+        )
+        runner.init_kv_cache_configurator()
+        kvc = runner.kv_cache_configurator
+        sized.append((kvc._resolve_memory_pool_config(runner.pre_model_load_memory), kvc))
+    return min(sized, key=lambda pk: pk[0].max_total_num_tokens)
+
+
+def _stages(model_config: Any, pp: int) -> list[Any]:
+    """One stand-in model per pipeline stage with the layers make_layers gives it (get_pp_indices)."""
+    if pp <= 1:
+        return [None]
+    from sglang.srt.distributed.utils import get_pp_indices
+
+    layers = model_config.num_hidden_layers
+    out = []
+    for rank in range(pp):
+        start, end = get_pp_indices(layers, rank, pp)
+        out.append(types.SimpleNamespace(start_layer=start, end_layer=end))
+    return out
+
+
+def _quant_config(model_config: Any) -> Any:
+    """The checkpoint's quant config as the model loader builds it, None when it declares none."""
+    if model_config.quantization is None:
+        return None
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.weight_utils import get_quant_config
+
+    return get_quant_config(model_config, LoadConfig(), {})
 
 
 def _in_child(req: dict[str, Any], gpus: FakeGpus) -> dict[str, Any]:

@@ -51,8 +51,23 @@ def venv_ready(venv: Path | None = None) -> bool:
 
 def key(request: dict[str, Any]) -> str:
     """Everything that can change the answer: config, draft, flags, env, GPU figures, version."""
-    canonical = json.dumps({"v": SGLANG_VERSION, "schema": SCHEMA, **request}, sort_keys=True)
+    extra = {"model_stand_in": 2} if _built_model_matters(request) else {}
+    canonical = json.dumps({"v": SGLANG_VERSION, "schema": SCHEMA, **extra, **request}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _built_model_matters(request: dict[str, Any]) -> bool:
+    """A PP start, or a checkpoint whose quant config names a KV scheme: answered with the worker's model
+    stand-in since it was added, so answers kept from before stop matching (every other key is unchanged)."""
+    flags = request.get("flags") or []
+    pp = any(f in ("--pp-size", "--pp", "--pipeline-parallel-size") for f in flags)
+    config = request.get("config") or {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    quants = [c.get("quantization_config") for c in (config, text or {})]
+    kv = any(
+        isinstance(q, dict) and (q.get("kv_cache_scheme") or q.get("kv_cache_quant_algo")) for q in quants
+    )
+    return pp or kv
 
 
 def cached(request: dict[str, Any]) -> dict[str, Any] | None:

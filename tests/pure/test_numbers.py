@@ -22,6 +22,7 @@ from agent.output import Output
 from tests.pure.facts_fixtures import KIMI_K26, LLAMA31_8B
 
 UNITS = Path(__file__).resolve().parents[2] / "units"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -136,7 +137,7 @@ def with_key(config: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
         (LLAMA31_8B, "head_dim", 10**12),
         (LLAMA31_8B, "max_position_embeddings", float("inf")),
         (LLAMA31_8B, "max_position_embeddings", 10**30),
-        (LLAMA31_8B, "rope_theta", float("nan")),
+        (LLAMA31_8B, "num_key_value_heads", float("nan")),
         (KIMI_K26, "kv_lora_rank", 0),
         (KIMI_K26, "num_hidden_layers", 10**21),
         (KIMI_K26, "qk_rope_head_dim", 10**12),
@@ -168,6 +169,17 @@ def test_the_facts_of_public_models_still_plan(tmp_path: Path) -> None:
     for config in (LLAMA31_8B, KIMI_K26):
         code, _, err = run("plan", "--facts", str(facts_file(tmp_path, config)), "--context", "100k")
         assert code == ExitCode.OK, err
+
+
+def test_a_number_the_planner_never_reads_may_be_infinite(tmp_path: Path) -> None:
+    # Nemotron-H publishes "time_step_limit": [0.0, Infinity]; SGLang's pool never reads it.
+    nemotron = json.loads((DATA / "models/nemotron-3-nano-30b-a3b/config.json").read_text())
+    for config in (
+        {**nemotron, "time_step_limit": [0.0, float("inf")]},
+        with_key(LLAMA31_8B, "rope_theta", float("nan")),
+    ):
+        code, _, err = run("plan", "--facts", str(facts_file(tmp_path, config)), "--context", "8k")
+        assert code in (ExitCode.OK, ExitCode.NOT_FEASIBLE), err
 
 
 def test_a_context_beyond_the_inventorys_bound_by_its_rope_factor_is_refused_in_one_line(

@@ -19,7 +19,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_target_args(p, context_required=True)
     add_set_arg(p)
     add_yes_arg(p)
-    p.add_argument("--force", action="store_true", help="apply even when the plan says the target cannot fit")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="apply even when the plan says the target cannot fit (risk: the start misses the target and is "
+        "rolled back)",
+    )
+    p.add_argument(
+        "--allow-longer-context",
+        action="store_true",
+        help="let SGLang run a context above the model's own (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1; "
+        "risk: the model runs past its trained length, unscaled; a YaRN --set json-model-override-args=... "
+        "scales it instead)",
+    )
     p.add_argument("--dry-run", action="store_true", help="show the plan and the diff, change nothing")
     add_connection_args(p)
     p.epilog = (

@@ -124,6 +124,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         unit_text=new_text,
         target_context=change.context,
         planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
+        pool_calibrated=plan.basis == "calibrated" and bool(plan.predicted_pool_tokens),
         expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,
@@ -204,6 +205,8 @@ def _next_plan(host: HostConfig, context: int, outcome: Event) -> Plan | None:
     summary: StartFigures = outcome.data.get("summary") or StartFigures()
     if outcome.data.get("outcome") not in ("rolled_back", "rollback_failed") or not summary.get("kv_tokens"):
         return None
+    if outcome.data.get("failure_kind") == "pool_anomaly":
+        return None  # an SGLang anomaly calibrates nothing: no fraction is suggested from it
     try:
         return plan_for_host(host, Target(context), [summary], {**host.sglang.flags})
     except UsageError:

@@ -180,7 +180,9 @@ def _way_back(r: ApplyReport) -> list[str]:
         )
     if r.outcome in ("rolled_back", "rollback_failed"):
         lines += ["", f"why:                   {r.data.get('reason', r.message)}"]
-        if r.next_plan is not None:
+        if r.data.get("failure_kind") == "pool_anomaly":
+            lines += _anomaly_lines(r.data.get("summary") or {})
+        elif r.next_plan is not None:
             lines.append(f"next recommendation:   {_next(r.next_plan)}")
     if r.outcome == "rollback_failed":
         lines += [
@@ -190,6 +192,27 @@ def _way_back(r: ApplyReport) -> list[str]:
             f"                       once fixed: deployctl status {r.host}",
         ]
     return lines
+
+
+def _anomaly_lines(s: StartFigures) -> list[str]:
+    """An SGLang anomaly: the evidence SGLang logged, and no new fraction (no fraction would explain it)."""
+    said = [
+        f"{label} {value}"
+        for label, value in (
+            ("--mem-fraction-static", s.get("mem_fraction_static")),
+            ("free before the weights (GB)", s.get("avail_mem_before_weights_gb")),
+            ("free after the weights (GB)", s.get("avail_mem_after_weights_gb")),
+            ("KV size (GB)", s.get("kv_size_gb")),
+            ("left after the pool (GB)", s.get("available_gpu_mem_gb")),
+        )
+        if value is not None
+    ]
+    return [
+        f"evidence:              SGLang logged {', '.join(said) or 'no memory figures'}",
+        "what to do:            no new fraction: these flags gave the planned pool on this host before;",
+        "                       look for memory SGLang kept or double-counted (sglang PR#36583, PR#34053)",
+        "                       and at its version before changing the flags again",
+    ]
 
 
 def _next(plan: Plan) -> str:

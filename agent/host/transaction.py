@@ -152,7 +152,8 @@ class Transaction:
         refused = self._check_with_sglang(self.req.unit_text)
         if refused is not None:
             return refused
-        gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts)
+        gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts,
+                    calibrated=self.req.pool_calibrated)  # fmt: skip
         text = self.req.unit_text
         return self._shadowed() or self._out_of_router(
             lambda: self._change(text, compared, gate, smoke=self.req.smoke)

@@ -87,3 +87,11 @@ def test_backups_table_lists_newest_first_with_their_flag_differences() -> None:
     text = backups_table("ct200", rows)
     assert text.index("b2") < text.index("b1") and "(same as installed)" in text
     assert "--context-length: 32768 in the backup, 200000 installed" in text
+
+
+def test_an_sglang_anomaly_quotes_the_evidence_and_suggests_no_fraction() -> None:
+    case = json.loads((GOLDEN / "rolled_back_anomaly.json").read_text())
+    text = render_report(build(case))  # build() passes a next plan: the report must not show it
+    assert "the pool SGLang logged is not what these flags give on this host: an SGLang anomaly" in text
+    assert "KV size (GB) 0.11" in text and "--mem-fraction-static 0.922" in text
+    assert "next recommendation" not in text and "no new fraction" in text

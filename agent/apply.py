@@ -14,6 +14,8 @@ from agent.errors import UsageError
 from agent.inventory import HostConfig
 from agent.output import Output, Style
 from agent.plan.choose import Plan, Target, plan_for_host
+from agent.plan.restart_time import GIB, PageCache, RestartEstimate
+from agent.plan.restart_time import from_facts as restart_from_facts
 from agent.protocol import DowntimeData, Event, HostFacts, Request, exit_code, unit_sha256
 from agent.remote.client import base_request
 from agent.render import (
@@ -29,7 +31,7 @@ from agent.render import (
     unit_diff,
 )
 from agent.report import ApplyReport, plan_with_chart, render_report
-from agent.sglang.flags import FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
+from agent.sglang.flags import FlagInput, FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures
 from agent.verify import render_checked
 
@@ -96,6 +98,7 @@ class Prepared:
     old_text: str
     new_text: str
     request: Request
+    restart: RestartEstimate | None = None  # what the restart was expected to cost, before it ran
 
 
 def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> Prepared | None:
@@ -115,6 +118,9 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
     new_text = render_checked(target_host, flags, installed=old_text)
     env_secrets, flag_secrets = secret_values(target_host, flags)
     show_plan(out, host, plan, old_text, new_text)
+    restart = restart_for(host, facts, new_text, flags)
+    if out.style is not Style.JSON:
+        out.note("\n".join(restart.lines()))
     if change.dry_run:
         out.note("dry run: nothing was changed")
         return None
@@ -129,7 +135,15 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         secret_env=env_secrets,
         secret_flags=flag_secrets,
     )
-    return Prepared(plan, old_text, new_text, req)
+    return Prepared(plan, old_text, new_text, req, restart)
+
+
+def restart_for(
+    host: HostConfig, facts: HostFacts, new_text: str, flags: Mapping[str, FlagInput]
+) -> RestartEstimate:
+    """The restart's cost from the host's last start, and the cache preconditions (plan/restart_time.py)."""
+    cache = PageCache(None, None, host.prewarm.enabled, int(host.prewarm.margin_gib * GIB))
+    return restart_from_facts(facts, new_text, dict(flags), cache)
 
 
 def report(out: Output, host: HostConfig, sent: Prepared, outcome: Event, facts: HostFacts) -> int:
@@ -147,6 +161,7 @@ def report(out: Output, host: HostConfig, sent: Prepared, outcome: Event, facts:
         outcome.outcome_data(),
         next_plan=_next_plan(host, context, outcome),
         previous_downtime=_previous_downtime(facts),
+        restart_estimate_s=sent.restart.seconds if sent.restart else None,
     )
     if not (out.quiet and rep.outcome == "up_to_date") and out.style is not Style.JSON:
         out.print(render_report(rep))

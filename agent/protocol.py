@@ -627,6 +627,7 @@ class HostFacts(TypedDict, total=False):
     last_txn: str | None
     backups: list[str]
     model_facts: FactsDoc | None  # plan/facts.py reads it
+    mem_available_bytes: int | None  # /proc/meminfo MemAvailable: whether the checkpoint fits in page cache
     orphan: bool
 
 

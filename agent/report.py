@@ -9,6 +9,7 @@ from typing import Any
 
 from agent.chart import draw, from_plan
 from agent.plan.choose import Plan
+from agent.plan.restart_time import RESTART_PHASES
 from agent.protocol import (
     DOWNTIME_PHASES,
     BackupRow,
@@ -39,6 +40,7 @@ class ApplyReport:
     data: OutcomeData
     next_plan: Plan | None = None  # on a rejected change: what the measured figures now recommend
     previous_downtime: DowntimeData | None = None  # the last verified start's, on the same host
+    restart_estimate_s: float | None = None  # what plan/restart_time.py expected the restart to cost
 
 
 def render_report(r: ApplyReport) -> str:
@@ -62,6 +64,7 @@ def render_report(r: ApplyReport) -> str:
     out += _router_lines(r.data.get("router"))
     out += _drain_lines(r.data.get("drain"))
     out += _downtime_lines(r.data.get("prewarm"), r.data.get("downtime"), r.previous_downtime)
+    out += _estimate_lines(r.restart_estimate_s, r.data.get("downtime"))
     out += _way_back(r)
     if r.plan is not None and r.outcome == "applied":
         out += _tradeoffs(r.plan, changes)
@@ -139,6 +142,19 @@ def _downtime_lines(
         was = _phases(before.get("phases") or {})
         lines.append(f"previous start:        {previous:.1f} s ({was}); now {seconds / previous:.2f}x")
     return lines
+
+
+def _estimate_lines(estimate: float | None, now: DowntimeData | None) -> list[str]:
+    """The restart's estimate (stop to ready, plan/restart_time.py) against what those phases took."""
+    if estimate is None or not now or now.get("seconds") is None:
+        return []
+    took = sum(v for k, v in now["phases"].items() if k in RESTART_PHASES)
+    if not took:
+        return []
+    return [
+        f"restart estimate:      {estimate:.1f} s before; took {took:.1f} s (stop to ready), "
+        f"{took / estimate:.2f}x"
+    ]
 
 
 def _phases(seconds: Mapping[str, float]) -> str:

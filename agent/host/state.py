@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.protocol import BACKUP_NAME, DowntimeData
+from agent.protocol import BACKUP_NAME, DowntimeData, PrewarmData
 from agent.sglang.logs.summary import StartFigures
 
 # A recovery record's phase says what `recover` must do after a crash.
@@ -69,6 +69,7 @@ class HistoryEntry(StartFigures, total=False):
     invocation: str
     start_seconds: float
     downtime: DowntimeData
+    prewarm: PrewarmData | None  # the pre-warm before this start: whether its weights came from page cache
 
 
 class StateDir:

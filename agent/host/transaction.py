@@ -755,6 +755,7 @@ class Transaction:
             "invocation": state.invocation_id,
             "start_seconds": round(started.seconds, 2),
             "downtime": down,
+            "prewarm": self.prewarmed.to_dict() if self.prewarmed is not None else None,
             **started.summary,
         }
         self.state.append_history(self.unit, entry)

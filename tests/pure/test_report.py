@@ -95,3 +95,15 @@ def test_an_sglang_anomaly_quotes_the_evidence_and_suggests_no_fraction() -> Non
     assert "the pool SGLang logged is not what these flags give on this host: an SGLang anomaly" in text
     assert "KV size (GB) 0.11" in text and "--mem-fraction-static 0.922" in text
     assert "next recommendation" not in text and "no new fraction" in text
+
+
+def test_the_report_compares_the_restart_estimate_with_what_the_restart_took() -> None:
+    from dataclasses import replace
+
+    case = json.loads((GOLDEN / "applied_200k.json").read_text())
+    case["data"]["downtime"] = {
+        "seconds": 60.0,
+        "phases": {"drain": 5.0, "stop": 2.0, "init": 10.0, "weights": 30.0, "ready": 8.0, "smoke": 5.0},
+    }
+    text = render_report(replace(build(case), restart_estimate_s=40.0))
+    assert "restart estimate:      40.0 s before; took 50.0 s (stop to ready), 1.25x" in text

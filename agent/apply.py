@@ -7,8 +7,9 @@ the laptop loads the planner, the template engine and the report.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from agent import weight_cache_unit
 from agent.cli.options import Change
 from agent.errors import UsageError
 from agent.inventory import HostConfig
@@ -33,6 +34,7 @@ from agent.render import (
 from agent.report import ApplyReport, plan_with_chart, render_report
 from agent.sglang.flags import FlagInput, FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures
+from agent.sglang.weight_cache import RestartClass, fingerprint, restart_class
 from agent.verify import render_checked
 
 
@@ -104,6 +106,7 @@ class Prepared:
 def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> Prepared | None:
     """Plan from the host's facts, render, show the plan and the diff; None for a dry run."""
     check_with_sglang_table(host, dict(change.flags))  # before the plan: a typo is not planned for
+    weight_cache_unit.refuse(host, {**host.sglang.flags, **dict(change.flags)}, *weight_cache_facts(facts))
     plan = make_plan(host, change, facts)
     flags = {**dict(change.flags), **plan.flags()}
     old_text = facts.get("unit_text") or ""
@@ -143,7 +146,50 @@ def restart_for(
 ) -> RestartEstimate:
     """The restart's cost from the host's last start, and the cache preconditions (plan/restart_time.py)."""
     cache = PageCache(None, None, host.prewarm.enabled, int(host.prewarm.margin_gib * GIB))
-    return restart_from_facts(facts, new_text, dict(flags), cache)
+    klass, changed = weight_cache_class(host, facts, new_text)
+    restart = {
+        "weight_cache_kept": klass is RestartClass.ENGINE,
+        "daemon_restart": klass is RestartClass.BOTH,
+    }
+    estimate = restart_from_facts(facts, new_text, dict(flags), cache, **restart)
+    if klass is RestartClass.NO_CACHE:
+        return estimate
+    said = (
+        "restarts only the engine: the weight-cache daemon keeps its fingerprint and its weights"
+        if klass is RestartClass.ENGINE
+        else f"restarts the weight-cache daemon and the engine: {', '.join(changed)} changed its fingerprint"
+    )
+    return replace(estimate, notes=(said, *estimate.notes))
+
+
+def weight_cache_class(host: HostConfig, facts: HostFacts, new_text: str) -> tuple[RestartClass, list[str]]:
+    """What the change restarts with [weight_cache] on: the running unit's fingerprint against the new one
+    (sglang/weight_cache.py; a unit not yet in client mode has no daemon to keep)."""
+    old_text = facts.get("unit_text") or ""
+    old_flags = _readable_flags(old_text)
+    old = None
+    if old_flags.get("weight-cache-mode") == "client":
+        old = fingerprint(old_flags, _running_version(facts, host))
+    new = fingerprint(parse_unit_flags(new_text), host.sglang.version)
+    return restart_class(old, new, host.weight_cache.enabled)
+
+
+def weight_cache_facts(facts: HostFacts) -> tuple[tuple[str, bool], str]:
+    """(quant_method, block-wise) from the checkpoint's config.json, and the device, for the refusals."""
+    doc = facts.get("model_facts")
+    model = doc.get("model") if doc else None
+    quant = (model.get("config") or {}).get("quantization_config") if model else None
+    method = str(quant.get("quant_method") or "") if isinstance(quant, dict) else ""
+    block = isinstance(quant, dict) and quant.get("weight_block_size") is not None
+    device = str(doc.get("device") or "cuda") if doc else "cuda"
+    return (method, block), device
+
+
+def _running_version(facts: HostFacts, host: HostConfig) -> str:
+    doc = facts.get("model_facts")
+    return (
+        str((doc.get("sglang") or {}).get("version") or host.sglang.version) if doc else host.sglang.version
+    )
 
 
 def report(out: Output, host: HostConfig, sent: Prepared, outcome: Event, facts: HostFacts) -> int:

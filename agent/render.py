@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jinja2
 
+from agent import weight_cache_unit
 from agent.errors import RenderError
 from agent.host.drain import stop_timeout_s
 from agent.inventory import VISIBLE, HostConfig
@@ -118,6 +119,7 @@ def effective_flags(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[st
     if host.model.served_name and "served-model-name" not in host.sglang.flags:
         merged["served-model-name"] = host.model.served_name
     merged.update(host.sglang.flags)
+    merged.update(weight_cache_unit.engine_flags(host))  # [weight_cache]: client mode
     merged.update(flags)
     tail: dict[str, FlagInput] = {}
     if host.draft:
@@ -283,7 +285,11 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
         "user": _specifiers(host.unit.user) if host.unit.user else None,
         "environment": [
             _env_word(k, v)
-            for k, v in {**gpu_environment(host), **host.unit.environment}.items()
+            for k, v in {
+                **gpu_environment(host),
+                **weight_cache_unit.environment(host),
+                **host.unit.environment,
+            }.items()
             if k not in secret_env(host)
         ],
         "cache_environment": [_env_word(k, v) for k, v in cache_environment(host).items()],
@@ -294,6 +300,7 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
             else None
         ),
         "verbatim": host.unit.verbatim,
+        "weight_cache_lines": weight_cache_unit.engine_unit_lines(host),
         "load_credential": (
             _specifiers(f"{SECRET_CREDENTIAL}:{secret_path(secrets_dir, unit, 'flags.yaml')}")
             if secret

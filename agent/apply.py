@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from agent import weight_cache_unit
 from agent.cli.options import Change
 from agent.errors import UsageError
 from agent.inventory import HostConfig
@@ -32,6 +31,7 @@ from agent.render import (
     unit_diff,
 )
 from agent.report import ApplyReport, plan_with_chart, render_report
+from agent.sglang import weight_cache_unit
 from agent.sglang.flags import FlagInput, FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures
 from agent.sglang.weight_cache import RestartClass, fingerprint, restart_class
@@ -106,7 +106,11 @@ class Prepared:
 def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> Prepared | None:
     """Plan from the host's facts, render, show the plan and the diff; None for a dry run."""
     check_with_sglang_table(host, dict(change.flags))  # before the plan: a typo is not planned for
-    weight_cache_unit.refuse(host, {**host.sglang.flags, **dict(change.flags)}, *weight_cache_facts(facts))
+    refused = weight_cache_unit.refusal(
+        host, {**host.sglang.flags, **dict(change.flags)}, *weight_cache_facts(facts)
+    )
+    if refused:
+        raise UsageError(refused, hint="set weight_cache.enabled = false for this service")
     plan = make_plan(host, change, facts)
     flags = {**dict(change.flags), **plan.flags()}
     old_text = facts.get("unit_text") or ""

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import jinja2
 
-from agent import weight_cache_unit
 from agent.errors import RenderError
 from agent.host.drain import stop_timeout_s
 from agent.inventory import VISIBLE, HostConfig
 from agent.protocol import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
-from agent.sglang import server_args, version_flags
+from agent.sglang import server_args, version_flags, weight_cache_unit
 from agent.sglang.flags import FlagInput, FlagsError, exec_start_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env
 from agent.sglang.redact import redact as redact  # re-exported: the laptop's callers redact from here
@@ -270,6 +269,12 @@ def _env_word(name: str, value: str) -> str:
     return f'"{text}"'
 
 
+def _environment_words(host: HostConfig) -> list[str]:
+    """The unit's public Environment= words: GPUs, the weight cache's folder, then the inventory's."""
+    env = {**gpu_environment(host), **weight_cache_unit.environment(host), **host.unit.environment}
+    return [_env_word(k, v) for k, v in env.items() if k not in secret_env(host)]
+
+
 def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[str, object]:
     """The values the template sees, every one already quoted or escaped for its directive."""
     public, secret = split_secret_flags(effective_flags(host, flags), host.unit.name)
@@ -283,15 +288,7 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
         "template_name": host.unit.template,
         "description": _specifiers(host.unit.description),
         "user": _specifiers(host.unit.user) if host.unit.user else None,
-        "environment": [
-            _env_word(k, v)
-            for k, v in {
-                **gpu_environment(host),
-                **weight_cache_unit.environment(host),
-                **host.unit.environment,
-            }.items()
-            if k not in secret_env(host)
-        ],
+        "environment": _environment_words(host),
         "cache_environment": [_env_word(k, v) for k, v in cache_environment(host).items()],
         "cache_directory": _specifiers(cache_directory(host)) if cache_environment(host) else None,
         "environment_file": (

@@ -77,8 +77,11 @@ def test_the_parts_always_add_up_and_the_weight_cache_never_costs_more(phases: d
 def test_the_last_start_is_the_newest_with_phases_and_its_pre_warm_says_warm_or_cold() -> None:
     warm = {"total_bytes": 10, "read_bytes": 10, "seconds": 1.0, "files": 1, "skip": None}
     cold = {**warm, "read_bytes": 0, "skip": "12.0 GiB of weights do not fit in 3.0 GiB of free memory"}
-    history = [{"downtime": {"seconds": 9, "phases": {"weights": 9.0}}, "prewarm": warm},
-               {"downtime": {"seconds": 5, "phases": {"weights": 5.0}}, "prewarm": cold}, {"txn": "x"}]  # fmt: skip
+    history = [
+        {"downtime": {"seconds": 9, "phases": {"weights": 9.0}}, "prewarm": warm},
+        {"downtime": {"seconds": 5, "phases": {"weights": 5.0}}, "prewarm": cold},
+        {"txn": "x"},
+    ]
     found = last_start(history)
     assert found == LastStart({"weights": 5.0}, WeightSource.DISK)
     assert last_start(history[:1]) == LastStart({"weights": 9.0}, WeightSource.PAGE_CACHE)

@@ -10,14 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.errors import UsageError
 from agent.inventory import HostConfig, load_host
 from agent.plan.restart_time import WEIGHT_CACHE_LOAD_S
 from agent.render import render_unit, template_dir
 from agent.sglang import kvpool
 from agent.sglang import weight_cache as wc
+from agent.sglang.weight_cache_unit import daemon_unit_name, refusal, render_daemon_unit
 from agent.verify import verify_unit
-from agent.weight_cache_unit import daemon_unit_name, refuse, render_daemon_unit
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"model-path": "/models/q", "tp-size": 8, "mem-fraction-static": 0.85, "context-length": 32768,
@@ -131,9 +130,9 @@ def test_the_daemon_unit_names_nothing_of_the_engine_but_its_order() -> None:
 def test_a_speculative_service_is_refused_before_anything_changes() -> None:
     host = load_host("ct200", REPO / "units")  # DFLASH draft
     host = host.model_copy(update={"weight_cache": host.weight_cache.model_copy(update={"enabled": True})})
-    with pytest.raises(UsageError, match="speculative decoding"):
-        refuse(host, {}, ("", False), "cuda")
-    refuse(sim_host(), {}, ("", False), "cuda")  # no draft: accepted
+    said = refusal(host, {}, ("", False), "cuda")
+    assert said is not None and "speculative decoding" in said and "nothing was changed" in said
+    assert refusal(sim_host(), {}, ("", False), "cuda") is None  # no draft: accepted
 
 
 def test_the_plan_says_the_restart_class_with_both_times() -> None:

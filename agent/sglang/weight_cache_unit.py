@@ -15,11 +15,13 @@ Both units set SGLang's socket and ready templates to one folder under /run that
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from agent.errors import UsageError
-from agent.inventory import HostConfig
 from agent.sglang import weight_cache as wc
 from agent.sglang.flags import FlagInput, exec_start_lines
+
+if TYPE_CHECKING:
+    from agent.inventory import HostConfig
 
 DAEMON_MODULE = "sglang.srt.weight_cache.daemon"
 
@@ -108,15 +110,15 @@ def render_daemon_unit(host: HostConfig, flags: Mapping[str, FlagInput], gpu_env
     return "\n".join(lines) + "\n"
 
 
-def refuse(host: HostConfig, flags: Mapping[str, FlagInput], quant: tuple[str, bool], device: str) -> None:
-    """Refuse the weight cache before anything changes, with SGLang's own reason; quant: (method, block)."""
+def refusal(
+    host: HostConfig, flags: Mapping[str, FlagInput], quant: tuple[str, bool], device: str
+) -> str | None:
+    """Why the weight cache cannot serve this service, in SGLang's words; quant: (method, block-wise)."""
     if not host.weight_cache.enabled:
-        return
+        return None
     private = any(line.split("=", 1)[0] == "PrivateTmp" for line in host.unit.verbatim.get("Service", []))
     speculative = {**flags, **({"speculative-algorithm": host.draft.algorithm} if host.draft else {})}
     said = wc.refusals(speculative, quant[0], quant[1], device, private)
-    if said:
-        raise UsageError(
-            f"[weight_cache] enabled cannot serve {host.name}: {said[0]}; nothing was changed",
-            hint="set weight_cache.enabled = false for this service",
-        )
+    return (
+        f"[weight_cache] enabled cannot serve {host.name}: {said[0]}; nothing was changed" if said else None
+    )

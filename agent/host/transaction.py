@@ -152,6 +152,12 @@ class Transaction:
         refused = self._check_with_sglang(self.req.unit_text)
         if refused is not None:
             return refused
+        from agent.host.weight_cache import check as weight_cache_check
+
+        daemon = weight_cache_check(self.systemd, self.req.unit_dir, self.req.unit_text)
+        if daemon is not None:  # a dead daemon, or one holding another fingerprint: before any restart
+            self.log.emit(Stage.COMPARE, "warning", daemon)
+            return Result(Outcome.ERROR, daemon + "; nothing changed")
         gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts,
                     calibrated=self.req.pool_calibrated)  # fmt: skip
         text = self.req.unit_text

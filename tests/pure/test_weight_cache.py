@@ -10,11 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.host import weight_cache as hwc
 from agent.inventory import HostConfig, load_host
 from agent.plan.restart_time import WEIGHT_CACHE_LOAD_S
 from agent.render import render_unit, template_dir
 from agent.sglang import kvpool
 from agent.sglang import weight_cache as wc
+from agent.sglang.flags import parse_unit_flags
 from agent.sglang.weight_cache_unit import daemon_unit_name, refusal, render_daemon_unit
 from agent.verify import verify_unit
 
@@ -155,3 +157,57 @@ def test_the_plan_says_the_restart_class_with_both_times() -> None:
         host, {**facts, "unit_text": render_unit(sim_host(False), {}, template_dir())}, resize, {}
     )
     assert "no daemon runs yet" in first.notes[0]
+
+
+def _seen(text: str | None, state: str = "active", alive: bool = True) -> hwc.DaemonSeen:
+    return hwc.DaemonSeen(DAEMON, text, state, (hwc.Ready("/run/x/GPU-0.ready", 42, alive),))
+
+
+DAEMON = "sglang-weight-cache.service"
+
+
+def test_a_live_daemon_with_the_same_fingerprint_lets_a_resize_restart() -> None:
+    host = sim_host()
+    engine = render_unit(host, {"mem-fraction-static": 0.9}, template_dir())
+    assert hwc.daemon_unit(engine) == DAEMON and hwc.ready_dir(engine) == "/run/sglang-weight-cache"
+    daemon = render_daemon_unit(host, parse_unit_flags(render_unit(host, {}, template_dir())), {})
+    assert hwc.verdict(parse_unit_flags(engine), _seen(daemon)) is None
+
+
+@pytest.mark.parametrize(
+    ("state", "alive", "installed", "needle"),
+    [
+        ("failed", True, True, "is failed: the daemon that holds the weights is not running"),
+        ("active", False, True, "a dead PID"),
+        ("active", True, False, "is not installed"),
+    ],
+)
+def test_a_dead_or_missing_daemon_is_found_before_the_engine_restart(
+    state: str, alive: bool, installed: bool, needle: str
+) -> None:
+    host = sim_host()
+    engine = render_unit(host, {}, template_dir())
+    daemon = render_daemon_unit(host, parse_unit_flags(engine), {}) if installed else None
+    said = hwc.verdict(parse_unit_flags(engine), _seen(daemon, state, alive))
+    assert said is not None and needle in said
+
+
+def test_a_daemon_holding_another_fingerprint_is_found_before_the_engine_restart() -> None:
+    host = sim_host()
+    daemon = render_daemon_unit(host, parse_unit_flags(render_unit(host, {}, template_dir())), {})
+    engine = render_unit(host, {"tp-size": 4}, template_dir())
+    said = hwc.verdict(parse_unit_flags(engine), _seen(daemon))
+    assert said is not None and "holds another fingerprint (tp-size differ)" in said
+
+
+def test_an_engine_not_in_client_mode_has_no_daemon_to_check() -> None:
+    assert hwc.daemon_unit(render_unit(sim_host(False), {}, template_dir())) is None
+
+
+def test_ready_files_are_read_with_their_pids(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "GPU-a.ready").write_text(str(os.getpid()))
+    (tmp_path / "GPU-b.ready").write_text("not a pid")
+    seen = hwc.look(str(tmp_path), DAEMON, "active", str(tmp_path))
+    assert seen.text is None and [r.alive for r in seen.ready] == [True, False]

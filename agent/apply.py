@@ -20,6 +20,7 @@ from agent.protocol import DowntimeData, Event, HostFacts, Request, exit_code, u
 from agent.remote.client import base_request
 from agent.render import (
     check_with_sglang_table,
+    gpu_environment,
     load_template,
     redact,
     redact_changes,
@@ -128,6 +129,8 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
     restart = restart_for(host, facts, new_text, flags)
     if out.style is not Style.JSON:
         out.note("\n".join(restart.lines()))
+        if host.weight_cache.enabled:
+            out.note(_daemon_unit_note(host, new_text))
     if change.dry_run:
         out.note("dry run: nothing was changed")
         return None
@@ -176,6 +179,13 @@ def weight_cache_class(host: HostConfig, facts: HostFacts, new_text: str) -> tup
         old = fingerprint(old_flags, _running_version(facts, host))
     new = fingerprint(parse_unit_flags(new_text), host.sglang.version)
     return restart_class(old, new, host.weight_cache.enabled)
+
+
+def _daemon_unit_note(host: HostConfig, new_text: str) -> str:
+    """[weight_cache]: the daemon's unit the engine is bound to, rendered for the host's operator."""
+    name = weight_cache_unit.daemon_unit_name(host.unit.name)
+    text = weight_cache_unit.render_daemon_unit(host, parse_unit_flags(new_text), gpu_environment(host))
+    return f"== {name}: the engine restarts only onto this daemon, running and ready\n{text}"
 
 
 def weight_cache_facts(facts: HostFacts) -> tuple[tuple[str, bool], str]:

@@ -13,6 +13,7 @@ from agent.cli.options import Change
 from agent.errors import UsageError
 from agent.inventory import HostConfig
 from agent.output import Output, Style
+from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target, plan_for_host
 from agent.plan.restart_time import GIB, PageCache, RestartEstimate
 from agent.plan.restart_time import from_facts as restart_from_facts
@@ -32,7 +33,6 @@ from agent.render import (
     unit_diff,
 )
 from agent.report import ApplyReport, plan_with_chart, render_report
-from agent.sglang import weight_cache_unit
 from agent.sglang.flags import FlagInput, FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures
 from agent.sglang.weight_cache import RestartClass, fingerprint, restart_class
@@ -126,11 +126,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
     new_text = render_checked(target_host, flags, installed=old_text)
     env_secrets, flag_secrets = secret_values(target_host, flags)
     show_plan(out, host, plan, old_text, new_text)
-    restart = restart_for(host, facts, new_text, flags)
-    if out.style is not Style.JSON:
-        out.note("\n".join(restart.lines()))
-        if host.weight_cache.enabled:
-            out.note(_daemon_unit_note(host, new_text))
+    restart = _show_restart(out, host, facts, new_text, flags)
     if change.dry_run:
         out.note("dry run: nothing was changed")
         return None
@@ -179,6 +175,18 @@ def weight_cache_class(host: HostConfig, facts: HostFacts, new_text: str) -> tup
         old = fingerprint(old_flags, _running_version(facts, host))
     new = fingerprint(parse_unit_flags(new_text), host.sglang.version)
     return restart_class(old, new, host.weight_cache.enabled)
+
+
+def _show_restart(
+    out: Output, host: HostConfig, facts: HostFacts, new_text: str, flags: Mapping[str, FlagInput]
+) -> RestartEstimate:
+    """The restart's estimate and, with [weight_cache], the daemon's unit, shown before the change."""
+    restart = restart_for(host, facts, new_text, flags)
+    if out.style is not Style.JSON:
+        out.note("\n".join(restart.lines()))
+        if host.weight_cache.enabled:
+            out.note(_daemon_unit_note(host, new_text))
+    return restart
 
 
 def _daemon_unit_note(host: HostConfig, new_text: str) -> str:

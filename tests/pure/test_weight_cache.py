@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from agent.host import weight_cache as hwc
 from agent.inventory import HostConfig, load_host
 from agent.plan.restart_time import WEIGHT_CACHE_LOAD_S
+from agent.plan.weight_cache_unit import daemon_unit_name, refusal, render_daemon_unit
 from agent.render import render_unit, template_dir
 from agent.sglang import kvpool
 from agent.sglang import weight_cache as wc
 from agent.sglang.flags import parse_unit_flags
-from agent.sglang.weight_cache_unit import daemon_unit_name, refusal, render_daemon_unit
 from agent.verify import verify_unit
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,13 +15,10 @@ Both units set SGLang's socket and ready templates to one folder under /run that
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
+from agent.inventory import HostConfig
 from agent.sglang import weight_cache as wc
 from agent.sglang.flags import FlagInput, exec_start_lines
-
-if TYPE_CHECKING:
-    from agent.inventory import HostConfig
 
 DAEMON_MODULE = "sglang.srt.weight_cache.daemon"
 

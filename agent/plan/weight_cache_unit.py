@@ -56,12 +56,12 @@ def engine_unit_lines(host: HostConfig) -> list[str]:
 
 
 def python_of(executable: list[str]) -> str:
-    """The interpreter of the engine's venv: `python -m sglang...` as is, else `<bin>/python` beside a
-    `sglang` script."""
+    """The interpreter of the engine's venv: the program itself when it is a python, else `<bin>/python`
+    beside a `sglang` script."""
     program = executable[0] if executable else "/usr/bin/python3"
-    if len(executable) > 1 and executable[1] == "-m":
+    head, _, name = program.rpartition("/")
+    if name.startswith("python"):
         return program
-    head, _, _ = program.rpartition("/")
     return f"{head}/python" if head else "python3"
 
 

@@ -211,3 +211,20 @@ def test_ready_files_are_read_with_their_pids(tmp_path: Path) -> None:
     (tmp_path / "GPU-b.ready").write_text("not a pid")
     seen = hwc.look(str(tmp_path), DAEMON, "active", str(tmp_path))
     assert seen.text is None and [r.alive for r in seen.ready] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("executable", "python"),
+    [
+        (["/usr/bin/python3", "-m", "sglang.launch_server"], "/usr/bin/python3"),
+        (
+            ["/opt/venv/bin/python3.11", "/opt/launch.py"],
+            "/opt/venv/bin/python3.11",
+        ),  # was /opt/venv/bin/python
+        (["/opt/venv/bin/sglang", "serve"], "/opt/venv/bin/python"),
+    ],
+)
+def test_the_daemon_runs_under_the_engines_interpreter(executable: list[str], python: str) -> None:
+    from agent.plan.weight_cache_unit import python_of
+
+    assert python_of(executable) == python

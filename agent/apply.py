@@ -160,7 +160,9 @@ def restart_for(
     said = (
         "restarts only the engine: the weight-cache daemon keeps its fingerprint and its weights"
         if klass is RestartClass.ENGINE
-        else f"restarts the weight-cache daemon and the engine: {', '.join(changed)} changed its fingerprint"
+        else f"restarts the weight-cache daemon and the engine: {', '.join(changed)} changed its fingerprint "
+        "(deployctl does not restart the daemon itself yet: install and restart the daemon's unit it prints; "
+        "until then the host refuses the change before any restart)"
     )
     return replace(estimate, notes=(said, *estimate.notes))
 

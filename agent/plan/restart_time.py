@@ -146,7 +146,7 @@ def from_facts(
     facts: HostFacts, new_text: str, flags: Mapping[str, object], cache: PageCache, **restart: bool
 ) -> RestartEstimate:
     """The estimate and the warnings from a facts answer; restart: weight_cache_kept, daemon_restart."""
-    last = last_start(facts.get("history") or [])
+    last = last_start(facts.get("history") or []) or from_engine_timings(facts.get("last_start"))
     doc = facts.get("model_facts")
     model = doc.get("model") if doc else None
     cache = replace(cache, weights_bytes=model.get("weights_bytes") if model else None,
@@ -166,6 +166,19 @@ def last_start(history: Sequence[Mapping[str, object]]) -> LastStart | None:
             prewarm = entry.get("prewarm")
             return LastStart({str(k): float(v) for k, v in phases.items()}, _source(prewarm))
     return None
+
+
+def from_engine_timings(start: Mapping[str, object] | None) -> LastStart | None:
+    """A start deployctl did not make (an adopted host): SGLang's own `Engine startup timings` line
+    (entrypoints/engine.py), its engine phases only; init is the rest of tokenizer_e2e, the engine's whole."""
+    timings = start.get("startup_timings") if start else None
+    if not isinstance(timings, Mapping) or not timings:
+        return None
+    t = {str(k): float(v) for k, v in timings.items()}
+    phases = {"weights": t.get("load_weight", 0.0), "pool": t.get("kv_cache_allocation", 0.0),
+              "cuda_graphs": t.get("cuda_graph", 0.0)}  # fmt: skip
+    phases["init"] = max(0.0, t.get("tokenizer_e2e", 0.0) - sum(phases.values()))
+    return LastStart({p: phases[p] for p in RESTART_PHASES if p in phases})
 
 
 def _source(prewarm: object) -> WeightSource:

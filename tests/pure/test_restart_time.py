@@ -135,3 +135,12 @@ def test_from_facts_reads_the_checkpoint_and_the_hosts_memory() -> None:
     }
     e = from_facts(facts, UNIT, {}, FITS)
     assert e.seconds == 387.2 and any("does not fit in page cache" in w for w in e.warnings)
+
+
+def test_an_adopted_host_is_estimated_from_sglangs_own_engine_timings() -> None:
+    timings = {"load_weight": 41.2, "kv_cache_allocation": 1.3, "scheduler_e2e": 60.0, "cuda_graph": 10.0,
+               "tokenizer_e2e": 75.0}  # fmt: skip
+    facts: HostFacts = {"unit_text": UNIT, "history": [], "last_start": {"startup_timings": timings}}
+    e = from_facts(facts, UNIT, {}, FITS)
+    assert e.parts == {"init": 22.5, "weights": 41.2, "pool": 1.3, "cuda_graphs": 10.0}
+    assert e.seconds == 75.0

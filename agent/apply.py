@@ -7,13 +7,16 @@ the laptop loads the planner, the template engine and the report.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.cli.options import Change
 from agent.errors import UsageError
 from agent.inventory import HostConfig
 from agent.output import Output, Style
+from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target, plan_for_host
+from agent.plan.restart_time import GIB, PageCache, RestartEstimate
+from agent.plan.restart_time import from_facts as restart_from_facts
 from agent.protocol.answers import HostFacts
 from agent.protocol.common import unit_sha256
 from agent.protocol.events import DowntimeData, Event, exit_code
@@ -21,6 +24,7 @@ from agent.protocol.requests import Request
 from agent.remote.client import base_request
 from agent.render import (
     check_with_sglang_table,
+    gpu_environment,
     load_template,
     redact,
     redact_changes,
@@ -32,9 +36,10 @@ from agent.render import (
     unit_diff,
 )
 from agent.report import ApplyReport, plan_with_chart, render_report
-from agent.sglang.flags import FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
+from agent.sglang.flags import FlagInput, FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures
 from agent.sglang.long_context import yarn_override
+from agent.sglang.weight_cache import RestartClass, fingerprint, restart_class
 from agent.verify import render_checked
 
 
@@ -100,6 +105,7 @@ class Prepared:
     old_text: str
     new_text: str
     request: Request
+    restart: RestartEstimate | None = None  # what the restart was expected to cost, before it ran
 
 
 def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> Prepared | None:
@@ -107,6 +113,11 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
     check_with_sglang_table(host, dict(change.flags))  # before the plan: a typo is not planned for
     if change.allow_longer_context:  # planned with SGLang's override in the unit, as it will run
         host = allow_context(host, change)
+    refused = weight_cache_unit.refusal(
+        host, {**host.sglang.flags, **dict(change.flags)}, *weight_cache_facts(facts)
+    )
+    if refused:
+        raise UsageError(refused, hint="set weight_cache.enabled = false for this service")
     plan = make_plan(host, change, facts)
     flags = {**dict(change.flags), **plan.flags()}
     old_text = facts.get("unit_text") or ""
@@ -121,6 +132,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
     new_text = render_checked(target_host, flags, installed=old_text)
     env_secrets, flag_secrets = secret_values(target_host, flags)
     show_plan(out, host, plan, old_text, new_text)
+    restart = _show_restart(out, host, facts, new_text, flags)
     if change.dry_run:
         out.note("dry run: nothing was changed")
         return None
@@ -130,11 +142,84 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         unit_text=new_text,
         target_context=change.context,
         planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
+        pool_calibrated=plan.basis == "calibrated" and bool(plan.predicted_pool_tokens),
         expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,
     )
-    return Prepared(plan, old_text, new_text, req)
+    return Prepared(plan, old_text, new_text, req, restart)
+
+
+def restart_for(
+    host: HostConfig, facts: HostFacts, new_text: str, flags: Mapping[str, FlagInput]
+) -> RestartEstimate:
+    """The restart's cost from the host's last start, and the cache preconditions (plan/restart_time.py)."""
+    cache = PageCache(None, None, host.prewarm.enabled, int(host.prewarm.margin_gib * GIB))
+    klass, changed = weight_cache_class(host, facts, new_text)
+    restart = {
+        "weight_cache_kept": klass is RestartClass.ENGINE,
+        "daemon_restart": klass is RestartClass.BOTH,
+    }
+    estimate = restart_from_facts(facts, new_text, dict(flags), cache, **restart)
+    if klass is RestartClass.NO_CACHE:
+        return estimate
+    said = (
+        "restarts only the engine: the weight-cache daemon keeps its fingerprint and its weights"
+        if klass is RestartClass.ENGINE
+        else f"restarts the weight-cache daemon and the engine: {', '.join(changed)} changed its fingerprint "
+        "(deployctl does not restart the daemon itself yet: install and restart the daemon's unit it prints; "
+        "until then the host refuses the change before any restart)"
+    )
+    return replace(estimate, notes=(said, *estimate.notes))
+
+
+def weight_cache_class(host: HostConfig, facts: HostFacts, new_text: str) -> tuple[RestartClass, list[str]]:
+    """What the change restarts with [weight_cache] on: the running unit's fingerprint against the new one
+    (sglang/weight_cache.py; a unit not yet in client mode has no daemon to keep)."""
+    old_text = facts.get("unit_text") or ""
+    old_flags = _readable_flags(old_text)
+    old = None
+    if old_flags.get("weight-cache-mode") == "client":
+        old = fingerprint(old_flags, _running_version(facts, host))
+    new = fingerprint(parse_unit_flags(new_text), host.sglang.version)
+    return restart_class(old, new, host.weight_cache.enabled)
+
+
+def _show_restart(
+    out: Output, host: HostConfig, facts: HostFacts, new_text: str, flags: Mapping[str, FlagInput]
+) -> RestartEstimate:
+    """The restart's estimate and, with [weight_cache], the daemon's unit, shown before the change."""
+    restart = restart_for(host, facts, new_text, flags)
+    if out.style is not Style.JSON:
+        out.note("\n".join(restart.lines()))
+        if host.weight_cache.enabled:
+            out.note(_daemon_unit_note(host, new_text))
+    return restart
+
+
+def _daemon_unit_note(host: HostConfig, new_text: str) -> str:
+    """[weight_cache]: the daemon's unit the engine is bound to, rendered for the host's operator."""
+    name = weight_cache_unit.daemon_unit_name(host.unit.name)
+    text = weight_cache_unit.render_daemon_unit(host, parse_unit_flags(new_text), gpu_environment(host))
+    return f"== {name}: the engine restarts only onto this daemon, running and ready\n{text}"
+
+
+def weight_cache_facts(facts: HostFacts) -> tuple[tuple[str, bool], str]:
+    """(quant_method, block-wise) from the checkpoint's config.json, and the device, for the refusals."""
+    doc = facts.get("model_facts")
+    model = doc.get("model") if doc else None
+    quant = (model.get("config") or {}).get("quantization_config") if model else None
+    method = str(quant.get("quant_method") or "") if isinstance(quant, dict) else ""
+    block = isinstance(quant, dict) and quant.get("weight_block_size") is not None
+    device = str(doc.get("device") or "cuda") if doc else "cuda"
+    return (method, block), device
+
+
+def _running_version(facts: HostFacts, host: HostConfig) -> str:
+    doc = facts.get("model_facts")
+    return (
+        str((doc.get("sglang") or {}).get("version") or host.sglang.version) if doc else host.sglang.version
+    )
 
 
 def report(out: Output, host: HostConfig, sent: Prepared, outcome: Event, facts: HostFacts) -> int:
@@ -152,6 +237,7 @@ def report(out: Output, host: HostConfig, sent: Prepared, outcome: Event, facts:
         outcome.outcome_data(),
         next_plan=_next_plan(host, context, outcome),
         previous_downtime=_previous_downtime(facts),
+        restart_estimate_s=sent.restart.seconds if sent.restart else None,
     )
     if not (out.quiet and rep.outcome == "up_to_date") and out.style is not Style.JSON:
         out.print(render_report(rep))
@@ -218,6 +304,8 @@ def _next_plan(host: HostConfig, context: int, outcome: Event) -> Plan | None:
     summary: StartFigures = outcome.data.get("summary") or StartFigures()
     if outcome.data.get("outcome") not in ("rolled_back", "rollback_failed") or not summary.get("kv_tokens"):
         return None
+    if outcome.data.get("failure_kind") == "pool_anomaly":
+        return None  # an SGLang anomaly calibrates nothing: no fraction is suggested from it
     try:
         return plan_for_host(host, Target(context), [summary], {**host.sglang.flags})
     except UsageError:

@@ -266,6 +266,18 @@ class Prewarm(_Model):
     )
 
 
+class WeightCache(_Model):
+    enabled: bool = Field(
+        default=False,
+        description="run SGLang's weight-cache daemon as its own unit and the engine in --weight-cache-mode "
+        "client: a restart that keeps the daemon's fingerprint maps the weights instead of loading them",
+    )
+    timeout_s: int = Field(
+        default=1800, ge=1, le=86400,
+        description="--weight-cache-timeout: how long the engine waits for the daemon's ready file",
+    )  # fmt: skip
+
+
 class Drain(_Model):
     enabled: bool = Field(default=True, description="wait for requests in flight before a restart")
     # 15 minutes: a long reasoning answer (32k tokens at ~40 tokens/s) runs ~14 minutes, which is how long
@@ -358,6 +370,7 @@ class HostConfig(_Model):
     planning: Planning = Field(default_factory=Planning)
     metrics: Metrics = Field(default_factory=Metrics)
     prewarm: Prewarm = Field(default_factory=Prewarm)
+    weight_cache: WeightCache = Field(default_factory=WeightCache)
     drain: Drain = Field(default_factory=Drain)
     router: Router = Field(default_factory=Router)
     nodes: Nodes | None = None

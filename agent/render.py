@@ -14,6 +14,7 @@ import jinja2
 from agent.errors import RenderError
 from agent.host.drain import stop_timeout_s
 from agent.inventory import VISIBLE, HostConfig
+from agent.plan import weight_cache_unit
 from agent.protocol.common import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.sglang import server_args, version_flags
 from agent.sglang.flags import FlagInput, FlagsError, exec_start_lines
@@ -118,6 +119,7 @@ def effective_flags(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[st
     if host.model.served_name and "served-model-name" not in host.sglang.flags:
         merged["served-model-name"] = host.model.served_name
     merged.update(host.sglang.flags)
+    merged.update(weight_cache_unit.engine_flags(host))  # [weight_cache]: client mode
     merged.update(flags)
     tail: dict[str, FlagInput] = {}
     if host.draft:
@@ -268,6 +270,12 @@ def _env_word(name: str, value: str) -> str:
     return f'"{text}"'
 
 
+def _environment_words(host: HostConfig) -> list[str]:
+    """The unit's public Environment= words: GPUs, the weight cache's folder, then the inventory's."""
+    env = {**gpu_environment(host), **weight_cache_unit.environment(host), **host.unit.environment}
+    return [_env_word(k, v) for k, v in env.items() if k not in secret_env(host)]
+
+
 def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[str, object]:
     """The values the template sees, every one already quoted or escaped for its directive."""
     public, secret = split_secret_flags(effective_flags(host, flags), host.unit.name)
@@ -281,11 +289,7 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
         "template_name": host.unit.template,
         "description": _specifiers(host.unit.description),
         "user": _specifiers(host.unit.user) if host.unit.user else None,
-        "environment": [
-            _env_word(k, v)
-            for k, v in {**gpu_environment(host), **host.unit.environment}.items()
-            if k not in secret_env(host)
-        ],
+        "environment": _environment_words(host),
         "cache_environment": [_env_word(k, v) for k, v in cache_environment(host).items()],
         "cache_directory": _specifiers(cache_directory(host)) if cache_environment(host) else None,
         "environment_file": (
@@ -294,6 +298,7 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
             else None
         ),
         "verbatim": host.unit.verbatim,
+        "weight_cache_lines": weight_cache_unit.engine_unit_lines(host),
         "load_credential": (
             _specifiers(f"{SECRET_CREDENTIAL}:{secret_path(secrets_dir, unit, 'flags.yaml')}")
             if secret

@@ -9,6 +9,7 @@ from typing import Any
 
 from agent.chart import draw, from_plan
 from agent.plan.choose import Plan
+from agent.plan.restart_time import RESTART_PHASES
 from agent.protocol.answers import BackupRow
 from agent.protocol.events import (
     DOWNTIME_PHASES,
@@ -39,6 +40,7 @@ class ApplyReport:
     data: OutcomeData
     next_plan: Plan | None = None  # on a rejected change: what the measured figures now recommend
     previous_downtime: DowntimeData | None = None  # the last verified start's, on the same host
+    restart_estimate_s: float | None = None  # what plan/restart_time.py expected the restart to cost
 
 
 def render_report(r: ApplyReport) -> str:
@@ -62,6 +64,7 @@ def render_report(r: ApplyReport) -> str:
     out += _router_lines(r.data.get("router"))
     out += _drain_lines(r.data.get("drain"))
     out += _downtime_lines(r.data.get("prewarm"), r.data.get("downtime"), r.previous_downtime)
+    out += _estimate_lines(r.restart_estimate_s, r.data.get("downtime"))
     out += _way_back(r)
     if r.plan is not None and r.outcome == "applied":
         out += _tradeoffs(r.plan, changes)
@@ -141,6 +144,19 @@ def _downtime_lines(
     return lines
 
 
+def _estimate_lines(estimate: float | None, now: DowntimeData | None) -> list[str]:
+    """The restart's estimate (stop to ready, plan/restart_time.py) against what those phases took."""
+    if estimate is None or not now or now.get("seconds") is None:
+        return []
+    took = sum(v for k, v in now["phases"].items() if k in RESTART_PHASES)
+    if not took:
+        return []
+    return [
+        f"restart estimate:      {estimate:.1f} s before; took {took:.1f} s (stop to ready), "
+        f"{took / estimate:.2f}x"
+    ]
+
+
 def _phases(seconds: Mapping[str, float]) -> str:
     """Phases in the order they happen (the wire sorts keys by name)."""
     return ", ".join(f"{p} {seconds[p]:.1f}" for p in DOWNTIME_PHASES if p in seconds)
@@ -180,7 +196,9 @@ def _way_back(r: ApplyReport) -> list[str]:
         )
     if r.outcome in ("rolled_back", "rollback_failed"):
         lines += ["", f"why:                   {r.data.get('reason', r.message)}"]
-        if r.next_plan is not None:
+        if r.data.get("failure_kind") == "pool_anomaly":
+            lines += _anomaly_lines(r.data.get("summary") or {})
+        elif r.next_plan is not None:
             lines.append(f"next recommendation:   {_next(r.next_plan)}")
     if r.outcome == "rollback_failed":
         lines += [
@@ -190,6 +208,27 @@ def _way_back(r: ApplyReport) -> list[str]:
             f"                       once fixed: deployctl status {r.host}",
         ]
     return lines
+
+
+def _anomaly_lines(s: StartFigures) -> list[str]:
+    """An SGLang anomaly: the evidence SGLang logged, and no new fraction (no fraction would explain it)."""
+    said = [
+        f"{label} {value}"
+        for label, value in (
+            ("--mem-fraction-static", s.get("mem_fraction_static")),
+            ("free before the weights (GB)", s.get("avail_mem_before_weights_gb")),
+            ("free after the weights (GB)", s.get("avail_mem_after_weights_gb")),
+            ("KV size (GB)", s.get("kv_size_gb")),
+            ("left after the pool (GB)", s.get("available_gpu_mem_gb")),
+        )
+        if value is not None
+    ]
+    return [
+        f"evidence:              SGLang logged {', '.join(said) or 'no memory figures'}",
+        "what to do:            no new fraction: these flags gave the planned pool on this host before;",
+        "                       look for memory SGLang kept or double-counted (sglang PR#36583, PR#34053)",
+        "                       and at its version before changing the flags again",
+    ]
 
 
 def _next(plan: Plan) -> str:

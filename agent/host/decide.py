@@ -7,6 +7,14 @@ from enum import Enum
 
 from agent.protocol.requests import Timeouts
 
+# A calibrated prediction lands within CELL_AGREEMENT (1.5 %) of the logged pool (agent/plan/model.py): the
+# interval the gate knows is planned x (1 +- margin). A logged pool off the plan by more than this share is
+# far outside it: no fraction step explains it, only memory SGLang took or left unused against its own
+# sizing (PR#36583: 1,741 tokens logged where 349,377 were due; PR#34053: weights held by the weight-cache
+# daemon sized into the pool twice).
+ANOMALY_SHARE = 0.25
+ANOMALY_WORDS = "the pool SGLang logged is not what these flags give on this host: an SGLang anomaly"
+
 # systemd states that mean the process is gone or being restarted by systemd itself.
 _DEAD_ACTIVE = {"failed", "inactive", "deactivating"}
 _DEAD_SUB = {"auto-restart", "failed", "dead", "stop-sigterm", "stop-sigkill", "final-sigterm"}
@@ -23,6 +31,9 @@ class Gate:
     # A multi-node service's node rank >= 1: it serves no HTTP and never logs "fired up" (SGLang
     # entrypoints/engine.py, node_rank >= 1): its own pool line on a running unit is its readiness.
     follower: bool = False
+    # planned_pool comes from a plan calibrated on this host's own earlier starts: a pool far from it is
+    # an anomaly of SGLang's, not a fraction to correct.
+    calibrated: bool = False
 
     @property
     def required_pool(self) -> int | None:
@@ -67,6 +78,7 @@ class Failure(str, Enum):
     SERVICE_FAILED = "service_failed"
     TIMEOUT = "timeout"
     NO_PROGRESS = "no_progress"
+    POOL_ANOMALY = "pool_anomaly"
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,9 @@ def decide(obs: Observation, gate: Gate, pool_passed: bool) -> Verdict:
     if obs.active_state in _DEAD_ACTIVE or obs.sub_state in _DEAD_SUB:
         return fail(f"the service stopped: {obs.active_state}/{obs.sub_state}", Failure.SERVICE_FAILED)
     if obs.kv_tokens is not None and not pool_passed:
+        odd = pool_anomaly(obs.kv_tokens, gate)
+        if odd is not None:
+            return fail(odd, Failure.POOL_ANOMALY)
         need = gate.required_pool
         if need is not None and obs.kv_tokens < need:
             return fail(_short(obs.kv_tokens, gate), Failure.POOL_SHORT)
@@ -107,6 +122,18 @@ def decide(obs: Observation, gate: Gate, pool_passed: bool) -> Verdict:
             return fail("the server is ready but logged no KV pool size", Failure.SGLANG_FAILURE)
         return Verdict(Action.READY, "the server is fired up and ready")
     return _timeouts(obs, gate.timeouts)
+
+
+def pool_anomaly(pool: int, gate: Gate) -> str | None:
+    """The anomaly verdict with its evidence, when a calibrated plan's pool is far from the logged one."""
+    planned = gate.planned_pool
+    if not gate.calibrated or not planned or abs(pool - planned) <= ANOMALY_SHARE * planned:
+        return None
+    low, high = int(planned * (1 - gate.margin)), int(planned * (1 + gate.margin))
+    return (
+        f"{ANOMALY_WORDS}: KV pool {pool:,} tokens logged, {pool / planned:.1%} of the {planned:,} "
+        f"calibrated on this host's own starts (interval {low:,}-{high:,})"
+    )
 
 
 def _short(pool: int, gate: Gate) -> str:

@@ -144,7 +144,14 @@ class Transaction:
         refused = self._check_with_sglang(self.req.unit_text)
         if refused is not None:
             return refused
-        gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts)
+        from agent.host.weight_cache import check as weight_cache_check
+
+        daemon = weight_cache_check(self.systemd, self.req.unit_dir, self.req.unit_text)
+        if daemon is not None:  # a dead daemon, or one holding another fingerprint: before any restart
+            self.log.emit(Stage.COMPARE, "warning", daemon)
+            return Result(Outcome.ERROR, daemon + "; nothing changed")
+        gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts,
+                    calibrated=self.req.pool_calibrated)  # fmt: skip
         text = self.req.unit_text
         return self._shadowed() or self._out_of_router(
             lambda: self._change(text, compared, gate, smoke=self.req.smoke)
@@ -746,6 +753,7 @@ class Transaction:
             "invocation": state.invocation_id,
             "start_seconds": round(started.seconds, 2),
             "downtime": down,
+            "prewarm": self.prewarmed.to_dict() if self.prewarmed is not None else None,
             **started.summary,
         }
         self.state.append_history(self.unit, entry)

@@ -71,7 +71,18 @@ def facts(req: Request) -> HostFacts:
         "last_txn": state_dir.last_txn(req.unit),
         "backups": [b.name for b in files.backups(req.unit)],
         "model_facts": model_facts.collect(text, lines, req.secret_names, req.unit),
+        "mem_available_bytes": _mem_available(),
     }
+
+
+def _mem_available() -> int | None:
+    """MemAvailable: what the page cache can hold of the checkpoint (plan/restart_time.py)."""
+    from agent.host.prewarm import mem_available
+
+    try:
+        return mem_available() or None
+    except OSError:
+        return None
 
 
 def unit_view(text: str | None, secret_names: Sequence[str]) -> UnitView:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
-from agent.protocol.events import DowntimeData, EventJson
+from agent.protocol.events import DowntimeData, EventJson, PrewarmData
 from agent.sglang.flags import FlagInput, FlagValue
 from agent.sglang.logs.summary import StartFigures
 
@@ -34,6 +34,7 @@ class HistoryEntry(StartFigures, total=False):
     invocation: str
     start_seconds: float
     downtime: DowntimeData
+    prewarm: PrewarmData | None  # the pre-warm before this start: whether its weights came from page cache
 
 
 class GpuProcess(TypedDict):
@@ -230,6 +231,7 @@ class HostFacts(TypedDict, total=False):
     last_txn: str | None
     backups: list[str]
     model_facts: FactsDoc | None  # plan/facts.py reads it
+    mem_available_bytes: int | None  # /proc/meminfo MemAvailable: whether the checkpoint fits in page cache
     orphan: bool
 
 

@@ -78,6 +78,7 @@ class Request:
     unit_text: str | None = None  # apply: the rendered unit
     target_context: int | None = None  # apply: the pool must hold at least this many tokens
     planned_pool: int | None = None  # apply: what the plan predicted
+    pool_calibrated: bool = False  # apply: planned_pool was calibrated on this host's own starts
     margin: float = 0.02
     http_host: str = "127.0.0.1"
     port: int = 30000
@@ -198,6 +199,7 @@ class Request:
         _check(_is_number(self.margin), "margin must be a number")
         _check(isinstance(self.detach, bool), "detach must be true or false")
         _check(isinstance(self.prewarm, bool), "prewarm must be true or false")
+        _check(isinstance(self.pool_calibrated, bool), "pool_calibrated must be true or false")
         _check(isinstance(self.drain, bool), "drain must be true or false")
         for value in (self.drain_timeout_s, self.drain_stop_allowance_s):
             _check(_is_number(value) and 0 <= value <= 86400, "drain seconds must be in [0, 86400]")

@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.sglang.flags import parse_unit_flags
 from tests import simhost
-from tests.bench import fleet, parse_bench, real, restart, restarts
+from tests.bench import fleet, parse_bench, real, restart, restarts, weight_cache
 from tests.bench.tools import Ansible, Deployctl, Run
 from tests.integration.conftest import wait_pool
 
@@ -225,6 +225,8 @@ def main() -> int:
             counted = restart_counts(sim, compared["dc"])
         say("booting a test host whose simulated weights are big enough to dominate a restart")
         downtime = restart.measure(a.downtime_rounds, Path(tmp), say)
+    say("a re-size start with the weight-cache daemon holding the weights, against loading them")
+    downtime |= weight_cache.measure(a.downtime_rounds, say)
     fleet_figures = fleet.measure(a.fleet_hosts, say=say) if a.fleet_hosts else {}
     real_figures = real.measure(a.real_rounds, say)
     say("parser throughput")

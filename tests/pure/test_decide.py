@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from agent.host.decide import Gate, Observation, decide
+from agent.host.decide import ANOMALY_SHARE, Gate, Observation, decide
 from agent.protocol.requests import Timeouts
 
 T = Timeouts(weights_s=100, pool_s=50, ready_s=30, no_progress_s=20)
@@ -86,3 +88,35 @@ def test_failures_are_seen_at_once(change: dict[str, object], kind: str) -> None
 def test_a_failure_line_wins_over_a_good_pool() -> None:
     obs = replace(START, kv_tokens=204_141, pool_at=5.0, failure_kind="rank_died", failure_line="Rank 3 died")
     assert decide(obs, GATE, pool_passed=True).kind == "sglang_failure"
+
+
+# PR#36583: SGLang logged 1,741 tokens where its own sizing gave 349,377 (loader temporaries still held).
+FORGED = replace(GATE, target_context=65_536, planned_pool=349_377, calibrated=True)
+
+
+def test_a_forged_pool_far_below_a_calibrated_plan_is_an_sglang_anomaly() -> None:
+    v = decide(replace(START, kv_tokens=1_741, pool_at=10.0), FORGED, pool_passed=False)
+    assert v.action == "fail" and v.kind == "pool_anomaly"
+    assert "the pool SGLang logged is not what these flags give on this host: an SGLang anomaly" in v.reason
+    assert "1,741" in v.reason and "349,377" in v.reason
+
+
+def test_a_pool_far_above_a_calibrated_plan_is_an_anomaly_too() -> None:
+    # PR#34053: the daemon's resident weights counted as free memory: a pool larger than the GPU allows.
+    v = decide(replace(START, kv_tokens=520_000, pool_at=10.0), FORGED, pool_passed=False)
+    assert v.kind == "pool_anomaly"
+
+
+def test_without_a_calibration_a_short_pool_stays_a_fraction_problem() -> None:
+    gate = replace(FORGED, calibrated=False)
+    v = decide(replace(START, kv_tokens=1_741, pool_at=10.0), gate, pool_passed=False)
+    assert v.kind == "pool_short"
+
+
+@given(st.integers(min_value=1, max_value=2_000_000))
+def test_anomaly_exactly_when_more_than_the_share_off_a_calibrated_plan(pool: int) -> None:
+    v = decide(replace(START, kv_tokens=pool, pool_at=10.0), FORGED, pool_passed=False)
+    far = abs(pool - 349_377) > ANOMALY_SHARE * 349_377
+    assert (v.kind == "pool_anomaly") is far
+    if not far:
+        assert v.kind in (None, "pool_short")

@@ -87,3 +87,23 @@ def test_backups_table_lists_newest_first_with_their_flag_differences() -> None:
     text = backups_table("ct200", rows)
     assert text.index("b2") < text.index("b1") and "(same as installed)" in text
     assert "--context-length: 32768 in the backup, 200000 installed" in text
+
+
+def test_an_sglang_anomaly_quotes_the_evidence_and_suggests_no_fraction() -> None:
+    case = json.loads((GOLDEN / "rolled_back_anomaly.json").read_text())
+    text = render_report(build(case))  # build() passes a next plan: the report must not show it
+    assert "the pool SGLang logged is not what these flags give on this host: an SGLang anomaly" in text
+    assert "KV size (GB) 0.11" in text and "--mem-fraction-static 0.922" in text
+    assert "next recommendation" not in text and "no new fraction" in text
+
+
+def test_the_report_compares_the_restart_estimate_with_what_the_restart_took() -> None:
+    from dataclasses import replace
+
+    case = json.loads((GOLDEN / "applied_200k.json").read_text())
+    case["data"]["downtime"] = {
+        "seconds": 60.0,
+        "phases": {"drain": 5.0, "stop": 2.0, "init": 10.0, "weights": 30.0, "ready": 8.0, "smoke": 5.0},
+    }
+    text = render_report(replace(build(case), restart_estimate_s=40.0))
+    assert "restart estimate:      40.0 s before; took 50.0 s (stop to ready), 1.25x" in text

@@ -152,3 +152,39 @@ def test_an_empty_expectation_is_the_sha_of_nothing(host: Host) -> None:
     host.put(host.etc, "")
     result = host.transaction(host.request(NEW, expect_sha256=sha256(""))).apply()
     assert result.outcome is Outcome.APPLIED, result.message
+
+
+# -- the weight-cache daemon (agent/host/weight_cache.py) --------------------------------------------------
+def _client(context: int) -> str:
+    text = unit_text(context).replace("--context-length", "--weight-cache-mode client --context-length")
+    return text.replace("[Unit]\n", "[Unit]\nBindsTo=sglang-weight-cache.service\n")
+
+
+def test_an_engine_in_client_mode_without_its_daemon_is_refused_before_any_restart(host: Host) -> None:
+    host.install(host.etc, unit_text(OLD))
+    result = host.transaction(host.request(NEW, unit_text=_client(NEW))).apply()
+    assert (
+        result.outcome is Outcome.ERROR and "sglang-weight-cache.service is not installed" in result.message
+    )
+    assert (host.etc / UNIT).read_text() == unit_text(OLD) and host.systemd.restarts == 0
+
+
+def test_an_engine_in_client_mode_onto_a_daemon_with_another_fingerprint_is_refused(host: Host) -> None:
+    import os
+
+    host.install(host.etc, unit_text(OLD))
+    argv = "/opt/sglang/bin/python -m sglang.srt.weight_cache.daemon --model-path /other"
+    (host.etc / "sglang-weight-cache.service").write_text(f"[Service]\nExecStart={argv}\n")
+    ready = host.root / "run/wc"
+    ready.mkdir(parents=True)
+    (ready / "GPU-0.ready").write_text(str(os.getpid()))  # a live daemon, ready
+    host.systemd.active = "active"  # the fake reports one state for every unit: the daemon's too
+    env = f"Environment=SGLANG_WEIGHT_CACHE_READY_TEMPLATE={ready}/{{device_uuid}}.ready\n"
+    text = _client(NEW).replace("[Service]\n", "[Service]\n" + env)
+    result = host.transaction(host.request(NEW, unit_text=text)).apply()
+    assert result.outcome is Outcome.ERROR, result.message
+    assert (
+        "holds another fingerprint (model-path differ)" in result.message
+        and "nothing changed" in result.message
+    )
+    assert host.systemd.restarts == 0 and (host.etc / UNIT).read_text() == unit_text(OLD)

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from agent.inventory import HostConfig
     from agent.plan.choose import Plan, Target
     from agent.plan.model import Flags
+    from agent.plan.restart_time import RestartEstimate
     from agent.plan.startcheck import Planned
+    from agent.protocol import HostFacts
     from agent.sglang.flags import FlagInput
     from agent.sglang.logs.summary import StartFigures
 
@@ -85,17 +87,32 @@ def run(args: argparse.Namespace, out: Output) -> int:
     history, set_aside = checked_starts(args.from_log, planned)
     running: Flags = host.sglang.flags
     asked = _asked(change)
+    facts = None
     if not args.from_log and not args.offline:
-        from_host, history, running = _from_host(args, host, change, asked)
+        from_host, history, running, facts = _from_host(args, host, change, asked)
         if from_host is not None:
-            return _printed(out, args, host.name, from_host, running)
+            return _printed(out, args, host.name, from_host, running, _restart(host, facts, from_host))
     plan = plan_for_host(host, asked, history or None, running)
-    return _printed(out, args, host.name, replace(plan, notes=(*set_aside, *plan.notes)), running)
+    restart = _restart(host, facts, plan) if facts is not None else None
+    return _printed(out, args, host.name, replace(plan, notes=(*set_aside, *plan.notes)), running, restart)
+
+
+def _restart(host: HostConfig, facts: HostFacts, plan: Plan) -> RestartEstimate | None:
+    """What the restart will cost, from the host's last start (plan/restart_time.py)."""
+    from agent.apply import restart_for
+    from agent.errors import RenderError
+    from agent.render import render_unit, template_dir
+
+    flags = {**host.sglang.flags, **plan.flags()}
+    try:
+        return restart_for(host, facts, render_unit(host, flags, template_dir()), flags)
+    except RenderError:
+        return None
 
 
 def _from_host(
     args: argparse.Namespace, host: HostConfig, change: Change, asked: Target
-) -> tuple[Plan | None, Sequence[StartFigures], Flags]:
+) -> tuple[Plan | None, Sequence[StartFigures], Flags, HostFacts]:
     """Ask the host for its facts: the plan from its config.json when it read one, its earlier starts and
     the running unit's flags."""
     from agent.apply import calibration_from, with_set_flags
@@ -108,19 +125,26 @@ def _from_host(
         facts = with_set_flags(host, change, as_facts(s.client.call(base_request(s.host, "facts"))))[1]
     history = [h.copy() for h in calibration_from(facts) or []]
     running: Flags = facts.get("flags") or host.sglang.flags
-    return plan_from_host_facts(host, facts, history, asked), history, running
+    return plan_from_host_facts(host, facts, history, asked), history, running, facts
 
 
-def _printed(
-    out: Output, args: argparse.Namespace, name: str, plan: Plan, running: Mapping[str, FlagInput]
+def _printed(  # noqa: PLR0913 - the plan, where it runs now, and its restart estimate
+    out: Output,
+    args: argparse.Namespace,
+    name: str,
+    plan: Plan,
+    running: Mapping[str, FlagInput],
+    restart: RestartEstimate | None = None,
 ) -> int:
     """Print the plan (JSON, or the notes and the chart) and return its exit status."""
     from agent.report import plan_with_chart
 
     if args.json:
-        out.print(json.dumps(plan.to_dict(), indent=2))
+        estimate = restart.to_dict() if restart else {"restart_estimate_s": None}
+        out.print(json.dumps({**plan.to_dict(), **estimate}, indent=2))
     else:
-        out.print(plan_with_chart(name, plan, running, unicode=out.style is Style.TTY))
+        text = plan_with_chart(name, plan, running, unicode=out.style is Style.TTY)
+        out.print(text + ("\n" + "\n".join(restart.lines()) if restart else ""))
     return verdict(plan)
 
 

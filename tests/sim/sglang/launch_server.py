@@ -12,6 +12,7 @@ import sys
 
 from . import sizing as sz
 from .startup import Launch
+from .weightcache import SPECULATIVE_REFUSAL
 
 V = tuple[int, int, int]
 
@@ -77,6 +78,12 @@ def build_parser(v: V) -> argparse.ArgumentParser:
     add("--log-level", default="info")
     add("--api-key")
     add("--admin-api-key")
+    add("--quantization")
+    add("--dtype", default="auto")
+    if v >= (0, 5, 23):  # srt/arg_groups/fields/model.py
+        add("--weight-cache-mode", default="off", choices=["off", "daemon", "client"])
+        add("--weight-cache-socket")
+        add("--weight-cache-timeout", type=int, default=1800)
     return p
 
 
@@ -139,6 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.speculative_algorithm == "DFLASH" and not args.speculative_draft_model_path:
         parser.error("--speculative-algorithm DFLASH requires --speculative-draft-model-path")
     check_nodes(parser, args)
+    if getattr(args, "weight_cache_mode", "off") != "off" and args.speculative_algorithm:
+        print(SPECULATIVE_REFUSAL, file=sys.stderr, flush=True)  # model_path_hook.py, before any load
+        raise SystemExit(1)
     if env.get("SGLANG_SIM_DIE_AFTER_S") and not hw.fault:  # the knob alone: a rank that dies later
         hw = dataclasses.replace(hw, fault="die_after_ready")
     if not fault_applies(args, env):

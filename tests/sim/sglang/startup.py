@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from . import oracle
 from . import sizing as sz
+from . import weightcache as wc
 from .multinode import Follower, Leader, PeerLost, RendezvousFailed, gloo_error, parse_addr
 from .output import Out, traceback_lines
 from .serve import State, make_placeholder, make_server
@@ -297,6 +298,14 @@ class Launch:
         return self.hw.pre_gib + self.spreads[r]
 
     def load(self, ckpt: Checkpoint, before: list[float]) -> None:
+        """The weights: mapped from a weight-cache daemon (client mode), else read from the checkpoint."""
+        if not self.mapped_from_daemon(ckpt):
+            self.read_checkpoint(ckpt, before)
+            return
+        for r in self.order():  # the weights stay the daemon's: the same memory is in use (PR#34053)
+            self.out.log(self.load_end(ckpt.arch, before[r] - ckpt.weights_gib, ckpt.weights_gib, 0.05), r)
+
+    def read_checkpoint(self, ckpt: Checkpoint, before: list[float]) -> None:
         """Per-rank begin/end lines around a progress bar on global rank 0 (\\r-redrawn from 0.5).
 
         Each shard really reads its share of the weight files in the model folder (so the page cache matters,
@@ -332,6 +341,25 @@ class Launch:
             self.out.raw("", end="\n" if cr else "")
         for r in self.order():
             self.out.log(self.load_end(arch, before[r] - weights, weights, time.monotonic() - start), r)
+
+    def mapped_from_daemon(self, ckpt: Checkpoint) -> bool:
+        """--weight-cache-mode client (ipc_loader.py): wait for a ready daemon (--weight-cache-timeout),
+        map its weights when the fingerprint matches, else load from disk as SGLang falls back."""
+        if getattr(self.a, "weight_cache_mode", "off") != "client" or ckpt.folder != self.a.model_path:
+            return False
+        deadline = time.monotonic() + self.a.weight_cache_timeout
+        found = wc.lookup(self.a, self.env)
+        while found == "absent" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            found = wc.lookup(self.a, self.env)
+        if found == "absent":
+            self.die([f"TimeoutError: weight cache daemon not ready within {self.a.weight_cache_timeout} s"])
+        if found == "mismatch":
+            self.out.log("[IpcModelLoader] daemon CacheConfig mismatch; falling back to disk loading", 0)
+            return False
+        self.pause(0.05)
+        self.out.log("[IpcModelLoader] Loaded model via IPC (mode=client)", 0)
+        return True
 
     def draft_checkpoint(self, weights: float) -> Checkpoint:
         """The draft: one shard, loaded in an eighth of the target's time."""

@@ -1,0 +1,121 @@
+"""The weight-cache daemon's own unit, and what the engine's unit gains in client mode.
+
+systemd semantics chosen (systemd.unit(5)):
+- the engine has `BindsTo=` + `After=` the daemon: it starts only once the daemon runs, and stops when the
+  daemon stops or dies (its weights are gone); restarting the engine alone never touches the daemon,
+  because dependencies point from the engine to the daemon, not back;
+- the engine has `PartOf=` the daemon: `systemctl restart` of the daemon (a fingerprint change) restarts
+  the engine after it, so both come up in order;
+- the daemon names nothing of the engine's (no `PartOf=`, no `BindsTo=`): an engine restart leaves it
+  running with the weights resident.
+Both units set SGLang's socket and ready templates to one folder under /run that the daemon's
+`RuntimeDirectory=` creates (SGLang's default is /tmp, which `PrivateTmp=` would split).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from agent.inventory import HostConfig
+from agent.sglang import weight_cache as wc
+from agent.sglang.flags import FlagInput, exec_start_lines
+
+DAEMON_MODULE = "sglang.srt.weight_cache.daemon"
+
+
+def daemon_unit_name(engine_unit: str) -> str:
+    """sglang.service -> sglang-weight-cache.service (one daemon per service)."""
+    stem = engine_unit.removesuffix(".service")
+    return f"{stem}-weight-cache.service"
+
+
+def runtime_dir(engine_unit: str) -> str:
+    return daemon_unit_name(engine_unit).removesuffix(".service")
+
+
+def engine_flags(host: HostConfig) -> dict[str, FlagInput]:
+    """The engine's flags in client mode (srt/arg_groups/fields/model.py)."""
+    if not host.weight_cache.enabled:
+        return {}
+    return {"weight-cache-mode": "client", "weight-cache-timeout": host.weight_cache.timeout_s}
+
+
+def environment(host: HostConfig) -> dict[str, str]:
+    """SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE / _READY_TEMPLATE for both units."""
+    if not host.weight_cache.enabled:
+        return {}
+    return wc.templates(f"/run/{runtime_dir(host.unit.name)}")
+
+
+def engine_unit_lines(host: HostConfig) -> list[str]:
+    """The engine's [Unit] lines that tie it to its daemon."""
+    if not host.weight_cache.enabled:
+        return []
+    daemon = daemon_unit_name(host.unit.name)
+    return [f"BindsTo={daemon}", f"After={daemon}", f"PartOf={daemon}"]
+
+
+def python_of(executable: list[str]) -> str:
+    """The interpreter of the engine's venv: the program itself when it is a python, else `<bin>/python`
+    beside a `sglang` script."""
+    program = executable[0] if executable else "/usr/bin/python3"
+    head, _, name = program.rpartition("/")
+    if name.startswith("python"):
+        return program
+    return f"{head}/python" if head else "python3"
+
+
+def daemon_flags(flags: Mapping[str, FlagInput]) -> dict[str, FlagInput]:
+    """The engine's flags the daemon must share (its fingerprint: protocol.py CacheConfig), and nothing
+    that sizes the pool: a re-size keeps the daemon running."""
+    keep = set(wc.FINGERPRINT_FLAGS) | {
+        "tensor-parallel-size",
+        "tp",
+        "pipeline-parallel-size",
+        "trust-remote-code",
+    }
+    return {k: v for k, v in flags.items() if k in keep}
+
+
+def render_daemon_unit(host: HostConfig, flags: Mapping[str, FlagInput], gpu_env: Mapping[str, str]) -> str:
+    """The daemon's unit text: the same user, GPUs and fingerprint flags as the engine."""
+    argv = exec_start_lines(
+        [python_of(list(host.sglang.executable)), "-m", DAEMON_MODULE], daemon_flags(flags)
+    )
+    env = {**gpu_env, **environment(host)}
+    lines = [
+        f"# Rendered by deployctl for host {host.name}: SGLang's weight-cache daemon for {host.unit.name}.",
+        "# It holds the weights in GPU memory across engine restarts; an engine restart leaves it running.",
+        "[Unit]",
+        f"Description=SGLang weight cache for {host.unit.name}",
+        f"Before={host.unit.name}",
+        "StartLimitIntervalSec=0",
+        "",
+        "[Service]",
+        "Type=simple",
+        *([f"User={host.unit.user}"] if host.unit.user else []),
+        *[f'Environment="{k}={v}"' for k, v in env.items()],
+        f"RuntimeDirectory={runtime_dir(host.unit.name)}",
+        "ExecStart=" + " \\\n    ".join(argv),
+        "Restart=on-failure",
+        "RestartSec=30",
+        "LimitMEMLOCK=infinity",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def refusal(
+    host: HostConfig, flags: Mapping[str, FlagInput], quant: tuple[str, bool], device: str
+) -> str | None:
+    """Why the weight cache cannot serve this service, in SGLang's words; quant: (method, block-wise)."""
+    if not host.weight_cache.enabled:
+        return None
+    private = any(line.split("=", 1)[0] == "PrivateTmp" for line in host.unit.verbatim.get("Service", []))
+    speculative = {**flags, **({"speculative-algorithm": host.draft.algorithm} if host.draft else {})}
+    said = wc.refusals(speculative, quant[0], quant[1], device, private)
+    return (
+        f"[weight_cache] enabled cannot serve {host.name}: {said[0]}; nothing was changed" if said else None
+    )

@@ -39,14 +39,14 @@ BIG_CLASS = 350
 # sglang/kvlayout.py 651), 1 big class (Transaction, 835 lines). The wire split by what it carries took one
 # cycle and one big file out, one host's session (orchestrate/session.py) and the fleet's one-host steps
 # (fleet/steps.py) two cycles; the ceilings below are what is left, to fall to 0 (the transaction's steps,
-# plan/'s split, kvlayout's).
+# plan's split); the architecture tables out of kvlayout.py (sglang/architectures.py) took one big file.
 CEILINGS = {
     "untyped": 37,
     "long_functions": 0,
     "private_imports": 0,
     "flat_modules": 12,
     "import_cycles": 1,
-    "big_files": 3,
+    "big_files": 2,
     "big_classes": 1,
 }
 

@@ -89,7 +89,11 @@ def confirm(out: Output, yes: bool, host: HostConfig) -> None:
         return
     if not out.stdin_isatty:
         raise UsageError("not on a terminal and --yes not given: refusing to restart without confirmation")
-    answer = input(f"apply to {host.name} and restart {host.unit.name}? [y/N] ")
+    try:
+        answer = input(f"apply to {host.name} and restart {host.unit.name}? [y/N] ")
+    except EOFError:  # Ctrl-D: no
+        answer = ""
+        print(file=out.stderr)
     if answer.strip().lower() not in ("y", "yes"):
         raise UsageError("not confirmed; nothing was changed")
 

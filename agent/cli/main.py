@@ -13,7 +13,7 @@ from agent import __version__
 from agent.cli.commands import adopt, apply, backups, facts, fleet, parse_log, plan, render, rollback, status
 from agent.errors import DeployError, UsageError
 from agent.exitcodes import ExitCode
-from agent.output import Output, closed_pipe, terminal_text
+from agent.output import Output, closed_pipe, encodable, terminal_text
 
 # name -> (its module: configure(parser) and run(args, out), one-line help). Names are the public contract.
 COMMANDS: dict[str, tuple[ModuleType, str]] = {
@@ -102,6 +102,11 @@ def _refuse_dashes_value(args: Sequence[str]) -> None:
             raise UsageError(f"{name}: '--' is not a value", hint="see: deployctl --help")
 
 
+def _say(out: Output, line: str) -> None:
+    """One line to stderr: no control character, and only what its encoding can write."""
+    print(encodable(terminal_text(line, keep=""), out.stderr), file=out.stderr)
+
+
 def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     """Run one command; every expected failure ends as `deployctl: error: <one line>` and its code."""
     out = out or Output.from_process()
@@ -116,10 +121,10 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     except DeployError as exc:
         if debug:
             traceback.print_exc(file=out.stderr)
-        print(f"deployctl: error: {terminal_text(exc.message, keep='')}", file=out.stderr)
+        _say(out, f"deployctl: error: {exc.message}")
         hint = _with_help(exc.hint, args_list) if isinstance(exc, UsageError) else exc.hint
         if hint:
-            print(f"deployctl: hint: {terminal_text(hint, keep='')}", file=out.stderr)
+            _say(out, f"deployctl: hint: {hint}")
         return int(exc.exit_code)
     except BrokenPipeError:  # stdout's reader went away outside Output.write: drop the rest quietly
         closed_pipe(sys.stdout)
@@ -132,9 +137,6 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     except Exception as exc:  # a bug: one line, the traceback with --debug
         if debug:
             traceback.print_exc(file=out.stderr)
-        print(
-            f"deployctl: error: internal error: {type(exc).__name__}: {terminal_text(str(exc), keep='')}",
-            file=out.stderr,
-        )
+        _say(out, f"deployctl: error: internal error: {type(exc).__name__}: {exc}")
         print("deployctl: hint: run again with --debug for the traceback", file=out.stderr)
         return int(ExitCode.INTERNAL)

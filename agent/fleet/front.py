@@ -75,7 +75,10 @@ def apply(args: argparse.Namespace, out: Output) -> int:
             raise UsageError(
                 "not on a terminal and --yes not given: refusing to restart without confirmation"
             )
-        answer = input(f"roll {args.context:,} tokens out to {len(hosts)} hosts of {args.group}? [y/N] ")
+        try:
+            answer = input(f"roll {args.context:,} tokens out to {len(hosts)} hosts of {args.group}? [y/N] ")
+        except EOFError:  # Ctrl-D: no
+            answer = ""
         if answer.strip().lower() not in ("y", "yes"):
             raise UsageError("not confirmed; nothing was changed")
     extra = {

@@ -197,8 +197,10 @@ def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[StartFi
 
 
 def _lines(path: Path) -> list[str]:
-    try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
-    except OSError as exc:
-        raise UsageError(f"--from-log {str(path)!r}: cannot read: {exc.strerror or exc}") from None
-    return text.replace("\r", "\n").splitlines()  # journald and tqdm both end lines with \r at times
+    """The log's lines, refused as parse-log refuses it when no line of it is SGLang's."""
+    from agent.cli.commands.parse_log import is_sglang_log, no_sglang, read_log
+
+    lines = read_log(path, f"--from-log {str(path)!r}")
+    if not is_sglang_log(lines):
+        raise no_sglang(f"--from-log {str(path)!r}")
+    return lines

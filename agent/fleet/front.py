@@ -75,11 +75,7 @@ def apply(args: argparse.Namespace, out: Output) -> int:
             raise UsageError(
                 "not on a terminal and --yes not given: refusing to restart without confirmation"
             )
-        try:
-            answer = input(f"roll {args.context:,} tokens out to {len(hosts)} hosts of {args.group}? [y/N] ")
-        except EOFError:  # Ctrl-D: no
-            answer = ""
-        if answer.strip().lower() not in ("y", "yes"):
+        if not _yes(f"roll {args.context:,} tokens out to {len(hosts)} hosts of {args.group}? [y/N] "):
             raise UsageError("not confirmed; nothing was changed")
     extra = {
         "deployctl_group": args.group,
@@ -140,3 +136,11 @@ def status(args: argparse.Namespace, out: Output) -> int:
                 out.print(f"WARNING: {r['host']}: {r['warning']}")
     unreachable = any(not r.get("reachable") for r in rows)
     return int(ExitCode.UNREACHABLE if unreachable else ExitCode.OK)
+
+
+def _yes(question: str) -> bool:
+    """A person's yes; Ctrl-D (end of input) is no."""
+    try:
+        return input(question).strip().lower() in ("y", "yes")
+    except EOFError:
+        return False

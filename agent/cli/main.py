@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import traceback
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # a deploy tool does not guess: --for is not --force
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -94,6 +96,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parsers_for(parser: argparse.ArgumentParser, args: Sequence[str]) -> list[argparse.ArgumentParser]:
+    """The parser and the (sub)command parsers the words choose: deployctl, plan; deployctl, fleet, apply."""
+    chain = [parser]
+    words = iter(a for a in args if not a.startswith("-"))
+    while True:
+        subs = [a for a in chain[-1]._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return chain
+        word = next((w for w in words if w in subs[0].choices), None)
+        if word is None:
+            return chain
+        chain.append(subs[0].choices[word])
+
+
+def _refuse_unknown_options(parser: argparse.ArgumentParser, args: Sequence[str]) -> None:
+    """An option no parser on the way knows is named, with the closest one: before argparse's own
+    checks, which would otherwise report a required option as missing (`--contxt 200k`)."""
+    chain = _parsers_for(parser, args)
+    known = sorted({o for p in chain for o in p._option_string_actions})
+    for arg in args:
+        if arg == "--":
+            return
+        name = arg.partition("=")[0]
+        if name.startswith("-") and len(name) > 1 and name not in known and not _is_number(name):
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            guess = f"; did you mean {close[0]}?" if close else ""
+            raise UsageError(f"unrecognized {name}{guess}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _refuse_dashes_value(args: Sequence[str]) -> None:
     """`--flag=--` is refused here: argparse (3.11) turns it into [] without calling the flag's parser."""
     for arg in args:
@@ -114,7 +153,9 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     debug = "--debug" in args_list
     try:
         _refuse_dashes_value(args_list)
-        args = build_parser().parse_args(args_list)
+        parser = build_parser()
+        _refuse_unknown_options(parser, args_list)
+        args = parser.parse_args(args_list)
         if args.command is None:
             raise UsageError("a command is required", hint=f"one of: {', '.join(COMMANDS)}")
         return int(args.run(args, out))

@@ -185,3 +185,24 @@ def test_from_log_of_no_sglang_log_is_refused_as_parse_log_refuses(tmp_path: Pat
         run_cli("plan", "ct200", "--offline", "--context", "200k", "--from-log", str(path)), "no SGLang line"
     )
     assert parse[parse.index("no SGLang line") :] == plan[plan.index("no SGLang line") :]
+
+
+# --- no guessing -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("plan", "ct200", "--offline", "--cont", "200k"),
+        ("apply", "ct200", "--context", "200k", "--for", "--dry-run"),
+        ("render", "ct200", "--context", "200k", "--mem-frac", "0.9"),
+        ("fleet", "apply", "gpu", "--context", "200k", "--can", "1"),
+    ],
+)
+def test_option_prefixes_are_not_taken(argv: tuple[str, ...]) -> None:
+    assert_one_line(run_cli(*argv), "unrecognized")
+
+
+def test_a_typo_is_named_with_the_option_meant() -> None:
+    line = assert_one_line(run_cli("plan", "ct200", "--offline", "--contxt", "200k"))
+    assert line == "deployctl: error: unrecognized --contxt; did you mean --context?"

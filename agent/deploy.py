@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
-from agent.cli.options import Change, Connection
+from agent.cli.options import NO_TERMINAL, Change, Connection
 from agent.errors import ConnectError, UsageError
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_service, units_dir
@@ -88,7 +88,7 @@ def confirm(out: Output, yes: bool, host: HostConfig) -> None:
     if yes:
         return
     if not out.stdin_isatty:
-        raise UsageError("not on a terminal and --yes not given: refusing to restart without confirmation")
+        raise UsageError(NO_TERMINAL)
     try:
         answer = input(f"apply to {host.name} and restart {host.unit.name}? [y/N] ")
     except EOFError:  # Ctrl-D: no

@@ -379,6 +379,19 @@ class HostConfig(_Model):
                 raise ValueError(f"sglang.flags.{flag}: [nodes] sets it for each node; leave it out")
         return self
 
+    @model_validator(mode="after")
+    def _flags_by_the_rules(self) -> HostConfig:
+        """[sglang.flags] by the rules --set and facts follow too (sglang/flagrules.py)."""
+        from agent.sglang import flagrules
+
+        flags = flagrules.canonical_flags(self.sglang.flags, self.sglang.version, "sglang.flags")
+        for name, value in flags.items():
+            elsewhere = flagrules.set_elsewhere(name) if name not in ("model-path", "model") else None
+            problem = elsewhere or flagrules.value_problem(name, value)
+            if problem:
+                raise ValueError(f"sglang.flags.{name}: {problem}")
+        return self
+
     @property
     def node_targets(self) -> tuple[str, ...]:
         """The SSH targets this service runs on, node rank 0 first (one for a single-host service)."""

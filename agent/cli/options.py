@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import UsageError
+from agent.sglang import flagrules
 from agent.sglang.flags import FlagInput
 
 MAX_CONTEXT = 10_000_000
@@ -100,6 +101,10 @@ def parse_set(text: str) -> tuple[str, FlagInput]:
             hint="e.g. --set mem-fraction-static=0.94 or --set enable-metrics=true",
         )
     check_text(f"--set {name}", value)
+    name = flagrules.canonical(name, flagrules.TABLE_VERSION)  # --tensor-parallel-size is --tp-size
+    said = flagrules.set_elsewhere(name) or flagrules.value_problem(name, value)
+    if said:
+        raise UsageError(f"--set {name}: {said}")
     if name in OPTION_FLAGS:
         try:
             return name, OPTION_FLAGS[name][1](value, f"--set {name}")
@@ -203,6 +208,16 @@ def add_target_args(
         metavar="N",
         help="keep this many concurrent requests instead of the planner's choice",
     )
+
+
+NO_TERMINAL = "not on a terminal and --yes not given: refusing to restart without confirmation"
+
+
+def refuse_unconfirmed(yes: bool, stdin_isatty: bool) -> None:
+    """Without a terminal to ask on, --yes is required: refused before any connection is made, so nothing
+    (not even a recovery of an earlier change) runs on the host."""
+    if not yes and not stdin_isatty:
+        raise UsageError(NO_TERMINAL, hint="add --yes (cron, CI), or run it on a terminal")
 
 
 def add_yes_arg(p: argparse.ArgumentParser) -> None:

@@ -10,6 +10,9 @@ from collections.abc import Mapping
 
 from agent.sglang.server_args import table_for
 
+# The release whose table deployctl ships (agent/sglang/data/server_args-<version>.json) and checks --set by.
+TABLE_VERSION = "0.5.23"
+
 # Counts and sizes SGLang's parser reads as any int (server_args.py add_cli_args: type=int) but its start
 # divides by or ranges over (sglang/srt/server_args.py, the scheduler and the memory pool): 0 or less is a
 # crash at start, never a plan.

@@ -206,3 +206,82 @@ def test_option_prefixes_are_not_taken(argv: tuple[str, ...]) -> None:
 def test_a_typo_is_named_with_the_option_meant() -> None:
     line = assert_one_line(run_cli("plan", "ct200", "--offline", "--contxt", "200k"))
     assert line == "deployctl: error: unrecognized --contxt; did you mean --context?"
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("tp-size=0", ("--set tp-size", ">= 1")),
+        ("tp-size=-8", ("--set tp-size", ">= 1")),
+        ("tensor-parallel-size=0", ("--set tp-size", ">= 1")),
+        ("page-size=0", ("--set page-size", ">= 1")),
+        ("served-model-name=", ("--set served-model-name", "empty")),
+        ("json-model-override-args={bad", ("--set json-model-override-args", "JSON")),
+        ("model-path=/models/other", ("--set model-path", "[model] path")),
+        ("model=/models/other", ("--set model-path", "[model] path")),
+        ("port=31000", ("--set port", "[sglang] port")),
+        ("host=0.0.0.0", ("--set host", "[sglang] host")),
+        ("nnodes=2", ("--set nnodes", "[nodes]")),
+        ("node-rank=1", ("--set node-rank", "[nodes]")),
+        ("dist-init-addr=10.0.0.1:5000", ("--set dist-init-addr", "[nodes]")),
+    ],
+)
+def test_set_refuses_what_sglang_would_misread(value: str, words: tuple[str, ...]) -> None:
+    for command in ("plan", "render"):
+        argv = (command, "ct200", "--context", "200k", "--set", value)
+        assert_one_line(run_cli(*argv, *(["--offline"] if command == "plan" else [])), *words)
+
+
+def test_set_of_an_alias_replaces_the_flag() -> None:
+    code, stdout, stderr = run_cli(
+        "render",
+        "ct200",
+        "--context",
+        "32k",
+        "--mem-fraction-static",
+        "0.85",
+        "--set",
+        "tensor-parallel-size=4",
+    )
+    assert code == 0, stderr
+    assert "--tensor-parallel-size" not in stdout and "--tp-size 4" in stdout and "--tp-size 8" not in stdout
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("port = 31000", ("sglang.flags.port", "[sglang] port")),
+        ('host = "0.0.0.0"', ("sglang.flags.host", "[sglang] host")),
+        ("nnodes = 2", ("sglang.flags.nnodes", "[nodes]")),
+        ("node-rank = 0", ("sglang.flags.node-rank", "[nodes]")),
+        ('dist-init-addr = "10.0.0.1:5000"', ("sglang.flags.dist-init-addr", "[nodes]")),
+        ("page-size = 0", ("sglang.flags.page-size", ">= 1")),
+        ("tensor-parallel-size = 8", ("tensor-parallel-size", "tp-size")),
+        ('served-model-name = ""', ("sglang.flags.served-model-name",)),
+    ],
+)
+def test_inventory_flags_follow_the_same_rules(tmp_path: Path, line: str, words: tuple[str, ...]) -> None:
+    text = (
+        (UNITS / "ct200.toml")
+        .read_text(encoding="utf-8")
+        .replace("[sglang.flags]\n", f"[sglang.flags]\n{line}\n")
+    )
+    (tmp_path / "u").mkdir()
+    (tmp_path / "u" / "ct200.toml").write_text(text, encoding="utf-8")
+    assert_one_line(run_cli("plan", "ct200", "--offline", "--context", "200k", units=tmp_path / "u"), *words)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("apply", "ct200", "--context", "200k"), ("rollback", "ct200"), ("rollback", "ct200", "--to", "x")],
+)
+def test_without_a_terminal_and_yes_nothing_connects(
+    monkeypatch: pytest.MonkeyPatch, argv: tuple[str, ...]
+) -> None:
+    from agent import deploy
+
+    def connects(*_: object, **__: object) -> None:
+        raise AssertionError("connected before refusing")
+
+    monkeypatch.setattr(deploy, "open_transport", connects)
+    assert_one_line(run_cli(*argv), "not on a terminal", "--yes")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli.options import Connection, add_connection_args, add_host_arg, add_yes_arg
+from agent.cli.options import Connection, add_connection_args, add_host_arg, add_yes_arg, refuse_unconfirmed
 from agent.output import Output
 
 
@@ -25,4 +25,5 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent import deploy  # SSH and the planner load only when a command runs
 
     out.json, out.quiet = args.json, args.quiet
+    refuse_unconfirmed(args.yes, out.stdin_isatty)
     return deploy.rollback(Connection.of(args), args.to, out, yes=args.yes)

@@ -251,9 +251,9 @@ def test_set_of_an_alias_replaces_the_flag() -> None:
     ("line", "words"),
     [
         ("port = 31000", ("sglang.flags.port", "[sglang] port")),
-        ('host = "0.0.0.0"', ("sglang.flags.host", "[sglang] host")),
+        ('host = "10.0.0.9"', ("sglang.flags.host", "[sglang] host")),
         ("nnodes = 2", ("sglang.flags.nnodes", "[nodes]")),
-        ("node-rank = 0", ("sglang.flags.node-rank", "[nodes]")),
+        ("node-rank = 1", ("sglang.flags.node-rank", "[nodes]")),
         ('dist-init-addr = "10.0.0.1:5000"', ("sglang.flags.dist-init-addr", "[nodes]")),
         ("page-size = 0", ("sglang.flags.page-size", ">= 1")),
         ("tensor-parallel-size = 8", ("tensor-parallel-size", "tp-size")),
@@ -285,3 +285,17 @@ def test_without_a_terminal_and_yes_nothing_connects(
 
     monkeypatch.setattr(deploy, "open_transport", connects)
     assert_one_line(run_cli(*argv), "not on a terminal", "--yes")
+
+
+def test_attention_has_no_default_it_is_asked_for_by_name(tmp_path: Path) -> None:
+    """docs/topologies.md's Qwen3-235B names no attention: offline, it is asked for, not guessed as MLA."""
+    (tmp_path / "u").mkdir()
+    (tmp_path / "u" / "q.toml").write_text(
+        '[ssh]\ntarget = "gpu1"\n[gpus]\ncount = 8\nmemory_gib = 139.8\n'
+        '[model]\npath = "/models/Qwen3-235B-A22B"\n[sglang.flags]\ntp-size = 8\n',
+        encoding="utf-8",
+    )
+    line = assert_one_line(
+        run_cli("plan", "q", "--offline", "--context", "32k", units=tmp_path / "u"), "model.attention"
+    )
+    assert "kv_lora_rank" not in line

@@ -147,8 +147,12 @@ class Gpus(_Model):
 class Model(_Model):
     path: AbsPath
     served_name: Text | None = None
-    # no default: a guess plans another model's KV cell. Read from config.json where the plan has one.
-    attention: Literal["mla", "gqa"] | None = None
+    attention: Literal["mla", "gqa"] | None = Field(
+        default=None,
+        description="`mla` (DeepSeek/Kimi: `kv_lora_rank` + `qk_rope_head_dim`) or `gqa` (Llama/Qwen: "
+        "`kv_heads` × `head_dim`); no default, since a guess plans another model's KV: read from config.json "
+        "where the plan has one, else asked for by name",
+    )
     layers: int | None = Field(default=None, ge=1, le=MAX_LAYERS)
     kv_lora_rank: int | None = Field(default=None, ge=1, le=MAX_DIM)
     qk_rope_head_dim: int | None = Field(default=None, ge=1, le=MAX_DIM)

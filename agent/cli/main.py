@@ -110,7 +110,7 @@ def _parsers_for(parser: argparse.ArgumentParser, args: Sequence[str]) -> list[a
         chain.append(subs[0].choices[word])
 
 
-def _refuse_unknown_options(parser: argparse.ArgumentParser, args: Sequence[str]) -> None:
+def refuse_unknown_options(parser: argparse.ArgumentParser, args: Sequence[str]) -> None:
     """An option no parser on the way knows is named, with the closest one: before argparse's own
     checks, which would otherwise report a required option as missing (`--contxt 200k`)."""
     chain = _parsers_for(parser, args)
@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     try:
         _refuse_dashes_value(args_list)
         parser = build_parser()
-        _refuse_unknown_options(parser, args_list)
+        refuse_unknown_options(parser, args_list)
         args = parser.parse_args(args_list)
         if args.command is None:
             raise UsageError("a command is required", hint=f"one of: {', '.join(COMMANDS)}")

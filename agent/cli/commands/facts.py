@@ -17,7 +17,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_connection_args(p)  # --json prints the facts file (deployctl-facts/1)
     p.epilog = (
         "example: deployctl facts ct200 --json > ct200.json\n"
-        "The JSON plans offline: deployctl plan --facts ct200.json --context 200k"
+        "The JSON plans offline: deployctl plan --facts ct200.json --context 200k\n"
+        "(examples/ct200.json is one: deployctl plan --facts examples/ct200.json --context 200k)"
     )
 
 

@@ -52,7 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.epilog = (
         "A file with no SGLang line in it is refused (exit 2); so is one over 256 MiB.\n"
-        "example: deployctl parse-log ct200-start.log --json\n"
+        "example: deployctl parse-log examples/ct200-start.log --json\n"
         "example: deployctl parse-log -   (journalctl -u sglang.service -b | deployctl parse-log -)"
     )
 
@@ -108,10 +108,11 @@ def read_log(path: str | Path, name: str) -> list[str]:
 
 
 def render(s: StartSummary) -> list[str]:
-    """A short report for a person: one fact per line, `?` where the log does not say."""
+    """A short report for a person: one fact per line, `?` where the log does not say. SGLang's "GB" are
+    GiB (get_available_gpu_memory divides by 1 << 30): they are printed as GiB."""
     return [
         f"pool:          {_tokens(s.kv_tokens)}"
-        + ("" if s.kv_size_gb is None else f" ({s.kv_size_gb:.2f} GB)"),
+        + ("" if s.kv_size_gb is None else f" ({s.kv_size_gb:.2f} GiB)"),
         f"draft pool:    {_tokens(s.draft_kv_tokens) if s.draft_kv_tokens is not None else 'none'}",
         f"context:       {_tokens(s.context_len)}",
         f"free memory:   before weights {_gb(s.avail_mem_before_weights_gb)}, "
@@ -130,4 +131,4 @@ def _tokens(n: int | None) -> str:
 
 
 def _gb(value: float | None) -> str:
-    return "?" if value is None else f"{value:.2f} GB"
+    return "?" if value is None else f"{value:.2f} GiB"

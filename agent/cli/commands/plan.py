@@ -55,8 +55,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = (
         "Without --from-log or --offline the host's last start is read over SSH to calibrate the plan.\n"
         f"exit status: 0 feasible, {NOT_FEASIBLE} not feasible (printed either way), 2 bad input\n"
-        "example: deployctl plan ct200 --context 200k --from-log ct200-start.log\n"
-        "example: deployctl plan --facts ct200.json --context 200k --json\n"
+        "example: deployctl plan ct200 --offline --context 200k\n"
+        "example: deployctl plan ct200 --context 200k --from-log examples/ct200-start.log\n"
+        "example: deployctl plan --facts examples/ct200.json --context 200k --json\n"
         "example: deployctl plan ct200 --context 400k --set kv-cache-dtype=fp8_e4m3 --offline"
     )
 

@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from agent import __version__
+from agent.cli import completion
 from agent.cli.commands import adopt, apply, backups, facts, fleet, parse_log, plan, render, rollback, status
 from agent.errors import DeployError, UsageError
 from agent.exitcodes import ExitCode
@@ -154,6 +155,7 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     try:
         _refuse_dashes_value(args_list)
         parser = build_parser()
+        completion.offer(parser)  # the shell asking for completions: answered, and the process ends
         refuse_unknown_options(parser, args_list)
         args = parser.parse_args(args_list)
         if args.command is None:

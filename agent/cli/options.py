@@ -182,7 +182,10 @@ def _one_way(flags: dict[str, FlagInput], name: str, option: Any) -> Any:
 
 
 def add_host_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    p.add_argument("host", nargs=None if required else "?", help="host name: units/<host>.toml")
+    from agent.cli.completion import host_names
+
+    action = p.add_argument("host", nargs=None if required else "?", help="host name: units/<host>.toml")
+    action.completer = host_names  # type: ignore[attr-defined]  # argcomplete reads it (cli/completion.py)
 
 
 def add_target_args(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from agent.cli.completion import group_names
 from agent.cli.options import ArgError, add_set_arg, parse_context
 from agent.errors import UsageError
 from agent.output import Output
@@ -51,7 +52,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=type(p))
     sub.required = True
     a = sub.add_parser("apply", help="canary first, then batches; halts when a host fails its gate")
-    a.add_argument("group", help="an inventory group (groups = [...] in units/<host>.toml), or all")
+    group = a.add_argument("group", help="an inventory group (groups = [...] in units/<host>.toml), or all")
+    group.completer = group_names  # type: ignore[attr-defined]
     a.add_argument("--context", required=True, type=context, help="target context: 200k, 1m, 128Ki")
     a.add_argument("--canary", type=canary, default=1, help="hosts in the canary batch (default 1)")
     a.add_argument(
@@ -72,7 +74,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     a.set_defaults(fleet_run="apply")
     s = sub.add_parser("status", help="each host's measured pool and drift from what the plan renders")
-    s.add_argument("group", help="an inventory group, or all")
+    s.add_argument("group", help="an inventory group, or all").completer = group_names  # type: ignore[attr-defined]
     s.add_argument(
         "--context",
         type=context,

@@ -16,6 +16,7 @@ from agent.cli.commands import adopt, apply, backups, facts, fleet, parse_log, p
 from agent.errors import DeployError, UsageError
 from agent.exitcodes import ExitCode
 from agent.output import Output, closed_pipe, encodable, terminal_text
+from agent.sglang.flagrules import TABLE_VERSION
 
 # name -> (its module: configure(parser) and run(args, out), one-line help). Names are the public contract.
 COMMANDS: dict[str, tuple[ModuleType, str]] = {
@@ -86,13 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="deployctl", description="Deploy SGLang under systemd and prove each change worked."
     )
-    parser.add_argument("--version", action="version", version=f"deployctl {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"deployctl {__version__} (flags checked against SGLang {TABLE_VERSION}'s own table)",
+    )
     _add_common(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         _add_common(p, top=False)
         module.configure(p)
+        for action in _nested(p):  # fleet apply|status: --units and --debug after the action too
+            _add_common(action, top=False)
         p.set_defaults(run=module.run)
     return parser
 
@@ -132,6 +139,12 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _nested(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers of a command's own actions (fleet's apply and status)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return [p for a in subs for p in a.choices.values()]
 
 
 def _refuse_dashes_value(args: Sequence[str]) -> None:

@@ -229,8 +229,9 @@ def add_yes_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_connection_args(p: argparse.ArgumentParser) -> None:
-    """How to reach the host, and how to print: shared by apply, rollback, backups and status."""
+def add_connection_args(p: argparse.ArgumentParser, *, quiet: bool = True) -> None:
+    """How to reach the host, and how to print: shared by apply, rollback, backups, status and facts
+    (`quiet=False`: a command that always prints its answer has no --quiet)."""
     p.add_argument(
         "--accept-new-host-key",
         action="store_true",
@@ -242,4 +243,5 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
         help="run the agent on this machine, not over SSH (deployctl on the GPU host itself, e.g. cron)",
     )
     p.add_argument("--json", action="store_true", help="print events and results as JSON lines")
-    p.add_argument("--quiet", action="store_true", help="print nothing when nothing changed (cron)")
+    if quiet:
+        p.add_argument("--quiet", action="store_true", help="print nothing when nothing changed (cron)")

@@ -299,3 +299,80 @@ def test_attention_has_no_default_it_is_asked_for_by_name(tmp_path: Path) -> Non
         run_cli("plan", "q", "--offline", "--context", "32k", units=tmp_path / "u"), "model.attention"
     )
     assert "kv_lora_rank" not in line
+
+
+# --- what people expect around a CLI ------------------------------------------------------------------------
+
+
+def test_version_names_the_sglang_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert "SGLang 0.5.23" in capsys.readouterr().out
+
+
+def test_fleet_apply_takes_apply_options_and_common_ones_after_the_action(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from agent.cli.main import build_parser
+
+    args = build_parser().parse_args(
+        ["fleet", "apply", "gpu", "--context", "200k", "--dry-run", "-y", "--set", "kv-cache-dtype=fp8_e4m3",
+         "--mem-fraction-static", "0.9", "--max-running-requests", "32", "--units", "elsewhere", "--debug"]
+    )  # fmt: skip
+    assert (args.dry_run, args.yes, args.mem_fraction_static, args.max_running_requests) == (
+        True,
+        True,
+        0.9,
+        32,
+    )
+    assert (args.units, args.debug) == ("elsewhere", True)
+    assert main(["fleet", "apply", "--help"]) == 0
+    assert "Roll a change across an inventory group" in capsys.readouterr().out
+
+
+def test_fleet_dry_run_is_ansible_check_mode_and_carries_the_fraction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent.fleet import front
+
+    text = (UNITS / "ct200.toml").read_text(encoding="utf-8").replace("[ssh]", 'groups = ["gpu"]\n\n[ssh]', 1)
+    (tmp_path / "u").mkdir()
+    (tmp_path / "u" / "ct200.toml").write_text(text, encoding="utf-8")
+    seen: dict[str, Any] = {}
+
+    def playbook(name: str, folder: Path, extra: dict[str, Any], *_: Any, check: bool = False) -> Any:
+        seen.update(extra=extra, check=check)
+        raise front.UsageError("stop here")
+
+    monkeypatch.setattr(front, "run_playbook", playbook)
+    run_cli(
+        "fleet",
+        "apply",
+        "gpu",
+        "--context",
+        "200k",
+        "--dry-run",
+        "--mem-fraction-static",
+        "0.9",
+        units=tmp_path / "u",
+    )
+    assert seen["check"] is True and seen["extra"]["deployctl_set"]["mem-fraction-static"] == 0.9
+
+
+def test_render_json() -> None:
+    code, stdout, stderr = run_cli(
+        "render", "ct200", "--context", "200k", "--mem-fraction-static", "0.93", "--json"
+    )
+    assert code == 0, stderr
+    assert "--mem-fraction-static 0.93" in json.loads(stdout)["unit"]
+    code, stdout, _ = run_cli(
+        "render", "ct200", "--context", "200k", "--mem-fraction-static", "0.93", "--json", "--diff"
+    )
+    changes = {c["flag"]: c["after"] for c in json.loads(stdout)["changes"]}
+    assert changes["mem-fraction-static"] == "0.93"
+
+
+def test_adopt_offers_json_and_facts_no_quiet() -> None:
+    from agent.cli.main import build_parser
+
+    assert build_parser().parse_args(["adopt", "h", "--ssh", "h", "--json"]).json is True
+    assert_one_line(run_cli("facts", "ct200", "--quiet"), "unrecognized --quiet")

@@ -376,3 +376,18 @@ def test_adopt_offers_json_and_facts_no_quiet() -> None:
 
     assert build_parser().parse_args(["adopt", "h", "--ssh", "h", "--json"]).json is True
     assert_one_line(run_cli("facts", "ct200", "--quiet"), "unrecognized --quiet")
+
+
+def test_full_context_requests_never_above_the_request_cap() -> None:
+    argv = ("plan", "ct200", "--offline", "--context", "1k", "--max-running-requests", "4")
+    code, stdout, stderr = run_cli(*argv)
+    assert code == 0, stderr
+    assert "full-context requests at once  4\n" in stdout
+    assert "4 request(s) of the full 1,000 tokens fit at once" in stdout
+
+
+def test_fp8_alternative_of_a_gqa_model_speaks_of_no_mla(tmp_path: Path) -> None:
+    path = write_facts(tmp_path, llama())
+    code, stdout, _ = run_cli("plan", "--facts", path, "--context", "1m")
+    assert code == ExitCode.NOT_FEASIBLE
+    assert "fp8 KV cache" in stdout and "MLA" not in stdout

@@ -164,7 +164,8 @@ def planned_for(
     from agent.plan.startcheck import Planned
 
     def number(*names: str, default: int) -> int:
-        return int(str(next((flags[n] for n in names if n in flags), default)))
+        given = (flags[n] for n in names if flags.get(n) not in (None, False))  # false: the flag left out
+        return int(str(next(given, default)))
 
     tp = number("tp-size", "tensor-parallel-size", default=gpus)
     pp = number("pp-size", "pipeline-parallel-size", default=1)

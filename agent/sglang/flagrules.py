@@ -19,6 +19,9 @@ TABLE_VERSION = "0.5.23"
 AT_LEAST_ONE = frozenset(
     {"tp-size", "pp-size", "dp-size", "ep-size", "page-size", "attn-cp-size", "moe-dp-size", "dcp-size"}
 )
+# Parallel sizes: ranks of one dimension. A bigger number is a typo, and the planner walks the stages.
+PARALLEL = frozenset({"tp-size", "pp-size", "dp-size", "ep-size", "attn-cp-size", "moe-dp-size", "dcp-size"})
+MAX_RANKS = 4096
 # A name requests are matched against (openai_api/serving_*.py): an empty one matches no request's model.
 NOT_EMPTY = frozenset({"served-model-name"})
 # Text SGLang decodes as JSON at start (configs/model_config.py: json.loads(model_override_args)).
@@ -69,7 +72,13 @@ def value_problem(name: str, value: object) -> str | None:
             number = int(text)
         except ValueError:
             return None  # not a number: SGLang's own table names that
-        return None if number >= 1 else f"--{name} {text!r} must be >= 1"
+        if number < 1:
+            return f"--{name} {text!r} must be >= 1"
+        return (
+            f"--{name} {text!r} is more than {MAX_RANKS:,} ranks"
+            if name in PARALLEL and number > MAX_RANKS
+            else None
+        )
     if name in NOT_EMPTY and not text:
         return f"--{name} must not be empty"
     if name in JSON_TEXT:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 from pathlib import Path
@@ -20,7 +21,7 @@ UNITS = Path(__file__).resolve().parents[2] / "units"
 
 def llama(**kw: Any) -> dict[str, Any]:
     """Llama 3.1 8B on one H100 (16.06 GB of bf16 weights)."""
-    return facts(cfg.LLAMA31_8B, H100, 1, weights=16_060_000_000, **kw)
+    return copy.deepcopy(facts(cfg.LLAMA31_8B, H100, 1, weights=16_060_000_000, **kw))  # callers change it
 
 
 class _Ascii(io.StringIO):

@@ -190,6 +190,7 @@ COUNT_FLAGS = [
     )
 )
 @example(flags={"tp-size": False})  # found by this property: int("False") when the layout was read
+@example(flags={"pp-size": 54085904906390304})  # found by this property: the planner walked every stage
 def test_facts_flags(folder: Path, flags: dict[str, Any]) -> None:
     path = folder / "flags.json"
     path.write_text(json.dumps(llama(flags=flags)), encoding="utf-8")

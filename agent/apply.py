@@ -71,7 +71,10 @@ def with_set_flags(host: HostConfig, change: Change, facts: HostFacts) -> tuple[
     if not change.flags:
         return host, facts
     extra = dict(change.flags)
-    flags = {**host.sglang.flags, **extra}
+    from agent.sglang.flagrules import canonical  # a --set tp-size replaces tensor-parallel-size too
+
+    kept = {k: v for k, v in host.sglang.flags.items() if canonical(k, host.sglang.version) not in extra}
+    flags = {**kept, **extra}
     host = host.model_copy(update={"sglang": host.sglang.model_copy(update={"flags": flags})})
     facts = {**facts, "flags": {**(facts.get("flags") or {}), **extra}}
     doc = facts.get("model_facts")

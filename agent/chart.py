@@ -102,16 +102,18 @@ class _Frame:
         points = [chart.chosen] + [f for f in (chart.current, chart.floor_fraction) if f is not None]
         lo = max(0.01, math.floor((min(points) - 0.04) * 100) / 100)
         hi = min(0.99, math.ceil((max(points) + 0.02) * 100) / 100)
-        return cls(lo, hi, max(chart.pool_at(hi), chart.goal, chart.chosen_pool) * 1.1)
+        lo = min(lo, hi - 0.01)  # a fraction near 1 (0.995): the frame still spans a column per step
+        return cls(lo, hi, max(chart.pool_at(hi), chart.goal, chart.chosen_pool, 1) * 1.1)
 
     def fraction(self, col: int) -> float:
         return self.lo + (self.hi - self.lo) * col / (WIDTH - 1)
 
     def column(self, f: float) -> int:
-        return round((f - self.lo) / (self.hi - self.lo) * (WIDTH - 1))
+        """The column of a fraction, clamped to the frame: a point beyond it is drawn at its edge."""
+        return min(max(round((f - self.lo) / (self.hi - self.lo) * (WIDTH - 1)), 0), WIDTH - 1)
 
     def row(self, tokens: float) -> int:
-        return min(round(max(tokens, 0) / self.top * (HEIGHT - 1)), HEIGHT - 1)
+        return min(max(round(max(tokens, 0) / self.top * (HEIGHT - 1)), 0), HEIGHT - 1)
 
     def shows(self, f: float | None) -> bool:
         return f is not None and self.lo <= f <= self.hi

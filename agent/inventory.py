@@ -147,7 +147,12 @@ class Gpus(_Model):
 class Model(_Model):
     path: AbsPath
     served_name: Text | None = None
-    attention: Literal["mla", "gqa"] = "mla"
+    attention: Literal["mla", "gqa"] | None = Field(
+        default=None,
+        description="`mla` (DeepSeek/Kimi: `kv_lora_rank` + `qk_rope_head_dim`) or `gqa` (Llama/Qwen: "
+        "`kv_heads` × `head_dim`); no default, since a guess plans another model's KV: read from config.json "
+        "where the plan has one, else asked for by name",
+    )
     layers: int | None = Field(default=None, ge=1, le=MAX_LAYERS)
     kv_lora_rank: int | None = Field(default=None, ge=1, le=MAX_DIM)
     qk_rope_head_dim: int | None = Field(default=None, ge=1, le=MAX_DIM)
@@ -451,9 +456,34 @@ def load_host(name: str, directory: Path) -> HostConfig:
         raise InventoryError(f"{path}: not valid TOML: {exc}") from None
     data.setdefault("name", name)
     try:
-        return HostConfig.model_validate(data)
+        host = HostConfig.model_validate(data)
     except ValidationError as exc:
         raise InventoryError(f"{path}: {_first_error(exc)}") from None
+    problem = flag_rules_problem(host)
+    if problem:
+        raise InventoryError(f"{path}: {problem}")
+    return host
+
+
+def flag_rules_problem(host: HostConfig) -> str | None:
+    """[sglang.flags] by the rules --set and facts follow too (sglang/flagrules.py), or None. A file's check:
+    the views built from a host's facts carry its running unit's --port and --host as facts."""
+    from agent.sglang import flagrules
+
+    try:
+        flags = flagrules.canonical_flags(host.sglang.flags, host.sglang.version, "sglang.flags")
+    except ValueError as exc:
+        return str(exc)
+    # What the unit renders from the inventory's own keys may stand in the flags (adopt keeps a hand-written
+    # unit's order) only with the very value it renders; model-path is checked by the renderer.
+    rendered = {"host": host.sglang.host, "port": host.sglang.port, "nnodes": 1, "node-rank": 0}
+    for name, value in flags.items():
+        same = name in ("model-path", "model") or (name in rendered and str(value) == str(rendered[name]))
+        elsewhere = None if same or host.nodes is not None else flagrules.set_elsewhere(name)
+        problem = elsewhere or flagrules.value_problem(name, value)
+        if problem:
+            return f"sglang.flags.{name}: {problem}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,34 @@ def terminal_text(text: str, keep: str = "\n\t") -> str:
     return UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else ascii(m.group())[1:-1], text)
 
 
+# What a stream that cannot encode them (PYTHONIOENCODING=ascii, latin-1, a C locale) gets instead: the
+# chart's marks and the notes' signs in plain ASCII, as a pipe gets them.
+_ASCII_FALLBACK = str.maketrans(
+    {
+        "÷": "/", "×": "x", "−": "-", "–": "-", "—": "-", "…": "...", "≈": "~", "≤": "<=", "≥": ">=",
+        "→": "->", "←": "<-", "✓": "ok", "✗": "x", "•": "*", "─": "-", "═": "=", "┊": ":", "◆": "O",
+        "○": "C", "│": "|", "└": "+", "‘": "'", "’": "'", "“": '"', "”": '"', "±": "+/-", "·": ".",
+        "\u00a0": " ",
+    }
+)  # fmt: skip
+
+
+def encodable(text: str, stream: TextIO) -> str:
+    """`text` as `stream` can write it: unchanged where its encoding has every character, else the ASCII
+    fallbacks above, and `?` for what has none."""
+    encoding = getattr(stream, "encoding", None)
+    if not isinstance(encoding, str):
+        return text
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        text = text.translate(_ASCII_FALLBACK)
+        return text.encode(encoding, errors="replace").decode(encoding)
+    except LookupError:
+        return text
+    return text
+
+
 class Style(str, Enum):
     TTY = "tty"  # a person at a terminal: live status line, colour
     PLAIN = "plain"  # cron, pipes, CI: plain timestamped lines
@@ -61,7 +89,7 @@ class Output:
         """Text to stdout as it is. A reader that went away (`| head -1`) is not an error: the rest of the
         text is dropped and the command goes on, so its exit code still says what happened."""
         try:
-            self.stdout.write(text)
+            self.stdout.write(encodable(text, self.stdout))
             self.stdout.flush()
         except BrokenPipeError:
             self.stdout = closed_pipe(self.stdout)
@@ -70,7 +98,7 @@ class Output:
         """Progress and remarks: stderr, so a piped or mailed report stays clean."""
         if not self.quiet:
             try:
-                print(terminal_text(text), file=self.stderr, flush=True)
+                print(encodable(terminal_text(text), self.stderr), file=self.stderr, flush=True)
             except BrokenPipeError:
                 self.stderr = closed_pipe(self.stderr)
 

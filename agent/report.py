@@ -276,6 +276,11 @@ def _v(value: Any) -> str:
     return "-" if value is None else "true" if value is True else str(value)
 
 
+def full_context_at_once(plan: Plan) -> int:
+    """Full-context requests served at once: what the pool holds, never more than --max-running-requests."""
+    return min(plan.concurrency_at_full_context, plan.max_running_requests)
+
+
 def render_plan(host: str, plan: Plan) -> str:
     """The plan and its tradeoffs in a few lines for a person."""
     verdict = "feasible" if plan.feasible else "NOT FEASIBLE"
@@ -285,7 +290,7 @@ def render_plan(host: str, plan: Plan) -> str:
         f"  predicted pool  {plan.predicted_pool_tokens:,} tokens (target {plan.context_length:,}, "
         f"with margin {plan.target_pool_tokens:,})",
         "  flags           " + " ".join(f"--{k} {_flag_text(v)}" for k, v in plan.flags().items()),
-        f"  full-context requests at once  {plan.concurrency_at_full_context}",
+        f"  full-context requests at once  {full_context_at_once(plan)}",
         f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
     ]
     if not plan.feasible:

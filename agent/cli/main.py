@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import traceback
 from collections.abc import Sequence
@@ -10,10 +11,12 @@ from types import ModuleType
 from typing import Any
 
 from agent import __version__
+from agent.cli import completion
 from agent.cli.commands import adopt, apply, backups, facts, fleet, parse_log, plan, render, rollback, status
 from agent.errors import DeployError, UsageError
 from agent.exitcodes import ExitCode
-from agent.output import Output, closed_pipe, terminal_text
+from agent.output import Output, closed_pipe, encodable, terminal_text
+from agent.sglang.flagrules import TABLE_VERSION
 
 # name -> (its module: configure(parser) and run(args, out), one-line help). Names are the public contract.
 COMMANDS: dict[str, tuple[ModuleType, str]] = {
@@ -41,6 +44,7 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # a deploy tool does not guess: --for is not --force
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -83,15 +87,64 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="deployctl", description="Deploy SGLang under systemd and prove each change worked."
     )
-    parser.add_argument("--version", action="version", version=f"deployctl {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"deployctl {__version__} (flags checked against SGLang {TABLE_VERSION}'s own table)",
+    )
     _add_common(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         _add_common(p, top=False)
         module.configure(p)
+        for action in _nested(p):  # fleet apply|status: --units and --debug after the action too
+            _add_common(action, top=False)
         p.set_defaults(run=module.run)
     return parser
+
+
+def _parsers_for(parser: argparse.ArgumentParser, args: Sequence[str]) -> list[argparse.ArgumentParser]:
+    """The parser and the (sub)command parsers the words choose: deployctl, plan; deployctl, fleet, apply."""
+    chain = [parser]
+    words = iter(a for a in args if not a.startswith("-"))
+    while True:
+        subs = [a for a in chain[-1]._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return chain
+        word = next((w for w in words if w in subs[0].choices), None)
+        if word is None:
+            return chain
+        chain.append(subs[0].choices[word])
+
+
+def refuse_unknown_options(parser: argparse.ArgumentParser, args: Sequence[str]) -> None:
+    """An option no parser on the way knows is named, with the closest one: before argparse's own
+    checks, which would otherwise report a required option as missing (`--contxt 200k`)."""
+    chain = _parsers_for(parser, args)
+    known = sorted({o for p in chain for o in p._option_string_actions})
+    for arg in args:
+        if arg == "--":
+            return
+        name = arg.partition("=")[0]
+        if name.startswith("-") and len(name) > 1 and name not in known and not _is_number(name):
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            guess = f"; did you mean {close[0]}?" if close else ""
+            raise UsageError(f"unrecognized {name}{guess}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _nested(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers of a command's own actions (fleet's apply and status)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return [p for a in subs for p in a.choices.values()]
 
 
 def _refuse_dashes_value(args: Sequence[str]) -> None:
@@ -102,6 +155,11 @@ def _refuse_dashes_value(args: Sequence[str]) -> None:
             raise UsageError(f"{name}: '--' is not a value", hint="see: deployctl --help")
 
 
+def _say(out: Output, line: str) -> None:
+    """One line to stderr: no control character, and only what its encoding can write."""
+    print(encodable(terminal_text(line, keep=""), out.stderr), file=out.stderr)
+
+
 def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     """Run one command; every expected failure ends as `deployctl: error: <one line>` and its code."""
     out = out or Output.from_process()
@@ -109,17 +167,20 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     debug = "--debug" in args_list
     try:
         _refuse_dashes_value(args_list)
-        args = build_parser().parse_args(args_list)
+        parser = build_parser()
+        completion.offer(parser)  # the shell asking for completions: answered, and the process ends
+        refuse_unknown_options(parser, args_list)
+        args = parser.parse_args(args_list)
         if args.command is None:
             raise UsageError("a command is required", hint=f"one of: {', '.join(COMMANDS)}")
         return int(args.run(args, out))
     except DeployError as exc:
         if debug:
             traceback.print_exc(file=out.stderr)
-        print(f"deployctl: error: {terminal_text(exc.message, keep='')}", file=out.stderr)
+        _say(out, f"deployctl: error: {exc.message}")
         hint = _with_help(exc.hint, args_list) if isinstance(exc, UsageError) else exc.hint
         if hint:
-            print(f"deployctl: hint: {terminal_text(hint, keep='')}", file=out.stderr)
+            _say(out, f"deployctl: hint: {hint}")
         return int(exc.exit_code)
     except BrokenPipeError:  # stdout's reader went away outside Output.write: drop the rest quietly
         closed_pipe(sys.stdout)
@@ -132,9 +193,6 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     except Exception as exc:  # a bug: one line, the traceback with --debug
         if debug:
             traceback.print_exc(file=out.stderr)
-        print(
-            f"deployctl: error: internal error: {type(exc).__name__}: {terminal_text(str(exc), keep='')}",
-            file=out.stderr,
-        )
+        _say(out, f"deployctl: error: internal error: {type(exc).__name__}: {exc}")
         print("deployctl: hint: run again with --debug for the traceback", file=out.stderr)
         return int(ExitCode.INTERNAL)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import UsageError
+from agent.sglang import flagrules
 from agent.sglang.flags import FlagInput
 
 MAX_CONTEXT = 10_000_000
@@ -100,6 +101,10 @@ def parse_set(text: str) -> tuple[str, FlagInput]:
             hint="e.g. --set mem-fraction-static=0.94 or --set enable-metrics=true",
         )
     check_text(f"--set {name}", value)
+    name = flagrules.canonical(name, flagrules.TABLE_VERSION)  # --tensor-parallel-size is --tp-size
+    said = flagrules.set_elsewhere(name) or flagrules.value_problem(name, value)
+    if said:
+        raise UsageError(f"--set {name}: {said}")
     if name in OPTION_FLAGS:
         try:
             return name, OPTION_FLAGS[name][1](value, f"--set {name}")
@@ -179,7 +184,10 @@ def _one_way(flags: dict[str, FlagInput], name: str, option: Any) -> Any:
 
 
 def add_host_arg(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    p.add_argument("host", nargs=None if required else "?", help="host name: units/<host>.toml")
+    from agent.cli.completion import host_names
+
+    action = p.add_argument("host", nargs=None if required else "?", help="host name: units/<host>.toml")
+    action.completer = host_names  # type: ignore[attr-defined]  # argcomplete reads it (cli/completion.py)
 
 
 def add_target_args(
@@ -207,14 +215,25 @@ def add_target_args(
     )
 
 
+NO_TERMINAL = "not on a terminal and --yes not given: refusing to restart without confirmation"
+
+
+def refuse_unconfirmed(yes: bool, stdin_isatty: bool) -> None:
+    """Without a terminal to ask on, --yes is required: refused before any connection is made, so nothing
+    (not even a recovery of an earlier change) runs on the host."""
+    if not yes and not stdin_isatty:
+        raise UsageError(NO_TERMINAL, hint="add --yes (cron, CI), or run it on a terminal")
+
+
 def add_yes_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--yes", "-y", action="store_true", help="do not ask for confirmation (required without a tty)"
     )
 
 
-def add_connection_args(p: argparse.ArgumentParser) -> None:
-    """How to reach the host, and how to print: shared by apply, rollback, backups and status."""
+def add_connection_args(p: argparse.ArgumentParser, *, quiet: bool = True) -> None:
+    """How to reach the host, and how to print: shared by apply, rollback, backups, status and facts
+    (`quiet=False`: a command that always prints its answer has no --quiet)."""
     p.add_argument(
         "--accept-new-host-key",
         action="store_true",
@@ -226,4 +245,5 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
         help="run the agent on this machine, not over SSH (deployctl on the GPU host itself, e.g. cron)",
     )
     p.add_argument("--json", action="store_true", help="print events and results as JSON lines")
-    p.add_argument("--quiet", action="store_true", help="print nothing when nothing changed (cron)")
+    if quiet:
+        p.add_argument("--quiet", action="store_true", help="print nothing when nothing changed (cron)")

@@ -58,6 +58,12 @@ def set_flags(args: argparse.Namespace, members: Sequence[HostConfig]) -> dict[s
     flags: dict[str, FlagInput] = dict(args.set_flags)
     if "context-length" in flags:
         raise UsageError("--set context-length: the target context is --context")
+    for name in ("mem-fraction-static", "max-running-requests"):  # as apply: the option or --set, not both
+        given = getattr(args, name.replace("-", "_"), None)
+        if given is not None and name in flags:
+            raise UsageError(f"--set {name} and --{name} both given; use one")
+        if given is not None:
+            flags[name] = given
     for host in members:
         check_with_sglang_table(host, flags)
     return flags
@@ -70,13 +76,12 @@ def apply(args: argparse.Namespace, out: Output) -> int:
     hosts = [h.name for h in members]
     check_canary(args.group, len(hosts), args.canary)
     flags = set_flags(args, members)
-    if not args.yes:
+    if not args.yes and not getattr(args, "dry_run", False):
         if not out.stdin_isatty:
             raise UsageError(
                 "not on a terminal and --yes not given: refusing to restart without confirmation"
             )
-        answer = input(f"roll {args.context:,} tokens out to {len(hosts)} hosts of {args.group}? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
+        if not _yes(f"roll {args.context:,} tokens out to {len(hosts)} hosts of {args.group}? [y/N] "):
             raise UsageError("not confirmed; nothing was changed")
     extra = {
         "deployctl_group": args.group,
@@ -91,7 +96,9 @@ def apply(args: argparse.Namespace, out: Output) -> int:
             f"== fleet {args.group}: {len(hosts)} hosts, canary {args.canary}, then batches of {args.batch}"
         )
     forks = forks_for(len(hosts), args.canary, args.batch)
-    run = run_playbook("rollout", folder, extra, forks, _printer(out, args.json))
+    run = run_playbook(
+        "rollout", folder, extra, forks, _printer(out, args.json), check=getattr(args, "dry_run", False)
+    )
     results = results_from_events(run.events)
     if not results:
         raise ansible_failed(run)
@@ -137,3 +144,11 @@ def status(args: argparse.Namespace, out: Output) -> int:
                 out.print(f"WARNING: {r['host']}: {r['warning']}")
     unreachable = any(not r.get("reachable") for r in rows)
     return int(ExitCode.UNREACHABLE if unreachable else ExitCode.OK)
+
+
+def _yes(question: str) -> bool:
+    """A person's yes; Ctrl-D (end of input) is no."""
+    try:
+        return input(question).strip().lower() in ("y", "yes")
+    except EOFError:
+        return False

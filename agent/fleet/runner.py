@@ -49,14 +49,16 @@ def forks_for(hosts: int, canary: int, batch: str) -> int:
     return max(1, min(64, max(canary, size)))
 
 
-def run_playbook(
+def run_playbook(  # noqa: PLR0913 - check mode is the one switch beside the playbook's inputs
     playbook: str,
     units: Path,
     extra_vars: Mapping[str, Any],
     forks: int,
     on_event: Callable[[FleetEvent], None],
+    check: bool = False,
 ) -> Run:
-    """ansible-playbook deployctl.sglang.<playbook>, its events passed to on_event as they come."""
+    """ansible-playbook deployctl.sglang.<playbook>, its events passed to on_event as they come; `check`:
+    Ansible's check mode (fleet apply --dry-run), in which every host plans and renders only."""
     with tempfile.TemporaryDirectory(prefix="deployctl-fleet-") as tmp:
         work = Path(tmp)
         inventory = work / "fleet.deployctl.yml"
@@ -68,7 +70,8 @@ def run_playbook(
         env = _ansible_env(work, feed)
         argv = [
             ansible_playbook(), "-i", str(inventory), "--forks", str(forks),
-            "-e", json.dumps(dict(extra_vars)), f"deployctl.sglang.{playbook}",
+            "-e", json.dumps(dict(extra_vars)), *(["--check"] if check else []),
+            f"deployctl.sglang.{playbook}",
         ]  # fmt: skip
         log_path = work / "ansible.log"
         with open(log_path, "wb") as log, open(feed, "rb") as follow:

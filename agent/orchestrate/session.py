@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from agent.cli.options import Connection
+from agent.cli.options import NO_TERMINAL, Connection
 from agent.errors import ConnectError, UsageError
 from agent.inventory import HostConfig, load_service, units_dir
 from agent.output import Output
@@ -47,8 +47,12 @@ def confirm(out: Output, yes: bool, host: HostConfig) -> None:
     if yes:
         return
     if not out.stdin_isatty:
-        raise UsageError("not on a terminal and --yes not given: refusing to restart without confirmation")
-    answer = input(f"apply to {host.name} and restart {host.unit.name}? [y/N] ")
+        raise UsageError(NO_TERMINAL)
+    try:
+        answer = input(f"apply to {host.name} and restart {host.unit.name}? [y/N] ")
+    except EOFError:  # Ctrl-D: no
+        answer = ""
+        print(file=out.stderr)
     if answer.strip().lower() not in ("y", "yes"):
         raise UsageError("not confirmed; nothing was changed")
 

@@ -86,7 +86,8 @@ def _fp8(host: HostConfig, flags: Flags, model: PoolModel, need: Need, requests:
     fraction, pool, reaches = best_fraction(fp8, need.goal, requests, need.target, need.floor)
     return Alternative(
         change="fp8 KV cache (--kv-cache-dtype fp8_e4m3): about half the bytes per token, so the pool "
-        "roughly doubles; support for fp8 MLA KV depends on the attention backend and GPU",
+        f"roughly doubles; support for fp8 {'MLA ' * (host.model.attention == 'mla')}KV depends on the "
+        "attention backend and GPU",
         flags={"kv-cache-dtype": "fp8_e4m3", **({"mem-fraction-static": fraction} if fraction else {})},
         mem_fraction_static=fraction,
         predicted_pool_tokens=pool,

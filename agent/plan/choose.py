@@ -285,7 +285,7 @@ def _explained(plan: Plan, host: HostConfig, flags: Flags, model: PoolModel, not
         f"{head}at --mem-fraction-static {f:.3f} the pool is predicted at {plan.predicted_pool_tokens:,} "
         f"tokens for a target of {t:,} (+{host.planning.margin:.0%} margin = {plan.target_pool_tokens:,})"
     )
-    fits = plan.concurrency_at_full_context
+    fits = min(plan.concurrency_at_full_context, plan.max_running_requests)  # the cap serves no more
     notes.append(f"{fits} request(s) of the full {t:,} tokens fit at once (pool ÷ context)")
     notes.append(_reserve_note(plan, model))
     notes.append(_requests_note(plan, flags))

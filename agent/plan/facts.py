@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
 
 from agent.errors import UsageError
 from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
@@ -40,10 +40,13 @@ class GpuProcessFact(_Open):
 
 class GpuFact(_Open):
     name: str = "GPU"
-    memory_total_mib: float = Field(gt=0, le=MAX_GIB * 1024)
-    memory_free_mib: float | None = Field(default=None, ge=0, le=MAX_GIB * 1024)
+    # strict, as the inventory's TOML is typed: "81559" or true is a mistake, not a number
+    memory_total_mib: StrictFloat = Field(gt=0, le=MAX_GIB * 1024)
+    memory_free_mib: StrictFloat | None = Field(default=None, ge=0, le=MAX_GIB * 1024)
     compute_capability: str | None = Field(default=None, pattern=r"^[0-9]+\.[0-9]+$")
-    index: int | None = Field(default=None, ge=0)  # nvidia-smi's: a service keeps its own ([gpus] indices)
+    index: StrictInt | None = Field(
+        default=None, ge=0
+    )  # nvidia-smi's: a service keeps its own ([gpus] indices)
     processes: list[GpuProcessFact] = Field(default_factory=list)  # nvidia-smi --query-compute-apps
 
 
@@ -53,7 +56,9 @@ class SglangFact(_Open):
 
 class ModelFact(_Open):
     config: dict[str, object]  # config.json as decoded: ModelConfig reads it
-    weights_bytes: int | None = Field(default=None, ge=0, le=2**46)  # 64 TiB: a whole checkpoint, all ranks
+    weights_bytes: StrictInt | None = Field(
+        default=None, ge=0, le=2**46
+    )  # 64 TiB: a whole checkpoint, all ranks
     path: str | None = None
 
 
@@ -149,6 +154,7 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         facts = FactsFile.model_validate(data)
     except ValidationError as exc:
         raise UsageError(f"{name}: {_first_error(exc)}") from None
+    _check_flags(facts, name)
     starts: tuple[StartFigures, ...] = ()
     if facts.last_start:
         from agent.sglang.logs.summary import start_figures
@@ -176,6 +182,28 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         sources=_sources(facts, name),
         device=facts.device or (str(device).lower() if device else None),
     )
+
+
+def _check_flags(facts: FactsFile, name: str) -> None:
+    """The flags by the rules the inventory's [sglang.flags] and --set follow: SGLang's own table, then the
+    values its start cannot run with (sglang/flagrules.py). The running unit's --port, --host and
+    --model-path are facts here, not settings: they are kept."""
+    from agent.sglang import flagrules, server_args
+
+    try:
+        flagrules.canonical_flags(facts.flags, facts.sglang.version, f"{name}: flags")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    table = server_args.table_for(facts.sglang.version)
+    for flag, said in server_args.problems(facts.sglang.version, facts.flags):
+        # bad input, but for a flag this release removed: a unit written for an earlier one may carry it,
+        # and the plan's verdict names it
+        if table is None or flag not in table.removed:
+            raise UsageError(f"{name}: flags.{flag}: {said}")
+    for flag, value in facts.flags.items():
+        problem = flagrules.value_problem(flagrules.canonical(flag, facts.sglang.version), value)
+        if problem:
+            raise UsageError(f"{name}: flags.{flag}: {problem}")
 
 
 def _model(m: ModelFact, where: str) -> ModelInput:
@@ -220,9 +248,17 @@ def service_gpus(rows: Sequence[object], host: HostConfig) -> list[object]:
 def load_facts(path: Path) -> PlanInput:
     """Read a facts file; unreadable or not JSON is a usage error."""
     try:
-        data = json.loads(path.read_bytes())
+        raw = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"--facts {str(path)!r}: cannot read: {exc.strerror or exc}") from None
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise UsageError(
+            f"--facts {str(path)!r}: starts with a UTF-8 BOM (byte order mark): save it without one"
+        )
+    try:
+        data = json.loads(raw)
     except ValueError as exc:
         raise UsageError(f"--facts {str(path)!r}: not JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"--facts {str(path)!r}: not a facts file: JSON nested too deeply") from None
     return parse_facts(data, name=path.name)

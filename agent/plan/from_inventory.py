@@ -39,7 +39,7 @@ def inventory_config(host: HostConfig) -> tuple[ModelConfig, tuple[str, ...]]:
         if m.attention == "mla"
         else ("layers", "kv_heads", "head_dim")
     )
-    missing = tuple(f"model.{k}" for k in need if getattr(m, k) is None)
+    missing = tuple(f"model.{k}" for k in ("attention", *need) if getattr(m, k) is None)
     if m.dtype_bytes not in _DTYPES:
         raise UsageError(f"model.dtype_bytes {m.dtype_bytes}: a KV element is 1, 2 or 4 bytes")
     layers = m.layers or _STAND_IN

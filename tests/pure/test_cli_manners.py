@@ -83,7 +83,7 @@ def test_parse_log_without_a_start_says_so(tmp_path: Path) -> None:
     code, stdout, stderr = run_cli("parse-log", str(path))
     assert code == ExitCode.USAGE
     assert stdout == ""
-    assert "no SGLang start" in stderr.splitlines()[0]
+    assert "no SGLang line" in stderr.splitlines()[0]
 
 
 @pytest.mark.parametrize(

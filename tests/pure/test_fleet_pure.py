@@ -198,7 +198,9 @@ def test_a_canary_bigger_than_the_group_is_refused_before_ansible_runs(
     units = _units(tmp_path, {h: 'groups = ["g"]' for h in ("a", "b", "c")})
     calls: list[tuple[dict[str, object], int]] = []
 
-    def fake_playbook(_name: str, _units: Path, extra: dict[str, object], forks: int, _on: object) -> Run:
+    def fake_playbook(
+        _name: str, _units: Path, extra: dict[str, object], forks: int, _on: object, check: bool = False
+    ) -> Run:
         calls.append((dict(extra), forks))
         events = [{"kind": "result", "result": _result(h, "up_to_date").to_dict()} for h in "abc"]
         return Run(0, events, "")

@@ -32,6 +32,7 @@ from agent.inventory import HostConfig
 from agent.output import Output
 from agent.plan.choose import Target, plan_for_host
 from agent.render import CACHE_ENV, SECRET_FLAG, is_secret_env, render_unit, template_dir
+from agent.sglang import flagrules
 from agent.sglang.flags import FlagValue, parse_unit, split_words, unit_lines
 
 if sys.version_info >= (3, 11):
@@ -52,7 +53,13 @@ TEXT_FLAGS = sorted(
     if (f["takes"], f["type"], f["choices"], f["nargs"], f.get("deprecated"))
     == ("value", "str", None, None, None)
     for n in f["names"]
-    if not SECRET_FLAG.search(n) and n != "config"  # secrets go to the --config credential, not ExecStart=
+    if not SECRET_FLAG.search(n)
+    and n != "config"  # secrets go to the --config credential, not ExecStart=
+    # deployctl's own rules (sglang/flagrules.py): an alias is written as SGLang documents it, and the flags
+    # the inventory sets from its own keys or checks further are refused here (tests/pure/test_first_hour.py)
+    and flagrules.canonical(n, "0.5.23") == n
+    and flagrules.set_elsewhere(n) is None
+    and n not in flagrules.NOT_EMPTY | flagrules.JSON_TEXT
 )
 EITHER = ("either", None)  # a known flag whose value only SGLang's own type decides: refused or read back
 
@@ -555,8 +562,8 @@ SECRET_VALUES = WEIRD.filter(lambda v: not CONTROL.search(v)).map(lambda v: MARK
 def test_render_diff_shows_no_secret(place: Place, name: str, value: str, api_key: str) -> None:
     env = {**BASE["unit"]["environment"], name: value}
     write_host(place, "secret", {("unit", "environment"): env, ("unit", "secret_environment"): ["CRED"]})
-    # A changed --model-path puts the Environment= lines into the diff's context.
-    argv = ["render", "secret", "--context=200k", "--diff", "--set=model-path=/models/other"]
+    # A changed first flag (--tp-size) puts the Environment= lines into the diff's context.
+    argv = ["render", "secret", "--context=200k", "--diff", "--set=tp-size=4"]
     run = run_cli(place, *argv, f"--set=api-key={api_key}")
     assert run.code == 0, run
     # Secret values live in root-only files the unit points at; only their names are shown.

@@ -78,10 +78,10 @@ def test_human_summary(tmp_path: Path) -> None:
     path.write_text(LOG, encoding="utf-8")
     rc, text = _run(str(path), as_json=False)
     assert rc == 0
-    assert "pool:          210,000 tokens (13.75 GB)" in text
+    assert "pool:          210,000 tokens (13.75 GiB)" in text
     assert "draft pool:    none" in text
     assert "context:       200,000 tokens" in text
-    assert "before weights 93.40 GB, after weights 19.81 GB" in text
+    assert "before weights 93.40 GiB, after weights 19.81 GiB" in text
     assert "mem fraction:  0.86" in text
     assert "ready:         yes" in text
     assert "failure:       none" in text

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from agent.errors import UsageError
@@ -35,6 +37,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sudo", action="store_true", help="run the agent through sudo on the host")
     p.add_argument("--force", action="store_true", help="overwrite an existing units/<host>.toml")
     p.add_argument("--accept-new-host-key", action="store_true", help="trust an unknown SSH host key once")
+    p.add_argument("--json", action="store_true", help="print what was adopted as one JSON object")
     p.epilog = (
         "example: deployctl adopt ct200 --ssh ct200 --sudo   (reads only; changes nothing on the host)\n"
         "         deployctl adopt k2 --ssh k2-a --node k2-b --node k2-c   (one service over three hosts)"
@@ -59,6 +62,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
         text = inventory_text(args.host, args.ssh, args.sudo, unit, gpus)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
+    if args.json:
+        out.print(json.dumps(_adopted(args, unit, path), sort_keys=True))
+        return 0
     nodes = f" (node rank 0) and {', '.join(args.nodes)}" if args.nodes else ""
     out.print(f"adopted {unit.name} ({unit.fragment_path}) from {args.ssh}{nodes} into {path}")
     _warn(out, unit)
@@ -66,6 +72,24 @@ def run(args: argparse.Namespace, out: Output) -> int:
         f"next: deployctl apply {args.host} --context 200k --dry-run   (the plan and the diff; no change)"
     )
     return 0
+
+
+def _adopted(args: argparse.Namespace, unit: Inspected, path: Path) -> dict[str, object]:
+    """adopt --json: what was read and where the inventory went, and the warnings as a list."""
+    from agent.adopt import cache_notes, stop_notes
+    from agent.host.drain import stop_timeout_s
+    from agent.inventory import Drain
+
+    drain = Drain()
+    warnings = [
+        *stop_notes(unit, stop_timeout_s(drain.timeout_s, drain.stop_allowance_s)),
+        *cache_notes(unit),
+    ]
+    return {
+        "host": args.host, "unit": unit.name, "fragment_path": unit.fragment_path, "ssh": args.ssh,
+        "nodes": list(args.nodes), "inventory": str(path), "warnings": warnings,
+        "secrets_kept_on_host": list(unit.secret_environment),
+    }  # fmt: skip
 
 
 def _adopt_nodes(args: argparse.Namespace, unit: Inspected, gpus: list[GpuRow]) -> str:

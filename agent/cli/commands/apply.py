@@ -11,6 +11,7 @@ from agent.cli.options import (
     add_set_arg,
     add_target_args,
     add_yes_arg,
+    refuse_unconfirmed,
 )
 from agent.output import Output
 
@@ -46,6 +47,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
     out.json, out.quiet = args.json, args.quiet
     change = Change.of(args)
+    if not change.dry_run:
+        refuse_unconfirmed(change.yes, out.stdin_isatty)
     if change.flags:  # SGLang's own table refuses a bad --set before any connection is made
         from agent.inventory import load_service, units_dir
         from agent.render import check_with_sglang_table

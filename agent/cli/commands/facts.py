@@ -14,10 +14,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     from agent.cli.options import add_connection_args, add_host_arg
 
     add_host_arg(p)
-    add_connection_args(p)  # --json prints the facts file (deployctl-facts/1)
+    add_connection_args(p, quiet=False)  # --json prints the facts file (deployctl-facts/1)
     p.epilog = (
         "example: deployctl facts ct200 --json > ct200.json\n"
-        "The JSON plans offline: deployctl plan --facts ct200.json --context 200k"
+        "The JSON plans offline: deployctl plan --facts ct200.json --context 200k\n"
+        "(examples/ct200.json is one: deployctl plan --facts examples/ct200.json --context 200k)"
     )
 
 

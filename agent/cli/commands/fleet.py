@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
-from agent.cli.options import ArgError, add_set_arg, parse_context
+from agent.cli.completion import group_names
+from agent.cli.options import (
+    ArgError,
+    add_set_arg,
+    add_yes_arg,
+    parse_context,
+    parse_fraction,
+    parse_request_count,
+    typed,
+)
 from agent.errors import UsageError
 from agent.output import Output
 
@@ -47,11 +57,33 @@ def max_fail(text: str) -> int:
     return int(text)
 
 
-def configure(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=type(p))
-    sub.required = True
-    a = sub.add_parser("apply", help="canary first, then batches; halts when a host fails its gate")
-    a.add_argument("group", help="an inventory group (groups = [...] in units/<host>.toml), or all")
+def _change_args(a: argparse.ArgumentParser) -> None:
+    """The options fleet apply shares with apply: the fraction, the request cap, --set and --dry-run."""
+    a.add_argument(
+        "--mem-fraction-static",
+        type=typed(parse_fraction, "--mem-fraction-static"),
+        metavar="F",
+        help="plan every host at this fraction instead of choosing one (strictly between 0 and 1)",
+    )
+    a.add_argument(
+        "--max-running-requests",
+        type=typed(parse_request_count, "--max-running-requests"),
+        metavar="N",
+        help="keep this many concurrent requests instead of the planner's choice",
+    )
+    add_set_arg(a)
+    a.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="plan and render on every host (Ansible's check mode): which units would change; no change",
+    )
+
+
+def _apply_parser(sub: Any) -> None:
+    said = "canary first, then batches; halts when a host fails its gate"
+    a = sub.add_parser("apply", help=said, description=f"Roll a change across an inventory group: {said}.")
+    group = a.add_argument("group", help="an inventory group (groups = [...] in units/<host>.toml), or all")
+    group.completer = group_names  # type: ignore[attr-defined]
     a.add_argument("--context", required=True, type=context, help="target context: 200k, 1m, 128Ki")
     a.add_argument("--canary", type=canary, default=1, help="hosts in the canary batch (default 1)")
     a.add_argument(
@@ -63,16 +95,24 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=0,
         help="percent of a batch that may fail; it must be EXCEEDED to halt (Ansible's rule); default 0",
     )
-    a.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _change_args(a)
+    add_yes_arg(a)
     a.add_argument("--json", action="store_true", help="events and the report as JSON lines")
-    add_set_arg(a)
     a.epilog = (
         "example: deployctl fleet apply gpu --context 200k --canary 1 --batch 25%\n"
-        "example: deployctl fleet apply gpu --context 400k --set kv-cache-dtype=fp8_e4m3"
+        "example: deployctl fleet apply gpu --context 400k --set kv-cache-dtype=fp8_e4m3\n"
+        "example: deployctl fleet apply gpu --context 200k --dry-run   (which units would change; no change)"
     )
     a.set_defaults(fleet_run="apply")
-    s = sub.add_parser("status", help="each host's measured pool and drift from what the plan renders")
-    s.add_argument("group", help="an inventory group, or all")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="fleet_command", metavar="ACTION", parser_class=type(p))
+    sub.required = True
+    _apply_parser(sub)
+    said = "each host's measured pool and drift from what the plan renders"
+    s = sub.add_parser("status", help=said, description=f"A group's hosts: {said}.")
+    s.add_argument("group", help="an inventory group, or all").completer = group_names  # type: ignore[attr-defined]
     s.add_argument(
         "--context",
         type=context,

@@ -57,8 +57,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = (
         "Without --from-log or --offline the host's last start is read over SSH to calibrate the plan.\n"
         f"exit status: 0 feasible, {NOT_FEASIBLE} not feasible (printed either way), 2 bad input\n"
-        "example: deployctl plan ct200 --context 200k --from-log ct200-start.log\n"
-        "example: deployctl plan --facts ct200.json --context 200k --json\n"
+        "example: deployctl plan ct200 --offline --context 200k\n"
+        "example: deployctl plan ct200 --context 200k --from-log examples/ct200-start.log\n"
+        "example: deployctl plan --facts examples/ct200.json --context 200k --json\n"
         "example: deployctl plan ct200 --context 400k --set kv-cache-dtype=fp8_e4m3 --offline"
     )
 
@@ -187,7 +188,8 @@ def planned_for(
     from agent.plan.startcheck import Planned
 
     def number(*names: str, default: int) -> int:
-        return int(str(next((flags[n] for n in names if n in flags), default)))
+        given = (flags[n] for n in names if flags.get(n) not in (None, False))  # false: the flag left out
+        return int(str(next(given, default)))
 
     tp = number("tp-size", "tensor-parallel-size", default=gpus)
     pp = number("pp-size", "pipeline-parallel-size", default=1)
@@ -221,8 +223,10 @@ def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[StartFi
 
 
 def _lines(path: Path) -> list[str]:
-    try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
-    except OSError as exc:
-        raise UsageError(f"--from-log {str(path)!r}: cannot read: {exc.strerror or exc}") from None
-    return text.replace("\r", "\n").splitlines()  # journald and tqdm both end lines with \r at times
+    """The log's lines, refused as parse-log refuses it when no line of it is SGLang's."""
+    from agent.cli.commands.parse_log import is_sglang_log, no_sglang, read_log
+
+    lines = read_log(path, f"--from-log {str(path)!r}")
+    if not is_sglang_log(lines):
+        raise no_sglang(f"--from-log {str(path)!r}")
+    return lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from agent.cli.options import OPTION_FLAGS, add_set_arg, add_target_args
 from agent.errors import UsageError
@@ -23,7 +24,15 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="show the flag changes and a unified diff against the host's baseline unit instead",
     )
-    p.epilog = "example: deployctl render ct200 --context 200k --set mem-fraction-static=0.94 --diff"
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: the unit's text, or with --diff its flag changes and the diff",
+    )
+    p.epilog = (
+        "example: deployctl render ct200 --context 200k --set mem-fraction-static=0.94 --diff\n"
+        "example: deployctl render ct200 --context 200k --mem-fraction-static 0.93 --json"
+    )
 
 
 def requested_flags(args: argparse.Namespace) -> dict[str, FlagInput]:
@@ -82,9 +91,27 @@ def run(args: argparse.Namespace, out: Output) -> int:
     said = pool_note(host, flags)
     if said:
         print(f"deployctl: note: {said}", file=out.stderr)
-    if args.diff:
+    if args.json:
+        baseline = render_unit(host, {}, template_dir()) if args.diff else None
+        out.print(json.dumps(json_report(host, baseline, text), sort_keys=True))
+    elif args.diff:
         report = diff_report(host, render_unit(host, {}, template_dir()), text, flags)
         out.write(report)
     else:
         out.write(text)
     return 0
+
+
+def json_report(host: HostConfig, baseline: str | None, text: str) -> dict[str, object]:
+    """render --json: the unit (secrets are never in it), or with a baseline the redacted changes and diff."""
+    from agent.render import redact, redact_changes, unit_diff
+
+    doc: dict[str, object] = {"host": host.name, "unit_name": host.unit.name}
+    if baseline is None:
+        return {**doc, "unit": text}
+    changes = redact_changes(diff_flags(parse_unit_flags(baseline), parse_unit_flags(text)))
+    return {
+        **doc,
+        "changes": [{"flag": c.name, "before": c.before, "after": c.after} for c in changes],
+        "diff": redact(unit_diff(baseline, text, host.unit.name), host.unit.secret_environment),
+    }

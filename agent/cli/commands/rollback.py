@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli.options import Connection, add_connection_args, add_host_arg, add_yes_arg
+from agent.cli.completion import nothing
+from agent.cli.options import Connection, add_connection_args, add_host_arg, add_yes_arg, refuse_unconfirmed
 from agent.output import Output
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_host_arg(p)
-    p.add_argument(
+    to = p.add_argument(
         "--to",
         metavar="BACKUP",
         help="the backup to restore, as `deployctl backups HOST` lists it "
         "(default: the newest backup that differs from the installed unit)",
     )
+    to.completer = nothing  # type: ignore[attr-defined]  # backup names live on the host
     add_yes_arg(p)
     add_connection_args(p)
     p.epilog = "example: deployctl rollback ct200 --yes"
@@ -25,4 +27,5 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent import deploy  # SSH and the planner load only when a command runs
 
     out.json, out.quiet = args.json, args.quiet
+    refuse_unconfirmed(args.yes, out.stdin_isatty)
     return deploy.rollback(Connection.of(args), args.to, out, yes=args.yes)

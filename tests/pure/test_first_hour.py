@@ -279,12 +279,12 @@ def test_inventory_flags_follow_the_same_rules(tmp_path: Path, line: str, words:
 def test_without_a_terminal_and_yes_nothing_connects(
     monkeypatch: pytest.MonkeyPatch, argv: tuple[str, ...]
 ) -> None:
-    from agent import deploy
+    from agent.orchestrate import session
 
     def connects(*_: object, **__: object) -> None:
         raise AssertionError("connected before refusing")
 
-    monkeypatch.setattr(deploy, "open_transport", connects)
+    monkeypatch.setattr(session, "open_transport", connects)
     assert_one_line(run_cli(*argv), "not on a terminal", "--yes")
 
 

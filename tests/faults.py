@@ -46,6 +46,7 @@ from tests import faultkit as fk
 from tests import simhost
 from tests.integration import test_faults as world
 from tests.integration import test_recovery as recovery
+from tests.integration import test_router_late as late_router
 from tests.integration.conftest import cli, invocation, popen, wait_pool
 
 WORKERS = 3
@@ -94,6 +95,7 @@ WORLD: list[tuple[str, str, tuple[object, ...]]] = [
     ("metrics_folder_is_a_link", "link_at_the_metrics_textfile", ("folder",)),
     ("metrics_textfile_is_a_link", "link_at_the_metrics_textfile", ("file",)),
     ("runner_killed_before_staged_secrets", "before_it_took_its_staged_secrets", ()),
+    ("late_router_removal", "late_router_removal", ()),
 ]
 
 
@@ -246,7 +248,10 @@ def cases() -> list[tuple[str, Callable[[simhost.SimHost, Outcome], None]]]:
             )
     for name, key, args in WORLD:
         test = next(
-            getattr(m, n) for m in (world, recovery) for n in dir(m) if n.startswith("test_") and key in n
+            getattr(m, n)
+            for m in (world, recovery, late_router)
+            for n in dir(m)
+            if n.startswith("test_") and key in n
         )
         found.append((f"world:{name}", world_case(test, *args)))
     found.append(("world:old_unit_fails_too", old_unit_fails_too))

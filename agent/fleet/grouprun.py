@@ -28,6 +28,7 @@ from agent.fleet.steps import (
     render_for,
 )
 from agent.group.decide import Vote, first_cause, group_outcome
+from agent.group.inplace import every_node_in_place
 from agent.group.nodes import node_hosts
 from agent.group.run import Coordinator, Follow, Node, Signal, converge, signal
 from agent.group.run import follow as follow_node
@@ -76,11 +77,11 @@ def apply_group(  # noqa: PLR0913 - as hostrun.apply_host, which calls it
         applied = Applied(host.name, context, figures, before, redact_flags(flags_of(texts[0])))
         if check:
             return applied.checked(any(_differs(t, f) for t, f in zip(texts, facts, strict=True)))
-        if _all_in_place(texts, facts):  # as `deployctl apply`: a restart of every node would change nothing
-            return applied.result(f"every node of {host.name} runs the rendered unit", _UP_TO_DATE, facts[0])
         pool = plan.predicted_pool_tokens
         sends = zip(hosts, texts, facts, strict=True)
         requests = [apply_request(h, context, t, unit_flags, pool, f) for h, t, f in sends]
+        if every_node_in_place(clients, requests):  # as `deployctl apply`: each node's agent decides
+            return applied.result(f"every node of {host.name} is up to date", _UP_TO_DATE, facts[0])
         nodes = group_nodes(host, clients, requests)
         return group_result(applied, nodes, coordinate(nodes, emit), facts[0])
 
@@ -105,16 +106,6 @@ def _facts(client: AgentClient, emit: Emit) -> HostFacts:
 
 def _differs(text: str, facts: HostFacts) -> bool:
     return unit_sha256(text) != installed_sha256(facts)
-
-
-def _all_in_place(texts: Sequence[str], facts: Sequence[HostFacts]) -> bool:
-    """Every node runs its rendered unit already: nothing to restart."""
-    for text, f in zip(texts, facts, strict=True):
-        state = f.get("state")
-        running = state is not None and (state["active_state"], state["sub_state"]) == ("active", "running")
-        if not running or _differs(text, f):
-            return False
-    return True
 
 
 def group_nodes(

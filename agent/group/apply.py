@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING
 from agent.cli.options import Change, Connection
 from agent.exitcodes import ExitCode
 from agent.group.decide import first_cause, group_outcome
+from agent.group.inplace import every_node_in_place
 from agent.group.nodes import node_hosts
 from agent.group.run import Coordinator, Hear, Node, converge
 from agent.inventory import HostConfig
 from agent.orchestrate.session import clients
 from agent.output import Output, Style
 from agent.protocol.answers import HostFacts, as_facts
-from agent.protocol.common import new_txn_id, unit_sha256
+from agent.protocol.common import new_txn_id
 from agent.protocol.events import Event, Outcome, Stage
 from agent.protocol.requests import Group, Request
 from agent.remote.client import base_request
@@ -47,8 +48,10 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
             sent.request,
             *(_node_request(h, change, sent, f) for h, f in zip(hosts[1:], facts[1:], strict=True)),
         ]
-        if _all_in_place(requests, facts):
-            out.note(f"== every node of {host.name} runs the rendered unit: nothing to do, no restart")
+        if every_node_in_place(agents, requests):  # each node's agent decides, under its lock
+            out.note(
+                f"== every node of {host.name} is up to date (each node checked): nothing to do, no restart"
+            )
             return int(ExitCode.OK)
         _show_nodes(out, hosts)
         confirm(out, change.yes, host)
@@ -79,17 +82,6 @@ def _node_request(host: HostConfig, change: Change, sent: Prepared, facts: HostF
         host, "apply", unit_text=text, target_context=change.context, planned_pool=sent.request.planned_pool,
         expect_sha256=planned.installed_sha256(facts), secret_env=env_secrets, secret_flags=flag_secrets,
     )  # fmt: skip
-
-
-def _all_in_place(requests: Sequence[Request], facts: Sequence[HostFacts]) -> bool:
-    """Every node already runs its rendered unit: one restart of all of them would change nothing."""
-    for req, f in zip(requests, facts, strict=True):
-        state = f.get("state")
-        if state is None or (state["active_state"], state["sub_state"]) != ("active", "running"):
-            return False
-        if f.get("unit_sha256") != unit_sha256(req.unit_text or ""):
-            return False
-    return True
 
 
 def _show_nodes(out: Output, hosts: Sequence[HostConfig]) -> None:

@@ -14,12 +14,16 @@ from typing import Any
 with warnings.catch_warnings():  # the bundle ships requests without a charset detector; we never need one
     warnings.simplefilter("ignore")
     import requests
-from tenacity import Retrying, retry_if_exception_type, retry_if_result, stop_after_delay, wait_fixed
 
 from agent.host.drain import Load, NoLoad, parse_loads, parse_metrics
 from agent.host.loadcheck import DECODE_TOKENS, LoadResult, LoadSpec, Reply, verdict
 from agent.protocol.events import SmokeData
 from agent.protocol.requests import Smoke
+
+# SGLang 0.5.23's /health answers within SGLANG_HEALTH_CHECK_TIMEOUT (20 s, srt/entrypoints/http_server.py);
+# a probe waits longer than that, so the server's health generation always ends with its own answer.
+HEALTH_PROBE_S = 25.0
+HEALTH_GAP_S = 1.0  # the least time between two probes: /health's own sleep step
 
 # Words and marks: every tokenizer in use splits at least here (byte-level BPE, SentencePiece), so a prompt
 # counted by the server below half of this did not reach the model whole.
@@ -112,24 +116,36 @@ class Probe:
         # sends loopback traffic to the proxy and every check fails; it would also add credentials from
         # ~/.netrc or $NETRC and honour REQUESTS_CA_BUNDLE. trust_env=False turns all of that off at once.
         self.session.trust_env = False
+        self.clock, self.sleep = time.monotonic, time.sleep  # fakes in the pure tests
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Poll /health until 200 (SGLang answers 503 while it warms up); only this step retries."""
-        retrying = Retrying(
-            retry=retry_if_exception_type(requests.RequestException) | retry_if_result(lambda ok: not ok),
-            stop=stop_after_delay(timeout_s),
-            wait=wait_fixed(0.1),
-            reraise=True,
-        )
-        try:
-            retrying(self._healthy)
-        except requests.RequestException as exc:
-            raise ProbeError(f"{self.base}/health did not answer within {timeout_s:.0f} s: {exc}") from None
-        except Exception as exc:  # tenacity's RetryError when it gave up on 503s
-            raise ProbeError(f"{self.base}/health not healthy within {timeout_s:.0f} s") from exc
+        """One GET /health at a time until 200, bounded by timeout_s (the last probe may end one probe's
+        bound after it). Called once the journal's ready line is in, so the first probe normally answers.
+
+        SGLang 0.5.23's /health (srt/entrypoints/http_server.py `health_generate`) answers 503 at once while
+        the server starts, and otherwise generates one token and sleeps in 1 s steps until the scheduler
+        answers, for up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s) before its own 503. A client that gives up
+        first leaves that generation running in the engine (sglang#35884: piled-up orphans crashed
+        prefill), so each probe waits longer than the server's own bound, and the next probe starts no
+        sooner than the last one took (and at least 1 s later): no two overlap, none is orphaned.
+        """
+        deadline = self.clock() + timeout_s
+        last = "no answer yet"
+        while True:
+            began = self.clock()
+            try:
+                if self._healthy():
+                    return
+                last = "it answered 503"
+            except requests.RequestException as exc:
+                last = f"it did not answer: {exc}"
+            took = self.clock() - began
+            if self.clock() + max(HEALTH_GAP_S, took) >= deadline:
+                raise ProbeError(f"{self.base}/health not healthy within {timeout_s:.0f} s ({last})")
+            self.sleep(max(HEALTH_GAP_S, took))
 
     def _healthy(self) -> bool:
-        return self.session.get(f"{self.base}/health", timeout=5).status_code == 200
+        return self.session.get(f"{self.base}/health", timeout=HEALTH_PROBE_S).status_code == 200
 
     def server_info(self) -> dict[str, Any]:
         """GET /server_info (/get_server_info before 0.5.10): the arguments the server resolved."""

@@ -3,9 +3,14 @@
 The SGLang model gateway (`sglang-router` 0.3.2 on PyPI, `python -m sglang_router.launch_router`) keeps its
 workers behind an HTTP API, measured against the release: `GET /workers` lists them
 (`{"workers": [{"id": UUID, "url": ..., "is_healthy": ...}]}`), `POST /workers` with `{"url": ...}` adds
-one and `DELETE /workers/{id}` removes one; both answer 202 and act in the background, so each change is
-followed by polling the list until it shows. A removed worker gets no new requests; the drain then waits
-for the ones it already has.
+one and `DELETE /workers/{id}` removes one; both answer 202 and act in the background (the gateway queues
+them as jobs: `core/job_queue.rs` in sgl-model-gateway, its "worker job queue" log lines in sglang#12621), so
+each change is followed by polling the list until it shows, and a removal may show only after that poll
+gave up. A removed worker gets no new requests; the drain then waits for the ones it already has.
+
+Nothing may keep a worker out for good: the "worker out" mark is written before the DELETE is sent, a run
+whose removal was not confirmed puts the worker back before it reports (`undo_removal`), and the next run
+that finds the mark puts it back. One failed `GET /workers` while polling is not an answer: the poll goes on.
 
 The decisions are pure (`parse_workers`, `find`, `Outcome`); `HttpRouter` is the edge, `RouterPort` what the
 transaction needs, so fakes test every path.
@@ -63,12 +68,21 @@ class RouterPort(Protocol):
 
 
 def gone(router: RouterPort, url: str) -> Callable[[], bool]:
-    return lambda: find(router.workers(), url) is None
+    def check() -> bool:
+        try:
+            return find(router.workers(), url) is None
+        except RouterError:  # one failed GET while polling says nothing either way: poll again
+            return False
+
+    return check
 
 
 def healthy(router: RouterPort, url: str) -> Callable[[], bool]:
     def check() -> bool:
-        worker = find(router.workers(), url)
+        try:
+            worker = find(router.workers(), url)
+        except RouterError:
+            return False
         return worker is not None and worker.healthy
 
     return check
@@ -83,16 +97,19 @@ class Taken:
     message: str
 
 
-def take_out(router: RouterPort, url: str, timeout_s: float) -> Taken:
+def take_out(router: RouterPort, url: str, timeout_s: float, mark: Callable[[], None]) -> Taken:
     """Remove the worker before a restart; a worker the router does not list is left as it is (not added).
 
-    Raises RouterError when the router does not answer or does not let it go within timeout_s.
+    mark() writes the durable "worker out" mark: it runs before the DELETE is sent, so a run killed at any
+    point after it leaves the mark for the next run. Raises RouterError when the router does not answer or
+    does not let the worker go within timeout_s (then the caller owes an `undo_removal`).
     """
     worker = find(router.workers(), url)
     if worker is None:
         return Taken(
             False, False, f"{url} is not in the router: nothing to take out (it is not put in after)"
         )
+    mark()
     router.remove(worker.id)
     if not wait_until(gone(router, url), timeout_s):
         raise RouterError(f"the router still lists {url} {timeout_s:g} s after its removal")
@@ -106,6 +123,27 @@ def put_back(router: RouterPort, url: str, timeout_s: float) -> str:
     if not wait_until(healthy(router, url), timeout_s):
         raise RouterError(f"the router does not list {url} as healthy {timeout_s:g} s after adding it")
     return f"put {url} back in the router: it serves again"
+
+
+@dataclass(frozen=True)
+class Undone:
+    """What putting back a worker whose removal was not confirmed did."""
+
+    sure: bool  # the removal showed and the worker is listed again: the mark may go
+    message: str
+
+
+def undo_removal(router: RouterPort, url: str, timeout_s: float) -> Undone:
+    """After a DELETE whose removal did not show in time: the gateway may still run it (it is queued), so
+    wait for it once more, then put the worker back (or check it is listed). When the removal never showed,
+    a worker still listed may yet be removed: the caller keeps the mark, and the next run checks again.
+    RouterError when the worker cannot be put back."""
+    landed = wait_until(gone(router, url), timeout_s)
+    said = put_back(router, url, timeout_s)
+    if landed:
+        return Undone(True, f"the router removed {url} late; {said}")
+    return Undone(False, f"the router still lists {url} after its removal was asked: it is kept listed, and "
+                         "the next run checks it again")  # fmt: skip
 
 
 class HttpRouter:

@@ -6,13 +6,16 @@ that file, so a dropped connection changes nothing. A runner that died is finish
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -133,23 +136,10 @@ def _in_place(req: Request, txn: str, out: TextIO) -> int | None:
     Nothing changes on this path, so a dropped connection cannot leave anything half done.
     """
     state_dir = StateDir(req.state_dir)
-    if recovery.record_state(state_dir, req.unit) is not recovery.RecordState.NONE:
-        return None
-    lock = _lock(req.unit)
-    try:
-        lock.acquire(_holder(req, txn))
-    except Locked:
-        return None  # the runner's own path reports who holds it
-    try:
-        kept, seen = EventLog(txn, None), list[Event]()  # in memory until this run is known to end here
-        kept.listeners.append(seen.append)
-        kept.emit(Stage.LOCK, "step", f"locked {req.unit}", pid=os.getpid())
-        try:
-            with Systemd() as sd:
-                result = Transaction(req, txn, sd, Journal(), kept).compare(wait=False)
-        except Exception:  # nothing written yet: the runner meets it again and reports it as it does
-            return None
-        if not isinstance(result, Result):
+    kept, seen = EventLog(txn, None), list[Event]()  # in memory until this run is known to end here
+    kept.listeners.append(seen.append)
+    with _compared(req, txn, kept) as result:
+        if result is None:
             return None
         record_request(state_dir, req, txn)
         state_dir.set_last_txn(req.unit, txn)  # this process holds the lock
@@ -160,8 +150,45 @@ def _in_place(req: Request, txn: str, out: TextIO) -> int | None:
             return _finish(req, txn, result, log)
         finally:
             log.close()
+
+
+@contextlib.contextmanager
+def _compared(req: Request, txn: str, log: EventLog) -> Iterator[Result | None]:
+    """The one check of "nothing to do" (Transaction.compare: the unit, the secrets' content, a
+    daemon-reload pending, the running process started from that file, the pool against the target), under
+    the unit's lock, held while the body runs. None when an earlier change waits for recovery, another run
+    holds the lock, or the check did not end in a result: then the change itself runs and checks again."""
+    if recovery.record_state(StateDir(req.state_dir), req.unit) is not recovery.RecordState.NONE:
+        yield None
+        return
+    lock = _lock(req.unit)
+    try:
+        lock.acquire(_holder(req, txn))
+    except Locked:
+        yield None  # the runner's own path reports who holds it
+        return
+    try:
+        log.emit(Stage.LOCK, "step", f"locked {req.unit}", pid=os.getpid())
+        try:
+            with Systemd() as sd:
+                result = Transaction(req, txn, sd, Journal(), log).compare(wait=False)
+        except Exception:  # nothing written: the runner meets it again and reports it as it does
+            result = None
+        yield result if isinstance(result, Result) else None
     finally:
         lock.release()
+
+
+def compare(req: Request, out: TextIO) -> int:
+    """The `compare` verb: whether an apply of this unit would find nothing to do, decided by the check the
+    one-host apply makes (`_compared`); nothing is written. A multi-node service's laptop asks every node
+    before it starts a change of all of them, so each node's agent decides, as for one host."""
+    txn = new_txn_id()
+    with _compared(dataclasses.replace(req, verb="apply", group=None), txn, EventLog(txn, None)) as result:
+        same = result is not None and result.outcome is Outcome.UP_TO_DATE
+        why = result.message if result is not None else "the agent did not find it up to date"
+    out.write(json.dumps({"up_to_date": same, "message": why}, sort_keys=True) + "\n")
+    return 0
 
 
 def _same_apply(holder: Holder, req: Request) -> bool:

@@ -21,7 +21,7 @@ from agent.host.events import EventLog, utc_now
 from agent.host.groupsignal import Decided, Decision, Signals
 from agent.host.loadcheck import LoadResult, LoadSpec
 from agent.host.poll import wait_until
-from agent.host.router import HttpRouter, RouterError, RouterPort, put_back, take_out
+from agent.host.router import HttpRouter, RouterError, RouterPort, put_back, take_out, undo_removal
 from agent.host.secrets import SecretFiles
 from agent.host.state import (
     PHASE_RESTARTED,
@@ -340,13 +340,16 @@ class Transaction:
         if url is None or worker is None:
             return change()
         router = self.router(url)
-        try:
-            taken = take_out(router, worker, self.req.router_timeout_s)
+        try:  # the mark is written before the DELETE: a run killed after it leaves it for the next run
+            taken = take_out(
+                router,
+                worker,
+                self.req.router_timeout_s,
+                lambda: self.state.mark_router_out(self.unit, worker),
+            )
         except RouterError as exc:
-            return Result(Outcome.ERROR, f"the router at {url} did not take {worker} out: {exc}")
+            return self._router_refused(router, worker, exc)
         self.log.emit(Stage.ROUTER, "step", taken.message, out=taken.out)
-        if taken.out:  # a run killed from here on leaves the mark: the next run puts the worker back
-            self.state.mark_router_out(self.unit, worker)
         left = time.monotonic()
         result: Result | None = None
         try:
@@ -357,6 +360,21 @@ class Transaction:
                 out_s = round(time.monotonic() - left, 3) if taken.out else 0.0
                 result.data["router"] = RouterData(url=url, worker=worker, out_s=out_s, back=back)
         return result
+
+    def _router_refused(self, router: RouterPort, worker: str, exc: RouterError) -> Result:
+        """The removal was not confirmed: nothing changes, and a worker whose DELETE went out is put back
+        (or found listed) before the run reports; the mark stays unless that is sure."""
+        if self.state.router_left_out(self.unit) == worker:
+            try:
+                undone = undo_removal(router, worker, self.req.router_timeout_s)
+                self.log.emit(Stage.ROUTER, "step" if undone.sure else "warning", undone.message)
+                if undone.sure:
+                    self.state.clear_router_out(self.unit)
+            except RouterError as again:
+                self.log.emit(Stage.ROUTER, "warning", f"putting {worker} back failed: {again}; the next run "
+                              "puts it back")  # fmt: skip
+        return Result(Outcome.ERROR, f"the router at {self.req.router_url} did not take {worker} out: {exc}; "
+                      "nothing changed")  # fmt: skip
 
     def _back_in_router(self, router: RouterPort, worker: str) -> bool:
         """Put the worker back when its server answers /health; a server that does not stays out."""

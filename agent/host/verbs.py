@@ -38,6 +38,8 @@ CHANGING_VERBS = ("apply", "rollback", "recover")
 def dispatch(req: Request, out: TextIO) -> int:
     if req.verb in CHANGING_VERBS:
         return runner.start(req, out)
+    if req.verb == "compare":
+        return runner.compare(req, out)
     if req.verb == "follow":
         assert req.txn is not None
         return runner.follow(req, req.txn, out)

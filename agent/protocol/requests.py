@@ -34,7 +34,18 @@ def conversation_bound_s(req: Request) -> float:
     return ANSWER_TIMEOUT_S + t.weights_s + 3 * one_start + req.smoke.timeout_s + SLACK_S
 
 
-VERBS = ("facts", "apply", "rollback", "backups", "status", "recover", "follow", "inspect", "signal")
+VERBS = (
+    "facts",
+    "apply",
+    "compare",
+    "rollback",
+    "backups",
+    "status",
+    "recover",
+    "follow",
+    "inspect",
+    "signal",
+)
 # A multi-node service's coordinator to one node's transaction (agent/host/groupsignal.py).
 SIGNALS = ("go", "go-back", "commit", "abort")
 
@@ -154,7 +165,7 @@ class Request:
         _check(re.fullmatch(r"[A-Za-z0-9.:\[\]-]{1,255}", self.http_host) is not None, "bad http_host")
         for value in (self.target_context, self.planned_pool):
             _check(value is None or (isinstance(value, int) and value > 0), "token counts must be positive")
-        if self.verb == "apply":
+        if self.verb in ("apply", "compare"):
             _check(isinstance(self.unit_text, str) and self.target_context is not None, "apply needs a unit")
             assert self.unit_text is not None
             _check(not find_control(self.unit_text, "\t\n"), "unit text contains a control character")

@@ -229,8 +229,15 @@ class FakeAgent:
         self.host, self.facts = host, facts
 
     def call(self, req: Request) -> dict[str, Any]:
+        if req.verb == "compare":  # the node's own check, under its lock (agent/host/runner.py)
+            assert req.group is None and req.unit_text is not None
+            ASKED.append(self.host.ssh.target)
+            return self.facts.get("compare", {"up_to_date": False, "message": "changes"})
         assert req.verb == "facts"
         return self.facts
+
+
+ASKED: list[str] = []
 
 
 def _facts(unit: str, active: str = "active") -> dict[str, Any]:
@@ -281,3 +288,39 @@ def test_fleet_status_of_a_group_is_one_row_with_a_down_rank_said(
     assert status["host"] == "k2" and status["reachable"] and status["nodes"] == 2
     assert status["active"] == "active" and status["measured_pool"] == 123_456 and status["drift"]
     assert status.get("warning", "").startswith("rank 1 (k2-b) not running while rank 0 runs")
+
+
+@pytest.mark.parametrize("rotated", [False, True])
+def test_a_rotated_secret_on_a_group_is_decided_by_each_nodes_agent_not_the_unit_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rotated: bool
+) -> None:
+    """Every node runs its rendered unit, byte for byte; the secret behind it was rotated on the laptop.
+    Only the node's agent sees the secret files: its answer, not the unit's hash, says "nothing to do"."""
+    host = load_host("k2", _units(tmp_path))
+    sent: list[Node] = []
+
+    def coordinate(nodes: list[Node], emit: Any, drive: Drive | None = None) -> grouprun.GroupRun:
+        sent.extend(nodes)
+        for node in nodes:
+            node.view = replace(node.view, outcome=Outcome.APPLIED)
+        return grouprun.GroupRun(Outcome.APPLIED, "", None)
+
+    monkeypatch.setattr(grouprun, "coordinate", coordinate)
+    _fake_nodes(monkeypatch, grouprun, {"k2-a": _facts("old 0"), "k2-b": _facts("old 1")})
+    hostrun.apply_host(host, 100_000, [], lambda p, m: None)
+    rendered = [n.request.unit_text or "" for n in sent]
+    sent.clear()
+    ASKED.clear()
+    same = {"up_to_date": True, "message": "already up to date"}
+    changed = {"up_to_date": False, "message": "the secret files differ"} if rotated else same
+    facts = {
+        "k2-a": {**_facts(rendered[0]), "compare": same},
+        "k2-b": {**_facts(rendered[1]), "compare": changed},
+    }
+    _fake_nodes(monkeypatch, grouprun, facts)
+    result = hostrun.apply_host(host, 100_000, [], lambda p, m: None)
+    assert ASKED  # each node's agent was asked
+    if rotated:
+        assert result.outcome == "applied" and len(sent) == 2  # every node restarts with the new secret
+    else:
+        assert result.outcome == "up_to_date" and sent == []

@@ -1,17 +1,23 @@
 """Behind a router: out before the restart's drain, back in after the checks, whatever the change came to.
 
 The fake keeps the gateway's worker list as `sglang-router` 0.3.2 does (GET/POST/DELETE /workers, measured
-against the release); it records at which restart count each call came, so the order is tested.
+against the release); it records at which restart count each call came, so the order is tested. As the
+gateway, it can run a DELETE late (it queues it as a job and answers 202), on a fake clock that moves only
+when deployctl's poll sleeps, and fail one GET /workers while deployctl polls.
 """
 
 from __future__ import annotations
 
+import functools
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
+import agent.host.router as router_mod
+from agent.host.poll import wait_until
 from agent.host.router import RouterError, Worker, parse_workers, put_back, take_out
 from agent.host.state import StateDir
 from agent.protocol.common import ProtocolError
@@ -40,8 +46,30 @@ class FakeRouter:
             raise RouterError(f"GET {ROUTER}/workers failed: connection refused")
         self.calls.append((call, self.host.systemd.restarts if self.host else 0))
 
+    delay_s: float = 0.0  # the gateway runs a DELETE this long after answering it (0: at once)
+    fail_lists: set[int] = field(default_factory=set)  # the n-th GET /workers after a DELETE fails (from 1)
+    now: float = 0.0  # the fake clock: it moves when deployctl's poll sleeps, or by later()
+    pending: list[tuple[float, str]] = field(default_factory=list)  # (when, worker id) removals queued
+    lists_since_delete: int | None = None
+    mark: Callable[[], str | None] = lambda: None  # the "worker out" mark on the host, as the run left it
+    marks_at_delete: list[str | None] = field(default_factory=list)
+
+    def clock(self) -> float:
+        return self.now
+
+    def later(self, seconds: float) -> None:
+        self.now += seconds
+        for when, wid in list(self.pending):
+            if when <= self.now:
+                self.pending.remove((when, wid))
+                self.workers_.pop(wid, None)
+
     def workers(self) -> list[Worker]:
         self._note("list")
+        if self.lists_since_delete is not None:
+            self.lists_since_delete += 1
+            if self.lists_since_delete in self.fail_lists:
+                raise RouterError(f"GET {ROUTER}/workers failed: read timed out")
         return list(self.workers_.values())
 
     def add(self, url: str) -> None:
@@ -51,8 +79,12 @@ class FakeRouter:
 
     def remove(self, worker_id: str) -> None:
         self._note("remove")
-        if not self.sticky:
-            del self.workers_[worker_id]
+        self.marks_at_delete.append(self.mark())
+        self.lists_since_delete = 0
+        if self.sticky:
+            return
+        self.pending.append((self.now + self.delay_s, worker_id))
+        self.later(0.0)
 
     def urls(self) -> list[str]:
         return sorted(w.url for w in self.workers_.values())
@@ -73,7 +105,9 @@ def routed(host: Host, router: FakeRouter, context: int, **kw: object) -> Reques
     for url in (ME, OTHER):
         router.add(url)
     router.calls.clear()
-    return host.request(context, router_url=ROUTER, router_worker_url=ME, router_timeout_s=0.5, **kw)
+    req = host.request(context, router_url=ROUTER, router_worker_url=ME, router_timeout_s=0.5, **kw)
+    router.mark = lambda: StateDir(req.state_dir).router_left_out(req.unit)
+    return req
 
 
 def run(host: Host, router: FakeRouter, req: Request) -> tuple[Outcome, dict[str, object]]:
@@ -159,7 +193,7 @@ def test_the_router_list_is_read_as_the_gateway_sends_it() -> None:
         with pytest.raises(RouterError):
             parse_workers(bad)
     router = FakeRouter(workers_={"4f1c": Worker("4f1c", "HTTP://10.0.0.5:30000/", True)})
-    assert take_out(router, ME, 0.1).out  # the same worker, however its URL was written
+    assert take_out(router, ME, 0.1, lambda: None).out  # the same worker, however its URL was written
     assert "back in the router" in put_back(router, ME, 0.1)
 
 
@@ -197,3 +231,77 @@ def test_a_worker_put_back_leaves_no_mark_and_one_left_out_keeps_it(host: Host) 
     host.probe.down = True
     run(host, router, req)
     assert StateDir(req.state_dir).router_left_out(req.unit) == ME  # still out: the next run tries again
+
+
+# -- the gateway runs a DELETE late, or a GET fails while deployctl polls: the worker is never out for good --
+@pytest.fixture
+def gateway(monkeypatch: pytest.MonkeyPatch) -> FakeRouter:
+    """A router on a fake clock: deployctl's polls sleep on it, so a late removal lands when it would."""
+    router = FakeRouter()
+    fake = functools.partial(wait_until, clock=router.clock, sleep=router.later)
+    monkeypatch.setattr(router_mod, "wait_until", fake)
+    return router
+
+
+def test_the_worker_out_mark_is_written_before_the_delete(host: Host, gateway: FakeRouter) -> None:
+    run(host, gateway, routed(host, gateway, NEW))
+    assert gateway.marks_at_delete == [ME]
+
+
+def test_a_get_that_fails_once_while_polling_leaves_no_worker_out(host: Host, gateway: FakeRouter) -> None:
+    gateway.fail_lists = {1}
+    req = routed(host, gateway, NEW)
+    outcome, _ = run(host, gateway, req)
+    assert outcome is Outcome.APPLIED
+    assert ME in gateway.urls() and StateDir(req.state_dir).router_left_out(req.unit) is None
+
+
+def test_a_removal_that_shows_after_the_poll_gave_up_is_undone_before_the_report(
+    host: Host, gateway: FakeRouter
+) -> None:
+    gateway.delay_s = 0.7  # the poll gives up at 0.5 s; the gateway's queued job runs at 0.7 s
+    req = routed(host, gateway, NEW)
+    outcome, _ = run(host, gateway, req)
+    assert outcome is Outcome.ERROR and host.systemd.restarts == 0
+    gateway.later(60.0)  # whatever the gateway still had queued has run
+    assert ME in gateway.urls() and StateDir(req.state_dir).router_left_out(req.unit) is None
+
+
+def test_a_removal_that_lands_after_the_run_is_put_back_by_the_next_run(
+    host: Host, gateway: FakeRouter
+) -> None:
+    gateway.delay_s = 30.0  # long after the run reported
+    req = routed(host, gateway, NEW)
+    outcome, _ = run(host, gateway, req)
+    assert outcome is Outcome.ERROR and host.systemd.restarts == 0
+    assert StateDir(req.state_dir).router_left_out(req.unit) == ME  # not sure yet: the mark stays
+    gateway.later(60.0)
+    assert ME not in gateway.urls()  # the late removal landed
+    outcome, _ = run(
+        host, gateway, replace(req, unit_text=unit_text(OLD), target_context=OLD)
+    )  # cron's next run
+    assert outcome is Outcome.UP_TO_DATE
+    assert ME in gateway.urls() and StateDir(req.state_dir).router_left_out(req.unit) is None
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.3, 0.7, 1.2, 30.0])
+@pytest.mark.parametrize("fails", [set(), {1}, {2}, {1, 2}, {3}])
+def test_no_removal_timing_and_no_failed_get_keeps_the_worker_out_for_good(
+    host: Host, gateway: FakeRouter, delay_s: float, fails: set[int]
+) -> None:
+    """Every late removal against every failed poll: once the gateway has run what it queued, the worker is
+    listed or the mark says it is out; the next run (nothing to do) leaves it listed once, with no mark."""
+    gateway.delay_s, gateway.fail_lists = delay_s, fails
+    req = routed(host, gateway, NEW)
+    outcome, _ = run(host, gateway, req)
+    assert outcome in (Outcome.APPLIED, Outcome.ERROR)
+    gateway.later(60.0)
+    marked = StateDir(req.state_dir).router_left_out(req.unit)
+    assert ME in gateway.urls() or marked == ME
+    gateway.fail_lists = set()
+    now = NEW if outcome is Outcome.APPLIED else OLD
+    again, _ = run(host, gateway, replace(req, unit_text=unit_text(now), target_context=now))
+    assert again is Outcome.UP_TO_DATE
+    gateway.later(60.0)
+    assert [w.url for w in gateway.workers_.values()].count(ME) == 1
+    assert StateDir(req.state_dir).router_left_out(req.unit) is None

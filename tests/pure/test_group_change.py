@@ -5,6 +5,7 @@ Each fault is one test: a rank that fails, a link that drops, a coordinator that
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -231,3 +232,43 @@ def test_go_back_waits_for_every_rank_that_rolls_back_to_stop_its_new_server() -
     assert next_step(stopped, True, Step.ABORT, went_back=True).step is Step.WAIT
     ended = [Rank(Vote.READY, back=True), Rank(Vote.STARTED, Outcome.ERROR)]  # refused: nothing to stop
     assert next_step(ended, True, Step.ABORT).step is Step.GO_BACK
+
+
+def pure_nodes(n: int) -> list[Node]:
+    host = HostConfig.model_construct(name="n")
+    return [Node(r, host, None, Request("apply", txn=TXN, group=Group(r, n, WAIT_S))) for r in range(n)]
+
+
+def test_a_follow_thread_that_dies_of_a_bug_does_not_block_the_coordinator() -> None:
+    def follow(node: Node, on_event: Callable[[Event], None]) -> object:
+        if node.rank == 1:
+            raise ValueError("a bug")
+        on_event(Event(TXN, 1, "", "done", "outcome", "refused", {"outcome": "error"}))
+        return None
+
+    coordinator = Coordinator(pure_nodes(2), lambda n, e: None, deliver=lambda n, w, r: {}, follow=follow)
+    thread = threading.Thread(target=coordinator.run, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()  # it ended: rank 1 is named lost, with the bug
+    assert "a bug" in coordinator.nodes[1].view.why
+
+
+def test_a_node_that_does_not_run_the_transaction_is_an_error_not_a_delivery() -> None:
+    nodes = pure_nodes(2)
+    decided = threading.Event()
+
+    def follow(node: Node, on_event: Callable[[Event], None]) -> object:
+        on_event(Event(TXN, 1, "", "group", "step", "stopped", {"vote": "stopped"}))
+        decided.wait(10)
+        on_event(Event(TXN, 2, "", "done", "outcome", "back", {"outcome": "rolled_back"}))
+        return None
+
+    def deliver(node: Node, word: str, reason: str) -> SignalAnswer:
+        if word == "abort":
+            decided.set()
+        return {"known": False, "go": False, "decision": None}  # a re-run's id the nodes never saw
+
+    coordinator = Coordinator(nodes, lambda n, e: None, deliver=deliver, follow=follow)
+    coordinator.run()
+    assert coordinator.decided is Step.ABORT and "does not run transaction" in coordinator.reason

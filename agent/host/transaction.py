@@ -141,7 +141,8 @@ class Transaction:
         self.stopping_at = ""
         self.barrier: str | None = None  # a node of a group that got no "go": why it never started
         self.group_start_bound_s: float | None = None  # rank 0's start bound; the pure tests' is short
-        self.no_go = False  # rank 0 aborted before any rank took "go": its old unit starts at once
+        self.no_go = False
+        self.recovering = False  # restoring an earlier change's backup (never this change's barrier)  # rank 0 aborted before any rank took "go": its old unit starts at once
         self.in_doubt: str | None = None  # a group's node that stopped and got no word: why it stays stopped
         self.events: list[Event] = []  # this run's events: the downtime is read off them
         log.listeners.append(self.events.append)
@@ -328,9 +329,11 @@ class Transaction:
             Stage.RECOVER, "warning", f"transaction {record.txn} did not finish: restoring the old unit"
         )
         try:
+            self.recovering = True
             ok, reason = self._restore(record)
         except OSError as exc:  # a disk fault mid-restore: the record stays for the next run
             ok, reason = False, str(exc)
+        self.recovering = False
         if ok:
             self.state.clear_record(self.unit)
             self.log.emit(Stage.RECOVER, "step", f"old unit of {record.txn} restored and healthy")
@@ -909,6 +912,10 @@ class Transaction:
         """Restart the restored unit and see it serve: a rollback is reported only once it does."""
         from agent.host.probe import ProbeError
 
+        if self.req.group is not None and self.recovering:  # never this change's barrier: nobody sends it
+            self._stop_clean(RESTART_JOB_TIMEOUT_S)
+            self.log.emit(Stage.RECOVER, "step", "stopped: the group's change starts it with its peers")
+            return True, ""
         back = Signals(self.state.txn_dir(self.txn), back=True) if self.req.group is not None else None
         old = self._restart_and_watch(Gate(None, None, 0.0, self.req.timeouts), Stage.VERIFY_OLD, back)
         if old.verdict.action is not Action.READY:

@@ -208,3 +208,24 @@ def test_a_node_aborted_before_its_start_does_not_vote_failed(host: Host) -> Non
     assert result.outcome is Outcome.ROLLED_BACK and "rank 1 failed: OOM" in result.message
     assert not [e for e in txn.events if e.data.get("vote") == "failed"]
     assert host.systemd.starts == 1 and host.systemd.loaded == node_unit(OLD, 0)
+
+
+def test_recovering_an_earlier_change_under_a_group_request_never_waits_on_this_changes_barrier(
+    host: Host,
+) -> None:
+    from agent.host.state import PHASE_RESTARTED, Record, StateDir
+    from agent.protocol import unit_sha256
+
+    host.install(host.etc, node_unit(NEW, 1))  # an earlier change's agent died after its restart
+    (host.etc / "sglang.service.bak.20261201T000000Z").write_text(node_unit(OLD, 1))
+    StateDir(str(host.root / "state")).save_record(
+        Record("20261201T000000Z-earlier", "sglang.service", PHASE_RESTARTED,
+               "sglang.service.bak.20261201T000000Z", unit_sha256(node_unit(NEW, 1)))
+    )  # fmt: skip
+    txn = host.transaction(node_request(host, NEW, 1))
+    signals = on_vote(txn, "stopped", Signals.go)
+    on_vote(txn, "ready", lambda s: s.claim(Decision.COMMIT, "", "deployctl"))
+    result = txn.apply()
+    # the restore only stopped the server: no "stopped_back" vote into this change, no wait for a go-back
+    assert not any(e.data.get("vote") == "stopped_back" for e in txn.events)
+    assert result.outcome is Outcome.APPLIED and signals.decided() is not None

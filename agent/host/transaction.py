@@ -141,8 +141,8 @@ class Transaction:
         self.stopping_at = ""
         self.barrier: str | None = None  # a node of a group that got no "go": why it never started
         self.group_start_bound_s: float | None = None  # rank 0's start bound; the pure tests' is short
-        self.no_go = False
-        self.recovering = False  # restoring an earlier change's backup (never this change's barrier)  # rank 0 aborted before any rank took "go": its old unit starts at once
+        self.no_go = False  # rank 0 aborted before any rank took "go": its old unit starts at once
+        self.recovering = False  # restoring an earlier change's backup (never this change's barrier)
         self.in_doubt: str | None = None  # a group's node that stopped and got no word: why it stays stopped
         self.events: list[Event] = []  # this run's events: the downtime is read off them
         log.listeners.append(self.events.append)

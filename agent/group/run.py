@@ -76,6 +76,9 @@ class Coordinator:
     went: bool = False
     went_back: bool = False
     held: bool = False  # rank 0's word unknown: nothing more is sent (each node's own rules apply)
+    untold: set[int] = field(
+        default_factory=set
+    )  # ranks >= 1 the decision did not reach: told once they speak
     decided: Step | None = None
     reason: str = ""
     events: queue.Queue[tuple[int, Event | None]] = field(default_factory=queue.Queue)
@@ -87,6 +90,8 @@ class Coordinator:
         while True:
             rank, event = self.events.get()
             self._take(self.nodes[rank], event)
+            if event is not None and rank in self.untold:  # its link is back: the decision reaches it now
+                self._retell(rank)
             nxt = next_step([n.view for n in self.nodes], self.went, self.decided, self.went_back)
             if nxt.step is Step.DONE:
                 return
@@ -142,6 +147,8 @@ class Coordinator:
             self.decided, self.reason = Step(word.value), reason
         for rank in delivery_order(word, len(self.nodes)):
             answer, why = self._deliver(self.nodes[rank], word)
+            if answer is Answer.UNREACHABLE and rank >= 1 and word in (Word.COMMIT, Word.ABORT):
+                self.untold.add(rank)
             then = after_answer(word, rank, answer)
             if then is Then.HOLD:
                 self.held = True
@@ -150,6 +157,12 @@ class Coordinator:
             if then is Then.ABORT:
                 self._send(Word.ABORT, f"rank {rank}: {why}")
                 return
+
+    def _retell(self, rank: int) -> None:
+        assert self.decided is not None
+        answer, _ = self._deliver(self.nodes[rank], Word(self.decided.value))
+        if answer is not Answer.UNREACHABLE:
+            self.untold.discard(rank)
 
     def _deliver(self, node: Node, word: Word) -> tuple[Answer, str]:
         """One delivery and the machine's reading of its answer; `known: false` is an error: the node

@@ -21,7 +21,7 @@ from agent.protocol import Event, Group, Outcome, Request, SignalAnswer, Timeout
 from tests.pure.test_group_node import BROKEN, NEW, OLD, node_request, node_unit
 from tests.pure.txnfakes import TXN, Host, Script
 
-WAIT_S = 0.5
+WAIT_S = 5.0  # generous: the coordinator runs in threads, a loaded machine must not make a node time out
 
 
 @dataclass
@@ -56,7 +56,7 @@ def fake_follow(fakes: list[FakeNode]) -> Callable[[Node, Callable[[Event], None
         fake.txn_dir(TXN).mkdir(parents=True, exist_ok=True)
         (fake.txn_dir(TXN) / "request.json").write_text(node.request.to_json())  # as the runner does
         txn = fake.host.transaction(node.request)
-        txn.group_start_bound_s = WAIT_S
+        txn.group_start_bound_s = 1.0  # rank 0 of these fakes decides at once
         txn.log.listeners.append(on_event)
         result = txn.apply()
         data = {"outcome": result.outcome.value, **result.data}

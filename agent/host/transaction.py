@@ -142,7 +142,7 @@ class Transaction:
         self.barrier: str | None = None  # a node of a group that got no "go": why it never started
         self.group_start_bound_s: float | None = None  # rank 0's start bound; the pure tests' is short
         self.no_go = False  # rank 0 aborted before any rank took "go": its old unit starts at once
-        self.recovering = False  # restoring an earlier change's backup (never this change's barrier)
+        self.recovering = False  # restoring an earlier change's backup: never this change's barrier
         self.in_doubt: str | None = None  # a group's node that stopped and got no word: why it stays stopped
         self.events: list[Event] = []  # this run's events: the downtime is read off them
         log.listeners.append(self.events.append)
@@ -329,14 +329,15 @@ class Transaction:
             Stage.RECOVER, "warning", f"transaction {record.txn} did not finish: restoring the old unit"
         )
         try:
-            self.recovering = True
+            self.recovering = record.txn != self.txn  # this change's own record rolls back with its group
             ok, reason = self._restore(record)
         except OSError as exc:  # a disk fault mid-restore: the record stays for the next run
             ok, reason = False, str(exc)
-        self.recovering = False
+        stopped, self.recovering = self.recovering and self.req.group is not None, False
         if ok:
             self.state.clear_record(self.unit)
-            self.log.emit(Stage.RECOVER, "step", f"old unit of {record.txn} restored and healthy")
+            how = "restored, stopped until its group starts it" if stopped else "restored and healthy"
+            self.log.emit(Stage.RECOVER, "step", f"old unit of {record.txn} {how}")
             return "restored"
         self.unrecovered = record
         self.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")

@@ -25,7 +25,8 @@ CASES: list[tuple[str, str, float]] = [
     ("group:link_drop_rank1:stopped", "stopped", 20.0),  # waiting for "go"
     ("group:link_drop_rank1:watch", "watch", 20.0),  # its new start in progress
     ("group:link_drop_rank1:ready", "ready", 20.0),  # voted, waiting for the decision
-    ("group:link_drop_rank1:ready_long", "ready", 150.0),  # longer than its own wait: it decides alone
+    # longer than its own wait: rank 0 took the commit first; rank 1 is told once its link is back
+    ("group:link_drop_rank1:ready_long", "ready", 150.0),
 ]
 
 

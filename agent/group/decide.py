@@ -54,7 +54,8 @@ def next_step(ranks: Sequence[Rank], went: bool, decided: Step | None, went_back
     if decided is not None:
         if all(r.outcome is not None or r.lost for r in ranks):
             return Next(Step.DONE)
-        stopped = all(r.back or r.outcome is not None or r.lost for r in ranks)
+        # a rank out of reach, or one that kept its new unit, may run its new server: no old start may meet it
+        stopped = all(r.back or r.outcome not in (None, Outcome.APPLIED) for r in ranks)
         if decided is Step.ABORT and not went_back and stopped:
             return Next(Step.GO_BACK)
         return Next(Step.WAIT)

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from agent.errors import ConnectError, RemoteError
-from agent.group.decide import Next, Rank, Step, Vote, next_step, to_roll_back
+from agent.group.decide import Rank, Step, Vote, next_step, to_roll_back
+from agent.host.groupmachine import Answer, Then, Word, after_answer, answer_of, delivery_order
+from agent.host.groupsignal import Decision
 from agent.inventory import HostConfig
 from agent.protocol.answers import SignalAnswer
 from agent.protocol.events import Event, Outcome
@@ -75,6 +77,10 @@ class Coordinator:
     follow: Follow = follow
     went: bool = False
     went_back: bool = False
+    held: bool = False  # rank 0's word unknown: nothing more is sent (each node's own rules apply)
+    untold: set[int] = field(
+        default_factory=set
+    )  # ranks >= 1 the decision did not reach: told once they speak
     decided: Step | None = None
     reason: str = ""
     events: queue.Queue[tuple[int, Event | None]] = field(default_factory=queue.Queue)
@@ -86,16 +92,32 @@ class Coordinator:
         while True:
             rank, event = self.events.get()
             self._take(self.nodes[rank], event)
+            if event is not None and rank in self.untold:  # its link is back: the decision reaches it now
+                self._retell(rank)
             nxt = next_step([n.view for n in self.nodes], self.went, self.decided, self.went_back)
             if nxt.step is Step.DONE:
                 return
-            self._act(nxt)
+            if nxt.step is not Step.WAIT and not self.held:
+                self._send(Word(nxt.step.value), nxt.reason)
 
     def _follow(self, node: Node) -> None:
+        """Pass on a node's events; however it ends, it queues something, so the loop never waits on it."""
+        ended: list[Event] = []
+
+        def on_event(event: Event) -> None:
+            if event.is_outcome:
+                ended.append(event)
+            self.events.put((node.rank, event))
+
         try:
-            self.follow(node, lambda e: self.events.put((node.rank, e)))
+            self.follow(node, on_event)
         except (ConnectError, ConnectionLost, RemoteError) as exc:
             node.view = replace(node.view, lost=True, why=str(exc))
+        except Exception as exc:  # a bug here must not leave the coordinator waiting for ever
+            node.view = replace(node.view, lost=True, why=f"following it failed: {exc!r}")
+        finally:
+            if not ended and not node.view.lost:
+                node.view = replace(node.view, lost=True, why="its follow ended without an outcome")
             self.events.put((node.rank, None))
 
     def _take(self, node: Node, event: Event | None) -> None:
@@ -116,42 +138,48 @@ class Coordinator:
         elif vote == "failed":
             node.view = replace(node.view, vote=Vote.FAILED, why=event.message)
 
-    def _act(self, nxt: Next) -> None:
-        if nxt.step is Step.GO:
+    def _send(self, word: Word, reason: str) -> None:
+        """Deliver a word rank by rank, rank 0 first (its files are the group's commit point), and do what
+        the group machine says after each answer (host/groupmachine.py after_answer)."""
+        if word is Word.GO:
             self.went = True
-            self._send_all("go", "")
-        elif nxt.step is Step.GO_BACK:
+        elif word is Word.GO_BACK:
             self.went_back = True
-            self._send_all("go-back", "")
-        elif nxt.step in (Step.COMMIT, Step.ABORT):
-            self._decide(nxt.step, nxt.reason)
-
-    def _decide(self, step: Step, reason: str) -> None:
-        """Send the decision to every node; a node that cannot be told, or that already decided abort
-        for itself (it waited too long), turns a commit into an abort for the nodes not told yet. A commit
-        goes to rank 0 last: a rank >= 1 out of reach then leaves every node uncommitted, so the group
-        goes back together (rank 1 rolls itself back when no word comes) instead of converging later."""
-        self.decided, self.reason = step, reason
-        order = [*self.nodes[1:], self.nodes[0]] if step is Step.COMMIT else list(self.nodes)
-        for node in order:
-            word = self.decided.value
-            try:
-                answer = self.deliver(node, word, self.reason)
-            except ConnectError as exc:  # it rolls itself back when its wait runs out
-                answer = {"decision": "abort", "reason": f"not reachable: {exc}"}
-            if self.decided is Step.COMMIT and answer.get("decision") == "abort":
-                self.decided = Step.ABORT
-                self.reason = f"rank {node.rank} rolled back: {answer.get('reason', '')}"
-
-    def _send_all(self, word: str, reason: str) -> None:
-        for node in self.nodes:
-            try:
-                answer = self.deliver(node, word, reason)
-            except ConnectError:
-                continue  # its follow tells what became of it; without "go" it rolls itself back
-            if answer.get("decision") == "abort" and not self.decided:
-                self._decide(Step.ABORT, f"rank {node.rank}: {answer.get('reason', '')}")
+        else:
+            self.decided, self.reason = Step(word.value), reason
+        for rank in delivery_order(word, len(self.nodes)):
+            answer, why = self._deliver(self.nodes[rank], word)
+            if answer is Answer.UNREACHABLE and rank >= 1 and word in (Word.COMMIT, Word.ABORT):
+                self.untold.add(rank)
+            then = after_answer(word, rank, answer)
+            if then is Then.HOLD:
+                self.held = True
+                self.reason = f"rank 0's decision is unknown ({why}): each node follows its own rule"
                 return
+            if then is Then.ABORT:
+                self._send(Word.ABORT, f"rank {rank}: {why}")
+                return
+
+    def _retell(self, rank: int) -> None:
+        assert self.decided is not None
+        answer, _ = self._deliver(self.nodes[rank], Word(self.decided.value))
+        if answer is not Answer.UNREACHABLE:
+            self.untold.discard(rank)
+
+    def _deliver(self, node: Node, word: Word) -> tuple[Answer, str]:
+        """One delivery and the machine's reading of its answer; `known: false` is an error: the node
+        does not run this transaction."""
+        try:
+            got = self.deliver(node, word.value, self.reason)
+        except ConnectError as exc:
+            return Answer.UNREACHABLE, f"not reachable: {exc}"
+        stands = got.get("decision")
+        answer = answer_of(
+            bool(got.get("known")), True, word, Decision(stands) if stands else None, got.get("by") == "node"
+        )
+        if answer is Answer.UNKNOWN:
+            return answer, f"rank {node.rank} does not run transaction {node.request.txn}"
+        return answer, str(got.get("reason", ""))
 
 
 def converge(nodes: Sequence[Node], rollback: Callable[[Node, str], Event]) -> bool:

@@ -18,7 +18,10 @@ from agent.host import drain, loadcheck, serverinfo
 from agent.host.adopt import kept_secret_env
 from agent.host.decide import Action, Failure, Gate, fail
 from agent.host.events import EventLog, utc_now
-from agent.host.groupsignal import Decided, Decision, Signals
+from agent.host.groupmachine import Do, Phase, Saw
+from agent.host.groupmachine import Node as GroupNode
+from agent.host.groupnode import NodeWaits, start_bound_s
+from agent.host.groupsignal import Decision, Signals
 from agent.host.loadcheck import LoadResult, LoadSpec
 from agent.host.poll import wait_until
 from agent.host.router import HttpRouter, RouterError, RouterPort, put_back, take_out, undo_removal
@@ -129,6 +132,10 @@ class Transaction:
         self.drains: list[drain.Drain] = []  # the old server's, then (a rollback) the rejected one's
         self.stopping_at = ""
         self.barrier: str | None = None  # a node of a group that got no "go": why it never started
+        self.group_start_bound_s: float | None = None  # rank 0's start bound; the pure tests' is short
+        self.no_go = False  # rank 0 aborted before any rank took "go": its old unit starts at once
+        self.recovering = False  # restoring an earlier change's backup: never this change's barrier
+        self.in_doubt: str | None = None  # a group's node that stopped and got no word: why it stays stopped
         self.events: list[Event] = []  # this run's events: the downtime is read off them
         log.listeners.append(self.events.append)
 
@@ -321,12 +328,15 @@ class Transaction:
             Stage.RECOVER, "warning", f"transaction {record.txn} did not finish: restoring the old unit"
         )
         try:
+            self.recovering = record.txn != self.txn  # this change's own record rolls back with its group
             ok, reason = self._restore(record)
         except OSError as exc:  # a disk fault mid-restore: the record stays for the next run
             ok, reason = False, str(exc)
+        stopped, self.recovering = self.recovering and self.req.group is not None, False
         if ok:
             self.state.clear_record(self.unit)
-            self.log.emit(Stage.RECOVER, "step", f"old unit of {record.txn} restored and healthy")
+            how = "restored, stopped until its group starts it" if stopped else "restored and healthy"
+            self.log.emit(Stage.RECOVER, "step", f"old unit of {record.txn} {how}")
             return "restored"
         self.unrecovered = record
         self.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
@@ -576,30 +586,57 @@ class Transaction:
             pool = started.summary.get("kv_tokens")
             self.log.emit(Stage.GROUP, "step", f"rank {rank} ready (KV pool {pool:,} tokens): waiting for "
                           "the group's decision", vote="ready", kv_tokens=pool)  # fmt: skip
-            stands = self._wait_for_decision(signals)
-            if stands.decision is Decision.COMMIT:
-                self.log.emit(Stage.GROUP, "step", "the group committed", decision="commit")
-                return self._commit(started, new, backup, restored_from)
-            reason = f"the group rolled back ({stands.reason})"
+            return self._decided(signals, started, new, backup, restored_from)
         self.log.emit(Stage.GROUP, "step", f"the group rolled back: {stands.reason}", decision="abort")
         return self._roll_back(reason, started, backup, new)
 
-    def _wait_for_decision(self, signals: Signals) -> Decided:
-        """The group's decision; the node's own abort when none comes within wait_s, or when its server
-        stops meanwhile: it cannot serve without its peers (a rank that went back to its old unit takes
-        the others down), and systemd's Restart= must not bring it back to join another generation."""
+    def _waits(self, signals: Signals) -> NodeWaits:
         assert self.req.group is not None
-        wait_s, started = self.req.group.wait_s, self.systemd.unit_state(self.unit)
+        stop_s = drain.stop_timeout_s(self.req.drain_timeout_s, self.req.drain_stop_allowance_s)
+        bound = self.group_start_bound_s or start_bound_s(self.req, stop_s + RESTART_JOB_TIMEOUT_S)
+        return NodeWaits(signals, self.req.group.rank, self.req.group.wait_s, bound)
+
+    def _decided(
+        self, signals: Signals, started: WatchResult, new: str, backup: str | None, restored_from: str | None
+    ) -> Result:
+        """Voted ready: do what the group machine says once the word comes, or its deadline passes."""
+        node, done = self._wait_for_decision(signals)
+        stands = signals.decided()
+        why = stands.reason if stands else "no word"
+        if node.phase is Phase.COMMITTED:
+            if Do.START_NEW in done:  # it had stopped before the word: rank 0 committed
+                self.systemd.start(self.unit, RESTART_JOB_TIMEOUT_S)
+            self.log.emit(Stage.GROUP, "step", "the group committed", decision="commit")
+            return self._commit(started, new, backup, restored_from)
+        if node.phase is Phase.IN_DOUBT:
+            self.in_doubt = (
+                f"rank {node.rank} in doubt: its server stopped and no word came from deployctl or rank 0;"
+                " it stays stopped (never a generation of its own): deployctl apply again takes it to rank"
+                " 0's decision"
+            )
+            self.log.emit(Stage.GROUP, "warning", self.in_doubt, decision="in-doubt")
+            return Result(Outcome.ROLLBACK_FAILED, self.in_doubt, {"backup": backup})
+        self.log.emit(Stage.GROUP, "step", f"the group rolled back: {why}", decision="abort")
+        return self._roll_back(f"the group rolled back ({why})", started, backup, new)
+
+    def _wait_for_decision(self, signals: Signals) -> tuple[GroupNode, tuple[Do, ...]]:
+        """The group's decision, or what the group machine says without one (host/groupmachine.py): rank 0
+        aborts alone; a rank >= 1 keeps the new unit when its server outlived rank 0's deadline, and stops
+        (systemd's Restart= must not bring it back to join another generation) when it did not."""
+        started = self.systemd.unit_state(self.unit)
+        waits = self._waits(signals)
 
         def gone() -> bool:
             now = self.systemd.unit_state(self.unit)
             return now.invocation_id != started.invocation_id or now.active_state != "active"
 
-        if not wait_until(lambda: signals.decided() is not None or gone(), wait_s):
-            signals.claim(Decision.ABORT, f"no decision from deployctl within {wait_s:.0f} s", "node")
-        elif signals.decided() is None:
-            signals.claim(Decision.ABORT, "its server stopped while it waited for the decision", "node")
-        return signals.decided() or Decided(Decision.ABORT, "no decision", "node")
+        node, done = waits.decision(gone)
+        if node.phase is Phase.HELD:
+            self._stop_clean(RESTART_JOB_TIMEOUT_S)
+            self.log.emit(Stage.GROUP, "warning", f"rank {node.rank}'s server stopped before any word: "
+                          "stopped, waiting for rank 0's decision")  # fmt: skip
+            node, done = waits.held()
+        return node, done
 
     def _restart_and_watch(self, gate: Gate, stage: Stage, barrier: Signals | None = None) -> WatchResult:
         cursor = self.journal.cursor()
@@ -612,6 +649,8 @@ class Transaction:
         job = self._drained_restart(before.invocation_id, barrier)
         if barrier is not None and not barrier.back and self.barrier:  # never started: not every rank stopped
             return WatchResult(fail(self.barrier, Failure.TIMEOUT), {}, 0.0)
+        if barrier is not None and barrier.back and self.in_doubt:  # stopped, and stays so
+            return WatchResult(fail(self.in_doubt, Failure.TIMEOUT), {}, 0.0)
         after = self.systemd.unit_state(self.unit)
         self.log.emit(
             Stage.RESTART,
@@ -667,6 +706,9 @@ class Transaction:
         stands = barrier.decided()
         if stands is not None and stands.decision is Decision.ABORT:  # by the coordinator, or on its own
             self.barrier = f"the group rolled back before the start ({stands.reason})"
+            self.no_go = (
+                self._waits(barrier).step(Phase.STOPPED, Saw.SIGNAL, "")[0].phase is Phase.ROLLED_BACK
+            )
             return stopped
         self.log.emit(Stage.GROUP, "step", f"every rank stopped: starting rank {rank}")
         job: JobResult = self.systemd.start(self.unit, RESTART_JOB_TIMEOUT_S)
@@ -694,11 +736,16 @@ class Transaction:
         rank, wait_s = self.req.group.rank, self.req.group.wait_s
         self.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}) to roll back: waiting "
                       "for every rank to stop", vote="stopped_back", job=stopped.result)  # fmt: skip
-        if wait_until(barrier.gone, wait_s):
-            self.log.emit(Stage.GROUP, "step", f"every rank stopped: starting rank {rank}'s old unit")
-        else:
-            self.log.emit(Stage.GROUP, "warning", f"no word from deployctl within {wait_s:.0f} s: starting "
-                          f"rank {rank}'s old unit anyway")  # fmt: skip
+        node = self._waits(Signals(barrier.folder)).back(self.no_go)
+        if node.phase is Phase.IN_DOUBT:  # a peer's new server may run, or come back under Restart=
+            self.in_doubt = (
+                f"no go-back from deployctl within {wait_s:.0f} s: rank {rank} stays stopped (an old start "
+                "could meet a peer's new server); deployctl apply again brings the group back together"
+            )
+            self.log.emit(Stage.GROUP, "warning", self.in_doubt)
+            return stopped
+        why = "no rank took go" if self.no_go else "every rank stopped"
+        self.log.emit(Stage.GROUP, "step", f"{why}: starting rank {rank}'s old unit")
         job: JobResult = self.systemd.start(self.unit, RESTART_JOB_TIMEOUT_S)
         return job
 
@@ -884,6 +931,10 @@ class Transaction:
         """Restart the restored unit and see it serve: a rollback is reported only once it does."""
         from agent.host.probe import ProbeError
 
+        if self.req.group is not None and self.recovering:  # never this change's barrier: nobody sends it
+            self._stop_clean(RESTART_JOB_TIMEOUT_S)
+            self.log.emit(Stage.RECOVER, "step", "stopped: the group's change starts it with its peers")
+            return True, ""
         back = Signals(self.state.txn_dir(self.txn), back=True) if self.req.group is not None else None
         old = self._restart_and_watch(Gate(None, None, 0.0, self.req.timeouts), Stage.VERIFY_OLD, back)
         if old.verdict.action is not Action.READY:

@@ -147,9 +147,7 @@ def test_a_rank_that_fails_rolls_the_group_back_and_is_named(tmp_path: Path) -> 
     assert served(fakes[0]) == node_unit(OLD, 0) and served(fakes[1]) == node_unit(OLD, 1)
 
 
-def test_a_group_that_kept_the_new_unit_on_one_rank_is_converged_and_the_late_rank_named(
-    tmp_path: Path,
-) -> None:
+def test_a_group_whose_link_to_rank_1_drops_after_its_vote_ends_on_the_new_units(tmp_path: Path) -> None:
     nodes, fakes = _group(tmp_path, [NEW, NEW])
     drive = _drive(fakes)
     follow = drive.follow
@@ -164,8 +162,10 @@ def test_a_group_that_kept_the_new_unit_on_one_rank_is_converged_and_the_late_ra
 
     run = coordinate(nodes, lambda p, m: None, replace(drive, follow=cut_rank_1))
     result = group_result(_applied(), nodes, run, {})
-    assert result.outcome == "rolled_back" and result.failed_rank == 1
-    assert served(fakes[0]) == node_unit(OLD, 0) and served(fakes[1]) == node_unit(OLD, 1)
+    # rank 0 took the commit first (the group's commit point); rank 1, out of reach, kept its new unit once
+    # its server outlived rank 0's own deadline
+    assert result.outcome == "applied", result
+    assert served(fakes[0]) == node_unit(NEW, 0) and served(fakes[1]) == node_unit(NEW, 1)
 
 
 def test_a_lost_rank_is_rollback_failed_and_named() -> None:

@@ -85,16 +85,25 @@ def test_the_group_s_abort_rolls_a_healthy_node_back_and_says_why(host: Host) ->
     assert host.systemd.loaded == node_unit(OLD, 0) and host.systemd.active == "active"
 
 
-def test_no_go_in_time_rolls_back_without_ever_starting_the_new_unit(host: Host) -> None:
-    host.install(host.etc, node_unit(OLD, 1))
-    txn = host.transaction(node_request(host, NEW, 1))
+def test_rank_0_with_no_go_in_time_rolls_back_at_once_without_ever_starting_the_new_unit(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 0))
+    txn = host.transaction(node_request(host, NEW, 0))
     result = txn.apply()  # no coordinator: it never says go
     assert result.outcome is Outcome.ROLLED_BACK
     assert "no start signal" in result.message
-    # its one start is the old unit's, after the rollback's own barrier (no word: it starts anyway)
-    assert host.systemd.starts == 1 and host.systemd.loaded == node_unit(OLD, 1)
-    assert any("starting rank 1's old unit anyway" in e.message for e in txn.events)
-    assert host.systemd.active == "active"  # the old unit restarted
+    # rank 0's files are the group's commit point: no rank took "go", so its old unit starts at once
+    assert host.systemd.starts == 1 and host.systemd.loaded == node_unit(OLD, 0)
+    assert any("no rank took go: starting rank 0's old unit" in e.message for e in txn.events)
+    assert host.systemd.active == "active"
+
+
+def test_rank_1_with_no_go_in_time_never_starts_a_generation_alone(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, NEW, 1))
+    result = txn.apply()  # no coordinator: no go, no go-back
+    # rank 0 may have taken "go" and run its new server: an old rank 1 must not meet it; it stays stopped
+    assert result.outcome is Outcome.ROLLBACK_FAILED and "stays stopped" in result.message
+    assert host.systemd.starts == 0 and host.systemd.loaded == node_unit(OLD, 1)
 
 
 def test_no_decision_in_time_rolls_back_and_a_late_commit_is_told_so(host: Host) -> None:
@@ -136,22 +145,37 @@ def test_the_first_claim_wins_and_later_ones_read_it(tmp_path: Path) -> None:
     assert list((tmp_path / "txn").iterdir()) == [tmp_path / "txn" / "group-decision"]  # no temp file left
 
 
-def test_a_node_whose_server_dies_while_it_waits_rolls_back_at_once_and_claims_the_abort(host: Host) -> None:
-    host.install(host.etc, node_unit(OLD, 1))
-    txn = host.transaction(node_request(host, NEW, 1))
+def test_rank_0_whose_server_dies_while_it_waits_rolls_back_at_once_and_claims_the_abort(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 0))
+    txn = host.transaction(node_request(host, NEW, 0))
     on_vote(txn, "stopped", Signals.go)
     on_vote(txn, "stopped_back", lambda s: s.for_rollback().go())
 
-    def peer_gone(s: Signals) -> None:  # node 0 went away: this rank's process exits (gloo)
+    def peer_gone(s: Signals) -> None:  # node 1 went away: this rank's process exits (gloo)
         host.systemd.active, host.systemd.sub = "failed", "failed"
 
     signals = on_vote(txn, "ready", peer_gone)
-    txn.req = replace(txn.req, group=Group(1, 2, 60.0))  # it must not wait its whole minute
+    txn.req = replace(txn.req, group=Group(0, 2, 60.0))  # it must not wait its whole minute
     result = txn.apply()
     assert result.outcome is Outcome.ROLLED_BACK and "server stopped" in result.message
     stands = signals.decided()
     assert stands is not None and (stands.decision, stands.by) == (Decision.ABORT, "node")
-    assert host.systemd.loaded == node_unit(OLD, 1) and host.systemd.active == "active"
+    assert host.systemd.loaded == node_unit(OLD, 0) and host.systemd.active == "active"
+
+
+def test_rank_1_whose_server_dies_before_any_word_stops_and_claims_nothing(host: Host) -> None:
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, NEW, 1))
+    on_vote(txn, "stopped", Signals.go)
+
+    def peer_gone(s: Signals) -> None:  # rank 0 went away: committed or not, this rank cannot know
+        host.systemd.active, host.systemd.sub = "failed", "failed"
+
+    signals = on_vote(txn, "ready", peer_gone)
+    result = txn.apply()
+    assert result.outcome is Outcome.ROLLBACK_FAILED and "in doubt" in result.message
+    assert signals.decided() is None  # rank 0's word decides; the next run takes this rank there
+    assert host.systemd.active != "active"  # stopped: no Restart= into another generation
 
 
 def test_a_rolling_back_node_starts_its_old_unit_only_once_every_rank_stopped(host: Host) -> None:
@@ -185,3 +209,24 @@ def test_a_node_aborted_before_its_start_does_not_vote_failed(host: Host) -> Non
     assert result.outcome is Outcome.ROLLED_BACK and "rank 1 failed: OOM" in result.message
     assert not [e for e in txn.events if e.data.get("vote") == "failed"]
     assert host.systemd.starts == 1 and host.systemd.loaded == node_unit(OLD, 0)
+
+
+def test_recovering_an_earlier_change_under_a_group_request_never_waits_on_this_changes_barrier(
+    host: Host,
+) -> None:
+    from agent.host.state import PHASE_RESTARTED, Record, StateDir
+    from agent.protocol import unit_sha256
+
+    host.install(host.etc, node_unit(NEW, 1))  # an earlier change's agent died after its restart
+    (host.etc / "sglang.service.bak.20261201T000000Z").write_text(node_unit(OLD, 1))
+    StateDir(str(host.root / "state")).save_record(
+        Record("20261201T000000Z-earlier", "sglang.service", PHASE_RESTARTED,
+               "sglang.service.bak.20261201T000000Z", unit_sha256(node_unit(NEW, 1)))
+    )  # fmt: skip
+    txn = host.transaction(node_request(host, NEW, 1))
+    signals = on_vote(txn, "stopped", Signals.go)
+    on_vote(txn, "ready", lambda s: s.claim(Decision.COMMIT, "", "deployctl"))
+    result = txn.apply()
+    # the restore only stopped the server: no "stopped_back" vote into this change, no wait for a go-back
+    assert not any(e.data.get("vote") == "stopped_back" for e in txn.events)
+    assert result.outcome is Outcome.APPLIED and signals.decided() is not None

@@ -1,0 +1,72 @@
+"""One node's waits in a group change, each ending in what the group machine (host/groupmachine.py) says:
+the transaction (host/transaction.py) waits here, and does what the machine answers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.host.groupmachine import Do, Node, Phase, Saw, deadline_s, files_of, node_step
+from agent.host.groupsignal import Signals
+from agent.host.poll import wait_until
+from agent.protocol import Request
+
+Wait = Callable[[Callable[[], bool], float], bool]
+
+
+def start_bound_s(req: Request, stop_s: float) -> float:
+    """The longest rank 0 can take from "go" to its vote and, if it aborts, to its new server's stop: its
+    start's own bounds (the rendezvous allowance included), the smoke test, and the stop."""
+    assert req.group is not None
+    t = req.timeouts
+    return (
+        t.weights_s + t.pool_s + t.ready_s + t.no_progress_s + req.group.wait_s + req.smoke.timeout_s + stop_s
+    )
+
+
+@dataclass
+class NodeWaits:
+    signals: Signals
+    rank: int
+    wait_s: float
+    start_bound_s: float
+    wait: Wait = wait_until
+
+    def step(self, phase: Phase, saw: Saw, reason: str) -> tuple[Node, tuple[Do, ...]]:
+        """The machine's step; a decision it claims is claimed on disk, where the first writer wins."""
+        files = files_of(self.signals)
+        node, done = node_step(Node(self.rank, phase, files), saw)
+        if node.files.decision is not None and files.decision is None:
+            stands = self.signals.claim(node.files.decision, reason, "node")
+            if stands.decision is not node.files.decision:  # the coordinator's word came first
+                return node_step(Node(self.rank, phase, files_of(self.signals)), Saw.SIGNAL)
+        return node, done
+
+    def decision(self, gone: Callable[[], bool]) -> tuple[Node, tuple[Do, ...]]:
+        """Voted ready: the group's word, or what the machine says when none comes in time or the server
+        stops meanwhile."""
+        limit = deadline_s(Node(self.rank, Phase.DECIDING), self.wait_s, self.start_bound_s)
+        if self.wait(lambda: self.signals.decided() is not None or gone(), limit):
+            saw = Saw.SIGNAL if self.signals.decided() is not None else Saw.GONE
+        else:
+            saw = Saw.DEADLINE
+        reason = {
+            Saw.SIGNAL: "",
+            Saw.GONE: "its server stopped while it waited for the decision",
+            Saw.DEADLINE: f"no decision from deployctl within {limit:.0f} s"
+            + ("" if self.rank == 0 else ": its server outlived rank 0's own deadline, so rank 0 committed"),
+        }[saw]
+        return self.step(Phase.DECIDING, saw, reason)
+
+    def held(self) -> tuple[Node, tuple[Do, ...]]:
+        """Stopped before any word: wait for the word once more, then end in doubt."""
+        came = self.wait(lambda: self.signals.decided() is not None, self.wait_s)
+        return self.step(Phase.HELD, Saw.SIGNAL if came else Saw.DEADLINE, "")
+
+    def back(self, no_go: bool) -> Node:
+        """Rolling back, its new server stopped: "go-back", or in doubt when none comes in time. Rank 0 that
+        took no "go" starts its old unit at once: no rank can run a new server."""
+        if no_go:
+            return Node(self.rank, Phase.ROLLED_BACK)
+        came = self.wait(lambda: Signals(self.signals.folder, back=True).gone(), self.wait_s)
+        return self.step(Phase.BACK, Saw.SIGNAL if came else Saw.DEADLINE, "")[0]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from agent.protocol import Request
+from agent.protocol.requests import Request
 
 
 class Asks(Protocol):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from agent.host.groupmachine import Do, Node, Phase, Saw, deadline_s, files_of, node_step
 from agent.host.groupsignal import Signals
 from agent.host.poll import wait_until
-from agent.protocol import Request
+from agent.protocol.requests import Request
 
 Wait = Callable[[Callable[[], bool], float], bool]
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from agent.protocol import HostFacts
+from agent.protocol.answers import HostFacts
 from agent.sglang.unitfile import AdoptError, HandUnit, read_unit
 
 GIB = 1 << 30

@@ -116,11 +116,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
     check_with_sglang_table(host, dict(change.flags))  # before the plan: a typo is not planned for
     if change.allow_longer_context:  # planned with SGLang's override in the unit, as it will run
         host = allow_context(host, change)
-    refused = weight_cache_unit.refusal(
-        host, {**host.sglang.flags, **dict(change.flags)}, *weight_cache_facts(facts)
-    )
-    if refused:
-        raise UsageError(refused, hint="set weight_cache.enabled = false for this service")
+    _refuse_weight_cache(host, change, facts)
     plan = make_plan(host, change, facts)
     flags = {**dict(change.flags), **plan.flags()}
     old_text = facts.get("unit_text") or ""
@@ -134,8 +130,10 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
     target_host = allow_context(host, change)
     new_text = render_checked(target_host, flags, installed=old_text)
     env_secrets, flag_secrets = secret_values(target_host, flags)
-    show_plan(out, host, plan, old_text, new_text)
-    restart = _show_restart(out, host, facts, new_text, flags)
+    restart = restart_for(host, facts, new_text, flags)
+    show_plan(out, host, plan, old_text, new_text, restart)
+    if host.weight_cache.enabled and out.style is not Style.JSON:
+        out.note(_daemon_unit_note(host, new_text))
     if change.dry_run:
         out.note("dry run: nothing was changed")
         return None
@@ -151,6 +149,14 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         secret_flags=flag_secrets,
     )
     return Prepared(plan, old_text, new_text, req, restart)
+
+
+def _refuse_weight_cache(host: HostConfig, change: Change, facts: HostFacts) -> None:
+    """With [weight_cache], what SGLang's daemon cannot serve is refused before anything changes."""
+    flags = {**host.sglang.flags, **dict(change.flags)}
+    refused = weight_cache_unit.refusal(host, flags, *weight_cache_facts(facts))
+    if refused:
+        raise UsageError(refused, hint="set weight_cache.enabled = false for this service")
 
 
 def restart_for(
@@ -186,18 +192,6 @@ def weight_cache_class(host: HostConfig, facts: HostFacts, new_text: str) -> tup
         old = fingerprint(old_flags, _running_version(facts, host))
     new = fingerprint(parse_unit_flags(new_text), host.sglang.version)
     return restart_class(old, new, host.weight_cache.enabled)
-
-
-def _show_restart(
-    out: Output, host: HostConfig, facts: HostFacts, new_text: str, flags: Mapping[str, FlagInput]
-) -> RestartEstimate:
-    """The restart's estimate and, with [weight_cache], the daemon's unit, shown before the change."""
-    restart = restart_for(host, facts, new_text, flags)
-    if out.style is not Style.JSON:
-        out.note("\n".join(restart.lines()))
-        if host.weight_cache.enabled:
-            out.note(_daemon_unit_note(host, new_text))
-    return restart
 
 
 def _daemon_unit_note(host: HostConfig, new_text: str) -> str:
@@ -275,13 +269,22 @@ def allow_context(host: HostConfig, change: Change) -> HostConfig:
     return host.model_copy(update={"unit": host.unit.model_copy(update={"environment": env})})
 
 
-def show_plan(out: Output, host: HostConfig, plan: Plan, old_text: str, new_text: str) -> None:
+def show_plan(  # noqa: PLR0913 - the plan, the unit before and after, and the restart's estimate
+    out: Output,
+    host: HostConfig,
+    plan: Plan,
+    old_text: str,
+    new_text: str,
+    restart: RestartEstimate | None = None,
+) -> None:
     if out.style is Style.JSON:
         return
     secrets = host.unit.secret_environment
     changes = redact_changes(diff_flags(_readable_flags(old_text), parse_unit_flags(new_text)))
-    # the same text `deployctl plan` prints
+    # the same text `deployctl plan` prints, the restart's estimate included
     out.note(plan_with_chart(host.name, plan, _readable_flags(old_text), unicode=out.style is Style.TTY))
+    if restart is not None:
+        out.note("\n".join(restart.lines()))
     env_secrets, flag_secrets = secret_values(host, plan.flags())
     if env_secrets or flag_secrets:
         out.note("   " + secrets_line(host, env_secrets, flag_secrets))

@@ -376,8 +376,9 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
-        f"--mem-fraction-static is not set: SGLang 0.5.23 would use {settings.fraction:.4f} on this card "
-        "(arg_groups/memory_hook.py handle_gpu_memory_settings)"
+        f"--mem-fraction-static is not set: SGLang 0.5.23 would use about {settings.fraction:.3f} on this card "
+        "(arg_groups/memory_hook.py handle_gpu_memory_settings); the plan gives the unit its own, to three "
+        "decimals"
     )
     return settings.fraction
 
@@ -714,7 +715,8 @@ def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
         arch = sizing(inp)
         return plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins))
     fm = pool_model(inp, asked.context)
-    host = synthetic_host(inp, fm.layout, fm.fraction)
+    # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
+    host = synthetic_host(inp, fm.layout, round(fm.fraction, 3))
     plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp))
     extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan)]
     return replace(plan, notes=(*extra, *plan.notes), warnings=(*plan.warnings, *_version_warning(inp)))

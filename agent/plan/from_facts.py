@@ -10,8 +10,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.choose import Plan, Target, choose
@@ -28,6 +26,7 @@ from agent.plan.model import (
     with_graphs,
 )
 from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for
+from agent.plan.synthetic import synthetic_host
 from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.config_json import with_override
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
@@ -376,9 +375,9 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
-        f"--mem-fraction-static is not set: SGLang 0.5.23 would use about {settings.fraction:.3f} on this card "
-        "(arg_groups/memory_hook.py handle_gpu_memory_settings); the plan gives the unit its own, to three "
-        "decimals"
+        f"--mem-fraction-static is not set: SGLang 0.5.23 would use about {settings.fraction:.3f} on this "
+        "card (arg_groups/memory_hook.py handle_gpu_memory_settings); the plan gives the unit its own, to "
+        "three decimals"
     )
     return settings.fraction
 
@@ -644,69 +643,6 @@ def _calibrated(
     )
 
 
-ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
-
-
-def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostConfig:
-    """The inventory-shaped view the plan's notes and alternatives read (no SSH: it is never contacted)."""
-    data: dict[str, object] = {  # HostConfig's own shape, validated by it below
-        "name": inp.name,
-        "ssh": {"target": "local"},
-        "gpus": {"count": len(inp.gpus), "memory_gib": inp.gpu.memory_gib, "name": inp.gpu.name},
-        "model": _model_view(inp, layout),
-        "draft": _draft_view(inp),
-        # the one variable that changes what SGLang accepts (plan/refusals.py): a context above the model's
-        "unit": {"environment": {k: v for k, v in inp.env.items() if k == ALLOW_LONGER_CONTEXT}},
-        "sglang": {"version": inp.sglang_version, "flags": {**inp.flags, "mem-fraction-static": fraction}},
-        "planning": inp.planning.model_dump(),
-    }
-    try:
-        return HostConfig.model_validate(data)
-    except ValidationError as exc:  # a figure of the facts beyond the inventory's bounds: one line
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise UsageError(f"{inp.name}: {where}: {err['msg']}") from None
-
-
-def _model_view(inp: PlanInput, layout: KVLayout) -> dict[str, object]:
-    """The [model] figures of the layout, for the alternatives' cell ratios and the refusals."""
-    par = parallel(inp)
-    model: dict[str, object] = {
-        "path": inp.model.path or "/facts/model",
-        "dtype_bytes": layout.dtype_bytes,
-        "max_context": layout.context_len if inp.model.context_known else None,
-        "attention": "mla" if layout.kv_lora_rank else "gqa",
-    }
-    if layout.family in ("mla", "mha") and not layout.linear:
-        model["layers"] = len(layout.kv_layers)
-        if layout.kv_lora_rank:
-            model.update(kv_lora_rank=layout.kv_lora_rank, qk_rope_head_dim=layout.qk_rope_head_dim)
-        else:
-            model.update(kv_heads=layout.kv_heads, head_dim=layout.head_dim, v_head_dim=layout.v_head_dim)
-    if inp.model.weights_bytes:
-        model["weights_gib_per_gpu"] = inp.model.weights_bytes / par.tp / par.pp / GIB
-    return model
-
-
-def _draft_view(inp: PlanInput) -> dict[str, object] | None:
-    """The [draft] of the speculative algorithm, with its figures when its config.json is known."""
-    algorithm = str(_flag(inp.flags, "speculative-algorithm") or "").upper()
-    if not algorithm:
-        return None
-    draft: dict[str, object] = {"algorithm": algorithm, "path": "/facts/draft"}
-    if inp.draft is None or algorithm == "NGRAM":
-        return draft
-    try:
-        layout = read_layout(inp.draft.config, is_draft=True)
-    except (Unsupported, ValueError):  # sizing() already said what it made of the draft
-        return draft
-    draft.update(layers=layout.layers, kv_heads=layout.kv_heads or None, head_dim=layout.head_dim or None)
-    draft["path"] = inp.draft.path or draft["path"]
-    if inp.draft.weights_bytes is not None:
-        draft["weights_gib_per_gpu"] = inp.draft.weights_bytes / parallel(inp).tp / GIB
-    return draft
-
-
 def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
     """Plan a host from its PlanInput: a facts file, the host's own facts, or the inventory. The notes
     name every figure's origin."""
@@ -716,7 +652,7 @@ def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
         return plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins))
     fm = pool_model(inp, asked.context)
     # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
-    host = synthetic_host(inp, fm.layout, round(fm.fraction, 3))
+    host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp))
     plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp))
     extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan)]
     return replace(plan, notes=(*extra, *plan.notes), warnings=(*plan.warnings, *_version_warning(inp)))

@@ -20,6 +20,7 @@ from agent.errors import UsageError
 from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
 from agent.plan.model import StartFigures
 from agent.plan.overhead import GpuProcess
+from agent.plan.startcheck import StartIdentity, identity
 from agent.sglang.config_json import ModelConfig
 
 FORMAT = "deployctl-facts/1"
@@ -116,6 +117,10 @@ class PlanInput:
     planning: Planning = field(default_factory=Planning)  # the margin and the memory floor
     # Figures the source lacks (an inventory without model.kv_heads...): an earlier start must stand in.
     gaps: tuple[str, ...] = ()
+    # What the first starts' logs say they ran (plan/evidence.py checks them against the plan), and the flags
+    # they ran under (a facts file's own, before --set): a cell-changing flag since then is scaled.
+    start_ids: tuple[StartIdentity, ...] = ()
+    start_flags: Mapping[str, FlagValue] | None = None
 
     @property
     def gpu(self) -> Gpu:
@@ -150,10 +155,12 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
     except ValidationError as exc:
         raise UsageError(f"{name}: {_first_error(exc)}") from None
     starts: tuple[StartFigures, ...] = ()
+    ids: tuple[StartIdentity, ...] = ()
     if facts.last_start:
         from agent.sglang.logs.summary import start_figures
 
-        starts = (start_figures(facts.last_start.replace("\r", "\n").splitlines()),)
+        lines = facts.last_start.replace("\r", "\n").splitlines()
+        starts, ids = (start_figures(lines),), (identity(lines),)
     device = facts.flags.get("device")
     return PlanInput(
         name=name,
@@ -175,6 +182,8 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         starts=starts,
         sources=_sources(facts, name),
         device=facts.device or (str(device).lower() if device else None),
+        start_ids=ids,
+        start_flags=dict(facts.flags) if ids else None,
     )
 
 

@@ -14,6 +14,7 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.choose import Plan, Target, choose
 from agent.plan.cpu import is_cpu, plan_cpu
+from agent.plan.evidence import CELL_FLAGS, admitted, as_started
 from agent.plan.facts import ModelInput, PlanInput, parse_facts, service_gpus
 from agent.plan.from_inventory import plan_input_from_host
 from agent.plan.model import (
@@ -48,6 +49,7 @@ class FactsModel:
     kv_dtype: str
     fraction: float  # the running fraction: the flag, else SGLang's own default
     notes: tuple[str, ...]
+    warnings: tuple[str, ...] = ()  # earlier starts set aside (plan/evidence.py): said first
 
 
 def _flag(flags: Mapping[str, FlagValue], *names: str) -> FlagValue | None:
@@ -446,6 +448,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     """The PoolModel for this host: cold from the facts, or calibrated by the last start's memory lines."""
     arch = sizing(inp)
     layout, dtype, par, sizer, notes = arch.layout, arch.dtype, arch.par, arch.sizer, list(arch.notes)
+    inp, aside = admitted(inp, par.tp, par.pp)  # only a start of this model, layout and cards calibrates
     fraction = _fraction(inp, layout, par, notes)
     scale = _aiter_scale(inp, arch, context, notes)
     # What every model of this host shares; the memory figures and the cell come from the starts or the card.
@@ -454,7 +457,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
         max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
     )  # fmt: skip
     model = _fitted(inp, fraction, par, (shape, sizer), notes)
-    return FactsModel(model, layout, dtype, fraction, tuple(notes))
+    return FactsModel(model, layout, dtype, fraction, tuple(notes), aside)
 
 
 def _fitted(
@@ -473,7 +476,7 @@ def _fitted(
         notes.append("the earlier start(s) given did not log a pool and the memory lines; not used")
     _refuse_gaps(inp, calibrated=bool(starts))
     if starts:
-        return _calibrated(starts, shaped, notes, _Fit(inp.flags, _origin(inp), _figure_gaps(inp)))
+        return _calibrated_as_started(inp, starts, shaped, notes)
     elif memory:  # a start that died before its pool still tells pre and post
         pre, post = (
             float(memory[-1].get("avail_mem_before_weights_gb") or 0.0),
@@ -485,6 +488,29 @@ def _fitted(
         )
         return replace(shape, pre_gib=pre, post_gib=post, basis="calibrated")
     return _cold(inp, par, shape, notes)
+
+
+def _calibrated_as_started(
+    inp: PlanInput, starts: list[Start], shaped: tuple[PoolModel, pools.PoolSizer], notes: list[str]
+) -> PoolModel:
+    """Calibrated at the flags the starts ran with; a cell-changing flag since (KV dtype, page size, a draft)
+    scales the measured cell by the architecture's ratio; the start's memory is kept (plan/evidence.py)."""
+    fit = _Fit(inp.flags, _origin(inp), _figure_gaps(inp))
+    then = as_started(inp)
+    if then is None:
+        return _calibrated(starts, shaped, notes, fit)
+    shape, now = shaped
+    was = sizing(then).sizer
+    model = _calibrated(starts, (replace(shape, cell_bytes=was.cell_bytes, sizer=was), was), notes, fit)
+    ratio = now.cell_bytes / was.cell_bytes
+    measured = model.sizer.cell_bytes if model.sizer is not None else model.cell_bytes
+    sizer = replace(now, cell_bytes=measured * ratio)
+    changed = ", ".join(f"--{k}" for k in CELL_FLAGS if then.flags.get(k) != inp.flags.get(k))
+    notes.append(
+        f"the start ran before {changed} changed: its cell times the architecture's ratio {ratio:.3f} "
+        f"({was.cell_bytes:,.0f} to {now.cell_bytes:,.0f} B per token), its memory kept"
+    )
+    return replace(model, cell_bytes=sizer.cell_bytes, sizer=sizer, page_size=sizer.page_size)
 
 
 def _origin(inp: PlanInput) -> str:
@@ -655,7 +681,9 @@ def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
     host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp))
     plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp))
     extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan)]
-    return replace(plan, notes=(*extra, *plan.notes), warnings=(*plan.warnings, *_version_warning(inp)))
+    return replace(
+        plan, notes=(*extra, *plan.notes), warnings=(*fm.warnings, *plan.warnings, *_version_warning(inp))
+    )
 
 
 def _estimate_notes(model: PoolModel, inp: PlanInput) -> tuple[str, ...]:

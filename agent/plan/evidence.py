@@ -1,0 +1,76 @@
+"""Which earlier starts are evidence for a plan, and the flags they ran under.
+
+A start calibrates only a plan of its own architecture (`type=`), parallel layout and cards
+(plan/startcheck.py). A facts file's `last_start` that is not is set aside with a headline warning
+(`--from-log` is refused in one line by the CLI, with the same check). A start under other cell-changing
+flags (KV dtype, page size, a draft added or removed) is still evidence for its memory: the plan
+calibrates at the start's flags and scales the measured cell by the architecture's ratio
+(plan/from_facts.py _calibrated_as_started).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from agent.inventory import FlagValue
+from agent.plan.facts import PlanInput
+from agent.plan.startcheck import Planned, refusal
+
+# The flags that shape the cell: a start under other values measured another cell.
+CELL_FLAGS = (
+    "kv-cache-dtype",
+    "page-size",
+    "speculative-algorithm",
+    "speculative-draft-model-path",
+    "speculative-draft-kv-cache-dtype",
+    "speculative-num-draft-tokens",
+    "swa-full-tokens-ratio",
+    "disable-hybrid-swa-memory",
+)
+
+
+def admitted(inp: PlanInput, tp: int, pp: int) -> tuple[PlanInput, tuple[str, ...]]:
+    """The input with the logged starts that are not of this model, layout or cards set aside, and why."""
+    if not inp.start_ids:
+        return inp, ()
+    archs = inp.model.config.value("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    planned = Planned(arch, inp.model.path or "", tp, pp, "auto", inp.gpu.memory_gib)
+    kept, warnings = [], []
+    for figures, start in zip(inp.starts, inp.start_ids, strict=False):
+        why = refusal(start, planned)
+        if why is None:
+            kept.append(figures)
+        else:
+            warnings.append(f"the earlier start is set aside: {why}; it does not calibrate this plan")
+    rest = inp.starts[len(inp.start_ids) :]  # --from-log starts, checked where they were read
+    if not warnings:
+        return inp, ()
+    return replace(inp, starts=(*kept, *rest), start_ids=()), tuple(warnings)
+
+
+def as_started(inp: PlanInput) -> PlanInput | None:
+    """The input under the flags its starts ran with, when a cell-changing flag differs since; else None."""
+    then: dict[str, FlagValue] = dict(inp.start_flags or {})
+    kv = next((s.kv_dtype for s in inp.start_ids if s.kv_dtype), None)
+    if kv is not None:
+        then["kv-cache-dtype"] = kv
+    if inp.start_flags is None and kv is None:
+        return None
+    if all(_same(then, inp.flags, name) for name in CELL_FLAGS):
+        return None
+    merged = {k: v for k, v in inp.flags.items() if k not in CELL_FLAGS}
+    merged.update({k: v for k, v in then.items() if k in CELL_FLAGS})
+    return replace(inp, flags=merged)
+
+
+def _same(a: Mapping[str, FlagValue], b: Mapping[str, FlagValue], name: str) -> bool:
+    return _value(a, name) == _value(b, name)
+
+
+def _value(flags: Mapping[str, FlagValue], name: str) -> str | None:
+    value = flags.get(name)
+    if name == "kv-cache-dtype" and value in (None, "auto"):
+        return "auto"
+    return None if value is None else str(value)

@@ -1,0 +1,46 @@
+"""Only a start of this model, layout and cards calibrates a plan; flags changed since scale its cell."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent.plan.choose import Target
+from agent.plan.facts import parse_facts
+from agent.plan.from_facts import plan_from_facts
+from tests.pure import facts_fixtures as cfg
+from tests.pure.test_facts_plan import ct200, facts, run
+from tests.pure.test_plan_cmd import START_LOG
+
+H100 = ("NVIDIA H100 80GB HBM3", 81559, "9.0")
+
+
+def test_a_facts_last_start_of_another_model_is_set_aside_with_a_headline_warning() -> None:
+    # A Llama facts file whose last start is ct200's Kimi K2.6 start: not "feasible (calibrated)" with Kimi's
+    # pool and 92.8 GiB free on an 80 GB card.
+    doc = facts(cfg.LLAMA31_8B, H100, 1, weights=int(16e9), last_start=START_LOG)
+    plan = plan_from_facts(parse_facts(doc), Target(32_768))
+    assert plan.basis == "architecture"
+    assert any("set aside" in w and "KimiK25ForConditionalGeneration" in w for w in plan.warnings)
+
+
+def test_a_start_on_bigger_cards_is_set_aside() -> None:
+    doc = ct200()
+    doc["gpus"] = [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}] * 8
+    plan = plan_from_facts(parse_facts(doc), Target(32_768))
+    assert plan.basis == "architecture" and any("92.8 GiB" in w for w in plan.warnings)
+
+
+def test_fp8_kv_after_a_bf16_start_scales_the_measured_cell(tmp_path: Path) -> None:
+    # Was: "the architecture's is 100.1 % off: check the facts" and NOT FEASIBLE (exit 8) at 219,753 tokens.
+    path = tmp_path / "ct200.json"
+    path.write_text(json.dumps(ct200()))
+    code, out, err = run("plan", "--facts", str(path), "--context", "250k", "--set", "kv-cache-dtype=fp8_e4m3",
+                         "--json")  # fmt: skip
+    plan = json.loads(out)
+    assert code == 0, err
+    assert plan["feasible"] and plan["basis"] == "calibrated"
+    assert not any("off: check" in n for n in plan["notes"])
+    # fp8 halves the bf16 cell exactly for MLA (and the DFLASH draft's K and V): twice the bf16 pool's rest.
+    bf16 = plan_from_facts(parse_facts(ct200()), Target(100_000, fraction=plan["mem_fraction_static"]))
+    assert abs(plan["predicted_pool_tokens"] / bf16.predicted_pool_tokens - 2) < 0.01

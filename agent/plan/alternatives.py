@@ -73,7 +73,7 @@ def alternatives(
     return tuple(a for a in found if a is not None)
 
 
-def _outcome(best: Best, what: str = "the target") -> str:
+def outcome(best: Best, what: str = "the target") -> str:
     if best.fraction is None:
         return "no fraction keeps the memory floor"
     verdict = f"reaches {what}" if best.reaches else f"still short of {what}"
@@ -92,7 +92,7 @@ def _made(change: str, flags: dict[str, FlagValue], best: Best, what: str = "the
         predicted_pool_tokens=best.pool,
         predicted_pool_low_tokens=best.pool_low,
         reaches_target=best.reaches and what == "the target",
-        effect=_outcome(best, what),
+        effect=outcome(best, what),
     )
 
 
@@ -126,6 +126,8 @@ def _smaller_context(host: HostConfig, model: PoolModel, need: Need, requests: i
         return None
     # The low end the verdict compares, not the prediction: the context offered must plan feasible.
     fits = int(model.pool_low(top) / (1 + host.planning.margin)) // 1000 * 1000
+    if host.model.max_context is not None:  # above the model's own, SGLang refuses it (plan/refusals.py)
+        fits = min(fits, host.model.max_context)
     if fits <= 0:
         return None
     goal = math.ceil(fits * (1 + host.planning.margin))

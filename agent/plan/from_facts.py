@@ -27,6 +27,7 @@ from agent.plan.model import (
     with_graphs,
 )
 from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for
+from agent.plan.replan import replanned
 from agent.plan.synthetic import synthetic_host
 from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.config_json import with_override
@@ -669,7 +670,7 @@ def _calibrated(
     )
 
 
-def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
+def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     """Plan a host from its PlanInput: a facts file, the host's own facts, or the inventory. The notes
     name every figure's origin."""
     origins = "figures from " + "; ".join(f"{k}: {v}" for k, v in inp.sources.items())
@@ -681,9 +682,10 @@ def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
     host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp))
     plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp))
     extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan)]
-    return replace(
-        plan, notes=(*extra, *plan.notes), warnings=(*fm.warnings, *plan.warnings, *_version_warning(inp))
-    )
+    warnings = (*fm.warnings, *plan.warnings, *_version_warning(inp))
+    plan = replace(plan, notes=(*extra, *plan.notes), warnings=warnings)
+    # Each alternative as the planner plans it with its flags (plan/replan.py), not re-checked again.
+    return replanned(inp, plan, asked, lambda i, t: plan_from_facts(i, t, replan=False)) if replan else plan
 
 
 def _estimate_notes(model: PoolModel, inp: PlanInput) -> tuple[str, ...]:

@@ -35,8 +35,8 @@ def test_fp8_kv_after_a_bf16_start_scales_the_measured_cell(tmp_path: Path) -> N
     # Was: "the architecture's is 100.1 % off: check the facts" and NOT FEASIBLE (exit 8) at 219,753 tokens.
     path = tmp_path / "ct200.json"
     path.write_text(json.dumps(ct200()))
-    code, out, err = run("plan", "--facts", str(path), "--context", "250k", "--set", "kv-cache-dtype=fp8_e4m3",
-                         "--json")  # fmt: skip
+    argv = ("plan", "--facts", str(path), "--context", "250k", "--set", "kv-cache-dtype=fp8_e4m3", "--json")
+    code, out, err = run(*argv)
     plan = json.loads(out)
     assert code == 0, err
     assert plan["feasible"] and plan["basis"] == "calibrated"

@@ -1,4 +1,4 @@
-"""Every fraction a plan states is the one the unit gets: three decimals, everywhere (notes, --json, flags)."""
+"""Every fraction a plan states is the one the unit gets: three decimals everywhere (notes, --json, flags)."""
 
 from __future__ import annotations
 

@@ -155,7 +155,7 @@ def _sized(
         reserve_gib_per_gpu=reading.reserve_gib,
         reserve_floor_gib=floor,
         feasible=judged.feasible,
-        basis=model.basis,
+        basis=model.basis_said(),
         pre_gib=model.pre_gib,
         post_gib=model.post_gib,
         cell_bytes=model.cell_bytes,

@@ -74,3 +74,19 @@ def _value(flags: Mapping[str, FlagValue], name: str) -> str | None:
     if name == "kv-cache-dtype" and value in (None, "auto"):
         return "auto"
     return None if value is None else str(value)
+
+
+def partial(inp: PlanInput, post: float, tp: int) -> tuple[float, str] | None:
+    """A start cut before the draft the service declares had loaded: the memory after the weights it shows
+    is after the target's alone, so the draft's weights per GPU come off it (0.5.14+ loads the draft
+    before sizing the pool, Scheduler.init_model_worker). None when the start is whole or says nothing."""
+    algorithm = str(inp.flags.get("speculative-algorithm") or "").upper()
+    if not inp.start_ids or inp.draft is None or algorithm in ("", "NGRAM") or inp.start_ids[-1].loads != 1:
+        return None
+    draft = (inp.draft.weights_bytes or 0) / max(1, tp) / 2**30
+    why = (
+        f"partial start: cut after the target's weights, before the {algorithm} draft loaded; its memory "
+        f"after the weights less the draft's {draft:.2f} GiB per GPU"
+        + ("" if draft else " (unknown: the facts lack draft.weights_bytes)")
+    )
+    return post - draft, why

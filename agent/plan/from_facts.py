@@ -14,7 +14,7 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.choose import Plan, Target, choose
 from agent.plan.cpu import is_cpu, plan_cpu
-from agent.plan.evidence import CELL_FLAGS, admitted, as_started
+from agent.plan.evidence import CELL_FLAGS, admitted, as_started, partial
 from agent.plan.facts import ModelInput, PlanInput, parse_facts, service_gpus
 from agent.plan.from_inventory import plan_input_from_host
 from agent.plan.model import (
@@ -483,11 +483,13 @@ def _fitted(
             float(memory[-1].get("avail_mem_before_weights_gb") or 0.0),
             float(_post(memory[-1]) or 0.0),
         )
+        cut = partial(inp, post, par.tp)  # a start cut before the draft loaded (plan/evidence.py)
+        post, why = cut if cut is not None else (post, None)
         notes.append(
             f"pre {pre:.2f} GiB and post {post:.2f} GiB from the last start's memory lines "
-            "(it logged no pool: the cell is the architecture's)"
+            "(it logged no pool: the cell is the architecture's)" + (f"; {why}" if why else "")
         )
-        return replace(shape, pre_gib=pre, post_gib=post, basis="calibrated")
+        return replace(shape, pre_gib=pre, post_gib=post, basis="calibrated", partial=why)
     return _cold(inp, par, shape, notes)
 
 

@@ -51,6 +51,11 @@ class PoolModel:
     margin_gib: float = 0.0
     # SGLang's own change to the fraction given (AMD aiter above 8k context: x 0.85); 1 = as given.
     fraction_scale: float = 1.0
+    partial: str | None = None  # calibrated on a start that was cut short: what it did not show
+
+    def basis_said(self) -> str:
+        """The basis as the verdict line says it: a partial start is named there."""
+        return self.basis if self.partial is None else f"{self.basis}, partial start"
 
     def pool(self, fraction: float) -> int:
         fraction *= self.fraction_scale

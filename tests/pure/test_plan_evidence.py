@@ -44,3 +44,13 @@ def test_fp8_kv_after_a_bf16_start_scales_the_measured_cell(tmp_path: Path) -> N
     # fp8 halves the bf16 cell exactly for MLA (and the DFLASH draft's K and V): twice the bf16 pool's rest.
     bf16 = plan_from_facts(parse_facts(ct200()), Target(100_000, fraction=plan["mem_fraction_static"]))
     assert abs(plan["predicted_pool_tokens"] / bf16.predicted_pool_tokens - 2) < 0.01
+
+
+def test_a_start_cut_before_the_draft_loaded_is_partial_and_says_so() -> None:
+    # Was: "feasible (calibrated)" at 0.916 for "204,091 tokens", taking memory after the target's weights as
+    # after all weights (the draft's 1.2 GiB left out), where the full start predicts 187,195 there.
+    cut = "\n".join(START_LOG.splitlines()[:3]) + "\n"
+    plan = plan_from_facts(parse_facts(ct200(last_start=cut)), Target(200_000))
+    full = plan_from_facts(parse_facts(ct200()), Target(200_000, fraction=plan.mem_fraction_static))
+    assert "partial start" in plan.basis
+    assert plan.predicted_pool_tokens <= full.predicted_pool_tokens * 1.005

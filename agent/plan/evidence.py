@@ -17,6 +17,16 @@ from agent.inventory import FlagValue
 from agent.plan.facts import PlanInput
 from agent.plan.startcheck import Planned, refusal
 
+# A start whose measured bytes per token differ from the architecture's by more than this is not a start of
+# this model under these flags (2-decimal logs and SGLang's reservations stay within a few per cent; a wrong
+# KV dtype or another model is 50 % off or more): it is set aside, not fitted.
+CELL_EVIDENCE = 0.10
+
+
+class NotEvidence(Exception):
+    """A start that does not calibrate this plan, and why (one line)."""
+
+
 # The flags that shape the cell: a start under other values measured another cell.
 CELL_FLAGS = (
     "kv-cache-dtype",

@@ -14,7 +14,7 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.choose import Plan, Target, choose
 from agent.plan.cpu import is_cpu, plan_cpu
-from agent.plan.evidence import CELL_FLAGS, admitted, as_started, partial
+from agent.plan.evidence import CELL_EVIDENCE, CELL_FLAGS, NotEvidence, admitted, as_started, partial
 from agent.plan.facts import ModelInput, PlanInput, parse_facts, service_gpus
 from agent.plan.from_inventory import plan_input_from_host
 from agent.plan.model import (
@@ -457,7 +457,11 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
         0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,
         max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
     )  # fmt: skip
-    model = _fitted(inp, fraction, par, (shape, sizer), notes)
+    try:
+        model = _fitted(inp, fraction, par, (shape, sizer), notes)
+    except NotEvidence as exc:  # a start whose cell is not this architecture's: not evidence (evidence.py)
+        aside = (*aside, f"the earlier start is set aside: {exc}; it does not calibrate this plan")
+        model = _fitted(replace(inp, starts=(), start_ids=()), fraction, par, (shape, sizer), notes)
     return FactsModel(model, layout, dtype, fraction, tuple(notes), aside)
 
 
@@ -649,6 +653,11 @@ def _calibrated(
         # Move post by what the logged token count says the 2-decimal figure hid.
         posts.append(s.post + (s.tokens - predicted) * sizer.effective_cell() / GIB)
     off = max(abs(m - 1) for m in measured)
+    if off > CELL_EVIDENCE and not fit.gaps:
+        raise NotEvidence(
+            f"its pool gives {sum(measured) / len(measured):.2f} x the architecture's bytes per token, "
+            f"beyond the {CELL_EVIDENCE:.0%} a start of this model and flags can differ by"
+        )
     if off <= CELL_AGREEMENT and not fit.gaps:
         post, cell, how = sum(posts) / len(posts), sizer.cell_bytes, "the architecture's cell"
     else:

@@ -54,3 +54,13 @@ def test_a_start_cut_before_the_draft_loaded_is_partial_and_says_so() -> None:
     full = plan_from_facts(parse_facts(ct200()), Target(200_000, fraction=plan.mem_fraction_static))
     assert "partial start" in plan.basis
     assert plan.predicted_pool_tokens <= full.predicted_pool_tokens * 1.005
+
+
+def test_a_start_whose_cell_is_not_the_architectures_is_set_aside() -> None:
+    # ct200's start with its pool doubled: no Kimi K2.6 under these flags gives half the bytes per token.
+    doubled = START_LOG.replace("#tokens: 101134", "#tokens: 202268").replace(
+        "max_total_num_tokens=101134", "max_total_num_tokens=202268"
+    )
+    plan = plan_from_facts(parse_facts(ct200(last_start=doubled)), Target(200_000))
+    assert plan.basis == "architecture"
+    assert any("set aside" in w and "x the architecture's bytes per token" in w for w in plan.warnings)

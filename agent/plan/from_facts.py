@@ -457,12 +457,24 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
         0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,
         max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
     )  # fmt: skip
-    try:
-        model = _fitted(inp, fraction, par, (shape, sizer), notes)
-    except NotEvidence as exc:  # a start whose cell is not this architecture's: not evidence (evidence.py)
-        aside = (*aside, f"the earlier start is set aside: {exc}; it does not calibrate this plan")
-        model = _fitted(replace(inp, starts=(), start_ids=()), fraction, par, (shape, sizer), notes)
+    model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
     return FactsModel(model, layout, dtype, fraction, tuple(notes), aside)
+
+
+def _evidenced(
+    inp: PlanInput,
+    fraction: float,
+    par: Parallel,
+    shaped: tuple[PoolModel, pools.PoolSizer],
+    said: tuple[list[str], tuple[str, ...]],
+) -> tuple[PoolModel, tuple[str, ...]]:
+    """The fitted model; a start whose cell is not this architecture's is set aside (plan/evidence.py)."""
+    notes, aside = said
+    try:
+        return _fitted(inp, fraction, par, shaped, notes), aside
+    except NotEvidence as exc:
+        aside = (*aside, f"the earlier start is set aside: {exc}; it does not calibrate this plan")
+        return _fitted(replace(inp, starts=(), start_ids=()), fraction, par, shaped, notes), aside
 
 
 def _fitted(
@@ -652,12 +664,7 @@ def _calibrated(
         measured.append(predicted / s.tokens if s.tokens else 1.0)
         # Move post by what the logged token count says the 2-decimal figure hid.
         posts.append(s.post + (s.tokens - predicted) * sizer.effective_cell() / GIB)
-    off = max(abs(m - 1) for m in measured)
-    if off > CELL_EVIDENCE and not fit.gaps:
-        raise NotEvidence(
-            f"its pool gives {sum(measured) / len(measured):.2f} x the architecture's bytes per token, "
-            f"beyond the {CELL_EVIDENCE:.0%} a start of this model and flags can differ by"
-        )
+    off = _cell_off(measured, fit)
     if off <= CELL_AGREEMENT and not fit.gaps:
         post, cell, how = sum(posts) / len(posts), sizer.cell_bytes, "the architecture's cell"
     else:
@@ -679,6 +686,18 @@ def _calibrated(
     return with_graphs(
         replace(base, runtime_gib=runtime, runtime_measured=measured_runtime), starts, fit.flags
     )
+
+
+def _cell_off(measured: list[float], fit: _Fit) -> float:
+    """How far the measured cell is from the architecture's; beyond CELL_EVIDENCE the start is not one of
+    this model under these flags (plan/evidence.py), unless the source lacks figures the cell needs."""
+    off = max(abs(m - 1) for m in measured)
+    if off > CELL_EVIDENCE and not fit.gaps:
+        raise NotEvidence(
+            f"its pool gives {sum(measured) / len(measured):.2f} x the architecture's bytes per token, "
+            f"beyond the {CELL_EVIDENCE:.0%} a start of this model and flags can differ by"
+        )
+    return off
 
 
 def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:

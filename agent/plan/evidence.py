@@ -100,3 +100,15 @@ def partial(inp: PlanInput, post: float, tp: int) -> tuple[float, str] | None:
         + ("" if draft else " (unknown: the facts lack draft.weights_bytes)")
     )
     return post - draft, why
+
+
+def decode_note(inp: PlanInput) -> str:
+    """The third trade-off, decode speed: what the last load check measured, else how to measure it."""
+    if inp.decode is None:
+        return (
+            "decode speed: not measured: set [smoke] load = N in the inventory, and the next apply's load "
+            "check measures decode ms/token at its long prompt's context (agent/host/loadcheck.py)"
+        )
+    ms, at = inp.decode
+    where = f"at {at:,} tokens" if at else "at the load check's long prompt"
+    return f"decode speed: {ms:,.1f} ms/token {where}, measured by the last load check ([smoke] load)"

@@ -58,6 +58,13 @@ class ModelFact(_Open):
     path: str | None = None
 
 
+class LoadFact(_Open):
+    """The last load check's long-prompt figures ([smoke] load; agent/host/loadcheck.py)."""
+
+    decode_ms_per_token: float | None = Field(default=None, gt=0)
+    long_prompt_tokens: int | None = Field(default=None, gt=0)
+
+
 class FactsFile(_Open):
     format: Literal["deployctl-facts/1"]
     gpus: list[GpuFact] = Field(min_length=1)
@@ -68,6 +75,7 @@ class FactsFile(_Open):
     env: dict[str, str] = Field(default_factory=dict)
     last_start: str | None = None
     device: Literal["cuda", "cpu"] | None = None  # "cpu": gpus[0] is the host's RAM (MemTotal, MemAvailable)
+    load: LoadFact | None = None  # the last load check, where one ran
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,7 @@ class PlanInput:
     # they ran under (a facts file's own, before --set): a cell-changing flag since then is scaled.
     start_ids: tuple[StartIdentity, ...] = ()
     start_flags: Mapping[str, FlagValue] | None = None
+    decode: tuple[float, int | None] | None = None  # the last load check's decode ms/token, at its context
 
     @property
     def gpu(self) -> Gpu:
@@ -184,7 +193,14 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         device=facts.device or (str(device).lower() if device else None),
         start_ids=ids,
         start_flags=dict(facts.flags) if ids else None,
+        decode=_decode(facts.load),
     )
+
+
+def _decode(load: LoadFact | None) -> tuple[float, int | None] | None:
+    if load is None or load.decode_ms_per_token is None:
+        return None
+    return load.decode_ms_per_token, load.long_prompt_tokens
 
 
 def _model(m: ModelFact, where: str) -> ModelInput:

@@ -14,7 +14,15 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.choose import Plan, Target, choose
 from agent.plan.cpu import is_cpu, plan_cpu
-from agent.plan.evidence import CELL_EVIDENCE, CELL_FLAGS, NotEvidence, admitted, as_started, partial
+from agent.plan.evidence import (
+    CELL_EVIDENCE,
+    CELL_FLAGS,
+    NotEvidence,
+    admitted,
+    as_started,
+    decode_note,
+    partial,
+)
 from agent.plan.facts import ModelInput, PlanInput, parse_facts, service_gpus
 from agent.plan.from_inventory import plan_input_from_host
 from agent.plan.model import (
@@ -711,7 +719,7 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
     host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp))
     plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp))
-    extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan)]
+    extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan), decode_note(inp)]
     warnings = (*fm.warnings, *plan.warnings, *_version_warning(inp))
     plan = replace(plan, notes=(*extra, *plan.notes), warnings=warnings)
     # Each alternative as the planner plans it with its flags (plan/replan.py), not re-checked again.

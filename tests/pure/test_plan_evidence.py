@@ -64,3 +64,11 @@ def test_a_start_whose_cell_is_not_the_architectures_is_set_aside() -> None:
     plan = plan_from_facts(parse_facts(ct200(last_start=doubled)), Target(200_000))
     assert plan.basis == "architecture"
     assert any("set aside" in w and "x the architecture's bytes per token" in w for w in plan.warnings)
+
+
+def test_decode_speed_is_stated_or_said_to_be_unmeasured() -> None:
+    cold = plan_from_facts(parse_facts(ct200()), Target(200_000))
+    assert any(n.startswith("decode speed: not measured: set [smoke] load") for n in cold.notes)
+    measured = ct200(load={"decode_ms_per_token": 41.5, "long_prompt_tokens": 190_000})
+    plan = plan_from_facts(parse_facts(measured), Target(200_000))
+    assert any(n.startswith("decode speed: 41.5 ms/token at 190,000 tokens") for n in plan.notes)

@@ -76,6 +76,8 @@ class FactsFile(_Open):
     last_start: str | None = None
     device: Literal["cuda", "cpu"] | None = None  # "cpu": gpus[0] is the host's RAM (MemTotal, MemAvailable)
     load: LoadFact | None = None  # the last load check, where one ran
+    # The flags the host's starts ran under, where --set changed `flags` since (agent/apply.py with_set_flags)
+    started_flags: dict[str, FlagValue] | None = None
 
 
 @dataclass(frozen=True)
@@ -192,9 +194,14 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         sources=_sources(facts, name),
         device=facts.device or (str(device).lower() if device else None),
         start_ids=ids,
-        start_flags=dict(facts.flags) if ids else None,
+        start_flags=dict(facts.started_flags) if facts.started_flags is not None else _ran(facts, ids),
         decode=_decode(facts.load),
     )
+
+
+def _ran(facts: FactsFile, ids: tuple[StartIdentity, ...]) -> dict[str, FlagValue] | None:
+    """The flags a facts file's own last start ran under: the file's."""
+    return dict(facts.flags) if ids else None
 
 
 def _decode(load: LoadFact | None) -> tuple[float, int | None] | None:

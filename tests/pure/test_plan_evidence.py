@@ -72,3 +72,23 @@ def test_decode_speed_is_stated_or_said_to_be_unmeasured() -> None:
     measured = ct200(load={"decode_ms_per_token": 41.5, "long_prompt_tokens": 190_000})
     plan = plan_from_facts(parse_facts(measured), Target(200_000))
     assert any(n.startswith("decode speed: 41.5 ms/token at 190,000 tokens") for n in plan.notes)
+
+
+def test_over_ssh_fp8_kv_after_the_hosts_bf16_start_plans_feasible() -> None:
+    # `plan ct200 --context 250k --set kv-cache-dtype=fp8_e4m3`: the host's facts, its last start calibrating.
+    from agent.apply import with_set_flags
+    from agent.cli.options import Change
+    from agent.inventory import HostConfig
+    from agent.plan.from_facts import plan_from_host_facts
+    from agent.sglang.logs.summary import start_figures
+
+    host = HostConfig.model_validate(
+        {"name": "ct200", "ssh": {"target": "ct200"}, "gpus": {"count": 8, "memory_gib": 95.58},
+         "model": {"path": "/models/k"}, "sglang": {"version": "0.5.23"}}
+    )  # fmt: skip
+    change = Change(250_000, flags=(("kv-cache-dtype", "fp8_e4m3"),))
+    host, facts = with_set_flags(host, change, {"model_facts": ct200(last_start=None)})  # type: ignore[typeddict-item]
+    history = [start_figures(START_LOG.splitlines())]
+    plan = plan_from_host_facts(host, facts, history, Target(250_000))
+    assert plan is not None and plan.feasible and plan.basis == "calibrated"
+    assert not any("off: check" in n for n in plan.notes)

@@ -59,5 +59,6 @@ def _as_replanned(alt: Alternative, again: Plan, asked: Target) -> Alternative:
         predicted_pool_tokens=again.predicted_pool_tokens,
         predicted_pool_low_tokens=again.predicted_pool_low_tokens,
         reaches_target=again.feasible and what == "the target",
-        effect=outcome(best, what) + ("" if again.feasible or not again.binding else f": {again.binding}"),
+        # SGLang's refusal is the one binding constraint the numbers beside it do not show: say it.
+        effect=outcome(best, what) + (f": {again.refusals[0]}" if again.refusals else ""),
     )

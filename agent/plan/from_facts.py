@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
+from agent.plan.calibrate import Fit, calibrated
 from agent.plan.choose import Plan, Target, choose
 from agent.plan.cpu import is_cpu, plan_cpu
 from agent.plan.evidence import (
-    CELL_EVIDENCE,
     CELL_FLAGS,
     NotEvidence,
     admitted,
@@ -26,13 +26,10 @@ from agent.plan.evidence import (
 from agent.plan.facts import ModelInput, PlanInput, parse_facts, service_gpus
 from agent.plan.from_inventory import plan_input_from_host
 from agent.plan.model import (
-    CELL_AGREEMENT,
     PoolModel,
     Start,
     StartFigures,
-    runtime_need,
     start_of,
-    with_graphs,
 )
 from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for
 from agent.plan.replan import replanned
@@ -522,13 +519,13 @@ def _calibrated_as_started(
 ) -> PoolModel:
     """Calibrated at the flags the starts ran with; a cell-changing flag since (KV dtype, page size, a draft)
     scales the measured cell by the architecture's ratio; the start's memory is kept (plan/evidence.py)."""
-    fit = _Fit(inp.flags, _origin(inp), _figure_gaps(inp))
+    fit = Fit(inp.flags, _origin(inp), _figure_gaps(inp))
     then = as_started(inp)
     if then is None:
-        return _calibrated(starts, shaped, notes, fit)
+        return calibrated(starts, shaped, notes, fit)
     shape, now = shaped
     was = sizing(then).sizer
-    model = _calibrated(starts, (replace(shape, cell_bytes=was.cell_bytes, sizer=was), was), notes, fit)
+    model = calibrated(starts, (replace(shape, cell_bytes=was.cell_bytes, sizer=was), was), notes, fit)
     ratio = now.cell_bytes / was.cell_bytes
     measured = model.sizer.cell_bytes if model.sizer is not None else model.cell_bytes
     sizer = replace(now, cell_bytes=measured * ratio)
@@ -647,65 +644,6 @@ def _quick_reduce_gib(inp: PlanInput) -> float:
     except ValueError:
         mib = 0
     return mib / 1024 if mib > 0 else 2.0
-
-
-@dataclass(frozen=True)
-class _Fit:
-    """How a calibration reads the starts: the flags, where the architecture came from, its gaps."""
-
-    flags: Mapping[str, FlagValue]
-    origin: str
-    gaps: tuple[str, ...]
-
-
-def _calibrated(
-    starts: list[Start], shaped: tuple[PoolModel, pools.PoolSizer], notes: list[str], fit: _Fit
-) -> PoolModel:
-    """Fit post to the logged pools (2-decimal logs); a cell far from the architecture's is measured."""
-    shape, sizer = shaped
-    pre = sum(s.pre for s in starts) / len(starts)
-    posts, measured = [], []
-    for s in starts:
-        # The logged fraction is the resolved one (the server_args line): SGLang's own scaling is in it.
-        rest = s.post - s.pre * (1 - s.fraction)
-        predicted = sizer.tokens(rest)
-        measured.append(predicted / s.tokens if s.tokens else 1.0)
-        # Move post by what the logged token count says the 2-decimal figure hid.
-        posts.append(s.post + (s.tokens - predicted) * sizer.effective_cell() / GIB)
-    off = _cell_off(measured, fit)
-    if off <= CELL_AGREEMENT and not fit.gaps:
-        post, cell, how = sum(posts) / len(posts), sizer.cell_bytes, "the architecture's cell"
-    else:
-        post = sum(s.post for s in starts) / len(starts)
-        sizer = replace(sizer, cell_bytes=sizer.cell_bytes * sum(measured) / len(measured))
-        why = (
-            f"{fit.origin} lacks {', '.join(fit.gaps)}"
-            if fit.gaps
-            else f"the architecture's is {off:.1%} off: check {fit.origin}"
-        )
-        cell, how = sizer.cell_bytes, f"a measured cell ({why})"
-    base = replace(shape, pre_gib=pre, post_gib=post, cell_bytes=cell, sizer=sizer)
-    base = replace(base, basis="calibrated", runtime_measured=True)
-    runtime, measured_runtime = runtime_need(starts, base)
-    notes.append(
-        f"calibrated from {len(starts)} earlier start(s): pre {pre:.2f} GiB, post {post:.4f} GiB, {how}"
-    )
-    # The CUDA-graph memory the start logged, credited per request count (model.py GRAPH_SCALING_SHARE).
-    return with_graphs(
-        replace(base, runtime_gib=runtime, runtime_measured=measured_runtime), starts, fit.flags
-    )
-
-
-def _cell_off(measured: list[float], fit: _Fit) -> float:
-    """How far the measured cell is from the architecture's; beyond CELL_EVIDENCE the start is not one of
-    this model under these flags (plan/evidence.py), unless the source lacks figures the cell needs."""
-    off = max(abs(m - 1) for m in measured)
-    if off > CELL_EVIDENCE and not fit.gaps:
-        raise NotEvidence(
-            f"its pool gives {sum(measured) / len(measured):.2f} x the architecture's bytes per token, "
-            f"beyond the {CELL_EVIDENCE:.0%} a start of this model and flags can differ by"
-        )
-    return off
 
 
 def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:

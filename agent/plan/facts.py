@@ -78,6 +78,7 @@ class FactsFile(_Open):
     load: LoadFact | None = None  # the last load check, where one ran
     # The flags the host's starts ran under, where --set changed `flags` since (agent/apply.py with_set_flags)
     started_flags: dict[str, FlagValue] | None = None
+    planning: Planning | None = None  # the margin and the memory floor, where the person states them
 
 
 @dataclass(frozen=True)
@@ -175,16 +176,7 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
     device = facts.flags.get("device")
     return PlanInput(
         name=name,
-        gpus=tuple(
-            Gpu(
-                g.name,
-                g.memory_total_mib,
-                _capability(g.compute_capability),
-                g.memory_free_mib,
-                tuple(GpuProcess(p.pid, p.name, p.used_mib, p.unit, p.service) for p in g.processes),
-            )
-            for g in facts.gpus
-        ),
+        gpus=tuple(_gpu(g) for g in facts.gpus),
         sglang_version=facts.sglang.version,
         model=_model(facts.model, "config.json"),
         draft=_model(facts.draft, "the draft's config.json") if facts.draft is not None else None,
@@ -196,7 +188,13 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         start_ids=ids,
         start_flags=dict(facts.started_flags) if facts.started_flags is not None else _ran(facts, ids),
         decode=_decode(facts.load),
+        planning=facts.planning or Planning(),
     )
+
+
+def _gpu(g: GpuFact) -> Gpu:
+    processes = tuple(GpuProcess(p.pid, p.name, p.used_mib, p.unit, p.service) for p in g.processes)
+    return Gpu(g.name, g.memory_total_mib, _capability(g.compute_capability), g.memory_free_mib, processes)
 
 
 def _ran(facts: FactsFile, ids: tuple[StartIdentity, ...]) -> dict[str, FlagValue] | None:

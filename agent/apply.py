@@ -79,7 +79,13 @@ def with_set_flags(host: HostConfig, change: Change, facts: HostFacts) -> tuple[
     facts = {**facts, "flags": {**(facts.get("flags") or {}), **extra}}
     doc = facts.get("model_facts")
     if isinstance(doc, Mapping):
-        facts["model_facts"] = {**doc, "flags": {**(doc.get("flags") or {}), **extra}}
+        # started_flags: what the host's starts ran under, so the planner scales their cell (plan/evidence.py)
+        started = doc.get("started_flags") or doc.get("flags") or {}
+        facts["model_facts"] = {
+            **doc,
+            "flags": {**(doc.get("flags") or {}), **extra},
+            "started_flags": started,
+        }
     return host, facts
 
 

@@ -287,8 +287,13 @@ def render_plan(host: str, plan: Plan) -> str:
     lines = [
         f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis})",
         *([f"  because         {plan.binding}"] if plan.binding else []),
-        f"  predicted pool  {plan.predicted_pool_tokens:,} tokens (target {plan.context_length:,}, "
-        f"with margin {plan.target_pool_tokens:,})",
+        f"  predicted pool  {plan.predicted_pool_tokens:,} tokens"
+        + (  # the low end of a cold estimate is what the verdict compares (plan/verdict.py)
+            f", at least {plan.predicted_pool_low_tokens:,}"
+            if plan.predicted_pool_low_tokens != plan.predicted_pool_tokens
+            else ""
+        )
+        + f" (target {plan.context_length:,}, with margin {plan.target_pool_tokens:,})",
         "  flags           " + " ".join(f"--{k} {_flag_text(v)}" for k, v in plan.flags().items()),
         f"  full-context requests at once  {full_context_at_once(plan)}",
         f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.model import Flags, PoolModel, architecture_cell, flag, parallelism, version
+from agent.plan.verdict import Reading, decide
 from agent.sglang import kvpool
 
 
@@ -18,6 +19,7 @@ class Alternative:
     flags: dict[str, FlagValue]
     mem_fraction_static: float | None
     predicted_pool_tokens: int
+    predicted_pool_low_tokens: int  # the low end the verdict compares (plan/verdict.py)
     reaches_target: bool
     effect: str
 
@@ -35,17 +37,27 @@ class Need:
     floor: float
 
 
-def best_fraction(
-    model: PoolModel, goal: int, requests: int, context: int, floor: float
-) -> tuple[float | None, int, bool]:
-    """(fraction, pool, reached): the smallest reaching the goal within the floor, else the highest safe."""
+@dataclass(frozen=True)
+class Best:
+    """An alternative's fraction, its pool (prediction and low end) and the verdict there."""
+
+    fraction: float | None
+    pool: int
+    pool_low: int
+    reaches: bool
+
+
+def best_fraction(model: PoolModel, goal: int, requests: int, context: int, floor: float) -> Best:
+    """The smallest fraction reaching the goal within the floor, else the highest safe, decided by the
+    plan's own rule (plan/verdict.py)."""
     top = model.max_fraction(requests, context, floor)
     low = model.min_fraction(goal)
-    if low is not None and top is not None and low <= top:
-        return low, model.pool(low), True
-    if top is not None:
-        return top, model.pool(top), False
-    return None, 0, False
+    fraction = low if low is not None and top is not None and low <= top else top
+    if fraction is None:
+        return Best(None, 0, 0, False)
+    pool, pool_low = model.pool(fraction), model.pool_low(fraction)
+    reading = Reading(fraction, pool_low, pool, model.reserve_gib(fraction, requests, context), goal, floor)
+    return Best(fraction, pool, pool_low, decide(reading).feasible)
 
 
 def alternatives(
@@ -61,11 +73,27 @@ def alternatives(
     return tuple(a for a in found if a is not None)
 
 
-def _outcome(fraction: float | None, pool: int, reaches: bool) -> str:
-    if fraction is None:
+def outcome(best: Best, what: str = "the target") -> str:
+    if best.fraction is None:
         return "no fraction keeps the memory floor"
-    verdict = "reaches the target" if reaches else "still short of the target"
-    return f"at --mem-fraction-static {fraction:.3f} the pool is about {pool:,} tokens ({verdict})"
+    verdict = f"reaches {what}" if best.reaches else f"still short of {what}"
+    held = f"about {best.pool:,} tokens" + (
+        f", at least {best.pool_low:,}" if best.pool_low != best.pool else ""
+    )
+    return f"at --mem-fraction-static {best.fraction:.3f} the pool is {held} ({verdict})"
+
+
+def _made(change: str, flags: dict[str, FlagValue], best: Best, what: str = "the target") -> Alternative:
+    """The alternative with its fraction in its flags and its outcome in words."""
+    return Alternative(
+        change=change,
+        flags={**flags, **({"mem-fraction-static": best.fraction} if best.fraction else {})},
+        mem_fraction_static=best.fraction,
+        predicted_pool_tokens=best.pool,
+        predicted_pool_low_tokens=best.pool_low,
+        reaches_target=best.reaches and what == "the target",
+        effect=outcome(best, what),
+    )
 
 
 def _rescaled(
@@ -83,16 +111,12 @@ def _fp8(host: HostConfig, flags: Flags, model: PoolModel, need: Need, requests:
     if kvpool.kv_elem_bytes(dtype, host.model.dtype_bytes) <= 1:
         return None
     fp8 = _rescaled(model, host, flags, {**flags, "kv-cache-dtype": "fp8_e4m3"}, 0.5)
-    fraction, pool, reaches = best_fraction(fp8, need.goal, requests, need.target, need.floor)
-    return Alternative(
-        change="fp8 KV cache (--kv-cache-dtype fp8_e4m3): about half the bytes per token, so the pool "
+    return _made(
+        "fp8 KV cache (--kv-cache-dtype fp8_e4m3): about half the bytes per token, so the pool "
         f"roughly doubles; support for fp8 {'MLA ' * (host.model.attention == 'mla')}KV depends on the "
         "attention backend and GPU",
-        flags={"kv-cache-dtype": "fp8_e4m3", **({"mem-fraction-static": fraction} if fraction else {})},
-        mem_fraction_static=fraction,
-        predicted_pool_tokens=pool,
-        reaches_target=reaches,
-        effect=_outcome(fraction, pool, reaches),
+        {"kv-cache-dtype": "fp8_e4m3"},
+        best_fraction(fp8, need.goal, requests, need.target, need.floor),
     )
 
 
@@ -101,18 +125,18 @@ def _smaller_context(host: HostConfig, model: PoolModel, need: Need, requests: i
     top = model.max_fraction(requests, need.target, floor)
     if top is None:
         return None
-    fits = int(model.pool(top) / (1 + host.planning.margin)) // 1000 * 1000
+    # The low end the verdict compares, not the prediction: the context offered must plan feasible.
+    fits = int(model.pool_low(top) / (1 + host.planning.margin)) // 1000 * 1000
+    if host.model.max_context is not None:  # above the model's own, SGLang refuses it (plan/refusals.py)
+        fits = min(fits, host.model.max_context)
     if fits <= 0:
         return None
-    fraction, pool, reaches = best_fraction(model, math.ceil(fits * (1 + host.planning.margin)), requests,
-                                            fits, floor)  # fmt: skip
-    return Alternative(
-        change=f"a smaller context: {fits:,} tokens is the largest that fits with the margin",
-        flags={"context-length": fits, **({"mem-fraction-static": fraction} if fraction else {})},
-        mem_fraction_static=fraction,
-        predicted_pool_tokens=pool,
-        reaches_target=False,
-        effect=_outcome(fraction, pool, reaches).replace("the target", f"{fits:,}"),
+    goal = math.ceil(fits * (1 + host.planning.margin))
+    return _made(
+        f"a smaller context: {fits:,} tokens is the largest that fits with the margin",
+        {"context-length": fits},
+        best_fraction(model, goal, requests, fits, floor),
+        f"{fits:,}",
     )
 
 
@@ -120,21 +144,18 @@ def _fewer_requests(model: PoolModel, need: Need, requests: int) -> Alternative 
     target = need.target
     if requests <= 1:
         return None
-    fraction, pool, reaches = best_fraction(model, need.goal, 1, target, need.floor)
+    best = best_fraction(model, need.goal, 1, target, need.floor)
     freed_mb = (model.need_gib(requests, target) - model.need_gib(1, target)) * kvpool.GIB / 1e6
     graphs = (
         "its req_to_token rows and, as credited from the logged CUDA-graph memory, graph memory"
         if model.graph_gib
         else "its req_to_token rows; the CUDA-graph memory it also frees is not measured yet, so not credited"
     )
-    return Alternative(
-        change=f"fewer concurrent requests (--max-running-requests 1 instead of {requests}): frees "
+    return _made(
+        f"fewer concurrent requests (--max-running-requests 1 instead of {requests}): frees "
         f"{freed_mb:.0f} MB: {graphs}",
-        flags={"max-running-requests": 1, **({"mem-fraction-static": fraction} if fraction else {})},
-        mem_fraction_static=fraction,
-        predicted_pool_tokens=pool,
-        reaches_target=reaches,
-        effect=_outcome(fraction, pool, reaches),
+        {"max-running-requests": 1},
+        best,
     )
 
 
@@ -151,17 +172,10 @@ def _more_gpus(
     # Twice the GPUs halve the weights per GPU; the pre-load free memory per GPU stays the same.
     more = _rescaled(model, host, flags, wider, 1.0)
     more = replace(more, post_gib=model.post_gib + per_gpu / 2)
-    fraction, pool, reaches = best_fraction(more, need.goal, requests, need.target, need.floor)
+    best = best_fraction(more, need.goal, requests, need.target, need.floor)
     why = (
         "the MLA pool is replicated on every TP rank, so more GPUs help only through smaller weights per GPU"
         if host.model.attention == "mla"
         else "fewer KV heads per rank and smaller weights per GPU"
     )
-    return Alternative(
-        change=f"more GPUs (tensor parallel {2 * tp} instead of {tp}): {why}",
-        flags={"tp-size": 2 * tp, **({"mem-fraction-static": fraction} if fraction else {})},
-        mem_fraction_static=fraction,
-        predicted_pool_tokens=pool,
-        reaches_target=reaches,
-        effect=_outcome(fraction, pool, reaches),
-    )
+    return _made(f"more GPUs (tensor parallel {2 * tp} instead of {tp}): {why}", {"tp-size": 2 * tp}, best)

@@ -11,6 +11,7 @@ from agent.plan.alternatives import Alternative, Need, alternatives
 from agent.plan.failed import bounded, failed_starts
 from agent.plan.model import Flags, PoolModel, StartFigures, flag, version
 from agent.plan.refusals import refusals
+from agent.plan.verdict import Reading, decide, no_fraction
 from agent.sglang import kvpool
 
 Calibration = StartFigures | Sequence[StartFigures]
@@ -36,6 +37,7 @@ class Plan:
     context_length: int
     predicted_pool_tokens: int
     target_pool_tokens: int  # the context plus the planning margin
+    predicted_pool_low_tokens: int  # the low end of the prediction's interval: what the verdict compares
     concurrency_at_full_context: int
     reserve_gib_per_gpu: float
     reserve_floor_gib: float
@@ -133,24 +135,27 @@ def _sized(
     """The plan at the chosen fraction and request count; with none, at the highest safe fraction."""
     chosen, requests = choice
     target, goal, floor = need.target, need.goal, need.floor
-    pool = model.pool(chosen) if chosen is not None else 0
-    reserve = model.reserve_gib(chosen, requests, target) if chosen is not None else 0.0
-    feasible = chosen is not None and pool >= (target if user else goal) and reserve >= floor
-    forced = None if feasible else model.max_fraction(requests, target, floor)
+    forced = None
     if chosen is None:  # the target is out of reach: show what forcing the highest safe fraction gives
+        forced = model.max_fraction(requests, target, floor)
         chosen = forced if forced is not None else _running_fraction(host.sglang.flags)
-        pool, reserve = model.pool(chosen), model.reserve_gib(chosen, requests, target)
+    chosen = round(chosen, 3)
+    reading = _reading(model, need, chosen, requests, forced is not None)
+    judged = no_fraction(floor, requests) if choice[0] is None and forced is None else decide(reading)
+    if user and not judged.feasible:  # what forcing the highest safe fraction would give instead
+        forced = model.max_fraction(requests, target, floor)
     return Plan(
         mem_fraction_static=chosen,
         max_running_requests=requests,
         context_length=target,
-        predicted_pool_tokens=pool,
+        predicted_pool_tokens=reading.pool,
         target_pool_tokens=goal,
-        concurrency_at_full_context=pool // target,
-        reserve_gib_per_gpu=reserve,
+        predicted_pool_low_tokens=reading.pool_low,
+        concurrency_at_full_context=reading.pool // target,
+        reserve_gib_per_gpu=reading.reserve_gib,
         reserve_floor_gib=floor,
-        feasible=feasible,
-        basis=model.basis,
+        feasible=judged.feasible,
+        basis=model.basis_said(),
         pre_gib=model.pre_gib,
         post_gib=model.post_gib,
         cell_bytes=model.cell_bytes,
@@ -158,36 +163,36 @@ def _sized(
         user_fraction=user,
         forced_fraction=forced,
         forced_pool_tokens=None if forced is None else model.pool(forced),
-        alternatives=() if feasible else alternatives(host, host.sglang.flags, model, need, requests),
+        alternatives=() if judged.feasible else alternatives(host, host.sglang.flags, model, need, requests),
+        binding=judged.binding,
+    )
+
+
+def _reading(model: PoolModel, need: Need, fraction: float, requests: int, highest_safe: bool) -> Reading:
+    """The numbers the verdict compares at this fraction."""
+    return Reading(
+        fraction=fraction,
+        pool_low=model.pool_low(fraction),
+        pool=model.pool(fraction),
+        reserve_gib=model.reserve_gib(fraction, requests, need.target),
+        goal=need.goal,
+        floor_gib=need.floor,
+        highest_safe=highest_safe,
     )
 
 
 def _bound(plan: Plan, host: HostConfig, model: PoolModel, need: Need) -> Plan:
-    """The plan with SGLang's refusals folded into its verdict, and the constraint that binds named."""
+    """The plan with SGLang's refusals folded into its verdict (plan/verdict.py decides)."""
     refused = tuple(refusals(host, plan.context_length, model))
-    feasible = plan.feasible and not refused
-    if feasible:
+    if not refused:
         return plan
-    binding = "; and ".join([*refused[:1], *([_memory_bound(plan, need)] if not plan.feasible else [])])
+    highest = plan.forced_fraction is not None and not plan.user_fraction
+    judged = decide(
+        _reading(model, need, plan.mem_fraction_static, plan.max_running_requests, highest), refused
+    )
     kept = tuple(a for a in plan.alternatives if _approaches(a, plan, need))
-    return replace(plan, feasible=False, refusals=refused, binding=binding, alternatives=kept)
-
-
-def _memory_bound(plan: Plan, need: Need) -> str:
-    """Which memory limit keeps the pool from the target."""
-    f, pool, floor = plan.mem_fraction_static, plan.predicted_pool_tokens, need.floor
-    if plan.user_fraction and pool < need.target:
-        return f"the fraction given, {f:.3f}, holds {pool:,} tokens of the {need.target:,} asked"
-    if plan.user_fraction:
-        return f"the memory floor: at the fraction given, {f:.3f}, under {floor:.1f} GiB stays free per GPU"
-    if plan.forced_fraction is None:
-        return (
-            f"the memory floor: no fraction leaves {floor:.1f} GiB free per GPU with "
-            f"{plan.max_running_requests} requests at this context"
-        )
-    return (
-        f"the memory floor: {plan.forced_fraction:.3f}, the highest fraction that leaves {floor:.1f} GiB "
-        f"free per GPU, holds {plan.forced_pool_tokens or 0:,} tokens of the {need.goal:,} needed"
+    return replace(
+        plan, feasible=judged.feasible, refusals=refused, binding=judged.binding, alternatives=kept
     )
 
 
@@ -196,8 +201,8 @@ def _approaches(alt: Alternative, plan: Plan, need: Need) -> bool:
     leaves (a smaller context always fits by construction: it is the largest that does)."""
     if alt.reaches_target or "context-length" in alt.flags:
         return True
-    have = plan.forced_pool_tokens if plan.forced_pool_tokens is not None else plan.predicted_pool_tokens
-    return alt.predicted_pool_tokens - have >= (need.goal - have) / 2
+    have = plan.predicted_pool_low_tokens
+    return alt.predicted_pool_low_tokens - have >= (need.goal - have) / 2
 
 
 def _after_failures(
@@ -283,7 +288,13 @@ def _explained(plan: Plan, host: HostConfig, flags: Flags, model: PoolModel, not
     head = "NOT FEASIBLE: " if not plan.feasible else ""
     notes.append(
         f"{head}at --mem-fraction-static {f:.3f} the pool is predicted at {plan.predicted_pool_tokens:,} "
-        f"tokens for a target of {t:,} (+{host.planning.margin:.0%} margin = {plan.target_pool_tokens:,})"
+        + "tokens"
+        + (
+            f", at least {plan.predicted_pool_low_tokens:,} (the low end the verdict uses),"
+            if plan.predicted_pool_low_tokens != plan.predicted_pool_tokens
+            else ""
+        )
+        + f" for a target of {t:,} (+{host.planning.margin:.0%} margin = {plan.target_pool_tokens:,})"
     )
     fits = min(plan.concurrency_at_full_context, plan.max_running_requests)  # the cap serves no more
     notes.append(f"{fits} request(s) of the full {t:,} tokens fit at once (pool ÷ context)")

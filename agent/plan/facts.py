@@ -20,6 +20,7 @@ from agent.errors import UsageError
 from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
 from agent.plan.model import StartFigures
 from agent.plan.overhead import GpuProcess
+from agent.plan.startcheck import StartIdentity, identity
 from agent.sglang.config_json import ModelConfig
 
 FORMAT = "deployctl-facts/1"
@@ -62,6 +63,13 @@ class ModelFact(_Open):
     path: str | None = None
 
 
+class LoadFact(_Open):
+    """The last load check's long-prompt figures ([smoke] load; agent/host/loadcheck.py)."""
+
+    decode_ms_per_token: float | None = Field(default=None, gt=0)
+    long_prompt_tokens: int | None = Field(default=None, gt=0)
+
+
 class FactsFile(_Open):
     format: Literal["deployctl-facts/1"]
     gpus: list[GpuFact] = Field(min_length=1)
@@ -72,6 +80,10 @@ class FactsFile(_Open):
     env: dict[str, str] = Field(default_factory=dict)
     last_start: str | None = None
     device: Literal["cuda", "cpu"] | None = None  # "cpu": gpus[0] is the host's RAM (MemTotal, MemAvailable)
+    load: LoadFact | None = None  # the last load check, where one ran
+    # The flags the host's starts ran under, where --set changed `flags` since (agent/apply.py with_set_flags)
+    started_flags: dict[str, FlagValue] | None = None
+    planning: Planning | None = None  # the margin and the memory floor, where the person states them
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,11 @@ class PlanInput:
     planning: Planning = field(default_factory=Planning)  # the margin and the memory floor
     # Figures the source lacks (an inventory without model.kv_heads...): an earlier start must stand in.
     gaps: tuple[str, ...] = ()
+    # What the first starts' logs say they ran (plan/evidence.py checks them against the plan), and the flags
+    # they ran under (a facts file's own, before --set): a cell-changing flag since then is scaled.
+    start_ids: tuple[StartIdentity, ...] = ()
+    start_flags: Mapping[str, FlagValue] | None = None
+    decode: tuple[float, int | None] | None = None  # the last load check's decode ms/token, at its context
 
     @property
     def gpu(self) -> Gpu:
@@ -156,23 +173,16 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         raise UsageError(f"{name}: {_first_error(exc)}") from None
     _check_flags(facts, name)
     starts: tuple[StartFigures, ...] = ()
+    ids: tuple[StartIdentity, ...] = ()
     if facts.last_start:
         from agent.sglang.logs.summary import start_figures
 
-        starts = (start_figures(facts.last_start.replace("\r", "\n").splitlines()),)
+        lines = facts.last_start.replace("\r", "\n").splitlines()
+        starts, ids = (start_figures(lines),), (identity(lines),)
     device = facts.flags.get("device")
     return PlanInput(
         name=name,
-        gpus=tuple(
-            Gpu(
-                g.name,
-                g.memory_total_mib,
-                _capability(g.compute_capability),
-                g.memory_free_mib,
-                tuple(GpuProcess(p.pid, p.name, p.used_mib, p.unit, p.service) for p in g.processes),
-            )
-            for g in facts.gpus
-        ),
+        gpus=tuple(_gpu(g) for g in facts.gpus),
         sglang_version=facts.sglang.version,
         model=_model(facts.model, "config.json"),
         draft=_model(facts.draft, "the draft's config.json") if facts.draft is not None else None,
@@ -181,6 +191,10 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         starts=starts,
         sources=_sources(facts, name),
         device=facts.device or (str(device).lower() if device else None),
+        start_ids=ids,
+        start_flags=dict(facts.started_flags) if facts.started_flags is not None else _ran(facts, ids),
+        decode=_decode(facts.load),
+        planning=facts.planning or Planning(),
     )
 
 
@@ -204,6 +218,22 @@ def _check_flags(facts: FactsFile, name: str) -> None:
         problem = flagrules.value_problem(flagrules.canonical(flag, facts.sglang.version), value)
         if problem:
             raise UsageError(f"{name}: flags.{flag}: {problem}")
+
+
+def _gpu(g: GpuFact) -> Gpu:
+    processes = tuple(GpuProcess(p.pid, p.name, p.used_mib, p.unit, p.service) for p in g.processes)
+    return Gpu(g.name, g.memory_total_mib, _capability(g.compute_capability), g.memory_free_mib, processes)
+
+
+def _ran(facts: FactsFile, ids: tuple[StartIdentity, ...]) -> dict[str, FlagValue] | None:
+    """The flags a facts file's own last start ran under: the file's."""
+    return dict(facts.flags) if ids else None
+
+
+def _decode(load: LoadFact | None) -> tuple[float, int | None] | None:
+    if load is None or load.decode_ms_per_token is None:
+        return None
+    return load.decode_ms_per_token, load.long_prompt_tokens
 
 
 def _model(m: ModelFact, where: str) -> ModelInput:

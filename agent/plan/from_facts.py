@@ -10,24 +10,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
+from agent.plan.calibrate import Fit, calibrated
 from agent.plan.choose import Plan, Target, choose
 from agent.plan.cpu import is_cpu, plan_cpu
+from agent.plan.evidence import (
+    CELL_FLAGS,
+    NotEvidence,
+    admitted,
+    as_started,
+    decode_note,
+    partial,
+)
 from agent.plan.facts import ModelInput, PlanInput, parse_facts, service_gpus
 from agent.plan.from_inventory import plan_input_from_host
 from agent.plan.model import (
-    CELL_AGREEMENT,
     PoolModel,
     Start,
     StartFigures,
-    runtime_need,
     start_of,
-    with_graphs,
 )
 from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for
+from agent.plan.replan import replanned
+from agent.plan.synthetic import synthetic_host
 from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.config_json import with_override
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
@@ -49,6 +55,7 @@ class FactsModel:
     kv_dtype: str
     fraction: float  # the running fraction: the flag, else SGLang's own default
     notes: tuple[str, ...]
+    warnings: tuple[str, ...] = ()  # earlier starts set aside (plan/evidence.py): said first
 
 
 def _flag(flags: Mapping[str, FlagValue], *names: str) -> FlagValue | None:
@@ -376,8 +383,9 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
-        f"--mem-fraction-static is not set: SGLang 0.5.23 would use {settings.fraction:.4f} on this card "
-        "(arg_groups/memory_hook.py handle_gpu_memory_settings)"
+        f"--mem-fraction-static is not set: SGLang 0.5.23 would use about {settings.fraction:.3f} on this "
+        "card (arg_groups/memory_hook.py handle_gpu_memory_settings); the plan gives the unit its own, to "
+        "three decimals"
     )
     return settings.fraction
 
@@ -446,6 +454,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     """The PoolModel for this host: cold from the facts, or calibrated by the last start's memory lines."""
     arch = sizing(inp)
     layout, dtype, par, sizer, notes = arch.layout, arch.dtype, arch.par, arch.sizer, list(arch.notes)
+    inp, aside = admitted(inp, par.tp, par.pp)  # only a start of this model, layout and cards calibrates
     fraction = _fraction(inp, layout, par, notes)
     scale = _aiter_scale(inp, arch, context, notes)
     # What every model of this host shares; the memory figures and the cell come from the starts or the card.
@@ -453,8 +462,24 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
         0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,
         max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
     )  # fmt: skip
-    model = _fitted(inp, fraction, par, (shape, sizer), notes)
-    return FactsModel(model, layout, dtype, fraction, tuple(notes))
+    model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
+    return FactsModel(model, layout, dtype, fraction, tuple(notes), aside)
+
+
+def _evidenced(
+    inp: PlanInput,
+    fraction: float,
+    par: Parallel,
+    shaped: tuple[PoolModel, pools.PoolSizer],
+    said: tuple[list[str], tuple[str, ...]],
+) -> tuple[PoolModel, tuple[str, ...]]:
+    """The fitted model; a start whose cell is not this architecture's is set aside (plan/evidence.py)."""
+    notes, aside = said
+    try:
+        return _fitted(inp, fraction, par, shaped, notes), aside
+    except NotEvidence as exc:
+        aside = (*aside, f"the earlier start is set aside: {exc}; it does not calibrate this plan")
+        return _fitted(replace(inp, starts=(), start_ids=()), fraction, par, shaped, notes), aside
 
 
 def _fitted(
@@ -473,18 +498,43 @@ def _fitted(
         notes.append("the earlier start(s) given did not log a pool and the memory lines; not used")
     _refuse_gaps(inp, calibrated=bool(starts))
     if starts:
-        return _calibrated(starts, shaped, notes, _Fit(inp.flags, _origin(inp), _figure_gaps(inp)))
+        return _calibrated_as_started(inp, starts, shaped, notes)
     elif memory:  # a start that died before its pool still tells pre and post
         pre, post = (
             float(memory[-1].get("avail_mem_before_weights_gb") or 0.0),
             float(_post(memory[-1]) or 0.0),
         )
+        cut = partial(inp, post, par.tp)  # a start cut before the draft loaded (plan/evidence.py)
+        post, why = cut if cut is not None else (post, None)
         notes.append(
             f"pre {pre:.2f} GiB and post {post:.2f} GiB from the last start's memory lines "
-            "(it logged no pool: the cell is the architecture's)"
+            "(it logged no pool: the cell is the architecture's)" + (f"; {why}" if why else "")
         )
-        return replace(shape, pre_gib=pre, post_gib=post, basis="calibrated")
+        return replace(shape, pre_gib=pre, post_gib=post, basis="calibrated", partial=why)
     return _cold(inp, par, shape, notes)
+
+
+def _calibrated_as_started(
+    inp: PlanInput, starts: list[Start], shaped: tuple[PoolModel, pools.PoolSizer], notes: list[str]
+) -> PoolModel:
+    """Calibrated at the flags the starts ran with; a cell-changing flag since (KV dtype, page size, a draft)
+    scales the measured cell by the architecture's ratio; the start's memory is kept (plan/evidence.py)."""
+    fit = Fit(inp.flags, _origin(inp), _figure_gaps(inp))
+    then = as_started(inp)
+    if then is None:
+        return calibrated(starts, shaped, notes, fit)
+    shape, now = shaped
+    was = sizing(then).sizer
+    model = calibrated(starts, (replace(shape, cell_bytes=was.cell_bytes, sizer=was), was), notes, fit)
+    ratio = now.cell_bytes / was.cell_bytes
+    measured = model.sizer.cell_bytes if model.sizer is not None else model.cell_bytes
+    sizer = replace(now, cell_bytes=measured * ratio)
+    changed = ", ".join(f"--{k}" for k in CELL_FLAGS if then.flags.get(k) != inp.flags.get(k))
+    notes.append(
+        f"the start ran before {changed} changed: its cell times the architecture's ratio {ratio:.3f} "
+        f"({was.cell_bytes:,.0f} to {now.cell_bytes:,.0f} B per token), its memory kept"
+    )
+    return replace(model, cell_bytes=sizer.cell_bytes, sizer=sizer, page_size=sizer.page_size)
 
 
 def _origin(inp: PlanInput) -> str:
@@ -596,117 +646,7 @@ def _quick_reduce_gib(inp: PlanInput) -> float:
     return mib / 1024 if mib > 0 else 2.0
 
 
-@dataclass(frozen=True)
-class _Fit:
-    """How a calibration reads the starts: the flags, where the architecture came from, its gaps."""
-
-    flags: Mapping[str, FlagValue]
-    origin: str
-    gaps: tuple[str, ...]
-
-
-def _calibrated(
-    starts: list[Start], shaped: tuple[PoolModel, pools.PoolSizer], notes: list[str], fit: _Fit
-) -> PoolModel:
-    """Fit post to the logged pools (2-decimal logs); a cell far from the architecture's is measured."""
-    shape, sizer = shaped
-    pre = sum(s.pre for s in starts) / len(starts)
-    posts, measured = [], []
-    for s in starts:
-        # The logged fraction is the resolved one (the server_args line): SGLang's own scaling is in it.
-        rest = s.post - s.pre * (1 - s.fraction)
-        predicted = sizer.tokens(rest)
-        measured.append(predicted / s.tokens if s.tokens else 1.0)
-        # Move post by what the logged token count says the 2-decimal figure hid.
-        posts.append(s.post + (s.tokens - predicted) * sizer.effective_cell() / GIB)
-    off = max(abs(m - 1) for m in measured)
-    if off <= CELL_AGREEMENT and not fit.gaps:
-        post, cell, how = sum(posts) / len(posts), sizer.cell_bytes, "the architecture's cell"
-    else:
-        post = sum(s.post for s in starts) / len(starts)
-        sizer = replace(sizer, cell_bytes=sizer.cell_bytes * sum(measured) / len(measured))
-        why = (
-            f"{fit.origin} lacks {', '.join(fit.gaps)}"
-            if fit.gaps
-            else f"the architecture's is {off:.1%} off: check {fit.origin}"
-        )
-        cell, how = sizer.cell_bytes, f"a measured cell ({why})"
-    base = replace(shape, pre_gib=pre, post_gib=post, cell_bytes=cell, sizer=sizer)
-    base = replace(base, basis="calibrated", runtime_measured=True)
-    runtime, measured_runtime = runtime_need(starts, base)
-    notes.append(
-        f"calibrated from {len(starts)} earlier start(s): pre {pre:.2f} GiB, post {post:.4f} GiB, {how}"
-    )
-    # The CUDA-graph memory the start logged, credited per request count (model.py GRAPH_SCALING_SHARE).
-    return with_graphs(
-        replace(base, runtime_gib=runtime, runtime_measured=measured_runtime), starts, fit.flags
-    )
-
-
-ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
-
-
-def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float) -> HostConfig:
-    """The inventory-shaped view the plan's notes and alternatives read (no SSH: it is never contacted)."""
-    data: dict[str, object] = {  # HostConfig's own shape, validated by it below
-        "name": inp.name,
-        "ssh": {"target": "local"},
-        "gpus": {"count": len(inp.gpus), "memory_gib": inp.gpu.memory_gib, "name": inp.gpu.name},
-        "model": _model_view(inp, layout),
-        "draft": _draft_view(inp),
-        # the one variable that changes what SGLang accepts (plan/refusals.py): a context above the model's
-        "unit": {"environment": {k: v for k, v in inp.env.items() if k == ALLOW_LONGER_CONTEXT}},
-        "sglang": {"version": inp.sglang_version, "flags": {**inp.flags, "mem-fraction-static": fraction}},
-        "planning": inp.planning.model_dump(),
-    }
-    try:
-        return HostConfig.model_validate(data)
-    except ValidationError as exc:  # a figure of the facts beyond the inventory's bounds: one line
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise UsageError(f"{inp.name}: {where}: {err['msg']}") from None
-
-
-def _model_view(inp: PlanInput, layout: KVLayout) -> dict[str, object]:
-    """The [model] figures of the layout, for the alternatives' cell ratios and the refusals."""
-    par = parallel(inp)
-    model: dict[str, object] = {
-        "path": inp.model.path or "/facts/model",
-        "dtype_bytes": layout.dtype_bytes,
-        "max_context": layout.context_len if inp.model.context_known else None,
-        "attention": "mla" if layout.kv_lora_rank else "gqa",
-    }
-    if layout.family in ("mla", "mha") and not layout.linear:
-        model["layers"] = len(layout.kv_layers)
-        if layout.kv_lora_rank:
-            model.update(kv_lora_rank=layout.kv_lora_rank, qk_rope_head_dim=layout.qk_rope_head_dim)
-        else:
-            model.update(kv_heads=layout.kv_heads, head_dim=layout.head_dim, v_head_dim=layout.v_head_dim)
-    if inp.model.weights_bytes:
-        model["weights_gib_per_gpu"] = inp.model.weights_bytes / par.tp / par.pp / GIB
-    return model
-
-
-def _draft_view(inp: PlanInput) -> dict[str, object] | None:
-    """The [draft] of the speculative algorithm, with its figures when its config.json is known."""
-    algorithm = str(_flag(inp.flags, "speculative-algorithm") or "").upper()
-    if not algorithm:
-        return None
-    draft: dict[str, object] = {"algorithm": algorithm, "path": "/facts/draft"}
-    if inp.draft is None or algorithm == "NGRAM":
-        return draft
-    try:
-        layout = read_layout(inp.draft.config, is_draft=True)
-    except (Unsupported, ValueError):  # sizing() already said what it made of the draft
-        return draft
-    draft.update(layers=layout.layers, kv_heads=layout.kv_heads or None, head_dim=layout.head_dim or None)
-    draft["path"] = inp.draft.path or draft["path"]
-    if inp.draft.weights_bytes is not None:
-        draft["weights_gib_per_gpu"] = inp.draft.weights_bytes / parallel(inp).tp / GIB
-    return draft
-
-
-def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
+def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     """Plan a host from its PlanInput: a facts file, the host's own facts, or the inventory. The notes
     name every figure's origin."""
     origins = "figures from " + "; ".join(f"{k}: {v}" for k, v in inp.sources.items())
@@ -714,10 +654,14 @@ def plan_from_facts(inp: PlanInput, asked: Target) -> Plan:
         arch = sizing(inp)
         return plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins))
     fm = pool_model(inp, asked.context)
-    host = synthetic_host(inp, fm.layout, fm.fraction)
+    # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
+    host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp))
     plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp))
-    extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan)]
-    return replace(plan, notes=(*extra, *plan.notes), warnings=(*plan.warnings, *_version_warning(inp)))
+    extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan), decode_note(inp)]
+    warnings = (*fm.warnings, *plan.warnings, *_version_warning(inp))
+    plan = replace(plan, notes=(*extra, *plan.notes), warnings=warnings)
+    # Each alternative as the planner plans it with its flags (plan/replan.py), not re-checked again.
+    return replanned(inp, plan, asked, lambda i, t: plan_from_facts(i, t, replan=False)) if replan else plan
 
 
 def _estimate_notes(model: PoolModel, inp: PlanInput) -> tuple[str, ...]:

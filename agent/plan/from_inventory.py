@@ -183,6 +183,8 @@ def plan_input_from_host(
         flags=flags,
         env={**facts.env, **host.unit.environment},
         starts=starts or facts.starts,
+        start_ids=() if starts else facts.start_ids,
+        start_flags=facts.start_flags,
         sources=sources,
         device=facts.device,
         planning=host.planning,

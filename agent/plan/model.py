@@ -51,6 +51,11 @@ class PoolModel:
     margin_gib: float = 0.0
     # SGLang's own change to the fraction given (AMD aiter above 8k context: x 0.85); 1 = as given.
     fraction_scale: float = 1.0
+    partial: str | None = None  # calibrated on a start that was cut short: what it did not show
+
+    def basis_said(self) -> str:
+        """The basis as the verdict line says it: a partial start is named there."""
+        return self.basis if self.partial is None else f"{self.basis}, partial start"
 
     def pool(self, fraction: float) -> int:
         fraction *= self.fraction_scale
@@ -59,14 +64,23 @@ class PoolModel:
         paging = kvpool.Paging(self.page_size, self.max_total_tokens)
         return kvpool.pool_tokens(self.pre_gib, self.post_gib, fraction, self.cell_bytes, paging)
 
+    def low(self) -> PoolModel:
+        """The interval's low end: pre and post lower by the margin (the weights stay what they are); a
+        calibrated model has no margin, so it is its own low end."""
+        if not self.margin_gib:
+            return self
+        return replace(self, pre_gib=self.pre_gib - self.margin_gib, post_gib=self.post_gib - self.margin_gib,
+                       margin_gib=0.0)  # fmt: skip
+
+    def pool_low(self, fraction: float) -> int:
+        return self.low().pool(fraction)
+
     def min_fraction(self, tokens: int) -> float | None:
+        """The smallest 0.001 step whose pool's low end holds tokens."""
         if self.sizer is None and not self.margin_gib and self.fraction_scale == 1.0:
             paging = kvpool.Paging(self.page_size, self.max_total_tokens)
             return kvpool.min_fraction(self.pre_gib, self.post_gib, self.cell_bytes, tokens, paging)
-        # The low end of pre: both pre and post lower by the margin (the weights stay what they are).
-        low = replace(self, pre_gib=self.pre_gib - self.margin_gib, post_gib=self.post_gib - self.margin_gib,
-                      margin_gib=0.0)  # fmt: skip
-        return kvpool.search_fraction(low.pool, tokens)
+        return kvpool.search_fraction(self.low().pool, tokens)
 
     def scaled_cell(self, ratio: float) -> PoolModel:
         """The same host with every KV byte per token times ratio (another dtype, another TP)."""

@@ -36,11 +36,15 @@ class StartIdentity:
     pp: int | None = None
     kv_dtype: str | None = None
     pre_gib: float | None = None  # free memory per GPU before the weights (the first rank that logged it)
+    loads: int = 0  # `Load weight end` lines of the first rank to log one: the target, then a draft
 
 
 def identity(lines: Iterable[str]) -> StartIdentity:
     found: dict[str, str] = {}
+    loads = 0
     for line in lines:
+        if _TYPE.search(line) and ("TP0" in line or "TP" not in line):
+            loads += 1
         if "architecture" not in found and (m := _TYPE.search(line)):
             found["architecture"] = m[1]
         if "pre" not in found and (m := _PRE.search(line)):
@@ -56,6 +60,7 @@ def identity(lines: Iterable[str]) -> StartIdentity:
         int(found["pp"]) if "pp" in found else None,
         found.get("kv_dtype"),
         float(found["pre"]) if "pre" in found else None,
+        loads,
     )
 
 

@@ -76,6 +76,7 @@ class FactsDoc(TypedDict, total=False):
     model: ModelFact
     draft: ModelFact | None
     flags: Mapping[str, FlagInput]  # the unit's (secret ones left out); deployctl's --set over them
+    started_flags: Mapping[str, FlagInput]  # the unit's, where --set changed `flags` (plan/evidence.py)
     env: dict[str, str]
     last_start: str | None
 

@@ -134,8 +134,10 @@ def test_400k_is_infeasible_with_alternatives() -> None:
     # tokens of the 170k missing): it neither reaches nor approaches the target, so it is not listed.
     assert changes == {"fp8 KV cache", "a smaller context", "more GPUs"}
     fp8 = next(a for a in p.alternatives if a.change.startswith("fp8"))
-    assert fp8.reaches_target and fp8.flags["kv-cache-dtype"] == "fp8_e4m3"
-    assert fp8.predicted_pool_tokens >= 408_000
+    # Its pool holds the target, but re-planned with its flags SGLang still refuses 400k above the model's
+    # own 262,144: it does not reach the target by itself (plan/replan.py), and says why.
+    assert not fp8.reaches_target and fp8.flags["kv-cache-dtype"] == "fp8_e4m3"
+    assert fp8.predicted_pool_low_tokens >= 408_000 and "SGLang refuses a context of 400,000" in fp8.effect
     smaller = next(a for a in p.alternatives if a.change.startswith("a smaller"))
     assert 200_000 < int(smaller.flags["context-length"]) < 400_000
     gpus = next(a for a in p.alternatives if a.change.startswith("more GPUs"))

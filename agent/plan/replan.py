@@ -1,0 +1,64 @@
+"""Each alternative of a plan re-planned with its flags: what it claims is what the planner then says.
+
+The alternatives are first estimated on the plan's own pool model (plan/alternatives.py: a cell ratio, half
+the weights per GPU); the one planner (plan/from_facts.py) then plans the input with each one's flags, so
+"reaches the target" on an alternative means the re-plan is feasible by the same rule (plan/verdict.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from agent.errors import UsageError
+from agent.plan.alternatives import Alternative, Best, outcome
+from agent.plan.choose import Plan, Target
+from agent.plan.facts import PlanInput
+
+Planner = Callable[[PlanInput, Target], Plan]
+
+
+def replanned(inp: PlanInput, plan: Plan, asked: Target, planner: Planner) -> Plan:
+    """The plan with every alternative re-planned; one the planner refuses with its flags is dropped."""
+    kept: list[Alternative] = []
+    for alt in plan.alternatives:
+        try:
+            again = planner(*_with(inp, alt, asked))
+        except UsageError:
+            continue
+        if "context-length" in alt.flags and not again.feasible:
+            continue  # a smaller context is offered only where it plans feasible
+        kept.append(_as_replanned(alt, again, asked))
+    return replace(plan, alternatives=tuple(kept))
+
+
+def _with(inp: PlanInput, alt: Alternative, asked: Target) -> tuple[PlanInput, Target]:
+    """The input and target an alternative asks for; the planner chooses the fraction again."""
+    flags = {k: v for k, v in alt.flags.items() if k not in ("mem-fraction-static", "max-running-requests")}
+    context = int(str(alt.flags.get("context-length", asked.context)))
+    requests = alt.flags.get("max-running-requests")
+    target = Target(context, None, None if requests is None else int(str(requests)))
+    if "tp-size" in flags:  # more GPUs: as many more cards of the same kind
+        more = int(str(flags["tp-size"])) // max(1, int(str(inp.flags.get("tp-size") or 1)))
+        inp = replace(inp, gpus=inp.gpus * more, starts=(), start_ids=())
+    # The starts ran under the flags the plan took them to (its own, where none are recorded): an
+    # alternative's cell flags scale their measured cell (plan/evidence.py as_started).
+    then = inp.start_flags if inp.start_flags is not None else dict(inp.flags)
+    return replace(inp, flags={**inp.flags, **flags}, start_flags=then), target
+
+
+def _as_replanned(alt: Alternative, again: Plan, asked: Target) -> Alternative:
+    what = "the target" if again.context_length == asked.context else f"{again.context_length:,}"
+    best = Best(again.mem_fraction_static, again.predicted_pool_tokens, again.predicted_pool_low_tokens,
+                again.feasible)  # fmt: skip
+    flags = {**alt.flags, "mem-fraction-static": again.mem_fraction_static}
+    return replace(
+        alt,
+        flags=flags,
+        mem_fraction_static=again.mem_fraction_static,
+        predicted_pool_tokens=again.predicted_pool_tokens,
+        predicted_pool_low_tokens=again.predicted_pool_low_tokens,
+        reaches_target=again.feasible and what == "the target",
+        # SGLang's refusal is the one binding constraint the numbers beside it do not show: say it.
+        effect=outcome(best, what) + (f": {again.refusals[0]}" if again.refusals else ""),
+    )

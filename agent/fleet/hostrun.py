@@ -187,7 +187,10 @@ def _drift(nodes: Sequence[HostConfig], facts: Sequence[HostFacts], context: int
         texts = [render_unit(node, {}, template_dir()) for node in nodes]
         return {"drift": _differs(texts, facts), "drift_against": None}
     plan, _ = plan_host(nodes[0], against, facts[0], ())
-    texts = [render_checked(allow_context(n, Change(against, force=True)), plan.flags()) for n in nodes]
+    # against the unit an apply that reaches the context renders: with SGLang's longer-context override where
+    # the context is above the model's own (a unit without it drifts from such a target)
+    reach = Change(against, force=True, allow_longer_context=True)
+    texts = [render_checked(allow_context(n, reach), plan.flags()) for n in nodes]
     return {"drift": _differs(texts, facts), "planned_fraction": plan.mem_fraction_static,
             "drift_against": against}  # fmt: skip
 

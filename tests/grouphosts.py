@@ -50,6 +50,26 @@ class Group:
     def invocation(self, rank: int) -> str:
         return self.systemctl(rank, "show", "-p", "InvocationID", "--value", "sglang.service")
 
+    def journals(self, lines: int = 60) -> str:
+        """Every node's last journal lines about its service, systemd's own included: what a failed
+        assertion shows, so a rare failure in CI says why."""
+        out = []
+        for rank, node in enumerate(self.nodes):
+            args = [
+                "journalctl",
+                "-u",
+                "sglang.service",
+                "-n",
+                str(lines),
+                "--no-pager",
+                "-o",
+                "short-precise",
+            ]
+            done = node.ssh(args)
+            text = (done.stdout + done.stderr).decode(errors="replace")
+            out.append(f"\n--- rank {rank} journal ---\n{text}")
+        return "".join(out)
+
     def backups(self, rank: int) -> list[str]:
         folder = self.nodes[rank].root / "etc/systemd/system"
         return sorted(p.name for p in folder.glob("sglang.service.bak.*"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from enum import Enum
 
@@ -18,6 +19,32 @@ ANOMALY_WORDS = "the pool SGLang logged is not what these flags give on this hos
 # systemd states that mean the process is gone or being restarted by systemd itself.
 _DEAD_ACTIVE = {"failed", "inactive", "deactivating"}
 _DEAD_SUB = {"auto-restart", "failed", "dead", "stop-sigterm", "stop-sigkill", "final-sigterm"}
+
+
+# systemd's own exit codes (systemd.exec(5), "Process Exit Codes"): the process never ran SGLang, it failed
+# while systemd set it up, so no log line of SGLang's can say why.
+_SETUP_EXITS = {
+    200: "CHDIR", 203: "EXEC", 204: "MEMORY", 205: "LIMITS", 209: "STDOUT", 216: "GROUP", 217: "USER",
+    219: "CGROUP", 226: "NAMESPACE", 233: "RUNTIME_DIRECTORY", 238: "STATE_DIRECTORY",
+    239: "CACHE_DIRECTORY", 243: "CREDENTIALS",
+}  # fmt: skip
+_CLD_EXITED, _CLD_KILLED, _CLD_DUMPED = 1, 2, 3  # ExecMainCode: waitid(2)'s si_code
+
+
+def exit_words(code: int, status: int) -> str:
+    """How a service's main process ended, from systemd's ExecMainCode and ExecMainStatus ("" if unknown)."""
+    if code == _CLD_EXITED:
+        if 200 <= status <= 245:
+            name = _SETUP_EXITS.get(status, "SETUP")
+            return f"exit status {status}/{name}: systemd failed to set the process up, SGLang never ran"
+        return f"exit status {status}"
+    if code in (_CLD_KILLED, _CLD_DUMPED):
+        try:
+            name = signal.Signals(status).name
+        except ValueError:
+            name = f"signal {status}"
+        return f"killed by {name}" + (", core dumped" if code == _CLD_DUMPED else "")
+    return ""
 
 
 @dataclass(frozen=True)
@@ -59,6 +86,7 @@ class Observation:
     active_state: str
     sub_state: str
     restarts_since: int  # NRestarts grew by this much since our restart: a crash loop
+    exit: str = ""  # how its main process last ended, as exit_words() says it ("" while it runs)
 
 
 class Action(str, Enum):
@@ -79,6 +107,7 @@ class Failure(str, Enum):
     TIMEOUT = "timeout"
     NO_PROGRESS = "no_progress"
     POOL_ANOMALY = "pool_anomaly"
+    ABANDONED = "abandoned"  # a multi-node start the group rolled back meanwhile: no failure of its own
 
 
 @dataclass(frozen=True)
@@ -104,7 +133,8 @@ def decide(obs: Observation, gate: Gate, pool_passed: bool) -> Verdict:
             f"the service crashed and systemd restarted it ({obs.restarts_since}x)", Failure.SERVICE_FAILED
         )
     if obs.active_state in _DEAD_ACTIVE or obs.sub_state in _DEAD_SUB:
-        return fail(f"the service stopped: {obs.active_state}/{obs.sub_state}", Failure.SERVICE_FAILED)
+        how = f" ({obs.exit})" if obs.exit else ""
+        return fail(f"the service stopped: {obs.active_state}/{obs.sub_state}{how}", Failure.SERVICE_FAILED)
     if obs.kv_tokens is not None and not pool_passed:
         odd = pool_anomaly(obs.kv_tokens, gate)
         if odd is not None:

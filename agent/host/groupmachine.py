@@ -138,6 +138,10 @@ def _starting(node: Node, saw: Saw) -> Step:
         if node.files.decision is Decision.ABORT:
             return replace(node, phase=Phase.BACK), (Do.STOP, Do.VOTE_BACK)
         return replace(node, phase=Phase.DECIDING), (Do.VOTE_READY,)
+    if saw is Saw.SIGNAL and node.files.decision is Decision.ABORT:
+        # the group rolled back while it started: its start cannot complete without the peers that stop
+        # now, and rank 0 waits for every rank's stop before any old unit starts
+        return replace(node, phase=Phase.BACK), (Do.STOP, Do.VOTE_BACK)
     return node, ()
 
 

@@ -18,7 +18,7 @@ from agent.host import drain, loadcheck, serverinfo
 from agent.host.adopt import kept_secret_env
 from agent.host.decide import Action, Failure, Gate, fail
 from agent.host.events import EventLog, utc_now
-from agent.host.groupmachine import Do, Phase, Saw
+from agent.host.groupmachine import Do, Phase, Saw, files_of, node_step
 from agent.host.groupmachine import Node as GroupNode
 from agent.host.groupnode import NodeWaits, start_bound_s
 from agent.host.groupsignal import Decision, Signals
@@ -577,6 +577,9 @@ class Transaction:
         if self.barrier is not None:  # aborted before it started: the group's word, not a failure of its own
             return self._roll_back(self.barrier, started, backup, new)
         reason = started.verdict.reason
+        if started.verdict.kind is Failure.ABANDONED:  # the group's word, not a failure of its own
+            self.log.emit(Stage.GROUP, "step", reason, decision="abort")
+            return self._roll_back(reason, started, backup, new)
         if started.verdict.action is Action.READY:
             reason = self._verify(started, smoke, gate, new) or ""
         if reason:
@@ -663,10 +666,26 @@ class Transaction:
         n0 = after.n_restarts
         if after.invocation_id == before.invocation_id and not job.ok:
             n0 = -1  # the job failed before a new invocation: decide() sees a crash at once
+        abandon = self._abandon(barrier) if barrier is not None and not barrier.back else None
         start = WatchedStart(
-            self.unit, self.journal, self.systemd, gate, cursor, after.invocation_id, max(n0, 0)
+            self.unit, self.journal, self.systemd, gate, cursor, after.invocation_id, max(n0, 0), abandon
         )
         return watch_start(start, self.log, stage)
+
+    def _abandon(self, barrier: Signals) -> Callable[[], str | None]:
+        """While a group's node starts: the group's abort ends its watch (the group machine's step), so it
+        stops at once instead of waiting out a start that cannot complete without its stopping peers."""
+        assert self.req.group is not None
+        rank = self.req.group.rank
+
+        def why() -> str | None:
+            node, _ = node_step(GroupNode(rank, Phase.STARTING, files_of(barrier)), Saw.SIGNAL)
+            stands = barrier.decided()
+            if node.phase is not Phase.BACK or stands is None:
+                return None
+            return f"the group rolled back while rank {rank} started ({stands.reason})"
+
+        return why
 
     def _drained_restart(self, old_invocation: str, barrier: Signals | None = None) -> JobResult:
         """Let the running server finish what it has (bounded by [drain] timeout_s), then restart; a node

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.host.decide import Action, Failure, Gate, Observation, Verdict, decide, fail
+from agent.host.decide import Action, Failure, Gate, Observation, Verdict, decide, exit_words, fail
 from agent.host.events import EventLog
 from agent.protocol.events import Stage
 from agent.sglang.logs.events import GENERIC_FAILURE_KINDS, EngineTimings, GraphEnd
@@ -54,6 +54,8 @@ class WatchedStart:
     cursor: str | None  # the journal's newest record before the restart
     invocation_id: str
     n_restarts0: int  # the unit's restart count before this start
+    # A group's node: why the group no longer wants this start (its abort came meanwhile), else None.
+    abandon: Callable[[], str | None] | None = None
 
 
 @dataclass
@@ -125,6 +127,7 @@ class _Start:
             active_state=state.active_state,
             sub_state=state.sub_state,
             restarts_since=max(0, state.n_restarts - n_restarts0),
+            exit=exit_words(getattr(state, "exec_main_code", 0), getattr(state, "exec_main_status", 0)),
         )
 
 
@@ -147,6 +150,9 @@ def watch_start(
             seen.feed(item.message, now)
         if now - last_poll >= STATE_POLL_S:
             state, last_poll = systemd.unit_state(unit), now
+            why = start.abandon() if start.abandon else None
+            if why:  # its peers stop theirs: this start cannot complete, and rank 0 waits for its stop
+                return WatchResult(fail(why, Failure.ABANDONED), seen.summary, clock() - t0)
         obs = seen.observe(now, t0, state, start.n_restarts0)
         verdict = decide(obs, gate, pool_passed)
         if verdict.action is Action.POOL_OK:

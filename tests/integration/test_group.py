@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import urllib.request
+from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
@@ -77,10 +78,16 @@ def context_of(g: Group, rank: int) -> int:
     return int(parse_unit_flags(g.unit(rank))["context-length"])
 
 
+def test_each_node_runs_in_a_control_group_of_its_own(group: Group) -> None:
+    """As on real hosts: a shared group let one node's systemd stop the other's server (219/CGROUP)."""
+    groups = [Path(f"/proc/{node.leader_pid}/cgroup").read_text() for node in group.nodes]
+    assert groups[0] != groups[1], groups
+
+
 def test_a_two_node_service_is_raised_in_one_restart_of_both_ranks(group: Group) -> None:
     before = [group.invocation(r) for r in range(2)]
     rc, report, text = apply_json(group, "150000")
-    assert rc == 0 and report.get("outcome") == "applied", text
+    assert rc == 0 and report.get("outcome") == "applied", text + group.journals()
     after = [group.invocation(r) for r in range(2)]
     assert all(a != b for a, b in zip(after, before, strict=True))  # each rank restarted...
     assert [len(group.backups(r)) for r in range(2)] == [1, 1]  # ...once, with its own backup
@@ -99,12 +106,32 @@ def test_a_failure_on_rank_1_rolls_both_ranks_back_and_says_so(group: Group) -> 
         rc, report, text = apply_json(group, "200000")
     finally:
         group.set_sim_env(1, {})
-    assert rc != 0 and report.get("outcome") == "rolled_back", text
+    assert rc != 0 and report.get("outcome") == "rolled_back", text + group.journals()
     assert [group.unit(r) for r in range(2)] == old  # both units back as they were
     ranks = report["ranks"]
     assert [r["outcome"] for r in ranks] == ["rolled_back", "rolled_back"], ranks
     assert report["reason"].startswith("rank 1 (k2-b) failed"), report  # the cause, not rank 0's lost peer
     wait_for_group(group)  # the old service serves again
+
+
+def test_rank_0_dying_before_its_rendezvous_rolls_both_ranks_back_in_time(group: Group) -> None:
+    """Rank 0's new process dies before its first line: rank 1, waiting at a rendezvous no one will open,
+    stops on the group's abort (not after its own silence bound), so rank 0 gets its go-back and both old
+    units start again (before: rank 1 waited 210 s, rank 0 gave up at 120 s and the group stayed down)."""
+    old = [group.unit(r) for r in range(2)]
+    group.set_sim_env(0, {"SGLANG_SIM_FAULT": "exit_at_start", "SGLANG_SIM_FAULT_WHEN_CONTEXT": "180000"})
+    try:
+        rc, report, text = apply_json(group, "180000")
+    finally:
+        group.set_sim_env(0, {})
+    assert rc != 0 and report.get("outcome") == "rolled_back", text + group.journals()
+    assert [group.unit(r) for r in range(2)] == old
+    ranks = report["ranks"]
+    assert [r["outcome"] for r in ranks] == ["rolled_back", "rolled_back"], ranks
+    assert "exit status 1" in ranks[0]["data"]["reason"], group.journals()  # how it ended, from systemd
+    assert ranks[1]["data"]["failure_kind"] == "abandoned", ranks[1]
+    assert report["reason"].startswith("rank 0 (k2-a) failed"), report
+    wait_for_group(group)
 
 
 def test_status_names_a_dead_rank_while_rank_0_still_answers(group: Group) -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.host.decide import ANOMALY_SHARE, Gate, Observation, decide
+from agent.host.decide import ANOMALY_SHARE, Gate, Observation, decide, exit_words
 from agent.protocol.requests import Timeouts
 
 T = Timeouts(weights_s=100, pool_s=50, ready_s=30, no_progress_s=20)
@@ -120,3 +120,23 @@ def test_anomaly_exactly_when_more_than_the_share_off_a_calibrated_plan(pool: in
     assert (v.kind == "pool_anomaly") is far
     if not far:
         assert v.kind in (None, "pool_short")
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "words"),
+    [
+        (1, 1, "exit status 1"),
+        (1, 219, "exit status 219/CGROUP: systemd failed to set the process up, SGLang never ran"),
+        (1, 243, "exit status 243/CREDENTIALS: systemd failed to set the process up, SGLang never ran"),
+        (1, 244, "exit status 244/SETUP: systemd failed to set the process up, SGLang never ran"),
+        (2, 9, "killed by SIGKILL"),
+        (3, 6, "killed by SIGABRT, core dumped"),
+        (0, 0, ""),
+    ],
+)
+def test_a_dead_service_says_how_its_process_ended(code: int, status: int, words: str) -> None:
+    """A start that died before SGLang logged a line (systemd could not set it up) names the cause."""
+    assert exit_words(code, status) == words
+    dead = replace(START, active_state="activating", sub_state="auto-restart", exit=words)
+    verdict = decide(dead, GATE, pool_passed=False)
+    assert verdict.reason == "the service stopped: activating/auto-restart" + (f" ({words})" if words else "")

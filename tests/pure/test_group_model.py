@@ -156,6 +156,7 @@ def node_moves(w: World, i: int) -> Iterator[World]:
         if not later or (rank0_decided(w) and not w.gone[i]):
             yield step_node(w, i, Saw.DEADLINE)
     if phase is Phase.STARTING:
+        yield step_node(w, i, Saw.SIGNAL)  # the group's abort ends its start (its watch polls the files)
         if all(g is Gen.NEW for g in w.gen) and not w.gone[i]:
             yield step_node(w, i, Saw.READY)
         yield step_node(w, i, Saw.FAILED)

@@ -230,3 +230,29 @@ def test_recovering_an_earlier_change_under_a_group_request_never_waits_on_this_
     # the restore only stopped the server: no "stopped_back" vote into this change, no wait for a go-back
     assert not any(e.data.get("vote") == "stopped_back" for e in txn.events)
     assert result.outcome is Outcome.APPLIED and signals.decided() is not None
+
+
+def test_a_node_still_starting_when_the_group_aborts_stops_at_once_and_does_not_vote_failed(
+    host: Host,
+) -> None:
+    """Rank 0 failed while rank 1's start still waited at the rendezvous: rank 1 stops at once (the group
+    machine's step) instead of waiting out a start that cannot complete, so rank 0, waiting for every
+    rank's stop before its old unit starts, gets its "go-back" in time."""
+    hangs = 250_000  # a start that logs nothing: it waits for a rank 0 that has gone
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, hangs, 1))
+    txn.req = replace(txn.req, group=Group(1, 2, 60.0))  # it must not wait out its start's minutes
+    signals = on_vote(txn, "stopped", Signals.go)
+    on_vote(txn, "stopped_back", lambda s: s.for_rollback().go())
+
+    def rank_0_failed(event: Event) -> None:
+        if event.message == "every rank stopped: starting rank 1":
+            signals.claim(Decision.ABORT, "rank 0 failed: the service stopped", "deployctl")
+
+    txn.log.listeners.append(rank_0_failed)
+    result = txn.apply()
+    assert result.outcome is Outcome.ROLLED_BACK, result.message
+    assert "the group rolled back while rank 1 started (rank 0 failed" in result.message
+    assert result.data.get("failure_kind") == "abandoned"
+    assert not [e for e in txn.events if e.data.get("vote") == "failed"]
+    assert host.systemd.loaded == node_unit(OLD, 1) and host.systemd.active == "active"

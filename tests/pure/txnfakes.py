@@ -153,7 +153,9 @@ class FakeJournal:
         shown += self.systemd.later.pop(inv, [])  # followed: the start goes on
         for n, message in enumerate(list(shown)):
             yield Line(message, f"{inv}:{n}", inv)
-        # then silence: the watch decides on its timeouts (the tests set them to nothing)
+        # then silence, polled as the real journal does (None): the watch decides on its timeouts (the
+        # tests set them to nothing) or on what it polls
+        yield None
 
     def invocation_tail(self, unit: str, invocation_id: str, max_lines: int) -> list[str]:
         return list(self.systemd.lines.get(invocation_id, [])[-max_lines:])

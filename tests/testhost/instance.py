@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from tests.oracle import client as oracle_client
+from tests.testhost import cgroups
 from tests.testhost.models import ensure_models
 from tests.testhost.rootfs import STATE_DIR, TestHostUnavailable, ensure_rootfs
 
@@ -132,6 +133,7 @@ class TestHost:
         self.boot_seconds = 0.0
         self.owner_pid: int | None = os.getpid()  # None: meant to outlive its creator (`up`)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._cgroups: list[Path] = []
         self._binds: list[str] = []
 
     # -- paths and addresses ------------------------------------------------------------------
@@ -325,9 +327,14 @@ class TestHost:
             "--boot",
         ]
         started = time.monotonic()
+        self._cgroups = cgroups.make_own(f"deployctl-{self.name}")  # never a "payload" shared with a peer
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                cgroups.enter_then_exec(self._cgroups, argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.pid = self._proc.pid
         self._save_state()
@@ -375,6 +382,7 @@ class TestHost:
                 if self._proc is not None:
                     self._proc.wait()
         self.pid = self.leader_pid = 0
+        cgroups.remove(self._cgroups)
         # nspawn leaves these behind because /run is not a tmpfs on this machine.
         for leftover in ("propagate", "unix-export"):
             shutil.rmtree(f"/run/systemd/nspawn/{leftover}/{self.name}", ignore_errors=True)

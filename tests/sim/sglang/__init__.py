@@ -24,7 +24,8 @@ Environment knobs (a systemd drop-in can set them), all prefixed SGLANG_SIM_:
     WARMUP_SECONDS       time the warmup request takes; /health is 503 meanwhile (0.5)
     PREFILL_TOKENS_PER_S prefill speed of a request (100000; the real ct200 is about 1300)
     FAULT                crash_loading | oom_graph | hang_before_pool | die_after_ready | port_taken |
-                         slow_start | garbage | odd_reply_{not_json,no_choices,error,list} (a 200
+                         slow_start | exit_at_start (exit 1 before any line) | garbage |
+                         odd_reply_{not_json,no_choices,error,list} (a 200
                          chat reply no healthy server gives)
     FAULT_WHEN_CONTEXT   apply FAULT only to a start with this --context-length (e.g. the new unit's, so
                          the restored old unit starts cleanly)

@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
         hw = dataclasses.replace(hw, fault="die_after_ready")
     if not fault_applies(args, env):
         hw = dataclasses.replace(hw, fault="")
+    if hw.fault == "exit_at_start":  # a process that dies before its first line (a broken environment)
+        raise SystemExit(1)
     launch = Launch(args, hw, env)
     signal.signal(signal.SIGTERM, launch.on_sigterm)
     launch.run()

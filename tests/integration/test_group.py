@@ -7,8 +7,8 @@ import json
 import os
 import subprocess
 import urllib.request
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest

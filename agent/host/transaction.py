@@ -21,6 +21,7 @@ from agent.host.events import EventLog, utc_now
 from agent.host.groupmachine import Do, Phase, Saw, files_of, node_step
 from agent.host.groupmachine import Node as GroupNode
 from agent.host.groupnode import NodeWaits, start_bound_s
+from agent.host.grouprecovery import GroupRecord, recovery
 from agent.host.groupsignal import Decision, Signals
 from agent.host.loadcheck import LoadResult, LoadSpec
 from agent.host.poll import wait_until
@@ -39,6 +40,7 @@ from agent.host.timeline import downtime
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchedStart, WatchResult, watch_start
 from agent.protocol.answers import HistoryEntry
+from agent.protocol.common import ProtocolError
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Event, Outcome, OutcomeData, RouterData, Stage
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, Request, Smoke
@@ -135,6 +137,7 @@ class Transaction:
         self.group_start_bound_s: float | None = None  # rank 0's start bound; the pure tests' is short
         self.no_go = False  # rank 0 aborted before any rank took "go": its old unit starts at once
         self.recovering = False  # restoring an earlier change's backup: never this change's barrier
+        self.hold_old = False  # a group node's recovery: the old unit starts only on its group's go-back
         self.in_doubt: str | None = None  # a group's node that stopped and got no word: why it stays stopped
         self.events: list[Event] = []  # this run's events: the downtime is read off them
         log.listeners.append(self.events.append)
@@ -279,6 +282,8 @@ class Transaction:
             return Result(Outcome.UP_TO_DATE, "nothing to recover")
         if self.recovered == "kept":
             return Result(Outcome.APPLIED, "the interrupted change had been verified: kept")
+        if self.recovered == "in-doubt":
+            return Result(Outcome.ROLLBACK_FAILED, self.in_doubt or "in doubt")
         return Result(Outcome.ROLLED_BACK, "an interrupted change was rolled back; the old unit is healthy")
 
     def _recover_first(self, explicit: bool = False) -> Result | None:
@@ -329,9 +334,14 @@ class Transaction:
         )
         try:
             self.recovering = record.txn != self.txn  # this change's own record rolls back with its group
+            group = self._group_record(record) if self.recovering else None
+            if group is not None:
+                return self._recover_group(record, group)
             ok, reason = self._restore(record)
         except OSError as exc:  # a disk fault mid-restore: the record stays for the next run
             ok, reason = False, str(exc)
+        finally:
+            self.hold_old = False
         stopped, self.recovering = self.recovering and self.req.group is not None, False
         if ok:
             self.state.clear_record(self.unit)
@@ -341,6 +351,54 @@ class Transaction:
         self.unrecovered = record
         self.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
         return "failed"
+
+    def _group_record(self, record: Record) -> GroupRecord | None:
+        """The interrupted change's rank and bounds when it was a multi-node change (its own request)."""
+        try:
+            req = Request.from_json((self.state.txn_dir(record.txn) / "request.json").read_text("utf-8"))
+        except (OSError, ValueError, TypeError, KeyError, ProtocolError):
+            return None  # an older agent's folder, or none: recovered as a one-host change
+        return GroupRecord.of(req, drain.stop_timeout_s(req.drain_timeout_s, req.drain_stop_allowance_s))
+
+    def _recover_group(self, record: Record, group: GroupRecord) -> str:
+        """A group node whose agent died: what the group machine says (host/grouprecovery.py)."""
+        signals = Signals(self.state.txn_dir(record.txn))
+        running = self.systemd.unit_state(self.unit).active_state == "active"
+        step = recovery(group, signals, running)
+        if step.node.phase is Phase.COMMITTED:
+            if Do.START_NEW in step.done and not running:
+                self.systemd.start(self.unit, RESTART_JOB_TIMEOUT_S)
+            self.state.clear_record(self.unit)
+            self.log.emit(Stage.RECOVER, "step", f"transaction {record.txn}: the group committed: kept")
+            return "kept"
+        self._stop_clean(RESTART_JOB_TIMEOUT_S)  # its new server must not meet an old peer, nor stay
+        self.hold_old = True
+        ok, reason = self._restore(record)
+        self.hold_old = False
+        if not ok:
+            self.unrecovered = record
+            self.log.emit(
+                Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}"
+            )
+            return "failed"
+        self.state.clear_record(self.unit)
+        self.log.emit(Stage.RECOVER, "step", f"rank {group.rank} stopped, its old unit file back: waiting "
+                      "for every rank to stop", vote="stopped_back")  # fmt: skip
+        alone = self.req.group is None  # else the new group change starts it with its peers
+        if alone and wait_until(lambda: signals.for_rollback().gone(), step.wait_back_s):
+            ok, reason = self._verify_old()
+            how = "every rank stopped: old unit restarted and healthy" if ok else f"old unit failed: {reason}"
+            self.log.emit(Stage.RECOVER, "step" if ok else "warning", how)
+            return "restored" if ok else "failed"
+        if self.req.group is not None:
+            self.log.emit(Stage.RECOVER, "step", "stopped: the group's change starts it with its peers")
+            return "restored"
+        self.in_doubt = (
+            f"rank {group.rank} in doubt: its agent died mid-change and no go-back came: it stays stopped "
+            "with its old unit (never a generation of its own); deployctl apply again brings the group back"
+        )
+        self.log.emit(Stage.RECOVER, "warning", self.in_doubt)
+        return "in-doubt"
 
     # -- the router ------------------------------------------------------------------------------
     def _out_of_router(self, change: Callable[[], Result]) -> Result:
@@ -950,7 +1008,7 @@ class Transaction:
         """Restart the restored unit and see it serve: a rollback is reported only once it does."""
         from agent.host.probe import ProbeError
 
-        if self.req.group is not None and self.recovering:  # never this change's barrier: nobody sends it
+        if self.hold_old or (self.req.group is not None and self.recovering):  # never a barrier nobody sends
             self._stop_clean(RESTART_JOB_TIMEOUT_S)
             self.log.emit(Stage.RECOVER, "step", "stopped: the group's change starts it with its peers")
             return True, ""

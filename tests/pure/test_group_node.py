@@ -256,3 +256,84 @@ def test_a_node_still_starting_when_the_group_aborts_stops_at_once_and_does_not_
     assert result.data.get("failure_kind") == "abandoned"
     assert not [e for e in txn.events if e.data.get("vote") == "failed"]
     assert host.systemd.loaded == node_unit(OLD, 1) and host.systemd.active == "active"
+
+
+EARLIER = "20261201T000000Z-earlier"
+
+
+def agent_died_mid_change(host: Host, rank: int, go_age_s: float | None) -> Signals:
+    """An earlier group change's agent died after its new server started: its record, its request (with the
+    group), the new unit running, its "go" taken `go_age_s` ago (None: never)."""
+    import os
+    import time
+
+    from agent.host.state import PHASE_RESTARTED, Record, StateDir
+    from agent.host.txnfiles import write_request
+    from agent.protocol import unit_sha256
+    from agent.protocol.requests import Timeouts
+
+    host.install(host.etc, node_unit(NEW, rank))
+    host.systemd.start("sglang.service", 5.0)
+    (host.etc / "sglang.service.bak.20261201T000000Z").write_text(node_unit(OLD, rank))
+    state = StateDir(str(host.root / "state"))
+    state.save_record(
+        Record(EARLIER, "sglang.service", PHASE_RESTARTED,
+               "sglang.service.bak.20261201T000000Z", unit_sha256(node_unit(NEW, rank)))
+    )  # fmt: skip
+    real = Timeouts(weights_s=60, pool_s=60, ready_s=60, no_progress_s=60)  # as a request.json holds them
+    write_request(state, replace(node_request(host, NEW, rank), timeouts=real), EARLIER)
+    signals = Signals(state.txn_dir(EARLIER))
+    if go_age_s is not None:
+        signals.go()
+        then = time.time() - go_age_s
+        os.utime(signals.folder / "group-go", (then, then))
+    return signals
+
+
+def recover_verb(host: Host) -> tuple[Transaction, Outcome, str]:
+    txn = host.transaction(replace(host.request(NEW), verb="recover"), txn="20261201T000100Z-recover")
+    result = txn.recover_only()
+    return txn, result.outcome, result.message
+
+
+def test_a_group_node_whose_agent_died_never_starts_its_old_unit_alone(host: Host) -> None:
+    """Recovery follows the group machine: no word, no go-back: stopped, old unit file back, in doubt (a
+    one-host recovery restarted the old unit at once, which could meet its peers' new servers)."""
+    signals = agent_died_mid_change(host, 1, go_age_s=1e6)
+    starts = host.systemd.starts
+    txn, outcome, message = recover_verb(host)
+    assert outcome is Outcome.ROLLBACK_FAILED and "in doubt" in message, message
+    assert host.systemd.loaded == node_unit(OLD, 1) and host.systemd.active != "active"
+    assert host.systemd.starts == starts and host.systemd.restarts == 0
+    stands = signals.decided()
+    assert stands is not None and (stands.decision, stands.by) == (Decision.ABORT, "node")
+    assert any(e.data.get("vote") == "stopped_back" for e in txn.events)
+
+
+def test_a_recovered_group_node_starts_its_old_unit_on_go_back(host: Host) -> None:
+    signals = agent_died_mid_change(host, 1, go_age_s=1e6)
+    signals.for_rollback().go()  # every rank has stopped its new server
+    _, outcome, message = recover_verb(host)
+    assert outcome is Outcome.ROLLED_BACK, message
+    assert host.systemd.loaded == node_unit(OLD, 1) and host.systemd.active == "active"
+
+
+def test_a_recovered_group_node_keeps_the_new_unit_the_group_committed(host: Host) -> None:
+    signals = agent_died_mid_change(host, 1, go_age_s=10.0)
+    signals.claim(Decision.COMMIT, "", "deployctl")
+    starts = host.systemd.starts
+    _, outcome, message = recover_verb(host)
+    assert outcome is Outcome.APPLIED, message
+    assert host.systemd.loaded == node_unit(NEW, 1) and host.systemd.active == "active"
+    assert host.systemd.starts == starts and host.systemd.restarts == 0  # nothing restarted
+
+
+def test_rank_0_recovered_after_its_peers_deadline_keeps_the_new_unit_they_took_for_committed(
+    host: Host,
+) -> None:
+    signals = agent_died_mid_change(host, 0, go_age_s=1e6)
+    _, outcome, message = recover_verb(host)
+    assert outcome is Outcome.APPLIED, message
+    stands = signals.decided()
+    assert stands is not None and (stands.decision, stands.by) == (Decision.COMMIT, "node")
+    assert host.systemd.loaded == node_unit(NEW, 0) and host.systemd.active == "active"

@@ -288,6 +288,8 @@ def repair(sim: simhost.SimHost, baseline: str) -> None:
 
 
 def worker(todo: queue.Queue[tuple[str, Callable[..., None]]], results: list[Outcome]) -> None:
+    if todo.empty():  # a subset asked for: no host to boot for nothing
+        return
     sim = simhost.boot()
     try:
         wait_pool(sim)
@@ -328,17 +330,18 @@ def group_worker(results: list[Outcome], only: list[str]) -> None:
     from tests import groupfaults, grouphosts
     from tests.integration.test_group import wait_for_group
 
-    todo = [c for c in groupfaults.CASES if not only or any(o in c[0] for o in only)]
+    todo = [c for c in groupfaults.CASES if not only or any(o in c.name for o in only)]
     if not todo:
         return
     g = grouphosts.boot(2)
     try:
         wait_for_group(g)
-        for name, step, seconds in todo:
+        for case in todo:
+            name = case.name
             out, t0 = Outcome(name), time.monotonic()
             try:
-                case = groupfaults.run_case(g, step, seconds, lambda: wait_for_group(g))
-                out.survived, out.notes = case.survived, list(case.notes)
+                ran = groupfaults.run_case(g, case, lambda: wait_for_group(g))
+                out.survived, out.notes = ran.survived, list(ran.notes)
             except Exception as exc:
                 out.notes.append(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}")
             out.seconds = time.monotonic() - t0

@@ -1,9 +1,13 @@
-"""The fault matrix's multi-node cases: the link to node rank 1 drops in the middle of a group change.
+"""The fault matrix's multi-node cases: a link, a node's agent, a node's host or the laptop is lost in the
+middle of a group change.
 
-The drop is real: rank 1's sshd is stopped and every SSH session on it killed (the coordinator's follow
-of rank 1 included), at the moment rank 1's transaction logs the step, and started again after a while.
-Each case then checks that the group converged: both nodes run the same unit generation (the old one or
-the new one), both serve, no recovery record is left, and the old unit is still on disk.
+Each fault is real: a dropped link stops the node's sshd and kills every SSH session on it (the
+coordinator's follow included) and starts it again after a while; a killed agent is its transient unit
+SIGKILLed; a rebooted host is powered off and booted again; a killed laptop is the deployctl process
+SIGKILLed, then `deployctl apply` is run again, as the report tells a person to. Each is injected at the
+moment a node's transaction logs the step. Each case then checks that the group converged: both nodes run
+the same unit generation (the old one or the new one), both serve, no recovery record is left, and the old
+unit is still on disk.
 """
 
 from __future__ import annotations
@@ -14,19 +18,36 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from agent.sglang.flags import parse_unit_flags
 from tests.grouphosts import NAME, Group
 from tests.integration.conftest import DEPLOYCTL
 
 STATE = "/var/lib/deployctl"
-# (case, rank 1's event that triggers the drop, seconds the link stays down)
-CASES: list[tuple[str, str, float]] = [
-    ("group:link_drop_rank1:stopped", "stopped", 20.0),  # waiting for "go"
-    ("group:link_drop_rank1:watch", "watch", 20.0),  # its new start in progress
-    ("group:link_drop_rank1:ready", "ready", 20.0),  # voted, waiting for the decision
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    rank: int  # the node whose event triggers the fault (and that it hits)
+    step: str  # a vote ("stopped", "ready"), "watch" (its new start), "commit" (its decision file) or "go"
+    fault: str  # "drop" (its link, for `seconds`), "kill_agent", "reboot", "kill_laptop"
+    seconds: float = 0.0
+
+
+CASES: list[Case] = [
+    Case("group:link_drop_rank1:stopped", 1, "stopped", "drop", 20.0),  # waiting for "go"
+    Case("group:link_drop_rank1:watch", 1, "watch", "drop", 20.0),  # its new start in progress
+    Case("group:link_drop_rank1:ready", 1, "ready", "drop", 20.0),  # voted, waiting for the decision
     # longer than its own wait: rank 0 took the commit first; rank 1 is told once its link is back
-    ("group:link_drop_rank1:ready_long", "ready", 150.0),
+    Case("group:link_drop_rank1:ready_long", 1, "ready", "drop", 150.0),
+    # the commit point written, the coordinator loses rank 0 before rank 1 hears
+    Case("group:link_drop_rank0:between_commits", 0, "commit", "drop", 20.0),
+    Case("group:agent_killed_rank1:watch", 1, "watch", "kill_agent"),
+    Case("group:agent_killed_rank0:ready", 0, "ready", "kill_agent"),
+    Case("group:host_rebooted_rank1:watch", 1, "watch", "reboot"),
+    Case("group:laptop_killed_after_go", 1, "go", "kill_laptop"),
 ]
 
 
@@ -45,10 +66,27 @@ def _events(g: Group, rank: int) -> list[dict[str, object]]:
     return found
 
 
-def _hit(event: dict[str, object], step: str) -> bool:
+def _hit(g: Group, case: Case, event: dict[str, object]) -> bool:
     data = event.get("data") or {}
     assert isinstance(data, dict)
-    return data.get("vote") == step or (step == "watch" and event.get("stage") == "watch")
+    if case.step == "watch":
+        return event.get("stage") == "watch"
+    if case.step == "go":
+        return str(event.get("message", "")).startswith("every rank stopped: starting")
+    if case.step == "commit":
+        return data.get("decision") == "commit" or any(
+            "commit" in p.read_text() for p in _txn_dirs(g, case.rank, "group-decision")
+        )
+    return data.get("vote") == case.step
+
+
+def _txn_dirs(g: Group, rank: int, name: str) -> list[Path]:
+    root = g.nodes[rank].root / STATE.lstrip("/") / "txn"
+    return sorted(root.glob(f"*/{name}"))
+
+
+def _newest_txn(g: Group, rank: int) -> str:
+    return _txn_dirs(g, rank, "events.jsonl")[-1].parent.name
 
 
 def drop_link(g: Group, rank: int, seconds: float) -> None:
@@ -60,27 +98,51 @@ def drop_link(g: Group, rank: int, seconds: float) -> None:
     node.inside(["systemctl", "start", "ssh.service"])
 
 
-def run_case(g: Group, step: str, seconds: float, wait: Callable[[], None]) -> GroupCase:
+def inject(g: Group, case: Case, proc: subprocess.Popen[str]) -> None:
+    node = g.nodes[case.rank]
+    if case.fault == "drop":
+        drop_link(g, case.rank, case.seconds)
+    elif case.fault == "kill_agent":
+        unit = f"deployctl-{_newest_txn(g, case.rank)}.service"
+        node.inside(["systemctl", "kill", "--signal=SIGKILL", unit])
+    elif case.fault == "reboot":
+        node.restart()
+    elif case.fault == "kill_laptop":
+        proc.kill()
+    else:
+        raise ValueError(case.fault)
+
+
+def run_case(g: Group, case: Case, wait: Callable[[], None]) -> GroupCase:
     old = [g.unit(r) for r in range(2)]
-    seen = len(_events(g, 1))
+    seen = [len(_events(g, r)) for r in range(2)]
     context = "150000" if parse_unit_flags(old[0])["context-length"] != "150000" else "120000"
     argv = [DEPLOYCTL, "apply", NAME, "--context", context, "--yes", "--json"]
     proc = subprocess.Popen(argv, env={**os.environ, **g.env}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 180
-    while not any(_hit(e, step) for e in _events(g, 1)[seen:]):
-        assert time.monotonic() < deadline and proc.poll() is None, f"rank 1 never logged {step}"
+    while not any(_hit(g, case, e) for e in _events(g, case.rank)[seen[case.rank] :]):
+        assert time.monotonic() < deadline and proc.poll() is None, (
+            f"rank {case.rank} never logged {case.step}"
+        )
         time.sleep(0.05)
-    drop_link(g, 1, seconds)
-    _, err = proc.communicate(timeout=600)
-    # rank 1 finishes on its own (its own wait, if it heard nothing): wait for its outcome
-    deadline = time.monotonic() + 300
-    while sum(e.get("kind") == "outcome" for e in _events(g, 1)[seen:]) < 1:
-        assert time.monotonic() < deadline, "rank 1's transaction never ended"
-        time.sleep(0.5)
+    inject(g, case, proc)
+    _, err = proc.communicate(timeout=900)
+    notes: list[str] = []
+    if case.fault == "kill_laptop":  # what the report tells a person: run it again
+        again = subprocess.run(argv, env={**os.environ, **g.env}, capture_output=True, text=True, timeout=900)
+        notes.append(f"re-run exit {again.returncode}")
+        err = again.stderr
+    # every node finishes on its own (its own wait, if it heard nothing): wait for its outcome
+    deadline = time.monotonic() + 420
+    for rank, before in enumerate(seen):
+        while not any(e.get("kind") == "outcome" for e in _events(g, rank)[before:]):
+            assert time.monotonic() < deadline, f"rank {rank}'s transaction never ended"
+            time.sleep(0.5)
     wait()
-    ok, notes = converged(g, old, proc.returncode)
-    return GroupCase("", ok, notes if ok else (*notes, (err.strip().splitlines() or [""])[-1][:300]))
+    ok, found = converged(g, old, proc.returncode)
+    notes += found
+    return GroupCase("", ok, tuple(notes) if ok else (*notes, (err.strip().splitlines() or [""])[-1][:300]))
 
 
 def converged(g: Group, old: list[str], rc: int) -> tuple[bool, tuple[str, ...]]:

@@ -193,6 +193,8 @@ def test_a_node_whose_follow_is_lost_is_in_doubt_not_rolled_back_blindly() -> No
         ([Rank(Vote.READY), Rank(Vote.FAILED, why="OOM")], True, Step.ABORT),
         ([Rank(Vote.STARTED, Outcome.ERROR, why="locked"), Rank(Vote.STOPPED)], False, Step.ABORT),
         ([Rank(Vote.STOPPED), Rank(lost=True)], False, Step.ABORT),
+        # its agent died mid-start; the next one stopped its new server: roll the group back
+        ([Rank(Vote.READY), Rank(Vote.STOPPED, back=True)], True, Step.ABORT),
     ],
 )
 def test_next_step(ranks: list[Rank], went: bool, step: Step) -> None:
@@ -274,3 +276,15 @@ def test_a_node_that_does_not_run_the_transaction_is_an_error_not_a_delivery() -
     coordinator = Coordinator(nodes, lambda n, e: None, deliver=deliver, follow=follow)
     coordinator.run()
     assert coordinator.decided is Step.ABORT and "does not run transaction" in coordinator.reason
+
+
+def test_the_recover_run_that_finishes_a_dead_node_s_change_is_a_valid_request() -> None:
+    """A dead group node's runner is finished by a `recover` run; with the group kept in its request that
+    run was refused at once ("only apply runs as a node of a group") and the follower started another one
+    every 2 s for ever, never reaching the coordinator."""
+    from agent.host.runner import recover_request
+
+    node = Request("apply", txn=TXN, group=Group(1, 2, WAIT_S), unit_text="[Service]\nExecStart=/bin/true\n")
+    rec = recover_request(node)
+    assert (rec.verb, rec.txn, rec.group) == ("recover", None, None)
+    Request.from_json(rec.to_json())  # validates

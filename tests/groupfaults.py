@@ -127,8 +127,8 @@ def run_case(g: Group, case: Case, wait: Callable[[], None]) -> GroupCase:
         )
         time.sleep(0.05)
     inject(g, case, proc)
-    _, err = proc.communicate(timeout=900)
-    notes: list[str] = []
+    out, err = proc.communicate(timeout=900)
+    notes: list[str] = [_reason(out)] if proc.returncode not in (0, 4) else []
     if case.fault == "kill_laptop":  # what the report tells a person: run it again
         again = subprocess.run(argv, env={**os.environ, **g.env}, capture_output=True, text=True, timeout=900)
         notes.append(f"re-run exit {again.returncode}")
@@ -143,6 +143,15 @@ def run_case(g: Group, case: Case, wait: Callable[[], None]) -> GroupCase:
     ok, found = converged(g, old, proc.returncode)
     notes += found
     return GroupCase("", ok, tuple(notes) if ok else (*notes, (err.strip().splitlines() or [""])[-1][:300]))
+
+
+def _reason(stdout: str) -> str:
+    """The group report's reason, for a case whose client did not end applied or rolled back."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith('{"host"'):
+            report = json.loads(line)
+            return f"{report.get('outcome')}: {str(report.get('reason', ''))[:200]}"
+    return "no report"
 
 
 def converged(g: Group, old: list[str], rc: int) -> tuple[bool, tuple[str, ...]]:

@@ -42,17 +42,21 @@ def hierarchies(mountinfo: str, own: str) -> list[Path]:
     return found
 
 
-def make_own(name: str) -> list[Path]:
-    """A new group named `name` in each hierarchy (none where this machine does not allow it)."""
+def named(name: str) -> list[Path]:
+    """The group `name` below this process's own, in each hierarchy (whether it exists or not)."""
     try:
-        bases = hierarchies(MOUNTINFO.read_text(), OWN_CGROUP.read_text())
+        return [base / name for base in hierarchies(MOUNTINFO.read_text(), OWN_CGROUP.read_text())]
     except OSError:
         return []
+
+
+def make_own(name: str) -> list[Path]:
+    """A new group named `name` in each hierarchy (none where this machine does not allow it)."""
     made = []
-    for base in bases:
+    for group in named(name):
         with contextlib.suppress(OSError):
-            (base / name).mkdir(exist_ok=True)
-            made.append(base / name)
+            group.mkdir(exist_ok=True)
+            made.append(group)
     return made
 
 

@@ -450,4 +450,5 @@ def sweep_stale() -> None:
                 name = state_file.parent.name
                 for leftover in ("propagate", "unix-export"):
                     shutil.rmtree(f"/run/systemd/nspawn/{leftover}/{name}", ignore_errors=True)
+                cgroups.remove(cgroups.named(f"deployctl-{name}"))
                 remove_instance(state_file.parent)

@@ -13,7 +13,8 @@ from agent.cli.options import Change
 from agent.fleet.calibrate import Measured
 from agent.fleet.results import HostResult, PlanFigures
 from agent.inventory import HostConfig
-from agent.plan.choose import Plan, Target, plan_for_host
+from agent.plan.choose import Plan, Target
+from agent.plan.from_facts import plan_for_host
 from agent.protocol.answers import HostFacts
 from agent.protocol.common import new_txn_id
 from agent.protocol.events import Event, OutcomeData

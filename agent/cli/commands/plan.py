@@ -76,7 +76,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if not args.host:
         raise UsageError("a host is required (or --facts FILE)", hint="see: deployctl plan --help")
     from agent.apply import with_set_flags
-    from agent.plan.choose import plan_for_host
+    from agent.plan.from_facts import plan_for_host
     from agent.render import check_with_sglang_table
 
     change = Change.of(args)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from agent.cli.options import Change
 from agent.errors import UsageError
 from agent.inventory import HostConfig
+from agent.orchestrate.asked import Change
 from agent.output import Output, Style
 from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target

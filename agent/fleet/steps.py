@@ -9,10 +9,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.apply import allow_context, calibration_from, installed_sha256, with_set_flags
-from agent.cli.options import Change
 from agent.fleet.calibrate import Measured
 from agent.fleet.results import HostResult, PlanFigures
 from agent.inventory import HostConfig
+from agent.orchestrate.asked import Change
 from agent.plan.choose import Plan, Target
 from agent.plan.from_facts import plan_for_host
 from agent.protocol.answers import HostFacts

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from agent.inventory import HostConfig
 from agent.plan.choose import Plan, Target, choose
@@ -24,9 +23,7 @@ from agent.plan.predict import FactsModel, pool_model
 from agent.plan.replan import replanned
 from agent.plan.sizing import parallel, sizing
 from agent.plan.synthetic import synthetic_host
-
-if TYPE_CHECKING:
-    from agent.protocol import HostFacts
+from agent.protocol.answers import HostFacts
 
 Calibration = StartFigures | Sequence[StartFigures]
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from agent.cli.options import Change
 from agent.errors import UsageError
 from agent.inventory import HostConfig
+from agent.orchestrate.asked import Change
 from agent.output import Output, Style
 from agent.plan import weight_cache_unit
-from agent.plan.choose import Plan, Target, plan_for_host
+from agent.plan.choose import Plan, Target
+from agent.plan.from_facts import plan_for_host, plan_from_host_facts
 from agent.plan.restart_time import GIB, PageCache, RestartEstimate
 from agent.plan.restart_time import from_facts as restart_from_facts
 from agent.protocol.answers import HostFacts
@@ -90,8 +91,6 @@ def with_set_flags(host: HostConfig, change: Change, facts: HostFacts) -> tuple[
 
 
 def make_plan(host: HostConfig, change: Change, facts: HostFacts) -> Plan:
-    from agent.plan.from_facts import plan_from_host_facts  # the host read its config.json: plan from that
-
     host, facts = with_set_flags(host, change, facts)
     asked = Target(change.context, change.mem_fraction_static, change.max_running_requests)
     from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked)

@@ -10,10 +10,10 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
-from agent.cli.options import Change, Connection
 from agent.errors import UsageError
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_service, units_dir
+from agent.orchestrate.asked import Change, Connection
 from agent.orchestrate.session import Session, confirm, follow, recover_orphan, session, status_text
 from agent.output import Output, Style
 from agent.protocol.answers import BackupsAnswer, StatusAnswer, as_facts

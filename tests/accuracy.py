@@ -24,8 +24,8 @@ from typing import Any
 
 from agent.errors import UsageError
 from agent.plan.facts import parse_facts
-from agent.plan.from_facts import pool_model
 from agent.plan.overhead import AMD_MARGIN_GIB, NVIDIA_MARGIN_GIB
+from agent.plan.predict import pool_model
 from agent.sglang.kvlayout import Unsupported, read_layout
 from tests.pure import test_oracle_pools as oracle
 

@@ -7,11 +7,13 @@
 - import cycles: groups of files in agent/ that import each other round a circle (every import counts, also
   one inside a function or under TYPE_CHECKING; relative imports resolved; `from agent.x import y` is an
   import of the module agent/x/y.py where that file exists, else of agent/x);
-- big files: files in agent/ over 600 lines; big classes: classes over 350 lines.
+- big files: files in agent/ over 600 lines; big classes: classes over 350 lines;
+- cli imports: modules outside agent/cli/ (the entry point agent/__main__.py aside) that import agent/cli/:
+  the layers below the command line take typed values (orchestrate/asked.py), not the CLI's.
 
 Each count may not grow past its ceiling below (a ratchet: lower a ceiling when the code improves);
 the issue's targets are untyped <= 40, long functions 0, private imports 0, and (round 4) import
-cycles 0, big files 0, big classes 0.
+cycles 0, big files 0, big classes 0, cli imports 0.
 """
 
 from __future__ import annotations
@@ -40,14 +42,19 @@ BIG_CLASS = 350
 # cycle and one big file out, one host's session (orchestrate/session.py) and the fleet's one-host steps
 # (fleet/steps.py) two cycles; the ceilings below are what is left, to fall to 0 (the transaction's steps,
 # plan's split); the architecture tables out of kvlayout.py (sglang/architectures.py) took one big file.
+# plan/ in layers (from_facts.py split into sizing.py, predict.py and inputs.py; plan_for_host on top, in
+# from_facts.py) took the last cycle and plan/from_facts.py (740 lines) out: import cycles 1 -> 0, big files
+# 2 -> 1 (host/transaction.py left). Change and Connection below the CLI (orchestrate/asked.py): cli imports
+# 8 -> 0 (apply, deploy, group/apply, group/status, fleet/hostrun, fleet/plugin, fleet/steps, session).
 CEILINGS = {
     "untyped": 37,
     "long_functions": 0,
     "private_imports": 0,
     "flat_modules": 12,
-    "import_cycles": 1,
-    "big_files": 2,
+    "import_cycles": 0,
+    "big_files": 1,
     "big_classes": 1,
+    "cli_imports": 0,
 }
 
 
@@ -60,6 +67,7 @@ class Counts:
     import_cycles: int
     big_files: int
     big_classes: int
+    cli_imports: int
 
 
 def _sources() -> list[Path]:
@@ -128,6 +136,14 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(list(group) for group in groups if len(group) > 1)
 
 
+def cli_imports(graph: dict[str, set[str]]) -> list[str]:
+    """The modules outside agent/cli/ (the entry point aside) that import a module of agent/cli/."""
+    below = [m for m in graph if not m.startswith("agent.cli") and m != "agent.__main__"]
+    return sorted(
+        f"{m} -> {d}" for m in below for d in graph[m] if d == "agent.cli" or d.startswith("agent.cli.")
+    )
+
+
 def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     seen: set[str] = set()
     todo = list(graph[start])
@@ -140,7 +156,7 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 
 def measure() -> tuple[Counts, dict[str, list[str]]]:
-    kinds = ("long_functions", "private_imports", "import_cycles", "big_files", "big_classes")
+    kinds = ("long_functions", "private_imports", "import_cycles", "big_files", "big_classes", "cli_imports")
     where: dict[str, list[str]] = {kind: [] for kind in kinds}
     untyped = 0
     trees: dict[Path, ast.AST] = {}
@@ -160,6 +176,7 @@ def measure() -> tuple[Counts, dict[str, list[str]]]:
         for p, t in trees.items()
     }
     where["import_cycles"] = [" <-> ".join(group) for group in import_cycles(graph)]
+    where["cli_imports"] = cli_imports(graph)
     flat = len([p for p in AGENT.glob("*.py") if p.name not in ("__init__.py", "__main__.py")])
     n = {kind: len(where[kind]) for kind in kinds}
     counts = Counts(untyped, n["long_functions"], n["private_imports"], flat, *(n[k] for k in kinds[2:]))

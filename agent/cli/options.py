@@ -1,7 +1,7 @@
 """Command-line values and shared option groups: bad values never get past argparse; errors name the flag.
 
-The typed values built here (Connection, Change) are what the layers below take: no argparse.Namespace
-travels further than a command's run().
+The typed values built here (Connection, Change: orchestrate/asked.py) are what the layers below take: no
+argparse.Namespace travels further than a command's run().
 """
 
 from __future__ import annotations
@@ -9,36 +9,14 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import UsageError
+from agent.orchestrate.asked import NO_TERMINAL, ArgError, Change, Connection, parse_context
 from agent.sglang import flagrules
 from agent.sglang.flags import FlagInput
 
-MAX_CONTEXT = 10_000_000
 MAX_REQUESTS = 1_000_000  # far above any GPU's batch; a bigger number is a typo, not a plan
-
-# The unit in any case: 1m is 1M and 128ki is 128Ki (there is no milli-token to confuse it with).
-_CONTEXT = re.compile(r"(?P<num>[0-9]+)(?P<unit>ki|k|mi|m)?", re.IGNORECASE)
-_UNITS = {None: 1, "k": 1000, "ki": 1024, "m": 1000**2, "mi": 1024**2}
-
-
-class ArgError(ValueError):
-    """A bad value; its text is the one-line message (the flag is named in it)."""
-
-
-def parse_context(text: str, flag: str = "--context") -> int:
-    """'200000', '200k'/'200K' (x1000), '128Ki'/'128ki' (x1024), '1M'/'1m' -> tokens; else refused."""
-    m = _CONTEXT.fullmatch(text.strip())
-    if m is None:
-        raise ArgError(f"{flag} {text!r} is not a token count (try 200k, 128Ki or 131072)")
-    tokens = int(m["num"]) * _UNITS[m["unit"] and m["unit"].lower()]
-    if tokens <= 0:
-        raise ArgError(f"{flag} {text!r} must be a positive token count")
-    if tokens > MAX_CONTEXT:
-        raise ArgError(f"{flag} {text!r} is more than {MAX_CONTEXT:,} tokens")
-    return tokens
 
 
 def parse_fraction(text: str, flag: str = "--mem-fraction-static") -> float:
@@ -127,53 +105,31 @@ def add_set_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass(frozen=True)
-class Connection:
-    """Which host, and how to reach it."""
-
-    host: str  # the inventory's name: units/<host>.toml
-    units: str | None = None  # the inventory folder (None: $DEPLOYCTL_UNITS or ./units)
-    local: bool = False  # the agent runs on this machine, not over SSH
-    accept_new_host_key: bool = False
-
-    @classmethod
-    def of(cls, args: argparse.Namespace) -> Connection:
-        return cls(
-            args.host,
-            args.units,
-            getattr(args, "local", False),
-            getattr(args, "accept_new_host_key", False),
-        )
+def connection_of(args: argparse.Namespace) -> Connection:
+    """Which host a command names, and how to reach it."""
+    return Connection(
+        args.host,
+        args.units,
+        getattr(args, "local", False),
+        getattr(args, "accept_new_host_key", False),
+    )
 
 
-@dataclass(frozen=True)
-class Change:
-    """What a person asked an apply (or a plan) for."""
-
-    context: int
-    mem_fraction_static: float | None = None
-    max_running_requests: int | None = None
-    force: bool = False
-    dry_run: bool = False
-    yes: bool = False
-    flags: tuple[tuple[str, FlagInput], ...] = ()  # --set FLAG=VALUE beyond the three above
-    allow_longer_context: bool = False  # --allow-longer-context: SGLang's own override, apart from --force
-
-    @classmethod
-    def of(cls, args: argparse.Namespace) -> Change:
-        flags = dict(getattr(args, "set_flags", None) or ())
-        if "context-length" in flags:
-            raise UsageError("--set context-length: the target context is --context")
-        return cls(
-            args.context,
-            _one_way(flags, "mem-fraction-static", args.mem_fraction_static),
-            _one_way(flags, "max-running-requests", args.max_running_requests),
-            getattr(args, "force", False),
-            getattr(args, "dry_run", False),
-            getattr(args, "yes", False),
-            tuple(flags.items()),
-            getattr(args, "allow_longer_context", False),
-        )
+def change_of(args: argparse.Namespace) -> Change:
+    """What a command's options ask an apply (or a plan) for."""
+    flags = dict(getattr(args, "set_flags", None) or ())
+    if "context-length" in flags:
+        raise UsageError("--set context-length: the target context is --context")
+    return Change(
+        args.context,
+        _one_way(flags, "mem-fraction-static", args.mem_fraction_static),
+        _one_way(flags, "max-running-requests", args.max_running_requests),
+        getattr(args, "force", False),
+        getattr(args, "dry_run", False),
+        getattr(args, "yes", False),
+        tuple(flags.items()),
+        getattr(args, "allow_longer_context", False),
+    )
 
 
 def _one_way(flags: dict[str, FlagInput], name: str, option: Any) -> Any:
@@ -213,9 +169,6 @@ def add_target_args(
         metavar="N",
         help="keep this many concurrent requests instead of the planner's choice",
     )
-
-
-NO_TERMINAL = "not on a terminal and --yes not given: refusing to restart without confirmation"
 
 
 def refuse_unconfirmed(yes: bool, stdin_isatty: bool) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from agent.apply import allow_context, installed_sha256
-from agent.cli.options import Change
 from agent.errors import ConnectError, DeployError
 from agent.fleet.calibrate import Measured, peer_key
 from agent.fleet.results import HostResult, HostStatus
@@ -29,6 +28,7 @@ from agent.fleet.steps import (
 from agent.group.nodes import node_hosts
 from agent.group.status import warning
 from agent.inventory import HostConfig
+from agent.orchestrate.asked import Change
 from agent.protocol.answers import HostFacts, as_facts
 from agent.protocol.common import new_txn_id, unit_sha256
 from agent.remote.client import AgentClient, Conversation, base_request

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from agent.cli.options import ArgError, parse_context
 from agent.errors import DeployError
 from agent.fleet import events
 from agent.fleet.calibrate import MeasuredFact, peers_for
 from agent.fleet.hostrun import apply_host, host_status, measurement, rollback_host
 from agent.fleet.results import HostResult, HostResultData, HostStatus
 from agent.inventory import HostConfig, load_host, units_dir
+from agent.orchestrate.asked import ArgError, parse_context
 from agent.render import check_with_sglang_table
 from agent.sglang.flags import FlagInput
 

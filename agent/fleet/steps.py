@@ -9,11 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.apply import allow_context, calibration_from, installed_sha256, with_set_flags
-from agent.cli.options import Change
 from agent.fleet.calibrate import Measured
 from agent.fleet.results import HostResult, PlanFigures
 from agent.inventory import HostConfig
-from agent.plan.choose import Plan, Target, plan_for_host
+from agent.orchestrate.asked import Change
+from agent.plan.choose import Plan, Target
+from agent.plan.from_facts import plan_for_host
 from agent.protocol.answers import HostFacts
 from agent.protocol.common import new_txn_id
 from agent.protocol.events import Event, OutcomeData

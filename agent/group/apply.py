@@ -8,13 +8,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from agent.cli.options import Change, Connection
 from agent.exitcodes import ExitCode
 from agent.group.decide import first_cause, group_outcome
 from agent.group.inplace import every_node_in_place
 from agent.group.nodes import node_hosts
 from agent.group.run import Coordinator, Hear, Node, converge
 from agent.inventory import HostConfig
+from agent.orchestrate.asked import Change, Connection
 from agent.orchestrate.session import clients
 from agent.output import Output, Style
 from agent.protocol.answers import HostFacts, as_facts

@@ -11,10 +11,10 @@ import json
 from collections.abc import Sequence
 from typing import cast
 
-from agent.cli.options import Connection
 from agent.exitcodes import ExitCode
 from agent.group.nodes import node_hosts
 from agent.inventory import HostConfig
+from agent.orchestrate.asked import Connection
 from agent.orchestrate.session import clients
 from agent.output import Output, Style
 from agent.protocol.answers import StatusAnswer, UnitStateData

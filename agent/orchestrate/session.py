@@ -8,9 +8,9 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from agent.cli.options import NO_TERMINAL, Connection
 from agent.errors import ConnectError, UsageError
 from agent.inventory import HostConfig, load_service, units_dir
+from agent.orchestrate.asked import NO_TERMINAL, Connection
 from agent.output import Output
 from agent.progress import Progress
 from agent.protocol.answers import StatusAnswer

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from agent.inventory import FlagValue, HostConfig
@@ -14,7 +14,6 @@ from agent.plan.refusals import refusals
 from agent.plan.verdict import Reading, decide, no_fraction
 from agent.sglang import kvpool
 
-Calibration = StartFigures | Sequence[StartFigures]
 SPEC_DEFAULT_REQUESTS = 48  # EAGLE, DFLASH and DSPARK reset an unset --max-running-requests to 48
 PLAIN_DEFAULT_REQUESTS = 64
 
@@ -79,20 +78,6 @@ class Plan:
         if self.max_total_tokens is None:
             del data["max_total_tokens"]  # a GPU plan leaves the pool to the fraction
         return data
-
-
-def plan_for_host(
-    host: HostConfig, asked: Target, calibration: Calibration | None, running_flags: Flags
-) -> Plan:
-    """Plan from the inventory: the host becomes the PlanInput a facts file would (plan/from_inventory.py),
-    the running unit's flags over the baseline and the earlier starts calibrating it, and is planned by
-    the one planner (plan/from_facts.py plan_from_facts)."""
-    # Imported here: the planner builds on this module's Plan and choose().
-    from agent.plan.from_facts import plan_from_facts
-    from agent.plan.from_inventory import plan_input_from_inventory
-
-    history = (calibration,) if isinstance(calibration, Mapping) else tuple(calibration or ())
-    return plan_from_facts(plan_input_from_inventory(host, running_flags, history), asked)
 
 
 def choose(

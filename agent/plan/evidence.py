@@ -5,7 +5,7 @@ A start calibrates only a plan of its own architecture (`type=`), parallel layou
 (`--from-log` is refused in one line by the CLI, with the same check). A start under other cell-changing
 flags (KV dtype, page size, a draft added or removed) is still evidence for its memory: the plan
 calibrates at the start's flags and scales the measured cell by the architecture's ratio
-(plan/from_facts.py _calibrated_as_started).
+(plan/predict.py _calibrated_as_started).
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
 from agent.plan.model import StartFigures
 from agent.plan.overhead import GpuProcess
 from agent.plan.startcheck import StartIdentity, identity
+from agent.sglang import flagrules, server_args
 from agent.sglang.config_json import ModelConfig
+from agent.sglang.logs.summary import start_figures
 
 FORMAT = "deployctl-facts/1"
 MIB = 2**20
@@ -175,8 +177,6 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
     starts: tuple[StartFigures, ...] = ()
     ids: tuple[StartIdentity, ...] = ()
     if facts.last_start:
-        from agent.sglang.logs.summary import start_figures
-
         lines = facts.last_start.replace("\r", "\n").splitlines()
         starts, ids = (start_figures(lines),), (identity(lines),)
     device = facts.flags.get("device")
@@ -202,8 +202,6 @@ def _check_flags(facts: FactsFile, name: str) -> None:
     """The flags by the rules the inventory's [sglang.flags] and --set follow: SGLang's own table, then the
     values its start cannot run with (sglang/flagrules.py). The running unit's --port, --host and
     --model-path are facts here, not settings: they are kept."""
-    from agent.sglang import flagrules, server_args
-
     try:
         flagrules.canonical_flags(facts.flags, facts.sglang.version, f"{name}: flags")
     except ValueError as exc:

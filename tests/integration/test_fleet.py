@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from agent.inventory import load_host
-from agent.plan.choose import Target, plan_for_host
+from agent.plan.choose import Target
+from agent.plan.from_facts import plan_for_host
 from agent.sglang.flags import parse_unit_flags
 from tests import fleethosts, testhost
 from tests.fleethosts import Fleet, HostSpec

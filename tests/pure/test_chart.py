@@ -12,7 +12,8 @@ from agent.chart import ASCII, UNICODE, PoolChart, draw, from_plan
 from agent.cli.main import main
 from agent.inventory import HostConfig
 from agent.output import Output
-from agent.plan.choose import Target, plan_for_host
+from agent.plan.choose import Target
+from agent.plan.from_facts import plan_for_host
 from tests.pure.test_plan_cmd import start_log, units  # noqa: F401  (fixtures)
 from tests.pure.test_planner import CT200, merged
 

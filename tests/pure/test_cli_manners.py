@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from agent.cli.main import build_parser, main
-from agent.cli.options import parse_context
 from agent.exitcodes import ExitCode
+from agent.orchestrate.asked import parse_context
 from agent.output import Output
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from agent.plan.facts import parse_facts
-from agent.plan.from_facts import pool_model
 from agent.plan.overhead import RankLayout, overhead_for
+from agent.plan.predict import pool_model
 from tests.accuracy import cold_figures
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -15,7 +15,8 @@ from agent.errors import UsageError
 from agent.output import Output
 from agent.plan.choose import Target
 from agent.plan.facts import parse_facts
-from agent.plan.from_facts import plan_from_facts, pool_model
+from agent.plan.from_facts import plan_from_facts
+from agent.plan.predict import pool_model
 from agent.sglang import kvpool, memory_defaults
 from agent.sglang.kvlayout import read_layout
 from agent.sglang.pools import Parallel

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.plan.from_facts import pool_model
+from agent.plan.predict import pool_model
 from agent.sglang.kvlayout import read_layout
 from tests.pure import test_oracle_pools as oracle
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.host.gpu_procs import by_card, parse_compute_apps, unit_of_cgroup
 from agent.plan.facts import parse_facts
-from agent.plan.from_facts import pool_model
+from agent.plan.predict import pool_model
 from tests.pure.test_facts_plan import H100, facts
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"

@@ -11,9 +11,9 @@ import pytest
 
 from agent.cli.main import main
 from agent.output import Output
-from agent.plan.choose import Target, plan_for_host
+from agent.plan.choose import Target
 from agent.plan.facts import parse_facts
-from agent.plan.from_facts import plan_from_facts
+from agent.plan.from_facts import plan_for_host, plan_from_facts
 from tests.pure.test_facts_plan import H100, facts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +121,8 @@ def test_an_inventory_without_the_models_context_is_not_refused_on_a_guess() -> 
     from pathlib import Path
 
     from agent.inventory import load_host
-    from agent.plan.choose import Target, plan_for_host
+    from agent.plan.choose import Target
+    from agent.plan.from_facts import plan_for_host
 
     host = load_host("ct200-sim", Path(__file__).resolve().parents[2] / "units")
     host = host.model_copy(update={"model": host.model.model_copy(update={"max_context": None})})

@@ -30,7 +30,8 @@ from agent.cli.main import main
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig
 from agent.output import Output
-from agent.plan.choose import Target, plan_for_host
+from agent.plan.choose import Target
+from agent.plan.from_facts import plan_for_host
 from agent.render import CACHE_ENV, SECRET_FLAG, is_secret_env, render_unit, template_dir
 from agent.sglang import flagrules
 from agent.sglang.flags import FlagValue, parse_unit, split_words, unit_lines

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from tests.house import import_cycles, imported_modules
+from tests.house import cli_imports, import_cycles, imported_modules
 
 KNOWN = {"agent", "agent.a", "agent.b", "agent.pkg", "agent.pkg.sub", "agent.pkg.other"}
 
@@ -32,3 +32,13 @@ def test_a_circle_through_three_files_is_one_cycle_and_a_chain_is_none() -> None
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert import_cycles(graph) == [["a", "b", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_only_the_cli_and_the_entry_point_may_import_the_cli() -> None:
+    graph = {
+        "agent.cli.main": {"agent.cli.options"},
+        "agent.__main__": {"agent.cli.main"},
+        "agent.deploy": {"agent.cli.options", "agent.errors"},
+        "agent.client": {"agent.errors"},
+    }
+    assert cli_imports(graph) == ["agent.deploy -> agent.cli.options"]

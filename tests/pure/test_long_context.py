@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from agent.apply import allow_context
-from agent.cli.options import Change
 from agent.errors import UsageError
 from agent.inventory import load_host
+from agent.orchestrate.asked import Change
 from agent.plan.choose import Target
 from agent.plan.facts import parse_facts
 from agent.plan.from_facts import plan_from_facts

@@ -18,9 +18,9 @@ import pytest
 
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig, Planning, Sglang
-from agent.plan.choose import Plan, Target, plan_for_host
+from agent.plan.choose import Plan, Target
 from agent.plan.facts import parse_facts
-from agent.plan.from_facts import plan_from_facts, plan_from_host_facts
+from agent.plan.from_facts import plan_for_host, plan_from_facts, plan_from_host_facts
 from agent.sglang.kvlayout import read_layout
 from tests.pure import facts_fixtures as fixtures
 

@@ -21,7 +21,7 @@ import pytest
 
 from agent.errors import UsageError
 from agent.plan.facts import Gpu, ModelInput, PlanInput
-from agent.plan.from_facts import pool_model
+from agent.plan.predict import pool_model
 from agent.sglang.kvlayout import read_layout
 
 DATA = Path(__file__).resolve().parents[1] / "data"

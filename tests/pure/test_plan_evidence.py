@@ -77,8 +77,8 @@ def test_decode_speed_is_stated_or_said_to_be_unmeasured() -> None:
 def test_over_ssh_fp8_kv_after_the_hosts_bf16_start_plans_feasible() -> None:
     # `plan ct200 --context 250k --set kv-cache-dtype=fp8_e4m3`: the host's facts, its last start calibrating.
     from agent.apply import with_set_flags
-    from agent.cli.options import Change
     from agent.inventory import HostConfig
+    from agent.orchestrate.asked import Change
     from agent.plan.from_facts import plan_from_host_facts
     from agent.sglang.logs.summary import start_figures
 

@@ -16,7 +16,8 @@ from agent.cli.commands.plan import NOT_FEASIBLE, verdict
 from agent.errors import UsageError
 from agent.plan.choose import Plan, Target
 from agent.plan.facts import PlanInput, parse_facts
-from agent.plan.from_facts import plan_from_facts, pool_model
+from agent.plan.from_facts import plan_from_facts
+from agent.plan.predict import pool_model
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 # The checkpoints' tensor bytes, rounded (their Hugging Face repositories' file sizes).

@@ -12,7 +12,8 @@ import pytest
 
 from agent.errors import UsageError
 from agent.inventory import HostConfig
-from agent.plan.choose import Plan, Target, plan_for_host
+from agent.plan.choose import Plan, Target
+from agent.plan.from_facts import plan_for_host
 from agent.sglang import kvpool
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "plan"

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from agent.inventory import load_host
-from agent.plan.choose import Target, plan_for_host
+from agent.plan.choose import Target
+from agent.plan.from_facts import plan_for_host
 from agent.report import ApplyReport, backups_table, render_report
 
 REPO = Path(__file__).resolve().parents[2]

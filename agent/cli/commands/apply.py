@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 from agent.cli.options import (
-    Change,
-    Connection,
     add_connection_args,
     add_set_arg,
     add_target_args,
     add_yes_arg,
+    change_of,
+    connection_of,
     refuse_unconfirmed,
 )
 from agent.output import Output
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent import deploy  # SSH and the planner load only when a command runs
 
     out.json, out.quiet = args.json, args.quiet
-    change = Change.of(args)
+    change = change_of(args)
     if not change.dry_run:
         refuse_unconfirmed(change.yes, out.stdin_isatty)
     if change.flags:  # SGLang's own table refuses a bad --set before any connection is made
@@ -54,4 +54,4 @@ def run(args: argparse.Namespace, out: Output) -> int:
         from agent.render import check_with_sglang_table
 
         check_with_sglang_table(load_service(args.host, units_dir(args.units)), dict(change.flags))
-    return deploy.apply(Connection.of(args), change, out)
+    return deploy.apply(connection_of(args), change, out)

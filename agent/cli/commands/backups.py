@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli.options import Connection, add_connection_args, add_host_arg
+from agent.cli.options import add_connection_args, add_host_arg, connection_of
 from agent.output import Output
 
 
@@ -18,4 +18,4 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent import deploy  # SSH and the planner load only when a command runs
 
     out.json = args.json
-    return deploy.backups(Connection.of(args), out)
+    return deploy.backups(connection_of(args), out)

@@ -24,11 +24,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def host_facts(args: argparse.Namespace) -> dict[str, Any]:
     """The facts document the host's agent read (config.json, safetensors headers, nvidia-smi...)."""
-    from agent.cli.options import Connection
+    from agent.cli.options import connection_of
     from agent.orchestrate.session import session
     from agent.remote.client import base_request
 
-    with session(Connection.of(args)) as s:
+    with session(connection_of(args)) as s:
         answer = s.client.call(base_request(s.host, "facts"))
         doc = answer.get("model_facts")
         if not isinstance(doc, dict):

@@ -7,16 +7,9 @@ import re
 from typing import Any
 
 from agent.cli.completion import group_names
-from agent.cli.options import (
-    ArgError,
-    add_set_arg,
-    add_yes_arg,
-    parse_context,
-    parse_fraction,
-    parse_request_count,
-    typed,
-)
+from agent.cli.options import add_set_arg, add_yes_arg, parse_fraction, parse_request_count, typed
 from agent.errors import UsageError
+from agent.orchestrate.asked import ArgError, parse_context
 from agent.output import Output
 
 # A host count from 1, or a percentage from 1% to 100%: Ansible would run "0" or "0%" as batches of

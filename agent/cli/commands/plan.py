@@ -9,11 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.cli.options import Change, Connection, add_set_arg, add_target_args
+from agent.cli.options import add_set_arg, add_target_args, change_of, connection_of
 from agent.errors import UsageError
 from agent.exitcodes import ExitCode
 from agent.group.nodes import node_host
 from agent.inventory import load_service, units_dir
+from agent.orchestrate.asked import Change
 from agent.output import Output, Style
 
 if TYPE_CHECKING:
@@ -76,10 +77,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if not args.host:
         raise UsageError("a host is required (or --facts FILE)", hint="see: deployctl plan --help")
     from agent.apply import with_set_flags
-    from agent.plan.choose import plan_for_host
+    from agent.plan.from_facts import plan_for_host
     from agent.render import check_with_sglang_table
 
-    change = Change.of(args)
+    change = change_of(args)
     host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
     check_with_sglang_table(host, dict(change.flags))
     host = with_set_flags(host, change, {})[0]
@@ -122,7 +123,7 @@ def _from_host(
     from agent.protocol.answers import as_facts
     from agent.remote.client import base_request
 
-    with session(Connection.of(args)) as s:
+    with session(connection_of(args)) as s:
         facts = with_set_flags(host, change, as_facts(s.client.call(base_request(s.host, "facts"))))[1]
     history = [h.copy() for h in calibration_from(facts) or []]
     running: Flags = facts.get("flags") or host.sglang.flags
@@ -162,7 +163,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
 
     if args.host:
         raise UsageError("give a host or --facts FILE, not both")
-    change = Change.of(args)
+    change = change_of(args)
     inp = load_facts(Path(args.facts))
     for name, said in server_args.problems(inp.sglang_version, dict(change.flags)):
         raise UsageError(f"--set {name}: {said}")

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 
 from agent.cli.completion import nothing
-from agent.cli.options import Connection, add_connection_args, add_host_arg, add_yes_arg, refuse_unconfirmed
+from agent.cli.options import (
+    add_connection_args,
+    add_host_arg,
+    add_yes_arg,
+    connection_of,
+    refuse_unconfirmed,
+)
 from agent.output import Output
 
 
@@ -28,4 +34,4 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
     out.json, out.quiet = args.json, args.quiet
     refuse_unconfirmed(args.yes, out.stdin_isatty)
-    return deploy.rollback(Connection.of(args), args.to, out, yes=args.yes)
+    return deploy.rollback(connection_of(args), args.to, out, yes=args.yes)

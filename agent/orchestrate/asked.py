@@ -1,0 +1,60 @@
+"""What a person (or Ansible) asks of deployctl, as the layers below the CLI take it: which host and how to
+reach it (Connection), what an apply or a plan is asked for (Change), and a target context in tokens
+(200k, 128Ki, 1m). The CLI (cli/options.py) and the fleet's plugin (fleet/plugin.py) build these from their
+arguments; no argparse.Namespace travels below them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from agent.sglang.flags import FlagInput
+
+NO_TERMINAL = "not on a terminal and --yes not given: refusing to restart without confirmation"
+MAX_CONTEXT = 10_000_000
+
+# The unit in any case: 1m is 1M and 128ki is 128Ki (there is no milli-token to confuse it with).
+_CONTEXT = re.compile(r"(?P<num>[0-9]+)(?P<unit>ki|k|mi|m)?", re.IGNORECASE)
+_UNITS = {None: 1, "k": 1000, "ki": 1024, "m": 1000**2, "mi": 1024**2}
+
+
+class ArgError(ValueError):
+    """A bad value; its text is the one-line message (the flag is named in it)."""
+
+
+def parse_context(text: str, flag: str = "--context") -> int:
+    """'200000', '200k'/'200K' (x1000), '128Ki'/'128ki' (x1024), '1M'/'1m' -> tokens; else refused."""
+    m = _CONTEXT.fullmatch(text.strip())
+    if m is None:
+        raise ArgError(f"{flag} {text!r} is not a token count (try 200k, 128Ki or 131072)")
+    tokens = int(m["num"]) * _UNITS[m["unit"] and m["unit"].lower()]
+    if tokens <= 0:
+        raise ArgError(f"{flag} {text!r} must be a positive token count")
+    if tokens > MAX_CONTEXT:
+        raise ArgError(f"{flag} {text!r} is more than {MAX_CONTEXT:,} tokens")
+    return tokens
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Which host, and how to reach it."""
+
+    host: str  # the inventory's name: units/<host>.toml
+    units: str | None = None  # the inventory folder (None: $DEPLOYCTL_UNITS or ./units)
+    local: bool = False  # the agent runs on this machine, not over SSH
+    accept_new_host_key: bool = False
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a person asked an apply (or a plan) for."""
+
+    context: int
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    force: bool = False
+    dry_run: bool = False
+    yes: bool = False
+    flags: tuple[tuple[str, FlagInput], ...] = ()  # --set FLAG=VALUE beyond the three above
+    allow_longer_context: bool = False  # --allow-longer-context: SGLang's own override, apart from --force

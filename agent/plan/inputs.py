@@ -1,0 +1,58 @@
+"""Reading a PlanInput: its flags (the first spelling set, as an integer, a number, a bare switch), the
+SGLang version it runs, and where its architecture came from. What every step of the planner reads the
+same way (plan/sizing.py, plan/predict.py, plan/from_facts.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from agent.errors import UsageError
+from agent.inventory import FlagValue
+from agent.plan.facts import PlanInput
+from agent.sglang import kvpool
+
+OFF = ("0", "false", "False", "no")
+
+
+def value_of(flags: Mapping[str, FlagValue], *names: str) -> FlagValue | None:
+    for name in names:
+        if name in flags and flags[name] is not None:
+            return flags[name]
+    return None
+
+
+def int_of(flags: Mapping[str, FlagValue], *names: str) -> int | None:
+    value = value_of(flags, *names)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        raise UsageError(f"flags: --{names[0]} {value!r} is not an integer") from None
+
+
+def float_of(flags: Mapping[str, FlagValue], *names: str) -> float | None:
+    value = value_of(flags, *names)
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(str(value))
+    except ValueError:
+        raise UsageError(f"flags: --{names[0]} {value!r} is not a number") from None
+
+
+def is_on(flags: Mapping[str, FlagValue], name: str) -> bool:
+    value = flags.get(name)
+    return value is True or str(value).lower() in ("true", "1", "yes", "")
+
+
+def sglang_version(inp: PlanInput) -> tuple[int, int, int, int] | None:
+    try:
+        return kvpool.parse_version(inp.sglang_version)
+    except ValueError:
+        return None
+
+
+def origin(inp: PlanInput) -> str:
+    """Where the architecture came from, in the words a note asks the reader to check."""
+    return "the inventory" if inp.sources.get("architecture", "").startswith("inventory") else "the facts"

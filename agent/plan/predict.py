@@ -1,0 +1,228 @@
+"""The prediction: the pool model of the host's model, cold from the facts (plan/overhead.py) or calibrated
+by the earlier starts that are evidence for it (plan/evidence.py, plan/calibrate.py), on the architecture's
+sizer (plan/sizing.py). What the verdict (plan/verdict.py) and the choice (plan/choose.py) then read.
+
+Follows SGLang 0.5.23 (files named per rule, relative to sglang/srt/). Every figure's origin goes into the
+notes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from agent.errors import UsageError
+from agent.plan.calibrate import Fit, calibrated
+from agent.plan.evidence import CELL_FLAGS, NotEvidence, admitted, as_started, partial
+from agent.plan.facts import PlanInput
+from agent.plan.inputs import OFF, float_of, int_of, is_on, origin, value_of
+from agent.plan.model import PoolModel, Start, StartFigures, start_of
+from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for
+from agent.plan.sizing import Sizing, attention_backend, sizing
+from agent.sglang import memory_defaults, pools
+from agent.sglang.kvlayout import KVLayout
+from agent.sglang.kvpool import GIB
+from agent.sglang.pools import Parallel
+
+
+@dataclass(frozen=True)
+class FactsModel:
+    pool: PoolModel
+    layout: KVLayout
+    kv_dtype: str
+    fraction: float  # the running fraction: the flag, else SGLang's own default
+    notes: tuple[str, ...]
+    warnings: tuple[str, ...] = ()  # earlier starts set aside (plan/evidence.py): said first
+
+
+def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str]) -> float:
+    """The running fraction: the flag, else SGLang's own default (arg_groups/memory_hook.py)."""
+    given = float_of(inp.flags, "mem-fraction-static")
+    if given is not None:
+        return given
+    given_flags = memory_defaults.MemoryFlags(
+        chunked_prefill=int_of(inp.flags, "chunked-prefill-size"),
+        decode_max_bs=int_of(inp.flags, "cuda-graph-max-bs-decode"),
+        max_running_requests=int_of(inp.flags, "max-running-requests"),
+        max_total_tokens=int_of(inp.flags, "max-total-tokens"),
+        cuda_graph=not (
+            ("disable-cuda-graph" in inp.flags and is_on(inp.flags, "disable-cuda-graph"))
+            or value_of(inp.flags, "cuda-graph-backend-decode") == "disabled"
+        ),
+    )
+    settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
+    notes.append(
+        f"--mem-fraction-static is not set: SGLang 0.5.23 would use about {settings.fraction:.3f} on this "
+        "card (arg_groups/memory_hook.py handle_gpu_memory_settings); the plan gives the unit its own, to "
+        "three decimals"
+    )
+    return settings.fraction
+
+
+def _aiter_scale(inp: PlanInput, arch: Sizing, context: int, notes: list[str]) -> float:
+    """arg_groups/attention_hook.py: aiter above 8k context runs at 0.85 x the fraction."""
+    backend = attention_backend(inp, arch.layout, arch.par)
+    explicit = value_of(inp.flags, "mem-fraction-static") is not None
+    honor = bool(inp.env.get("SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION"))
+    scale = memory_defaults.aiter_fraction(
+        1.0, backend=backend, context_len=context, explicit=explicit, honor=honor
+    )
+    if scale != 1.0:
+        notes.append(
+            "AMD aiter with a context above 8,192: SGLang runs at 0.85 x the given --mem-fraction-static "
+            "(arg_groups/attention_hook.py); set SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION=1 in the unit to "
+            "use the fraction as given. The plan accounts for the 0.85"
+        )
+    elif backend is not None and is_amd(inp.gpu.name) and value_of(inp.flags, "attention-backend") is None:
+        notes.append(
+            f"AMD: SGLang picks the {backend} attention backend for this model, so no 0.85 x fraction"
+        )
+    return scale
+
+
+def pool_model(inp: PlanInput, context: int) -> FactsModel:
+    """The PoolModel for this host: cold from the facts, or calibrated by the last start's memory lines."""
+    arch = sizing(inp)
+    layout, dtype, par, sizer, notes = arch.layout, arch.dtype, arch.par, arch.sizer, list(arch.notes)
+    inp, aside = admitted(inp, par.tp, par.pp)  # only a start of this model, layout and cards calibrates
+    fraction = _fraction(inp, layout, par, notes)
+    scale = _aiter_scale(inp, arch, context, notes)
+    # What every model of this host shares; the memory figures and the cell come from the starts or the card.
+    shape = PoolModel(
+        0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,
+        max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
+    )  # fmt: skip
+    model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
+    return FactsModel(model, layout, dtype, fraction, tuple(notes), aside)
+
+
+def _evidenced(
+    inp: PlanInput,
+    fraction: float,
+    par: Parallel,
+    shaped: tuple[PoolModel, pools.PoolSizer],
+    said: tuple[list[str], tuple[str, ...]],
+) -> tuple[PoolModel, tuple[str, ...]]:
+    """The fitted model; a start whose cell is not this architecture's is set aside (plan/evidence.py)."""
+    notes, aside = said
+    try:
+        return _fitted(inp, fraction, par, shaped, notes), aside
+    except NotEvidence as exc:
+        aside = (*aside, f"the earlier start is set aside: {exc}; it does not calibrate this plan")
+        return _fitted(replace(inp, starts=(), start_ids=()), fraction, par, shaped, notes), aside
+
+
+def _fitted(
+    inp: PlanInput,
+    fraction: float,
+    par: Parallel,
+    shaped: tuple[PoolModel, pools.PoolSizer],
+    notes: list[str],
+) -> PoolModel:
+    """The pool model calibrated by the earlier starts, or by their memory lines, else cold."""
+    shape = shaped[0]
+    flags_for_start = {**inp.flags, "mem-fraction-static": fraction}
+    starts = [s for s in (start_of(f, flags_for_start) for f in inp.starts) if s is not None]
+    memory = [f for f in inp.starts if f.get("avail_mem_before_weights_gb") and _post(f)]
+    if inp.starts and not starts and not memory:
+        notes.append("the earlier start(s) given did not log a pool and the memory lines; not used")
+    _refuse_gaps(inp, calibrated=bool(starts))
+    if starts:
+        return _calibrated_as_started(inp, starts, shaped, notes)
+    elif memory:  # a start that died before its pool still tells pre and post
+        pre, post = (
+            float(memory[-1].get("avail_mem_before_weights_gb") or 0.0),
+            float(_post(memory[-1]) or 0.0),
+        )
+        cut = partial(inp, post, par.tp)  # a start cut before the draft loaded (plan/evidence.py)
+        post, why = cut if cut is not None else (post, None)
+        notes.append(
+            f"pre {pre:.2f} GiB and post {post:.2f} GiB from the last start's memory lines "
+            "(it logged no pool: the cell is the architecture's)" + (f"; {why}" if why else "")
+        )
+        return replace(shape, pre_gib=pre, post_gib=post, basis="calibrated", partial=why)
+    return _cold(inp, par, shape, notes)
+
+
+def _calibrated_as_started(
+    inp: PlanInput, starts: list[Start], shaped: tuple[PoolModel, pools.PoolSizer], notes: list[str]
+) -> PoolModel:
+    """Calibrated at the flags the starts ran with; a cell-changing flag since (KV dtype, page size, a draft)
+    scales the measured cell by the architecture's ratio; the start's memory is kept (plan/evidence.py)."""
+    fit = Fit(inp.flags, origin(inp), _figure_gaps(inp))
+    then = as_started(inp)
+    if then is None:
+        return calibrated(starts, shaped, notes, fit)
+    shape, now = shaped
+    was = sizing(then).sizer
+    model = calibrated(starts, (replace(shape, cell_bytes=was.cell_bytes, sizer=was), was), notes, fit)
+    ratio = now.cell_bytes / was.cell_bytes
+    measured = model.sizer.cell_bytes if model.sizer is not None else model.cell_bytes
+    sizer = replace(now, cell_bytes=measured * ratio)
+    changed = ", ".join(f"--{k}" for k in CELL_FLAGS if then.flags.get(k) != inp.flags.get(k))
+    notes.append(
+        f"the start ran before {changed} changed: its cell times the architecture's ratio {ratio:.3f} "
+        f"({was.cell_bytes:,.0f} to {now.cell_bytes:,.0f} B per token), its memory kept"
+    )
+    return replace(model, cell_bytes=sizer.cell_bytes, sizer=sizer, page_size=sizer.page_size)
+
+
+def _figure_gaps(inp: PlanInput) -> tuple[str, ...]:
+    """The missing figures that shape the cell (the weights only matter before a first start)."""
+    return tuple(g for g in inp.gaps if not g.endswith("weights_gib_per_gpu"))
+
+
+def _refuse_gaps(inp: PlanInput, calibrated: bool) -> None:
+    """Without a start that logged its pool, every figure the source lacks is needed: name them all."""
+    if inp.gaps and not calibrated:
+        raise UsageError(
+            f"cannot plan {inp.name} without an earlier start: {origin(inp)} lacks " + ", ".join(inp.gaps),
+            hint="add them to the host's inventory file, or pass --from-log with a start-up log of this host",
+        )
+
+
+def _post(figures: StartFigures) -> float | None:
+    value = figures.get("avail_mem_before_pool_gb") or figures.get("avail_mem_after_weights_gb")
+    return None if value is None else float(value)
+
+
+def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> PoolModel:
+    """No start yet: pre = card - overhead (overhead.py), post = pre - weights per GPU (target + draft:
+    0.5.14+ loads the draft before sizing, Scheduler.init_model_worker)."""
+    if inp.model.weights_bytes is None:
+        raise UsageError(
+            f"cannot plan {inp.name} without an earlier start: the facts lack model.weights_bytes",
+            hint="add weights_bytes (the checkpoint's tensor bytes) or last_start (a start-up log)",
+        )
+    attn_tp = par.attn_tp if par.attn_dp > 1 else None
+    layout = RankLayout(par.tp, par.pp, attn_tp, _custom_ar(inp), _quick_reduce_gib(inp))
+    over = overhead_for(inp.gpu.name, inp.gpu.memory_gib, layout)
+    others = outside_service([g.processes for g in inp.gpus])  # other processes on the service's GPUs
+    pre = inp.gpu.memory_gib - over.gib - others.gib
+    shards = par.tp * par.pp
+    weights = inp.model.weights_bytes / shards / GIB
+    draft = (inp.draft.weights_bytes or 0) / par.tp / GIB if inp.draft is not None else 0.0
+    notes.append(
+        f"cold estimate: {over.why}; weights {weights:.2f} GiB per GPU"
+        + (f" + draft {draft:.2f} GiB" if draft else "")
+        + (f"; less {others.why}" if others.why else "")
+    )
+    return replace(shape, pre_gib=pre, post_gib=pre - weights - draft, margin_gib=over.margin_gib)
+
+
+def _custom_ar(inp: PlanInput) -> bool:
+    """Whether SGLang sets up the (aiter, on ROCm) custom all-reduce: --disable-custom-all-reduce and
+    SGLANG_USE_AITER_AR=0 (distributed/device_communicators/custom_all_reduce.py) turn the aiter one off."""
+    off = "disable-custom-all-reduce" in inp.flags and is_on(inp.flags, "disable-custom-all-reduce")
+    return not off and inp.env.get("SGLANG_USE_AITER_AR", "true") not in OFF
+
+
+def _quick_reduce_gib(inp: PlanInput) -> float:
+    """ROCm quick all-reduce: on with ROCM_QUICK_REDUCE_QUANTIZATION in FP/INT8/INT6/INT4; its max problem
+    size is ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB, else 2 GiB (device_communicators/quick_all_reduce.py)."""
+    if inp.env.get("ROCM_QUICK_REDUCE_QUANTIZATION", "NONE") not in ("FP", "INT8", "INT6", "INT4"):
+        return 0.0
+    try:
+        mib = int(inp.env.get("ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB", "0"))
+    except ValueError:
+        mib = 0
+    return mib / 1024 if mib > 0 else 2.0

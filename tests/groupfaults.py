@@ -129,16 +129,16 @@ def run_case(g: Group, case: Case, wait: Callable[[], None]) -> GroupCase:
     inject(g, case, proc)
     out, err = proc.communicate(timeout=900)
     notes: list[str] = [_reason(out)] if proc.returncode not in (0, 4) else []
-    if case.fault == "kill_laptop":  # what the report tells a person: run it again
-        again = subprocess.run(argv, env={**os.environ, **g.env}, capture_output=True, text=True, timeout=900)
-        notes.append(f"re-run exit {again.returncode}")
-        err = again.stderr
     # every node finishes on its own (its own wait, if it heard nothing): wait for its outcome
     deadline = time.monotonic() + 420
     for rank, before in enumerate(seen):
         while not any(e.get("kind") == "outcome" for e in _events(g, rank)[before:]):
             assert time.monotonic() < deadline, f"rank {rank}'s transaction never ended"
             time.sleep(0.5)
+    if case.fault == "kill_laptop":  # the nodes ended in doubt, stopped: what the report tells a person
+        again = subprocess.run(argv, env={**os.environ, **g.env}, capture_output=True, text=True, timeout=900)
+        notes.append(f"re-run exit {again.returncode}")
+        err = again.stderr
     wait()
     ok, found = converged(g, old, proc.returncode)
     notes += found

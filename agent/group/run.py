@@ -110,7 +110,11 @@ class Coordinator:
             self.events.put((node.rank, event))
 
         try:
-            self.follow(node, on_event)
+            last = self.follow(node, on_event)
+            if not ended and isinstance(last, Event) and last.is_outcome:
+                on_event(
+                    last
+                )  # a re-attach found the outcome already written: it comes back, not as an event
         except (ConnectError, ConnectionLost, RemoteError) as exc:
             node.view = replace(node.view, lost=True, why=str(exc))
         except Exception as exc:  # a bug here must not leave the coordinator waiting for ever

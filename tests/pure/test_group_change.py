@@ -288,3 +288,34 @@ def test_the_recover_run_that_finishes_a_dead_node_s_change_is_a_valid_request()
     rec = recover_request(node)
     assert (rec.verb, rec.txn, rec.group) == ("recover", None, None)
     Request.from_json(rec.to_json())  # validates
+
+
+def test_an_outcome_a_re_attach_found_already_written_is_the_node_s_outcome() -> None:
+    """A link dropped at rank 0's commit: the re-attach reads its outcome from the host's status and
+    returns it (no event stream is left to carry it). The coordinator took that for "its follow ended
+    without an outcome" and reported the group rolled back in doubt (exit 5) while both ranks ran new."""
+
+    committed = threading.Event()
+
+    def follow(node: Node, on_event: Callable[[Event], None]) -> object:
+        on_event(Event(TXN, 1, "", "group", "step", "stopped", {"vote": "stopped"}))
+        on_event(Event(TXN, 2, "", "group", "step", "ready", {"vote": "ready"}))
+        committed.wait(10)
+        applied = Event(TXN, 9, "", "done", "outcome", "committed", {"outcome": "applied"})
+        if node.rank == 0:
+            return applied  # the link dropped: found by the re-attach
+        on_event(applied)
+        return applied
+
+    def deliver(node: Node, word: str, reason: str) -> SignalAnswer:
+        if word == "commit" and node.rank == 1:
+            committed.set()
+        return {"known": True, "go": True, "decision": "commit" if word == "commit" else None}
+
+    coordinator = Coordinator(pure_nodes(2), lambda n, e: None, deliver=deliver, follow=follow)
+    thread = threading.Thread(target=coordinator.run, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert [n.view.outcome for n in coordinator.nodes] == [Outcome.APPLIED, Outcome.APPLIED]
+    assert not any(n.view.lost for n in coordinator.nodes)

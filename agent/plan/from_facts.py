@@ -36,9 +36,9 @@ from agent.plan.replan import replanned
 from agent.plan.synthetic import synthetic_host
 from agent.sglang import kvpool, memory_defaults, pools
 from agent.sglang.config_json import with_override
-from agent.sglang.model_registry import transformers_fallback
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
 from agent.sglang.kvpool import GIB
+from agent.sglang.model_registry import transformers_fallback
 from agent.sglang.pools import DsaBackends, Parallel
 
 if TYPE_CHECKING:

@@ -70,8 +70,8 @@ def transformers_fallback(config: ModelConfig, model_impl: str, version: str, fa
     return (
         f"{names[0]}: {why}; SGLang runs it on its Transformers fallback (model_loader/utils.py "
         "resolve_transformers_arch: slower, some features unsupported); its KV pool is estimated as "
-        f"{family.upper()} from config.json's layers, KV heads and head size, as SGLang's model_config.py sizes "
-        "it whatever the backend: a custom config that names them otherwise is not read"
+        f"{family.upper()} from config.json's layers, KV heads and head size, as SGLang's model_config.py "
+        "sizes it whatever the backend: a custom config that names them otherwise is not read"
     )
 
 

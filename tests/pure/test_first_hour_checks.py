@@ -80,7 +80,7 @@ def test_the_inventory_figures_have_no_fallback_note() -> None:
     assert "Transformers" not in stdout
 
 
-# --- a dtype no torch has -------------------------------------------------------------------------------------
+# --- a dtype no torch has ----------------------------------------------------------------------
 
 BAD_DTYPES = ["float13", "", "bf16x", 16, 2.5, True, ["bfloat16"], {"x": "bfloat16"}]
 

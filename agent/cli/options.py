@@ -10,7 +10,7 @@ import argparse
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from agent.errors import UsageError
 from agent.sglang import flagrules
@@ -111,6 +111,13 @@ def parse_set(text: str) -> tuple[str, FlagInput]:
         except ArgError as exc:
             raise UsageError(str(exc)) from None
     return name, {"true": True, "false": False}.get(value, value)
+
+
+def warn_flag_table(stderr: TextIO, version: str, flags: dict[str, FlagInput]) -> None:
+    """--set under a release whose own flag table deployctl does not ship: which table read it, one line."""
+    said = flagrules.table_warning(version, flags)
+    if said:
+        print(f"deployctl: warning: {said}", file=stderr)
 
 
 def add_set_arg(p: argparse.ArgumentParser) -> None:

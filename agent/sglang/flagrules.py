@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from agent.sglang.server_args import table_for
+from agent.sglang.server_args import Value, table_for
 
 # The release whose table deployctl ships (agent/sglang/data/server_args-<version>.json) and checks --set by.
 TABLE_VERSION = "0.5.23"
@@ -94,3 +94,18 @@ def set_elsewhere(name: str) -> str | None:
     key = "model-path" if name == "model" else "dist-init-addr" if name == "nccl-init-addr" else name
     place = ELSEWHERE.get(key)
     return None if place is None else f"--{key} is set by the inventory's {place}, not as a flag"
+
+
+def table_warning(version: str, flags: Mapping[str, Value]) -> str | None:
+    """For a release whose own table deployctl does not ship, the line that says the --set flags were read
+    by TABLE_VERSION's table instead (spellings, then what that table would refuse); None when the
+    release's own table checks them (server_args.problems) or nothing was set."""
+    if not flags or table_for(version) is not None:
+        return None
+    shipped = table_for(TABLE_VERSION)
+    assert shipped is not None
+    found = [said for name, value in flags.items() if (said := shipped.problem(name, value))]
+    return (
+        f"--set flags are checked against SGLang {TABLE_VERSION}'s flag table, not {version}'s "
+        "(deployctl ships none for it)" + (f"; by {TABLE_VERSION}'s: " + "; ".join(found) if found else "")
+    )

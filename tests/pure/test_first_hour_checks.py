@@ -134,3 +134,58 @@ def test_the_inventory_dtype_bytes_is_checked(tmp_path: Path) -> None:
     (tmp_path / "u" / "ct200.toml").write_text(text, encoding="utf-8")
     args = ("plan", "ct200", "--offline", "--context", "200k")
     assert_one_line(run_cli(*args, units=tmp_path / "u"), "ct200.toml", "dtype_bytes")
+
+
+# --- the flag table of another SGLang release -----------------------------------------------------------
+
+
+def inventory_of(tmp_path: Path, version: str) -> Path:
+    text = (
+        (UNITS / "ct200.toml")
+        .read_text(encoding="utf-8")
+        .replace('version = "0.5.23"', f'version = "{version}"')
+    )
+    (tmp_path / "u").mkdir(exist_ok=True)
+    (tmp_path / "u" / "ct200.toml").write_text(text, encoding="utf-8")
+    return tmp_path / "u"
+
+
+def warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("deployctl: warning: ")]
+
+
+INVENTORY_COMMANDS = [
+    ("plan", "ct200", "--offline", "--context", "200k"),
+    ("render", "ct200", "--context", "200k", "--mem-fraction-static", "0.9"),
+]
+
+
+@pytest.mark.parametrize("argv", INVENTORY_COMMANDS)
+@pytest.mark.parametrize("flag", ["enable-metrics=true", "enable-flux-capacitor=true"])
+def test_set_under_another_release_says_which_table_checked_it(
+    tmp_path: Path, argv: tuple[str, ...], flag: str
+) -> None:
+    code, _, stderr = run_cli(*argv, "--set", flag, units=inventory_of(tmp_path, "0.5.9"))
+    assert code in (0, ExitCode.NOT_FEASIBLE), stderr
+    said = [w for w in warnings(stderr) if "0.5.23" in w and "0.5.9" in w]
+    assert len(said) == 1, stderr
+    if "flux" in flag:
+        assert "--enable-flux-capacitor" in said[0]
+
+
+def test_set_of_a_facts_file_of_another_release_says_which_table_checked_it(tmp_path: Path) -> None:
+    doc = llama()
+    doc["sglang"]["version"] = "0.5.9"
+    code, _, stderr = plan_facts(tmp_path, doc, "--set", "enable-metrics=true")
+    assert code in (0, ExitCode.NOT_FEASIBLE), stderr
+    assert len([w for w in warnings(stderr) if "0.5.23" in w and "0.5.9" in w]) == 1, stderr
+
+
+@pytest.mark.parametrize("argv", INVENTORY_COMMANDS)
+def test_set_under_the_shipped_release_or_without_set_says_nothing_of_tables(
+    tmp_path: Path, argv: tuple[str, ...]
+) -> None:
+    for version, extra in (("0.5.23", ("--set", "enable-metrics=true")), ("0.5.9", ())):
+        code, _, stderr = run_cli(*argv, *extra, units=inventory_of(tmp_path, version))
+        assert code in (0, ExitCode.NOT_FEASIBLE), stderr
+        assert not [w for w in warnings(stderr) if "table" in w], stderr

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.cli.options import Change, Connection, add_set_arg, add_target_args
+from agent.cli.options import Change, Connection, add_set_arg, add_target_args, warn_flag_table
 from agent.errors import UsageError
 from agent.exitcodes import ExitCode
 from agent.group.nodes import node_host
@@ -82,6 +82,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     change = Change.of(args)
     host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
     check_with_sglang_table(host, dict(change.flags))
+    warn_flag_table(out.stderr, host.sglang.version, dict(change.flags))
     host = with_set_flags(host, change, {})[0]
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
     history: Sequence[StartFigures]  # the starts that calibrate the plan
@@ -166,6 +167,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     inp = load_facts(Path(args.facts))
     for name, said in server_args.problems(inp.sglang_version, dict(change.flags)):
         raise UsageError(f"--set {name}: {said}")
+    warn_flag_table(out.stderr, inp.sglang_version, dict(change.flags))
     if change.flags:
         given = {k: " ".join(v) if isinstance(v, tuple) else v for k, v in change.flags}  # --set: one word
         inp = replace(inp, flags={**inp.flags, **given})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from agent.cli.options import OPTION_FLAGS, add_set_arg, add_target_args
+from agent.cli.options import OPTION_FLAGS, add_set_arg, add_target_args, warn_flag_table
 from agent.errors import UsageError
 from agent.group.nodes import node_host
 from agent.inventory import HostConfig, load_service, units_dir
@@ -86,6 +86,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
     flags = requested_flags(args)
     text = render_checked(host, flags)
+    warn_flag_table(out.stderr, host.sglang.version, dict(args.set_flags))
     for warning in version_flags.deprecated(host.sglang.version, {**host.sglang.flags, **flags}):
         print(f"deployctl: warning: {warning}", file=out.stderr)
     said = pool_note(host, flags)

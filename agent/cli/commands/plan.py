@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     change = Change.of(args)
     host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
     check_with_sglang_table(host, dict(change.flags))
-    warn_flag_table(out.stderr, host.sglang.version, dict(change.flags))
+    version = host.sglang.version
     host = with_set_flags(host, change, {})[0]
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
     history: Sequence[StartFigures]  # the starts that calibrate the plan
@@ -93,9 +93,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if not args.from_log and not args.offline:
         from_host, history, running, facts = _from_host(args, host, change, asked)
         if from_host is not None:
+            warn_flag_table(out.stderr, version, dict(change.flags))  # planned: no error follows it
             return _printed(out, args, host.name, from_host, running, _restart(host, facts, from_host))
     plan = plan_for_host(host, asked, history or None, running)
     restart = _restart(host, facts, plan) if facts is not None else None
+    warn_flag_table(out.stderr, version, dict(change.flags))
     return _printed(out, args, host.name, replace(plan, notes=(*set_aside, *plan.notes)), running, restart)
 
 
@@ -167,7 +169,6 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     inp = load_facts(Path(args.facts))
     for name, said in server_args.problems(inp.sglang_version, dict(change.flags)):
         raise UsageError(f"--set {name}: {said}")
-    warn_flag_table(out.stderr, inp.sglang_version, dict(change.flags))
     if change.flags:
         given = {k: " ".join(v) if isinstance(v, tuple) else v for k, v in change.flags}  # --set: one word
         inp = replace(inp, flags={**inp.flags, **given})
@@ -181,6 +182,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     )
     inp = replace(inp, starts=(*inp.starts, *starts))
     plan = plan_from_facts(inp, _asked(change))
+    warn_flag_table(out.stderr, inp.sglang_version, dict(change.flags))
     return _printed(out, args, inp.name, replace(plan, notes=(*set_aside, *plan.notes)), inp.flags)
 
 

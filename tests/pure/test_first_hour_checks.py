@@ -189,3 +189,16 @@ def test_set_under_the_shipped_release_or_without_set_says_nothing_of_tables(
         code, _, stderr = run_cli(*argv, *extra, units=inventory_of(tmp_path, version))
         assert code in (0, ExitCode.NOT_FEASIBLE), stderr
         assert not [w for w in warnings(stderr) if "table" in w], stderr
+
+
+def test_the_host_config_json_of_a_transformers_only_architecture_says_the_fallback() -> None:
+    from agent.inventory import load_service, units_dir
+    from agent.plan.choose import Target
+    from agent.plan.from_facts import plan_from_host_facts
+
+    host = load_service("ct200", units_dir(str(UNITS)))
+    doc = with_config(architectures=["BloomForCausalLM"])
+    facts: Any = {"model_facts": {k: doc[k] for k in ("format", "model", "sglang", "gpus")}}
+    plan = plan_from_host_facts(host, facts, None, Target(context=32768))
+    assert plan is not None
+    assert any("BloomForCausalLM" in n and "Transformers fallback" in n for n in plan.notes), plan.notes

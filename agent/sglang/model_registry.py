@@ -57,15 +57,24 @@ class CannotLoad(ValueError):
 def transformers_fallback(config: ModelConfig, model_impl: str, version: str, family: str) -> str | None:
     """None when SGLang runs its own class of this model; else the note that says it falls back to the
     Transformers backend and what that means for the KV estimate (`family`: the pool's kind as read).
-    CannotLoad where SGLang's start would refuse the model."""
+    CannotLoad where SGLang 0.5.23's start would refuse the model (another release: said, not refused, as
+    its registry may have the model)."""
     archs = config.value("architectures")
     names = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
     known = known_models()
     forced = model_impl == "transformers"
     if not names or (not forced and any(a in known.sglang for a in names)):
         return None
-    _loadable(config, names, known, forced)
-    judged = "" if _release(version) == NAMES_VERSION else f" (judged by {NAMES_VERSION}'s registry)"
+    same = _release(version) == NAMES_VERSION
+    try:
+        _loadable(config, names, known, forced)
+    except CannotLoad as exc:
+        if same:
+            raise
+        return (
+            f"{exc}; SGLang {version}'s registry may have it (deployctl ships {NAMES_VERSION}'s names only)"
+        )
+    judged = "" if same else f" (judged by {NAMES_VERSION}'s registry)"
     why = "--model-impl transformers" if forced else f"not in SGLang {version}'s model registry{judged}"
     return (
         f"{names[0]}: {why}; SGLang runs it on its Transformers fallback (model_loader/utils.py "
@@ -84,7 +93,7 @@ def _loadable(config: ModelConfig, names: Sequence[str], known: KnownModels, for
         if arch.startswith("Transformers") or arch in known.transformers or has_auto_model or forced:
             continue
         raise CannotLoad(
-            f"{arch} is neither in SGLang's model registry nor a Transformers {known.transformers_version} "
-            "model class, and config.json's auto_map names no AutoModel: SGLang's start refuses it "
-            "(model_loader/utils.py resolve_transformers_arch)"
+            f"{arch} is neither in SGLang {NAMES_VERSION}'s model registry nor a Transformers "
+            f"{known.transformers_version} model class, and config.json's auto_map names no AutoModel: "
+            f"SGLang {NAMES_VERSION}'s start refuses it (model_loader/utils.py resolve_transformers_arch)"
         )

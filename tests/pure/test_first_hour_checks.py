@@ -202,3 +202,11 @@ def test_the_host_config_json_of_a_transformers_only_architecture_says_the_fallb
     plan = plan_from_host_facts(host, facts, None, Target(context=32768))
     assert plan is not None
     assert any("BloomForCausalLM" in n and "Transformers fallback" in n for n in plan.notes), plan.notes
+
+
+def test_an_architecture_0_5_23_cannot_load_is_said_not_refused_for_another_release(tmp_path: Path) -> None:
+    doc = with_config(architectures=["AcmeForCausalLM"])
+    doc["sglang"]["version"] = "0.6.0"  # its registry may have it
+    code, stdout, stderr = plan_facts(tmp_path, doc)
+    assert code in (0, ExitCode.NOT_FEASIBLE), stderr
+    assert any("AcmeForCausalLM" in line and "0.6.0" in line for line in stdout.splitlines()), stdout

@@ -3,6 +3,7 @@ flag table another SGLang release is checked by."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,12 @@ def test_an_architecture_0_5_23_cannot_load_is_said_not_refused_for_another_rele
     code, stdout, stderr = plan_facts(tmp_path, doc)
     assert code in (0, ExitCode.NOT_FEASIBLE), stderr
     assert any("AcmeForCausalLM" in line and "0.6.0" in line for line in stdout.splitlines()), stdout
+
+
+def test_a_bad_dtype_in_the_draft_config_names_the_draft(tmp_path: Path) -> None:
+    from tests.pure.test_facts_plan import ct200
+
+    doc = copy.deepcopy(ct200())  # its configs are the fixtures' own
+    doc["draft"]["config"]["torch_dtype"] = "float13"
+    args = ("plan", "--facts", write_facts(tmp_path, doc), "--context", "200k")
+    assert_one_line(run_cli(*args), "facts.json", "the draft's config.json", "torch_dtype")

@@ -14,6 +14,7 @@ from agent.errors import UsageError
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_service, units_dir
 from agent.orchestrate.asked import Change, Connection
+from agent.orchestrate.backup_names import remember
 from agent.orchestrate.session import Session, confirm, follow, recover_orphan, session, status_text
 from agent.output import Output, Style
 from agent.protocol.answers import BackupsAnswer, StatusAnswer, as_facts
@@ -57,6 +58,7 @@ def _apply(out: Output, s: Session, change: Change, talk: Conversation) -> int:
         return int(ExitCode.OK)
     confirm(out, change.yes, s.host)
     outcome = follow(out, s, sent.request, talk)
+    remember(s.host.name, [outcome.outcome_data().get("backup")])  # the unit this apply replaced, kept
     return planned.report(out, s.host, sent, outcome, facts)
 
 
@@ -66,6 +68,7 @@ def backup_listing(s: Session) -> BackupsAnswer:
     from agent.sglang.flags import FlagChange
 
     listing = cast(BackupsAnswer, s.client.call(base_request(s.host, "backups")))
+    remember(s.host.name, (str(r.get("name") or "") for r in listing.get("backups") or []), every=True)
     for row in listing.get("backups") or []:
         changes = redact_changes(
             [FlagChange(str(name), before, after) for name, before, after in row.get("changes", [])]
@@ -103,6 +106,7 @@ def rollback(conn: Connection, to: str | None, out: Output, *, yes: bool) -> int
         # Only a backup the person named goes on the wire: the host picks the same default itself, and
         # treats a named one as a person's own way out of a failed recovery.
         outcome = follow(out, s, base_request(s.host, "rollback", backup=to))
+        remember(s.host.name, [outcome.outcome_data().get("backup")])  # the unit it replaced, kept
         result = str(outcome.data.get("outcome"))
         if out.style is not Style.JSON:
             _report_rollback(out, s, chosen.get("changes", []), outcome)

@@ -1,8 +1,8 @@
 """Shell completion for bash, zsh and fish, by argcomplete: the shell runs deployctl with _ARGCOMPLETE set
 and the words so far in COMP_LINE/COMP_POINT; the parser itself answers, so subcommands and options never
 drift from what the commands take. Host names come from the inventory folder (--units, $DEPLOYCTL_UNITS or
-./units), fleet groups from its files; backup names live on the host and are not completed
-(`deployctl backups HOST` lists them).
+./units), fleet groups from its files, backup names from what deployctl last saw on the service's host
+(agent/orchestrate/backup_names.py: written by `backups`, `rollback` and `apply`; completion never connects).
 
 Set-up, once per shell (docs/commands.md): `eval "$(register-python-argcomplete deployctl)"` (bash, zsh),
 `register-python-argcomplete --shell fish deployctl > ~/.config/fish/completions/deployctl.fish` (fish).
@@ -32,9 +32,16 @@ def group_names(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[
     return sorted(g for g in groups if g.startswith(prefix))
 
 
-def nothing(**_: Any) -> list[str]:
-    """For a value only the host knows (a backup's name): no guess, and no file names either."""
-    return []
+def backup_names(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    """The backups deployctl last saw on the service's host, newest first; nothing when it saw none. A
+    completer that fails offers nothing: the shell would print its traceback into the command line."""
+    try:
+        from agent.orchestrate.backup_names import remembered
+
+        service = getattr(parsed_args, "host", None)
+        return [n for n in remembered(service) if n.startswith(prefix)] if isinstance(service, str) else []
+    except Exception:  # any failure at all: no completion rather than a broken prompt
+        return []
 
 
 def offer(

@@ -51,8 +51,9 @@ def check_canary(group: str, hosts: int, canary: int) -> None:
         )
 
 
-def set_flags(args: argparse.Namespace, members: Sequence[HostConfig]) -> dict[str, FlagInput]:
+def set_flags(args: argparse.Namespace, members: Sequence[HostConfig], out: Output) -> dict[str, FlagInput]:
     """--set for every host of the group, checked against each host's SGLang table before Ansible runs."""
+    from agent.orchestrate.asked import warn_flag_table
     from agent.render import check_with_sglang_table
 
     flags: dict[str, FlagInput] = dict(args.set_flags)
@@ -66,6 +67,8 @@ def set_flags(args: argparse.Namespace, members: Sequence[HostConfig]) -> dict[s
             flags[name] = given
     for host in members:
         check_with_sglang_table(host, flags)
+    for version in sorted({h.sglang.version for h in members}):
+        warn_flag_table(out.stderr, version, dict(args.set_flags))
     return flags
 
 
@@ -75,7 +78,7 @@ def apply(args: argparse.Namespace, out: Output) -> int:
     members = group_hosts(folder, args.group)
     hosts = [h.name for h in members]
     check_canary(args.group, len(hosts), args.canary)
-    flags = set_flags(args, members)
+    flags = set_flags(args, members, out)
     if not args.yes and not getattr(args, "dry_run", False):
         if not out.stdin_isatty:
             raise UsageError(

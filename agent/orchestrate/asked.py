@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TextIO
 
+from agent.sglang import flagrules
 from agent.sglang.flags import FlagInput
 
 NO_TERMINAL = "not on a terminal and --yes not given: refusing to restart without confirmation"
@@ -58,3 +60,10 @@ class Change:
     yes: bool = False
     flags: tuple[tuple[str, FlagInput], ...] = ()  # --set FLAG=VALUE beyond the three above
     allow_longer_context: bool = False  # --allow-longer-context: SGLang's own override, apart from --force
+
+
+def warn_flag_table(stderr: TextIO, version: str, flags: dict[str, FlagInput]) -> None:
+    """--set under a release whose own flag table deployctl does not ship: which table read it, one line."""
+    said = flagrules.table_warning(version, flags)
+    if said:
+        print(f"deployctl: warning: {said}", file=stderr)

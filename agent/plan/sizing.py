@@ -19,6 +19,7 @@ from agent.plan.overhead import is_amd
 from agent.sglang import kvpool, pools
 from agent.sglang.config_json import with_override
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
+from agent.sglang.model_registry import transformers_fallback
 from agent.sglang.pools import DsaBackends, Parallel
 
 EAGLE_STYLE = kvpool.EAGLE_STYLE
@@ -350,6 +351,7 @@ def sizing(inp: PlanInput) -> Sizing:
             layout = replace(layout, family="mha", kv_layers=tuple(range(layout.layers)), swa_layers=())
             notes.append("--disable-hybrid-swa-memory: every layer holds full-size KV (model_config.py)")
         layout = _multimodal(inp, layout, notes)
+        notes.extend(filter(None, [_backend(inp, layout)]))
         par = parallel(inp)
         if par.dcp > 1:
             raise Unsupported(
@@ -370,6 +372,14 @@ def sizing(inp: PlanInput) -> Sizing:
         f"page {sizer.page_size}); architecture from {inp.sources.get('architecture', 'config.json')}"
     )
     return Sizing(layout, dtype, par, sizer, tuple(notes))
+
+
+def _backend(inp: PlanInput, layout: KVLayout) -> str | None:
+    """SGLang's Transformers fallback for a model it has no class of (the inventory's figures name none)."""
+    impl = str(value_of(inp.flags, "model-impl") or "auto")
+    if origin(inp) == "the inventory":
+        return None
+    return transformers_fallback(inp.model.config, impl, inp.sglang_version, layout.family)
 
 
 def _label(inp: PlanInput, layout: KVLayout) -> str:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from agent.sglang.server_args import table_for
+from agent.sglang.kvpool import parse_version
+from agent.sglang.server_args import Value, table_for
 
 # The release whose table deployctl ships (agent/sglang/data/server_args-<version>.json) and checks --set by.
 TABLE_VERSION = "0.5.23"
@@ -94,3 +95,30 @@ def set_elsewhere(name: str) -> str | None:
     key = "model-path" if name == "model" else "dist-init-addr" if name == "nccl-init-addr" else name
     place = ELSEWHERE.get(key)
     return None if place is None else f"--{key} is set by the inventory's {place}, not as a flag"
+
+
+def _older(version: str) -> bool:
+    try:
+        return parse_version(version) < parse_version(TABLE_VERSION)
+    except ValueError:
+        return False
+
+
+def table_warning(version: str, flags: Mapping[str, Value]) -> str | None:
+    """For a release whose own table deployctl does not ship, the line that says the --set flags were read
+    by TABLE_VERSION's table instead (spellings, then what that table would refuse); None when the
+    release's own table checks them (server_args.problems) or nothing was set."""
+    if not flags or table_for(version) is not None:
+        return None
+    shipped = table_for(TABLE_VERSION)
+    assert shipped is not None
+    older = _older(version)  # a flag 0.5.23 removed was an earlier release's own
+    found = [
+        said
+        for name, value in flags.items()
+        if not (older and name in shipped.removed) and (said := shipped.problem(name, value))
+    ]
+    return (
+        f"--set flags are checked against SGLang {TABLE_VERSION}'s flag table, not {version}'s "
+        "(deployctl ships none for it)" + (f"; by {TABLE_VERSION}'s: " + "; ".join(found) if found else "")
+    )

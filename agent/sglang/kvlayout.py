@@ -38,6 +38,13 @@ class Unsupported(ValueError):
 # configs/model_config.py: swa_attention_layer_ids for architectures with a fixed pattern.
 _LLAMA4 = "Llama4ForConditionalGeneration"
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+# transformers' configuration_utils.py (5.19, the release SGLang 0.5.23 pins) reads a string torch_dtype /
+# dtype as getattr(torch, name): another word, a number or a list stops SGLang's start. The floating dtypes
+# torch has (SGLang's configs/model_config.py _get_and_verify_dtype sizes the names it does not map as
+# float32 under --dtype auto: 2 bytes).
+TORCH_DTYPES = frozenset(
+    {*_DTYPE_BYTES, "float64", "double", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"}
+)
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,16 @@ def context_length(cfg: ModelConfig) -> int:
 
 
 def _dtype_bytes(config: ModelConfig, text: ModelConfig) -> int:
+    for cfg in (config, text):
+        for key in ("torch_dtype", "dtype"):
+            value = cfg.value(key)
+            if value is not None and not (
+                isinstance(value, str) and value.removeprefix("torch.") in TORCH_DTYPES
+            ):
+                raise ValueError(
+                    f"{cfg.where}: {cfg.prefix}{key} = {value!r} is not a torch dtype "
+                    "(bfloat16, float16, float32, ...)"
+                )
     name = text.first("torch_dtype", "dtype") or config.first("torch_dtype", "dtype") or "bfloat16"
     return _DTYPE_BYTES.get(str(name).removeprefix("torch."), 2)
 

@@ -35,9 +35,10 @@ def complete(line: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def at_the_root(monkeypatch: pytest.MonkeyPatch) -> None:
+def at_the_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(ROOT)  # ./units: the shipped inventory
     monkeypatch.delenv("DEPLOYCTL_UNITS", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # what deployctl saw: none yet
 
 
 def test_subcommands(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,6 +66,67 @@ def test_backup_names_are_not_guessed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert complete("deployctl rollback ct200 --to ", monkeypatch) == []
 
 
+OLD, NEW = "sglang.service.bak.20261201T100000Z", "sglang.service.bak.20261203T093000Z"
+
+
+class _Client:
+    def __init__(self, rows: list[dict[str, object]]) -> None:
+        self.rows = rows
+
+    def call(self, request: object) -> dict[str, object]:
+        return {"backups": self.rows}
+
+
+def seen_on(host_name: str, *names: str) -> None:
+    """`deployctl backups HOST` (and rollback, which lists them first) as run against a host with these."""
+    from agent import deploy
+    from agent.inventory import load_service, units_dir
+    from agent.orchestrate.session import Session
+
+    host = load_service(host_name, units_dir(str(ROOT / "units")))
+    rows: list[dict[str, object]] = [{"name": n, "changes": []} for n in names]
+    deploy.backup_listing(Session(host, _Client(rows)))  # type: ignore[arg-type]
+
+
+def test_backup_names_deployctl_last_saw_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen_on("ct200", OLD, NEW)
+    assert complete("deployctl rollback ct200 --to ", monkeypatch) == [NEW, OLD]  # newest first
+    assert complete("deployctl rollback ct200 --to sglang.service.bak.20261203", monkeypatch) == [NEW]
+    assert complete("deployctl rollback ct200-sim --to ", monkeypatch) == []  # another host's
+
+
+def test_a_listing_replaces_what_was_seen_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen_on("ct200", OLD, NEW)
+    seen_on("ct200", NEW)  # retention removed the old one
+    assert complete("deployctl rollback ct200 --to ", monkeypatch) == [NEW]
+
+
+def test_a_backup_an_apply_made_is_completed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.orchestrate import backup_names
+
+    backup_names.remember("ct200", [OLD], every=True)
+    backup_names.remember("ct200", [NEW])
+    assert complete("deployctl rollback ct200 --to ", monkeypatch) == [NEW, OLD]
+
+
+@pytest.mark.parametrize("state", ["a file, not a folder", "garbage", "unreadable"])
+def test_a_completer_that_fails_offers_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, state: str
+) -> None:
+    where = tmp_path / "broken"
+    if state == "a file, not a folder":
+        where.write_text("x", encoding="utf-8")
+    else:
+        (where / "deployctl" / "backups").mkdir(parents=True)
+        names = where / "deployctl" / "backups" / "ct200"
+        names.write_bytes(b"\xff\xfe\x00junk\n../../etc/passwd\n" if state == "garbage" else b"")
+        if state == "unreadable":
+            names.unlink()
+            names.mkdir()  # reading a folder as the file fails
+    monkeypatch.setenv("XDG_STATE_HOME", str(where))
+    assert complete("deployctl rollback ct200 --to ", monkeypatch) == []
+
+
 def test_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "all" in complete("deployctl fleet apply ", monkeypatch)
 
@@ -86,3 +148,24 @@ def test_real_bash_completes_through_the_registered_function(tmp_path: Path) -> 
         ["bash", "-c", script], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
     )
     assert done.stdout.split() == ["plan"], done.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_real_bash_completes_backup_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bash itself completes `deployctl rollback ct200 --to sglang` from what deployctl last saw."""
+    bindir = Path(sys.executable).parent
+    if not (bindir / "deployctl").exists() or not (bindir / "register-python-argcomplete").exists():
+        pytest.skip("deployctl is not installed in this environment")
+    seen_on("ct200", OLD, NEW)
+    line = "deployctl rollback ct200 --to sglang"
+    script = (
+        'eval "$(register-python-argcomplete deployctl)"\n'
+        f"COMP_WORDS=({line}); COMP_CWORD=4; COMP_LINE='{line}'; COMP_POINT=${{#COMP_LINE}}\n"
+        "_python_argcomplete deployctl sglang --to\n"
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
+    )
+    assert done.stdout.split() == [NEW, OLD], done.stderr

@@ -13,6 +13,7 @@ from agent.cli.options import (
     connection_of,
     refuse_unconfirmed,
 )
+from agent.orchestrate.asked import warn_flag_table
 from agent.output import Output
 
 
@@ -53,5 +54,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         from agent.inventory import load_service, units_dir
         from agent.render import check_with_sglang_table
 
-        check_with_sglang_table(load_service(args.host, units_dir(args.units)), dict(change.flags))
+        host = load_service(args.host, units_dir(args.units))
+        check_with_sglang_table(host, dict(change.flags))
+        warn_flag_table(out.stderr, host.sglang.version, dict(change.flags))
     return deploy.apply(connection_of(args), change, out)

@@ -14,7 +14,7 @@ from agent.errors import UsageError
 from agent.exitcodes import ExitCode
 from agent.group.nodes import node_host
 from agent.inventory import load_service, units_dir
-from agent.orchestrate.asked import Change
+from agent.orchestrate.asked import Change, warn_flag_table
 from agent.output import Output, Style
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     change = change_of(args)
     host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
     check_with_sglang_table(host, dict(change.flags))
+    version = host.sglang.version
     host = with_set_flags(host, change, {})[0]
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
     history: Sequence[StartFigures]  # the starts that calibrate the plan
@@ -93,9 +94,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if not args.from_log and not args.offline:
         from_host, history, running, facts = _from_host(args, host, change, asked)
         if from_host is not None:
+            warn_flag_table(out.stderr, version, dict(change.flags))  # planned: no error follows it
             return _printed(out, args, host.name, from_host, running, _restart(host, facts, from_host))
     plan = plan_for_host(host, asked, history or None, running)
     restart = _restart(host, facts, plan) if facts is not None else None
+    warn_flag_table(out.stderr, version, dict(change.flags))
     return _printed(out, args, host.name, replace(plan, notes=(*set_aside, *plan.notes)), running, restart)
 
 
@@ -180,6 +183,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     )
     inp = replace(inp, starts=(*inp.starts, *starts))
     plan = plan_from_facts(inp, _asked(change))
+    warn_flag_table(out.stderr, inp.sglang_version, dict(change.flags))
     return _printed(out, args, inp.name, replace(plan, notes=(*set_aside, *plan.notes)), inp.flags)
 
 

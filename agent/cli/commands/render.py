@@ -9,6 +9,7 @@ from agent.cli.options import OPTION_FLAGS, add_set_arg, add_target_args
 from agent.errors import UsageError
 from agent.group.nodes import node_host
 from agent.inventory import HostConfig, load_service, units_dir
+from agent.orchestrate.asked import warn_flag_table
 from agent.output import Output
 from agent.sglang.flags import FlagInput, diff_flags, flag_table, parse_unit_flags
 
@@ -86,6 +87,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
     flags = requested_flags(args)
     text = render_checked(host, flags)
+    warn_flag_table(out.stderr, host.sglang.version, dict(args.set_flags))
     for warning in version_flags.deprecated(host.sglang.version, {**host.sglang.flags, **flags}):
         print(f"deployctl: warning: {warning}", file=out.stderr)
     said = pool_note(host, flags)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli.completion import nothing
+from agent.cli.completion import backup_names
 from agent.cli.options import (
     add_connection_args,
     add_host_arg,
@@ -23,7 +23,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="the backup to restore, as `deployctl backups HOST` lists it "
         "(default: the newest backup that differs from the installed unit)",
     )
-    to.completer = nothing  # type: ignore[attr-defined]  # backup names live on the host
+    to.completer = backup_names  # type: ignore[attr-defined]  # those deployctl last saw on the host
     add_yes_arg(p)
     add_connection_args(p)
     p.epilog = "example: deployctl rollback ct200 --yes"

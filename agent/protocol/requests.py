@@ -173,7 +173,6 @@ class Request:
             _check(not SURROGATE.search(self.unit_text), "unit text is not valid UTF-8 (a lone surrogate)")
             _check("ExecStart=" in self.unit_text, "unit text has no ExecStart=")
         if self.daemon_text is not None:
-            _check(self.verb in ("apply", "compare"), "only apply sends a daemon unit")
             _check(
                 not find_control(self.daemon_text, "\t\n"), "daemon unit text contains a control character"
             )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -53,6 +53,15 @@ class Step(str, Enum):
 class Decision:
     step: Step
     why: str
+
+
+@dataclass(frozen=True)
+class Kept:
+    """weight-cache.json: the daemon this engine is tied to, and the unit text its start came from."""
+
+    daemon: str | None = None
+    invocation: str = ""  # the daemon's InvocationID when deployctl (re)started it
+    text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -269,22 +278,25 @@ class DaemonUnit:
     def _path(self) -> Path:
         return self.state.unit_dir(self.engine) / "weight-cache.json"
 
-    def _load(self) -> dict[str, str]:
+    def _load(self) -> Kept:
         try:
             raw = json.loads(self._path().read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return {}
-        return {k: v for k, v in raw.items() if isinstance(v, str)} if isinstance(raw, dict) else {}
+            return Kept()
+        if not isinstance(raw, dict):
+            return Kept()
+        said = {k: v for k, v in raw.items() if isinstance(v, str)}
+        return Kept(said.get("daemon"), said.get("invocation", ""), said.get("text"))
 
     def _remembered(self) -> str | None:
-        return self._load().get("daemon")
+        return self._load().daemon
 
     def _remember(self, name: str) -> None:
         if self._remembered() != name:
-            write_json_atomic(self._path(), {"daemon": name})
+            write_json_atomic(self._path(), asdict(Kept(name)))
 
     def _save(self, name: str, invocation: str, text: str) -> None:
-        write_json_atomic(self._path(), {"daemon": name, "invocation": invocation, "text": text})
+        write_json_atomic(self._path(), asdict(Kept(name, invocation, text)))
 
     def _forget(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -292,8 +304,7 @@ class DaemonUnit:
 
     def _started(self, state: UnitState) -> str | None:
         kept = self._load()
-        same = bool(state.invocation_id) and kept.get("invocation") == state.invocation_id
-        return kept.get("text") if same else None
+        return kept.text if state.invocation_id and kept.invocation == state.invocation_id else None
 
     def _older(self, name: str, state: UnitState) -> bool:
         try:

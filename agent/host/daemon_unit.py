@@ -265,14 +265,21 @@ class DaemonUnit:
         return self.systemd.start(self.engine, timeout)
 
     def _ready(self, name: str, folder: str | None) -> bool:
-        """Its ready files (one per GPU, each naming a live PID), or it stopped trying."""
+        """Its ready files (one per GPU, each naming a live PID), or it stopped trying: failed, or failed
+        and waiting for systemd's Restart= (sub-state auto-restart)."""
+
+        def up() -> bool:
+            state = self.systemd.unit_state(name)
+            return state.active_state in _ACTIVE and state.sub_state != "auto-restart"
 
         def done() -> bool:
-            seen = look(str(self.files.dir), name, self.systemd.unit_state(name).active_state, folder)
-            return seen.active_state not in _ACTIVE or (bool(seen.ready) and all(r.alive for r in seen.ready))
+            if not up():
+                return True
+            seen = look(str(self.files.dir), name, "active", folder)
+            return bool(seen.ready) and all(r.alive for r in seen.ready)
 
         wait_until(done, self.ready_s)
-        return self.systemd.unit_state(name).active_state in _ACTIVE
+        return up()
 
     # -- what the daemon was started from ------------------------------------------------------------
     def _path(self) -> Path:

@@ -114,13 +114,15 @@ class Units:
     """systemd for several units: each its state, invocation, and the calls in order."""
 
     active: dict[str, str] = field(default_factory=dict)
+    failing: set[str] = field(default_factory=set)  # units whose start fails and waits for Restart=
     invocation: dict[str, str] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     n: int = 0
 
     def unit_state(self, unit: str) -> UnitState:
         state = self.active.get(unit, "inactive")
-        return UnitState(unit, "loaded", state, "running", self.invocation.get(unit, ""), False, 0, 0, 0, "",
+        sub = "auto-restart" if unit in self.failing else "running"
+        return UnitState(unit, "loaded", state, sub, self.invocation.get(unit, ""), False, 0, 0, 0, "",
                          10**18)  # fmt: skip
 
     def _up(self, unit: str) -> JobResult:
@@ -238,3 +240,13 @@ def test_a_daemon_backup_whose_engine_backup_was_pruned_goes_too(rig: Rig) -> No
     (rig.etc / orphan).write_text(daemon_text())
     rig.hook.write(None, engine_text(rig.ready), None, daemon_text(), None)
     assert not (rig.etc / orphan).exists()
+
+
+def test_a_daemon_that_fails_to_start_is_not_waited_for_and_said(rig: Rig) -> None:
+    rig.running(engine_text(rig.ready), daemon_text(), os.getpid())
+    (rig.etc / DAEMON).write_text(daemon_text(dtype="float16"))
+    (rig.ready / "GPU-0.ready").unlink()  # the restarted daemon never gets ready: it exits, systemd waits
+    rig.units.failing.add(DAEMON)
+    rig.hook.ready_s = 3600.0  # a wait to the bound would hang the test
+    assert rig.restart() == [f"stop {ENGINE}", f"restart {DAEMON}", f"start {ENGINE}"]
+    assert "did not come up" in (rig.root / "events.jsonl").read_text()

@@ -188,8 +188,11 @@ class DaemonUnit:
             return
         self._prune(name)
         installed = self.files.read(name)
-        if backup is not None and installed is not None:
-            self.files.write(paired(self.engine, backup, name), installed, mode=0o600)
+        pair = paired(self.engine, backup, name) if backup is not None else None
+        if (
+            pair is not None and installed is not None and self.files.read(pair) is None
+        ):  # an older one's: kept
+            self.files.write(pair, installed, mode=0o600)
         if wanted is None:
             pair = self.files.read(paired(self.engine, restored, name)) if restored is not None else None
             change, wanted = restore_text(new_engine, pair, installed)

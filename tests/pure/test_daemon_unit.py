@@ -250,3 +250,15 @@ def test_a_daemon_that_fails_to_start_is_not_waited_for_and_said(rig: Rig) -> No
     rig.hook.ready_s = 3600.0  # a wait to the bound would hang the test
     assert rig.restart() == [f"stop {ENGINE}", f"restart {DAEMON}", f"start {ENGINE}"]
     assert "did not come up" in (rig.root / "events.jsonl").read_text()
+
+
+def test_a_change_that_goes_back_to_an_older_backup_keeps_that_backups_daemon_copy(rig: Rig) -> None:
+    """Installed but not running as written: the transaction names the last other backup instead of taking
+    one; its daemon copy is that time's and stays so."""
+    old = engine_text(rig.ready, fraction="0.8")
+    rig.running(engine_text(rig.ready), daemon_text(dtype="float16"), os.getpid())
+    backup = f"{ENGINE}.bak.20261205T120000Z"
+    (rig.etc / backup).write_text(old)
+    (rig.etc / paired(ENGINE, backup, DAEMON)).write_text(daemon_text())
+    rig.hook.write(engine_text(rig.ready), engine_text(rig.ready), backup, daemon_text(dtype="float16"), None)
+    assert (rig.etc / paired(ENGINE, backup, DAEMON)).read_text() == daemon_text()

@@ -609,6 +609,7 @@ class Transaction:
             else:
                 self.files.restore(self.unit, backup)
             self.secrets.restore(backup)
+            self.daemon.restore(backup)  # [weight_cache]: the daemon's unit as it was
             self.systemd.daemon_reload()
         self.state.clear_record(self.unit)
         return Result(Outcome.ERROR, f"{why}; {self.unit} put back as it was and nothing restarted")

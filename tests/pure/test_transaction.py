@@ -224,3 +224,18 @@ def test_a_daemon_unit_that_cannot_serve_the_engine_is_refused_before_any_change
     assert result.outcome is Outcome.ERROR and "model-path" in result.message, result.message
     assert host.systemd.restarts == 0 and (host.etc / UNIT).read_text() == unit_text(OLD)
     assert not (host.etc / "sglang-weight-cache.service").exists()
+
+
+def test_a_change_refused_after_the_reload_puts_the_daemons_unit_back_too(host: Host) -> None:
+    """systemd loads something else than what was written (a drop-in's ExecStart=): the engine's unit and
+    the daemon's go back as they were, nothing restarted."""
+    daemon = host.etc / "sglang-weight-cache.service"
+    host.install(host.etc, _client(OLD))
+    daemon.write_text(_daemon("/m"))
+    sent = _daemon("/m").replace("Description=cache", "Description=cache, new")
+    t = host.transaction(host.request(NEW, unit_text=_client(NEW), daemon_text=sent))
+    t._loaded_elsewhere = lambda: "the drop-in x.conf sets ExecStart= for sglang.service"  # type: ignore[method-assign]
+    result = t.apply()
+    assert result.outcome is Outcome.ERROR and "nothing restarted" in result.message, result.message
+    assert daemon.read_text() == _daemon("/m") and (host.etc / UNIT).read_text() == _client(OLD)
+    assert host.systemd.restarts == 0

@@ -152,6 +152,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,
+        daemon_text=daemon_text(host, new_text),
     )
     return Prepared(plan, old_text, new_text, req, restart)
 
@@ -181,8 +182,7 @@ def restart_for(
         "restarts only the engine: the weight-cache daemon keeps its fingerprint and its weights"
         if klass is RestartClass.ENGINE
         else f"restarts the weight-cache daemon and the engine: {', '.join(changed)} changed its fingerprint "
-        "(deployctl does not restart the daemon itself yet: install and restart the daemon's unit it prints; "
-        "until then the host refuses the change before any restart)"
+        "(the daemon reloads the weights from disk, then the engine maps them)"
     )
     return replace(estimate, notes=(said, *estimate.notes))
 
@@ -199,11 +199,18 @@ def weight_cache_class(host: HostConfig, facts: HostFacts, new_text: str) -> tup
     return restart_class(old, new, host.weight_cache.enabled)
 
 
+def daemon_text(host: HostConfig, new_text: str) -> str | None:
+    """[weight_cache]: the daemon's unit, sent with the engine's: the host backs it up, writes it."""
+    if not host.weight_cache.enabled:
+        return None
+    return weight_cache_unit.render_daemon_unit(host, parse_unit_flags(new_text), gpu_environment(host))
+
+
 def _daemon_unit_note(host: HostConfig, new_text: str) -> str:
     """[weight_cache]: the daemon's unit the engine is bound to, rendered for the host's operator."""
     name = weight_cache_unit.daemon_unit_name(host.unit.name)
-    text = weight_cache_unit.render_daemon_unit(host, parse_unit_flags(new_text), gpu_environment(host))
-    return f"== {name}: the engine restarts only onto this daemon, running and ready\n{text}"
+    text = daemon_text(host, new_text)
+    return f"== {name}: installed with the engine's unit, restarted only when it changes\n{text}"
 
 
 def weight_cache_facts(facts: HostFacts) -> tuple[tuple[str, bool], str]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.host import drain, loadcheck, serverinfo
 from agent.host.adopt import kept_secret_env
+from agent.host.daemon_unit import DaemonUnit
 from agent.host.decide import Action, Failure, Gate, fail
 from agent.host.events import EventLog, utc_now
 from agent.host.groupmachine import Do, Phase, Saw, files_of, node_step
@@ -140,6 +141,7 @@ class Transaction:
         self.hold_old = False  # a group node's recovery: the old unit starts only on its group's go-back
         self.in_doubt: str | None = None  # a group's node that stopped and got no word: why it stays stopped
         self.events: list[Event] = []  # this run's events: the downtime is read off them
+        self.daemon = DaemonUnit(self.files, self.state, req.unit, systemd, log, req.timeouts.weights_s)
         log.listeners.append(self.events.append)
 
     # -- the verbs ------------------------------------------------------------------------------
@@ -154,9 +156,7 @@ class Transaction:
         refused = self._check_with_sglang(self.req.unit_text)
         if refused is not None:
             return refused
-        from agent.host.weight_cache import check as weight_cache_check
-
-        daemon = weight_cache_check(self.systemd, self.req.unit_dir, self.req.unit_text)
+        daemon = self.daemon.refusal(self.req.unit_text, self.req.daemon_text)
         if daemon is not None:  # a dead daemon, or one holding another fingerprint: before any restart
             self.log.emit(Stage.COMPARE, "warning", daemon)
             return Result(Outcome.ERROR, daemon + "; nothing changed")
@@ -497,8 +497,7 @@ class Transaction:
             if wrote:
                 touched = live
                 self.secrets.write(secrets)  # first: the unit that names them never runs without them
-                if current != new:
-                    self.files.write(self.unit, new)
+            self._write_units(current, new, backup_name, restored_from)
         except OSError as exc:
             return self._undo_write(exc, current, touched)
         self.files.prune(self.unit, self.req.keep_backups, protect=(backup_name, restored_from))
@@ -512,6 +511,12 @@ class Transaction:
         self._prewarm(new)
         self._record(PHASE_RESTARTED, backup_name, new, wrote)
         return self._start_and_decide(new, gate, smoke, backup_name, restored_from)
+
+    def _write_units(self, current: str | None, new: str, backup: str | None, restored: str | None) -> None:
+        """The unit, atomically; with [weight_cache], its daemon's unit beside it (host/daemon_unit.py)."""
+        if current != new:
+            self.files.write(self.unit, new)
+        self.daemon.write(current, new, backup, self.req.daemon_text, restored)
 
     def _backup(self) -> str:
         """The unit and its secrets copied under one backup name.
@@ -604,6 +609,7 @@ class Transaction:
             else:
                 self.files.restore(self.unit, backup)
             self.secrets.restore(backup)
+            self.daemon.restore(backup)  # [weight_cache]: the daemon's unit as it was
             self.systemd.daemon_reload()
         self.state.clear_record(self.unit)
         return Result(Outcome.ERROR, f"{why}; {self.unit} put back as it was and nothing restarted")
@@ -757,7 +763,8 @@ class Transaction:
             self.stopping_at = utc_now()  # the old server stops answering from here: the downtime begins
             if barrier is not None:
                 return self._stop_then_start(barrier, timeout + RESTART_JOB_TIMEOUT_S)
-            job: JobResult = self.systemd.restart(self.unit, timeout + RESTART_JOB_TIMEOUT_S)
+            t = timeout + RESTART_JOB_TIMEOUT_S  # [weight_cache]: the daemon's (re)start or stop comes first
+            job: JobResult = self.daemon.restart_engine(lambda: self.systemd.restart(self.unit, t), t)
             return job
 
         def old_log() -> list[str]:  # the old server's last words: SGLang's own drain lines
@@ -977,6 +984,7 @@ class Transaction:
         if untouched and not record.wrote and record.backup is not None:
             return True, ""  # nothing was written and nothing restarted: nothing to undo
         try:
+            self.daemon.restore(record.backup)  # [weight_cache]: the daemon's unit of the backup's time
             if record.backup is None:
                 self.files.remove(self.unit)
             elif self.files.read(self.unit) != self.files.read(record.backup):

@@ -87,6 +87,7 @@ class Request:
     unit_dir: str = "/etc/systemd/system"
     state_dir: str = "/var/lib/deployctl"
     unit_text: str | None = None  # apply: the rendered unit
+    daemon_text: str | None = None  # apply, [weight_cache]: the weight-cache daemon's unit, written beside it
     target_context: int | None = None  # apply: the pool must hold at least this many tokens
     planned_pool: int | None = None  # apply: what the plan predicted
     pool_calibrated: bool = False  # apply: planned_pool was calibrated on this host's own starts
@@ -171,6 +172,12 @@ class Request:
             _check(not find_control(self.unit_text, "\t\n"), "unit text contains a control character")
             _check(not SURROGATE.search(self.unit_text), "unit text is not valid UTF-8 (a lone surrogate)")
             _check("ExecStart=" in self.unit_text, "unit text has no ExecStart=")
+        if self.daemon_text is not None:
+            _check(
+                not find_control(self.daemon_text, "\t\n"), "daemon unit text contains a control character"
+            )
+            _check(not SURROGATE.search(self.daemon_text), "daemon unit text is not valid UTF-8")
+            _check("ExecStart=" in self.daemon_text, "daemon unit text has no ExecStart=")
         if self.backup is not None:
             m = BACKUP_NAME.fullmatch(self.backup)
             _check(m is not None and m["unit"] == self.unit, f"bad backup name {self.backup!r}")
@@ -200,7 +207,7 @@ class Request:
         """JSON may put any type anywhere: refuse what the range checks could not even compare."""
         for name in ("verb", "unit", "unit_dir", "state_dir", "http_host"):
             _check(isinstance(getattr(self, name), str), f"{name} must be text")
-        for name in ("unit_text", "backup", "expect_sha256", "txn"):
+        for name in ("unit_text", "daemon_text", "backup", "expect_sha256", "txn"):
             value = getattr(self, name)
             _check(value is None or isinstance(value, str), f"{name} must be text")
         for name in ("port", "keep_backups", "version", "target_context", "planned_pool"):

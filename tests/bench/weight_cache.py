@@ -5,7 +5,7 @@ alone).
 The seed's public phase timings (Qwen3-235B FP8 on 4 x H20, LMSYS blog: weights 306 s, CUDA graphs 34.9 s,
 DeepGEMM warm-up 23.1 s, init 17.3 s) are scaled down 100 x into the simulator's knobs. Each start runs from
 the process launch to SGLang's "fired up" line; the modes alternate; medians are compared. This is the
-server's own start, not deployctl's downtime: deployctl does not restart the daemon itself yet.
+server's own start, not deployctl's downtime (apply with the daemon is not timed here).
 """
 
 from __future__ import annotations

@@ -20,6 +20,16 @@ def test_request_round_trip() -> None:
     assert Request.from_json(req.to_json()) == req
 
 
+def test_a_recovery_of_a_change_that_sent_a_daemon_unit_is_a_valid_request() -> None:
+    """The follower of a killed runner recovers with the apply's own request as verb "recover"."""
+    import dataclasses
+
+    sent = dataclasses.replace(GOOD, daemon_text="[Service]\nExecStart=/bin/true\n")
+    for verb in ("apply", "recover"):
+        req = dataclasses.replace(sent, verb=verb, txn=None)
+        assert Request.from_json(req.to_json()) == req
+
+
 def test_event_round_trip_and_outcome() -> None:
     e = Event(
         "20261202T120000Z-abcdef",
@@ -57,6 +67,9 @@ def test_event_round_trip_and_outcome() -> None:
         {"expect_sha256": "not-a-hash"},
         {"smoke": {"prompt_tokens": 0}},
         {"bogus": 1},
+        {"daemon_text": "[Service]\nType=simple\n"},
+        {"daemon_text": "[Service]\nExecStart=/bin/true\x00\n"},
+        {"daemon_text": 5},
     ],
 )
 def test_the_agent_refuses_bad_requests(change: dict[str, object]) -> None:

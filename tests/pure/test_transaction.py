@@ -188,3 +188,54 @@ def test_an_engine_in_client_mode_onto_a_daemon_with_another_fingerprint_is_refu
         and "nothing changed" in result.message
     )
     assert host.systemd.restarts == 0 and (host.etc / UNIT).read_text() == unit_text(OLD)
+
+
+def _daemon(model: str) -> str:
+    argv = f"/opt/sglang/bin/python -m sglang.srt.weight_cache.daemon --model-path {model}"
+    return f"[Unit]\nDescription=cache\n\n[Service]\nExecStart={argv}\n"
+
+
+def test_a_change_writes_the_daemons_unit_beside_the_engines_and_its_rollback_puts_it_back(
+    host: Host,
+) -> None:
+    """[weight_cache]: the daemon's unit travels with the engine's: written, backed up under the engine
+    backup's stamp, and put back by the rollback of a change whose start failed."""
+    daemon = host.etc / "sglang-weight-cache.service"
+    host.install(host.etc, _client(OLD))
+    daemon.write_text(_daemon("/m"))
+    failing = _client(300_000)  # crashes: rolled back
+    sent = _daemon("/m").replace("Description=cache", "Description=cache, new")  # the same fingerprint
+    result = host.transaction(host.request(300_000, unit_text=failing, daemon_text=sent)).apply()
+    assert result.outcome is Outcome.ROLLED_BACK, result.message
+    assert daemon.read_text() == _daemon("/m")  # put back with the engine's unit
+    backups = sorted(p.name for p in host.etc.glob("sglang-weight-cache.service.bak.*"))
+    engine_backups = sorted(p.name for p in host.etc.glob(f"{UNIT}.bak.*"))
+    assert [b.replace("sglang-weight-cache", "sglang") for b in backups] == engine_backups[:1]
+    result = host.transaction(host.request(NEW, unit_text=_client(NEW), daemon_text=_daemon("/m"))).apply()
+    assert result.outcome is Outcome.APPLIED, result.message
+    assert daemon.read_text() == _daemon("/m")
+
+
+def test_a_daemon_unit_that_cannot_serve_the_engine_is_refused_before_any_change(host: Host) -> None:
+    host.install(host.etc, unit_text(OLD))
+    result = host.transaction(
+        host.request(NEW, unit_text=_client(NEW), daemon_text=_daemon("/other"))
+    ).apply()
+    assert result.outcome is Outcome.ERROR and "model-path" in result.message, result.message
+    assert host.systemd.restarts == 0 and (host.etc / UNIT).read_text() == unit_text(OLD)
+    assert not (host.etc / "sglang-weight-cache.service").exists()
+
+
+def test_a_change_refused_after_the_reload_puts_the_daemons_unit_back_too(host: Host) -> None:
+    """systemd loads something else than what was written (a drop-in's ExecStart=): the engine's unit and
+    the daemon's go back as they were, nothing restarted."""
+    daemon = host.etc / "sglang-weight-cache.service"
+    host.install(host.etc, _client(OLD))
+    daemon.write_text(_daemon("/m"))
+    sent = _daemon("/m").replace("Description=cache", "Description=cache, new")
+    t = host.transaction(host.request(NEW, unit_text=_client(NEW), daemon_text=sent))
+    t._loaded_elsewhere = lambda: "the drop-in x.conf sets ExecStart= for sglang.service"  # type: ignore[method-assign]
+    result = t.apply()
+    assert result.outcome is Outcome.ERROR and "nothing restarted" in result.message, result.message
+    assert daemon.read_text() == _daemon("/m") and (host.etc / UNIT).read_text() == _client(OLD)
+    assert host.systemd.restarts == 0

@@ -228,3 +228,17 @@ def test_the_daemon_runs_under_the_engines_interpreter(executable: list[str], py
     from agent.plan.weight_cache_unit import python_of
 
     assert python_of(executable) == python
+
+
+def test_apply_sends_the_daemons_unit_and_the_host_finds_the_pair_compatible() -> None:
+    """[weight_cache]: the laptop sends the daemon's unit with the engine's (agent/apply.py); the host's
+    check of the pair (agent/host/daemon_unit.py) accepts what the laptop renders, for any re-size."""
+    from agent.apply import daemon_text
+    from agent.host.daemon_unit import mismatch
+
+    for fraction in (0.8, 0.9, 0.95):
+        engine = render_unit(sim_host(), {"mem-fraction-static": fraction}, template_dir())
+        sent = daemon_text(sim_host(), engine)
+        assert sent is not None and "-m sglang.srt.weight_cache.daemon" in sent
+        assert mismatch(engine, sent) is None
+    assert daemon_text(sim_host(False), render_unit(sim_host(False), {}, template_dir())) is None

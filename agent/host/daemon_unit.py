@@ -1,0 +1,323 @@
+"""The weight-cache daemon's unit inside a change of its engine ([weight_cache], client mode).
+
+The laptop sends the daemon's unit beside the engine's (Request.daemon_text). The transaction backs it up
+under the engine backup's own stamp (`<daemon>.bak.<stamp>`, so a rollback to an engine backup finds the
+daemon unit of that time), writes it atomically beside the engine's, and at the restart decides, from
+what the daemon runs (`decide`, pure):
+- KEEP: it runs the unit it is asked for and is not dead: only the engine restarts, and maps its weights;
+- START: it is not running: started before the engine;
+- RESTART: its unit changed (a fingerprint change: model, TP layout, quantization, dtype, revision,
+  SGLang version; srt/weight_cache/protocol.py CacheConfig), or its ready file names a dead PID: the
+  engine is stopped, the daemon restarted (it reloads from disk), then the engine started;
+- STOP: the engine is no longer its client (weight cache turned off, or a rollback to a unit from before
+  it): the daemon, which holds GPU memory the engine's pool counts on, stops before the engine restarts.
+Which unit text the running daemon was started from is kept in the state folder (weight-cache.json, with
+its invocation); for a daemon deployctl did not start, its start time against its file's mtime says.
+A rollback or a recovery puts the daemon's unit back with the engine's (`restore_text`, pure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from agent.host.events import EventLog
+from agent.host.poll import wait_until
+from agent.host.state import StateDir, write_json_atomic
+from agent.host.units import UnitFiles
+from agent.host.weight_cache import DaemonSeen, check, daemon_unit, look, ready_dir
+from agent.protocol.events import Stage
+from agent.sglang import weight_cache as wc
+from agent.sglang.flags import FlagsError, parse_unit_flags
+
+if TYPE_CHECKING:
+    from agent.host.systemd import JobResult, UnitState
+
+_ACTIVE = ("active", "reloading", "activating")
+
+
+class Step(str, Enum):
+    NONE = "none"  # no daemon to look after
+    KEEP = "keep"  # only the engine restarts
+    START = "start"
+    RESTART = "restart"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: Step
+    why: str
+
+
+@dataclass(frozen=True)
+class Kept:
+    """weight-cache.json: the daemon this engine is tied to, and the unit text its start came from."""
+
+    daemon: str | None = None
+    invocation: str = ""  # the daemon's InvocationID when deployctl (re)started it
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class Running:
+    """The daemon as found before the engine's restart."""
+
+    seen: DaemonSeen
+    started_text: str | None  # the unit text its running start came from, when deployctl started it
+    older_than_file: bool  # its start began before its file last changed (for a start deployctl did not make)
+
+
+def decide(client: bool, running: Running) -> Decision:
+    """What the daemon needs before the engine restarts; client: the engine's new unit binds to it."""
+    seen = running.seen
+    active = seen.active_state in _ACTIVE
+    if not client:
+        if active:
+            return Decision(
+                Step.STOP, f"{seen.unit} serves no engine any more: stopped, its GPU memory freed"
+            )
+        return Decision(Step.NONE, "")
+    if seen.text is None:
+        return Decision(Step.NONE, f"{seen.unit} is not installed")
+    if not active:
+        return Decision(Step.START, f"{seen.unit} is {seen.active_state}: started before the engine")
+    dead = [r.path for r in seen.ready if not r.alive]
+    if dead:
+        return Decision(Step.RESTART, f"{seen.unit} is dead (its ready file {dead[0]} names no live PID): "
+                        "restarted before the engine")  # fmt: skip
+    if running.started_text is not None:
+        if running.started_text == seen.text:
+            return Decision(Step.KEEP, f"{seen.unit} keeps its fingerprint and its weights: only the engine "
+                            "restarts")  # fmt: skip
+        return Decision(
+            Step.RESTART,
+            f"{seen.unit} restarts, then the engine: {_changed(running.started_text, seen.text)}",
+        )
+    if running.older_than_file:
+        return Decision(Step.RESTART, f"{seen.unit} runs an older unit file: restarted, then the engine")
+    return Decision(Step.KEEP, f"{seen.unit} runs its unit as installed: only the engine restarts")
+
+
+def mismatch(engine_text: str, daemon_text: str) -> str | None:
+    """The engine's fingerprint flags against the daemon unit's: a unit pair that cannot share weights
+    (srt/weight_cache/protocol.py: a CacheConfig mismatch loads from disk) is refused before any change."""
+    try:
+        engine, daemon = parse_unit_flags(engine_text), parse_unit_flags(daemon_text)
+    except FlagsError as exc:
+        return f"the weight-cache daemon's unit cannot be read: {exc}"
+    differ = wc.fingerprint(daemon, "").differs(wc.fingerprint(engine, ""))
+    if differ:
+        return f"the weight-cache daemon's unit and the engine's differ in {', '.join(differ)}"
+    return None
+
+
+def paired(engine_unit: str, engine_backup: str, daemon: str) -> str:
+    """sglang.service.bak.<stamp> -> sglang-weight-cache.service.bak.<stamp>."""
+    return daemon + engine_backup[len(engine_unit) :]
+
+
+def restore_text(old_engine: str | None, pair: str | None, installed: str | None) -> tuple[bool, str | None]:
+    """What the daemon's file becomes when the engine goes back to old_engine: (change it, new text);
+    new text None removes it. The daemon unit of the backup's time when kept; none when the old engine
+    binds to no daemon; left as it is when the old engine binds to one but no copy of that time exists."""
+    if pair is not None:
+        return pair != installed, pair
+    if old_engine is None or daemon_unit(old_engine) is None:
+        return installed is not None, None
+    return False, installed
+
+
+def _changed(old: str, new: str) -> str:
+    try:
+        differ = wc.fingerprint(parse_unit_flags(old), "").differs(wc.fingerprint(parse_unit_flags(new), ""))
+    except FlagsError:
+        differ = []
+    return f"its fingerprint changed ({', '.join(differ)})" if differ else "its unit changed"
+
+
+class _Systemd(Protocol):
+    def unit_state(self, unit: str) -> UnitState: ...
+
+    def restart(self, unit: str, timeout: float) -> JobResult: ...
+
+    def stop(self, unit: str, timeout: float) -> JobResult: ...
+
+    def start(self, unit: str, timeout: float) -> JobResult: ...
+
+
+@dataclass
+class DaemonUnit:
+    """The hooks of a transaction on one engine unit (agent/host/transaction.py)."""
+
+    files: UnitFiles
+    state: StateDir
+    engine: str
+    systemd: _Systemd
+    log: EventLog
+    ready_s: float = 1800.0  # how long a (re)started daemon may take to load its weights
+
+    # -- before anything changes ----------------------------------------------------------------------
+    def refusal(self, engine_text: str, daemon_text: str | None) -> str | None:
+        """Why this change cannot go ahead: without a daemon unit sent, the installed daemon must serve the
+        engine as it is; with one, the two units must share a fingerprint."""
+        if daemon_text is None:
+            return check(self.systemd, str(self.files.dir), engine_text)
+        if daemon_unit(engine_text) is None:
+            return "a weight-cache daemon unit was sent for an engine that is not its client (no BindsTo=)"
+        return mismatch(engine_text, daemon_text)
+
+    # -- the write ------------------------------------------------------------------------------------
+    def write(
+        self,
+        old_engine: str | None,
+        new_engine: str,
+        backup: str | None,
+        wanted: str | None,
+        restored: str | None,
+    ) -> None:
+        """Back up the daemon's unit with the engine's backup, then write (or remove) it atomically.
+        wanted: the daemon unit sent (apply); restored: the engine backup a rollback installs (its copy)."""
+        name = daemon_unit(new_engine) or daemon_unit(old_engine or "") or self._remembered()
+        if name is None:
+            return
+        self._prune(name)
+        installed = self.files.read(name)
+        pair = paired(self.engine, backup, name) if backup is not None else None
+        if (
+            pair is not None and installed is not None and self.files.read(pair) is None
+        ):  # an older one's: kept
+            self.files.write(pair, installed, mode=0o600)
+        if wanted is None:
+            pair = self.files.read(paired(self.engine, restored, name)) if restored is not None else None
+            change, wanted = restore_text(new_engine, pair, installed)
+            if not change:
+                return
+        self._put(name, installed, wanted)
+
+    def _prune(self, name: str) -> None:
+        """A daemon backup whose engine backup was pruned goes too."""
+        engine = {b.name for b in self.files.backups(self.engine)}
+        for b in self.files.backups(name):
+            if self.engine + b.name[len(name) :] not in engine:
+                b.path.unlink(missing_ok=True)
+
+    def restore(self, backup: str | None) -> None:
+        """A rollback or a recovery: the daemon's unit of the engine backup's time back in place."""
+        current = self.files.read(self.engine) or ""
+        old = self.files.read(backup) if backup is not None else None
+        name = daemon_unit(current) or daemon_unit(old or "") or self._remembered()
+        if name is None:
+            return
+        installed = self.files.read(name)
+        pair = self.files.read(paired(self.engine, backup, name)) if backup is not None else None
+        change, text = restore_text(old, pair, installed)
+        if change:
+            self._put(name, installed, text)
+
+    def _put(self, name: str, installed: str | None, text: str | None) -> None:
+        self._remember(name)
+        if text is None:
+            self.files.remove(name)
+            self.log.emit(
+                Stage.WRITE, "step", f"removed {self.files.path(name)}: the engine is no client of it"
+            )
+        elif text != installed:
+            self.files.write(name, text)
+            self.log.emit(Stage.WRITE, "step", f"wrote {self.files.path(name)}")
+
+    # -- the restart ----------------------------------------------------------------------------------
+    def restart_engine(self, restart: Callable[[], JobResult], timeout: float) -> JobResult:
+        """The engine's restart, with what its daemon needs first (`decide`)."""
+        engine_text = self.files.read(self.engine) or ""
+        client = daemon_unit(engine_text)
+        name = client or self._remembered()
+        if name is None:
+            return restart()
+        state = self.systemd.unit_state(name)
+        folder = ready_dir(engine_text)
+        seen = look(str(self.files.dir), name, state.active_state, folder)
+        decision = decide(client is not None, Running(seen, self._started(state), self._older(name, state)))
+        if decision.step is Step.NONE:
+            return restart()
+        self.log.emit(Stage.RESTART, "step", decision.why, daemon=decision.step.value)
+        if decision.step is Step.STOP:
+            self.systemd.stop(name, timeout)
+            self._forget()
+            return restart()
+        if decision.step is Step.KEEP:
+            return restart()
+        return self._with_daemon(name, decision.step, timeout, seen.text or "", folder)
+
+    def _with_daemon(self, name: str, step: Step, timeout: float, text: str, folder: str | None) -> JobResult:
+        """Stop the engine, (re)start the daemon and wait for its ready files, then start the engine."""
+        self.systemd.stop(self.engine, timeout)
+        job = (
+            self.systemd.restart(name, timeout) if step is Step.RESTART else self.systemd.start(name, timeout)
+        )
+        after = self.systemd.unit_state(name)
+        self._save(name, after.invocation_id, text)
+        if not job.ok or not self._ready(name, folder):
+            said = f"{name} did not come up ({job.result}, {self.systemd.unit_state(name).active_state})"
+            self.log.emit(Stage.RESTART, "warning", said)
+        return self.systemd.start(self.engine, timeout)
+
+    def _ready(self, name: str, folder: str | None) -> bool:
+        """Its ready files (one per GPU, each naming a live PID), or it stopped trying: failed, or failed
+        and waiting for systemd's Restart= (sub-state auto-restart)."""
+
+        def up() -> bool:
+            state = self.systemd.unit_state(name)
+            return state.active_state in _ACTIVE and state.sub_state != "auto-restart"
+
+        def done() -> bool:
+            if not up():
+                return True
+            seen = look(str(self.files.dir), name, "active", folder)
+            return bool(seen.ready) and all(r.alive for r in seen.ready)
+
+        wait_until(done, self.ready_s)
+        return up()
+
+    # -- what the daemon was started from ------------------------------------------------------------
+    def _path(self) -> Path:
+        return self.state.unit_dir(self.engine) / "weight-cache.json"
+
+    def _load(self) -> Kept:
+        try:
+            raw = json.loads(self._path().read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return Kept()
+        if not isinstance(raw, dict):
+            return Kept()
+        said = {k: v for k, v in raw.items() if isinstance(v, str)}
+        return Kept(said.get("daemon"), said.get("invocation", ""), said.get("text"))
+
+    def _remembered(self) -> str | None:
+        return self._load().daemon
+
+    def _remember(self, name: str) -> None:
+        if self._remembered() != name:
+            write_json_atomic(self._path(), asdict(Kept(name)))
+
+    def _save(self, name: str, invocation: str, text: str) -> None:
+        write_json_atomic(self._path(), asdict(Kept(name, invocation, text)))
+
+    def _forget(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path().unlink()
+
+    def _started(self, state: UnitState) -> str | None:
+        kept = self._load()
+        return kept.text if state.invocation_id and kept.invocation == state.invocation_id else None
+
+    def _older(self, name: str, state: UnitState) -> bool:
+        try:
+            return self.files.mtime_us(name) >= state.active_enter_timestamp_us
+        except OSError:
+            return False

@@ -1,0 +1,264 @@
+"""The weight-cache daemon's unit inside a change (agent/host/daemon_unit.py): what its restart decides,
+what a rollback puts back, with fake systemd and real files."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.host.daemon_unit import DaemonUnit, Running, Step, decide, mismatch, paired, restore_text
+from agent.host.events import EventLog
+from agent.host.state import StateDir
+from agent.host.systemd import JobResult, UnitState
+from agent.host.units import UnitFiles
+from agent.host.weight_cache import DaemonSeen, Ready
+
+ENGINE, DAEMON = "sglang.service", "sglang-weight-cache.service"
+DEAD_PID = 2**22 + 12345  # above Linux's pid_max default: never a live process
+
+
+def daemon_text(model: str = "/m", dtype: str = "auto") -> str:
+    argv = f"/opt/venv/bin/python -m sglang.srt.weight_cache.daemon --model-path {model} --tp-size 8"
+    argv += f" --dtype {dtype}"
+    return f"[Unit]\nDescription=cache\n\n[Service]\nExecStart={argv}\n"
+
+
+def engine_text(folder: Path, client: bool = True, fraction: str = "0.9", model: str = "/m") -> str:
+    argv = f"/opt/venv/bin/python -m sglang.launch_server --model-path {model} --tp-size 8 --dtype auto"
+    argv += f" --mem-fraction-static {fraction}" + (" --weight-cache-mode client" if client else "")
+    unit = f"[Unit]\nBindsTo={DAEMON}\nAfter={DAEMON}\n" if client else "[Unit]\n"
+    env = f"Environment=SGLANG_WEIGHT_CACHE_READY_TEMPLATE={folder}/{{device_uuid}}.ready\n"
+    return f"{unit}\n[Service]\n{env}ExecStart={argv}\n"
+
+
+def seen(text: str | None, active: str, ready: tuple[bool, ...]) -> DaemonSeen:
+    return DaemonSeen(
+        DAEMON, text, active, tuple(Ready(f"/run/x/{i}.ready", 1, a) for i, a in enumerate(ready))
+    )
+
+
+# -- decide: every combination --------------------------------------------------------------------------
+STATES = ("active", "inactive", "failed", "activating")
+READIES = ((), (True,), (True, True), (True, False), (False,))
+STARTED = (None, "same", "other")
+
+
+@pytest.mark.parametrize(
+    ("client", "state", "ready", "started", "older"),
+    list(itertools.product((True, False), STATES, READIES, STARTED, (True, False))),
+)
+def test_the_daemon_restarts_only_when_it_changed_or_died(client, state, ready, started, older) -> None:
+    text = daemon_text()
+    before = {"same": text, "other": daemon_text(dtype="float16"), None: None}[started]
+    step = decide(client, Running(seen(text, state, ready), before, older)).step
+    running = state in ("active", "activating")
+    if not client:
+        assert step is (Step.STOP if running else Step.NONE)  # an engine no client of it: its GPU memory back
+    elif not running:
+        assert step is Step.START
+    elif False in ready or started == "other" or (started is None and older):
+        assert step is Step.RESTART
+    else:
+        assert step is Step.KEEP  # nothing restarted without reason: the weights stay resident
+
+
+def test_a_changed_fingerprint_is_named_in_the_reason() -> None:
+    running = Running(seen(daemon_text(dtype="float16"), "active", (True,)), daemon_text(), False)
+    decision = decide(True, running)
+    assert decision.step is Step.RESTART and "fingerprint changed (dtype)" in decision.why
+
+
+def test_an_uninstalled_daemon_is_left_to_the_refusal() -> None:
+    assert decide(True, Running(seen(None, "inactive", ()), None, False)).step is Step.NONE
+
+
+# -- the pair's fingerprint -----------------------------------------------------------------------------
+@given(st.sampled_from(["0.8", "0.85", "0.93"]), st.sampled_from([True, False]))
+def test_a_resize_keeps_the_pair_compatible(fraction: str, client: bool) -> None:
+    assert mismatch(engine_text(Path("/run/x"), client, fraction), daemon_text()) is None
+
+
+def test_a_pair_with_another_model_is_refused() -> None:
+    said = mismatch(engine_text(Path("/run/x"), model="/other"), daemon_text())
+    assert said is not None and "model-path" in said
+
+
+def test_the_daemon_backup_shares_the_engine_backups_stamp() -> None:
+    assert paired(ENGINE, f"{ENGINE}.bak.20261205T120000Z-1", DAEMON) == f"{DAEMON}.bak.20261205T120000Z-1"
+
+
+@pytest.mark.parametrize(
+    ("old_client", "pair", "installed", "want"),
+    [
+        (True, "A", "B", (True, "A")),  # the backup's time had daemon unit A
+        (True, "A", "A", (False, "A")),  # already the same: nothing written
+        (False, None, "B", (True, None)),  # the old engine was no client: the daemon unit goes
+        (False, None, None, (False, None)),
+        (True, None, "B", (False, "B")),  # a client with no copy of that time: left as it is
+    ],
+)
+def test_a_rollback_puts_back_the_daemon_unit_of_the_backups_time(old_client, pair, installed, want) -> None:
+    old = engine_text(Path("/run/x"), old_client)
+    assert restore_text(old, pair, installed) == want
+
+
+# -- the hooks, on a fake systemd of several units --------------------------------------------------------
+@dataclass
+class Units:
+    """systemd for several units: each its state, invocation, and the calls in order."""
+
+    active: dict[str, str] = field(default_factory=dict)
+    failing: set[str] = field(default_factory=set)  # units whose start fails and waits for Restart=
+    invocation: dict[str, str] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+    n: int = 0
+
+    def unit_state(self, unit: str) -> UnitState:
+        state = self.active.get(unit, "inactive")
+        sub = "auto-restart" if unit in self.failing else "running"
+        return UnitState(unit, "loaded", state, sub, self.invocation.get(unit, ""), False, 0, 0, 0, "",
+                         10**18)  # fmt: skip
+
+    def _up(self, unit: str) -> JobResult:
+        self.n += 1
+        self.active[unit], self.invocation[unit] = "active", f"{self.n:032x}"
+        return JobResult(unit, str(self.n), "done")
+
+    def restart(self, unit: str, timeout: float) -> JobResult:
+        self.calls.append(f"restart {unit}")
+        return self._up(unit)
+
+    def start(self, unit: str, timeout: float) -> JobResult:
+        self.calls.append(f"start {unit}")
+        return self._up(unit)
+
+    def stop(self, unit: str, timeout: float) -> JobResult:
+        self.calls.append(f"stop {unit}")
+        self.active[unit] = "inactive"
+        return JobResult(unit, "0", "done")
+
+
+@dataclass
+class Rig:
+    root: Path
+    units: Units = field(default_factory=Units)
+
+    def __post_init__(self) -> None:
+        self.etc = self.root / "etc"
+        self.ready = self.root / "run"
+        self.etc.mkdir()
+        self.ready.mkdir()
+        log = EventLog("t", self.root / "events.jsonl")
+        self.hook = DaemonUnit(
+            UnitFiles(self.etc), StateDir(self.root / "state"), ENGINE, self.units, log, 0.0
+        )
+
+    def running(self, engine: str, daemon: str, pid: int) -> None:
+        """Both units installed and running (the daemon started by deployctl with this text), ready."""
+        (self.etc / ENGINE).write_text(engine)
+        (self.etc / DAEMON).write_text(daemon)
+        self.units._up(ENGINE)
+        self.units._up(DAEMON)
+        self.hook._save(DAEMON, self.units.invocation[DAEMON], daemon)
+        (self.ready / "GPU-0.ready").write_text(str(pid))
+
+    def restart(self) -> list[str]:
+        self.hook.restart_engine(lambda: self.units.restart(ENGINE, 1), 1)
+        return self.units.calls
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    return Rig(tmp_path)
+
+
+def test_a_fingerprint_keeping_change_restarts_only_the_engine(rig: Rig) -> None:
+    rig.running(engine_text(rig.ready), daemon_text(), os.getpid())
+    daemon = rig.units.invocation[DAEMON]
+    assert rig.restart() == [f"restart {ENGINE}"]
+    assert rig.units.invocation[DAEMON] == daemon
+
+
+def test_a_changed_daemon_unit_restarts_the_daemon_between_the_engines_stop_and_start(rig: Rig) -> None:
+    rig.running(engine_text(rig.ready), daemon_text(), os.getpid())
+    (rig.etc / DAEMON).write_text(daemon_text(dtype="float16"))
+    assert rig.restart() == [f"stop {ENGINE}", f"restart {DAEMON}", f"start {ENGINE}"]
+    assert rig.hook._started(rig.units.unit_state(DAEMON)) == daemon_text(dtype="float16")
+
+
+def test_a_dead_daemon_is_found_before_the_engine_restart_and_restarted(rig: Rig) -> None:
+    rig.running(engine_text(rig.ready), daemon_text(), DEAD_PID)  # killed -9: its ready file stays
+    assert rig.restart() == [f"stop {ENGINE}", f"restart {DAEMON}", f"start {ENGINE}"]
+
+
+def test_a_stopped_daemon_is_started_before_the_engine(rig: Rig) -> None:
+    rig.running(engine_text(rig.ready), daemon_text(), os.getpid())
+    rig.units.stop(DAEMON, 1)
+    rig.units.calls.clear()
+    assert rig.restart() == [f"stop {ENGINE}", f"start {DAEMON}", f"start {ENGINE}"]
+
+
+def test_an_engine_no_longer_its_client_stops_the_daemon_first(rig: Rig) -> None:
+    rig.running(engine_text(rig.ready), daemon_text(), os.getpid())
+    (rig.etc / ENGINE).write_text(engine_text(rig.ready, client=False))
+    assert rig.restart() == [f"stop {DAEMON}", f"restart {ENGINE}"]
+
+
+def test_the_write_backs_up_under_the_engines_stamp_and_a_restore_puts_it_back(rig: Rig) -> None:
+    old, new = engine_text(rig.ready), engine_text(rig.ready, fraction="0.8")
+    rig.running(old, daemon_text(), os.getpid())
+    backup = f"{ENGINE}.bak.20261205T120000Z"
+    (rig.etc / backup).write_text(old)
+    rig.hook.write(old, new, backup, daemon_text(dtype="float16"), None)
+    assert (rig.etc / DAEMON).read_text() == daemon_text(dtype="float16")
+    assert (rig.etc / paired(ENGINE, backup, DAEMON)).read_text() == daemon_text()
+    rig.hook.restore(backup)
+    assert (rig.etc / DAEMON).read_text() == daemon_text()
+
+
+def test_a_rollback_to_a_unit_from_before_the_cache_removes_the_daemon_unit(rig: Rig) -> None:
+    old, new = engine_text(rig.ready, client=False), engine_text(rig.ready)
+    (rig.etc / ENGINE).write_text(old)
+    backup = f"{ENGINE}.bak.20261205T120000Z"
+    (rig.etc / backup).write_text(old)
+    rig.hook.write(old, new, backup, daemon_text(), None)
+    assert (rig.etc / DAEMON).is_file() and not (rig.etc / paired(ENGINE, backup, DAEMON)).exists()
+    (rig.etc / ENGINE).write_text(new)
+    rig.hook.restore(backup)
+    assert not (rig.etc / DAEMON).exists()
+
+
+def test_a_daemon_backup_whose_engine_backup_was_pruned_goes_too(rig: Rig) -> None:
+    rig.running(engine_text(rig.ready), daemon_text(), os.getpid())
+    orphan = f"{DAEMON}.bak.20250101T000000Z"
+    (rig.etc / orphan).write_text(daemon_text())
+    rig.hook.write(None, engine_text(rig.ready), None, daemon_text(), None)
+    assert not (rig.etc / orphan).exists()
+
+
+def test_a_daemon_that_fails_to_start_is_not_waited_for_and_said(rig: Rig) -> None:
+    rig.running(engine_text(rig.ready), daemon_text(), os.getpid())
+    (rig.etc / DAEMON).write_text(daemon_text(dtype="float16"))
+    (rig.ready / "GPU-0.ready").unlink()  # the restarted daemon never gets ready: it exits, systemd waits
+    rig.units.failing.add(DAEMON)
+    rig.hook.ready_s = 3600.0  # a wait to the bound would hang the test
+    assert rig.restart() == [f"stop {ENGINE}", f"restart {DAEMON}", f"start {ENGINE}"]
+    assert "did not come up" in (rig.root / "events.jsonl").read_text()
+
+
+def test_a_change_that_goes_back_to_an_older_backup_keeps_that_backups_daemon_copy(rig: Rig) -> None:
+    """Installed but not running as written: the transaction names the last other backup instead of taking
+    one; its daemon copy is that time's and stays so."""
+    old = engine_text(rig.ready, fraction="0.8")
+    rig.running(engine_text(rig.ready), daemon_text(dtype="float16"), os.getpid())
+    backup = f"{ENGINE}.bak.20261205T120000Z"
+    (rig.etc / backup).write_text(old)
+    (rig.etc / paired(ENGINE, backup, DAEMON)).write_text(daemon_text())
+    rig.hook.write(engine_text(rig.ready), engine_text(rig.ready), backup, daemon_text(dtype="float16"), None)
+    assert (rig.etc / paired(ENGINE, backup, DAEMON)).read_text() == daemon_text()

@@ -138,8 +138,13 @@ def run_case(g: Group, case: Case, wait: Callable[[], None]) -> GroupCase:
     if case.fault == "kill_laptop":  # the nodes ended in doubt, stopped: what the report tells a person
         again = subprocess.run(argv, env={**os.environ, **g.env}, capture_output=True, text=True, timeout=900)
         notes.append(f"re-run exit {again.returncode}")
+        if again.returncode:
+            notes.append(f"re-run {_reason(again.stdout)}")
         err = again.stderr
-    wait()
+    try:
+        wait()
+    except AssertionError as exc:
+        return GroupCase("", False, (*notes, f"the group does not serve: {exc}"))
     ok, found = converged(g, old, proc.returncode)
     notes += found
     return GroupCase("", ok, tuple(notes) if ok else (*notes, (err.strip().splitlines() or [""])[-1][:300]))

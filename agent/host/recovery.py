@@ -6,6 +6,7 @@ finds it without a live runner finishes the job (Transaction.recover restores or
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from enum import Enum
 
@@ -28,8 +29,21 @@ def orphaned(req: Request, running: Callable[[], Holder | None]) -> bool:
     if record_state(state_dir, req.unit) is not RecordState.PENDING or running() is not None:
         return False  # a corrupt record is not recovered: every change refuses until a person looks
     last = state_dir.last_txn(req.unit)
-    # a change that ended with a failed rollback waits for a person
-    return last is None or not state_dir.has_outcome(last)
+    # a change that ended with a failed rollback waits for a person; a group node that ended in doubt
+    # (stopped, its record kept) is taken to its group's decision by the next run
+    return last is None or not state_dir.has_outcome(last) or was_group_change(state_dir, req.unit)
+
+
+def was_group_change(state_dir: StateDir, unit: str) -> bool:
+    """Whether the unit's pending record is a multi-node change's (its request names a group)."""
+    try:
+        record = state_dir.load_record(unit)
+        raw = (
+            json.loads((state_dir.txn_dir(record.txn) / "request.json").read_text("utf-8")) if record else {}
+        )
+    except (OSError, ValueError, CorruptRecord):
+        return False
+    return isinstance(raw, dict) and bool(raw.get("group"))
 
 
 class RecordState(str, Enum):

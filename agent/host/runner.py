@@ -328,14 +328,14 @@ def follow(req: Request, txn: str, out: TextIO) -> int:
                     )
                     if recovery.record_state(state_dir, req.unit) is recovery.RecordState.NONE:
                         return _close_dead(req, txn, out)
-                    return start(recover_request(req), out)
+                    return start(recover_request(req, txn), out)
         time.sleep(FOLLOW_POLL_S)
 
 
-def recover_request(req: Request) -> Request:
+def recover_request(req: Request, died: str) -> Request:
     """The `recover` run that finishes a dead runner's change. Never a group node's request: recovery
     reads the change's own request (its rank, its bounds) from the transaction's folder."""
-    return dataclasses.replace(req, verb="recover", txn=None, group=None)
+    return dataclasses.replace(req, verb="recover", txn=None, group=None, died=died)
 
 
 def _close_dead(req: Request, txn: str, out: TextIO) -> int:

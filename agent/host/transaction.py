@@ -382,10 +382,12 @@ class Transaction:
             )
             return "failed"
         self.state.clear_record(self.unit)
-        self.log.emit(Stage.RECOVER, "step", f"rank {group.rank} stopped, its old unit file back: waiting "
-                      "for every rank to stop", vote="stopped_back")  # fmt: skip
-        alone = self.req.group is None  # else the new group change starts it with its peers
-        if alone and wait_until(lambda: signals.for_rollback().gone(), step.wait_back_s):
+        if self.req.group is None:  # the change's own coordinator may still follow: it counts this stop
+            self.log.emit(Stage.RECOVER, "step", f"rank {group.rank} stopped, its old unit file back: "
+                          "waiting for every rank to stop", vote="stopped_back")  # fmt: skip
+        # only the coordinator of that change sends its "go-back"; a later run starts it with its peers
+        wait_s = step.wait_back_s if self.req.died == record.txn else 0.0
+        if self.req.group is None and wait_until(lambda: signals.for_rollback().gone(), wait_s):
             ok, reason = self._verify_old()
             how = "every rank stopped: old unit restarted and healthy" if ok else f"old unit failed: {reason}"
             self.log.emit(Stage.RECOVER, "step" if ok else "warning", how)

@@ -121,6 +121,9 @@ class Request:
     router_worker_url: str | None = None
     router_timeout_s: float = 60.0
     group: Group | None = None  # apply: this node's rank in a multi-node service
+    # recover: the transaction whose runner died, run by the follower its coordinator still reads (a group
+    # node then waits for that coordinator's "go-back"; a later run's recovery does not)
+    died: str | None = None
     signal: str | None = None  # signal: "go", "commit" or "abort" to transaction `txn`
     reason: str = ""  # signal abort: why, for the node's report
     version: int = VERSION
@@ -207,7 +210,7 @@ class Request:
         """JSON may put any type anywhere: refuse what the range checks could not even compare."""
         for name in ("verb", "unit", "unit_dir", "state_dir", "http_host"):
             _check(isinstance(getattr(self, name), str), f"{name} must be text")
-        for name in ("unit_text", "daemon_text", "backup", "expect_sha256", "txn"):
+        for name in ("unit_text", "daemon_text", "backup", "expect_sha256", "txn", "died"):
             value = getattr(self, name)
             _check(value is None or isinstance(value, str), f"{name} must be text")
         for name in ("port", "keep_backups", "version", "target_context", "planned_pool"):

@@ -285,8 +285,8 @@ def test_the_recover_run_that_finishes_a_dead_node_s_change_is_a_valid_request()
     from agent.host.runner import recover_request
 
     node = Request("apply", txn=TXN, group=Group(1, 2, WAIT_S), unit_text="[Service]\nExecStart=/bin/true\n")
-    rec = recover_request(node)
-    assert (rec.verb, rec.txn, rec.group) == ("recover", None, None)
+    rec = recover_request(node, TXN)
+    assert (rec.verb, rec.txn, rec.group, rec.died) == ("recover", None, None, TXN)
     Request.from_json(rec.to_json())  # validates
 
 

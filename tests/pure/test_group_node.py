@@ -3,6 +3,7 @@ stop, wait for "go", start, vote, then commit or roll back as the group decided,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -290,8 +291,10 @@ def agent_died_mid_change(host: Host, rank: int, go_age_s: float | None) -> Sign
     return signals
 
 
-def recover_verb(host: Host) -> tuple[Transaction, Outcome, str]:
-    txn = host.transaction(replace(host.request(NEW), verb="recover"), txn="20261201T000100Z-recover")
+def recover_verb(host: Host, died: str | None = EARLIER) -> tuple[Transaction, Outcome, str]:
+    """The `recover` run: by default the one the dead runner's follower starts for its coordinator."""
+    req = replace(host.request(NEW), verb="recover", died=died)
+    txn = host.transaction(req, txn="20261201T000100Z-recover")
     result = txn.recover_only()
     return txn, result.outcome, result.message
 
@@ -337,3 +340,25 @@ def test_rank_0_recovered_after_its_peers_deadline_keeps_the_new_unit_they_took_
     stands = signals.decided()
     assert stands is not None and (stands.decision, stands.by) == (Decision.COMMIT, "node")
     assert host.systemd.loaded == node_unit(NEW, 0) and host.systemd.active == "active"
+
+
+def test_a_later_runs_recovery_of_a_node_in_doubt_does_not_wait_for_a_go_back_nobody_sends(
+    host: Host,
+) -> None:
+    """The laptop died after "go"; both ranks ended in doubt. The next `apply` recovers each node first:
+    only the dead change's coordinator could send its go-back, so the node stops with its old unit file at
+    once (the change's horizon is hours here) and the new change starts it with its peers."""
+    import time
+
+    from agent.host.recovery import orphaned
+
+    signals = agent_died_mid_change(host, 1, go_age_s=5.0)
+    state = Path(host.request(NEW).state_dir)
+    (state / "txn" / EARLIER / "events.jsonl").write_text('{"kind": "outcome"}\n')  # ended in doubt
+    (state / "units" / "sglang.service" / "last_txn.json").write_text(json.dumps({"txn": EARLIER}))
+    assert orphaned(host.request(NEW), lambda: None)  # a group node's record: the next run recovers it
+    t0 = time.monotonic()
+    _, outcome, message = recover_verb(host, died=None)
+    assert time.monotonic() - t0 < 30 and outcome is Outcome.ROLLBACK_FAILED and "in doubt" in message
+    assert host.systemd.loaded == node_unit(OLD, 1) and host.systemd.active != "active"
+    assert signals.decided() is not None

@@ -382,11 +382,17 @@ class Transaction:
             )
             return "failed"
         self.state.clear_record(self.unit)
+        return self._group_back(record, group, step.wait_back_s)
+
+    def _group_back(self, record: Record, group: GroupRecord, wait_back_s: float) -> str:
+        """A recovered node stopped with its old unit file: its old unit starts on the go-back of the
+        change's own coordinator, else it stays stopped (in doubt, or for the new group change)."""
+        signals = Signals(self.state.txn_dir(record.txn))
         if self.req.group is None:  # the change's own coordinator may still follow: it counts this stop
             self.log.emit(Stage.RECOVER, "step", f"rank {group.rank} stopped, its old unit file back: "
                           "waiting for every rank to stop", vote="stopped_back")  # fmt: skip
         # only the coordinator of that change sends its "go-back"; a later run starts it with its peers
-        wait_s = step.wait_back_s if self.req.died == record.txn else 0.0
+        wait_s = wait_back_s if self.req.died == record.txn else 0.0
         if self.req.group is None and wait_until(lambda: signals.for_rollback().gone(), wait_s):
             ok, reason = self._verify_old()
             how = "every rank stopped: old unit restarted and healthy" if ok else f"old unit failed: {reason}"

@@ -13,6 +13,8 @@ the device context and the communication buffers. Public startups that log the c
   H100 80GB HBM3 (79.65)     1   77.17    2.48     sgl-project/sglang#8008 (Kimi-VL, a VLM; the highest)
   96 GB class (95.58)        8   92.80    2.78     the seed host ct200 (Kimi K2.6)
   H200 (140.40)              8  137.29    3.11     sgl-project/sglang#11716 (dist init 1.77-2.01 GB)
+  L4 (22.49), PCIe          4   21.63    0.86     didier-durand/llms-in-clouds (dist init 0.13 GB)
+  RTX 4090 (23.99), PCIe     4   23.08    0.91     ugyhybnb/sglang-performance-test (16.00 + 7.08 weights)
   AMD Instinct (ROCm)
   MI355X (287.98)            8  283.53    4.45     ajith-sirra-amd/Issues Kimi-K2.5 (rocm/sgl-dev 0.5.8.post1)
   MI355X (287.98)            8  283.48    4.50     ajith-sirra-amd/Issues GLM-5-FP8 (same image)
@@ -21,9 +23,11 @@ the device context and the communication buffers. Public startups that log the c
   MI300X (191.98)        4, DP4 182.61    9.37     sgl-project/sglang#25118 (DeepSeek-V4 dev image)
 
 NVIDIA: about 1.1 GiB at TP 1 on every card class (CUDA context and torch; the consumer and data-centre
-figures agree), about 0.27 GiB more per extra rank (NCCL channels, custom all-reduce buffers). The 0.4 GiB
-margin covers the evidence (0.84-1.22 at TP 1, 2.78-3.11 at TP 8) except Kimi-VL's 2.48 GiB at TP 1: a
-vision-language start may hold more before its weights, which only its first start tells.
+figures agree), about 0.27 GiB more per extra rank (fitted at TP 8; SGLang's CUDA custom all-reduce is only
+8 MiB of buffers, custom_all_reduce.py _MAX_CAR_SIZE, so this is NCCL's). Two PCIe hosts at TP 4 held
+0.86-0.91 GiB in all, which the facts cannot foresee: their cold plans under-predict (docs/accuracy.md).
+The 0.4 GiB margin covers the evidence (0.84-1.22 at TP 1, 2.78-3.11 at TP 8) except Kimi-VL's 2.48 GiB at
+TP 1: a vision-language start may hold more before its weights, which only its first start tells.
 
 AMD: the HIP context before torch.distributed is 0.61-0.67 GiB (total - pre - "Init torch distributed ends.
 mem usage", per rank, in the three MI355X images). With TP > 1, SGLang 0.5.23 uses aiter's custom

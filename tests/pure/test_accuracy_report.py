@@ -3,6 +3,11 @@ starts it reports are each checked and sourced."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from agent.errors import UsageError
 from tests import accuracy
 
 
@@ -14,15 +19,27 @@ def test_the_committed_report_is_what_the_data_gives() -> None:
 def test_every_public_start_is_in_the_report_with_its_source() -> None:
     rows = accuracy.public_rows()
     text = accuracy.REPORT.read_text()
-    assert len(rows) >= 14
+    assert len(rows) >= 20
     for row in rows:
         assert row.source.startswith("https://") and row.source in text and row.name in text
 
 
-def test_the_public_cell_checks_hit_unless_a_known_miss_says_why() -> None:
+def test_the_public_starts_hit_unless_a_known_miss_says_why() -> None:
+    # Cold and cell alike: a miss stays in the report, with its likely cause from the data file.
     for row in accuracy.public_rows():
-        if "(cell)" in row.expected:
-            assert row.verdict == "hit" or "(known: " in row.verdict, row
+        assert row.verdict == "hit" or "(known: " in row.verdict, row
+
+
+def test_a_start_the_planner_refuses_is_shown_as_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: Any) -> Any:
+        raise UsageError("this architecture is not followed")
+
+    monkeypatch.setattr(accuracy, "pool_model", refuse)
+    for check in ("cold", "cell"):
+        start = next(s for s in accuracy.public_starts() if s.get("check", "cold") == check)
+        row = accuracy.public_row(start)
+        assert row.verdict == "refused: this architecture is not followed" and row.error is None
+        assert row.predicted == "refused"
 
 
 def test_misses_refusals_and_set_asides_are_listed_plainly() -> None:

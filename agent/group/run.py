@@ -19,18 +19,28 @@ from typing import cast
 
 from agent.errors import ConnectError, RemoteError
 from agent.group.decide import Rank, Step, Vote, next_step, to_roll_back
+from agent.host import drain
 from agent.host.groupmachine import Answer, Then, Word, after_answer, answer_of, delivery_order
+from agent.host.groupnode import start_bound_s
 from agent.host.groupsignal import Decision
 from agent.inventory import HostConfig
 from agent.protocol.answers import SignalAnswer
 from agent.protocol.events import Event, Outcome
-from agent.protocol.requests import Request
+from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, Request
 from agent.remote.client import AgentClient, base_request
 from agent.remote.follow import Watch, connected
 from agent.remote.follow import follow as follow_transaction
 from agent.remote.transport import ConnectionLost
 
 SIGNAL_TRIES = 6  # over about a minute: a link that stays down longer leaves it to the node's own wait
+RETELL_PAUSE_S = 10.0  # between rounds of telling a lost rank the decision
+
+
+def _own_deadline_s(req: Request) -> float:
+    """How long a rank >= 1 that voted ready waits for the decision before it decides alone."""
+    assert req.group is not None
+    stop_s = drain.stop_timeout_s(req.drain_timeout_s, req.drain_stop_allowance_s)
+    return req.group.wait_s + start_bound_s(req, stop_s + RESTART_JOB_TIMEOUT_S)
 
 
 @dataclass
@@ -84,6 +94,8 @@ class Coordinator:
     decided: Step | None = None
     reason: str = ""
     events: queue.Queue[tuple[int, Event | None]] = field(default_factory=queue.Queue)
+    clock: Callable[[], float] = time.monotonic
+    pause: Callable[[float], None] = time.sleep
 
     def run(self) -> None:
         """Start every node's transaction, then act on their events until every one has ended."""
@@ -96,6 +108,7 @@ class Coordinator:
                 self._retell(rank)
             nxt = next_step([n.view for n in self.nodes], self.went, self.decided, self.went_back)
             if nxt.step is Step.DONE:
+                self._retell_the_lost()
                 return
             if nxt.step is not Step.WAIT and not self.held:
                 self._send(Word(nxt.step.value), nxt.reason)
@@ -163,6 +176,19 @@ class Coordinator:
             if then is Then.ABORT:
                 self._send(Word.ABORT, f"rank {rank}: {why}")
                 return
+
+    def _retell_the_lost(self) -> None:
+        """A rank the decision missed and whose follow was lost waits for it until its own deadline (its
+        vote + wait_s + the start bound), then decides alone: keep telling it until then, so a link that
+        comes back within that bound ends the change at once, as decided."""
+        lost = [r for r in sorted(self.untold) if self.nodes[r].view.outcome is None]
+        for rank in lost:
+            node = self.nodes[rank]
+            deadline = self.clock() + _own_deadline_s(node.request)
+            while rank in self.untold and self.clock() < deadline:
+                self._retell(rank)
+                if rank in self.untold:
+                    self.pause(RETELL_PAUSE_S)
 
     def _retell(self, rank: int) -> None:
         assert self.decided is not None

@@ -20,6 +20,7 @@ from agent.inventory import HostConfig
 from agent.protocol.answers import SignalAnswer
 from agent.protocol.events import Event, Outcome
 from agent.protocol.requests import Group, Request, Timeouts
+from agent.remote.transport import ConnectionLost
 from tests.pure.test_group_node import BROKEN, NEW, OLD, node_request, node_unit
 from tests.pure.txnfakes import TXN, Host, Script
 
@@ -319,3 +320,45 @@ def test_an_outcome_a_re_attach_found_already_written_is_the_node_s_outcome() ->
     assert not thread.is_alive()
     assert [n.view.outcome for n in coordinator.nodes] == [Outcome.APPLIED, Outcome.APPLIED]
     assert not any(n.view.lost for n in coordinator.nodes)
+
+
+def test_a_lost_rank_the_commit_missed_is_told_until_its_own_deadline() -> None:
+    """The link to rank 1 was down longer than its follow re-attaches: the commit did not reach it and
+    its follow was given up. The coordinator keeps telling it (within the rank's own deadline, after
+    which it decides alone) instead of leaving it to wait for minutes: once the link is back it is told."""
+    tries: list[str] = []
+
+    def follow(node: Node, on_event: Callable[[Event], None]) -> object:
+        on_event(Event(TXN, 1, "", "group", "step", "stopped", {"vote": "stopped"}))
+        on_event(Event(TXN, 2, "", "group", "step", "ready", {"vote": "ready"}))
+        if node.rank == 1:
+            first_try.wait(10)  # the link dropped as the commit went out: its follow is given up
+            raise ConnectionLost("the link is down")
+        told_0.wait(10)
+        on_event(Event(TXN, 9, "", "done", "outcome", "committed", {"outcome": "applied"}))
+        return None
+
+    told_0, first_try = threading.Event(), threading.Event()
+
+    def deliver(node: Node, word: str, reason: str) -> SignalAnswer:
+        if node.rank == 0:
+            if word == "commit":
+                told_0.set()
+        elif word == "commit" and tries.count("down") < 4:
+            tries.append("down")
+            first_try.set()
+            raise ConnectError("unreachable")
+        else:
+            tries.append(word)
+        return {"known": True, "go": True, "decision": "commit" if word == "commit" else None}
+
+    pauses: list[float] = []
+    coordinator = Coordinator(
+        pure_nodes(2), lambda n, e: None, deliver=deliver, follow=follow, pause=pauses.append
+    )
+    thread = threading.Thread(target=coordinator.run, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert tries.count("down") == 4 and tries[-1] == "commit"  # told once the link came back
+    assert coordinator.untold == set() and len(pauses) == 3

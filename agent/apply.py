@@ -148,7 +148,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         unit_text=new_text,
         target_context=change.context,
         planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
-        pool_calibrated=plan.basis == "calibrated" and bool(plan.predicted_pool_tokens),
+        pool_calibrated=calibrated_pool(plan),
         expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,
@@ -197,6 +197,12 @@ def weight_cache_class(host: HostConfig, facts: HostFacts, new_text: str) -> tup
         old = fingerprint(old_flags, _running_version(facts, host))
     new = fingerprint(parse_unit_flags(new_text), host.sglang.version)
     return restart_class(old, new, host.weight_cache.enabled)
+
+
+def calibrated_pool(plan: Plan) -> bool:
+    """Whether the pool sent for the gate was predicted from this host's own starts: the gate then takes a
+    pool far from it for an SGLang anomaly, not a fraction to correct (host/decide.py)."""
+    return plan.basis == "calibrated" and bool(plan.predicted_pool_tokens)
 
 
 def daemon_text(host: HostConfig, new_text: str) -> str | None:

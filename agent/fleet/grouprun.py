@@ -77,9 +77,8 @@ def apply_group(  # noqa: PLR0913 - as hostrun.apply_host, which calls it
         applied = Applied(host.name, context, figures, before, redact_flags(flags_of(texts[0])))
         if check:
             return applied.checked(any(_differs(t, f) for t, f in zip(texts, facts, strict=True)))
-        pool = plan.predicted_pool_tokens
         sends = zip(hosts, texts, facts, strict=True)
-        requests = [apply_request(h, context, t, unit_flags, pool, f) for h, t, f in sends]
+        requests = [apply_request(h, context, t, unit_flags, plan, f) for h, t, f in sends]
         if every_node_in_place(clients, requests):  # as `deployctl apply`: each node's agent decides
             return applied.result(f"every node of {host.name} is up to date", _UP_TO_DATE, facts[0])
         nodes = group_nodes(host, clients, requests)

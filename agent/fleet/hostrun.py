@@ -113,7 +113,7 @@ def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peer
     applied = Applied(host.name, context, figures, before, redact_flags(flags_of(new_text)))
     if check:
         return applied.checked(unit_sha256(new_text) != installed_sha256(facts))
-    req = apply_request(host, context, new_text, unit_flags, plan.predicted_pool_tokens, facts)
+    req = apply_request(host, context, new_text, unit_flags, plan, facts, daemon=True)
     message, data = follow_outcome(talk.client, host, req, emit, talk)
     return applied.result(message, data, facts)
 

@@ -8,7 +8,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.apply import allow_context, calibration_from, installed_sha256, with_set_flags
+from agent.apply import (
+    allow_context,
+    calibrated_pool,
+    calibration_from,
+    daemon_text,
+    installed_sha256,
+    with_set_flags,
+)
 from agent.fleet.calibrate import Measured
 from agent.fleet.results import HostResult, PlanFigures
 from agent.inventory import HostConfig
@@ -83,9 +90,11 @@ def apply_request(  # noqa: PLR0913 - the request's parts: whose, what target, w
     context: int,
     text: str,
     unit_flags: Mapping[str, FlagInput],
-    pool: int,
+    plan: Plan,
     facts: HostFacts,
+    daemon: bool = False,
 ) -> Request:
+    """What `deployctl apply` sends for the same plan; `daemon`: with the weight-cache daemon's unit."""
     env_secrets, flag_secrets = secret_values(allow_context(host, Change(context)), unit_flags)
     return base_request(
         host,
@@ -93,10 +102,12 @@ def apply_request(  # noqa: PLR0913 - the request's parts: whose, what target, w
         txn=new_txn_id(),  # chosen here: a re-attach then knows this transaction's outcome from any other
         unit_text=text,
         target_context=context,
-        planned_pool=pool,
+        planned_pool=plan.predicted_pool_tokens or None,
+        pool_calibrated=calibrated_pool(plan),
         expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,
+        daemon_text=daemon_text(host, text) if daemon else None,
     )
 
 

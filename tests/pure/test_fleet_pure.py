@@ -244,3 +244,26 @@ def test_the_fleet_plans_each_host_with_the_set_flags() -> None:
     assert fixed.mem_fraction_static == 0.9
     with pytest.raises(UsageError, match="did you mean"):
         _set_flags(host, {"kv-cache-dtyp": "fp8_e4m3"})
+
+
+def test_a_fleet_apply_sends_the_pool_as_deployctl_apply_does_calibrated_or_cold(tmp_path: Path) -> None:
+    """The gate takes a pool far from a calibrated prediction for an SGLang anomaly: the fleet sent the pool
+    without saying it was calibrated, so its hosts never judged one (nor got the weight-cache daemon's
+    unit)."""
+    from agent.apply import calibrated_pool
+    from agent.fleet.steps import apply_request
+    from agent.inventory import load_host
+    from agent.plan.choose import Target
+    from agent.plan.from_facts import plan_for_host
+
+    host = load_host("ct200", Path(__file__).resolve().parents[2] / "units")
+    start = {
+        "kv_tokens": 101_134, "avail_mem_before_weights_gb": 92.80, "avail_mem_before_pool_gb": 21.12,
+        "available_gpu_mem_gb": 10.86, "graph_mem_gb": 3.08, "mem_fraction_static": 0.85,
+        "max_running_requests": 64, "context_len": 32768,
+    }  # fmt: skip
+    for starts in ([start], []):
+        plan = plan_for_host(host, Target(150_000), starts, host.sglang.flags)
+        req = apply_request(host, 150_000, "[Service]\nExecStart=/bin/true\n", plan.flags(), plan, {})
+        assert req.planned_pool == plan.predicted_pool_tokens
+        assert req.pool_calibrated is calibrated_pool(plan) is bool(starts), plan.basis

@@ -1026,7 +1026,7 @@ class Transaction:
 
         if self.hold_old or (self.req.group is not None and self.recovering):  # never a barrier nobody sends
             self._stop_clean(RESTART_JOB_TIMEOUT_S)
-            self.log.emit(Stage.RECOVER, "step", "stopped: the group's change starts it with its peers")
+            self.log.emit(Stage.RECOVER, "step", "stopped: its old unit starts only with its peers")
             return True, ""
         back = Signals(self.state.txn_dir(self.txn), back=True) if self.req.group is not None else None
         old = self._restart_and_watch(Gate(None, None, 0.0, self.req.timeouts), Stage.VERIFY_OLD, back)

@@ -19,14 +19,13 @@ from typing import cast
 
 from agent.errors import ConnectError, RemoteError
 from agent.group.decide import Rank, Step, Vote, next_step, to_roll_back
-from agent.host import drain
 from agent.host.groupmachine import Answer, Then, Word, after_answer, answer_of, delivery_order
-from agent.host.groupnode import start_bound_s
+from agent.host.grouprecovery import GroupRecord
 from agent.host.groupsignal import Decision
 from agent.inventory import HostConfig
 from agent.protocol.answers import SignalAnswer
 from agent.protocol.events import Event, Outcome
-from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, Request
+from agent.protocol.requests import Request
 from agent.remote.client import AgentClient, base_request
 from agent.remote.follow import Watch, connected
 from agent.remote.follow import follow as follow_transaction
@@ -34,13 +33,6 @@ from agent.remote.transport import ConnectionLost
 
 SIGNAL_TRIES = 6  # over about a minute: a link that stays down longer leaves it to the node's own wait
 RETELL_PAUSE_S = 10.0  # between rounds of telling a lost rank the decision
-
-
-def _own_deadline_s(req: Request) -> float:
-    """How long a rank >= 1 that voted ready waits for the decision before it decides alone."""
-    assert req.group is not None
-    stop_s = drain.stop_timeout_s(req.drain_timeout_s, req.drain_stop_allowance_s)
-    return req.group.wait_s + start_bound_s(req, stop_s + RESTART_JOB_TIMEOUT_S)
 
 
 @dataclass
@@ -125,9 +117,7 @@ class Coordinator:
         try:
             last = self.follow(node, on_event)
             if not ended and isinstance(last, Event) and last.is_outcome:
-                on_event(
-                    last
-                )  # a re-attach found the outcome already written: it comes back, not as an event
+                on_event(last)  # a re-attach found it already written: returned, not streamed
         except (ConnectError, ConnectionLost, RemoteError) as exc:
             node.view = replace(node.view, lost=True, why=str(exc))
         except Exception as exc:  # a bug here must not leave the coordinator waiting for ever
@@ -183,8 +173,9 @@ class Coordinator:
         comes back within that bound ends the change at once, as decided."""
         lost = [r for r in sorted(self.untold) if self.nodes[r].view.outcome is None]
         for rank in lost:
-            node = self.nodes[rank]
-            deadline = self.clock() + _own_deadline_s(node.request)
+            group = GroupRecord.of(self.nodes[rank].request)
+            assert group is not None
+            deadline = self.clock() + group.horizon_s  # how long a ready rank waits before deciding alone
             while rank in self.untold and self.clock() < deadline:
                 self._retell(rank)
                 if rank in self.untold:

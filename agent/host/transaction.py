@@ -358,7 +358,7 @@ class Transaction:
             req = Request.from_json((self.state.txn_dir(record.txn) / "request.json").read_text("utf-8"))
         except (OSError, ValueError, TypeError, KeyError, ProtocolError):
             return None  # an older agent's folder, or none: recovered as a one-host change
-        return GroupRecord.of(req, drain.stop_timeout_s(req.drain_timeout_s, req.drain_stop_allowance_s))
+        return GroupRecord.of(req)
 
     def _recover_group(self, record: Record, group: GroupRecord) -> str:
         """A group node whose agent died: what the group machine says (host/grouprecovery.py)."""

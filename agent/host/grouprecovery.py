@@ -19,6 +19,7 @@ from agent.host import drain
 from agent.host.groupmachine import Do, Node, Phase, Saw, files_of, node_step
 from agent.host.groupnode import start_bound_s
 from agent.host.groupsignal import Signals
+from agent.protocol.common import ProtocolError
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, Request
 
 
@@ -36,6 +37,16 @@ class GroupRecord:
             return None
         stop_s = drain.stop_timeout_s(req.drain_timeout_s, req.drain_stop_allowance_s)
         return cls(req.group.rank, req.group.wait_s, start_bound_s(req, stop_s + RESTART_JOB_TIMEOUT_S))
+
+    @classmethod
+    def read(cls, txn_dir: Path) -> GroupRecord | None:
+        """The group of the change whose folder this is, from its own request.json; None for a one-host
+        change, or a folder without a request this agent can read (recovered as a one-host change)."""
+        try:
+            req = Request.from_json((txn_dir / "request.json").read_text("utf-8"))
+        except (OSError, ValueError, TypeError, KeyError, ProtocolError):
+            return None
+        return cls.of(req)
 
     @property
     def horizon_s(self) -> float:

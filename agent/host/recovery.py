@@ -6,11 +6,11 @@ finds it without a live runner finishes the job (Transaction.recover restores or
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from enum import Enum
 
 from agent.host.events import EventLog
+from agent.host.grouprecovery import GroupRecord
 from agent.host.journal import Journal
 from agent.host.state import CorruptRecord, StateDir
 from agent.host.systemd import Systemd
@@ -38,12 +38,9 @@ def was_group_change(state_dir: StateDir, unit: str) -> bool:
     """Whether the unit's pending record is a multi-node change's (its request names a group)."""
     try:
         record = state_dir.load_record(unit)
-        raw = (
-            json.loads((state_dir.txn_dir(record.txn) / "request.json").read_text("utf-8")) if record else {}
-        )
-    except (OSError, ValueError, CorruptRecord):
+    except CorruptRecord:
         return False
-    return isinstance(raw, dict) and bool(raw.get("group"))
+    return record is not None and GroupRecord.read(state_dir.txn_dir(record.txn)) is not None
 
 
 class RecordState(str, Enum):

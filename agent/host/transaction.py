@@ -41,7 +41,6 @@ from agent.host.timeline import downtime
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchedStart, WatchResult, watch_start
 from agent.protocol.answers import HistoryEntry
-from agent.protocol.common import ProtocolError
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Event, Outcome, OutcomeData, RouterData, Stage
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, Request, Smoke
@@ -334,7 +333,7 @@ class Transaction:
         )
         try:
             self.recovering = record.txn != self.txn  # this change's own record rolls back with its group
-            group = self._group_record(record) if self.recovering else None
+            group = GroupRecord.read(self.state.txn_dir(record.txn)) if self.recovering else None
             if group is not None:
                 return self._recover_group(record, group)
             ok, reason = self._restore(record)
@@ -351,14 +350,6 @@ class Transaction:
         self.unrecovered = record
         self.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
         return "failed"
-
-    def _group_record(self, record: Record) -> GroupRecord | None:
-        """The interrupted change's rank and bounds when it was a multi-node change (its own request)."""
-        try:
-            req = Request.from_json((self.state.txn_dir(record.txn) / "request.json").read_text("utf-8"))
-        except (OSError, ValueError, TypeError, KeyError, ProtocolError):
-            return None  # an older agent's folder, or none: recovered as a one-host change
-        return GroupRecord.of(req)
 
     def _recover_group(self, record: Record, group: GroupRecord) -> str:
         """A group node whose agent died: what the group machine says (host/grouprecovery.py)."""

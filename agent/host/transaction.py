@@ -9,10 +9,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from agent.host import drain, loadcheck, serverinfo
 from agent.host.adopt import kept_secret_env
@@ -24,7 +24,7 @@ from agent.host.groupmachine import Node as GroupNode
 from agent.host.groupnode import NodeWaits, start_bound_s
 from agent.host.grouprecovery import GroupRecord, recovery
 from agent.host.groupsignal import Decision, Signals
-from agent.host.loadcheck import LoadResult, LoadSpec
+from agent.host.loadcheck import LoadResult
 from agent.host.poll import wait_until
 from agent.host.router import HttpRouter, RouterError, RouterPort, put_back, take_out, undo_removal
 from agent.host.secrets import SecretFiles
@@ -38,6 +38,17 @@ from agent.host.state import (
     StateDir,
 )
 from agent.host.timeline import downtime
+from agent.host.txn_ports import (
+    NO_UNIT,
+    ProbeFactory,
+    ProbePort,
+    Result,
+    SystemdPort,
+    flags_of,
+    http_probe,
+    node_rank,
+    utc_clock,
+)
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.watch import JournalPort, WatchedStart, WatchResult, watch_start
 from agent.protocol.answers import HistoryEntry
@@ -45,7 +56,7 @@ from agent.protocol.common import ProtocolError
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Event, Outcome, OutcomeData, RouterData, Stage
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, Request, Smoke
-from agent.sglang.flags import FlagsError, FlagValue, parse_unit_flags
+from agent.sglang.flags import parse_unit_flags
 from agent.sglang.logs.summary import summarize
 
 if TYPE_CHECKING:
@@ -53,55 +64,7 @@ if TYPE_CHECKING:
     from agent.host.probe import SmokeResult
     from agent.host.systemd import JobResult, UnitState
 
-
-class SystemdPort(Protocol):
-    """What the transaction asks of systemd (agent.host.systemd.Systemd; a fake in the pure tests)."""
-
-    def daemon_reload(self) -> None: ...
-
-    def unit_state(self, unit: str) -> UnitState: ...
-
-    def restart(self, unit: str, timeout: float) -> JobResult: ...
-
-    def stop(self, unit: str, timeout: float) -> JobResult: ...
-
-    def start(self, unit: str, timeout: float) -> JobResult: ...
-
-    def leftovers(self, unit: str) -> list[int]: ...
-
-    def kill(self, unit: str, signal: int) -> None: ...
-
-
-class ProbePort(Protocol):
-    """The HTTP checks of a started server (agent.host.probe.Probe); they raise ProbeError."""
-
-    def wait_ready(self, timeout_s: float) -> None: ...
-
-    def smoke(self, smoke: Smoke) -> SmokeResult: ...
-
-    def server_info(self) -> dict[str, Any]: ...
-
-    def load(self, smoke: Smoke, spec: LoadSpec) -> LoadResult: ...
-
-
-ProbeFactory = Callable[[str, int, "str | None"], ProbePort]  # (host, port, api key) -> probe
-
-
-def _http_probe(host: str, port: int, api_key: str | None) -> ProbePort:
-    from agent.host.probe import Probe  # requests: only once a start is ready
-
-    return Probe(host, port, api_key)
-
-
-def _utc_now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-@dataclass
-class Result:
-    outcome: Outcome
-    message: str
-    data: OutcomeData = field(default_factory=lambda: OutcomeData())
+__all__ = ["ProbeFactory", "ProbePort", "Result", "SystemdPort", "Transaction"]
 
 
 class Transaction:
@@ -120,9 +83,9 @@ class Transaction:
         self.systemd = systemd
         self.journal = journal
         self.log = log
-        self.probe: ProbeFactory = _http_probe  # the HTTP checks (a fake in the pure tests)
+        self.probe: ProbeFactory = http_probe  # the HTTP checks (a fake in the pure tests)
         self.router: Callable[[str], RouterPort] = HttpRouter  # the model gateway's API (a fake, too)
-        self.now: Callable[[], datetime] = _utc_now  # the clock of backup names and records
+        self.now: Callable[[], datetime] = utc_clock  # the clock of backup names and records
         self.files = UnitFiles(req.unit_dir)
         self.secrets = SecretFiles(req.secrets_dir, req.unit)
         self.state = StateDir(req.state_dir)
@@ -716,7 +679,7 @@ class Transaction:
     def _restart_and_watch(self, gate: Gate, stage: Stage, barrier: Signals | None = None) -> WatchResult:
         cursor = self.journal.cursor()
         before = self.systemd.unit_state(self.unit)
-        gate = replace(gate, follower=_node_rank(self.files.read(self.unit) or "") >= 1)
+        gate = replace(gate, follower=node_rank(self.files.read(self.unit) or "") >= 1)
         if self.req.group is not None:  # a rank waits at the rendezvous for its peers, silently
             t, more = gate.timeouts, self.req.group.wait_s
             waits = replace(t, weights_s=t.weights_s + more, no_progress_s=t.no_progress_s + more)
@@ -844,7 +807,7 @@ class Transaction:
     def _verify(self, started: WatchResult, smoke: Smoke | None, gate: Gate, new: str) -> str | None:
         """After the log said ready: the HTTP API answers, runs what was rendered, and a long prompt fits.
         A node rank >= 1 has a placeholder that answers 200 to anything: rank 0 is checked instead."""
-        return None if _node_rank(new) >= 1 else self._verify_http(started, smoke, gate, new)
+        return None if node_rank(new) >= 1 else self._verify_http(started, smoke, gate, new)
 
     def _verify_http(self, started: WatchResult, smoke: Smoke | None, gate: Gate, new: str) -> str | None:
         from agent.host.probe import ProbeError  # requests: only once a start is ready
@@ -853,7 +816,7 @@ class Transaction:
         try:
             probe.wait_ready(self.req.timeouts.ready_s)
             self.log.emit(Stage.READY, "step", "the server answers /health")
-            wrong = serverinfo.verdict(_flags_of(new), probe.server_info())
+            wrong = serverinfo.verdict(flags_of(new), probe.server_info())
             if wrong is not None:
                 self.log.emit(Stage.GATE, "warning", wrong)
                 return wrong
@@ -882,7 +845,7 @@ class Transaction:
             return f"smoke test failed: {res.detail or res.answer}"
         if not smoke.load:
             return None
-        chunk = _flags_of(new).get("chunked-prefill-size")
+        chunk = flags_of(new).get("chunked-prefill-size")
         return self._load_check(probe, smoke, chunk if isinstance(chunk, int) else None, int(context))
 
     def _load_check(self, probe: ProbePort, smoke: Smoke, chunk: int | None, context: int) -> str | None:
@@ -972,7 +935,7 @@ class Transaction:
 
     def _rolled_back(self, reason: str, backup: str | None) -> str:
         """What a rollback came to: a service is called healthy only once it was restarted and verified."""
-        if self.systemd.unit_state(self.unit).load_state not in _NO_UNIT:
+        if self.systemd.unit_state(self.unit).load_state not in NO_UNIT:
             return f"change rejected ({reason}); old unit restored and healthy"
         what = "no unit" if backup is None else "an empty (masked) unit"
         return (
@@ -1002,7 +965,7 @@ class Transaction:
             return False, f"cannot restore {record.backup or 'the absence of a unit'}: {exc}"
         self.systemd.daemon_reload()
         loaded = self.systemd.unit_state(self.unit)
-        if loaded.load_state in _NO_UNIT:  # no unit, or an empty (masked) one: nothing ran before
+        if loaded.load_state in NO_UNIT:  # no unit, or an empty (masked) one: nothing ran before
             if not untouched:
                 self.systemd.stop(self.unit, RESTART_JOB_TIMEOUT_S)
             self.log.emit(
@@ -1032,7 +995,7 @@ class Transaction:
         old = self._restart_and_watch(Gate(None, None, 0.0, self.req.timeouts), Stage.VERIFY_OLD, back)
         if old.verdict.action is not Action.READY:
             return False, old.verdict.reason
-        if _node_rank(self.files.read(self.unit) or "") >= 1:  # its /health is a placeholder's
+        if node_rank(self.files.read(self.unit) or "") >= 1:  # its /health is a placeholder's
             self.log.emit(Stage.VERIFY_OLD, "step", "old unit running with its KV pool (node rank >= 1)")
             return True, ""
         try:
@@ -1105,27 +1068,8 @@ class Transaction:
         return None
 
 
-_NO_UNIT = ("not-found", "masked")  # systemd's load states of a name with no unit to run (an empty file)
 # systemd's unit folders searched before /etc/systemd/system (systemd.unit(5), "Unit File Load Path")
 _SEARCHED_BEFORE_ETC = ("system.control", "transient", "generator.early")
-
-
-def _node_rank(unit_text: str) -> int:
-    """The unit's --node-rank (0 when absent or unreadable): ranks >= 1 of a multi-node service."""
-    try:
-        rank = parse_unit_flags(unit_text).get("node-rank", 0) if unit_text else 0
-    except FlagsError:
-        return 0
-    text = str(rank)
-    return int(text) if text.isdigit() else 0
-
-
-def _flags_of(unit_text: str) -> dict[str, FlagValue]:
-    """The unit's SGLang flags; none (nothing to compare) for a command deployctl cannot read."""
-    try:
-        return parse_unit_flags(unit_text)
-    except FlagsError:
-        return {}
 
 
 def _sets_exec_start(path: str) -> bool:

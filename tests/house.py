@@ -46,14 +46,17 @@ BIG_CLASS = 350
 # from_facts.py) took the last cycle and plan/from_facts.py (740 lines) out: import cycles 1 -> 0, big files
 # 2 -> 1 (host/transaction.py left). Change and Connection below the CLI (orchestrate/asked.py): cli imports
 # 8 -> 0 (apply, deploy, group/apply, group/status, fleet/hostrun, fleet/plugin, fleet/steps, session).
+# The transaction as steps (host/transaction.py, 1,137 lines with Transaction 999 of them, split into a
+# driver of 207 lines, Transaction 171, and host/txn_*.py, none over 180): big files 1 -> 0, big classes
+# 1 -> 0.
 CEILINGS = {
     "untyped": 37,
     "long_functions": 0,
     "private_imports": 0,
     "flat_modules": 12,
     "import_cycles": 0,
-    "big_files": 1,
-    "big_classes": 1,
+    "big_files": 0,
+    "big_classes": 0,
     "cli_imports": 0,
 }
 

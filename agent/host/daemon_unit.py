@@ -153,7 +153,7 @@ class _Systemd(Protocol):
 
 @dataclass
 class DaemonUnit:
-    """The hooks of a transaction on one engine unit (agent/host/transaction.py)."""
+    """The hooks of a transaction on one engine unit (host/transaction.py and its steps)."""
 
     files: UnitFiles
     state: StateDir

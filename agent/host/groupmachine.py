@@ -1,5 +1,5 @@
 """Pure: the group change as a state machine, one node's steps and the coordinator's, each a function of
-(state, what it saw) -> (new state, what to do). The node's transaction (host/transaction.py) and the
+(state, what it saw) -> (new state, what to do). The node's transaction (host/txn_group.py) and the
 coordinator (group/run.py) ask it what to do next; tests/pure/test_group_model.py explores it exhaustively.
 
 The rule that keeps a group on one generation whatever is lost:

@@ -1,5 +1,5 @@
 """One node's waits in a group change, each ending in what the group machine (host/groupmachine.py) says:
-the transaction (host/transaction.py) waits here, and does what the machine answers."""
+the transaction's group step (host/txn_group.py) waits here, and does what the machine answers."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.host import txn_write
 from agent.host.state import StateDir
 from agent.host.transaction import Result
 from agent.protocol.common import unit_sha256 as sha256
@@ -226,7 +227,9 @@ def test_a_daemon_unit_that_cannot_serve_the_engine_is_refused_before_any_change
     assert not (host.etc / "sglang-weight-cache.service").exists()
 
 
-def test_a_change_refused_after_the_reload_puts_the_daemons_unit_back_too(host: Host) -> None:
+def test_a_change_refused_after_the_reload_puts_the_daemons_unit_back_too(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """systemd loads something else than what was written (a drop-in's ExecStart=): the engine's unit and
     the daemon's go back as they were, nothing restarted."""
     daemon = host.etc / "sglang-weight-cache.service"
@@ -234,7 +237,8 @@ def test_a_change_refused_after_the_reload_puts_the_daemons_unit_back_too(host: 
     daemon.write_text(_daemon("/m"))
     sent = _daemon("/m").replace("Description=cache", "Description=cache, new")
     t = host.transaction(host.request(NEW, unit_text=_client(NEW), daemon_text=sent))
-    t._loaded_elsewhere = lambda: "the drop-in x.conf sets ExecStart= for sglang.service"  # type: ignore[method-assign]
+    why = "the drop-in x.conf sets ExecStart= for sglang.service"
+    monkeypatch.setattr(txn_write, "loaded_elsewhere", lambda ports: why)
     result = t.apply()
     assert result.outcome is Outcome.ERROR and "nothing restarted" in result.message, result.message
     assert daemon.read_text() == _daemon("/m") and (host.etc / UNIT).read_text() == _client(OLD)

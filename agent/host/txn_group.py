@@ -1,0 +1,87 @@
+"""The group step of the host transaction: one node of a multi-node service starts with its peers, votes,
+and does what the group decided (the group machine, host/groupmachine.py, through host/groupnode.py); the
+plain steps (restart, verify, commit, restore) do the rest."""
+
+from __future__ import annotations
+
+from agent.host.decide import Action, Failure
+from agent.host.groupmachine import Do, Phase
+from agent.host.groupmachine import Node as GroupNode
+from agent.host.groupsignal import Decision, Signals
+from agent.host.txn_commit import commit
+from agent.host.txn_ports import Change, Ports, Result, Run
+from agent.host.txn_restart import restart_and_watch, stop_clean, waits
+from agent.host.txn_restore import roll_back
+from agent.host.txn_verify import verify
+from agent.host.watch import WatchResult
+from agent.protocol.events import Outcome, Stage
+from agent.protocol.requests import RESTART_JOB_TIMEOUT_S
+
+
+def start_and_decide(p: Ports, run: Run, change: Change) -> Result:
+    """One node of a multi-node service: stop, wait for every rank to stop ("go"), start, watch, vote,
+    then do what the group decided; no word from the coordinator in time is a rollback."""
+    assert p.req.group is not None
+    signals = Signals(p.state.txn_dir(p.txn))
+    started = restart_and_watch(p, run, change.gate, Stage.WATCH, barrier=signals)
+    rank = p.req.group.rank
+    if run.barrier is not None:  # aborted before it started: the group's word, not a failure of its own
+        return roll_back(p, run, change, run.barrier, started)
+    reason = started.verdict.reason
+    if started.verdict.kind is Failure.ABANDONED:  # the group's word, not a failure of its own
+        p.log.emit(Stage.GROUP, "step", reason, decision="abort")
+        return roll_back(p, run, change, reason, started)
+    if started.verdict.action is Action.READY:
+        reason = verify(p, run, started, change) or ""
+    if reason:
+        stands = signals.claim(Decision.ABORT, f"rank {rank}: {reason}", "node")
+        p.log.emit(Stage.GROUP, "warning", f"rank {rank} failed: {reason}", vote="failed")
+    else:
+        pool = started.summary.get("kv_tokens")
+        p.log.emit(Stage.GROUP, "step", f"rank {rank} ready (KV pool {pool:,} tokens): waiting for "
+                   "the group's decision", vote="ready", kv_tokens=pool)  # fmt: skip
+        return decided(p, run, signals, started, change)
+    p.log.emit(Stage.GROUP, "step", f"the group rolled back: {stands.reason}", decision="abort")
+    return roll_back(p, run, change, reason, started)
+
+
+def decided(p: Ports, run: Run, signals: Signals, started: WatchResult, change: Change) -> Result:
+    """Voted ready: do what the group machine says once the word comes, or its deadline passes."""
+    node, done = wait_for_decision(p, run, signals)
+    stands = signals.decided()
+    why = stands.reason if stands else "no word"
+    if node.phase is Phase.COMMITTED:
+        if Do.START_NEW in done:  # it had stopped before the word: rank 0 committed
+            p.systemd.start(p.unit, RESTART_JOB_TIMEOUT_S)
+        p.log.emit(Stage.GROUP, "step", "the group committed", decision="commit")
+        return commit(p, run, started, change)
+    if node.phase is Phase.IN_DOUBT:
+        run.in_doubt = (
+            f"rank {node.rank} in doubt: its server stopped and no word came from deployctl or rank 0;"
+            " it stays stopped (never a generation of its own): deployctl apply again takes it to rank"
+            " 0's decision"
+        )
+        p.log.emit(Stage.GROUP, "warning", run.in_doubt, decision="in-doubt")
+        return Result(Outcome.ROLLBACK_FAILED, run.in_doubt, {"backup": change.backup})
+    p.log.emit(Stage.GROUP, "step", f"the group rolled back: {why}", decision="abort")
+    return roll_back(p, run, change, f"the group rolled back ({why})", started)
+
+
+def wait_for_decision(p: Ports, run: Run, signals: Signals) -> tuple[GroupNode, tuple[Do, ...]]:
+    """The group's decision, or what the group machine says without one (host/groupmachine.py): rank 0
+    aborts alone; a rank >= 1 keeps the new unit when its server outlived rank 0's deadline, and stops
+    (systemd's Restart= must not bring it back to join another generation) when it did not."""
+    started = p.systemd.unit_state(p.unit)
+    node_waits = waits(p, run, signals)
+
+    def gone() -> bool:
+        now = p.systemd.unit_state(p.unit)
+        return now.invocation_id != started.invocation_id or now.active_state != "active"
+
+    node, done = node_waits.decision(gone)
+    if node.phase is Phase.HELD:
+        stop_clean(p, RESTART_JOB_TIMEOUT_S)
+        p.log.emit(Stage.GROUP, "warning", f"rank {node.rank}'s server stopped before any word: "
+                   "stopped, waiting for rank 0's decision")  # fmt: skip
+        node, done = node_waits.held()
+    return node, done

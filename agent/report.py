@@ -167,7 +167,9 @@ def _pool_lines(r: ApplyReport, s: StartFigures) -> list[str]:
     context = r.target or s.get("context_len")
     lines = [f"target context:        {r.target:,} tokens"] if r.target else []
     if r.plan is not None:
-        lines.append(f"predicted pool:        {r.plan.predicted_pool_tokens:,} tokens ({r.plan.basis})")
+        lines.append(
+            f"predicted pool:        {r.plan.predicted_pool_tokens:,} tokens ({r.plan.basis_line()})"
+        )
     if measured is None:
         return [*lines, "measured pool:         not logged"]
     verdict = "" if not r.target else " (meets the target)" if measured >= r.target else " (BELOW the target)"
@@ -285,7 +287,7 @@ def render_plan(host: str, plan: Plan) -> str:
     """The plan and its tradeoffs in a few lines for a person."""
     verdict = "feasible" if plan.feasible else "NOT FEASIBLE"
     lines = [
-        f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis})",
+        f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis_line()})",
         *([f"  because         {plan.binding}"] if plan.binding else []),
         f"  predicted pool  {plan.predicted_pool_tokens:,} tokens"
         + (  # the low end of a cold estimate is what the verdict compares (plan/verdict.py)

@@ -55,6 +55,11 @@ class Plan:
     refusals: tuple[str, ...] = ()  # why SGLang would not start this unit at all (plan/refusals.py)
     binding: str | None = None  # for a plan that is not feasible: the constraint that binds
     max_total_tokens: int | None = None  # the pool pinned (the CPU backend: free RAM moves between starts)
+    evidence: tuple[str, ...] = ()  # what the verdict line says of the evidence besides the basis
+
+    def basis_line(self) -> str:
+        """The basis as the verdict line says it, with what changed since the calibrating start."""
+        return "; ".join((self.basis, *self.evidence))
 
     def flags(self) -> dict[str, FlagValue]:
         flags: dict[str, FlagValue] = {
@@ -71,6 +76,10 @@ class Plan:
         data["alternatives"] = [a.to_dict() for a in self.alternatives]
         data["notes"], data["warnings"] = list(self.notes), list(self.warnings)
         data["refusals"] = list(self.refusals)
+        if self.evidence:  # what changed since the calibrating start: said only when something did
+            data["evidence"] = list(self.evidence)
+        else:
+            del data["evidence"]
         data["reserve_gib_per_gpu"] = round(self.reserve_gib_per_gpu, 3)
         data["pre_gib"], data["post_gib"] = round(self.pre_gib, 4), round(self.post_gib, 4)
         data["cell_bytes"] = round(self.cell_bytes, 1)
@@ -141,6 +150,7 @@ def _sized(
         reserve_floor_gib=floor,
         feasible=judged.feasible,
         basis=model.basis_said(),
+        evidence=model.said,
         pre_gib=model.pre_gib,
         post_gib=model.post_gib,
         cell_bytes=model.cell_bytes,

@@ -5,7 +5,8 @@ A start calibrates only a plan of its own architecture (`type=`), parallel layou
 (`--from-log` is refused in one line by the CLI, with the same check). A start under other cell-changing
 flags (KV dtype, page size, a draft added or removed) is still evidence for its memory: the plan
 calibrates at the start's flags and scales the measured cell by the architecture's ratio
-(plan/predict.py _calibrated_as_started).
+(plan/predict.py _calibrated_as_started), and the verdict line says from which. A `--from-log` start's KV
+dtype is what its server_args line says (plan/startcheck.py identity).
 """
 
 from __future__ import annotations
@@ -47,32 +48,39 @@ def admitted(inp: PlanInput, tp: int, pp: int) -> tuple[PlanInput, tuple[str, ..
     archs = inp.model.config.value("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     planned = Planned(arch, inp.model.path or "", tp, pp, "auto", inp.gpu.memory_gib)
-    kept, warnings = [], []
+    kept, ids, warnings = [], [], []
     for figures, start in zip(inp.starts, inp.start_ids, strict=False):
         why = refusal(start, planned)
         if why is None:
             kept.append(figures)
+            ids.append(start)
         else:
             warnings.append(f"the earlier start is set aside: {why}; it does not calibrate this plan")
-    rest = inp.starts[len(inp.start_ids) :]  # --from-log starts, checked where they were read
+    rest = inp.starts[len(inp.start_ids) :]  # starts without what their log ran (the inventory's history)
     if not warnings:
         return inp, ()
-    return replace(inp, starts=(*kept, *rest), start_ids=()), tuple(warnings)
+    return replace(inp, starts=(*kept, *rest), start_ids=tuple(ids)), tuple(warnings)
 
 
 def as_started(inp: PlanInput) -> PlanInput | None:
     """The input under the flags its starts ran with, when a cell-changing flag differs since; else None."""
-    then: dict[str, FlagValue] = dict(inp.start_flags or {})
     kv = next((s.kv_dtype for s in inp.start_ids if s.kv_dtype), None)
-    if kv is not None:
-        then["kv-cache-dtype"] = kv
     if inp.start_flags is None and kv is None:
         return None
+    # A start whose log says only its KV dtype (a --from-log start): the plan's other flags stand for its.
+    then: dict[str, FlagValue] = dict(inp.start_flags if inp.start_flags is not None else inp.flags)
+    if kv is not None:
+        then["kv-cache-dtype"] = kv
     if all(_same(then, inp.flags, name) for name in CELL_FLAGS):
         return None
     merged = {k: v for k, v in inp.flags.items() if k not in CELL_FLAGS}
     merged.update({k: v for k, v in then.items() if k in CELL_FLAGS})
     return replace(inp, flags=merged)
+
+
+def changed_since(then: Mapping[str, FlagValue], now: Mapping[str, FlagValue]) -> tuple[str, ...]:
+    """The cell-changing flags a start ran with that the plan changes, as the start had them."""
+    return tuple(f"--{n} {_value(then, n) or 'unset'}" for n in CELL_FLAGS if not _same(then, now, n))
 
 
 def _same(a: Mapping[str, FlagValue], b: Mapping[str, FlagValue], name: str) -> bool:

@@ -39,6 +39,8 @@ class GpuProcessFact(_Open):
     used_mib: float = Field(ge=0, le=MAX_GIB * 1024)
     unit: str | None = None
     service: bool = False
+    # what it held when the last start measured its free memory, where the host recorded it
+    at_start_mib: float | None = Field(default=None, ge=0, le=MAX_GIB * 1024)
 
 
 class GpuFact(_Open):
@@ -219,7 +221,9 @@ def _check_flags(facts: FactsFile, name: str) -> None:
 
 
 def _gpu(g: GpuFact) -> Gpu:
-    processes = tuple(GpuProcess(p.pid, p.name, p.used_mib, p.unit, p.service) for p in g.processes)
+    processes = tuple(
+        GpuProcess(p.pid, p.name, p.used_mib, p.unit, p.service, p.at_start_mib) for p in g.processes
+    )
     return Gpu(g.name, g.memory_total_mib, _capability(g.compute_capability), g.memory_free_mib, processes)
 
 

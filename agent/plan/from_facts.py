@@ -22,6 +22,7 @@ from agent.plan.model import Flags, PoolModel, StartFigures
 from agent.plan.predict import FactsModel, pool_model
 from agent.plan.replan import replanned
 from agent.plan.sizing import parallel, sizing
+from agent.plan.startcheck import StartIdentity
 from agent.plan.synthetic import synthetic_host
 from agent.protocol.answers import HostFacts
 
@@ -123,10 +124,18 @@ def plan_from_host_facts(
 
 
 def plan_for_host(
-    host: HostConfig, asked: Target, calibration: Calibration | None, running_flags: Flags
+    host: HostConfig,
+    asked: Target,
+    calibration: Calibration | None,
+    running_flags: Flags,
+    ids: Sequence[StartIdentity] = (),
 ) -> Plan:
     """Plan from the inventory: the host becomes the PlanInput a facts file would (plan/from_inventory.py),
-    the running unit's flags over the baseline and the earlier starts calibrating it, and is planned by
-    the one planner (plan_from_facts)."""
+    the running unit's flags over the baseline and the earlier starts calibrating it (with what their logs
+    say they ran, where read: `--from-log`), and is planned by the one planner (plan_from_facts)."""
     history = (calibration,) if isinstance(calibration, Mapping) else tuple(calibration or ())
-    return plan_from_facts(plan_input_from_inventory(host, running_flags, history), asked)
+    inp = plan_input_from_inventory(host, running_flags, history)
+    # The inventory's config.json stands in with a family's architecture: the model path was checked
+    # where the log was read (cli plan checked_starts), the rest of what the start ran is kept.
+    ran = tuple(replace(i, architecture=None) for i in ids)[: len(history)]
+    return plan_from_facts(replace(inp, start_ids=ran), asked)

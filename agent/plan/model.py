@@ -52,6 +52,9 @@ class PoolModel:
     # SGLang's own change to the fraction given (AMD aiter above 8k context: x 0.85); 1 = as given.
     fraction_scale: float = 1.0
     partial: str | None = None  # calibrated on a start that was cut short: what it did not show
+    # What the verdict line says of the evidence besides its basis: a cell scaled from a start under other
+    # flags, memory other processes hold since the start (plan/predict.py)
+    said: tuple[str, ...] = ()
 
     def basis_said(self) -> str:
         """The basis as the verdict line says it: a partial start is named there."""

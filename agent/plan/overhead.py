@@ -137,6 +137,7 @@ class GpuProcess:
     used_mib: float
     unit: str | None = None
     service: bool = False  # the service's own: its memory goes with the restart
+    at_start_mib: float | None = None  # what it held when the last start measured its free memory
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ class Neighbours:
 
     gib: float
     why: str | None
+    named: str = ""  # the processes, briefly: "pid 4242 python"
 
 
 def outside_service(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
@@ -163,3 +165,35 @@ def outside_service(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
     )
     gib = sum(p.used_mib for p in worst) / 1024
     return Neighbours(gib, f"{gib:.2f} GiB held by other processes on the service's GPU ({named})")
+
+
+def since_start(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
+    """What processes outside the service hold now beyond what they held at the last start, on the card where
+    that is the most, naming them: a calibrated plan's start measured its free memory without it. A process
+    whose memory at the start is not known counts whole, and the note says so."""
+
+    def grown(p: GpuProcess) -> float:
+        return max(0.0, p.used_mib - (p.at_start_mib or 0.0))
+
+    held = [[p for p in procs if not p.service and grown(p) > 0] for procs in cards]
+    worst = max(held, key=lambda procs: sum(grown(p) for p in procs), default=[])
+    if not worst:
+        return Neighbours(0.0, None)
+    named = ", ".join(
+        f"pid {p.pid} {p.name}"
+        + (f" ({p.unit})" if p.unit else "")
+        + f": {p.used_mib / 1024:.2f} GiB"
+        + ("" if p.at_start_mib is None else f", {p.at_start_mib / 1024:.2f} GiB at the start")
+        for p in worst
+    )
+    gib = sum(grown(p) for p in worst) / 1024
+    unknown = [p for p in worst if p.at_start_mib is None]
+    said = (
+        f"; what {'they' if len(unknown) > 1 else 'it'} held at the last start is not known: all of it "
+        "comes off"
+        if unknown
+        else ""
+    )
+    brief = ", ".join(f"pid {p.pid} {p.name}" for p in worst)
+    why = f"{gib:.2f} GiB held since the last start by other processes on the service's GPU ({named}){said}"
+    return Neighbours(gib, why, brief)

@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 
 from agent.errors import UsageError
 from agent.plan.calibrate import Fit, calibrated
-from agent.plan.evidence import CELL_FLAGS, NotEvidence, admitted, as_started, partial
+from agent.plan.evidence import CELL_FLAGS, NotEvidence, admitted, as_started, changed_since, partial
 from agent.plan.facts import PlanInput
 from agent.plan.inputs import OFF, float_of, int_of, is_on, origin, value_of
 from agent.plan.model import PoolModel, Start, StartFigures, start_of
-from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for
+from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for, since_start
 from agent.plan.sizing import Sizing, attention_backend, sizing
 from agent.sglang import memory_defaults, pools
 from agent.sglang.kvlayout import KVLayout
@@ -127,7 +127,7 @@ def _fitted(
         notes.append("the earlier start(s) given did not log a pool and the memory lines; not used")
     _refuse_gaps(inp, calibrated=bool(starts))
     if starts:
-        return _calibrated_as_started(inp, starts, shaped, notes)
+        return _less_neighbours(inp, _calibrated_as_started(inp, starts, shaped, notes), notes)
     elif memory:  # a start that died before its pool still tells pre and post
         pre, post = (
             float(memory[-1].get("avail_mem_before_weights_gb") or 0.0),
@@ -139,8 +139,27 @@ def _fitted(
             f"pre {pre:.2f} GiB and post {post:.2f} GiB from the last start's memory lines "
             "(it logged no pool: the cell is the architecture's)" + (f"; {why}" if why else "")
         )
-        return replace(shape, pre_gib=pre, post_gib=post, basis="calibrated", partial=why)
+        model = replace(shape, pre_gib=pre, post_gib=post, basis="calibrated", partial=why)
+        return _less_neighbours(inp, model, notes)
     return _cold(inp, par, shape, notes)
+
+
+def _less_neighbours(inp: PlanInput, model: PoolModel, notes: list[str]) -> PoolModel:
+    """A calibrated model less what processes outside the service hold now beyond what they held at its start
+    (plan/overhead.py since_start). SGLang measures both free-memory figures with them resident, the one
+    before the weights (distributed/bootstrap.py measure_pre_model_load_memory) and the one the pool is
+    sized from (mem_cache/kv_cache_configurator.py _profile_available_bytes), so both come down by it."""
+    others = since_start([g.processes for g in inp.gpus])
+    if not others.gib:
+        return model
+    notes.append(f"less {others.why}")
+    said = f"less {others.gib:.2f} GiB held by {others.named}"
+    return replace(
+        model,
+        pre_gib=model.pre_gib - others.gib,
+        post_gib=model.post_gib - others.gib,
+        said=(*model.said, said),
+    )
 
 
 def _calibrated_as_started(
@@ -163,7 +182,10 @@ def _calibrated_as_started(
         f"the start ran before {changed} changed: its cell times the architecture's ratio {ratio:.3f} "
         f"({was.cell_bytes:,.0f} to {now.cell_bytes:,.0f} B per token), its memory kept"
     )
-    return replace(model, cell_bytes=sizer.cell_bytes, sizer=sizer, page_size=sizer.page_size)
+    said = f"the cell scaled from a start at {', '.join(changed_since(then.flags, inp.flags))}"
+    return replace(
+        model, cell_bytes=sizer.cell_bytes, sizer=sizer, page_size=sizer.page_size, said=(*model.said, said)
+    )
 
 
 def _figure_gaps(inp: PlanInput) -> tuple[str, ...]:

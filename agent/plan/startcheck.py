@@ -4,7 +4,8 @@ The architecture is the `type=` of the first `Load weight end` line (model_runne
 any draft); TP, PP, the KV cache dtype and the model path come from the `server_args=ServerArgs(...)`
 line; the GPU shows in `Load weight begin. avail mem=` (free memory per card before the weights), which no
 card of this host could exceed. A start of another model, TP, PP or on bigger cards is refused with one
-line; one with another KV dtype is set aside (its bytes per token are not the plan's), and the plan says so.
+line; one with another KV dtype calibrates, its measured cell scaled by the architecture's ratio
+(plan/evidence.py as_started), and the plan's verdict line says so.
 """
 
 from __future__ import annotations
@@ -92,16 +93,6 @@ def refusal(start: StartIdentity, planned: Planned) -> str | None:
             f"{planned.card_gib:g} GiB cards hold: a start on other GPUs"
         )
     return None
-
-
-def other_dtype(start: StartIdentity, planned: Planned) -> str | None:
-    """A note when the start's KV dtype is not the plan's: its bytes per token do not apply."""
-    if start.kv_dtype is None or start.kv_dtype == planned.kv_dtype:
-        return None
-    return (
-        f"the earlier start ran --kv-cache-dtype {start.kv_dtype}, the plan is for {planned.kv_dtype}: "
-        "its bytes per token do not apply, so it does not calibrate this plan"
-    )
 
 
 def _name(path: str) -> str:

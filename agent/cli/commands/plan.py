@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from agent.plan.choose import Plan, Target
     from agent.plan.model import Flags
     from agent.plan.restart_time import RestartEstimate
-    from agent.plan.startcheck import Planned
+    from agent.plan.startcheck import Planned, StartIdentity
     from agent.protocol import HostFacts
     from agent.sglang.flags import FlagInput
     from agent.sglang.logs.summary import StartFigures
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = with_set_flags(host, change, {})[0]
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
     history: Sequence[StartFigures]  # the starts that calibrate the plan
-    history, set_aside = checked_starts(args.from_log, planned)
+    history, ids = checked_starts(args.from_log, planned)
     running: Flags = host.sglang.flags
     asked = _asked(change)
     facts = None
@@ -96,10 +96,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
         if from_host is not None:
             warn_flag_table(out.stderr, version, dict(change.flags))  # planned: no error follows it
             return _printed(out, args, host.name, from_host, running, _restart(host, facts, from_host))
-    plan = plan_for_host(host, asked, history or None, running)
+    plan = plan_for_host(host, asked, history or None, running, ids if args.from_log else ())
     restart = _restart(host, facts, plan) if facts is not None else None
     warn_flag_table(out.stderr, version, dict(change.flags))
-    return _printed(out, args, host.name, replace(plan, notes=(*set_aside, *plan.notes)), running, restart)
+    return _printed(out, args, host.name, plan, running, restart)
 
 
 def _restart(host: HostConfig, facts: HostFacts, plan: Plan) -> RestartEstimate | None:
@@ -175,16 +175,17 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
         inp = replace(inp, flags={**inp.flags, **given})
     archs = inp.model.config.value("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-    starts, set_aside = checked_starts(
+    starts, ids = checked_starts(
         args.from_log,
         planned_for(
             arch, inp.model.path or "", inp.flags, len(inp.gpus), inp.gpus[0].memory_gib if inp.gpus else None
         ),
     )
-    inp = replace(inp, starts=(*inp.starts, *starts))
+    # Each start with what its log says it ran (its KV dtype scales its cell: plan/evidence.py as_started)
+    inp = replace(inp, starts=(*inp.starts, *starts), start_ids=(*inp.start_ids, *ids))
     plan = plan_from_facts(inp, _asked(change))
     warn_flag_table(out.stderr, inp.sglang_version, dict(change.flags))
-    return _printed(out, args, inp.name, replace(plan, notes=(*set_aside, *plan.notes)), inp.flags)
+    return _printed(out, args, inp.name, plan, inp.flags)
 
 
 def planned_for(
@@ -201,13 +202,14 @@ def planned_for(
     return Planned(arch, path, tp, pp, str(flags.get("kv-cache-dtype") or "auto"), card_gib)
 
 
-def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[StartFigures], list[str]]:
-    """The --from-log starts of this model and layout; another model, TP or PP is refused with one line,
-    another KV dtype set aside with a note (plan/startcheck.py)."""
-    from agent.plan.startcheck import identity, other_dtype, refusal
+def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[StartFigures], list[StartIdentity]]:
+    """The --from-log starts of this model, layout and cards, with what each log says it ran; another model,
+    TP, PP or bigger cards is refused with one line (plan/startcheck.py). A start under another KV dtype
+    calibrates: its cell is scaled by the architecture's ratio (plan/evidence.py as_started)."""
+    from agent.plan.startcheck import identity, refusal
 
     kept: list[StartFigures] = []
-    notes: list[str] = []
+    ids: list[StartIdentity] = []
     for name in names:
         lines = _lines(Path(name))
         start = identity(lines)
@@ -217,14 +219,11 @@ def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[StartFi
                 f"--from-log {name!r}: {refused}: it cannot calibrate this plan",
                 hint="give a start-up log of this host's model, or plan without --from-log",
             )
-        aside = other_dtype(start, planned)
-        if aside:
-            notes.append(f"--from-log {name}: {aside}")
-            continue
         from agent.sglang.logs.summary import start_figures  # the parser loads only when a log is read
 
         kept.append(start_figures(lines))
-    return kept, notes
+        ids.append(start)
+    return kept, ids
 
 
 def _lines(path: Path) -> list[str]:

@@ -147,6 +147,7 @@ class Neighbours:
     gib: float
     why: str | None
     named: str = ""  # the processes, briefly: "pid 4242 python"
+    unknown: bool = False  # some of it: what they held at the start is not known (all of it counted)
 
 
 def outside_service(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
@@ -196,4 +197,4 @@ def since_start(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
     )
     brief = ", ".join(f"pid {p.pid} {p.name}" for p in worst)
     why = f"{gib:.2f} GiB held since the last start by other processes on the service's GPU ({named}){said}"
-    return Neighbours(gib, why, brief)
+    return Neighbours(gib, why, brief, bool(unknown))

@@ -127,7 +127,7 @@ def _fitted(
         notes.append("the earlier start(s) given did not log a pool and the memory lines; not used")
     _refuse_gaps(inp, calibrated=bool(starts))
     if starts:
-        return _less_neighbours(inp, _calibrated_as_started(inp, starts, shaped, notes), notes)
+        return _less_neighbours(inp, par, _calibrated_as_started(inp, starts, shaped, notes), notes)
     elif memory:  # a start that died before its pool still tells pre and post
         pre, post = (
             float(memory[-1].get("avail_mem_before_weights_gb") or 0.0),
@@ -140,11 +140,11 @@ def _fitted(
             "(it logged no pool: the cell is the architecture's)" + (f"; {why}" if why else "")
         )
         model = replace(shape, pre_gib=pre, post_gib=post, basis="calibrated", partial=why)
-        return _less_neighbours(inp, model, notes)
+        return _less_neighbours(inp, par, model, notes)
     return _cold(inp, par, shape, notes)
 
 
-def _less_neighbours(inp: PlanInput, model: PoolModel, notes: list[str]) -> PoolModel:
+def _less_neighbours(inp: PlanInput, par: Parallel, model: PoolModel, notes: list[str]) -> PoolModel:
     """A calibrated model less what processes outside the service hold now beyond what they held at its start
     (plan/overhead.py since_start). SGLang measures both free-memory figures with them resident, the one
     before the weights (distributed/bootstrap.py measure_pre_model_load_memory) and the one the pool is
@@ -152,13 +152,29 @@ def _less_neighbours(inp: PlanInput, model: PoolModel, notes: list[str]) -> Pool
     others = since_start([g.processes for g in inp.gpus])
     if not others.gib:
         return model
-    notes.append(f"less {others.why}")
+    notes.append(f"less {others.why}" + (_clean_then(inp, par, model.pre_gib) if others.unknown else ""))
     said = f"less {others.gib:.2f} GiB held by {others.named}"
     return replace(
         model,
         pre_gib=model.pre_gib - others.gib,
         post_gib=model.post_gib - others.gib,
         said=(*model.said, said),
+    )
+
+
+def _clean_then(inp: PlanInput, par: Parallel, pre: float) -> str:
+    """Whether the start's own free memory before the weights shows a clean card: the card less what a rank
+    holds before it loads (plan/overhead.py), within that estimate's margin."""
+    over = overhead_for(inp.gpu.name, inp.gpu.memory_gib, _rank_layout(inp, par))
+    missing = inp.gpu.memory_gib - over.gib - pre
+    if missing <= over.margin_gib:
+        return (
+            f" (the start's {pre:.2f} GiB free before the weights shows a clean card then: the card's "
+            f"{inp.gpu.memory_gib:.2f} GiB less about {over.gib:.2f} GiB a rank holds)"
+        )
+    return (
+        f" (the start had {missing:.2f} GiB less free before the weights than a clean card: what held it "
+        "then comes off twice unless the facts give each process's at_start_mib)"
     )
 
 
@@ -215,9 +231,7 @@ def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> 
             f"cannot plan {inp.name} without an earlier start: the facts lack model.weights_bytes",
             hint="add weights_bytes (the checkpoint's tensor bytes) or last_start (a start-up log)",
         )
-    attn_tp = par.attn_tp if par.attn_dp > 1 else None
-    layout = RankLayout(par.tp, par.pp, attn_tp, _custom_ar(inp), _quick_reduce_gib(inp))
-    over = overhead_for(inp.gpu.name, inp.gpu.memory_gib, layout)
+    over = overhead_for(inp.gpu.name, inp.gpu.memory_gib, _rank_layout(inp, par))
     others = outside_service([g.processes for g in inp.gpus])  # other processes on the service's GPUs
     pre = inp.gpu.memory_gib - over.gib - others.gib
     shards = par.tp * par.pp
@@ -229,6 +243,11 @@ def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> 
         + (f"; less {others.why}" if others.why else "")
     )
     return replace(shape, pre_gib=pre, post_gib=pre - weights - draft, margin_gib=over.margin_gib)
+
+
+def _rank_layout(inp: PlanInput, par: Parallel) -> RankLayout:
+    attn_tp = par.attn_tp if par.attn_dp > 1 else None
+    return RankLayout(par.tp, par.pp, attn_tp, _custom_ar(inp), _quick_reduce_gib(inp))
 
 
 def _custom_ar(inp: PlanInput) -> bool:

@@ -56,6 +56,7 @@ def test_a_process_outside_the_service_comes_off_the_calibrated_pool_and_is_name
         lost = clean.pool.pool(f) - busy.pool.pool(f)
         assert lost == pytest.approx(6 * GIB * f / cell, abs=3)
     assert any("pid 4242 python (notebook.service): 6.00 GiB" in n for n in busy.notes)
+    assert any("92.80 GiB free before the weights shows a clean card then" in n for n in busy.notes)
     plan = plan_from_facts(parse_facts(with_processes({3: [PYTHON]})), Target(200_000))
     line = render_plan("ct200", plan).splitlines()[0]
     assert "pid 4242 python" in line and "calibrated" in line
@@ -122,3 +123,17 @@ def _toml() -> dict[str, Any]:
     import tomllib
 
     return tomllib.loads(HOST_TOML)
+
+
+def test_a_facts_last_start_under_another_kv_dtype_calibrates_scaled() -> None:
+    # The file's flags say fp8 KV now; its last start's server_args line says it ran auto (bf16).
+    ran = ARGS.format(path="/models/Kimi-K2.6", tp=8, kv="auto") + START_LOG
+    doc = ct200(last_start=ran)
+    doc["flags"] = {**doc["flags"], "kv-cache-dtype": "fp8_e4m3"}
+    plan = plan_from_facts(parse_facts(doc), Target(250_000))
+    bf16 = plan_from_facts(
+        parse_facts(ct200(last_start=ran)), Target(100_000, fraction=plan.mem_fraction_static)
+    )
+    assert plan.basis == "calibrated" and plan.feasible and not plan.warnings
+    assert plan.evidence == ("the cell scaled from a start at --kv-cache-dtype auto",)
+    assert plan.predicted_pool_tokens / bf16.predicted_pool_tokens == pytest.approx(2.0, rel=0.002)

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent.cli.main import main
 from agent.inventory import HostConfig
@@ -137,3 +139,27 @@ def test_a_facts_last_start_under_another_kv_dtype_calibrates_scaled() -> None:
     assert plan.basis == "calibrated" and plan.feasible and not plan.warnings
     assert plan.evidence == ("the cell scaled from a start at --kv-cache-dtype auto",)
     assert plan.predicted_pool_tokens / bf16.predicted_pool_tokens == pytest.approx(2.0, rel=0.002)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    held=st.lists(st.tuples(st.integers(0, 7), st.floats(0, 20 * 1024), st.booleans()), max_size=4),
+    fraction=st.sampled_from([0.85, 0.9, 0.93]),
+)
+def test_the_calibrated_pool_loses_the_busiest_cards_outside_memory_times_the_fraction(
+    held: list[tuple[int, float, bool]], fraction: float
+) -> None:
+    per_card: dict[int, list[dict[str, Any]]] = {}
+    for n, (card, mib, own) in enumerate(held):
+        per_card.setdefault(card, []).append({"pid": 100 + n, "name": "p", "used_mib": mib, "service": own})
+    outside = max((sum(p["used_mib"] for p in ps if not p["service"]) for ps in per_card.values()), default=0)
+    busy = pool_model(parse_facts(with_processes(per_card)), 200_000).pool
+    clean = pool_model(parse_facts(ct200()), 200_000).pool
+    cell = busy.sizer.effective_cell() if busy.sizer is not None else busy.cell_bytes
+    lost = outside * 2**20 * fraction / cell  # down to an empty pool
+    assert clean.pool(fraction) - busy.pool(fraction) == pytest.approx(min(lost, clean.pool(fraction)), abs=3)
+    plan = plan_from_facts(parse_facts(with_processes(per_card)), Target(150_000))
+    holds = plan.predicted_pool_low_tokens >= plan.target_pool_tokens
+    fits = plan.reserve_gib_per_gpu >= plan.reserve_floor_gib
+    assert plan.feasible == (holds and fits and not plan.refusals)
+    assert (outside > 0) == any(e.startswith("less ") for e in plan.evidence)

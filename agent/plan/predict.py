@@ -185,10 +185,10 @@ def _calibrated_as_started(
     scales the measured cell by the architecture's ratio; the start's memory is kept (plan/evidence.py)."""
     fit = Fit(inp.flags, origin(inp), _figure_gaps(inp))
     then = as_started(inp)
-    if then is None:
-        return calibrated(starts, shaped, notes, fit)
     shape, now = shaped
-    was = sizing(then).sizer
+    was = sizing(then).sizer if then is not None else now
+    if then is None or was == now:  # the flags differ in name only (bf16 and a bf16 model's auto)
+        return calibrated(starts, shaped, notes, fit)
     model = calibrated(starts, (replace(shape, cell_bytes=was.cell_bytes, sizer=was), was), notes, fit)
     ratio = now.cell_bytes / was.cell_bytes
     measured = model.sizer.cell_bytes if model.sizer is not None else model.cell_bytes

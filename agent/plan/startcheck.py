@@ -2,10 +2,11 @@
 
 The architecture is the `type=` of the first `Load weight end` line (model_runner.py logs the target before
 any draft); TP, PP, the KV cache dtype and the model path come from the `server_args=ServerArgs(...)`
-line; the GPU shows in `Load weight begin. avail mem=` (free memory per card before the weights), which no
-card of this host could exceed. A start of another model, TP, PP or on bigger cards is refused with one
-line; one with another KV dtype calibrates, its measured cell scaled by the architecture's ratio
-(plan/evidence.py as_started), and the plan's verdict line says so.
+line (the KV dtype, without it, from the target's pool line); the GPU shows in `Load weight begin. avail
+mem=` (free memory per card before the weights), which no card of this host could exceed. A start of
+another model, TP, PP or on bigger cards is refused with one line; one with another KV dtype calibrates,
+its measured cell scaled by the architecture's ratio (plan/evidence.py as_started), and the plan's
+verdict line says so.
 """
 
 from __future__ import annotations
@@ -16,6 +17,18 @@ from dataclasses import dataclass
 
 _TYPE = re.compile(r"Load weight end\..*?\btype=([A-Za-z0-9_]+)")
 _PRE = re.compile(r"Load weight begin\. avail mem=(\d+(?:\.\d+)?) ?GB")
+# The KV pool's dtype as the pool logs it (mem_cache/memory_pool.py: "KV Cache is allocated. dtype:
+# {self.dtype}", the logical dtype) or as earlier releases said it ("Using KV cache dtype: torch.X"):
+# the --kv-cache-dtype a start without its server_args line ran. float16 is only ever auto's (SGLang
+# refuses it as a flag), and whether auto meant it is the model's to say: left unknown.
+_KV_DTYPE = re.compile(r"(?:KV Cache is allocated\. dtype|Using KV cache dtype): torch\.(\w+)")
+_TORCH_KV = {
+    "bfloat16": "bf16",
+    "float8_e4m3fn": "fp8_e4m3",
+    "float8_e4m3fnuz": "fp8_e4m3",
+    "float8_e5m2": "fp8_e5m2",
+    "float8_e5m2fnuz": "fp8_e5m2",
+}
 # SGLang's "GB" is GiB (utils get_available_gpu_memory divides by 1 << 30); a card never has more free than
 # it has, but the driver's total and torch's view differ by a few hundred MiB
 _CARD_SLACK_GIB = 0.5
@@ -50,6 +63,12 @@ def identity(lines: Iterable[str]) -> StartIdentity:
             found["architecture"] = m[1]
         if "pre" not in found and (m := _PRE.search(line)):
             found["pre"] = m[1]
+        if (
+            "pool_dtype" not in found
+            and ("TP0" in line or "TP" not in line)
+            and (m := _KV_DTYPE.search(line))
+        ):
+            found["pool_dtype"] = m[1]
         if "ServerArgs(" in line:
             for key, pattern in _ARG.items():
                 if key not in found and (m := pattern.search(line)):
@@ -59,7 +78,7 @@ def identity(lines: Iterable[str]) -> StartIdentity:
         found.get("model_path"),
         int(found["tp"]) if "tp" in found else None,
         int(found["pp"]) if "pp" in found else None,
-        found.get("kv_dtype"),
+        found.get("kv_dtype") or _TORCH_KV.get(found.get("pool_dtype", "")),
         float(found["pre"]) if "pre" in found else None,
         loads,
     )

@@ -163,3 +163,29 @@ def test_the_calibrated_pool_loses_the_busiest_cards_outside_memory_times_the_fr
     fits = plan.reserve_gib_per_gpu >= plan.reserve_floor_gib
     assert plan.feasible == (holds and fits and not plan.refusals)
     assert (outside > 0) == any(e.startswith("less ") for e in plan.evidence)
+
+
+def test_the_docs_fp8_example_calibrates_on_the_example_start_log(tmp_path: Path) -> None:
+    # examples/ct200-start.log has no server_args line: its pool line says torch.bfloat16. Was: "the earlier
+    # start is set aside: its pool gives 2.00 x the architecture's bytes per token", the plan cold.
+    (tmp_path / "units").mkdir()
+    (tmp_path / "units" / "ct200.toml").write_text(HOST_TOML, encoding="utf-8")
+    log = str(Path(__file__).parents[2] / "examples" / "ct200-start.log")
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    code = main(["--units", str(tmp_path / "units"), "plan", "ct200", "--context", "250k", "--json",
+                 "--set", "kv-cache-dtype=fp8_e4m3", "--from-log", log], out)  # fmt: skip
+    assert isinstance(out.stdout, io.StringIO)
+    plan = json.loads(out.stdout.getvalue())
+    assert code == 0 and plan["feasible"] and plan["basis"] == "calibrated" and not plan["warnings"]
+    assert plan["evidence"] == ["the cell scaled from a start at --kv-cache-dtype bf16"]
+
+
+def test_the_kv_dtype_a_start_ran_is_read_off_its_pool_line_without_server_args() -> None:
+    from agent.plan.startcheck import identity
+
+    assert identity(START_LOG.splitlines()).kv_dtype == "bf16"
+    fp8 = START_LOG.replace("dtype: torch.bfloat16", "dtype: torch.float8_e4m3fn")
+    assert identity(fp8.splitlines()).kv_dtype == "fp8_e4m3"
+    said = ARGS.format(path="/m", tp=8, kv="auto") + fp8  # the server_args line says what the flag was
+    assert identity(said.splitlines()).kv_dtype == "auto"
+    assert identity(["[t TP0] KV Cache is allocated. dtype: torch.float16, #tokens: 5"]).kv_dtype is None

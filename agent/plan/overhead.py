@@ -148,6 +148,27 @@ class Neighbours:
     why: str | None
     named: str = ""  # the processes, briefly: "pid 4242 python"
     unknown: bool = False  # some of it: what they held at the start is not known (all of it counted)
+    set_aside: str | None = None  # processes no unit claims, not counted (_outside)
+
+
+def _outside(cards: Sequence[Sequence[GpuProcess]]) -> tuple[list[list[GpuProcess]], str | None]:
+    """The processes outside the service on each card, and a note on those set aside.
+
+    A process the host could not place in a systemd unit (nvidia-smi names a pid the agent's /proc lacks:
+    another PID namespace) may be the running server itself: it counts only when the service's own
+    processes were found on the cards, so the attribution is known to work; otherwise it is named, not
+    subtracted (taking the server for a neighbour would call every plan not feasible)."""
+    found_own = any(p.service for procs in cards for p in procs)
+    unplaced = [p for procs in cards for p in procs if not p.service and p.unit is None and not found_own]
+    counted = [[p for p in procs if not p.service and (p.unit is not None or found_own)] for procs in cards]
+    if not unplaced:
+        return counted, None
+    pids = sorted({(p.pid, p.name, p.used_mib) for p in unplaced})
+    named = ", ".join(f"pid {pid} {name}: {mib / 1024:.2f} GiB" for pid, name, mib in pids)
+    return counted, (
+        f"{named} not subtracted: no systemd unit claims it and none of the service's own processes were "
+        "found on its GPUs, so it may be the service itself"
+    )
 
 
 def outside_service(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
@@ -156,16 +177,17 @@ def outside_service(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
     SGLang measures free memory per rank and takes the minimum (distributed/bootstrap.py
     measure_pre_model_load_memory), so the card with the most held by others binds every rank.
     """
-    held = [[p for p in procs if not p.service] for procs in cards]
+    held, set_aside = _outside(cards)
     worst = max(held, key=lambda procs: sum(p.used_mib for p in procs), default=[])
     if not worst:
-        return Neighbours(0.0, None)
+        return Neighbours(0.0, None, set_aside=set_aside)
     named = ", ".join(
         f"pid {p.pid} {p.name}" + (f" ({p.unit})" if p.unit else "") + f": {p.used_mib / 1024:.2f} GiB"
         for p in worst
     )
     gib = sum(p.used_mib for p in worst) / 1024
-    return Neighbours(gib, f"{gib:.2f} GiB held by other processes on the service's GPU ({named})")
+    why = f"{gib:.2f} GiB held by other processes on the service's GPU ({named})"
+    return Neighbours(gib, why, set_aside=set_aside)
 
 
 def since_start(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
@@ -176,10 +198,11 @@ def since_start(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
     def grown(p: GpuProcess) -> float:
         return max(0.0, p.used_mib - (p.at_start_mib or 0.0))
 
-    held = [[p for p in procs if not p.service and grown(p) > 0] for procs in cards]
+    outside, set_aside = _outside(cards)
+    held = [[p for p in procs if grown(p) > 0] for procs in outside]
     worst = max(held, key=lambda procs: sum(grown(p) for p in procs), default=[])
     if not worst:
-        return Neighbours(0.0, None)
+        return Neighbours(0.0, None, set_aside=set_aside)
     named = ", ".join(
         f"pid {p.pid} {p.name}"
         + (f" ({p.unit})" if p.unit else "")
@@ -197,4 +220,4 @@ def since_start(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
     )
     brief = ", ".join(f"pid {p.pid} {p.name}" for p in worst)
     why = f"{gib:.2f} GiB held since the last start by other processes on the service's GPU ({named}){said}"
-    return Neighbours(gib, why, brief, bool(unknown))
+    return Neighbours(gib, why, brief, bool(unknown), set_aside)

@@ -150,6 +150,8 @@ def _less_neighbours(inp: PlanInput, par: Parallel, model: PoolModel, notes: lis
     before the weights (distributed/bootstrap.py measure_pre_model_load_memory) and the one the pool is
     sized from (mem_cache/kv_cache_configurator.py _profile_available_bytes), so both come down by it."""
     others = since_start([g.processes for g in inp.gpus])
+    if others.set_aside:
+        notes.append(others.set_aside)
     if not others.gib:
         return model
     notes.append(f"less {others.why}" + (_clean_then(inp, par, model.pre_gib) if others.unknown else ""))
@@ -241,6 +243,7 @@ def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> 
         f"cold estimate: {over.why}; weights {weights:.2f} GiB per GPU"
         + (f" + draft {draft:.2f} GiB" if draft else "")
         + (f"; less {others.why}" if others.why else "")
+        + (f"; {others.set_aside}" if others.set_aside else "")
     )
     return replace(shape, pre_gib=pre, post_gib=pre - weights - draft, margin_gib=over.margin_gib)
 

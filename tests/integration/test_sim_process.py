@@ -63,7 +63,9 @@ class Sim:
     def lines(self) -> list[str]:
         return b"".join(self.raw).decode(errors="replace").split("\n")
 
-    def wait_line(self, needle: str, timeout: float = 15.0) -> str:
+    # Generous bounds: a start on a loaded 2-core machine can take many seconds to print its first line;
+    # a process that exits ends the wait at once, so only a hung one costs the whole bound.
+    def wait_line(self, needle: str, timeout: float = 120.0) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = [line for line in self.lines if needle in line]
@@ -74,7 +76,7 @@ class Sim:
             time.sleep(0.02)
         raise AssertionError(f"no line with {needle!r}; last lines: {self.lines[-8:]}")
 
-    def wait_exit(self, timeout: float = 15.0) -> int:
+    def wait_exit(self, timeout: float = 120.0) -> int:
         code = self.proc.wait(timeout)
         self.reader.join(5)
         return code

@@ -1,0 +1,44 @@
+"""The decider of the single-host change: what the driver does next, from what the steps observed.
+
+Pure: no ports, no clock. The driver (host/transaction.py) runs the step this returns, records what the step
+saw in a new `Observed`, and asks again, until a step ends the change (commit or roll back). A group's node
+is decided by the group machine instead (host/groupmachine.py, through host/txn_group.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Step(Enum):
+    RESTART = "restart"  # restart the unit (drained where it serves), watch it, gate it
+    VERIFY = "verify"  # the request's checks against the server the watch found ready
+    COMMIT = "commit"  # keep the new unit; clear the recovery record
+    ROLL_BACK = "roll back"  # restore the backup and prove the old unit again
+
+
+class Seen(Enum):
+    NOT_YET = "not yet"
+    PASSED = "passed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the steps have seen so far: the watch's verdict (READY passed, anything else failed) and the
+    verification's result."""
+
+    watch: Seen = Seen.NOT_YET
+    verify: Seen = Seen.NOT_YET
+
+
+def next_step(seen: Observed) -> Step:
+    """Restart first; a failed watch or a failed verification rolls back; a verified unit is committed."""
+    if seen.watch is Seen.NOT_YET:
+        return Step.RESTART
+    if seen.watch is Seen.FAILED or seen.verify is Seen.FAILED:
+        return Step.ROLL_BACK
+    if seen.verify is Seen.NOT_YET:
+        return Step.VERIFY
+    return Step.COMMIT

@@ -195,10 +195,15 @@ class Transaction:
         return self._start_and_decide(written)
 
     def _start_and_decide(self, change: Change) -> Result:
-        """Restart, watch, gate, verify: commit the new unit, or roll back to the backup; what comes next is
-        decided by host/txn_next.py (a group's node: by the group machine, host/txn_group.py)."""
+        """A group's node: the group step wraps the plain steps (host/txn_group.py, the group machine
+        deciding); one host: the plain steps, host/txn_next.py deciding."""
         if self.req.group is not None:
             return txn_group.start_and_decide(self.ports, self.run, change)
+        return self._steps(change)
+
+    def _steps(self, change: Change) -> Result:
+        """Restart, watch, gate, verify: commit the new unit, or roll back to the backup; what comes next is
+        decided by next_step (host/txn_next.py) from what the steps observed."""
         seen, reason, started = Observed(), "", None
         while True:
             step = next_step(seen)

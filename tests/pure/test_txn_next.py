@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from agent.host.txn_next import Observed, Seen, Step, next_step
+from agent.host.groupmachine import Phase
+from agent.host.txn_next import Observed, Seen, Step, after_group, next_step
 
 ALL = [Observed(watch, verify) for watch, verify in itertools.product(Seen, Seen)]
 
@@ -51,3 +52,13 @@ def test_the_driver_ends_in_at_most_three_steps() -> None:
             seen = Observed(watch, seen.verify) if step is Step.RESTART else Observed(seen.watch, verify)
         assert steps[0] is Step.RESTART
         assert (step is Step.COMMIT) == (watch is Seen.PASSED and verify is Seen.PASSED)
+
+
+def test_a_groups_node_ends_as_the_group_machine_ended() -> None:
+    """Every phase of the group machine names one ending: only COMMITTED keeps the new unit, only IN_DOUBT
+    stays stopped, everything else rolls back."""
+    for phase in Phase:
+        step = after_group(phase)
+        assert (step is Step.COMMIT) == (phase is Phase.COMMITTED)
+        assert (step is Step.STAY_STOPPED) == (phase is Phase.IN_DOUBT)
+        assert step in (Step.COMMIT, Step.STAY_STOPPED, Step.ROLL_BACK)

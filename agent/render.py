@@ -12,10 +12,10 @@ from pathlib import Path
 import jinja2
 
 from agent.errors import RenderError
-from agent.host.drain import stop_timeout_s
 from agent.inventory import VISIBLE, HostConfig
 from agent.plan import weight_cache_unit
 from agent.protocol.common import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
+from agent.protocol.requests import stop_timeout_s
 from agent.sglang import server_args, version_flags
 from agent.sglang.flags import FlagInput, FlagsError, exec_start_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env

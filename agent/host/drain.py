@@ -25,10 +25,6 @@ from agent.protocol.events import DrainData
 from agent.sglang.logs.events import Draining
 from agent.sglang.logs.lines import parse_line
 
-# SGLang's own shutdown once its drain is done: the drain loop checks every 5 s, schedulers get 15 s to
-# release (tokenizer_manager.py _SCHEDULER_EXIT_TIMEOUT_SECS), kill_process_tree waits up to 60 s, and
-# the GPU driver then frees the memory. systemd's SIGKILL must not land inside that.
-STOP_ALLOWANCE_S = 120
 POLL_S = 1.0
 
 
@@ -251,8 +247,3 @@ def result(waited: Waited, stop: StopWatch | None, timeout_s: float, logged: int
     in_flight = max(waited.in_flight, cut, stop.peak)
     seconds = round(waited.seconds + stop.answered_s, 3)
     return Drain(waited.end.value, in_flight, in_flight - cut, cut, seconds, waited.seconds, timeout_s)
-
-
-def stop_timeout_s(drain_timeout_s: float, allowance_s: float = STOP_ALLOWANCE_S) -> int:
-    """The unit's TimeoutStopSec: SGLang's own drain gets the drain's time, then its shutdown its own."""
-    return math.ceil(drain_timeout_s) + math.ceil(allowance_s)

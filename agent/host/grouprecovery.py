@@ -15,12 +15,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.host import drain
 from agent.host.groupmachine import Do, Node, Phase, Saw, files_of, node_step
 from agent.host.groupnode import start_bound_s
 from agent.host.groupsignal import Signals
 from agent.protocol.common import ProtocolError
-from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, Request
+from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, Request, stop_timeout_s
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class GroupRecord:
     def of(cls, req: Request) -> GroupRecord | None:
         if req.group is None:
             return None
-        stop_s = drain.stop_timeout_s(req.drain_timeout_s, req.drain_stop_allowance_s)
+        stop_s = stop_timeout_s(req.drain_timeout_s, req.drain_stop_allowance_s)
         return cls(req.group.rank, req.group.wait_s, start_bound_s(req, stop_s + RESTART_JOB_TIMEOUT_S))
 
     @classmethod

@@ -12,6 +12,7 @@ verify (txn_verify.py), commit (txn_commit.py), roll back and restore (txn_resto
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 
 from agent.host import txn_compare, txn_group, txn_recover, txn_router, txn_write
@@ -22,6 +23,7 @@ from agent.host.router import RouterPort
 from agent.host.secrets import SecretFiles
 from agent.host.state import StateDir
 from agent.host.txn_commit import commit
+from agent.host.txn_next import Observed, Seen, Step, next_step
 from agent.host.txn_ports import Change, Ports, ProbeFactory, ProbePort, Result, Run, SystemdPort, http_probe
 from agent.host.txn_restart import restart_and_watch
 from agent.host.txn_restore import roll_back
@@ -193,15 +195,32 @@ class Transaction:
         return self._start_and_decide(written)
 
     def _start_and_decide(self, change: Change) -> Result:
-        """Restart, watch, gate, verify: commit the new unit, or roll back to the backup."""
+        """A group's node: the group step wraps the plain steps (host/txn_group.py, the group machine
+        deciding); one host: the plain steps, host/txn_next.py deciding."""
         if self.req.group is not None:
             return txn_group.start_and_decide(self.ports, self.run, change)
-        started = restart_and_watch(self.ports, self.run, change.gate, Stage.WATCH)
-        if started.verdict.action is Action.READY:
-            verified = verify(self.ports, self.run, started, change)
-            if verified is None:
+        return self._steps(change)
+
+    def _steps(self, change: Change) -> Result:
+        """Restart, watch, gate, verify: commit the new unit, or roll back to the backup; what comes next is
+        decided by next_step (host/txn_next.py) from what the steps observed."""
+        seen, reason, started = Observed(), "", None
+        while True:
+            step = next_step(seen)
+            if step is Step.RESTART:
+                started = restart_and_watch(self.ports, self.run, change.gate, Stage.WATCH)
+                ready = started.verdict.action is Action.READY
+                seen, reason = (
+                    replace(seen, watch=Seen.PASSED if ready else Seen.FAILED),
+                    started.verdict.reason,
+                )
+                continue
+            assert started is not None
+            if step is Step.VERIFY:
+                failed = verify(self.ports, self.run, started, change)
+                seen = replace(seen, verify=Seen.PASSED if failed is None else Seen.FAILED)
+                reason = reason if failed is None else failed
+            elif step is Step.COMMIT:
                 return commit(self.ports, self.run, started, change)
-            reason = verified
-        else:
-            reason = started.verdict.reason
-        return roll_back(self.ports, self.run, change, reason, started)
+            else:
+                return roll_back(self.ports, self.run, change, reason, started)

@@ -9,6 +9,7 @@ from agent.host.groupmachine import Do, Phase
 from agent.host.groupmachine import Node as GroupNode
 from agent.host.groupsignal import Decision, Signals
 from agent.host.txn_commit import commit
+from agent.host.txn_next import Step, after_group
 from agent.host.txn_ports import Change, Ports, Result, Run
 from agent.host.txn_restart import restart_and_watch, stop_clean, waits
 from agent.host.txn_restore import roll_back
@@ -50,12 +51,13 @@ def decided(p: Ports, run: Run, signals: Signals, started: WatchResult, change: 
     node, done = wait_for_decision(p, run, signals)
     stands = signals.decided()
     why = stands.reason if stands else "no word"
-    if node.phase is Phase.COMMITTED:
+    step = after_group(node.phase)
+    if step is Step.COMMIT:
         if Do.START_NEW in done:  # it had stopped before the word: rank 0 committed
             p.systemd.start(p.unit, RESTART_JOB_TIMEOUT_S)
         p.log.emit(Stage.GROUP, "step", "the group committed", decision="commit")
         return commit(p, run, started, change)
-    if node.phase is Phase.IN_DOUBT:
+    if step is Step.STAY_STOPPED:
         run.in_doubt = (
             f"rank {node.rank} in doubt: its server stopped and no word came from deployctl or rank 0;"
             " it stays stopped (never a generation of its own): deployctl apply again takes it to rank"

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from agent.host import drain
 from agent.host.decide import Failure, Gate, fail
 from agent.host.events import utc_now
 from agent.host.groupmachine import Node as GroupNode
@@ -18,7 +17,7 @@ from agent.host.poll import wait_until
 from agent.host.txn_ports import Ports, Run, node_rank
 from agent.host.watch import WatchedStart, WatchResult, watch_start
 from agent.protocol.events import Stage
-from agent.protocol.requests import RESTART_JOB_TIMEOUT_S
+from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, stop_timeout_s
 
 if TYPE_CHECKING:
     from agent.host.systemd import JobResult
@@ -80,7 +79,7 @@ def drained_restart(p: Ports, run: Run, old_invocation: str, barrier: Signals | 
     from agent.host.drainer import restart_drained
 
     # The job covers SGLang's own drain (up to TimeoutStopSec) before the new process starts.
-    timeout = drain.stop_timeout_s(p.req.drain_timeout_s, p.req.drain_stop_allowance_s)
+    timeout = stop_timeout_s(p.req.drain_timeout_s, p.req.drain_stop_allowance_s)
 
     def restart() -> JobResult:
         run.stopping_at = utc_now()  # the old server stops answering from here: the downtime begins
@@ -102,7 +101,7 @@ def drained_restart(p: Ports, run: Run, old_invocation: str, barrier: Signals | 
 def waits(p: Ports, run: Run, signals: Signals) -> NodeWaits:
     """A group node's waits for its group's word (host/groupnode.py), bounded by rank 0's start."""
     assert p.req.group is not None
-    stop_s = drain.stop_timeout_s(p.req.drain_timeout_s, p.req.drain_stop_allowance_s)
+    stop_s = stop_timeout_s(p.req.drain_timeout_s, p.req.drain_stop_allowance_s)
     bound = run.group_start_bound_s or start_bound_s(p.req, stop_s + RESTART_JOB_TIMEOUT_S)
     return NodeWaits(signals, p.req.group.rank, p.req.group.wait_s, bound)
 

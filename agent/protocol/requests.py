@@ -276,3 +276,14 @@ def _is_number(value: object) -> bool:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ProtocolError(message)
+
+
+# SGLang's own shutdown once its drain is done: the drain loop checks every 5 s, schedulers get 15 s to
+# release (tokenizer_manager.py _SCHEDULER_EXIT_TIMEOUT_SECS), kill_process_tree waits up to 60 s, and
+# the GPU driver then frees the memory. systemd's SIGKILL must not land inside that.
+STOP_ALLOWANCE_S = 120
+
+
+def stop_timeout_s(drain_timeout_s: float, allowance_s: float = STOP_ALLOWANCE_S) -> int:
+    """The unit's TimeoutStopSec: SGLang's own drain gets the drain's time, then its shutdown its own."""
+    return math.ceil(drain_timeout_s) + math.ceil(allowance_s)

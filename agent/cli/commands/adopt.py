@@ -77,8 +77,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
 def _adopted(args: argparse.Namespace, unit: Inspected, path: Path) -> dict[str, object]:
     """adopt --json: what was read and where the inventory went, and the warnings as a list."""
     from agent.adopt import cache_notes, stop_notes
-    from agent.host.drain import stop_timeout_s
     from agent.inventory import Drain
+    from agent.protocol.requests import stop_timeout_s
 
     drain = Drain()
     warnings = [
@@ -133,8 +133,8 @@ def _inspect(
 def _warn(out: Output, unit: Inspected) -> None:
     """What the adopted unit does that an apply will change or keep (stop timeout, caches, secrets)."""
     from agent.adopt import cache_notes, stop_notes
-    from agent.host.drain import stop_timeout_s
     from agent.inventory import Drain
+    from agent.protocol.requests import stop_timeout_s
 
     drain = Drain()
     for note in stop_notes(unit, stop_timeout_s(drain.timeout_s, drain.stop_allowance_s)):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from agent.host import drain
+from agent.host import drain, gpu_at_start
 from agent.host.decide import Failure, Gate, fail
 from agent.host.events import utc_now
 from agent.host.groupmachine import Node as GroupNode
@@ -53,9 +53,21 @@ def restart_and_watch(
         n0 = -1  # the job failed before a new invocation: decide() sees a crash at once
     abandon_if = abandon(p, barrier) if barrier is not None and not barrier.back else None
     start = WatchedStart(
-        p.unit, p.journal, p.systemd, gate, cursor, after.invocation_id, max(n0, 0), abandon_if
-    )
+        p.unit, p.journal, p.systemd, gate, cursor, after.invocation_id, max(n0, 0), abandon_if,
+        on_pool=held_at_start(p, after.invocation_id, stage),
+    )  # fmt: skip
     return watch_start(start, p.log, stage)
+
+
+def held_at_start(p: Ports, invocation: str, stage: Stage) -> Callable[[], None]:
+    """Once the start logs its pool: what the GPU processes hold, for the facts' at_start_mib
+    (host/gpu_at_start.py); a failure to record it is a warning, never a failed change."""
+    return gpu_at_start.recorder(
+        p.state.unit_dir(p.unit),
+        invocation,
+        lambda: p.gpu_procs(p.unit),
+        lambda why: p.log.emit(stage, "warning", why),
+    )
 
 
 def abandon(p: Ports, barrier: Signals) -> Callable[[], str | None]:

@@ -11,6 +11,7 @@ whose log the facts' last_start is from. Stdlib only; nothing here raises into a
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from agent.protocol.answers import GpuCard, GpuProcess
 
 FORMAT = "deployctl-gpu-at-start/1"
 FILE_NAME = "gpu_at_start.json"
+FINISH_S = 60.0  # nvidia-smi's two calls are bounded at 20 s each (host/gpu_procs.py)
 MAX_BYTES = 1 << 20  # a few hundred processes at most; anything bigger was not written by the agent
 
 Held = Mapping[int, Sequence[GpuProcess]]  # nvidia-smi's index -> the processes on that card
@@ -110,15 +112,31 @@ def load(folder: Path, invocation: str) -> AtStart | None:
     return parse_snapshot(doc, invocation)
 
 
-def recorder(
-    folder: Path, invocation: str, read: Callable[[], Held | None], warn: Callable[[str], object]
-) -> Callable[[], None]:
-    """What the watch calls once the start logs its pool: the record of `read()`; a failure is a warning."""
+class Recorder:
+    """Records a start's GPU processes beside its watch: `begin` (the watch's on_pool) runs nvidia-smi in a
+    thread, so the gate's clock never waits on it (its calls may take 20 s each); `finish`, once the watch
+    is over, waits for it (bounded) and reports a failure as a warning, never as a failed change."""
 
-    def on_pool() -> None:
+    def __init__(self, folder: Path, invocation: str, read: Callable[[], Held | None]) -> None:
+        self.folder, self.invocation, self.read = folder, invocation, read
+        self.failed: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def begin(self) -> None:
+        self._thread = threading.Thread(target=self._record, name="gpu-at-start", daemon=True)
+        self._thread.start()
+
+    def _record(self) -> None:
         try:
-            record(folder, invocation, read())
+            record(self.folder, self.invocation, self.read())
         except Exception as exc:  # a full disk or a bug: only the next plan knows less, never a failed change
-            warn(f"what the GPU processes held at this start was not recorded: {type(exc).__name__}: {exc}")
+            self.failed = f"{type(exc).__name__}: {exc}"
 
-    return on_pool
+    def finish(self, warn: Callable[[str], object], timeout_s: float = FINISH_S) -> None:
+        if self._thread is None:
+            return
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self.failed = f"nvidia-smi still had not answered after {timeout_s:.0f} s"
+        if self.failed:
+            warn(f"what the GPU processes held at this start was not recorded: {self.failed}")

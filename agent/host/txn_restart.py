@@ -52,22 +52,14 @@ def restart_and_watch(
     if after.invocation_id == before.invocation_id and not job.ok:
         n0 = -1  # the job failed before a new invocation: decide() sees a crash at once
     abandon_if = abandon(p, barrier) if barrier is not None and not barrier.back else None
+    # what the GPU processes hold once the start logs its pool: the facts' at_start_mib (host/gpu_at_start.py)
+    held = gpu_at_start.Recorder(p.state.unit_dir(p.unit), after.invocation_id, lambda: p.gpu_procs(p.unit))
     start = WatchedStart(
-        p.unit, p.journal, p.systemd, gate, cursor, after.invocation_id, max(n0, 0), abandon_if,
-        on_pool=held_at_start(p, after.invocation_id, stage),
-    )  # fmt: skip
-    return watch_start(start, p.log, stage)
-
-
-def held_at_start(p: Ports, invocation: str, stage: Stage) -> Callable[[], None]:
-    """Once the start logs its pool: what the GPU processes hold, for the facts' at_start_mib
-    (host/gpu_at_start.py); a failure to record it is a warning, never a failed change."""
-    return gpu_at_start.recorder(
-        p.state.unit_dir(p.unit),
-        invocation,
-        lambda: p.gpu_procs(p.unit),
-        lambda why: p.log.emit(stage, "warning", why),
+        p.unit, p.journal, p.systemd, gate, cursor, after.invocation_id, max(n0, 0), abandon_if, held.begin
     )
+    watched = watch_start(start, p.log, stage)
+    held.finish(lambda why: p.log.emit(stage, "warning", why))
+    return watched
 
 
 def abandon(p: Ports, barrier: Signals) -> Callable[[], str | None]:

@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +220,19 @@ def test_no_nvidia_smi_no_record_and_a_failed_record_never_fails_the_change(host
     t.ports.gpu_procs = broken
     assert t.apply().outcome is Outcome.APPLIED
     assert any(e.kind == "warning" and "No space left" in e.message for e in t.events)
+
+
+def test_the_watch_never_waits_on_nvidia_smi_and_a_hung_one_is_a_warning(tmp_path: Path) -> None:
+    release, warned = threading.Event(), []
+
+    def hung() -> dict[int, list[GpuProcess]]:
+        release.wait(30)
+        return {0: [NOTEBOOK]}
+
+    held = gpu_at_start.Recorder(tmp_path, INV, hung)
+    held.begin()  # returns at once: the watch goes on deciding
+    held.finish(warned.append, timeout_s=0.01)
+    assert len(warned) == 1 and "had not answered" in warned[0]
+    release.set()
+    gpu_at_start.Recorder(tmp_path, INV, lambda: None).finish(warned.append)  # never begun: nothing
+    assert len(warned) == 1

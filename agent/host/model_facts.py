@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from agent.host.gpu_at_start import AtStart, fill
 from agent.host.gpu_procs import processes
 from agent.protocol.answers import FactsDoc, GpuCard, ModelFact
 from agent.sglang.flags import FlagsError, parse_unit, unit_lines
@@ -158,8 +159,9 @@ def parse_gpus(csv: str) -> list[GpuCard]:
     return gpus
 
 
-def gpus(own_unit: str | None = None) -> list[GpuCard]:
-    """nvidia-smi's cards, each with the processes on it, those of `own_unit` (the service) marked."""
+def gpus(own_unit: str | None = None, at_start: AtStart | None = None) -> list[GpuCard]:
+    """nvidia-smi's cards, each with the processes on it, those of `own_unit` (the service) marked, and
+    what each held at the running start where the agent recorded that start (host/gpu_at_start.py)."""
     if shutil.which("nvidia-smi") is None:
         return []
     query = "--query-gpu=name,memory.total,memory.free,compute_cap,index"
@@ -173,6 +175,7 @@ def gpus(own_unit: str | None = None) -> list[GpuCard]:
     if held is not None:
         for card in cards:
             card["processes"] = held.get(card.get("index", -1), [])
+        fill(cards, at_start)
     return cards
 
 
@@ -301,7 +304,11 @@ def start_excerpt(lines: Iterable[str]) -> str | None:
 
 
 def collect(
-    unit_text: str | None, journal_lines: Sequence[str], secret_names: Iterable[str], unit: str | None = None
+    unit_text: str | None,
+    journal_lines: Sequence[str],
+    secret_names: Iterable[str],
+    unit: str | None = None,
+    at_start: AtStart | None = None,
 ) -> FactsDoc | None:
     """The facts document for the unit's model, or None when the unit names no local config.json."""
     if not unit_text:
@@ -320,7 +327,7 @@ def collect(
     return {
         "format": FORMAT,
         **({"device": "cpu"} if cpu else {}),
-        "gpus": [ram] if ram else [] if cpu else gpus(unit),
+        "gpus": [ram] if ram else [] if cpu else gpus(unit, at_start),
         "sglang": {"version": sglang_version(unit_python(executable))},
         "model": model,
         "draft": model_fact(str(draft_path)) if isinstance(draft_path, str) else None,

@@ -4,7 +4,7 @@ has seen so far, the change being made, and the Result a verb comes to."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
@@ -13,12 +13,14 @@ from agent.host import drain
 from agent.host.daemon_unit import DaemonUnit
 from agent.host.decide import Gate
 from agent.host.events import EventLog
+from agent.host.gpu_procs import processes
 from agent.host.loadcheck import LoadResult, LoadSpec
 from agent.host.router import HttpRouter, RouterPort
 from agent.host.secrets import SecretFiles
 from agent.host.state import Record, StateDir
 from agent.host.units import UnitFiles
 from agent.host.watch import JournalPort
+from agent.protocol.answers import GpuProcess
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Event, Outcome, OutcomeData
 from agent.protocol.requests import Request, Smoke
@@ -96,6 +98,8 @@ class Ports:
     probe: ProbeFactory = http_probe  # the HTTP checks (a fake in the pure tests)
     router: Callable[[str], RouterPort] = HttpRouter  # the model gateway's API (a fake, too)
     now: Callable[[], datetime] = utc_clock  # the clock of backup names and records
+    # The GPU processes by card (nvidia-smi; None without it), the unit's own marked (a fake, too).
+    gpu_procs: Callable[[str | None], Mapping[int, Sequence[GpuProcess]] | None] = processes
 
     @property
     def unit(self) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from agent.host import gpu_at_start
 from agent.host.decide import Failure, Gate, fail
 from agent.host.events import utc_now
 from agent.host.groupmachine import Node as GroupNode
@@ -51,10 +52,14 @@ def restart_and_watch(
     if after.invocation_id == before.invocation_id and not job.ok:
         n0 = -1  # the job failed before a new invocation: decide() sees a crash at once
     abandon_if = abandon(p, barrier) if barrier is not None and not barrier.back else None
+    # what the GPU processes hold once the start logs its pool: the facts' at_start_mib (host/gpu_at_start.py)
+    held = gpu_at_start.Recorder(p.state.unit_dir(p.unit), after.invocation_id, lambda: p.gpu_procs(p.unit))
     start = WatchedStart(
-        p.unit, p.journal, p.systemd, gate, cursor, after.invocation_id, max(n0, 0), abandon_if
+        p.unit, p.journal, p.systemd, gate, cursor, after.invocation_id, max(n0, 0), abandon_if, held.begin
     )
-    return watch_start(start, p.log, stage)
+    watched = watch_start(start, p.log, stage)
+    held.finish(lambda why: p.log.emit(stage, "warning", why))
+    return watched
 
 
 def abandon(p: Ports, barrier: Signals) -> Callable[[], str | None]:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO, cast
 
 from agent import __version__
-from agent.host import adopt, model_facts, recovery, runner
+from agent.host import adopt, gpu_at_start, model_facts, recovery, runner
 from agent.host.journal import Journal
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
@@ -60,19 +60,22 @@ def facts(req: Request) -> HostFacts:
     lines = Journal().last_invocation_lines(req.unit, 20000)
     state_dir = StateDir(req.state_dir)
     view = unit_view(text, req.secret_names)
+    state = _state(req.unit)
+    # what the GPU processes held when the running start logged its pool, if the agent watched that start
+    at_start = gpu_at_start.load(state_dir.unit_dir(req.unit), state["invocation_id"] if state else "")
     return {
         "agent_version": __version__,
         "unit_text": view["unit_text"],
         "unit_sha256": view["unit_sha256"],
         "flags": view["flags"],
-        "state": _state(req.unit),
+        "state": state,
         "last_start": _last_start(lines),
         "history": state_dir.history(req.unit, 10),
         "gpus": _gpus(),
         "lock": runner.running(req),
         "last_txn": state_dir.last_txn(req.unit),
         "backups": [b.name for b in files.backups(req.unit)],
-        "model_facts": model_facts.collect(text, lines, req.secret_names, req.unit),
+        "model_facts": model_facts.collect(text, lines, req.secret_names, req.unit, at_start),
         "mem_available_bytes": _mem_available(),
     }
 

@@ -56,6 +56,8 @@ class WatchedStart:
     n_restarts0: int  # the unit's restart count before this start
     # A group's node: why the group no longer wants this start (its abort came meanwhile), else None.
     abandon: Callable[[], str | None] | None = None
+    # Called once, when the start logs its pool (the transaction records the GPU processes then).
+    on_pool: Callable[[], None] | None = None
 
 
 @dataclass
@@ -68,7 +70,9 @@ class WatchResult:
 class _Start:
     """What the journal has told so far about one start: its summary, phase and timings."""
 
-    def __init__(self, t0: float, log: EventLog, stage: Stage) -> None:
+    def __init__(
+        self, t0: float, log: EventLog, stage: Stage, on_pool: Callable[[], None] | None = None
+    ) -> None:
         self.builder = SummaryBuilder()
         self.log, self.stage = log, stage
         self.summary = self.builder.summary().to_dict()
@@ -77,6 +81,7 @@ class _Start:
         self.last_line_at, self.last_progress = t0, t0  # the first periodic line after a second
         self.weights_done_at: float | None = None
         self.pool_at: float | None = None
+        self.on_pool = on_pool
 
     def feed(self, message: str, now: float) -> None:
         self.lines += 1
@@ -101,6 +106,8 @@ class _Start:
             self.weights_done_at = now
         if self.pool_at is None and self.summary.get("kv_tokens") is not None:
             self.pool_at = now
+            if self.on_pool is not None:
+                self.on_pool()
 
     def _progress(self, now: float) -> None:
         line = self.last_text[:200]
@@ -140,7 +147,7 @@ def watch_start(
     """Decide on every new line and every state poll; return at ready or at the first failure."""
     unit, journal, systemd, gate = start.unit, start.journal, start.systemd, start.gate
     t0 = clock()
-    seen = _Start(t0, log, stage)
+    seen = _Start(t0, log, stage, start.on_pool)
     state, last_poll, pool_passed = systemd.unit_state(unit), 0.0, False
     horizon = gate.timeouts.weights_s + gate.timeouts.pool_s + gate.timeouts.ready_s + 60
     failed_at: float | None = None

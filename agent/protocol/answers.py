@@ -37,14 +37,20 @@ class HistoryEntry(StartFigures, total=False):
     prewarm: PrewarmData | None  # the pre-warm before this start: whether its weights came from page cache
 
 
-class GpuProcess(TypedDict):
-    """A process on a card as the facts document carries it (card["processes"])."""
-
+class _GpuProcessRequired(TypedDict):
     pid: int
     name: str
     used_mib: float
     unit: str | None  # its systemd unit (cgroup), None when it has none or cannot be read
     service: bool  # the service's own unit: its memory goes with the restart
+
+
+class GpuProcess(_GpuProcessRequired, total=False):
+    """A process on a card as the facts document carries it (card["processes"])."""
+
+    # What it held when the running start logged its pool (host/gpu_at_start.py); 0 for one that came
+    # after; absent when the agent has no record of that start (the plan then takes off all it holds).
+    at_start_mib: float
 
 
 class GpuCard(TypedDict, total=False):

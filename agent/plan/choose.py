@@ -56,17 +56,17 @@ class Plan:
     binding: str | None = None  # for a plan that is not feasible: the constraint that binds
     max_total_tokens: int | None = None  # the pool pinned (the CPU backend: free RAM moves between starts)
     evidence: tuple[str, ...] = ()  # what the verdict line says of the evidence besides the basis
+    requests_set: bool = True  # False: the unit leaves --max-running-requests to SGLang and memory allows it
 
     def basis_line(self) -> str:
         """The basis as the verdict line says it, with what changed since the calibrating start."""
         return "; ".join((self.basis, *self.evidence))
 
     def flags(self) -> dict[str, FlagValue]:
-        flags: dict[str, FlagValue] = {
-            "mem-fraction-static": self.mem_fraction_static,
-            "max-running-requests": self.max_running_requests,
-            "context-length": self.context_length,
-        }
+        flags: dict[str, FlagValue] = {"mem-fraction-static": self.mem_fraction_static}
+        if self.requests_set:  # a cap the person did not set only when memory needs it
+            flags["max-running-requests"] = self.max_running_requests
+        flags["context-length"] = self.context_length
         if self.max_total_tokens is not None:
             flags["max-total-tokens"] = self.max_total_tokens
         return flags
@@ -84,6 +84,7 @@ class Plan:
         data["pre_gib"], data["post_gib"] = round(self.pre_gib, 4), round(self.post_gib, 4)
         data["cell_bytes"] = round(self.cell_bytes, 1)
         data["flags"] = self.flags()
+        del data["requests_set"]  # the flags say it
         if self.max_total_tokens is None:
             del data["max_total_tokens"]  # a GPU plan leaves the pool to the fraction
         return data
@@ -120,7 +121,9 @@ def choose(
     plan = replace(plan, warnings=(*failures, *plan.warnings))
     if fraction is not None:
         plan = _against_recommendation(plan, model, need, options, flags)
-    return _bound(plan, host, model, need)
+    plan = _bound(plan, host, model, need)
+    unset = not asked.max_running and not flag(flags, "max-running-requests")
+    return replace(plan, requests_set=not unset or plan.max_running_requests < options[0])
 
 
 def _sized(

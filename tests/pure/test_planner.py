@@ -171,6 +171,20 @@ def test_unset_max_running_requests_gets_an_explicit_value() -> None:
     assert p.max_running_requests == 48  # what DFLASH defaults to; now explicit
 
 
+def test_unset_max_running_requests_stays_out_of_the_flags() -> None:
+    h = host(sglang={"flags": {"max-running-requests": None}})
+    p = plan(h, 200_000, START_085)
+    assert "max-running-requests" not in p.flags()
+    assert "max-running-requests" in plan(host(), 200_000, START_085).flags()  # the unit's own is kept
+
+
+def test_unset_max_running_requests_is_set_when_memory_needs_a_lower_cap() -> None:
+    h = host(sglang={"flags": {"max-running-requests": None}}, planning={"reserve_floor_gib": 7.6})
+    p = plan(h, 2_000_000, START_085, fraction=0.90)
+    assert p.max_running_requests < 48
+    assert p.flags()["max-running-requests"] == p.max_running_requests
+
+
 def test_requests_are_lowered_when_their_table_breaks_the_floor() -> None:
     # At 2M tokens req_to_token for 64 requests is 0.48 GiB; with a 7.5 GiB floor at 0.90 only
     # halving to 32 keeps it (slack 9.28 − measured runtime 1.41 − table).

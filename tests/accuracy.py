@@ -264,8 +264,11 @@ Misses reported against the planner, over and under, and what SGLang's code says
   KV after 131.08 GiB free at 0.88): SGLang builds of early 2025 multiplied the fraction by 0.95 for a
   multimodal model (model_runner.py, "Automatically reduce --mem-fraction-static ... because this is a
   multimodal model"; 0.90 in mid-2025, sgl-project/sglang#8008 logs it). 0.88 x 0.95 = 0.836 gives 108.25 GiB:
-  the whole gap. SGLang 0.5.23 no longer scales the fraction (it reserves a multimodal budget instead, which
-  the planner follows); a host on an older build must be calibrated by its first start.
+  the whole gap. The wheels say when: x 0.95 in 0.3.6-0.4.4, x 0.90 in 0.4.5-0.4.8, given fraction or not;
+  from 0.4.9 only a defaulted fraction is scaled, and 0.5.23 reserves a multimodal budget instead. A plan
+  for a host that reports one of those builds sizes the pool at the scaled fraction and says so
+  (agent/sglang/memory_defaults.py runner_vlm_factor); this start's own log names no version, so the
+  harness, which plans every start as 0.5.23, still shows the gap.
 - **GLM-5 (DSA) on MI355X, about 4 GiB over** (the rocm/sgl-dev 0.5.9 image): that image's torch.distributed
   init took 7.83 GB against 3.83 GB (a quick all-reduce of 2 x 2 GiB, quick_all_reduce.py); the AMD margin
   covers it, and the start is a hit above (+2.2 %, inside its interval).

@@ -14,12 +14,12 @@ from agent.errors import UsageError
 from agent.plan.calibrate import Fit, calibrated
 from agent.plan.evidence import CELL_FLAGS, NotEvidence, admitted, as_started, changed_since, partial
 from agent.plan.facts import PlanInput
-from agent.plan.inputs import OFF, float_of, int_of, is_on, origin, value_of
+from agent.plan.inputs import OFF, float_of, int_of, is_on, origin, sglang_version, value_of
 from agent.plan.model import PoolModel, Start, StartFigures, start_of
 from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for, since_start
 from agent.plan.sizing import Sizing, attention_backend, sizing
 from agent.sglang import memory_defaults, pools
-from agent.sglang.kvlayout import KVLayout
+from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
 from agent.sglang.kvpool import GIB
 from agent.sglang.pools import Parallel
 
@@ -79,13 +79,30 @@ def _aiter_scale(inp: PlanInput, arch: Sizing, context: int, notes: list[str]) -
     return scale
 
 
+def _runner_vlm_scale(inp: PlanInput, notes: list[str]) -> float:
+    """Builds before 0.4.9 ran a multimodal model at a share of the given fraction (memory_defaults.py
+    runner_vlm_factor); its checkpoint's architecture decides, as their ModelConfig.is_multimodal did."""
+    factor = memory_defaults.runner_vlm_factor(sglang_version(inp))
+    try:
+        if factor == 1.0 or not read_layout(inp.model.config).multimodal:
+            return 1.0
+    except Unsupported:  # sizing() read it with the flags' override; refusals are its to state
+        return 1.0
+    notes.append(
+        f"SGLang {inp.sglang_version} runs a multimodal model at {factor:.2f} x the given "
+        "--mem-fraction-static (model_executor/model_runner.py of builds before 0.4.9): the plan sizes the "
+        "pool at the scaled fraction, because it is multimodal"
+    )
+    return factor
+
+
 def pool_model(inp: PlanInput, context: int) -> FactsModel:
     """The PoolModel for this host: cold from the facts, or calibrated by the last start's memory lines."""
     arch = sizing(inp)
     layout, dtype, par, sizer, notes = arch.layout, arch.dtype, arch.par, arch.sizer, list(arch.notes)
     inp, aside = admitted(inp, par.tp, par.pp)  # only a start of this model, layout and cards calibrates
     fraction = _fraction(inp, layout, par, notes)
-    scale = _aiter_scale(inp, arch, context, notes)
+    scale = _aiter_scale(inp, arch, context, notes) * _runner_vlm_scale(inp, notes)
     # What every model of this host shares; the memory figures and the cell come from the starts or the card.
     shape = PoolModel(
         0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,

@@ -106,6 +106,17 @@ def vlm_factor(layout: KVLayout) -> float:
     return 0.95 * max(0.8, min(1.05, 1 - 0.1 * (ratio - 1)))
 
 
+def runner_vlm_factor(version: tuple[int, int, int, int] | None) -> float:
+    """What builds before 0.4.9 did to a multimodal model's fraction, given or not: ModelRunner scaled it
+    (model_executor/model_runner.py "Automatically reduce --mem-fraction-static ... because this is a
+    multimodal model": x 0.95 in the 0.3.6-0.4.4 wheels, x 0.90 in 0.4.5-0.4.8). From 0.4.9 only a
+    defaulted fraction is scaled (server_args.py), and a plan always gives the unit its own. Builds before
+    0.3.6 were not read: 1.0."""
+    if version is None or not (0, 3, 6) <= version[:3] < (0, 4, 9):
+        return 1.0
+    return 0.95 if version[:3] < (0, 4, 5) else 0.90
+
+
 def aiter_fraction(
     fraction: float, *, backend: str | None, context_len: int, explicit: bool, honor: bool
 ) -> float:

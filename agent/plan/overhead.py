@@ -50,7 +50,7 @@ with attention DP. The margin covers both; the first real start replaces the est
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 NVIDIA_BASE_GIB = 1.1
@@ -171,21 +171,27 @@ def _outside(cards: Sequence[Sequence[GpuProcess]]) -> tuple[list[list[GpuProces
     )
 
 
-def outside_service(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
-    """The most memory processes outside the service hold on any one of its cards, naming them.
-
-    SGLang measures free memory per rank and takes the minimum (distributed/bootstrap.py
-    measure_pre_model_load_memory), so the card with the most held by others binds every rank.
-    """
+def _busiest(
+    cards: Sequence[Sequence[GpuProcess]], amount: Callable[[GpuProcess], float]
+) -> tuple[list[GpuProcess], float, str | None]:
+    """The outside processes of the card where `amount` of them is the most, that sum in GiB, and the note
+    on those set aside (_outside). SGLang measures free memory per rank and takes the minimum
+    (distributed/bootstrap.py measure_pre_model_load_memory), so that card binds every rank."""
     held, set_aside = _outside(cards)
-    worst = max(held, key=lambda procs: sum(p.used_mib for p in procs), default=[])
+    worst = max(held, key=lambda procs: sum(amount(p) for p in procs), default=[])
+    return worst, sum(amount(p) for p in worst) / 1024, set_aside
+
+
+def _label(p: GpuProcess) -> str:
+    return f"pid {p.pid} {p.name}" + (f" ({p.unit})" if p.unit else "") + f": {p.used_mib / 1024:.2f} GiB"
+
+
+def outside_service(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
+    """The most memory processes outside the service hold on any one of its cards, naming them."""
+    worst, gib, set_aside = _busiest(cards, lambda p: p.used_mib)
     if not worst:
         return Neighbours(0.0, None, set_aside=set_aside)
-    named = ", ".join(
-        f"pid {p.pid} {p.name}" + (f" ({p.unit})" if p.unit else "") + f": {p.used_mib / 1024:.2f} GiB"
-        for p in worst
-    )
-    gib = sum(p.used_mib for p in worst) / 1024
+    named = ", ".join(_label(p) for p in worst)
     why = f"{gib:.2f} GiB held by other processes on the service's GPU ({named})"
     return Neighbours(gib, why, set_aside=set_aside)
 
@@ -198,19 +204,14 @@ def since_start(cards: Sequence[Sequence[GpuProcess]]) -> Neighbours:
     def grown(p: GpuProcess) -> float:
         return max(0.0, p.used_mib - (p.at_start_mib or 0.0))
 
-    outside, set_aside = _outside(cards)
-    held = [[p for p in procs if grown(p) > 0] for procs in outside]
-    worst = max(held, key=lambda procs: sum(grown(p) for p in procs), default=[])
+    worst, gib, set_aside = _busiest(cards, grown)
+    worst = [p for p in worst if grown(p) > 0]  # named only where it grew
     if not worst:
         return Neighbours(0.0, None, set_aside=set_aside)
     named = ", ".join(
-        f"pid {p.pid} {p.name}"
-        + (f" ({p.unit})" if p.unit else "")
-        + f": {p.used_mib / 1024:.2f} GiB"
-        + ("" if p.at_start_mib is None else f", {p.at_start_mib / 1024:.2f} GiB at the start")
+        _label(p) + ("" if p.at_start_mib is None else f", {p.at_start_mib / 1024:.2f} GiB at the start")
         for p in worst
     )
-    gib = sum(grown(p) for p in worst) / 1024
     unknown = [p for p in worst if p.at_start_mib is None]
     said = (
         f"; what {'they' if len(unknown) > 1 else 'it'} held at the last start is not known: all of it "

@@ -248,9 +248,11 @@ class Timeouts(_Model):
 
 class Planning(_Model):
     margin: float = Field(default=0.02, ge=0, lt=0.5, description="pool above the target, as a fraction")
-    reserve_floor_gib: float = Field(
-        default=4.0, gt=0, le=MAX_GIB, description="memory left per GPU for graphs"
-    )
+    reserve_floor_gib: float | None = Field(
+        default=None, gt=0, le=MAX_GIB,
+        description="memory left per GPU after the pool (CUDA graphs, activations); unset: derived from the "
+        "model's shapes and the card class (docs/planning.md)",
+    )  # fmt: skip
 
 
 class Metrics(_Model):

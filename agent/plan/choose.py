@@ -103,7 +103,10 @@ def choose(
     target, fraction, flags = asked.context, asked.fraction, host.sglang.flags
     model, failures = _after_failures(model, starts, flags, target)
     options = [asked.max_running] if asked.max_running else _request_options(host, flags)
-    need = Need(target, math.ceil(target * (1 + host.planning.margin)), host.planning.reserve_floor_gib)
+    floor = host.planning.reserve_floor_gib
+    if floor is None:  # plan_from_facts fills it: the person's, else derived (plan/floor.py)
+        raise ValueError(f"{host.name}: the plan's host view lacks its memory floor")
+    need = Need(target, math.ceil(target * (1 + host.planning.margin)), floor)
     chosen: float | None
     if fraction is not None:
         chosen, requests = fraction, _fitting(model, fraction, options, target, need.floor)
@@ -320,8 +323,8 @@ def _reserve_note(plan: Plan, model: PoolModel) -> str:
         "the slack pre × (1 − f) minus what the runtime took at the earlier start (CUDA graphs, "
         "activations) and the req_to_token table"
         if model.runtime_measured
-        else "the slack pre × (1 − f) minus the req_to_token table; CUDA graphs and activations are not "
-        "measured before the first start, so the floor must cover them"
+        else "the slack pre × (1 − f) minus the req_to_token table; CUDA graphs are not measured before "
+        "the first start, so the floor covers them"
     )
     ceiling = f"do not push the fraction above {limit:.3f}" if limit is not None else "no fraction keeps it"
     return (

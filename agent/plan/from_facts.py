@@ -38,7 +38,7 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
         return plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins))
     fm = pool_model(inp, asked.context)
     # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
-    host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp))
+    host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp), fm.floor.gib)
     plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp))
     extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan), decode_note(inp)]
     warnings = (*fm.warnings, *plan.warnings, *_version_warning(inp))

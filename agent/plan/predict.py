@@ -14,12 +14,14 @@ from agent.errors import UsageError
 from agent.plan.calibrate import Fit, calibrated
 from agent.plan.evidence import CELL_FLAGS, NotEvidence, admitted, as_started, changed_since, partial
 from agent.plan.facts import PlanInput
+from agent.plan.floor import Floor, Sizes, derive, shapes
 from agent.plan.inputs import OFF, float_of, int_of, is_on, origin, sglang_version, value_of
 from agent.plan.model import PoolModel, Start, StartFigures, start_of
 from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for, since_start
 from agent.plan.sizing import Sizing, attention_backend, sizing
 from agent.sglang import memory_defaults, pools
-from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
+from agent.sglang.config_json import with_override
+from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout, text_config
 from agent.sglang.kvpool import GIB
 from agent.sglang.pools import Parallel
 
@@ -32,6 +34,7 @@ class FactsModel:
     fraction: float  # the running fraction: the flag, else SGLang's own default
     notes: tuple[str, ...]
     warnings: tuple[str, ...] = ()  # earlier starts set aside (plan/evidence.py): said first
+    floor: Floor = Floor(4.0)  # what must stay free per GPU after the pool (plan/floor.py)
 
 
 def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str]) -> float:
@@ -109,7 +112,30 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
         max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
     )  # fmt: skip
     model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
-    return FactsModel(model, layout, dtype, fraction, tuple(notes), aside)
+    floor = floor_of(inp, layout, par, context, measured=model.runtime_measured)
+    return FactsModel(model, layout, dtype, fraction, (*notes, floor.said()), aside, floor)
+
+
+def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, measured: bool) -> Floor:
+    """The memory floor: the person's, else derived from the model's shapes and what SGLang captures and
+    prefills under these flags (their defaults by card class: arg_groups/memory_hook.py)."""
+    if inp.planning.reserve_floor_gib is not None:
+        return Floor(inp.planning.reserve_floor_gib, stated=True)
+    chunk_default, bs_default = memory_defaults.class_defaults(inp.gpu.memory_total_mib, par.tp)
+    chunk = int_of(inp.flags, "chunked-prefill-size") or chunk_default
+    if chunk <= 0:  # chunking off: a prompt of the whole context is prefilled in one step
+        chunk = context
+    bs = int_of(inp.flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs") or bs_default
+    spec = value_of(inp.flags, "speculative-algorithm") not in (None, "", "NGRAM", "ngram")
+    requests = int_of(inp.flags, "max-running-requests") or (48 if spec else 64)  # plan/choose.py defaults
+    off = "disable-cuda-graph" in inp.flags and is_on(inp.flags, "disable-cuda-graph")
+    sizes = Sizes(0 if off else min(bs, requests), chunk, graphs_measured=measured)
+    try:
+        text = text_config(with_override(inp.model.config, value_of(inp.flags, "json-model-override-args")))
+        found = shapes(text, par.tp, layout.dtype_bytes, par.pp)
+    except (ValueError, Unsupported):  # sizing() read the same config and said what it made of it
+        found = None
+    return derive(found, sizes)
 
 
 def _evidenced(

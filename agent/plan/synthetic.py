@@ -15,8 +15,11 @@ from agent.sglang.pools import Parallel
 ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
 
-def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float, par: Parallel) -> HostConfig:
-    """The inventory-shaped view the plan's notes and alternatives read (no SSH: it is never contacted)."""
+def synthetic_host(
+    inp: PlanInput, layout: KVLayout, fraction: float, par: Parallel, floor_gib: float
+) -> HostConfig:
+    """The inventory-shaped view the plan's notes and alternatives read (no SSH: it is never contacted);
+    its floor is the one the plan derived or the person stated (plan/floor.py)."""
     data: dict[str, object] = {  # HostConfig's own shape, validated by it below
         "name": inp.name,
         "ssh": {"target": "local"},
@@ -26,7 +29,7 @@ def synthetic_host(inp: PlanInput, layout: KVLayout, fraction: float, par: Paral
         # the one variable that changes what SGLang accepts (plan/refusals.py): a context above the model's
         "unit": {"environment": {k: v for k, v in inp.env.items() if k == ALLOW_LONGER_CONTEXT}},
         "sglang": {"version": inp.sglang_version, "flags": {**inp.flags, "mem-fraction-static": fraction}},
-        "planning": inp.planning.model_dump(),
+        "planning": {**inp.planning.model_dump(), "reserve_floor_gib": floor_gib},
     }
     try:
         return HostConfig.model_validate(data)

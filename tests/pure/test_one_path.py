@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,12 @@ def _figures(case: Case) -> dict[str, Any]:
     return {**model, "max_context": layout.context_len}
 
 
+# The inventory's figures size the cell but not the activations (no hidden or intermediate size): a floor
+# is stated on both paths of those cases, so they compare what the figures decide. The host-facts cases
+# derive it on both (plan/floor.py); test_a_floor_is_derived_only_where_the_shapes_are_known covers the gap.
+STATED_FLOOR = {"reserve_floor_gib": 4.0}
+
+
 def inventory_host(case: Case) -> HostConfig:
     model: dict[str, Any] = {"path": "/models/m", "weights_gib_per_gpu": case.weights_bytes / _tp(case) / GIB}
     if case.by_figures:
@@ -106,6 +112,7 @@ def inventory_host(case: Case) -> HostConfig:
         "name": "h", "ssh": {"target": "h"},
         "gpus": {"count": case.count, "memory_gib": case.card[1], "name": case.card[0]},
         "model": model, "sglang": {"version": "0.5.23", "flags": dict(case.flags)},
+        "planning": STATED_FLOOR if case.by_figures else {},
     })  # fmt: skip
 
 
@@ -114,7 +121,7 @@ def facts_doc(case: Case) -> dict[str, Any]:
     return {
         "format": "deployctl-facts/1", "gpus": [card] * case.count, "sglang": {"version": "0.5.23"},
         "model": {"config": case.config, "weights_bytes": case.weights_bytes, "path": "/models/m"},
-        "flags": dict(case.flags),
+        "flags": dict(case.flags), **({"planning": STATED_FLOOR} if case.by_figures else {}),
     }  # fmt: skip
 
 
@@ -184,7 +191,10 @@ def test_the_inventorys_floor_and_margin_hold_on_every_path() -> None:
     )
     host_facts = {**facts_doc(case), "gpus": [], "model": {"config": case.config, "path": "/models/m"}}
     plan = plan_from_host_facts(strict, {"model_facts": host_facts}, None, Target(case.context))
-    assert plan is not None and plan.reserve_floor_gib == 20.0 and default.reserve_floor_gib == 4.0
+    assert plan is not None and plan.reserve_floor_gib == 20.0
+    assert any("the memory floor is 20.0 GiB per GPU, as stated" in n for n in plan.notes)
+    assert any(f"the memory floor is {default.reserve_floor_gib:.1f} GiB per GPU, derived" in n
+               for n in default.notes)  # fmt: skip
     assert plan.target_pool_tokens == math.ceil(case.context * 1.2)
     assert plan.reserve_gib_per_gpu >= 20.0
 
@@ -194,3 +204,17 @@ def test_a_kv_element_of_three_bytes_is_refused_in_one_line() -> None:
 
     with pytest.raises(UsageError, match=r"model\.dtype_bytes 3"):
         plan(host(model={"dtype_bytes": 3}), 200_000)
+
+
+def test_a_floor_is_derived_only_where_the_shapes_are_known() -> None:
+    # The inventory's figures alone do not give the activations' shapes: the fixed 4 GiB, said as such. The
+    # same host's config.json (its facts) derives the floor from what takes it.
+    case = replace(CASES["llama-3.1-70b-tp2-infeasible"])
+    bare = inventory_host(case).model_copy(update={"planning": Planning()})
+    figures = plan_for_host(bare, Target(case.context), None, bare.sglang.flags)
+    assert figures.reserve_floor_gib == 4.0
+    assert any("a fixed 4.0 GiB per GPU: the model's shapes are not known" in n for n in figures.notes)
+    doc = {k: v for k, v in facts_doc(case).items() if k != "planning"}
+    derived = plan_from_facts(parse_facts(doc), Target(case.context))
+    assert 0 < derived.reserve_floor_gib < 4.0
+    assert any("activations" in n and "prefill chunk" in n for n in derived.notes if "memory floor" in n)

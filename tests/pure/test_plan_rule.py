@@ -20,6 +20,7 @@ def qwen3_32b_on_two_a100s(**flags: Any) -> dict[str, Any]:
     return {
         "format": "deployctl-facts/1", "gpus": [A100_40] * 2, "sglang": {"version": "0.5.23"},
         "model": {"config": config, "weights_bytes": int(65.5e9)}, "flags": {"tp-size": 2, **flags},
+        "planning": {"reserve_floor_gib": 4.0},  # the floor these cases were found under, stated
     }  # fmt: skip
 
 

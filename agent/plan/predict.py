@@ -8,13 +8,13 @@ notes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from agent.errors import UsageError
 from agent.plan.calibrate import Fit, calibrated
 from agent.plan.evidence import CELL_FLAGS, NotEvidence, admitted, as_started, changed_since, partial
 from agent.plan.facts import PlanInput
-from agent.plan.floor import Floor, Sizes, derive, shapes
+from agent.plan.floor import FIXED_GIB, Floor, Sizes, derive, shapes
 from agent.plan.inputs import OFF, float_of, int_of, is_on, origin, sglang_version, value_of
 from agent.plan.model import PoolModel, Start, StartFigures, start_of
 from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for, since_start
@@ -34,7 +34,7 @@ class FactsModel:
     fraction: float  # the running fraction: the flag, else SGLang's own default
     notes: tuple[str, ...]
     warnings: tuple[str, ...] = ()  # earlier starts set aside (plan/evidence.py): said first
-    floor: Floor = Floor(4.0)  # what must stay free per GPU after the pool (plan/floor.py)
+    floor: Floor = field(default_factory=lambda: Floor(FIXED_GIB))  # what stays free after the pool
 
 
 def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str]) -> float:

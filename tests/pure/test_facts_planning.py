@@ -1,7 +1,7 @@
 """`plan --facts` takes the margin and the memory floor from the facts file's `planning` section, and
 derives the floor from what takes it when the file states none (issue 30 item 6): the commonest single-card
 setup, Llama 3.1 8B at 32k on one RTX 4090 (people run it at 0.88-0.90 for about 45k tokens), was not
-feasible under the fixed 4 GiB floor; it is under the derived one, and under a 2.5 GiB one the person states."""
+feasible under the fixed 4 GiB floor; it is under the derived one, and under a 2.5 GiB one a person states."""
 
 from __future__ import annotations
 

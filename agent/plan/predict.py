@@ -126,8 +126,9 @@ def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, meas
     if chunk <= 0:  # chunking off: a prompt of the whole context is prefilled in one step
         chunk = context
     bs = int_of(inp.flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs") or bs_default
-    spec = value_of(inp.flags, "speculative-algorithm") not in (None, "", "NGRAM", "ngram")
-    requests = int_of(inp.flags, "max-running-requests") or (48 if spec else 64)  # plan/choose.py defaults
+    # SGLang captures up to the request cap; EAGLE, DFLASH and DSPARK set an unset one to 48 (choose.py)
+    spec = str(value_of(inp.flags, "speculative-algorithm") or "").upper() not in ("", "NGRAM")
+    requests = int_of(inp.flags, "max-running-requests") or (48 if spec else bs)
     off = "disable-cuda-graph" in inp.flags and is_on(inp.flags, "disable-cuda-graph")
     sizes = Sizes(0 if off else min(bs, requests), chunk, graphs_measured=measured)
     try:

@@ -6,6 +6,8 @@ Inputs are data committed here, so the report is reproducible without SGLang or 
   verbatim lines. "cold" starts log the memory around the pool: the planner is given only the card, the
   flags, the model's config.json and its weights, and predicts the pool. "cell" starts log only the pool's
   size: the planner's bytes per token is checked against KV size / #tokens.
+- tests/data/graph-captures.json: public CUDA-graph capture lines, against the memory floor's parts
+  (tests/accuracy_floor.py).
 - tests/data/oracle/*.json: SGLang 0.5.23's own sizing code run on the CPU (tests/oracle) for each stored
   config under a few flag sets; the planner is given the same memory figures and must agree within 0.5 %.
 
@@ -27,6 +29,7 @@ from agent.plan.facts import parse_facts
 from agent.plan.overhead import AMD_MARGIN_GIB, NVIDIA_MARGIN_GIB
 from agent.plan.predict import pool_model
 from agent.sglang.kvlayout import Unsupported, read_layout
+from tests.accuracy_floor import section as floor_section
 from tests.pure import test_oracle_pools as oracle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -296,6 +299,7 @@ def render() -> str:
     lines += ["", "## Known misses, refusals and cases set aside", ""]
     lines += table(misses, link=False) if misses else ["None."]
     lines += ["", MARGINS.rstrip("\n")]
+    lines += ["", *floor_section()]
     lines += ["", "## Public starts", "", "Grouped by family, card and the SGLang version that ran."]
     lines += grouped(public, link=True)
     lines += ["", "## Oracle cases", "", "Grouped by family and card; SGLang 0.5.23's code on the CPU."]

@@ -157,8 +157,8 @@ def derive(s: Shapes | None, sizes: Sizes) -> Floor:
     """The floor from its parts, rounded up to 0.1 GiB (the figure the plan shows is the one it compares)."""
     if s is None:
         return Floor(FIXED_GIB)
-    parts = [Part("activations", activation_gib(s, sizes.chunk), f"a {sizes.chunk:,}-token prefill chunk "
-                  "from the model's shapes")]  # fmt: skip
+    parts = [Part("activations", activation_gib(s, sizes.chunk), f"one prefill chunk of {sizes.chunk:,} "
+                  "tokens, from the model's shapes")]  # fmt: skip
     if sizes.graph_bs and not sizes.graphs_measured:
         parts.insert(0, Part("CUDA graphs", graph_gib(s, sizes.graph_bs), f"batch sizes up to "
                              f"{sizes.graph_bs}, fitted to public capture lines"))  # fmt: skip

@@ -60,14 +60,15 @@ def section() -> list[str]:
         "## The memory floor against public captures",
         "",
         "A plan keeps the memory floor free per GPU after the pool (docs/planning.md). Cold, its CUDA-graph "
-        f"part is {fit.fixed_gib:.3f} GiB + {fit.dense_kib:.0f} KiB (dense) or {fit.moe_kib:.0f} KiB (MoE) per captured "
-        "batch size per layer: the upper envelope of these decode captures ('Capture cuda graph end ... mem "
+        f"part is {fit.fixed_gib:.3f} GiB + {fit.dense_kib:.0f} KiB (dense) or {fit.moe_kib:.0f} KiB (MoE) "
+        "per captured batch size per layer: the upper envelope of these decode captures ('Capture cuda graph end ... mem "
         "usage'). Under-estimating them is the error that costs a restart; the misses are named.",
         "",
         *graph_rows(captures),
         "",
         "SGLang 0.5.23 also captures prefill graphs up to the chunked-prefill size by default on CUDA; the "
-        "floor's activation part (one prefill chunk from the model's shapes, x 2 for the allocator) covers them:",
+        "floor's activation part (one prefill chunk from the model's shapes, x 2 for the allocator) covers "
+        "them:",
         "",
         *prefill_rows(captures),
     ]

@@ -61,8 +61,8 @@ def section() -> list[str]:
         "",
         "A plan keeps the memory floor free per GPU after the pool (docs/planning.md). Cold, its CUDA-graph "
         f"part is {fit.fixed_gib:.3f} GiB + {fit.dense_kib:.0f} KiB (dense) or {fit.moe_kib:.0f} KiB (MoE) "
-        "per captured batch size per layer: the upper envelope of these decode captures ('Capture cuda graph end ... mem "
-        "usage'). Under-estimating them is the error that costs a restart; the misses are named.",
+        "per captured batch size per layer: the upper envelope of these decode captures ('Capture cuda graph "
+        "end ... mem usage'). Under-estimating them is the error that costs a restart; the misses are named.",
         "",
         *graph_rows(captures),
         "",

@@ -65,12 +65,19 @@ def admitted(inp: PlanInput, tp: int, pp: int) -> tuple[PlanInput, tuple[str, ..
 def as_started(inp: PlanInput) -> PlanInput | None:
     """The input under the flags its starts ran with, when a cell-changing flag differs since; else None."""
     kv = next((s.kv_dtype for s in inp.start_ids if s.kv_dtype), None)
-    if inp.start_flags is None and kv is None:
+    logged = next((dict(s.cell_flags) for s in inp.start_ids if s.cell_flags), {})
+    if inp.start_flags is None and kv is None and not logged:
         return None
-    # A start whose log says only its KV dtype (a --from-log start): the plan's other flags stand for its.
+    # A --from-log start says what its server_args line says (the KV dtype, the page size, the speculative
+    # algorithm); the plan's other flags stand for its.
     then: dict[str, FlagValue] = dict(inp.start_flags if inp.start_flags is not None else inp.flags)
     if kv is not None:
         then["kv-cache-dtype"] = kv
+    for name, value in logged.items():
+        if value is None:
+            then.pop(name, None)
+        else:
+            then[name] = value
     if all(_same(then, inp.flags, name) for name in CELL_FLAGS):
         return None
     merged = {k: v for k, v in inp.flags.items() if k not in CELL_FLAGS}
@@ -91,6 +98,8 @@ def _value(flags: Mapping[str, FlagValue], name: str) -> str | None:
     value = flags.get(name)
     if name == "kv-cache-dtype" and value in (None, "auto"):
         return "auto"
+    if name == "page-size" and value is not None and str(value) == "1":  # a start's log states the default
+        return None
     return None if value is None else str(value)
 
 

@@ -18,7 +18,7 @@ from agent.plan.floor import FIXED_GIB, Floor, Sizes, derive, shapes
 from agent.plan.inputs import OFF, float_of, int_of, is_on, origin, sglang_version, value_of
 from agent.plan.model import PoolModel, Start, StartFigures, start_of
 from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for, since_start
-from agent.plan.sizing import Sizing, attention_backend, sizing
+from agent.plan.sizing import Sizing, attention_backend, parallel, sizing
 from agent.sglang import memory_defaults, pools
 from agent.sglang.config_json import with_override
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout, text_config
@@ -232,10 +232,14 @@ def _calibrated_as_started(
     fit = Fit(inp.flags, origin(inp), _figure_gaps(inp))
     then = as_started(inp)
     shape, now = shaped
-    was = sizing(then).sizer if then is not None else now
+    try:
+        was = sizing(then).sizer if then is not None else now
+    except UsageError as exc:  # a draft the plan has no config.json for: its cell cannot be sized here
+        raise NotEvidence(f"it ran under other flags whose cell cannot be sized here ({exc})") from None
     if then is None or was == now:  # the flags differ in name only (bf16 and a bf16 model's auto)
         return calibrated(starts, shaped, notes, fit)
     model = calibrated(starts, (replace(shape, cell_bytes=was.cell_bytes, sizer=was), was), notes, fit)
+    model = _less_added_draft(inp, then, model, notes)
     ratio = now.cell_bytes / was.cell_bytes
     measured = model.sizer.cell_bytes if model.sizer is not None else model.cell_bytes
     sizer = replace(now, cell_bytes=measured * ratio)
@@ -248,6 +252,21 @@ def _calibrated_as_started(
     return replace(
         model, cell_bytes=sizer.cell_bytes, sizer=sizer, page_size=sizer.page_size, said=(*model.said, said)
     )
+
+
+def _less_added_draft(inp: PlanInput, then: PlanInput, model: PoolModel, notes: list[str]) -> PoolModel:
+    """A draft added since the start: its weights load before the pool is sized (0.5.14+,
+    Scheduler.init_model_worker), so they come off the start's memory after the weights."""
+    algorithm = str(value_of(inp.flags, "speculative-algorithm") or "").upper()
+    before = str(value_of(then.flags, "speculative-algorithm") or "").upper()
+    if before or algorithm in ("", "NGRAM") or inp.draft is None:
+        return model
+    draft = (inp.draft.weights_bytes or 0) / max(1, parallel(inp).tp) / GIB
+    notes.append(
+        f"the start ran without a draft: the {algorithm} draft's {draft:.2f} GiB per GPU come off its memory "
+        "after the weights" + ("" if draft else " (unknown: the facts lack draft.weights_bytes)")
+    )
+    return replace(model, post_gib=model.post_gib - draft)
 
 
 def _figure_gaps(inp: PlanInput) -> tuple[str, ...]:

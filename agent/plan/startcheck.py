@@ -2,9 +2,11 @@
 
 The architecture is the `type=` of the first `Load weight end` line (model_runner.py logs the target before
 any draft); TP, PP, the KV cache dtype and the model path come from the `server_args=ServerArgs(...)`
-line (the KV dtype, without it, from the target's pool line); the GPU shows in `Load weight begin. avail
+line (the KV dtype, without it, from the target's pool line; the page size and the speculative algorithm
+from it too); the GPU shows in `Load weight begin. avail
 mem=` (free memory per card before the weights), which no card of this host could exceed. A start of
-another model, TP, PP or on bigger cards is refused with one line; one with another KV dtype calibrates,
+another model, TP, PP or on bigger cards is refused with one line; one with another KV dtype, page size or
+draft calibrates,
 its measured cell scaled by the architecture's ratio (plan/evidence.py as_started), and the plan's
 verdict line says so.
 """
@@ -38,6 +40,12 @@ _ARG = {
     "kv_dtype": re.compile(r"\bkv_cache_dtype='([^']*)'"),
     "model_path": re.compile(r"\bmodel_path='([^']*)'"),
 }
+# Cell-changing flags a start's server_args states besides the KV dtype (plan/evidence.py CELL_FLAGS): a
+# draft added or removed since, or another page size, scales the measured cell. None: the flag unset.
+_CELL_ARG = {
+    "page-size": re.compile(r"\bpage_size=(None|\d+)"),
+    "speculative-algorithm": re.compile(r"\bspeculative_algorithm=(None|'[^']*')"),
+}
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,8 @@ class StartIdentity:
     kv_dtype: str | None = None
     pre_gib: float | None = None  # free memory per GPU before the weights (the first rank that logged it)
     loads: int = 0  # `Load weight end` lines of the first rank to log one: the target, then a draft
+    # the cell-changing flags server_args states, as (flag, value or None when unset)
+    cell_flags: tuple[tuple[str, str | None], ...] = ()
 
 
 def identity(lines: Iterable[str]) -> StartIdentity:
@@ -70,9 +80,10 @@ def identity(lines: Iterable[str]) -> StartIdentity:
         ):
             found["pool_dtype"] = m[1]
         if "ServerArgs(" in line:
-            for key, pattern in _ARG.items():
+            for key, pattern in (*_ARG.items(), *_CELL_ARG.items()):
                 if key not in found and (m := pattern.search(line)):
                     found[key] = m[1]
+    cell = tuple((k, None if found[k] == "None" else found[k].strip("'")) for k in _CELL_ARG if k in found)
     return StartIdentity(
         found.get("architecture"),
         found.get("model_path"),
@@ -81,6 +92,7 @@ def identity(lines: Iterable[str]) -> StartIdentity:
         found.get("kv_dtype") or _TORCH_KV.get(found.get("pool_dtype", "")),
         float(found["pre"]) if "pre" in found else None,
         loads,
+        cell,
     )
 
 

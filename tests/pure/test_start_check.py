@@ -93,3 +93,39 @@ def test_a_start_on_bigger_cards_is_refused() -> None:
         refusal(start, kimi)
     )
     assert refusal(identity(START_LOG.splitlines()), kimi) is None  # the host's own cards
+
+
+def _drafts(line: str) -> bool:
+    """The draft's load: its begin line (after the target's 22.32 GB) and its end line."""
+    return "DFlash" in line or line.endswith("Load weight begin. avail mem=22.32 GB")
+
+
+# ct200's start at 0.85 had it run without its DFLASH draft: the target's weights only (no second load),
+# and the pool at MLA's own 70,272 B per token (61 layers x (512 + 64) x 2 B): 8.40 GiB = 128,350 tokens.
+NO_DRAFT_LOG = (
+    "[2026-12-01 09:59:59] server_args=ServerArgs(model_path='/models/Kimi-K2.6', tp_size=8, pp_size=1, "
+    "kv_cache_dtype='auto', page_size=1, speculative_algorithm=None, mem_fraction_static=0.85)\n"
+    + "".join(line + "\n" for line in START_LOG.splitlines() if not _drafts(line))
+    .replace("#tokens: 101134, KV size: 6.62 GB", "#tokens: 128350, KV size: 8.40 GB")
+    .replace("avail mem=13.90 GB", "avail mem=13.92 GB")
+    .replace("max_total_num_tokens=101134", "max_total_num_tokens=128350")
+    .replace("available_gpu_mem=12.50 GB", "available_gpu_mem=12.52 GB")
+)
+
+
+def test_a_start_without_the_draft_plans_the_pool_the_draft_leaves(tmp_path: Path) -> None:
+    # Was: the start taken as one with the draft, its 70,272 B cell and the memory without the draft's 1.20
+    # GiB calibrating the DFLASH plan: about 18 % over at 0.92, a restart and a failed gate.
+    assert identity(NO_DRAFT_LOG.splitlines()).cell_flags == (
+        ("page-size", "1"),
+        ("speculative-algorithm", None),
+    )
+    _, out, err = run_plan(tmp_path, NO_DRAFT_LOG, "--mem-fraction-static", "0.92")
+    plan = json.loads(out)
+    assert plan["basis"] == "calibrated", err
+    # the seed start (with its draft) predicts 192,406 at 0.92: the same host, the same pool
+    assert abs(plan["predicted_pool_tokens"] - 192_406) / 192_406 < 0.005, plan["predicted_pool_tokens"]
+    assert plan["evidence"] == ["the cell scaled from a start at --speculative-algorithm unset"]
+    assert any(
+        "the start ran without a draft: the DFLASH draft's 1.20 GiB per GPU" in n for n in plan["notes"]
+    )

@@ -100,7 +100,9 @@ def check(plan: Plan, inp: PlanInput, case: Case) -> None:
     assert three_decimals(plan.flags()["mem-fraction-static"]), where
     # the floor the plan prints (one decimal) is the one it compares, and the notes say where it came from
     assert round(plan.reserve_floor_gib, 1) == plan.reserve_floor_gib > 0, where
-    assert any(n.startswith(f"the memory floor is {plan.reserve_floor_gib:.1f} GiB") for n in plan.notes), where
+    assert any(n.startswith(f"the memory floor is {plan.reserve_floor_gib:.1f} GiB") for n in plan.notes), (
+        where
+    )
     if plan.feasible:
         assert plan.predicted_pool_low_tokens >= plan.target_pool_tokens, where
         assert plan.reserve_gib_per_gpu >= plan.reserve_floor_gib and not plan.refusals, where

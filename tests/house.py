@@ -56,9 +56,9 @@ BIG_CLASS = 350
 # 1 -> 0.
 # The layers as a rule (tests/layers.py), measured on a1227fd: 5 imports against the one direction. The unit's
 # stop timeout moved to the request's drain settings (protocol/requests.py): render and cli/adopt no longer
-# import host/drain.py, 5 -> 3. Left: group/run.py (the laptop's coordinator) imports the host's group
-# machine, its record and its decision (host/groupmachine.py, grouprecovery.py, groupsignal.py), which both
-# sides share; they fall when the group machine moves below both.
+# import host/drain.py, 5 -> 3. The group machine, its decision and the change's group record, which the
+# laptop's coordinator (group/run.py) and every node share, moved below both (protocol/groupmachine.py,
+# protocol/grouprecord.py; the signal files stay with the node, host/groupsignal.py): 3 -> 0.
 CEILINGS = {
     "untyped": 37,
     "long_functions": 0,
@@ -68,7 +68,7 @@ CEILINGS = {
     "big_files": 0,
     "big_classes": 0,
     "cli_imports": 0,
-    "layer_violations": 3,
+    "layer_violations": 0,
 }
 
 

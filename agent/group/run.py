@@ -19,12 +19,11 @@ from typing import cast
 
 from agent.errors import ConnectError, RemoteError
 from agent.group.decide import Rank, Step, Vote, next_step, to_roll_back
-from agent.host.groupmachine import Answer, Then, Word, after_answer, answer_of, delivery_order
-from agent.host.grouprecovery import GroupRecord
-from agent.host.groupsignal import Decision
 from agent.inventory import HostConfig
 from agent.protocol.answers import SignalAnswer
 from agent.protocol.events import Event, Outcome
+from agent.protocol.groupmachine import Answer, Decision, Then, Word, after_answer, answer_of, delivery_order
+from agent.protocol.grouprecord import GroupRecord
 from agent.protocol.requests import Request
 from agent.remote.client import AgentClient, base_request
 from agent.remote.follow import Watch, connected
@@ -147,7 +146,7 @@ class Coordinator:
 
     def _send(self, word: Word, reason: str) -> None:
         """Deliver a word rank by rank, rank 0 first (its files are the group's commit point), and do what
-        the group machine says after each answer (host/groupmachine.py after_answer)."""
+        the group machine says after each answer (protocol/groupmachine.py after_answer)."""
         if word is Word.GO:
             self.went = True
         elif word is Word.GO_BACK:

@@ -1,4 +1,4 @@
-"""One node's waits in a group change, each ending in what the group machine (host/groupmachine.py) says:
+"""One node's waits in a group change, each ending in what the group machine (protocol/groupmachine.py) says:
 the transaction's group step (host/txn_group.py) waits here, and does what the machine answers."""
 
 from __future__ import annotations
@@ -6,22 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.host.groupmachine import Do, Node, Phase, Saw, deadline_s, files_of, node_step
-from agent.host.groupsignal import Signals
+from agent.host.groupsignal import Signals, files_of
 from agent.host.poll import wait_until
-from agent.protocol.requests import Request
+from agent.protocol.groupmachine import Do, Node, Phase, Saw, deadline_s, node_step
 
 Wait = Callable[[Callable[[], bool], float], bool]
-
-
-def start_bound_s(req: Request, stop_s: float) -> float:
-    """The longest rank 0 can take from "go" to its vote and, if it aborts, to its new server's stop: its
-    start's own bounds (the rendezvous allowance included), the smoke test, and the stop."""
-    assert req.group is not None
-    t = req.timeouts
-    return (
-        t.weights_s + t.pool_s + t.ready_s + t.no_progress_s + req.group.wait_s + req.smoke.timeout_s + stop_s
-    )
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Recovering one node of a multi-node change whose agent died: what the group machine says
-(host/groupmachine.py, Saw.RECOVER), never a generation of the node's own.
+(protocol/groupmachine.py, Saw.RECOVER), never a generation of the node's own.
 
 A one-host change's recovery restores the old unit and restarts it. A group node must not: an old start
 could meet its peers' new servers at the rendezvous. It keeps the new unit when the group committed (or,
@@ -15,42 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.host.groupmachine import Do, Node, Phase, Saw, files_of, node_step
-from agent.host.groupnode import start_bound_s
-from agent.host.groupsignal import Signals
-from agent.protocol.common import ProtocolError
-from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, Request, stop_timeout_s
-
-
-@dataclass(frozen=True)
-class GroupRecord:
-    """What recovery needs of the interrupted change's own request: the node's rank and its bounds."""
-
-    rank: int
-    wait_s: float
-    start_bound_s: float
-
-    @classmethod
-    def of(cls, req: Request) -> GroupRecord | None:
-        if req.group is None:
-            return None
-        stop_s = stop_timeout_s(req.drain_timeout_s, req.drain_stop_allowance_s)
-        return cls(req.group.rank, req.group.wait_s, start_bound_s(req, stop_s + RESTART_JOB_TIMEOUT_S))
-
-    @classmethod
-    def read(cls, txn_dir: Path) -> GroupRecord | None:
-        """The group of the change whose folder this is, from its own request.json; None for a one-host
-        change, or a folder without a request this agent can read (recovered as a one-host change)."""
-        try:
-            req = Request.from_json((txn_dir / "request.json").read_text("utf-8"))
-        except (OSError, ValueError, TypeError, KeyError, ProtocolError):
-            return None
-        return cls.of(req)
-
-    @property
-    def horizon_s(self) -> float:
-        """From "go", the longest any rank of the change may still act on its own (a rank >= 1's deadline)."""
-        return self.wait_s + self.start_bound_s
+from agent.host.groupsignal import Signals, files_of
+from agent.protocol.groupmachine import Do, Node, Phase, Saw, node_step
+from agent.protocol.grouprecord import GroupRecord
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,9 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
-
-class Decision(str, Enum):
-    COMMIT = "commit"
-    ABORT = "abort"
+from agent.protocol.groupmachine import Decision, Files
 
 
 @dataclass(frozen=True)
@@ -81,3 +77,14 @@ class Signals:
         found = self.decided()
         assert found is not None
         return found
+
+
+def files_of(signals: Signals) -> Files:
+    """A node's signal files as the machine sees them."""
+    stands = signals.decided()
+    return Files(
+        go=Signals(signals.folder).gone(),
+        go_back=signals.for_rollback().gone(),
+        decision=stands.decision if stands else None,
+        by_node=stands is not None and stands.by == "node",
+    )

@@ -10,13 +10,13 @@ from collections.abc import Callable
 from enum import Enum
 
 from agent.host.events import EventLog
-from agent.host.grouprecovery import GroupRecord
 from agent.host.journal import Journal
 from agent.host.state import CorruptRecord, StateDir
 from agent.host.systemd import Systemd
 from agent.host.transaction import Transaction
 from agent.protocol.answers import Holder
 from agent.protocol.events import Outcome
+from agent.protocol.grouprecord import GroupRecord
 from agent.protocol.requests import Request
 
 

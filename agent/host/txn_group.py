@@ -1,13 +1,11 @@
 """The group step of the host transaction: one node of a multi-node service starts with its peers, votes,
-and does what the group decided (the group machine, host/groupmachine.py, through host/groupnode.py); the
+and does what the group decided (the group machine, protocol/groupmachine.py, through host/groupnode.py); the
 plain steps (restart, verify, commit, restore) do the rest."""
 
 from __future__ import annotations
 
 from agent.host.decide import Action, Failure
-from agent.host.groupmachine import Do, Phase
-from agent.host.groupmachine import Node as GroupNode
-from agent.host.groupsignal import Decision, Signals
+from agent.host.groupsignal import Signals
 from agent.host.txn_commit import commit
 from agent.host.txn_next import Step, after_group
 from agent.host.txn_ports import Change, Ports, Result, Run
@@ -16,6 +14,8 @@ from agent.host.txn_restore import roll_back
 from agent.host.txn_verify import verify
 from agent.host.watch import WatchResult
 from agent.protocol.events import Outcome, Stage
+from agent.protocol.groupmachine import Decision, Do, Phase
+from agent.protocol.groupmachine import Node as GroupNode
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S
 
 
@@ -70,7 +70,7 @@ def decided(p: Ports, run: Run, signals: Signals, started: WatchResult, change: 
 
 
 def wait_for_decision(p: Ports, run: Run, signals: Signals) -> tuple[GroupNode, tuple[Do, ...]]:
-    """The group's decision, or what the group machine says without one (host/groupmachine.py): rank 0
+    """The group's decision, or what the group machine says without one (protocol/groupmachine.py): rank 0
     aborts alone; a rank >= 1 keeps the new unit when its server outlived rank 0's deadline, and stops
     (systemd's Restart= must not bring it back to join another generation) when it did not."""
     started = p.systemd.unit_state(p.unit)

@@ -4,8 +4,7 @@ failed or impossible recovery tells the verb that found it."""
 
 from __future__ import annotations
 
-from agent.host.groupmachine import Do, Phase
-from agent.host.grouprecovery import GroupRecord, recovery
+from agent.host.grouprecovery import recovery
 from agent.host.groupsignal import Signals
 from agent.host.poll import wait_until
 from agent.host.state import PHASE_VERIFIED, CorruptRecord, Record
@@ -13,6 +12,8 @@ from agent.host.txn_ports import Ports, Result, Run
 from agent.host.txn_restart import stop_clean
 from agent.host.txn_restore import restore, verify_old
 from agent.protocol.events import Outcome, Stage
+from agent.protocol.groupmachine import Do, Phase
+from agent.protocol.grouprecord import GroupRecord
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S
 
 

@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING
 from agent.host import gpu_at_start
 from agent.host.decide import Failure, Gate, fail
 from agent.host.events import utc_now
-from agent.host.groupmachine import Node as GroupNode
-from agent.host.groupmachine import Phase, Saw, files_of, node_step
-from agent.host.groupnode import NodeWaits, start_bound_s
-from agent.host.groupsignal import Decision, Signals
+from agent.host.groupnode import NodeWaits
+from agent.host.groupsignal import Signals, files_of
 from agent.host.poll import wait_until
 from agent.host.txn_ports import Ports, Run, node_rank
 from agent.host.watch import WatchedStart, WatchResult, watch_start
 from agent.protocol.events import Stage
+from agent.protocol.groupmachine import Decision, Phase, Saw, node_step
+from agent.protocol.groupmachine import Node as GroupNode
+from agent.protocol.grouprecord import start_bound_s
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, stop_timeout_s
 
 if TYPE_CHECKING:

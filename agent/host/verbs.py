@@ -158,7 +158,8 @@ def status(req: Request) -> StatusAnswer:
 def signal(req: Request) -> SignalAnswer:
     """A multi-node change's coordinator to this node's transaction: "go" (every rank stopped: start), or
     the group's decision; the answer is the decision that stands, which may be the node's own."""
-    from agent.host.groupsignal import Decision, Signals
+    from agent.host.groupsignal import Signals
+    from agent.protocol.groupmachine import Decision
 
     assert req.txn is not None and req.signal is not None
     folder = StateDir(req.state_dir).txn_dir(req.txn)

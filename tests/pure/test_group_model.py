@@ -1,10 +1,10 @@
-"""The group change, model-checked: every interleaving of 2 and 3 nodes' steps (agent/host/groupmachine.py),
-the coordinator's (agent/group/decide.py next_step, groupmachine's delivery rules) and the faults: the
-laptop dying, each link dropping (and coming back or not), each node's agent killed or its host rebooted,
-any deadline passing before a signal arrives. A breadth-first search over every reachable world, with a
-visited set, asserts in every state that no two ranks run different generations, and in every end state
-that no node waits for a word no live party can send, that each node's lock time stays within
-LOCK_BOUND, and that every node's end is named.
+"""The group change, model-checked: every interleaving of 2 and 3 nodes' steps
+(agent/protocol/groupmachine.py), the coordinator's (agent/group/decide.py next_step, groupmachine's delivery
+rules) and the faults: the laptop dying, each link dropping (and coming back or not), each node's agent killed
+or its host rebooted, any deadline passing before a signal arrives. A breadth-first search over every
+reachable world, with a visited set, asserts in every state that no two ranks run different generations, and
+in every end state that no node waits for a word no live party can send, that each node's lock time stays
+within LOCK_BOUND, and that every node's end is named.
 
 The physics it assumes (docs/topologies.md): a rank >= 1's new server exits once rank 0's new server
 stops (SGLang's shutdown broadcast; Restart= then brings it back to wait at the rendezvous, so it still
@@ -23,8 +23,10 @@ from enum import Enum
 import pytest
 
 from agent.group.decide import Rank, Step, Vote, next_step
-from agent.host.groupmachine import (
+from agent.protocol import Outcome
+from agent.protocol.groupmachine import (
     Answer,
+    Decision,
     Do,
     Files,
     Node,
@@ -37,8 +39,6 @@ from agent.host.groupmachine import (
     delivery_order,
     node_step,
 )
-from agent.host.groupsignal import Decision
-from agent.protocol import Outcome
 
 
 class Gen(str, Enum):

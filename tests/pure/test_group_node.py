@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.host.groupsignal import Decision, Signals
+from agent.host.groupsignal import Signals
 from agent.host.transaction import Transaction
 from agent.protocol.events import Event, Outcome
+from agent.protocol.groupmachine import Decision
 from agent.protocol.requests import Group, Request
 from tests.pure.txnfakes import TXN, Host, Script, unit_text
 

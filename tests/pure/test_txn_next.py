@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from agent.host.groupmachine import Phase
 from agent.host.txn_next import Observed, Seen, Step, after_group, next_step
+from agent.protocol.groupmachine import Phase
 
 ALL = [Observed(watch, verify) for watch, verify in itertools.product(Seen, Seen)]
 

@@ -1,6 +1,7 @@
 """Pure: the group change as a state machine, one node's steps and the coordinator's, each a function of
 (state, what it saw) -> (new state, what to do). The node's transaction (host/txn_group.py) and the
-coordinator (group/run.py) ask it what to do next; tests/pure/test_group_model.py explores it exhaustively.
+coordinator (group/run.py) ask it what to do next, so it lives below both; tests/pure/test_group_model.py
+explores it exhaustively.
 
 The rule that keeps a group on one generation whatever is lost:
 
@@ -22,7 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from agent.host.groupsignal import Decision, Signals
+
+class Decision(str, Enum):
+    """The group's word on its change: one writer wins it (host/groupsignal.py Signals.claim)."""
+
+    COMMIT = "commit"
+    ABORT = "abort"
 
 
 class Phase(str, Enum):
@@ -247,14 +253,3 @@ def answer_of(known: bool, reachable: bool, word: Word, decision: Decision | Non
     if decision is Decision.COMMIT and word is Word.ABORT:
         return Answer.COMMITTED
     return Answer.TOOK
-
-
-def files_of(signals: Signals) -> Files:
-    """A node's signal files as the machine sees them."""
-    stands = signals.decided()
-    return Files(
-        go=Signals(signals.folder).gone(),
-        go_back=signals.for_rollback().gone(),
-        decision=stands.decision if stands else None,
-        by_node=stands is not None and stands.by == "node",
-    )

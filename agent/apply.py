@@ -66,6 +66,11 @@ def installed_sha256(facts: HostFacts) -> str:
     return unit_sha256(text) if isinstance(text, str) and text else "absent"
 
 
+def drifted(texts: Sequence[str], facts: Sequence[HostFacts]) -> bool:
+    """Whether any host's installed unit differs from the one rendered for it (the fleet's check mode)."""
+    return any(unit_sha256(t) != installed_sha256(f) for t, f in zip(texts, facts, strict=True))
+
+
 def with_set_flags(host: HostConfig, change: Change, facts: HostFacts) -> tuple[HostConfig, HostFacts]:
     """The inventory and the host's facts with the --set flags over the baseline and the running flags:
     the plan sizes the pool of the unit that will run (an fp8 KV cache, another TP size)."""

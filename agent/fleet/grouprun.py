@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from agent.apply import installed_sha256
+from agent.apply import drifted
 from agent.fleet.calibrate import Measured
 from agent.fleet.results import HostResult, RankResult
 from agent.fleet.steps import (
@@ -34,7 +34,7 @@ from agent.group.run import Coordinator, Follow, Node, Signal, converge, signal
 from agent.group.run import follow as follow_node
 from agent.inventory import HostConfig
 from agent.protocol.answers import HostFacts, as_facts
-from agent.protocol.common import new_txn_id, unit_sha256
+from agent.protocol.common import new_txn_id
 from agent.protocol.events import Event, Outcome, OutcomeData
 from agent.protocol.requests import Group, Request
 from agent.remote.client import AgentClient, base_request
@@ -76,7 +76,7 @@ def apply_group(  # noqa: PLR0913 - as hostrun.apply_host, which calls it
         texts = [render_for(h, context, unit_flags, f) for h, f in zip(hosts, facts, strict=True)]
         applied = Applied(host.name, context, figures, before, redact_flags(flags_of(texts[0])))
         if check:
-            return applied.checked(any(_differs(t, f) for t, f in zip(texts, facts, strict=True)))
+            return applied.checked(drifted(texts, facts))
         sends = zip(hosts, texts, facts, strict=True)
         requests = [apply_request(h, context, t, unit_flags, plan, f) for h, t, f in sends]
         if every_node_in_place(clients, requests):  # as `deployctl apply`: each node's agent decides
@@ -101,10 +101,6 @@ def _facts(client: AgentClient, emit: Emit) -> HostFacts:
         follow_outcome(client, host, base_request(host, "recover"), emit)
         answer = client.call(base_request(host, "facts"))
     return as_facts(answer)
-
-
-def _differs(text: str, facts: HostFacts) -> bool:
-    return unit_sha256(text) != installed_sha256(facts)
 
 
 def group_nodes(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from agent.apply import allow_context, installed_sha256
+from agent.apply import allow_context, drifted, installed_sha256
 from agent.errors import ConnectError, DeployError
 from agent.fleet.calibrate import Measured, peer_key
 from agent.fleet.results import HostResult, HostStatus
@@ -30,7 +30,7 @@ from agent.group.status import warning
 from agent.inventory import HostConfig
 from agent.orchestrate.asked import Change
 from agent.protocol.answers import HostFacts, as_facts
-from agent.protocol.common import new_txn_id, unit_sha256
+from agent.protocol.common import new_txn_id
 from agent.remote.client import AgentClient, Conversation, base_request
 from agent.remote.follow import connected
 from agent.remote.transport import ConnectionLost
@@ -112,7 +112,7 @@ def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peer
     new_text = render_for(host, context, unit_flags, facts)
     applied = Applied(host.name, context, figures, before, redact_flags(flags_of(new_text)))
     if check:
-        return applied.checked(unit_sha256(new_text) != installed_sha256(facts))
+        return applied.checked(drifted([new_text], [facts]))
     req = apply_request(host, context, new_text, unit_flags, plan, facts, daemon=True)
     message, data = follow_outcome(talk.client, host, req, emit, talk)
     return applied.result(message, data, facts)
@@ -185,15 +185,11 @@ def _drift(nodes: Sequence[HostConfig], facts: Sequence[HostFacts], context: int
     against = context or (int(verified[-1]) if verified else None)
     if against is None:  # never deployed by deployctl: drift from the inventory's baseline
         texts = [render_unit(node, {}, template_dir()) for node in nodes]
-        return {"drift": _differs(texts, facts), "drift_against": None}
+        return {"drift": drifted(texts, facts), "drift_against": None}
     plan, _ = plan_host(nodes[0], against, facts[0], ())
     # against the unit an apply that reaches the context renders: with SGLang's longer-context override where
     # the context is above the model's own (a unit without it drifts from such a target)
     reach = Change(against, force=True, allow_longer_context=True)
     texts = [render_checked(allow_context(n, reach), plan.flags()) for n in nodes]
-    return {"drift": _differs(texts, facts), "planned_fraction": plan.mem_fraction_static,
+    return {"drift": drifted(texts, facts), "planned_fraction": plan.mem_fraction_static,
             "drift_against": against}  # fmt: skip
-
-
-def _differs(texts: Sequence[str], facts: Sequence[HostFacts]) -> bool:
-    return any(unit_sha256(t) != installed_sha256(f) for t, f in zip(texts, facts, strict=True))

@@ -4,10 +4,12 @@ plain steps (restart, verify, commit, restore) do the rest."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.host.decide import Action, Failure
 from agent.host.groupsignal import Signals
 from agent.host.txn_commit import commit
-from agent.host.txn_next import Step, after_group
+from agent.host.txn_next import Observed, Seen, Step, after_group, next_step
 from agent.host.txn_ports import Change, Ports, Result, Run
 from agent.host.txn_restart import restart_and_watch, stop_clean, waits
 from agent.host.txn_restore import roll_back
@@ -32,16 +34,20 @@ def start_and_decide(p: Ports, run: Run, change: Change) -> Result:
     if started.verdict.kind is Failure.ABANDONED:  # the group's word, not a failure of its own
         p.log.emit(Stage.GROUP, "step", reason, decision="abort")
         return roll_back(p, run, change, reason, started)
-    if started.verdict.action is Action.READY:
+    # Its vote is what the one decider makes of its own steps (txn_next.py): ready only for a start the
+    # watch found READY and that verified; anything else votes failed.
+    seen = Observed(Seen.PASSED if started.verdict.action is Action.READY else Seen.FAILED)
+    if next_step(seen) is Step.VERIFY:
         reason = verify(p, run, started, change) or ""
-    if reason:
-        stands = signals.claim(Decision.ABORT, f"rank {rank}: {reason}", "node")
-        p.log.emit(Stage.GROUP, "warning", f"rank {rank} failed: {reason}", vote="failed")
-    else:
+        seen = replace(seen, verify=Seen.FAILED if reason else Seen.PASSED)
+    if next_step(seen) is Step.COMMIT:
         pool = started.summary.get("kv_tokens")
         p.log.emit(Stage.GROUP, "step", f"rank {rank} ready (KV pool {pool:,} tokens): waiting for "
                    "the group's decision", vote="ready", kv_tokens=pool)  # fmt: skip
         return decided(p, run, signals, started, change)
+    reason = reason or f"its start ended at {started.verdict.action.value}, not ready"
+    stands = signals.claim(Decision.ABORT, f"rank {rank}: {reason}", "node")
+    p.log.emit(Stage.GROUP, "warning", f"rank {rank} failed: {reason}", vote="failed")
     p.log.emit(Stage.GROUP, "step", f"the group rolled back: {stands.reason}", decision="abort")
     return roll_back(p, run, change, reason, started)
 

@@ -363,3 +363,31 @@ def test_a_later_runs_recovery_of_a_node_in_doubt_does_not_wait_for_a_go_back_no
     assert time.monotonic() - t0 < 30 and outcome is Outcome.ROLLBACK_FAILED and "in doubt" in message
     assert host.systemd.loaded == node_unit(OLD, 1) and host.systemd.active != "active"
     assert signals.decided() is not None
+
+
+def test_a_watch_that_ends_short_of_ready_without_a_reason_votes_failed_not_ready(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The node's vote follows the one decider (host/txn_next.py next_step): only a READY watch that verified
+    # votes ready. Was: a watch that ended at POOL_OK with no reason fell through to a "ready" vote.
+    from agent.host import txn_group
+    from agent.host.decide import Action, Verdict
+    from agent.host.watch import WatchResult
+
+    real = txn_group.restart_and_watch
+
+    def short(*args: object, **kwargs: object) -> WatchResult:
+        real(*args, **kwargs)  # type: ignore[arg-type]
+        return WatchResult(Verdict(Action.POOL_OK), {"kv_tokens": 210_000}, 1.0)
+
+    monkeypatch.setattr(txn_group, "restart_and_watch", short)
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, NEW, 1))
+    votes: list[str] = []
+    txn.log.listeners.append(lambda e: votes.append(str(e.data["vote"])) if "vote" in e.data else None)
+    signals = coordinator(txn, Decision.COMMIT)
+    result = txn.apply()
+    assert "ready" not in votes and "failed" in votes
+    assert result.outcome is Outcome.ROLLED_BACK
+    stands = signals.decided()
+    assert stands is not None and stands.decision is Decision.ABORT and "not ready" in stands.reason

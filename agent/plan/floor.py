@@ -4,8 +4,11 @@ Three parts, each said with its source in the plan's notes:
 - CUDA graphs for the decode batch sizes SGLang captures. A start's own figures already hold them (its free
   memory is logged after capture: `available_gpu_mem`), so a plan calibrated on one counts them in the
   measured need and not here. Cold, they are estimated from public capture lines (GRAPH_FIT).
-- Activations of one chunked-prefill step. No start's figures hold them: SGLang logs its free memory before
-  the first prefill, so every plan keeps them free. Estimated from the model's shapes (activation_bytes).
+- Activations of one chunked-prefill step, estimated from the model's shapes (activation_gib). SGLang logs
+  its free memory after its graphs, the prefill graphs 0.5.23 captures by default on CUDA included, but
+  before any prefill runs: the eager work between a breakable graph's pieces, and a prefill the graphs do
+  not cover, take from what is left. So every plan keeps one chunk's activations free; on a calibrated plan
+  whose start captured prefill graphs this counts part of them twice, which errs safe.
 - Allocator slack (SLACK_GIB).
 
 The batch sizes and the chunk are the unit's flags, else SGLang 0.5.23's defaults for the card class
@@ -68,8 +71,9 @@ class Floor:
             return f"the memory floor is {self.gib:.1f} GiB per GPU, as stated ([planning] reserve_floor_gib)"
         if not self.parts:
             return (
-                f"the memory floor is a fixed {self.gib:.1f} GiB per GPU: the model's shapes are not known, "
-                "so what takes it cannot be derived; state it in [planning] reserve_floor_gib"
+                f"the memory floor is {self.gib:.1f} GiB per GPU, fixed: without the model's shapes (its "
+                "hidden, attention and MLP sizes) what takes it cannot be derived; state it in [planning] "
+                "reserve_floor_gib"
             )
         parts = "; ".join(f"{p.what} {p.gib:.2f} GiB ({p.source})" for p in self.parts)
         return f"the memory floor is {self.gib:.1f} GiB per GPU, derived: {parts}"
@@ -114,13 +118,17 @@ def _attention(cfg: ModelConfig, tp: int, hidden: int) -> int | None:
     return (2 * local + 2 * kv) * head_dim
 
 
-def _mlp(cfg: ModelConfig, tp: int) -> tuple[int, bool]:
-    """Gate and up projections and the activation's output: 3 x the intermediate size per GPU."""
+def _mlp(cfg: ModelConfig, tp: int) -> tuple[int, bool] | None:
+    """Gate and up projections and the activation's output: 3 x the intermediate size per GPU; None when
+    config.json states no MLP width."""
     dense = 3 * _per_gpu(cfg.integer("intermediate_size"), tp)
     experts = cfg.first("n_routed_experts", "num_local_experts", "num_experts")
-    topk = cfg.integer("num_experts_per_tok")
+    # Gemma 4 says top_k_experts, gpt-oss experts_per_token
+    topk = (
+        cfg.integer("num_experts_per_tok") or cfg.integer("top_k_experts") or cfg.integer("experts_per_token")
+    )
     if not (isinstance(experts, int) and experts > 1 and topk):
-        return dense, False
+        return (dense, False) if dense else None
     width = cfg.integer("moe_intermediate_size") or cfg.integer("intermediate_size") or 0
     shared = (cfg.integer("n_shared_experts") or 0) * width + (
         cfg.integer("shared_expert_intermediate_size") or 0
@@ -138,8 +146,10 @@ def shapes(cfg: ModelConfig, tp: int, elem_bytes: int, pp: int = 1) -> Shapes | 
     attention = _attention(cfg, tp, hidden)
     if attention is None:
         return None
-    mlp, moe = _mlp(cfg, tp)
-    return Shapes(hidden, layers, attention, mlp, moe, elem_bytes)
+    mlp = _mlp(cfg, tp)
+    if mlp is None:
+        return None
+    return Shapes(hidden, layers, attention, mlp[0], mlp[1], elem_bytes)
 
 
 def activation_gib(s: Shapes, chunk: int) -> float:

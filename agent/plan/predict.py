@@ -8,6 +8,7 @@ notes.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from agent.errors import UsageError
@@ -112,7 +113,9 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
         max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
     )  # fmt: skip
     model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
-    floor = floor_of(inp, layout, par, context, measured=model.runtime_measured)
+    # a draft added since the start brings graphs its measured figures do not hold
+    measured = model.runtime_measured and (not inp.starts or added_draft(inp, as_started(inp)) is None)
+    floor = floor_of(inp, layout, par, context, measured=measured)
     return FactsModel(model, layout, dtype, fraction, (*notes, floor.said()), aside, floor)
 
 
@@ -125,11 +128,13 @@ def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, meas
     chunk = int_of(inp.flags, "chunked-prefill-size") or chunk_default
     if chunk <= 0:  # chunking off: a prompt of the whole context is prefilled in one step
         chunk = context
-    bs = int_of(inp.flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs") or bs_default
+    bs = _listed_max(inp) or int_of(inp.flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs") or bs_default
     # SGLang captures up to the request cap; EAGLE, DFLASH and DSPARK set an unset one to 48 (choose.py)
     spec = str(value_of(inp.flags, "speculative-algorithm") or "").upper() not in ("", "NGRAM")
     requests = int_of(inp.flags, "max-running-requests") or (48 if spec else bs)
-    off = "disable-cuda-graph" in inp.flags and is_on(inp.flags, "disable-cuda-graph")
+    off = ("disable-cuda-graph" in inp.flags and is_on(inp.flags, "disable-cuda-graph")) or str(
+        value_of(inp.flags, "cuda-graph-backend-decode") or ""
+    ).lower() == "disabled"  # the two ways arg_groups/cuda_graph_hook.py turns decode graphs off
     sizes = Sizes(0 if off else min(bs, requests), chunk, graphs_measured=measured)
     try:
         text = text_config(with_override(inp.model.config, value_of(inp.flags, "json-model-override-args")))
@@ -186,6 +191,15 @@ def _fitted(
         model = replace(shape, pre_gib=pre, post_gib=post, basis="calibrated", partial=why)
         return _less_neighbours(inp, par, model, notes)
     return _cold(inp, par, shape, notes)
+
+
+def _listed_max(inp: PlanInput) -> int | None:
+    """The largest of the decode batch sizes a --cuda-graph-bs-decode list names, if it names any."""
+    listed = [
+        int(n)
+        for n in re.findall(r"\d+", str(value_of(inp.flags, "cuda-graph-bs-decode", "cuda-graph-bs") or ""))
+    ]
+    return max(listed) if listed else None
 
 
 def _less_neighbours(inp: PlanInput, par: Parallel, model: PoolModel, notes: list[str]) -> PoolModel:
@@ -257,9 +271,8 @@ def _calibrated_as_started(
 def _less_added_draft(inp: PlanInput, then: PlanInput, model: PoolModel, notes: list[str]) -> PoolModel:
     """A draft added since the start: its weights load before the pool is sized (0.5.14+,
     Scheduler.init_model_worker), so they come off the start's memory after the weights."""
-    algorithm = str(value_of(inp.flags, "speculative-algorithm") or "").upper()
-    before = str(value_of(then.flags, "speculative-algorithm") or "").upper()
-    if before or algorithm in ("", "NGRAM") or inp.draft is None:
+    algorithm = added_draft(inp, then)
+    if algorithm is None or inp.draft is None:
         return model
     draft = (inp.draft.weights_bytes or 0) / max(1, parallel(inp).tp) / GIB
     notes.append(
@@ -267,6 +280,15 @@ def _less_added_draft(inp: PlanInput, then: PlanInput, model: PoolModel, notes: 
         "after the weights" + ("" if draft else " (unknown: the facts lack draft.weights_bytes)")
     )
     return replace(model, post_gib=model.post_gib - draft)
+
+
+def added_draft(inp: PlanInput, then: PlanInput | None) -> str | None:
+    """The draft model's algorithm when the plan runs one and the start ran none (NGRAM loads no model)."""
+    if then is None:
+        return None
+    algorithm = str(value_of(inp.flags, "speculative-algorithm") or "").upper()
+    before = str(value_of(then.flags, "speculative-algorithm") or "").upper()
+    return algorithm if algorithm not in ("", "NGRAM") and before in ("", "NGRAM") else None
 
 
 def _figure_gaps(inp: PlanInput) -> tuple[str, ...]:

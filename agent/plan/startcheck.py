@@ -34,17 +34,25 @@ _TORCH_KV = {
 # SGLang's "GB" is GiB (utils get_available_gpu_memory divides by 1 << 30); a card never has more free than
 # it has, but the driver's total and torch's view differ by a few hundred MiB
 _CARD_SLACK_GIB = 0.5
+
+
+def _arg(name: str, value: str) -> re.Pattern[str]:
+    """One keyword of the server_args line in either form SGLang logs: `ServerArgs(tp_size=8, ...)` (the
+    dataclass repr) or `server_args={'tp_size': 8, ...}` (0.5.23, entrypoints/engine.py)."""
+    return re.compile(r"[(,{]\s*'?" + name + r"'?\s*[=:]\s*" + value)
+
+
 _ARG = {
-    "tp": re.compile(r"\btp_size=(\d+)"),
-    "pp": re.compile(r"\bpp_size=(\d+)"),
-    "kv_dtype": re.compile(r"\bkv_cache_dtype='([^']*)'"),
-    "model_path": re.compile(r"\bmodel_path='([^']*)'"),
+    "tp": _arg("tp_size", r"(\d+)"),
+    "pp": _arg("pp_size", r"(\d+)"),
+    "kv_dtype": _arg("kv_cache_dtype", r"'([^']*)'"),
+    "model_path": _arg("model_path", r"'([^']*)'"),
 }
 # Cell-changing flags a start's server_args states besides the KV dtype (plan/evidence.py CELL_FLAGS): a
 # draft added or removed since, or another page size, scales the measured cell. None: the flag unset.
 _CELL_ARG = {
-    "page-size": re.compile(r"\bpage_size=(None|\d+)"),
-    "speculative-algorithm": re.compile(r"\bspeculative_algorithm=(None|'[^']*')"),
+    "page-size": _arg("page_size", r"(None|\d+)"),
+    "speculative-algorithm": _arg("speculative_algorithm", r"(None|'[^']*')"),
 }
 
 
@@ -79,7 +87,7 @@ def identity(lines: Iterable[str]) -> StartIdentity:
             and (m := _KV_DTYPE.search(line))
         ):
             found["pool_dtype"] = m[1]
-        if "ServerArgs(" in line:
+        if "ServerArgs(" in line or "server_args=" in line:
             for key, pattern in (*_ARG.items(), *_CELL_ARG.items()):
                 if key not in found and (m := pattern.search(line)):
                     found[key] = m[1]

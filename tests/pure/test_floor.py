@@ -69,7 +69,7 @@ def test_the_activation_part_covers_the_public_prefill_graphs(point: dict[str, A
 def test_a_config_without_the_shapes_keeps_the_fixed_floor_and_says_so() -> None:
     assert shapes(ModelConfig({"num_hidden_layers": 32}), 1, 2) is None
     floor = derive(None, Sizes(48, 4096, graphs_measured=False))
-    assert floor.gib == 4.0 and "shapes are not known" in floor.said()
+    assert floor.gib == 4.0 and "without the model's shapes" in floor.said()
 
 
 def test_a_stated_floor_is_the_floor() -> None:
@@ -105,3 +105,33 @@ def test_the_derived_floor_is_its_parts_rounded_up_and_grows_with_what_takes_it(
     bigger = derive(s, Sizes(z.graph_bs + 8, z.chunk * 2, z.graphs_measured))
     assert bigger.gib >= floor.gib
     assert all(p.source in floor.said() for p in floor.parts)
+
+
+def test_gemma_4_is_read_as_a_mixture_of_experts_and_a_config_without_an_mlp_width_is_not_guessed() -> None:
+    gemma4 = json.loads((DATA / "models" / "gemma-4-26b-a4b" / "config.json").read_text())
+    shape = shapes(ModelConfig(gemma4.get("text_config", gemma4)), 1, 2)
+    assert shape is not None and shape.moe  # top_k_experts, not num_experts_per_tok
+    no_mlp = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
+    assert shapes(ModelConfig(no_mlp), 1, 2) is None  # was: an MLP of 0 elements, silently
+
+
+def _floor_note(flags: dict[str, Any]) -> str:
+    from agent.plan.choose import Target
+    from agent.plan.facts import parse_facts
+    from agent.plan.from_facts import plan_from_facts
+
+    card = {"name": "NVIDIA GeForce RTX 4090", "memory_total_mib": 24564, "compute_capability": "8.9"}
+    config = json.loads((DATA / "models" / "llama-3.1-8b" / "config.json").read_text())
+    doc = {"format": "deployctl-facts/1", "gpus": [card], "sglang": {"version": "0.5.23"},
+           "model": {"config": config, "weights_bytes": 16_070_000_000}, "flags": flags}  # fmt: skip
+    plan = plan_from_facts(parse_facts(doc), Target(32_768))
+    return next(n for n in plan.notes if n.startswith("the memory floor is"))
+
+
+def test_the_graph_part_follows_the_units_graph_flags() -> None:
+    assert "batch sizes up to 48" in _floor_note({})  # SGLang's default for a 24 GB card at TP 1
+    assert "batch sizes up to 16" in _floor_note({"max-running-requests": 16})
+    assert "batch sizes up to 8" in _floor_note({"cuda-graph-bs-decode": 8})
+    assert "batch sizes up to 96" in _floor_note({"cuda-graph-max-bs": 96, "max-running-requests": 128})
+    for off in ({"disable-cuda-graph": True}, {"cuda-graph-backend-decode": "disabled"}):
+        assert "CUDA graphs" not in _floor_note(off)

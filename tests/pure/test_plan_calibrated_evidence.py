@@ -177,8 +177,9 @@ def test_the_calibrated_pool_loses_the_busiest_cards_outside_memory_times_the_fr
 
 
 def test_the_docs_fp8_example_calibrates_on_the_example_start_log(tmp_path: Path) -> None:
-    # examples/ct200-start.log has no server_args line: its pool line says torch.bfloat16. Was: "the earlier
-    # start is set aside: its pool gives 2.00 x the architecture's bytes per token", the plan cold.
+    # examples/ct200-start.log's server_args (0.5.23's dict form) says kv_cache_dtype 'auto', its pool line
+    # torch.bfloat16. Was: "the earlier start is set aside: its pool gives 2.00 x the architecture's bytes per
+    # token", the plan cold.
     (tmp_path / "units").mkdir()
     (tmp_path / "units" / "ct200.toml").write_text(HOST_TOML, encoding="utf-8")
     log = str(Path(__file__).parents[2] / "examples" / "ct200-start.log")
@@ -188,7 +189,7 @@ def test_the_docs_fp8_example_calibrates_on_the_example_start_log(tmp_path: Path
     assert isinstance(out.stdout, io.StringIO)
     plan = json.loads(out.stdout.getvalue())
     assert code == 0 and plan["feasible"] and plan["basis"] == "calibrated" and not plan["warnings"]
-    assert plan["evidence"] == ["the cell scaled from a start at --kv-cache-dtype bf16"]
+    assert plan["evidence"] == ["the cell scaled from a start at --kv-cache-dtype auto"]
 
 
 def test_the_kv_dtype_a_start_ran_is_read_off_its_pool_line_without_server_args() -> None:

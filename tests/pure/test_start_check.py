@@ -113,19 +113,55 @@ NO_DRAFT_LOG = (
 )
 
 
-def test_a_start_without_the_draft_plans_the_pool_the_draft_leaves(tmp_path: Path) -> None:
+# The same start as SGLang 0.5.23 logs its arguments (entrypoints/engine.py: a dict), and one that ran NGRAM,
+# which loads no draft model.
+DICT_FORM = NO_DRAFT_LOG.replace(
+    "server_args=ServerArgs(model_path='/models/Kimi-K2.6', tp_size=8, pp_size=1, kv_cache_dtype='auto', "
+    "page_size=1, speculative_algorithm=None, mem_fraction_static=0.85)",
+    "server_args={'model_path': '/models/Kimi-K2.6', 'tp_size': 8, 'pp_size': 1, 'kv_cache_dtype': 'auto', "
+    "'page_size': 1, 'speculative_algorithm': None, 'mem_fraction_static': 0.85}",
+)
+NGRAM = NO_DRAFT_LOG.replace("speculative_algorithm=None", "speculative_algorithm='NGRAM'")
+
+
+def test_the_real_0_5_23_server_args_line_is_read() -> None:
+    # Was: only the `ServerArgs(...)` repr was read, so a 0.5.23 start said nothing of its model, TP or flags.
+    real = (Path(__file__).parents[1] / "data" / "sglang-real-cpu-stop.log").read_text(encoding="utf-8")
+    start = identity(real.splitlines())
+    assert (start.tp, start.pp, start.kv_dtype) == (1, 1, "auto")
+    assert start.model_path == "/root/.cache/deployctl/real-sglang-tiny-model"
+    assert start.cell_flags == (("page-size", "1"), ("speculative-algorithm", None))
+    assert identity(DICT_FORM.splitlines()) == identity(NO_DRAFT_LOG.splitlines())
+
+
+@pytest.mark.parametrize("log", [NO_DRAFT_LOG, DICT_FORM, NGRAM], ids=["repr", "dict", "ngram"])
+def test_a_start_without_the_draft_plans_the_pool_the_draft_leaves(tmp_path: Path, log: str) -> None:
     # Was: the start taken as one with the draft, its 70,272 B cell and the memory without the draft's 1.20
-    # GiB calibrating the DFLASH plan: about 18 % over at 0.92, a restart and a failed gate.
-    assert identity(NO_DRAFT_LOG.splitlines()).cell_flags == (
-        ("page-size", "1"),
-        ("speculative-algorithm", None),
-    )
-    _, out, err = run_plan(tmp_path, NO_DRAFT_LOG, "--mem-fraction-static", "0.92")
+    # GiB calibrating the DFLASH plan: about 18 % over at 0.92, a restart and a failed gate (8.8 % for a
+    # start that ran NGRAM, taken for one that had loaded a draft).
+    _, out, err = run_plan(tmp_path, log, "--mem-fraction-static", "0.92")
     plan = json.loads(out)
     assert plan["basis"] == "calibrated", err
     # the seed start (with its draft) predicts 192,406 at 0.92: the same host, the same pool
     assert abs(plan["predicted_pool_tokens"] - 192_406) / 192_406 < 0.005, plan["predicted_pool_tokens"]
-    assert plan["evidence"] == ["the cell scaled from a start at --speculative-algorithm unset"]
+    assert plan["evidence"][0].startswith("the cell scaled from a start at --speculative-algorithm ")
     assert any(
         "the start ran without a draft: the DFLASH draft's 1.20 GiB per GPU" in n for n in plan["notes"]
     )
+
+
+@pytest.mark.parametrize("log", [NO_DRAFT_LOG, DICT_FORM], ids=["repr", "dict"])
+def test_a_draft_added_since_the_start_brings_graphs_the_floor_counts_again(log: str) -> None:
+    # ct200's facts (its config.json gives the shapes) with a last start that ran without the draft: its
+    # measured need holds no draft graphs, so the floor keeps the cold graph part; the draft's own start does.
+    from agent.plan.choose import Target
+    from agent.plan.facts import parse_facts
+    from agent.plan.from_facts import plan_from_facts
+
+    doc = json.loads((Path(__file__).parents[2] / "examples" / "ct200.json").read_text(encoding="utf-8"))
+    with_draft = plan_from_facts(parse_facts(doc), Target(200_000, 0.92))
+    without = plan_from_facts(parse_facts({**doc, "last_start": log}), Target(200_000, 0.92))
+    floors = [next(n for n in p.notes if n.startswith("the memory floor is")) for p in (with_draft, without)]
+    assert "CUDA graphs" not in floors[0] and "CUDA graphs" in floors[1]
+    assert without.reserve_floor_gib > with_draft.reserve_floor_gib
+    assert abs(without.predicted_pool_tokens - with_draft.predicted_pool_tokens) / 192_406 < 0.005

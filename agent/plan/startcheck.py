@@ -1,14 +1,13 @@
 """Calibrate only on a start of this model: what a start-up log says it ran, against what is planned.
 
 The architecture is the `type=` of the first `Load weight end` line (model_runner.py logs the target before
-any draft); TP, PP, the KV cache dtype and the model path come from the `server_args=ServerArgs(...)`
-line (the KV dtype, without it, from the target's pool line; the page size and the speculative algorithm
-from it too); the GPU shows in `Load weight begin. avail
+any draft). TP, PP, the KV cache dtype, the page size, the speculative algorithm and the model path come
+from the `server_args` line, in either form SGLang logs it (0.5.23's dict, earlier releases' `ServerArgs(...)`
+repr); without it, the KV dtype from the target's pool line. The GPU shows in `Load weight begin. avail
 mem=` (free memory per card before the weights), which no card of this host could exceed. A start of
 another model, TP, PP or on bigger cards is refused with one line; one with another KV dtype, page size or
-draft calibrates,
-its measured cell scaled by the architecture's ratio (plan/evidence.py as_started), and the plan's
-verdict line says so.
+draft calibrates, its measured cell scaled by the architecture's ratio (plan/evidence.py as_started), and
+the plan's verdict line says so.
 """
 
 from __future__ import annotations

@@ -9,12 +9,11 @@ from dataclasses import asdict, dataclass, field, replace
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.alternatives import Alternative, Need, alternatives
 from agent.plan.failed import bounded, failed_starts
-from agent.plan.model import Flags, PoolModel, StartFigures, flag, version
+from agent.plan.model import SPEC_DEFAULT_REQUESTS, Flags, PoolModel, StartFigures, flag, version
 from agent.plan.refusals import refusals
 from agent.plan.verdict import Reading, decide, no_fraction
 from agent.sglang import kvpool
 
-SPEC_DEFAULT_REQUESTS = 48  # EAGLE, DFLASH and DSPARK reset an unset --max-running-requests to 48
 PLAIN_DEFAULT_REQUESTS = 64
 
 

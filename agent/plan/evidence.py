@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from agent.inventory import FlagValue
 from agent.plan.facts import PlanInput
+from agent.plan.inputs import draft_model
 from agent.plan.startcheck import Planned, refusal
 
 # A start whose measured bytes per token differ from the architecture's by more than this is not a start of
@@ -107,8 +108,8 @@ def partial(inp: PlanInput, post: float, tp: int) -> tuple[float, str] | None:
     """A start cut before the draft the service declares had loaded: the memory after the weights it shows
     is after the target's alone, so the draft's weights per GPU come off it (0.5.14+ loads the draft
     before sizing the pool, Scheduler.init_model_worker). None when the start is whole or says nothing."""
-    algorithm = str(inp.flags.get("speculative-algorithm") or "").upper()
-    if not inp.start_ids or inp.draft is None or algorithm in ("", "NGRAM") or inp.start_ids[-1].loads != 1:
+    algorithm = draft_model(inp.flags)
+    if not inp.start_ids or inp.draft is None or algorithm is None or inp.start_ids[-1].loads != 1:
         return None
     draft = (inp.draft.weights_bytes or 0) / max(1, tp) / 2**30
     why = (

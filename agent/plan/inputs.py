@@ -46,6 +46,19 @@ def is_on(flags: Mapping[str, FlagValue], name: str) -> bool:
     return value is True or str(value).lower() in ("true", "1", "yes", "")
 
 
+def draft_model(flags: Mapping[str, FlagValue]) -> str | None:
+    """The speculative algorithm, upper-case, when it runs a draft model (NGRAM loads none); else None."""
+    algorithm = str(value_of(flags, "speculative-algorithm") or "").upper()
+    return algorithm if algorithm not in ("", "NGRAM") else None
+
+
+def decode_graphs_off(flags: Mapping[str, FlagValue]) -> bool:
+    """Whether the unit turns SGLang's decode CUDA graphs off, in either of the ways
+    arg_groups/cuda_graph_hook.py reads: --disable-cuda-graph, --cuda-graph-backend-decode disabled."""
+    off = "disable-cuda-graph" in flags and is_on(flags, "disable-cuda-graph")
+    return off or value_of(flags, "cuda-graph-backend-decode") == "disabled"
+
+
 def sglang_version(inp: PlanInput) -> tuple[int, int, int, int] | None:
     try:
         return kvpool.parse_version(inp.sglang_version)

@@ -23,6 +23,7 @@ CELL_AGREEMENT = 0.015
 # half of the logged graph memory as scaling with the largest captured batch size: conservative, so a
 # lower --max-running-requests is never assumed to free more than it does.
 GRAPH_SCALING_SHARE = 0.5
+SPEC_DEFAULT_REQUESTS = 48  # EAGLE, DFLASH and DSPARK reset an unset --max-running-requests to 48
 DEFAULT_GRAPH_MAX_BS = 512  # SGLang's decode max bs for TP >= 4 on 60-160 GB cards (server_args)
 Basis = Literal["calibrated", "architecture"]
 Flags = Mapping[str, FlagValue]

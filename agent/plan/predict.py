@@ -16,8 +16,18 @@ from agent.plan.calibrate import Fit, calibrated
 from agent.plan.evidence import CELL_FLAGS, NotEvidence, admitted, as_started, changed_since, partial
 from agent.plan.facts import PlanInput
 from agent.plan.floor import FIXED_GIB, Floor, Sizes, derive, shapes
-from agent.plan.inputs import OFF, float_of, int_of, is_on, origin, sglang_version, value_of
-from agent.plan.model import PoolModel, Start, StartFigures, start_of
+from agent.plan.inputs import (
+    OFF,
+    decode_graphs_off,
+    draft_model,
+    float_of,
+    int_of,
+    is_on,
+    origin,
+    sglang_version,
+    value_of,
+)
+from agent.plan.model import SPEC_DEFAULT_REQUESTS, PoolModel, Start, StartFigures, start_of
 from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for, since_start
 from agent.plan.sizing import Sizing, attention_backend, parallel, sizing
 from agent.sglang import memory_defaults, pools
@@ -48,10 +58,7 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         decode_max_bs=int_of(inp.flags, "cuda-graph-max-bs-decode"),
         max_running_requests=int_of(inp.flags, "max-running-requests"),
         max_total_tokens=int_of(inp.flags, "max-total-tokens"),
-        cuda_graph=not (
-            ("disable-cuda-graph" in inp.flags and is_on(inp.flags, "disable-cuda-graph"))
-            or value_of(inp.flags, "cuda-graph-backend-decode") == "disabled"
-        ),
+        cuda_graph=not decode_graphs_off(inp.flags),
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
@@ -129,13 +136,11 @@ def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, meas
     if chunk <= 0:  # chunking off: a prompt of the whole context is prefilled in one step
         chunk = context
     bs = _listed_max(inp) or int_of(inp.flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs") or bs_default
-    # SGLang captures up to the request cap; EAGLE, DFLASH and DSPARK set an unset one to 48 (choose.py)
-    spec = str(value_of(inp.flags, "speculative-algorithm") or "").upper() not in ("", "NGRAM")
-    requests = int_of(inp.flags, "max-running-requests") or (48 if spec else bs)
-    off = ("disable-cuda-graph" in inp.flags and is_on(inp.flags, "disable-cuda-graph")) or str(
-        value_of(inp.flags, "cuda-graph-backend-decode") or ""
-    ).lower() == "disabled"  # the two ways arg_groups/cuda_graph_hook.py turns decode graphs off
-    sizes = Sizes(0 if off else min(bs, requests), chunk, graphs_measured=measured)
+    # SGLang captures up to the request cap, which a draft model sets when it is unset
+    spec = draft_model(inp.flags) is not None
+    requests = int_of(inp.flags, "max-running-requests") or (SPEC_DEFAULT_REQUESTS if spec else bs)
+    graphs = 0 if decode_graphs_off(inp.flags) else min(bs, requests)
+    sizes = Sizes(graphs, chunk, graphs_measured=measured)
     try:
         text = text_config(with_override(inp.model.config, value_of(inp.flags, "json-model-override-args")))
         found = shapes(text, par.tp, layout.dtype_bytes, par.pp)
@@ -284,11 +289,9 @@ def _less_added_draft(inp: PlanInput, then: PlanInput, model: PoolModel, notes: 
 
 def added_draft(inp: PlanInput, then: PlanInput | None) -> str | None:
     """The draft model's algorithm when the plan runs one and the start ran none (NGRAM loads no model)."""
-    if then is None:
+    if then is None or draft_model(then.flags) is not None:
         return None
-    algorithm = str(value_of(inp.flags, "speculative-algorithm") or "").upper()
-    before = str(value_of(then.flags, "speculative-algorithm") or "").upper()
-    return algorithm if algorithm not in ("", "NGRAM") and before in ("", "NGRAM") else None
+    return draft_model(inp.flags)
 
 
 def _figure_gaps(inp: PlanInput) -> tuple[str, ...]:

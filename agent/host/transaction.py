@@ -12,18 +12,17 @@ verify (txn_verify.py), commit (txn_commit.py), roll back and restore (txn_resto
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import datetime
 
 from agent.host import txn_compare, txn_group, txn_recover, txn_router, txn_write
 from agent.host.daemon_unit import DaemonUnit
-from agent.host.decide import Action, Gate
+from agent.host.decide import Gate
 from agent.host.events import EventLog
 from agent.host.router import RouterPort
 from agent.host.secrets import SecretFiles
 from agent.host.state import StateDir
 from agent.host.txn_commit import commit
-from agent.host.txn_next import Observed, Seen, Step, next_step
+from agent.host.txn_next import Observed, Step, next_step, verified, watched
 from agent.host.txn_ports import Change, Ports, ProbeFactory, ProbePort, Result, Run, SystemdPort, http_probe
 from agent.host.txn_restart import restart_and_watch
 from agent.host.txn_restore import roll_back
@@ -209,17 +208,12 @@ class Transaction:
             step = next_step(seen)
             if step is Step.RESTART:
                 started = restart_and_watch(self.ports, self.run, change.gate, Stage.WATCH)
-                ready = started.verdict.action is Action.READY
-                seen, reason = (
-                    replace(seen, watch=Seen.PASSED if ready else Seen.FAILED),
-                    started.verdict.reason,
-                )
+                seen, reason = watched(started.verdict.action), started.verdict.reason
                 continue
             assert started is not None
             if step is Step.VERIFY:
                 failed = verify(self.ports, self.run, started, change)
-                seen = replace(seen, verify=Seen.PASSED if failed is None else Seen.FAILED)
-                reason = reason if failed is None else failed
+                seen, reason = verified(seen, failed), reason if failed is None else failed
             elif step is Step.COMMIT:
                 return commit(self.ports, self.run, started, change)
             else:

@@ -4,12 +4,10 @@ plain steps (restart, verify, commit, restore) do the rest."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from agent.host.decide import Action, Failure
+from agent.host.decide import Failure
 from agent.host.groupsignal import Signals
 from agent.host.txn_commit import commit
-from agent.host.txn_next import Observed, Seen, Step, after_group, next_step
+from agent.host.txn_next import Step, after_group, next_step, verified, watched
 from agent.host.txn_ports import Change, Ports, Result, Run
 from agent.host.txn_restart import restart_and_watch, stop_clean, waits
 from agent.host.txn_restore import roll_back
@@ -36,10 +34,10 @@ def start_and_decide(p: Ports, run: Run, change: Change) -> Result:
         return roll_back(p, run, change, reason, started)
     # Its vote is what the one decider makes of its own steps (txn_next.py): ready only for a start the
     # watch found READY and that verified; anything else votes failed.
-    seen = Observed(Seen.PASSED if started.verdict.action is Action.READY else Seen.FAILED)
+    seen = watched(started.verdict.action)
     if next_step(seen) is Step.VERIFY:
-        reason = verify(p, run, started, change) or ""
-        seen = replace(seen, verify=Seen.FAILED if reason else Seen.PASSED)
+        failed = verify(p, run, started, change)
+        seen, reason = verified(seen, failed), failed or ""
     if next_step(seen) is Step.COMMIT:
         pool = started.summary.get("kv_tokens")
         p.log.emit(Stage.GROUP, "step", f"rank {rank} ready (KV pool {pool:,} tokens): waiting for "

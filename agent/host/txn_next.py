@@ -8,9 +8,10 @@ how it ends: `after_group` names the step for the phase the machine ended in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
+from agent.host.decide import Action
 from agent.protocol.groupmachine import Phase
 
 
@@ -35,6 +36,16 @@ class Observed:
 
     watch: Seen = Seen.NOT_YET
     verify: Seen = Seen.NOT_YET
+
+
+def watched(action: Action) -> Observed:
+    """What a finished watch tells: READY passed, any other end failed."""
+    return Observed(Seen.PASSED if action is Action.READY else Seen.FAILED)
+
+
+def verified(seen: Observed, failure: str | None) -> Observed:
+    """What the verification tells: no failure passed."""
+    return replace(seen, verify=Seen.PASSED if failure is None else Seen.FAILED)
 
 
 def next_step(seen: Observed) -> Step:

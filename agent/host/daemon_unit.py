@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Protocol
 from agent.host.events import EventLog
 from agent.host.poll import wait_until
 from agent.host.state import StateDir, write_json_atomic
-from agent.host.units import UnitFiles
-from agent.host.weight_cache import DaemonSeen, check, daemon_unit, look, ready_dir
+from agent.host.units import UnitFiles, UnitWriteError
+from agent.host.weight_cache import DaemonSeen, check, daemon_unit, look, ready_dir, untied
 from agent.protocol.events import Stage
 from agent.sglang import weight_cache as wc
 from agent.sglang.flags import FlagsError, parse_unit_flags
@@ -122,13 +122,13 @@ def paired(engine_unit: str, engine_backup: str, daemon: str) -> str:
     return daemon + engine_backup[len(engine_unit) :]
 
 
-def restore_text(old_engine: str | None, pair: str | None, installed: str | None) -> tuple[bool, str | None]:
-    """What the daemon's file becomes when the engine goes back to old_engine: (change it, new text);
+def restore_text(old_client: bool, pair: str | None, installed: str | None) -> tuple[bool, str | None]:
+    """What the daemon's file becomes when the engine goes back to an old unit: (change it, new text);
     new text None removes it. The daemon unit of the backup's time when kept; none when the old engine
-    binds to no daemon; left as it is when the old engine binds to one but no copy of that time exists."""
+    is no client of the daemon; left as it is when it is one but no copy of that time exists."""
     if pair is not None:
         return pair != installed, pair
-    if old_engine is None or daemon_unit(old_engine) is None:
+    if not old_client:
         return installed is not None, None
     return False, installed
 
@@ -162,14 +162,40 @@ class DaemonUnit:
     log: EventLog
     ready_s: float = 1800.0  # how long a (re)started daemon may take to load its weights
 
+    @property
+    def name(self) -> str:
+        """The daemon's one name, derived from the engine's (sglang/weight_cache.py): no other unit is
+        ever written, restarted or stopped as the daemon."""
+        return wc.daemon_unit_name(self.engine)
+
+    def _client(self, engine_text: str | None) -> bool:
+        return engine_text is not None and daemon_unit(self.engine, engine_text) is not None
+
+    def drift(self, wanted: str | None) -> str | None:
+        """The daemon's installed unit against the one sent: deleted or edited by hand (repaired by this
+        change), or None when it is as sent (or none was sent)."""
+        if wanted is None:
+            return None
+        installed = self.files.read(self.name)
+        if installed == wanted:
+            return None
+        how = (
+            "is missing (deleted by hand?)"
+            if installed is None
+            else "differs from deployctl's (edited by hand?)"
+        )
+        return f"{self.files.path(self.name)} {how}: this change writes it back"
+
     # -- before anything changes ----------------------------------------------------------------------
     def refusal(self, engine_text: str, daemon_text: str | None) -> str | None:
         """Why this change cannot go ahead: without a daemon unit sent, the installed daemon must serve the
         engine as it is; with one, the two units must share a fingerprint."""
         if daemon_text is None:
-            return check(self.systemd, str(self.files.dir), engine_text)
-        if daemon_unit(engine_text) is None:
-            return "a weight-cache daemon unit was sent for an engine that is not its client (no BindsTo=)"
+            return check(self.systemd, str(self.files.dir), self.engine, engine_text)
+        if not self._client(engine_text):
+            return untied(self.engine, engine_text) or (
+                f"a weight-cache daemon unit was sent for {self.engine}, which is not its client"
+            )
         return mismatch(engine_text, daemon_text)
 
     # -- the write ------------------------------------------------------------------------------------
@@ -183,8 +209,8 @@ class DaemonUnit:
     ) -> None:
         """Back up the daemon's unit with the engine's backup, then write (or remove) it atomically.
         wanted: the daemon unit sent (apply); restored: the engine backup a rollback installs (its copy)."""
-        name = daemon_unit(new_engine) or daemon_unit(old_engine or "") or self._remembered()
-        if name is None:
+        name = self.name
+        if not (self._client(new_engine) or self._client(old_engine) or self._remembered()):
             return
         self._prune(name)
         installed = self.files.read(name)
@@ -195,7 +221,7 @@ class DaemonUnit:
             self.files.write(pair, installed, mode=0o600)
         if wanted is None:
             pair = self.files.read(paired(self.engine, restored, name)) if restored is not None else None
-            change, wanted = restore_text(new_engine, pair, installed)
+            change, wanted = restore_text(self._client(new_engine), pair, installed)
             if not change:
                 return
         self._put(name, installed, wanted)
@@ -211,16 +237,18 @@ class DaemonUnit:
         """A rollback or a recovery: the daemon's unit of the engine backup's time back in place."""
         current = self.files.read(self.engine) or ""
         old = self.files.read(backup) if backup is not None else None
-        name = daemon_unit(current) or daemon_unit(old or "") or self._remembered()
-        if name is None:
+        name = self.name
+        if not (self._client(current) or self._client(old) or self._remembered()):
             return
         installed = self.files.read(name)
         pair = self.files.read(paired(self.engine, backup, name)) if backup is not None else None
-        change, text = restore_text(old, pair, installed)
+        change, text = restore_text(self._client(old), pair, installed)
         if change:
             self._put(name, installed, text)
 
     def _put(self, name: str, installed: str | None, text: str | None) -> None:
+        if name != self.name:  # the one name: never another unit's file (nvidia-fabricmanager.service)
+            raise UnitWriteError(f"{name} is not the weight-cache daemon of {self.engine} ({self.name})")
         self._remember(name)
         if text is None:
             self.files.remove(name)
@@ -235,10 +263,10 @@ class DaemonUnit:
     def restart_engine(self, restart: Callable[[], JobResult], timeout: float) -> JobResult:
         """The engine's restart, with what its daemon needs first (`decide`)."""
         engine_text = self.files.read(self.engine) or ""
-        client = daemon_unit(engine_text)
-        name = client or self._remembered()
-        if name is None:
+        client = daemon_unit(self.engine, engine_text)
+        if client is None and not self._remembered():
             return restart()
+        name = self.name
         state = self.systemd.unit_state(name)
         folder = ready_dir(engine_text)
         seen = look(str(self.files.dir), name, state.active_state, folder)
@@ -279,10 +307,18 @@ class DaemonUnit:
             if not up():
                 return True
             seen = look(str(self.files.dir), name, "active", folder)
-            return bool(seen.ready) and all(r.alive for r in seen.ready)
+            return len(seen.ready) >= self._ranks(seen.text) and all(r.alive for r in seen.ready)
 
         wait_until(done, self.ready_s)
         return up()
+
+    @staticmethod
+    def _ranks(text: str | None) -> int:
+        """Every rank's ready file, not the first GPU's: one per process of its TP x PP world."""
+        try:
+            return wc.ranks(parse_unit_flags(text or ""))
+        except FlagsError:
+            return 1
 
     # -- what the daemon was started from ------------------------------------------------------------
     def _path(self) -> Path:
@@ -298,11 +334,12 @@ class DaemonUnit:
         said = {k: v for k, v in raw.items() if isinstance(v, str)}
         return Kept(said.get("daemon"), said.get("invocation", ""), said.get("text"))
 
-    def _remembered(self) -> str | None:
-        return self._load().daemon
+    def _remembered(self) -> bool:
+        """weight-cache.json names this engine's daemon (a name other than the one derived is ignored)."""
+        return self._load().daemon == self.name
 
     def _remember(self, name: str) -> None:
-        if self._remembered() != name:
+        if self._load().daemon != name:
             write_json_atomic(self._path(), asdict(Kept(name)))
 
     def _save(self, name: str, invocation: str, text: str) -> None:

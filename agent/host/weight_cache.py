@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from agent.host.systemd import UnitState
 
 _ACTIVE = ("active", "reloading")
+_TIES = ("Requires", "BindsTo")  # BindsTo=: how units rendered before Requires= name their daemon
 
 
 @dataclass(frozen=True)
@@ -40,16 +41,41 @@ class DaemonSeen:
     ready: tuple[Ready, ...]
 
 
-def daemon_unit(engine_text: str) -> str | None:
-    """The daemon an engine unit is bound to: its BindsTo= when it runs in client mode."""
+def client(engine_text: str) -> bool:
+    """Whether the engine unit runs in --weight-cache-mode client."""
     try:
-        flags = parse_unit_flags(engine_text)
+        return parse_unit_flags(engine_text).get("weight-cache-mode") == "client"
+    except FlagsError:
+        return False
+
+
+def ties(engine_text: str) -> set[str]:
+    """The units the engine's [Unit] requires or binds to (each line may list several)."""
+    try:
         lines = list(unit_lines(engine_text))
     except FlagsError:
+        return set()
+    return {n for s, k, v in lines if s == "Unit" and k in _TIES for n in v.split()}
+
+
+def daemon_unit(engine_unit: str, engine_text: str) -> str | None:
+    """The daemon an engine unit is a client of: the one name derived from the engine's unit name
+    (sglang/weight_cache.py daemon_unit_name), when the unit runs in client mode and is tied to it.
+    Any other unit the engine binds to (an adopted unit's BindsTo=nvidia-fabricmanager.service) is
+    never taken for the daemon."""
+    name = wc.daemon_unit_name(engine_unit)
+    return name if client(engine_text) and name in ties(engine_text) else None
+
+
+def untied(engine_unit: str, engine_text: str) -> str | None:
+    """Why a client engine unit cannot be served: it is not tied to its daemon's one name."""
+    if not client(engine_text) or daemon_unit(engine_unit, engine_text) is not None:
         return None
-    if flags.get("weight-cache-mode") != "client":
-        return None
-    return next((v for s, k, v in lines if s == "Unit" and k == "BindsTo" and v.endswith(".service")), None)
+    name = wc.daemon_unit_name(engine_unit)
+    return (
+        f"{engine_unit} runs in --weight-cache-mode client but names no Requires={name}: the daemon of "
+        f"{engine_unit} is {name} and no other unit"
+    )
 
 
 def ready_dir(engine_text: str) -> str | None:
@@ -68,14 +94,16 @@ def verdict(engine_flags: Mapping[str, object], seen: DaemonSeen) -> str | None:
         return f"{seen.unit} is not installed: the engine in client mode has no daemon to map weights from"
     if seen.active_state not in _ACTIVE:
         return f"{seen.unit} is {seen.active_state}: the daemon that holds the weights is not running"
-    dead = [r.path for r in seen.ready if not r.alive]
-    if dead or not seen.ready:
-        said = f"a dead PID in {dead[0]}" if dead else "no ready file"
-        return f"{seen.unit} runs but is not ready ({said})"
     try:
-        held = wc.fingerprint(parse_unit_flags(seen.text), "")
+        flags = parse_unit_flags(seen.text)
     except FlagsError as exc:
         return f"{seen.unit}: its flags cannot be read: {exc}"
+    dead = [r.path for r in seen.ready if not r.alive]
+    ranks = wc.ranks(flags)  # every rank's ready file, not the first GPU's
+    if dead or len(seen.ready) < ranks:
+        said = f"a dead PID in {dead[0]}" if dead else f"{len(seen.ready)} of its {ranks} ready files"
+        return f"{seen.unit} runs but is not ready ({said})"
+    held = wc.fingerprint(flags, "")
     wanted = wc.fingerprint({k: v for k, v in engine_flags.items() if k in wc.FINGERPRINT_FLAGS}, "")
     changed = held.differs(wanted)
     if changed:
@@ -88,11 +116,11 @@ class _States(Protocol):
     def unit_state(self, unit: str) -> UnitState: ...
 
 
-def check(systemd: _States, unit_dir: str, engine_text: str) -> str | None:
+def check(systemd: _States, unit_dir: str, engine_unit: str, engine_text: str) -> str | None:
     """The verdict for the engine unit about to start; None when it is not a client of a daemon."""
-    daemon = daemon_unit(engine_text)
+    daemon = daemon_unit(engine_unit, engine_text)
     if daemon is None:
-        return None
+        return untied(engine_unit, engine_text)
     seen = look(unit_dir, daemon, systemd.unit_state(daemon).active_state, ready_dir(engine_text))
     return verdict(parse_unit_flags(engine_text), seen)
 

@@ -19,14 +19,9 @@ from collections.abc import Mapping
 from agent.inventory import HostConfig
 from agent.sglang import weight_cache as wc
 from agent.sglang.flags import FlagInput, exec_start_lines
+from agent.sglang.weight_cache import daemon_unit_name as daemon_unit_name  # its one definition
 
 DAEMON_MODULE = "sglang.srt.weight_cache.daemon"
-
-
-def daemon_unit_name(engine_unit: str) -> str:
-    """sglang.service -> sglang-weight-cache.service (one daemon per service)."""
-    stem = engine_unit.removesuffix(".service")
-    return f"{stem}-weight-cache.service"
 
 
 def runtime_dir(engine_unit: str) -> str:

@@ -33,6 +33,28 @@ SOCKET_TEMPLATE = "SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE"
 READY_TEMPLATE = "SGLANG_WEIGHT_CACHE_READY_TEMPLATE"
 
 
+def daemon_unit_name(engine_unit: str) -> str:
+    """The one name of an engine's weight-cache daemon: sglang.service -> sglang-weight-cache.service.
+
+    The renderer writes it into the engine's unit, the host agent derives it from the engine's unit name
+    and touches no other unit as the daemon (an adopted unit's own BindsTo= is never taken for it)."""
+    return f"{engine_unit.removesuffix('.service')}-weight-cache.service"
+
+
+def ranks(flags: Mapping[str, object]) -> int:
+    """How many daemon processes, each with its own ready file, a one-node daemon runs: pp_size x tp_size
+    (srt/weight_cache/daemon.py: "For single-node (nnodes=1): spawns pp_size * tp_size daemons")."""
+    named = {_ALIASES.get(k, k): v for k, v in flags.items()}
+
+    def size(key: str) -> int:
+        try:
+            return max(1, int(str(named.get(key) or 1)))
+        except ValueError:
+            return 1
+
+    return size("tp-size") * size("pp-size")
+
+
 class RestartClass(str, Enum):
     """What a change restarts when the weight cache is on."""
 

@@ -104,8 +104,7 @@ def test_the_daemon_backup_shares_the_engine_backups_stamp() -> None:
     ],
 )
 def test_a_rollback_puts_back_the_daemon_unit_of_the_backups_time(old_client, pair, installed, want) -> None:
-    old = engine_text(Path("/run/x"), old_client)
-    assert restore_text(old, pair, installed) == want
+    assert restore_text(old_client, pair, installed) == want
 
 
 # -- the hooks, on a fake systemd of several units --------------------------------------------------------
@@ -262,3 +261,103 @@ def test_a_change_that_goes_back_to_an_older_backup_keeps_that_backups_daemon_co
     (rig.etc / paired(ENGINE, backup, DAEMON)).write_text(daemon_text())
     rig.hook.write(engine_text(rig.ready), engine_text(rig.ready), backup, daemon_text(dtype="float16"), None)
     assert (rig.etc / paired(ENGINE, backup, DAEMON)).read_text() == daemon_text()
+
+
+# -- the daemon's one name (an adopted unit's own BindsTo= is never the daemon) ---------------------------
+FABRIC = "nvidia-fabricmanager.service"
+FOREIGN = st.lists(
+    st.sampled_from([f"BindsTo={FABRIC}", "BindsTo=nvidia-persistenced.service", f"After={FABRIC}",
+                     "Requires=network-online.target", "BindsTo=a.service b.service"]),
+    min_size=1, max_size=4,
+)  # fmt: skip
+
+
+def adopted(folder: Path, foreign: list[str], fraction: str = "0.9") -> str:
+    """An adopted unit: its verbatim [Unit] lines first (an HGX host's fabric manager), then the daemon's."""
+    text = engine_text(folder, fraction=fraction)
+    return text.replace("[Unit]\n", "[Unit]\n" + "".join(f"{line}\n" for line in foreign), 1)
+
+
+@given(FOREIGN)
+def test_an_adopted_units_own_binds_to_is_never_taken_for_the_daemon(foreign: list[str]) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rig = Rig(Path(tmp))
+        fabric = "[Unit]\nDescription=NVIDIA fabric manager\n[Service]\nExecStart=/usr/bin/nv-fabricmanager\n"
+        (rig.etc / FABRIC).write_text(fabric)
+        old, new = adopted(rig.ready, foreign), adopted(rig.ready, foreign, fraction="0.8")
+        rig.running(old, daemon_text(), os.getpid())
+        backup = f"{ENGINE}.bak.20261205T120000Z"
+        (rig.etc / backup).write_text(old)
+        rig.hook.write(old, new, backup, daemon_text(dtype="float16"), None)
+        (rig.etc / ENGINE).write_text(new)
+        calls = rig.restart()
+        assert (rig.etc / FABRIC).read_text() == fabric  # never written over
+        assert not list(rig.etc.glob(f"{FABRIC}.bak.*"))
+        assert (rig.etc / DAEMON).read_text() == daemon_text(dtype="float16")
+        assert calls == [f"stop {ENGINE}", f"restart {DAEMON}", f"start {ENGINE}"]
+        rig.hook.restore(backup)
+        assert (rig.etc / FABRIC).read_text() == fabric and (rig.etc / DAEMON).read_text() == daemon_text()
+
+
+def test_the_unit_writer_refuses_any_name_but_the_daemons(rig: Rig) -> None:
+    from agent.host.units import UnitWriteError
+
+    with pytest.raises(UnitWriteError, match="not the weight-cache daemon of sglang.service"):
+        rig.hook._put(FABRIC, None, daemon_text())
+    assert not (rig.etc / FABRIC).exists()
+
+
+def test_a_remembered_foreign_daemon_name_is_ignored(rig: Rig) -> None:
+    """weight-cache.json written by an agent that took the fabric manager for the daemon: not trusted."""
+    fabric = "[Service]\nExecStart=/usr/bin/nv-fabricmanager\n"
+    (rig.etc / FABRIC).write_text(fabric)
+    rig.hook._save(FABRIC, "", "")
+    (rig.etc / ENGINE).write_text(engine_text(rig.ready, client=False))
+    rig.hook.write(None, engine_text(rig.ready, client=False), None, None, None)
+    assert rig.restart() == [f"restart {ENGINE}"] and (rig.etc / FABRIC).read_text() == fabric
+
+
+def test_a_client_unit_tied_to_another_daemon_is_refused(rig: Rig) -> None:
+    text = engine_text(rig.ready).replace(f"BindsTo={DAEMON}", f"BindsTo={FABRIC}")
+    said = rig.hook.refusal(text, daemon_text())
+    assert said is not None and f"names no Requires={DAEMON}" in said
+    assert rig.hook.refusal(text, None) == said
+
+
+# -- the wait for the daemon: every rank's ready file ---------------------------------------------------
+@dataclass
+class Ranks(Units):
+    """The daemon's ranks write their ready files one at a time, a poll apart (tp-size 8)."""
+
+    folder: Path = Path("/nonexistent")
+    pid: int = 0
+    at_engine_start: list[int] = field(default_factory=list)
+
+    def unit_state(self, unit: str) -> UnitState:
+        if unit == DAEMON and self.active.get(DAEMON) == "active":
+            have = len(list(self.folder.glob("*.ready")))
+            if have < 8:
+                (self.folder / f"GPU-{have}.ready").write_text(str(self.pid))
+        return super().unit_state(unit)
+
+    def start(self, unit: str, timeout: float) -> JobResult:
+        if unit == ENGINE:
+            self.at_engine_start.append(len(list(self.folder.glob("*.ready"))))
+        return super().start(unit, timeout)
+
+
+def test_the_engine_starts_only_once_every_ranks_ready_file_is_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("agent.host.poll.POLL_S", 0.0)
+    units = Ranks(folder=tmp_path / "run", pid=os.getpid())
+    rig = Rig(tmp_path, units)
+    rig.running(engine_text(rig.ready), daemon_text(), os.getpid())
+    (rig.ready / "GPU-0.ready").unlink()
+    units.stop(DAEMON, 1)
+    units.calls.clear()
+    rig.hook.ready_s = 3600.0
+    assert rig.restart() == [f"stop {ENGINE}", f"start {DAEMON}", f"start {ENGINE}"]
+    assert units.at_engine_start == [8]  # not 1: the first GPU's file alone

@@ -159,8 +159,19 @@ def test_the_plan_says_the_restart_class_with_both_times() -> None:
     assert "no daemon runs yet" in first.notes[0]
 
 
-def _seen(text: str | None, state: str = "active", alive: bool = True) -> hwc.DaemonSeen:
-    return hwc.DaemonSeen(DAEMON, text, state, (hwc.Ready("/run/x/GPU-0.ready", 42, alive),))
+def _seen(text: str | None, state: str = "active", alive: bool = True, ranks: int = 8) -> hwc.DaemonSeen:
+    """ct200's daemon: TP 8, one ready file per rank."""
+    ready = tuple(hwc.Ready(f"/run/x/GPU-{i}.ready", 42, alive) for i in range(ranks))
+    return hwc.DaemonSeen(DAEMON, text, state, ready)
+
+
+@given(st.integers(min_value=0, max_value=7))
+def test_a_daemon_is_ready_only_with_every_ranks_ready_file(ready: int) -> None:
+    host = sim_host()
+    engine = render_unit(host, {}, template_dir())
+    daemon = render_daemon_unit(host, parse_unit_flags(engine), {})
+    said = hwc.verdict(parse_unit_flags(engine), _seen(daemon, ranks=ready))
+    assert said is not None and f"{ready} of its 8 ready files" in said
 
 
 DAEMON = "sglang-weight-cache.service"
@@ -169,7 +180,10 @@ DAEMON = "sglang-weight-cache.service"
 def test_a_live_daemon_with_the_same_fingerprint_lets_a_resize_restart() -> None:
     host = sim_host()
     engine = render_unit(host, {"mem-fraction-static": 0.9}, template_dir())
-    assert hwc.daemon_unit(engine) == DAEMON and hwc.ready_dir(engine) == "/run/sglang-weight-cache"
+    assert (
+        hwc.daemon_unit("sglang.service", engine) == DAEMON
+        and hwc.ready_dir(engine) == "/run/sglang-weight-cache"
+    )
     daemon = render_daemon_unit(host, parse_unit_flags(render_unit(host, {}, template_dir())), {})
     assert hwc.verdict(parse_unit_flags(engine), _seen(daemon)) is None
 
@@ -201,7 +215,7 @@ def test_a_daemon_holding_another_fingerprint_is_found_before_the_engine_restart
 
 
 def test_an_engine_not_in_client_mode_has_no_daemon_to_check() -> None:
-    assert hwc.daemon_unit(render_unit(sim_host(False), {}, template_dir())) is None
+    assert hwc.daemon_unit("sglang.service", render_unit(sim_host(False), {}, template_dir())) is None
 
 
 def test_ready_files_are_read_with_their_pids(tmp_path: Path) -> None:

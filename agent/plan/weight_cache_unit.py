@@ -1,13 +1,19 @@
 """The weight-cache daemon's own unit, and what the engine's unit gains in client mode.
 
-systemd semantics chosen (systemd.unit(5)):
-- the engine has `BindsTo=` + `After=` the daemon: it starts only once the daemon runs, and stops when the
-  daemon stops or dies (its weights are gone); restarting the engine alone never touches the daemon,
-  because dependencies point from the engine to the daemon, not back;
-- the engine has `PartOf=` the daemon: `systemctl restart` of the daemon (a fingerprint change) restarts
-  the engine after it, so both come up in order;
+systemd semantics chosen (systemd.unit(5), systemd.service(5)), for systemd >= 249 and 252 in particular:
+- the engine has `Requires=` + `After=` the daemon: a start of the engine starts the daemon first; an
+  explicit stop or restart of the daemon (a fingerprint change) stops or restarts the engine after it;
+  restarting the engine alone never touches the daemon (dependencies point from the engine to it);
+- not `BindsTo=`: a daemon that dies (kill -9, a CUDA fault) passes through "failed" before its own
+  `Restart=` (systemd before 254 has no `RestartMode=direct`), and BindsTo= then stops the engine as a
+  dependency, which its `Restart=on-failure` never undoes: the service stayed down for good. Under
+  Requires= the daemon's automatic restart is a restart job, which try-restarts the engine after it
+  (it maps the reloaded weights; `--weight-cache-timeout` covers the daemon's load); `Upholds=` (249)
+  would also restart an engine a person stopped on purpose;
+- the engine has `PartOf=` the daemon as well (a restart of the daemon restarts the engine after it);
 - the daemon names nothing of the engine's (no `PartOf=`, no `BindsTo=`): an engine restart leaves it
-  running with the weights resident.
+  running with the weights resident; `Restart=always`: a daemon that exits for any reason but a stop
+  comes back, and the engine with it.
 Both units set SGLang's socket and ready templates to one folder under /run that the daemon's
 `RuntimeDirectory=` creates (SGLang's default is /tmp, which `PrivateTmp=` would split).
 """
@@ -47,7 +53,7 @@ def engine_unit_lines(host: HostConfig) -> list[str]:
     if not host.weight_cache.enabled:
         return []
     daemon = daemon_unit_name(host.unit.name)
-    return [f"BindsTo={daemon}", f"After={daemon}", f"PartOf={daemon}"]
+    return [f"Requires={daemon}", f"After={daemon}", f"PartOf={daemon}"]
 
 
 def python_of(executable: list[str]) -> str:
@@ -92,8 +98,8 @@ def render_daemon_unit(host: HostConfig, flags: Mapping[str, FlagInput], gpu_env
         *[f'Environment="{k}={v}"' for k, v in env.items()],
         f"RuntimeDirectory={runtime_dir(host.unit.name)}",
         "ExecStart=" + " \\\n    ".join(argv),
-        "Restart=on-failure",
-        "RestartSec=30",
+        "Restart=always",
+        "RestartSec=10",
         "LimitMEMLOCK=infinity",
         "",
         "[Install]",

@@ -304,7 +304,7 @@ def test_an_adopted_units_own_binds_to_is_never_taken_for_the_daemon(foreign: li
 def test_the_unit_writer_refuses_any_name_but_the_daemons(rig: Rig) -> None:
     from agent.host.units import UnitWriteError
 
-    with pytest.raises(UnitWriteError, match="not the weight-cache daemon of sglang.service"):
+    with pytest.raises(UnitWriteError, match=r"not the weight-cache daemon of sglang\.service"):
         rig.hook._put(FABRIC, None, daemon_text())
     assert not (rig.etc / FABRIC).exists()
 

@@ -107,7 +107,7 @@ def test_the_engine_unit_is_a_client_bound_to_its_daemon() -> None:
     daemon = daemon_unit_name("sglang.service")
     assert daemon == "sglang-weight-cache.service"
     socket = "SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE=/run/sglang-weight-cache/"
-    ties = (f"BindsTo={daemon}", f"After={daemon}", f"PartOf={daemon}")
+    ties = (f"Requires={daemon}", f"After={daemon}", f"PartOf={daemon}")
     for line in (*ties, "--weight-cache-mode client", "--weight-cache-timeout 1800", socket):
         assert line in text, line
 

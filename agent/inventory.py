@@ -399,6 +399,15 @@ class HostConfig(_Model):
                 raise ValueError(f"sglang.flags.{flag}: [nodes] sets it for each node; leave it out")
         return self
 
+    @model_validator(mode="after")
+    def _no_weight_cache_in_a_group(self) -> HostConfig:
+        if self.nodes is not None and self.weight_cache.enabled:
+            raise ValueError(
+                "weight_cache.enabled: not with [nodes]: a group's change does not run the weight-cache daemon "
+                "on its nodes yet; turn one of the two off"
+            )
+        return self
+
     @property
     def node_targets(self) -> tuple[str, ...]:
         """The SSH targets this service runs on, node rank 0 first (one for a single-host service)."""

@@ -95,3 +95,17 @@ def test_status_names_a_dead_rank_while_rank_0_runs(tmp_path: Path) -> None:
     assert said is not None and said.startswith("rank 1 (k2-b) not running while rank 0 runs")
     assert warning(host, [state("active", "running")] * 3) is None
     assert down_ranks([state("inactive", "dead"), state("active", "running")]) == []  # all down: no group
+
+
+def test_the_weight_cache_in_a_group_is_refused_up_front_in_one_line(tmp_path: Path) -> None:
+    """A group's change runs no daemon on its nodes: refused before any host is reached, exit 2."""
+    from tests.pure.test_first_hour import run_cli
+
+    units = write(tmp_path, "k2", BASE + NODES + "[weight_cache]\nenabled = true\n")
+    with pytest.raises(InventoryError, match=r"weight_cache\.enabled: not with \[nodes\]"):
+        load_service("k2", units)
+    for argv in (("apply", "k2", "--context", "100k", "--yes"), ("plan", "k2", "--context", "100k")):
+        code, out, err = run_cli(*argv, units=units)
+        assert code == 2 and "weight_cache.enabled: not with [nodes]" in err, err
+        assert len([line for line in err.splitlines() if ": error: " in line]) == 1, err
+    assert load_service("k2", write(tmp_path, "k2", BASE + NODES)).nodes is not None  # without it: read

@@ -40,7 +40,7 @@ from agent.report import ApplyReport, plan_with_chart, render_report
 from agent.sglang.flags import FlagInput, FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures
 from agent.sglang.long_context import yarn_override
-from agent.sglang.weight_cache import RestartClass, fingerprint, restart_class
+from agent.sglang.weight_cache import RestartClass, fingerprint, quant_of, restart_class
 from agent.verify import render_checked
 
 
@@ -126,7 +126,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
     check_with_sglang_table(host, dict(change.flags))  # before the plan: a typo is not planned for
     if change.allow_longer_context:  # planned with SGLang's override in the unit, as it will run
         host = allow_context(host, change)
-    _refuse_weight_cache(host, change, facts)
+    refuse_weight_cache(host, dict(change.flags), facts)
     plan = make_plan(host, change, facts)
     flags = {**dict(change.flags), **plan.flags()}
     old_text = facts.get("unit_text") or ""
@@ -160,14 +160,6 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         daemon_text=daemon_text(host, new_text),
     )
     return Prepared(plan, old_text, new_text, req, restart)
-
-
-def _refuse_weight_cache(host: HostConfig, change: Change, facts: HostFacts) -> None:
-    """With [weight_cache], what SGLang's daemon cannot serve is refused before anything changes."""
-    flags = {**host.sglang.flags, **dict(change.flags)}
-    refused = weight_cache_unit.refusal(host, flags, *weight_cache_facts(facts))
-    if refused:
-        raise UsageError(refused, hint="set weight_cache.enabled = false for this service")
 
 
 def restart_for(
@@ -224,15 +216,21 @@ def _daemon_unit_note(host: HostConfig, new_text: str) -> str:
     return f"== {name}: installed with the engine's unit, restarted only when it changes\n{text}"
 
 
-def weight_cache_facts(facts: HostFacts) -> tuple[tuple[str, bool], str]:
+def weight_cache_facts(facts: HostFacts) -> tuple[tuple[str, bool | None], str]:
     """(quant_method, block-wise) from the checkpoint's config.json, and the device, for the refusals."""
     doc = facts.get("model_facts")
     model = doc.get("model") if doc else None
-    quant = (model.get("config") or {}).get("quantization_config") if model else None
-    method = str(quant.get("quant_method") or "") if isinstance(quant, dict) else ""
-    block = isinstance(quant, dict) and quant.get("weight_block_size") is not None
     device = str(doc.get("device") or "cuda") if doc else "cuda"
-    return (method, block), device
+    return quant_of((model.get("config") or {}) if model else None), device
+
+
+def refuse_weight_cache(host: HostConfig, flags: Mapping[str, FlagInput], facts: HostFacts | None) -> None:
+    """With [weight_cache], what SGLang's daemon cannot serve is refused before anything changes: by
+    apply and a group (prepare), the fleet before its first host and each host from its facts."""
+    merged = {**host.sglang.flags, **flags}
+    refused = weight_cache_unit.refusal(host, merged, *weight_cache_facts(facts or {}))
+    if refused:
+        raise UsageError(refused, hint="set weight_cache.enabled = false for this service")
 
 
 def _running_version(facts: HostFacts, host: HostConfig) -> str:

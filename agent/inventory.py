@@ -403,8 +403,8 @@ class HostConfig(_Model):
     def _no_weight_cache_in_a_group(self) -> HostConfig:
         if self.nodes is not None and self.weight_cache.enabled:
             raise ValueError(
-                "weight_cache.enabled: not with [nodes]: a group's change does not run the weight-cache daemon "
-                "on its nodes yet; turn one of the two off"
+                "weight_cache.enabled: not with [nodes]: a group's change does not run the weight-cache "
+                "daemon on its nodes yet; turn one of the two off"
             )
         return self
 

@@ -72,6 +72,19 @@ def set_flags(args: argparse.Namespace, members: Sequence[HostConfig], out: Outp
     return flags
 
 
+def refuse_weight_cache(members: Sequence[HostConfig], flags: dict[str, FlagInput]) -> None:
+    """[weight_cache]: what SGLang's daemon cannot serve (speculative decoding, a --quantization off its
+    IPC allowlist) is refused here, before Ansible runs and any host is reached, as `apply` refuses it;
+    each host checks its checkpoint's own quantization from its facts again (fleet/hostrun.py)."""
+    from agent.apply import refuse_weight_cache as refuse
+
+    for host in members:
+        try:
+            refuse(host, flags, None)
+        except UsageError as exc:
+            raise UsageError(f"{host.name}: {exc.message}", hint=exc.hint) from None
+
+
 def apply(args: argparse.Namespace, out: Output) -> int:
     _check(args)  # --canary, --batch and --max-fail were checked by argparse (cli.commands.fleet)
     folder = units_dir(args.units)
@@ -79,6 +92,7 @@ def apply(args: argparse.Namespace, out: Output) -> int:
     hosts = [h.name for h in members]
     check_canary(args.group, len(hosts), args.canary)
     flags = set_flags(args, members, out)
+    refuse_weight_cache(members, flags)
     if not args.yes and not getattr(args, "dry_run", False):
         if not out.stdin_isatty:
             raise UsageError(

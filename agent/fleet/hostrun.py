@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from agent.apply import allow_context, drifted, installed_sha256
-from agent.errors import ConnectError, DeployError
+from agent.apply import allow_context, drifted, installed_sha256, refuse_weight_cache
+from agent.errors import ConnectError, DeployError, UsageError
 from agent.fleet.calibrate import Measured, peer_key
 from agent.fleet.results import HostResult, HostStatus
 from agent.fleet.steps import (
@@ -99,6 +99,10 @@ def _planned(  # noqa: PLR0913 - one host's rollout step: its link, target, peer
     flags: Mapping[str, FlagInput],
 ) -> HostResult:
     host, facts = talk.client.host, as_facts(talk.answer)
+    try:  # as `deployctl apply`: before the plan, nothing sent to the host but the facts request
+        refuse_weight_cache(host, flags, facts)
+    except UsageError as exc:
+        return HostResult(host.name, "error", exc.message, context)
     plan, sources = plan_host(host, context, facts, peers, flags)
     unit_flags = {**dict(as_change(context, flags).flags), **plan.flags()}
     figures = plan_figures(plan, sources, emit)

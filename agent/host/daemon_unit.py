@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from agent.host.events import EventLog
+from agent.host.model_facts import read_config
 from agent.host.poll import wait_until
 from agent.host.state import StateDir, write_json_atomic
 from agent.host.units import UnitFiles, UnitWriteError
-from agent.host.weight_cache import DaemonSeen, check, daemon_unit, look, ready_dir, untied
+from agent.host.weight_cache import DaemonSeen, check, daemon_unit, look, ready_dir, unservable, untied
 from agent.protocol.events import Stage
 from agent.sglang import weight_cache as wc
 from agent.sglang.flags import FlagsError, parse_unit_flags
@@ -133,6 +134,15 @@ def restore_text(old_client: bool, pair: str | None, installed: str | None) -> t
     return False, installed
 
 
+def _config(engine_text: str) -> dict[str, object] | None:
+    """The engine's checkpoint config.json when its --model-path is a local folder."""
+    try:
+        path = parse_unit_flags(engine_text).get("model-path")
+    except FlagsError:
+        return None
+    return read_config(Path(str(path))) if isinstance(path, str) and path.startswith("/") else None
+
+
 def _changed(old: str, new: str) -> str:
     try:
         differ = wc.fingerprint(parse_unit_flags(old), "").differs(wc.fingerprint(parse_unit_flags(new), ""))
@@ -190,6 +200,10 @@ class DaemonUnit:
     def refusal(self, engine_text: str, daemon_text: str | None) -> str | None:
         """Why this change cannot go ahead: without a daemon unit sent, the installed daemon must serve the
         engine as it is; with one, the two units must share a fingerprint."""
+        if self._client(engine_text):
+            said = unservable(engine_text, daemon_text, _config(engine_text))
+            if said is not None:
+                return said
         if daemon_text is None:
             return check(self.systemd, str(self.files.dir), self.engine, engine_text)
         if not self._client(engine_text):

@@ -112,6 +112,27 @@ def verdict(engine_flags: Mapping[str, object], seen: DaemonSeen) -> str | None:
     return None
 
 
+def unservable(engine_text: str, daemon_text: str | None, config: object) -> str | None:
+    """What SGLang's daemon cannot serve, read off the units the host is asked to run (the laptop refused
+    it already; an older laptop or a request written by hand did not): the same rules
+    (sglang/weight_cache.py refusals). config: the checkpoint's config.json, None when not read."""
+    try:
+        flags = parse_unit_flags(engine_text)
+    except FlagsError:
+        return None
+    private = any(_private_tmp(t) for t in (engine_text, daemon_text or ""))
+    said = wc.refusals(flags, *wc.quant_of(config), "cuda", private)
+    return f"the weight cache cannot serve this unit: {said[0]}" if said else None
+
+
+def _private_tmp(text: str) -> bool:
+    try:
+        lines = list(unit_lines(text))
+    except FlagsError:
+        return False
+    return any(s == "Service" and k == "PrivateTmp" and wc.private_tmp(v) for s, k, v in lines)
+
+
 class _States(Protocol):
     def unit_state(self, unit: str) -> UnitState: ...
 

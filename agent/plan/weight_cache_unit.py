@@ -109,12 +109,20 @@ def render_daemon_unit(host: HostConfig, flags: Mapping[str, FlagInput], gpu_env
 
 
 def refusal(
-    host: HostConfig, flags: Mapping[str, FlagInput], quant: tuple[str, bool], device: str
+    host: HostConfig,
+    flags: Mapping[str, FlagInput],
+    quant: tuple[str, bool | None] = ("", None),
+    device: str = "cuda",
 ) -> str | None:
-    """Why the weight cache cannot serve this service, in SGLang's words; quant: (method, block-wise)."""
+    """Why the weight cache cannot serve this service, in SGLang's words (sglang/weight_cache.py refusals);
+    quant: (method, block-wise) from config.json, ("", None) before the host's facts are read (the
+    fleet's check before any host: speculative decoding and the --quantization flag)."""
     if not host.weight_cache.enabled:
         return None
-    private = any(line.split("=", 1)[0] == "PrivateTmp" for line in host.unit.verbatim.get("Service", []))
+    private = any(
+        key.strip() == "PrivateTmp" and wc.private_tmp(value)
+        for key, _, value in (line.partition("=") for line in host.unit.verbatim.get("Service", []))
+    )
     speculative = {**flags, **({"speculative-algorithm": host.draft.algorithm} if host.draft else {})}
     said = wc.refusals(speculative, quant[0], quant[1], device, private)
     return (

@@ -92,10 +92,33 @@ def restart_class(old: Fingerprint | None, new: Fingerprint, enabled: bool) -> t
     return (RestartClass.BOTH, changed) if changed else (RestartClass.ENGINE, [])
 
 
+def quant_of(config: object) -> tuple[str, bool | None]:
+    """(quant_method, block-wise) from a checkpoint's config.json (its quantization_config); a config not
+    read (None) gives ("", None): block-wise unknown, so an fp8 flag is not refused on a guess."""
+    if not isinstance(config, Mapping):
+        return "", None
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return "", False
+    return str(quant.get("quant_method") or ""), quant.get("weight_block_size") is not None
+
+
+def private_tmp(value: str) -> bool:
+    """Whether a PrivateTmp= value turns it on (systemd.exec(5): a boolean, or "disconnected" since 257)."""
+    return value.strip().lower() not in ("no", "false", "0", "off", "")
+
+
 def refusals(
-    flags: Mapping[str, object], quant_method: str, block_fp8: bool, device: str, units_private_tmp: bool
+    flags: Mapping[str, object],
+    quant_method: str,
+    block_fp8: bool | None,
+    device: str,
+    units_private_tmp: bool,
 ) -> list[str]:
-    """Why the weight cache cannot serve this service; each line cites the SGLang rule it follows."""
+    """Why the weight cache cannot serve this service; each line cites the SGLang rule it follows.
+
+    The one rule set: the laptop's apply, fleet and group paths (plan/weight_cache_unit.py refusal) and
+    the host agent (host/daemon_unit.py) all ask it. block_fp8 None: the checkpoint was not read."""
     out = []
     if any(flags.get(f) not in (None, False) for f in SPECULATIVE_FLAGS):
         out.append(
@@ -103,7 +126,7 @@ def refusals(
             "the daemon does not export the draft model's weights (srt/arg_groups/model_path_hook.py)"
         )
     quant = str(flags.get("quantization") or quant_method or "")
-    if quant not in SHARED_QUANTIZATIONS or (quant == "fp8" and not block_fp8):
+    if quant not in SHARED_QUANTIZATIONS or (quant == "fp8" and block_fp8 is False):
         out.append(
             f"quantization {quant!r}: not on SGLang's CUDA IPC allowlist (unquantized, block-wise fp8; "
             "srt/weight_cache/protocol.py IPC_QUANT_ALLOWLIST)"

@@ -267,3 +267,55 @@ def test_a_fleet_apply_sends_the_pool_as_deployctl_apply_does_calibrated_or_cold
         req = apply_request(host, 150_000, "[Service]\nExecStart=/bin/true\n", plan.flags(), plan, {})
         assert req.planned_pool == plan.predicted_pool_tokens
         assert req.pool_calibrated is calibrated_pool(plan) is bool(starts), plan.basis
+
+
+def _cached(tmp_path: Path, draft: bool) -> Path:
+    """Three hosts of group g with [weight_cache] on; with or without ct200-sim's DFLASH draft."""
+    import re
+
+    units = _units(tmp_path, {h: 'groups = ["g"]' for h in ("a", "b", "c")})
+    for h in ("a", "b", "c"):
+        path = units / f"{h}.toml"
+        text = path.read_text() if draft else re.sub(r"(?ms)^\[draft\]\n.*?(?=^\[)", "", path.read_text())
+        path.write_text(text + "\n[weight_cache]\nenabled = true\n")
+    return units
+
+
+@pytest.mark.parametrize(
+    ("draft", "extra", "says"),
+    [
+        (True, [], "speculative decoding"),
+        (False, ["--set", "quantization=awq"], "quantization 'awq'"),
+    ],
+)
+def test_a_fleet_rollout_refuses_what_the_weight_cache_cannot_serve_before_any_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, draft: bool, extra: list[str], says: str
+) -> None:
+    """As `deployctl apply` refuses it: before Ansible runs, so no canary pays a restart and a rollback."""
+    from agent.fleet import front
+
+    calls: list[str] = []
+    monkeypatch.setattr(front, "run_playbook", lambda *a, **k: calls.append("ran"))
+    units = _cached(tmp_path, draft)
+    for check in ([], ["--dry-run"]):
+        code, err = _fleet_main(units, ["g", "--context", "100k", *extra, *check])
+        assert code == ExitCode.USAGE and calls == [], err
+        first = err.splitlines()[0]
+        assert (
+            first.startswith("deployctl: error: a: [weight_cache] enabled cannot serve a: ") and says in first
+        )
+
+
+def test_each_fleet_host_refuses_its_checkpoints_quantization_from_its_facts(tmp_path: Path) -> None:
+    """The checkpoint's own quantization (config.json, known from the host's facts) is refused by the host's
+    step before the plan: nothing but the facts request reached the host."""
+    from types import SimpleNamespace
+
+    from agent.fleet import hostrun
+
+    host = load_host("a", _cached(tmp_path, draft=False))
+    config = {"quantization_config": {"quant_method": "awq"}}
+    answer = {"model_facts": {"model": {"config": config}, "device": "cuda"}}
+    talk = SimpleNamespace(client=SimpleNamespace(host=host), answer=answer)
+    result = hostrun._planned(talk, 100_000, [], lambda *_: None, False, {})  # type: ignore[arg-type]
+    assert result.outcome == "error" and "quantization 'awq'" in result.message, result.message

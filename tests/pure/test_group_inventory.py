@@ -105,7 +105,7 @@ def test_the_weight_cache_in_a_group_is_refused_up_front_in_one_line(tmp_path: P
     with pytest.raises(InventoryError, match=r"weight_cache\.enabled: not with \[nodes\]"):
         load_service("k2", units)
     for argv in (("apply", "k2", "--context", "100k", "--yes"), ("plan", "k2", "--context", "100k")):
-        code, out, err = run_cli(*argv, units=units)
+        code, _out, err = run_cli(*argv, units=units)
         assert code == 2 and "weight_cache.enabled: not with [nodes]" in err, err
         assert len([line for line in err.splitlines() if ": error: " in line]) == 1, err
     assert load_service("k2", write(tmp_path, "k2", BASE + NODES)).nodes is not None  # without it: read

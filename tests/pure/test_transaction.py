@@ -227,6 +227,38 @@ def test_a_daemon_unit_that_cannot_serve_the_engine_is_refused_before_any_change
     assert not (host.etc / "sglang-weight-cache.service").exists()
 
 
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("--speculative-algorithm EAGLE", "speculative decoding"),
+        ("--quantization awq", "quantization 'awq'"),
+        ("checkpoint awq", "quantization 'awq'"),  # the checkpoint's config.json, read on the host
+        ("PrivateTmp=yes", "PrivateTmp="),
+    ],
+)
+def test_the_host_refuses_what_the_weight_cache_cannot_serve_before_any_change(
+    host: Host, how: str, says: str
+) -> None:
+    """The laptop refuses it first (plan/weight_cache_unit.py refusal); the host asks the same rules of
+    the units it is sent (an older laptop, a request written by hand)."""
+    host.install(host.etc, unit_text(OLD))
+    text, model = _client(NEW), host.root / "model"
+    if how.startswith("--"):
+        text = text.replace("--weight-cache-mode", f"{how} --weight-cache-mode")
+    elif how.startswith("checkpoint"):
+        model.mkdir()
+        (model / "config.json").write_text('{"quantization_config": {"quant_method": "awq"}}')
+        text = text.replace("--model-path /m", f"--model-path {model}")
+    else:
+        text = text.replace("[Service]\n", f"[Service]\n{how}\n")
+    daemon = _daemon(str(model) if how.startswith("checkpoint") else "/m")
+    result = host.transaction(host.request(NEW, unit_text=text, daemon_text=daemon)).apply()
+    assert result.outcome is Outcome.ERROR and says in result.message, result.message
+    assert "nothing changed" in result.message and host.systemd.restarts == 0
+    assert (host.etc / UNIT).read_text() == unit_text(OLD)
+    assert not (host.etc / "sglang-weight-cache.service").exists()
+
+
 def test_a_change_refused_after_the_reload_puts_the_daemons_unit_back_too(
     host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:

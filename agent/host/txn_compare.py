@@ -51,6 +51,10 @@ def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
         return Result(Outcome.ERROR, msg + "; nothing changed: set them in the inventory's environment")
     secrets = p.secrets.wanted({**kept, **p.req.secret_env}, p.req.secret_flags)
     same = current == new and p.secrets.current() == secrets
+    repair = p.daemon.drift(p.req.daemon_text)  # [weight_cache]: its daemon's unit deleted or edited by hand
+    if repair is not None:
+        p.log.emit(Stage.COMPARE, "warning", repair)
+        same = False
     # A node of a group restarts with the others even when its own unit is unchanged: the laptop asks
     # only when some rank needs it, and one rank cannot restart alone.
     if same and running_as_installed(p) and p.req.group is None:

@@ -22,7 +22,7 @@ def write(p: Ports, run: Run, change: Change, secrets: dict[str, str | None]) ->
     """Back up, write (secrets, then the unit), reload: the change with its backup, ready to restart,
     or the Result of a write that failed or that systemd does not load."""
     new, current, live = change.new, p.files.read(p.unit), p.secrets.current()
-    wrote = current != new or live != secrets
+    wrote = current != new or live != secrets or p.daemon.drift(p.req.daemon_text) is not None
     backup_name: str | None = None
     touched: dict[str, str | None] | None = None  # the live secrets, once this run began writing them
     try:

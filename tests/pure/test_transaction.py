@@ -259,6 +259,32 @@ def test_the_host_refuses_what_the_weight_cache_cannot_serve_before_any_change(
     assert not (host.etc / "sglang-weight-cache.service").exists()
 
 
+@pytest.mark.parametrize("hand", ["deleted", "edited"])
+def test_a_daemon_unit_deleted_or_edited_by_hand_is_repaired_by_the_next_apply(host: Host, hand: str) -> None:
+    """The engine's unit is up to date, its daemon's is not as deployctl wrote it: the apply writes it back
+    (the edited one kept under the change's backup stamp) and says so."""
+    daemon = host.etc / "sglang-weight-cache.service"
+    host.install(host.etc, _client(NEW))
+    daemon.write_text(_daemon("/m"))
+    first = host.transaction(host.request(NEW, unit_text=_client(NEW), daemon_text=_daemon("/m"))).apply()
+    assert first.outcome is Outcome.UP_TO_DATE, first.message
+    edited = _daemon("/m") + "Nice=5\n"
+    if hand == "deleted":
+        daemon.unlink()
+    else:
+        daemon.write_text(edited)
+    t = host.transaction(host.request(NEW, unit_text=_client(NEW), daemon_text=_daemon("/m")))
+    result = t.apply()
+    assert result.outcome is Outcome.APPLIED, result.message
+    assert daemon.read_text() == _daemon("/m")
+    said = [e.message for e in t.events if "by hand" in e.message]
+    assert said and "this change writes it back" in said[0], [e.message for e in t.events]
+    kept = [p.read_text() for p in host.etc.glob("sglang-weight-cache.service.bak.*")]
+    assert kept == ([] if hand == "deleted" else [edited])  # nothing lost: the hand edit is a backup
+    again = host.transaction(host.request(NEW, unit_text=_client(NEW), daemon_text=_daemon("/m"))).apply()
+    assert again.outcome is Outcome.UP_TO_DATE, again.message
+
+
 def test_a_change_refused_after_the_reload_puts_the_daemons_unit_back_too(
     host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,8 +35,8 @@ MEANING = {
     "[planning]": "the planner's margin and memory floor",
     "[metrics]": "the node_exporter textfile (see metrics.md)",
     "[prewarm]": "reading the new weights into the page cache before the stop",
-    "[weight_cache]": "SGLang's weight-cache daemon as its own unit, the engine in client mode; not with [nodes] "
-    "([how-it-works.md](how-it-works.md#the-weight-cache-daemon))",
+    "[weight_cache]": "SGLang's weight-cache daemon as its own unit, the engine in client mode; not with "
+    "[nodes] ([how-it-works.md](how-it-works.md#the-weight-cache-daemon))",
     "[drain]": "waiting for requests in flight before a restart, and the unit's stop timeout derived from it",
     "[router]": "the SGLang model gateway in front of the server (see reliability.md)",
     "[nodes]": "one service over several hosts (`--nnodes`): the other nodes, in rank order, and node 0's "

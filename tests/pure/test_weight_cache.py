@@ -256,3 +256,18 @@ def test_apply_sends_the_daemons_unit_and_the_host_finds_the_pair_compatible() -
         assert sent is not None and "-m sglang.srt.weight_cache.daemon" in sent
         assert mismatch(engine, sent) is None
     assert daemon_text(sim_host(False), render_unit(sim_host(False), {}, template_dir())) is None
+
+
+def test_an_adopted_hgx_unit_keeps_its_fabric_manager_and_names_its_daemon_once() -> None:
+    """The adopted template renders the verbatim [Unit] lines first; the host still finds the daemon by its
+    one name, never the fabric manager the unit binds to."""
+    host = sim_host()
+    fabric = ["BindsTo=nvidia-fabricmanager.service", "After=nvidia-fabricmanager.service"]
+    unit = host.unit.model_copy(
+        update={"template": "sglang-adopted.service.j2", "verbatim": {"Unit": fabric}}
+    )
+    text = render_unit(host.model_copy(update={"unit": unit}), {}, template_dir())
+    assert text.index("BindsTo=nvidia-fabricmanager.service") < text.index(f"Requires={DAEMON}")
+    assert hwc.daemon_unit("sglang.service", text) == DAEMON
+    assert hwc.untied("sglang.service", text) is None
+    assert hwc.daemon_unit("other.service", text) is None  # another engine's daemon is not this one's

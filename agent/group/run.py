@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from agent.errors import ConnectError, RemoteError
-from agent.group.decide import Rank, Step, Vote, next_step, to_roll_back
+from agent.group.decide import Rank, Step, Vote, may_roll_back, next_step, to_revoke, to_roll_back
 from agent.inventory import HostConfig
 from agent.protocol.answers import SignalAnswer
 from agent.protocol.events import Event, Outcome
@@ -187,25 +187,36 @@ class Coordinator:
             self.untold.discard(rank)
 
     def _deliver(self, node: Node, word: Word) -> tuple[Answer, str]:
-        """One delivery and the machine's reading of its answer; `known: false` is an error: the node
-        does not run this transaction."""
-        try:
-            got = self.deliver(node, word.value, self.reason)
-        except ConnectError as exc:
-            return Answer.UNREACHABLE, f"not reachable: {exc}"
-        stands = got.get("decision")
-        answer = answer_of(
-            bool(got.get("known")), True, word, Decision(stands) if stands else None, got.get("by") == "node"
-        )
-        if answer is Answer.UNKNOWN:
-            return answer, f"rank {node.rank} does not run transaction {node.request.txn}"
-        return answer, str(got.get("reason", ""))
+        return delivered(self.deliver, node, word, self.reason)
 
 
-def converge(nodes: Sequence[Node], rollback: Callable[[Node, str], Event]) -> bool:
-    """Every transaction ended: roll back the nodes that kept the new unit while another did not.
-    Whether the group is now all on one side."""
+def delivered(deliver: Signal, node: Node, word: Word, reason: str) -> tuple[Answer, str]:
+    """One delivery and the machine's reading of its answer; `known: false` is an error: the node does not
+    run this transaction."""
+    try:
+        got = deliver(node, word.value, reason)
+    except ConnectError as exc:
+        return Answer.UNREACHABLE, f"not reachable: {exc}"
+    stands = got.get("decision")
+    answer = answer_of(
+        bool(got.get("known")), True, word, Decision(stands) if stands else None, got.get("by") == "node"
+    )
+    if answer is Answer.UNKNOWN:
+        return answer, f"rank {node.rank} does not run transaction {node.request.txn}"
+    return answer, str(got.get("reason", ""))
+
+
+def converge(
+    nodes: Sequence[Node], rollback: Callable[[Node, str], Event], deliver: Signal = signal
+) -> bool:
+    """Every transaction ended: roll back the nodes that kept the new unit while another did not, once the
+    abort stands at every other node (decide.to_revoke: a node in doubt may hold the commit, and its next
+    recovery would start the new unit). Whether the group is now all on one side."""
     ranks = to_roll_back([n.view for n in nodes])
+    for rank in to_revoke([n.view for n in nodes]):
+        answer, _ = delivered(deliver, nodes[rank], Word.ABORT, "converging: the group goes back to its old units")
+        if not may_roll_back((answer,)):  # a commit stands there, or no answer: leave every rank as it is
+            return False
     ok = True
     for rank in ranks:
         node = nodes[rank]

@@ -100,13 +100,21 @@ def first_cause(ranks: Sequence[Rank]) -> tuple[int, str] | None:
 
 
 def to_roll_back(ranks: Sequence[Rank]) -> tuple[int, ...]:
-    """Once every transaction ended: the ranks that kept the new unit while another did not. None while a
+    """Once every transaction ended: the rank that kept the new unit while another did not. None while a
     rank is out of reach: whether the commit reached it is unknown, and a rank restarted alone would meet
-    the others' servers of another generation (the report says the group is in doubt)."""
+    the others' servers of another generation (the report says the group is in doubt). None either when
+    several ranks kept it: rolled back one by one, the first one's old start would meet the others' new
+    servers at the rendezvous (the report says so; an apply of the old settings restarts them together)."""
     if any(r.lost for r in ranks):
         return ()
     kept = tuple(n for n, r in enumerate(ranks) if r.outcome is Outcome.APPLIED)
-    return () if len(kept) == len(ranks) else kept
+    return kept if len(kept) == 1 < len(ranks) else ()
+
+
+def one_side(ranks: Sequence[Rank]) -> bool:
+    """Every rank kept the new unit, or none did: nothing is left to converge."""
+    kept = [r.outcome is Outcome.APPLIED for r in ranks]
+    return all(kept) or not any(kept)
 
 
 def to_revoke(ranks: Sequence[Rank]) -> tuple[int, ...]:

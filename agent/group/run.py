@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from agent.errors import ConnectError, RemoteError
-from agent.group.decide import Rank, Step, Vote, may_roll_back, next_step, to_revoke, to_roll_back
+from agent.group.decide import Rank, Step, Vote, may_roll_back, next_step, one_side, to_revoke, to_roll_back
 from agent.inventory import HostConfig
 from agent.protocol.answers import SignalAnswer
 from agent.protocol.events import Event, Outcome
@@ -206,15 +206,17 @@ def delivered(deliver: Signal, node: Node, word: Word, reason: str) -> tuple[Ans
     return answer, str(got.get("reason", ""))
 
 
-def converge(
-    nodes: Sequence[Node], rollback: Callable[[Node, str], Event], deliver: Signal = signal
-) -> bool:
-    """Every transaction ended: roll back the nodes that kept the new unit while another did not, once the
+def converge(nodes: Sequence[Node], rollback: Callable[[Node, str], Event], deliver: Signal = signal) -> bool:
+    """Every transaction ended: roll back the node that kept the new unit while the others did not, once the
     abort stands at every other node (decide.to_revoke: a node in doubt may hold the commit, and its next
     recovery would start the new unit). Whether the group is now all on one side."""
     ranks = to_roll_back([n.view for n in nodes])
+    if not ranks:  # nothing to roll back, or nothing that may be: on one side, or left as it is
+        return one_side([n.view for n in nodes])
     for rank in to_revoke([n.view for n in nodes]):
-        answer, _ = delivered(deliver, nodes[rank], Word.ABORT, "converging: the group goes back to its old units")
+        answer, _ = delivered(
+            deliver, nodes[rank], Word.ABORT, "converging: the group goes back to its old units"
+        )
         if not may_roll_back((answer,)):  # a commit stands there, or no answer: leave every rank as it is
             return False
     ok = True

@@ -1,12 +1,13 @@
-"""The group change, model-checked: every interleaving of 2 and 3 nodes' steps, the coordinator's and the
-faults, driven by the code's own decisions, never a copy of them:
+"""The group change, model-checked: every interleaving of the nodes' steps, the coordinator's and the faults
+(2 ranks with up to 2 faults, 3 ranks with none; 3 ranks with 1 fault under DEPLOYCTL_FULL_MODEL=1, which
+takes minutes), driven by the code's own decisions, never a copy of them:
 
 - a node's step: agent/protocol/groupmachine.py node_step (what host/txn_group.py and host/groupnode.py do);
 - a node whose agent died, recovered by the coordinator's re-attach or by a later run: host/grouprecovery.py
   recovery_step (what txn_recover.py does), from the node's files and whether its unit runs;
 - the coordinator: group/decide.py next_step, groupmachine's delivery_order, after_answer and answer_of
   (`known: false` included), the retelling of a decision a rank missed, and converge's decisions
-  (decide.py to_roll_back, to_revoke, may_roll_back), then group_outcome's report;
+  (decide.py to_roll_back, one_side, to_revoke, may_roll_back), then group_outcome's report;
 - the faults: the laptop dying, each link dropping (and coming back or not), each node's agent killed, its
   host rebooted (at any step, after its change ended too), a node refusing the change (its agent then
   answers `known: false`), any deadline passing before a signal arrives.
@@ -30,6 +31,7 @@ any peer exit that rank 0's stop causes; a signal is written when it is delivere
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -37,7 +39,17 @@ from enum import Enum
 
 import pytest
 
-from agent.group.decide import Rank, Step, Vote, group_outcome, may_roll_back, next_step, to_revoke, to_roll_back
+from agent.group.decide import (
+    Rank,
+    Step,
+    Vote,
+    group_outcome,
+    may_roll_back,
+    next_step,
+    one_side,
+    to_revoke,
+    to_roll_back,
+)
 from agent.host.grouprecovery import recovery_step
 from agent.protocol import Outcome
 from agent.protocol.groupmachine import (
@@ -109,7 +121,9 @@ class World:
 class Seen:
     """What the search saw on its way, for the checks that span states."""
 
-    edges: set[tuple[bool, Phase, Phase]] = field(default_factory=set)  # (rank >= 1, from, to) by a live agent
+    edges: set[tuple[bool, Phase, Phase]] = field(
+        default_factory=set
+    )  # (rank >= 1, from, to) by a live agent
     tags: set[str] = field(default_factory=set)
 
 
@@ -218,7 +232,9 @@ def node_moves(w: World, i: int, seen: Seen) -> Iterator[World]:
         if not later or (rank0_decided(w) and not w.gone[i]):
             yield step_node(w, i, Saw.DEADLINE, seen)
     if phase is Phase.STARTING:
-        yield step_node(w, i, Saw.SIGNAL, seen)  # the group's abort ends its start (its watch polls the files)
+        yield step_node(
+            w, i, Saw.SIGNAL, seen
+        )  # the group's abort ends its start (its watch polls the files)
         if all(g is Gen.NEW for g in w.gen) and not w.gone[i]:
             yield step_node(w, i, Saw.READY, seen)
         yield step_node(w, i, Saw.FAILED, seen)
@@ -261,20 +277,34 @@ def coordinator_moves(w: World, seen: Seen) -> Iterator[World]:
             yield wr(w, views=put(w.views, i, replace(w.views[i], lost=True, why="lost")))
         if w.link[i] is not Link.DOWN and not w.agent[i] and not w.views[i].lost:  # re-attach: recover
             yield recover(w, i, later=False, seen=seen)
-        if w.untold[i] and w.link[i] is not Link.DOWN and w.sending is None:  # run.py _retell
-            assert w.decided is not None
-            w2, answer = deliver(w, i, Word(w.decided.value), True, seen)
-            yield wr(w2, untold=put(w.untold, i, answer is Answer.UNREACHABLE))
+        if w.untold[i] and w.link[i] is not Link.DOWN and w.sending is None:
+            yield retell(w, i, seen)
     if w.sending is not None:
         yield from send_moves(w, seen)
     elif w.converging is not None:
         yield from converge_moves(w, seen)
     else:
-        nxt = next_step(w.views, w.went, w.decided, w.went_back)
-        if nxt.step is Step.DONE:
-            yield wr(w, converging=(to_revoke(w.views), to_roll_back(w.views), True))
-        elif not w.held and nxt.step is not Step.WAIT:
-            yield begin(w, Word(nxt.step.value))
+        yield from next_moves(w)
+
+
+def next_moves(w: World) -> Iterator[World]:
+    """group/run.py Coordinator.run: the next word, or once every rank ended, converge."""
+    nxt = next_step(w.views, w.went, w.decided, w.went_back)
+    if nxt.step is Step.DONE:
+        back = to_roll_back(w.views)
+        if back:
+            yield wr(w, converging=(to_revoke(w.views), back, True))
+        else:
+            yield finish(w, converged=one_side(w.views))
+    elif not w.held and nxt.step is not Step.WAIT:
+        yield begin(w, Word(nxt.step.value))
+
+
+def retell(w: World, i: int, seen: Seen) -> World:
+    """group/run.py _retell: the decision again, to a rank whose delivery got no answer."""
+    assert w.decided is not None
+    w2, answer = deliver(w, i, Word(w.decided.value), True, seen)
+    return wr(w2, untold=put(w.untold, i, answer is Answer.UNREACHABLE))
 
 
 def begin(w: World, word: Word) -> World:
@@ -474,7 +504,16 @@ def lock_paths(edges: set[tuple[bool, Phase, Phase]], follower: bool) -> list[tu
     return out
 
 
-@pytest.mark.parametrize(("n", "max_faults"), [(2, 2), (3, 1)])
+# 3 ranks with a fault: about 1.5 million states, minutes on a loaded 2-core machine (docs/topologies.md)
+FULL = os.environ.get("DEPLOYCTL_FULL_MODEL") == "1"
+CASES = [
+    (2, 2),
+    (3, 0),
+    pytest.param(3, 1, marks=pytest.mark.skipif(not FULL, reason="DEPLOYCTL_FULL_MODEL=1")),
+]
+
+
+@pytest.mark.parametrize(("n", "max_faults"), CASES)
 def test_the_group_never_runs_two_generations_whatever_is_lost(n: int, max_faults: int) -> None:
     states, ends, named, seen = explore(n, max_faults)
     print(
@@ -484,9 +523,10 @@ def test_the_group_never_runs_two_generations_whatever_is_lost(n: int, max_fault
     # both outcomes and the hard paths are reached: the check is not passing vacuously
     assert ",".join(["committed"] * n) in named and ",".join(["rolled-back"] * n) in named
     assert any("in-doubt" in name for name in named)
-    expected = {"known: false", "recovered late: kept", "a later run recovered a node"}
-    expected |= {"converge rolled a rank back", "converge held: committed"}
-    assert expected <= seen.tags, expected - seen.tags
+    if max_faults:
+        expected = {"known: false", "recovered late: kept", "a later run recovered a node"}
+        expected |= {"converge rolled a rank back", "converge held: committed"}
+        assert expected <= seen.tags, expected - seen.tags
     for follower in (False, True):
         for spent in lock_paths(seen.edges, follower):
             assert all(a <= b for a, b in zip(spent, LOCK_BOUND, strict=True)), (follower, spent)

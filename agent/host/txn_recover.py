@@ -65,11 +65,8 @@ def recover(p: Ports, run: Run) -> str | None:
         p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn} had been verified: kept")
         return "kept"
     run.recovering = record.txn != p.txn  # this change's own record rolls back with its group
-    try:
-        group = GroupRecord.read(p.state.txn_dir(record.txn)) if run.recovering else None
-    except UnreadableGroupRecord as exc:
-        run.unreadable, run.recovering = str(exc), False
-        p.log.emit(Stage.RECOVER, "warning", f"{exc}: refusing to change {p.unit}")
+    group, unreadable = read_group(p, run, record)
+    if unreadable:
         return "group-unreadable"
     p.log.emit(Stage.RECOVER, "warning", f"transaction {record.txn} did not finish: restoring the old unit")
     try:
@@ -89,6 +86,19 @@ def recover(p: Ports, run: Run) -> str | None:
     run.unrecovered = record
     p.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
     return "failed"
+
+
+def read_group(p: Ports, run: Run, record: Record) -> tuple[GroupRecord | None, bool]:
+    """The interrupted change's group record: (None, False) for a one-host change (or this change's own
+    record), (None, True) when it is unreadable: the recovery refuses (run.unreadable says why)."""
+    if not run.recovering:
+        return None, False
+    try:
+        return GroupRecord.read(p.state.txn_dir(record.txn)), False
+    except UnreadableGroupRecord as exc:
+        run.unreadable, run.recovering = str(exc), False
+        p.log.emit(Stage.RECOVER, "warning", f"{exc}: refusing to change {p.unit}")
+        return None, True
 
 
 def recover_group(p: Ports, run: Run, record: Record, group: GroupRecord) -> str:

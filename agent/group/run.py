@@ -4,8 +4,8 @@ Each node's agent runs its own transaction (backup, write, stop, then wait); thi
 node's events in a thread, sends "go" once every rank stopped, and commit or abort once every rank voted
 (agent/group/decide.py decides). A signal is a file the node's transaction reads (host/groupsignal.py),
 delivered over a fresh connection, so a dropped link delays it but loses nothing; a node that hears
-nothing in [nodes] wait_s rolls itself back. At the end, a node that kept the new unit while another went
-back is rolled back too.
+nothing in [nodes] wait_s rolls itself back. At the end, the one node that kept the new unit while the
+others went back is rolled back too, once the abort stands at every other node (converge).
 """
 
 from __future__ import annotations

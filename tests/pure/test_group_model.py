@@ -303,6 +303,7 @@ def next_moves(w: World) -> Iterator[World]:
 def retell(w: World, i: int, seen: Seen) -> World:
     """group/run.py _retell: the decision again, to a rank whose delivery got no answer."""
     assert w.decided is not None
+    seen.tags.add("a decision retold")
     w2, answer = deliver(w, i, Word(w.decided.value), True, seen)
     return wr(w2, untold=put(w.untold, i, answer is Answer.UNREACHABLE))
 
@@ -382,7 +383,7 @@ def later_moves(w: World, seen: Seen) -> Iterator[World]:
             yield recover(w, i, later=True, seen=seen)
 
 
-def fault_moves(w: World, max_faults: int) -> Iterator[World]:
+def fault_moves(w: World, max_faults: int, seen: Seen) -> Iterator[World]:
     if w.faults >= max_faults:
         return
     f = wr(w, faults=w.faults + 1)
@@ -397,7 +398,10 @@ def fault_moves(w: World, max_faults: int) -> Iterator[World]:
         ended = w.nodes[i].phase.ended
         if w.agent[i] and not ended:
             yield wr(lost, agent=put(w.agent, i, False))  # killed: its server runs on under systemd
-        yield reboot(lost, i)
+        booted = reboot(lost, i)
+        if any(now and not was for now, was in zip(booted.gone, w.gone, strict=True)):
+            seen.tags.add("a reboot stopped a peer's new server")
+        yield booted
         fresh = w.nodes[i] == Node(i) and w.votes[i] == Rank()
         if w.agent[i] and fresh:  # refused (locked) before its transaction began: `known: false`
             node = replace(w.nodes[i], phase=Phase.ROLLED_BACK)
@@ -432,7 +436,7 @@ def heard(w: World) -> World:
 
 def moves(w: World, max_faults: int, seen: Seen) -> list[World]:
     out = [m for i in range(len(w.nodes)) for m in node_moves(w, i, seen)]
-    out += [*coordinator_moves(w, seen), *later_moves(w, seen), *fault_moves(w, max_faults)]
+    out += [*coordinator_moves(w, seen), *later_moves(w, seen), *fault_moves(w, max_faults, seen)]
     return [h for h in map(heard, out) if h != w]
 
 
@@ -525,7 +529,8 @@ def test_the_group_never_runs_two_generations_whatever_is_lost(n: int, max_fault
     assert any("in-doubt" in name for name in named)
     if max_faults:
         expected = {"known: false", "recovered late: kept", "a later run recovered a node"}
-        expected |= {"converge rolled a rank back", "converge held: committed"}
+        expected |= {"converge rolled a rank back", "converge held: committed", "a decision retold"}
+        expected |= {"a reboot stopped a peer's new server"}
         assert expected <= seen.tags, expected - seen.tags
     for follower in (False, True):
         for spent in lock_paths(seen.edges, follower):

@@ -141,7 +141,7 @@ def coordinate(nodes: Sequence[Node], emit: Emit, drive: Drive = Drive()) -> Gro
     coordinator = Coordinator(nodes, hear, deliver=drive.deliver, follow=drive.follow)
     coordinator.run()
     rank0 = nodes[0].outcome  # before converge puts a rollback's outcome in its place
-    converged = converge(nodes, drive.rollback or _rollback(hear))
+    converged = converge(nodes, drive.rollback or _rollback(hear), drive.deliver)
     return GroupRun(group_outcome([n.view for n in nodes], converged), coordinator.reason, rank0)
 
 

@@ -4,7 +4,8 @@ Every node stops, and none starts before every rank has stopped ("go"): a rank s
 the other ranks' old servers at the same rendezvous port. Every node then votes; the group commits only
 when every rank is ready (rank 0's votes last: its gate includes /health and the smoke test, which need
 every rank up). Anything else aborts every rank. A node that kept the new unit while another went back is
-rolled back too: the group converges on all new or all old, never a mix.
+rolled back too, once the abort stands at every other rank: the group converges on all new or all old,
+never a mix.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from agent.protocol.events import Outcome
+from agent.protocol.groupmachine import Answer
 
 
 class Vote(str, Enum):
@@ -98,13 +100,37 @@ def first_cause(ranks: Sequence[Rank]) -> tuple[int, str] | None:
 
 
 def to_roll_back(ranks: Sequence[Rank]) -> tuple[int, ...]:
-    """Once every transaction ended: the ranks that kept the new unit while another did not. None while a
+    """Once every transaction ended: the rank that kept the new unit while another did not. None while a
     rank is out of reach: whether the commit reached it is unknown, and a rank restarted alone would meet
-    the others' servers of another generation (the report says the group is in doubt)."""
+    the others' servers of another generation (the report says the group is in doubt). None either when
+    several ranks kept it: rolled back one by one, the first one's old start would meet the others' new
+    servers at the rendezvous (the report says so; an apply of the old settings restarts them together)."""
     if any(r.lost for r in ranks):
         return ()
     kept = tuple(n for n, r in enumerate(ranks) if r.outcome is Outcome.APPLIED)
-    return () if len(kept) == len(ranks) else kept
+    return kept if len(kept) == 1 < len(ranks) else ()
+
+
+def one_side(ranks: Sequence[Rank]) -> bool:
+    """Every rank kept the new unit, or none did: nothing is left to converge."""
+    kept = [r.outcome is Outcome.APPLIED for r in ranks]
+    return all(kept) or not any(kept)
+
+
+def to_revoke(ranks: Sequence[Rank]) -> tuple[int, ...]:
+    """Before any rank is rolled back: every other rank, in order, whose decision must stand at abort. A
+    rank in doubt may hold the commit (a word that reached it after it stopped), or be told it later; its
+    next recovery would then start its new unit against the others' old ones. The coordinator claims the
+    abort there first (first writer wins): a rank in doubt is never a side to converge toward."""
+    kept = to_roll_back(ranks)
+    return tuple(n for n in range(len(ranks)) if n not in kept) if kept else ()
+
+
+def may_roll_back(answers: Sequence[Answer]) -> bool:
+    """Whether the abort claimed at the ranks of to_revoke lets the kept ranks be rolled back: it stands
+    there (or the rank never ran the change: nothing to recover). A commit that stands, or no answer,
+    leaves every rank as it is (the group is reported in doubt; its next apply takes it to one side)."""
+    return all(a in (Answer.TOOK, Answer.ABORTED, Answer.UNKNOWN) for a in answers)
 
 
 def group_outcome(ranks: Sequence[Rank], converged: bool) -> Outcome:

@@ -4,8 +4,8 @@ Each node's agent runs its own transaction (backup, write, stop, then wait); thi
 node's events in a thread, sends "go" once every rank stopped, and commit or abort once every rank voted
 (agent/group/decide.py decides). A signal is a file the node's transaction reads (host/groupsignal.py),
 delivered over a fresh connection, so a dropped link delays it but loses nothing; a node that hears
-nothing in [nodes] wait_s rolls itself back. At the end, a node that kept the new unit while another went
-back is rolled back too.
+nothing in [nodes] wait_s rolls itself back. At the end, the one node that kept the new unit while the
+others went back is rolled back too, once the abort stands at every other node (converge).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from agent.errors import ConnectError, RemoteError
-from agent.group.decide import Rank, Step, Vote, next_step, to_roll_back
+from agent.group.decide import Rank, Step, Vote, may_roll_back, next_step, one_side, to_revoke, to_roll_back
 from agent.inventory import HostConfig
 from agent.protocol.answers import SignalAnswer
 from agent.protocol.events import Event, Outcome
@@ -187,25 +187,38 @@ class Coordinator:
             self.untold.discard(rank)
 
     def _deliver(self, node: Node, word: Word) -> tuple[Answer, str]:
-        """One delivery and the machine's reading of its answer; `known: false` is an error: the node
-        does not run this transaction."""
-        try:
-            got = self.deliver(node, word.value, self.reason)
-        except ConnectError as exc:
-            return Answer.UNREACHABLE, f"not reachable: {exc}"
-        stands = got.get("decision")
-        answer = answer_of(
-            bool(got.get("known")), True, word, Decision(stands) if stands else None, got.get("by") == "node"
-        )
-        if answer is Answer.UNKNOWN:
-            return answer, f"rank {node.rank} does not run transaction {node.request.txn}"
-        return answer, str(got.get("reason", ""))
+        return delivered(self.deliver, node, word, self.reason)
 
 
-def converge(nodes: Sequence[Node], rollback: Callable[[Node, str], Event]) -> bool:
-    """Every transaction ended: roll back the nodes that kept the new unit while another did not.
-    Whether the group is now all on one side."""
+def delivered(deliver: Signal, node: Node, word: Word, reason: str) -> tuple[Answer, str]:
+    """One delivery and the machine's reading of its answer; `known: false` is an error: the node does not
+    run this transaction."""
+    try:
+        got = deliver(node, word.value, reason)
+    except ConnectError as exc:
+        return Answer.UNREACHABLE, f"not reachable: {exc}"
+    stands = got.get("decision")
+    answer = answer_of(
+        bool(got.get("known")), True, word, Decision(stands) if stands else None, got.get("by") == "node"
+    )
+    if answer is Answer.UNKNOWN:
+        return answer, f"rank {node.rank} does not run transaction {node.request.txn}"
+    return answer, str(got.get("reason", ""))
+
+
+def converge(nodes: Sequence[Node], rollback: Callable[[Node, str], Event], deliver: Signal = signal) -> bool:
+    """Every transaction ended: roll back the node that kept the new unit while the others did not, once the
+    abort stands at every other node (decide.to_revoke: a node in doubt may hold the commit, and its next
+    recovery would start the new unit). Whether the group is now all on one side."""
     ranks = to_roll_back([n.view for n in nodes])
+    if not ranks:  # nothing to roll back, or nothing that may be: on one side, or left as it is
+        return one_side([n.view for n in nodes])
+    for rank in to_revoke([n.view for n in nodes]):
+        answer, _ = delivered(
+            deliver, nodes[rank], Word.ABORT, "converging: the group goes back to its old units"
+        )
+        if not may_roll_back((answer,)):  # a commit stands there, or no answer: leave every rank as it is
+            return False
     ok = True
     for rank in ranks:
         node = nodes[rank]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.host.groupsignal import Signals, files_of
-from agent.protocol.groupmachine import Do, Node, Phase, Saw, node_step
+from agent.protocol.groupmachine import Decision, Do, Files, Node, Phase, Saw, Step, node_step
 from agent.protocol.grouprecord import GroupRecord
 
 
@@ -34,19 +34,27 @@ def _go_age_s(signals: Signals, now: float) -> float | None:
         return None
 
 
+def recovery_step(rank: int, files: Files, running: bool, go_age_s: float | None, horizon_s: float) -> Step:
+    """Pure: the machine's step for a node found mid-change with these signal files. It knows no phase of
+    its own, only its files: "go" taken means its new unit may have started. Rank 0 keeps a new server it
+    finds running past the horizon from "go" (its peers took that for its commit); a stopped one (a reboot)
+    is no evidence of anything, so it aborts like every other node without a decision."""
+    phase = Phase.STARTING if files.go else Phase.STOPPED
+    late = rank == 0 and running and go_age_s is not None and go_age_s > horizon_s
+    return node_step(Node(rank, phase, files), Saw.RECOVER_LATE if late else Saw.RECOVER)
+
+
 def recovery(group: GroupRecord, signals: Signals, running: bool, now: float | None = None) -> Recovery:
-    """The machine's step for a node found mid-change, its claim made on disk (the first writer wins)."""
+    """recovery_step on this node's files, its claim made on disk (the first writer wins)."""
     now = time.time() if now is None else now
     files = files_of(signals)
     age = _go_age_s(signals, now)
-    phase = Phase.STARTING if files.go else Phase.STOPPED
-    late = group.rank == 0 and running and age is not None and age > group.horizon_s
-    saw = Saw.RECOVER_LATE if late else Saw.RECOVER
-    node, done = node_step(Node(group.rank, phase, files), saw)
+    node, done = recovery_step(group.rank, files, running, age, group.horizon_s)
     if node.files.decision is not None and files.decision is None:
+        late = node.files.decision is Decision.COMMIT
         why = "its agent died mid-change; recovered " + ("late" if late else "before the decision")
         stands = signals.claim(node.files.decision, f"rank {group.rank}: {why}", "node")
         if stands.decision is not node.files.decision:  # the coordinator's word came first: it stands
-            node, done = node_step(Node(group.rank, phase, files_of(signals)), saw)
+            node, done = recovery_step(group.rank, files_of(signals), running, age, group.horizon_s)
     started = now - age if age is not None else now
     return Recovery(node, done, max(0.0, started + group.horizon_s - now) if files.go else group.wait_s)

@@ -16,7 +16,7 @@ from agent.host.systemd import Systemd
 from agent.host.transaction import Transaction
 from agent.protocol.answers import Holder
 from agent.protocol.events import Outcome
-from agent.protocol.grouprecord import GroupRecord
+from agent.protocol.grouprecord import GroupRecord, UnreadableGroupRecord
 from agent.protocol.requests import Request
 
 
@@ -40,7 +40,12 @@ def was_group_change(state_dir: StateDir, unit: str) -> bool:
         record = state_dir.load_record(unit)
     except CorruptRecord:
         return False
-    return record is not None and GroupRecord.read(state_dir.txn_dir(record.txn)) is not None
+    if record is None:
+        return False
+    try:
+        return GroupRecord.read(state_dir.txn_dir(record.txn)) is not None
+    except UnreadableGroupRecord:
+        return True  # the recovery refuses it and says why: never silently left alone
 
 
 class RecordState(str, Enum):

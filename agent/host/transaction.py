@@ -181,7 +181,7 @@ class Transaction:
         """Finish an earlier run's change; a failed or impossible recovery stops everything here."""
         self.log.emit(Stage.RECOVER, "step", "checking for an unfinished earlier run")
         found = self.run.recovered = self.recover()
-        if found not in ("corrupt", "failed"):
+        if found not in ("corrupt", "group-unreadable", "failed"):
             txn_router.rejoin_left_out(self.ports)
         return txn_recover.blocked(self.ports, self.run, found, explicit)
 

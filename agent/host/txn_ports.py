@@ -136,6 +136,7 @@ class Run:
     events: list[Event] = field(default_factory=list)  # this run's events: the downtime is read off them
     unrecovered: Record | None = None  # the record whose recovery failed
     recovered: str | None = None  # what the last recover() did
+    unreadable: str | None = None  # a recovery refused: the interrupted change's group record is unreadable
 
 
 @dataclass(frozen=True)

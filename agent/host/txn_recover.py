@@ -13,7 +13,7 @@ from agent.host.txn_restart import stop_clean
 from agent.host.txn_restore import restore, verify_old
 from agent.protocol.events import Outcome, Stage
 from agent.protocol.groupmachine import Do, Phase
-from agent.protocol.grouprecord import GroupRecord
+from agent.protocol.grouprecord import GroupRecord, UnreadableGroupRecord
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S
 
 
@@ -25,6 +25,13 @@ def blocked(p: Ports, run: Run, found: str | None, explicit: bool) -> Result | N
             Outcome.ERROR,
             f"the recovery record {path} is unreadable: nothing changed; compare {p.unit} with its "
             f"backups (deployctl backups), restore the right one by hand, then remove {path}",
+        )
+    if found == "group-unreadable":  # never a one-host recovery: its old start could meet new peers
+        return Result(
+            Outcome.ERROR,
+            f"{run.unreadable}: nothing changed; whether {p.unit} is one rank of a group, and which, is "
+            f"unknown: compare it with its backups (deployctl backups) and its group's other nodes "
+            f"(deployctl status), restore the right unit by hand, then remove {p.state.record_path(p.unit)}",
         )
     if found == "failed" and not explicit:
         record = run.unrecovered
@@ -57,10 +64,12 @@ def recover(p: Ports, run: Run) -> str | None:
         p.state.clear_record(p.unit)
         p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn} had been verified: kept")
         return "kept"
+    run.recovering = record.txn != p.txn  # this change's own record rolls back with its group
+    group, unreadable = read_group(p, run, record)
+    if unreadable:
+        return "group-unreadable"
     p.log.emit(Stage.RECOVER, "warning", f"transaction {record.txn} did not finish: restoring the old unit")
     try:
-        run.recovering = record.txn != p.txn  # this change's own record rolls back with its group
-        group = GroupRecord.read(p.state.txn_dir(record.txn)) if run.recovering else None
         if group is not None:
             return recover_group(p, run, record, group)
         ok, reason = restore(p, run, record)
@@ -77,6 +86,19 @@ def recover(p: Ports, run: Run) -> str | None:
     run.unrecovered = record
     p.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
     return "failed"
+
+
+def read_group(p: Ports, run: Run, record: Record) -> tuple[GroupRecord | None, bool]:
+    """The interrupted change's group record: (None, False) for a one-host change (or this change's own
+    record), (None, True) when it is unreadable: the recovery refuses (run.unreadable says why)."""
+    if not run.recovering:
+        return None, False
+    try:
+        return GroupRecord.read(p.state.txn_dir(record.txn)), False
+    except UnreadableGroupRecord as exc:
+        run.unreadable, run.recovering = str(exc), False
+        p.log.emit(Stage.RECOVER, "warning", f"{exc}: refusing to change {p.unit}")
+        return None, True
 
 
 def recover_group(p: Ports, run: Run, record: Record, group: GroupRecord) -> str:

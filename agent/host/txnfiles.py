@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agent.host.state import CorruptRecord, StateDir, write_json_atomic
 from agent.protocol.common import TXN_ID
+from agent.protocol.grouprecord import GROUP_RECORD, GroupRecord
 from agent.protocol.requests import Request
 
 REQUEST = "request.json"
@@ -43,10 +44,14 @@ def staged_path(req: Request, txn: str) -> Path:
 
 
 def write_request(state_dir: StateDir, req: Request, txn: str) -> None:
-    """request.json of the transaction, secret values replaced by their references."""
+    """request.json of the transaction, secret values replaced by their references; a group node's group
+    record before it (protocol/grouprecord.py)."""
     named = dataclasses.replace(
         req, secret_env=references(txn, req.secret_env), secret_flags=references(txn, req.secret_flags)
     )
+    group = GroupRecord.of(req)
+    if group is not None:  # first: a folder whose request is there has its group record
+        write_json_atomic(state_dir.txn_dir(txn) / GROUP_RECORD, json.loads(group.to_json()))
     write_json_atomic(state_dir.txn_dir(txn) / REQUEST, json.loads(named.to_json()))
 
 

@@ -229,8 +229,10 @@ def after_answer(word: Word, rank: int, answer: Answer) -> Then:
     """What the coordinator does after one delivery."""
     if word is Word.GO_BACK:
         return Then.NEXT
-    if word is Word.ABORT:  # rank 0 out of reach may keep its new unit (its late rule): tell no one else
-        return Then.NEXT if rank >= 1 or answer in (Answer.TOOK, Answer.ABORTED) else Then.HOLD
+    if word is Word.ABORT:  # rank 0 out of reach may keep its new unit (its late rule): tell no one else;
+        # rank 0 that does not run the change (`known: false`) has no new unit to keep: the others go back
+        kept = answer in (Answer.UNREACHABLE, Answer.COMMITTED)
+        return Then.HOLD if rank == 0 and kept else Then.NEXT
     if answer is Answer.ABORTED:
         return Then.ABORT
     if word is Word.GO:  # nobody can commit once the coordinator aborts: abort is always safe before a commit

@@ -1,8 +1,15 @@
 """What a group change's recovery and its coordinator need of the change's own request: the node's rank and
-its bounds (host/grouprecovery.py recovers a node with it; group/run.py bounds its waits by it)."""
+its bounds (host/grouprecovery.py recovers a node with it; group/run.py bounds its waits by it).
+
+The agent writes it as a small versioned file, group.json, in the change's folder before its request.json
+(host/txnfiles.py), so a folder whose request is known to the `signal` verb has it. A recovery that finds
+it unreadable refuses (nothing changed, the path named): taken for a one-host change, a group node would
+restart its old unit alone, into its peers' new servers."""
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +27,19 @@ def start_bound_s(req: Request, stop_s: float) -> float:
     )
 
 
+GROUP_RECORD = "group.json"
+VERSION = 1
+
+
+class UnreadableGroupRecord(Exception):
+    """A change's group record (or, in a folder without one, its request) that cannot be read: whether the
+    node is one of a group, and which rank, is unknown, so nothing may change until a person looks."""
+
+    def __init__(self, path: Path, detail: str) -> None:
+        super().__init__(f"the group record {path} is unreadable ({detail})")
+        self.path = path
+
+
 @dataclass(frozen=True)
 class GroupRecord:
     """What recovery needs of the interrupted change's own request: the node's rank and its bounds."""
@@ -35,14 +55,53 @@ class GroupRecord:
         stop_s = stop_timeout_s(req.drain_timeout_s, req.drain_stop_allowance_s)
         return cls(req.group.rank, req.group.wait_s, start_bound_s(req, stop_s + RESTART_JOB_TIMEOUT_S))
 
+    def to_json(self) -> str:
+        body = {
+            "version": VERSION,
+            "rank": self.rank,
+            "wait_s": self.wait_s,
+            "start_bound_s": self.start_bound_s,
+        }
+        return json.dumps(body, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> GroupRecord:
+        """Strict: this version, exactly these fields, a rank >= 0 and positive finite bounds (ValueError)."""
+        body = json.loads(text)
+        if not isinstance(body, dict) or set(body) != {"version", "rank", "wait_s", "start_bound_s"}:
+            raise ValueError(f"fields {sorted(body) if isinstance(body, dict) else type(body).__name__}")
+        if body["version"] != VERSION or isinstance(body["version"], bool):
+            raise ValueError(f"version {body['version']!r}, this agent reads {VERSION}")
+        rank, wait_s, bound_s = body["rank"], body["wait_s"], body["start_bound_s"]
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise ValueError(f"rank {rank!r}")
+        for name, value in (("wait_s", wait_s), ("start_bound_s", bound_s)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+                raise ValueError(f"{name} {value!r}")
+        return cls(rank, float(wait_s), float(bound_s))
+
     @classmethod
     def read(cls, txn_dir: Path) -> GroupRecord | None:
-        """The group of the change whose folder this is, from its own request.json; None for a one-host
-        change, or a folder without a request this agent can read (recovered as a one-host change)."""
+        """The group of the change whose folder this is; None for a one-host change. A folder without a
+        group record (written by an agent before it had one) is read from its request.json. Raises
+        UnreadableGroupRecord when the record, or that request, exists but cannot be read."""
+        path = txn_dir / GROUP_RECORD
         try:
-            req = Request.from_json((txn_dir / "request.json").read_text("utf-8"))
-        except (OSError, ValueError, TypeError, KeyError, ProtocolError):
-            return None
+            return cls.from_json(path.read_text("utf-8"))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise UnreadableGroupRecord(path, str(exc)) from None
+        path = txn_dir / "request.json"
+        try:
+            text = path.read_text("utf-8")
+            if json.loads(text).get("group") is None:
+                return None  # a one-host change, whatever else its request says
+            req = Request.from_json(text)
+        except FileNotFoundError:
+            return None  # nothing names a group: a one-host change
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, ProtocolError) as exc:
+            raise UnreadableGroupRecord(path, str(exc) or type(exc).__name__) from None
         return cls.of(req)
 
     @property

@@ -16,9 +16,11 @@ from agent.errors import ConnectError
 from agent.group.decide import Rank, Step, Vote, first_cause, group_outcome, next_step, to_roll_back
 from agent.group.run import Coordinator, Node, converge
 from agent.host import verbs
+from agent.host.groupsignal import Signals
 from agent.inventory import HostConfig
 from agent.protocol.answers import SignalAnswer
 from agent.protocol.events import Event, Outcome
+from agent.protocol.groupmachine import Answer, Decision, Then, Word, after_answer
 from agent.protocol.requests import Group, Request, Timeouts
 from agent.remote.transport import ConnectionLost
 from tests.pure.test_group_node import BROKEN, NEW, OLD, node_request, node_unit
@@ -362,3 +364,86 @@ def test_a_lost_rank_the_commit_missed_is_told_until_its_own_deadline() -> None:
     assert not thread.is_alive()
     assert tries.count("down") == 4 and tries[-1] == "commit"  # told once the link came back
     assert coordinator.untold == set() and len(pauses) == 3
+
+
+def ended_in_doubt_after_rank_0_committed(tmp_path: Path) -> tuple[list[Node], list[FakeNode]]:
+    """Rank 0 committed and kept its new unit; rank 1 stopped before any word reached it and ended in doubt
+    (its transaction folder is there: its record waits for its next recovery)."""
+    nodes, fakes = nodes_for(tmp_path, [NEW, NEW])
+    for node, fake in zip(nodes, fakes, strict=True):
+        fake.txn_dir(TXN).mkdir(parents=True, exist_ok=True)
+        (fake.txn_dir(TXN) / "request.json").write_text(node.request.to_json())
+    Signals(fakes[0].txn_dir(TXN)).claim(Decision.COMMIT, "every rank ready", "deployctl")
+    nodes[0].view = Rank(Vote.READY, Outcome.APPLIED)
+    nodes[0].outcome = Event(TXN, 9, "", "done", "outcome", "applied", {"outcome": "applied", "backup": "b0"})
+    nodes[1].view = Rank(Vote.READY, Outcome.ROLLBACK_FAILED, why="rank 1 in doubt")
+    return nodes, fakes
+
+
+def test_converge_never_rolls_back_toward_a_rank_in_doubt_that_holds_the_commit(tmp_path: Path) -> None:
+    """The commit reached rank 1's folder after it ended in doubt (the coordinator retold it). Rolling
+    rank 0 back alone left two generations: rank 1's next recovery reads the commit and starts its new
+    unit against rank 0's old one. Converge claims the abort there first; a commit that stands holds it."""
+    nodes, fakes = ended_in_doubt_after_rank_0_committed(tmp_path)
+    Signals(fakes[1].txn_dir(TXN)).claim(Decision.COMMIT, "retold", "deployctl")
+    rolled: list[int] = []
+
+    def back(node: Node, backup: str) -> Event:
+        rolled.append(node.rank)
+        return Event("-", 0, "", "done", "outcome", "", {"outcome": "applied"})
+
+    converged = converge(nodes, back, fake_deliver(fakes))
+    assert not converged and rolled == []
+    assert group_outcome([n.view for n in nodes], converged) is Outcome.ROLLBACK_FAILED
+    stands = Signals(fakes[1].txn_dir(TXN)).decided()
+    assert stands is not None and stands.decision is Decision.COMMIT  # its recovery takes it to rank 0's side
+
+
+@pytest.mark.parametrize("link_down", [False, True])
+def test_converge_claims_the_abort_at_a_rank_in_doubt_before_rolling_rank_0_back(
+    tmp_path: Path, link_down: bool
+) -> None:
+    nodes, fakes = ended_in_doubt_after_rank_0_committed(tmp_path)
+    fakes[1].link_down = link_down
+    rolled: list[int] = []
+
+    def back(node: Node, backup: str) -> Event:
+        stands = Signals(fakes[1].txn_dir(TXN)).decided()
+        assert stands is not None and stands.decision is Decision.ABORT  # claimed before any rollback
+        rolled.append(node.rank)
+        return Event("-", 0, "", "done", "outcome", "", {"outcome": "applied"})
+
+    converged = converge(nodes, back, fake_deliver(fakes))
+    # no answer from rank 1: whether a commit stands there is unknown, so nothing is rolled back
+    assert (converged, rolled) == ((False, []) if link_down else (True, [0]))
+
+
+def test_rank_0_that_refused_the_change_does_not_hold_the_others_abort() -> None:
+    """Rank 0 answers `known: false` (it refused: locked by another run): it has no new unit to keep, so the
+    abort goes on to the others and their go-back follows; it held every other rank stopped, in doubt."""
+    assert after_answer(Word.ABORT, 0, Answer.UNKNOWN) is Then.NEXT
+    assert after_answer(Word.ABORT, 0, Answer.UNREACHABLE) is Then.HOLD
+    assert after_answer(Word.ABORT, 0, Answer.COMMITTED) is Then.HOLD
+
+
+def test_converge_never_rolls_back_several_ranks_one_by_one(tmp_path: Path) -> None:
+    """Ranks 0 and 1 kept the new unit (rank 0 recovered late, rank 1 by its deadline rule), rank 2 went
+    back: rolled back one at a time, rank 0's old start met rank 1's new server at the rendezvous (the model
+    check's 3-rank schedule). Nothing is rolled back and the group is reported in doubt."""
+    applied = Rank(Vote.READY, Outcome.APPLIED)
+    ranks = [applied, applied, Rank(Vote.FAILED, Outcome.ROLLED_BACK)]
+    assert to_roll_back(ranks) == ()
+    nodes = pure_nodes(3)
+    for node, view in zip(nodes, ranks, strict=True):
+        node.view = view
+    rolled: list[int] = []
+
+    def back(node: Node, backup: str) -> Event:
+        rolled.append(node.rank)
+        return Event("-", 0, "", "done", "outcome", "", {"outcome": "applied"})
+
+    converged = converge(
+        nodes, back, lambda node, word, reason: {"known": False, "go": False, "decision": None}
+    )
+    assert (converged, rolled) == (False, [])
+    assert group_outcome([n.view for n in nodes], converged) is Outcome.ROLLBACK_FAILED

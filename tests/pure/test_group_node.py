@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent.host.groupsignal import Signals
 from agent.host.transaction import Transaction
@@ -391,3 +393,67 @@ def test_a_watch_that_ends_short_of_ready_without_a_reason_votes_failed_not_read
     assert result.outcome is Outcome.ROLLED_BACK
     stands = signals.decided()
     assert stands is not None and stands.decision is Decision.ABORT and "not ready" in stands.reason
+
+
+@pytest.mark.parametrize(
+    ("path", "text"),
+    [
+        ("group.json", "{not json"),
+        ("group.json", '{"version": 2, "rank": 1, "wait_s": 60, "start_bound_s": 600}'),
+        ("request.json", "{not json"),  # a folder an agent wrote before it kept a group record
+    ],
+)
+def test_an_unreadable_group_record_is_refused_never_recovered_as_one_host(
+    host: Host, path: str, text: str
+) -> None:
+    """A group node whose change's request could not be read was recovered as a one-host change: its old
+    unit restarted alone, into its peers' new servers. It is refused: nothing changed, the record kept."""
+    from agent.host.state import StateDir
+
+    agent_died_mid_change(host, 1, go_age_s=1e6)
+    folder = host.root / "state" / "txn" / EARLIER
+    if path == "request.json":
+        (folder / "group.json").unlink()
+    (folder / path).write_text(text)
+    before = (host.systemd.loaded, host.systemd.active, host.systemd.starts, host.systemd.stops)
+    _, outcome, message = recover_verb(host)
+    assert (
+        outcome is Outcome.ERROR
+        and f"{folder / path} is unreadable" in message
+        and "nothing changed" in message
+    )
+    assert (host.systemd.loaded, host.systemd.active, host.systemd.starts, host.systemd.stops) == before
+    assert StateDir(str(host.root / "state")).load_record("sglang.service") is not None  # kept for a person
+    assert Signals(folder).decided() is None  # no claim either
+
+
+def test_the_group_record_is_written_before_the_request_and_read_back(tmp_path: Path) -> None:
+    from agent.host.state import StateDir
+    from agent.host.txnfiles import write_request
+    from agent.protocol.grouprecord import GroupRecord
+    from agent.protocol.requests import Timeouts
+
+    host = Host(tmp_path, Script())
+    state = StateDir(str(tmp_path / "state"))
+    real = Timeouts(weights_s=60, pool_s=60, ready_s=60, no_progress_s=60)  # as a request.json holds them
+    req = replace(node_request(host, NEW, 2), group=Group(2, 3, 45.0), timeouts=real)
+    write_request(state, req, EARLIER)
+    assert GroupRecord.read(state.txn_dir(EARLIER)) == GroupRecord.of(req)
+    write_request(state, replace(req, group=None), TXN)  # one host: no group record, and read as none
+    assert not (state.txn_dir(TXN) / "group.json").exists() and GroupRecord.read(state.txn_dir(TXN)) is None
+
+
+@given(st.dictionaries(st.sampled_from(["version", "rank", "wait_s", "start_bound_s", "x"]),
+                       st.one_of(st.integers(-2, 3), st.floats(allow_nan=True), st.booleans(), st.none(),
+                                 st.text(max_size=3))))  # fmt: skip
+def test_a_group_record_is_read_only_when_whole(body: dict[str, object]) -> None:
+    """Any other content is refused (ValueError), never taken for a group node of another rank."""
+    from agent.protocol.grouprecord import GroupRecord
+
+    try:
+        record = GroupRecord.from_json(json.dumps(body))
+    except ValueError:
+        return
+    assert set(body) == {"version", "rank", "wait_s", "start_bound_s"} and body["version"] == 1
+    assert record.rank == body["rank"] and record.rank >= 0 and record.wait_s > 0 and record.start_bound_s > 0
+    assert GroupRecord.from_json(record.to_json()) == record

@@ -280,11 +280,7 @@ def allow_context(host: HostConfig, change: Change) -> HostConfig:
         raise UsageError(
             f"--context {change.context:,} is above the model's own context of {limit:,}: "
             "SGLang would refuse to start; nothing was changed",
-            hint=(
-                f"scale RoPE with YaRN: {yarn_hint(yarn)}; or pass "
-                if yarn
-                else "pass "
-            )
+            hint=(f"scale RoPE with YaRN: {yarn_hint(yarn)}; or pass " if yarn else "pass ")
             + "--allow-longer-context to set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (the model then "
             "runs past its trained length, unscaled)",
         )

@@ -66,6 +66,7 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         max_running_requests=int_of(inp.flags, "max-running-requests"),
         max_total_tokens=int_of(inp.flags, "max-total-tokens"),
         cuda_graph=not decode_graphs_off(inp.flags),
+        max_prefill_tokens=int_of(inp.flags, "max-prefill-tokens"),
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(

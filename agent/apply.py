@@ -39,7 +39,7 @@ from agent.render import (
 from agent.report import ApplyReport, plan_with_chart, render_report
 from agent.sglang.flags import FlagInput, FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures
-from agent.sglang.long_context import yarn_override
+from agent.sglang.long_context import yarn_hint, yarn_override
 from agent.sglang.weight_cache import RestartClass, fingerprint, quant_of, restart_class
 from agent.verify import render_checked
 
@@ -278,11 +278,7 @@ def allow_context(host: HostConfig, change: Change) -> HostConfig:
         raise UsageError(
             f"--context {change.context:,} is above the model's own context of {limit:,}: "
             "SGLang would refuse to start; nothing was changed",
-            hint=(
-                f"scale RoPE with YaRN: --set json-model-override-args='{yarn}'; or pass "
-                if yarn
-                else "pass "
-            )
+            hint=(f"scale RoPE with YaRN: {yarn_hint(yarn)}; or pass " if yarn else "pass ")
             + "--allow-longer-context to set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (the model then "
             "runs past its trained length, unscaled)",
         )

@@ -14,5 +14,6 @@ class ExitCode(IntEnum):
     LOCKED = 6  # another deploy holds the unit's lock
     REFUSED = 7  # the host refused the change before touching it (unit edited by hand, disk full...)
     NOT_FEASIBLE = 8  # plan: the plan cannot reach the target (printed either way)
+    OUTPUT_LOST = 9  # stdout could not be written (a full disk): the command ran, its output is incomplete
     INTERRUPTED = 130  # interrupted (Ctrl-C)
     PIPE_CLOSED = 141  # stdout's reader went away before the command knew its outcome

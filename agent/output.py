@@ -69,6 +69,9 @@ class Output:
     stdin_isatty: bool = False
     json: bool = False
     quiet: bool = False
+    # Why stdout could not be written (a full disk, an I/O error), once it could not: the command goes on
+    # and main() says so in one line and in its exit code.
+    lost: str | None = None
 
     @classmethod
     def from_process(cls) -> Output:
@@ -87,11 +90,18 @@ class Output:
 
     def write(self, text: str) -> None:
         """Text to stdout as it is. A reader that went away (`| head -1`) is not an error: the rest of the
-        text is dropped and the command goes on, so its exit code still says what happened."""
+        text is dropped and the command goes on, so its exit code still says what happened. A stdout that
+        cannot be written (`> /dev/full`) drops the rest too, and is remembered in `lost`."""
+        if self.stdout is None:  # started with fd 1 closed (`>&-`): Python sets sys.stdout to None
+            self.lost = self.lost or "stdout is closed"
+            self.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as the process
         try:
             self.stdout.write(encodable(text, self.stdout))
             self.stdout.flush()
         except BrokenPipeError:
+            self.stdout = closed_pipe(self.stdout)
+        except OSError as exc:  # ENOSPC, EIO...: the rest is dropped as for a closed pipe, but not silently
+            self.lost = self.lost or str(exc.strerror or exc)
             self.stdout = closed_pipe(self.stdout)
 
     def note(self, text: str) -> None:

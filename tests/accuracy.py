@@ -18,6 +18,7 @@ Inputs are data committed here, so the report is reproducible without SGLang or 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -66,6 +67,17 @@ def _family(config: dict[str, Any]) -> str:
         return "not followed"
 
 
+# A release a start's version names ("rocm/sgl-dev:v0.5.9-rocm720-...", "0.4.3.post4 (...)"), as its host's
+# facts would report it; a start that names none (a main build, a date) is planned as 0.5.23.
+_RELEASE = re.compile(r"(?<![\d.])v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?![\d.])")
+
+
+def release(start: dict[str, Any]) -> str:
+    """The SGLang release the start's host would report in its facts."""
+    m = _RELEASE.search(str(start.get("version") or ""))
+    return m[1] if m else "0.5.23"
+
+
 def _facts(start: dict[str, Any]) -> dict[str, Any]:
     """The facts file a cold plan of this start would have had: no last_start."""
     gpu = start["gpu"]
@@ -73,7 +85,7 @@ def _facts(start: dict[str, Any]) -> dict[str, Any]:
     tp = int(start["flags"].get("tp-size", 1))
     weights = round(start.get("weights_gib_per_gpu", 10.0) * GIB * tp)
     return {
-        "format": "deployctl-facts/1", "gpus": [card] * gpu["count"], "sglang": {"version": "0.5.23"},
+        "format": "deployctl-facts/1", "gpus": [card] * gpu["count"], "sglang": {"version": release(start)},
         "model": {"config": _config(start["model"]), "weights_bytes": weights}, "flags": start["flags"],
         "env": start.get("env", {}), "last_start": None,
     }  # fmt: skip
@@ -271,10 +283,14 @@ Misses reported against the planner, over and under, and what SGLang's code says
   from 0.4.9 only a defaulted fraction is scaled, and 0.5.23 reserves a multimodal budget instead. A plan
   for a host that reports one of those builds sizes the pool at the scaled fraction and says so
   (agent/sglang/memory_defaults.py runner_vlm_factor); this start's own log names no version, so the
-  harness, which plans every start as 0.5.23, still shows the gap.
-- **GLM-5 (DSA) on MI355X, about 4 GiB over** (the rocm/sgl-dev 0.5.9 image): that image's torch.distributed
-  init took 7.83 GB against 3.83 GB (a quick all-reduce of 2 x 2 GiB, quick_all_reduce.py); the AMD margin
-  covers it, and the start is a hit above (+2.2 %, inside its interval).
+  harness, which plans a start by the release its version names (0.5.23 where it names none), still
+  shows the gap.
+- **GLM-5 (DSA) on MI355X, about 4 GiB over** (the rocm/sgl-dev 0.5.9 image, 2.2 % fewer tokens than the
+  same config under 0.5.8.post1): that image's torch.distributed init took 7.83 GB against 3.83 GB (a quick
+  all-reduce of 2 x 2 GiB, quick_all_reduce.py), though the 0.5.9 wheel opens it only as 0.5.8.post1's
+  does (ROCM_QUICK_REDUCE_QUANTIZATION set): the image's environment. A host on AMD whose facts name 0.5.9
+  is planned with it, and a note says so (agent/plan/overhead.py release_quick_reduce); the start is a
+  hit above at +0.02 % (+2.2 % before, inside the AMD margin).
 - **NVIDIA PCIe hosts at TP 4, 7-31 % under** (4 x L4 with QwQ-32B, 4 x RTX 4090 with Qwen3-14B): those
   hosts held 0.86-0.91 GiB before the weights, less than the 1.1 GiB the planner keeps at TP 1, where it
   keeps 1.91 GiB (0.27 per extra rank, fitted on TP 8 hosts: an H200 whose torch.distributed init took

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import sys
 import traceback
@@ -160,6 +161,17 @@ def _say(out: Output, line: str) -> None:
     print(encodable(terminal_text(line, keep=""), out.stderr), file=out.stderr)
 
 
+def _kept(out: Output, code: int) -> int:
+    """The command's code, unless its output was lost on a stdout it could not write: then one line says
+    so, and a command that would have exited 0 exits OUTPUT_LOST (a truncated `facts --json > file` is
+    never a success)."""
+    if out.lost is None:
+        return code
+    with contextlib.suppress(OSError, ValueError):
+        _say(out, f"deployctl: error: cannot write the output: {out.lost}; what it printed is incomplete")
+    return int(ExitCode.OUTPUT_LOST) if code == ExitCode.OK else code
+
+
 def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
     """Run one command; every expected failure ends as `deployctl: error: <one line>` and its code."""
     out = out or Output.from_process()
@@ -173,7 +185,7 @@ def main(argv: Sequence[str] | None = None, out: Output | None = None) -> int:
         args = parser.parse_args(args_list)
         if args.command is None:
             raise UsageError("a command is required", hint=f"one of: {', '.join(COMMANDS)}")
-        return int(args.run(args, out))
+        return _kept(out, int(args.run(args, out)))
     except DeployError as exc:
         if debug:
             traceback.print_exc(file=out.stderr)

@@ -43,7 +43,8 @@ INT4) each such group also opens a quick all-reduce (TP 2, 4 or 8; quick_all_red
 buffer is 2 x its max problem size (quickreduce DeviceComms::init, data_buffer_size = 2 * kMaxProblemSize),
 2 GiB unless ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB says otherwise (quick_all_reduce.py): 4 GiB, which is what
 the rocm/sgl-dev 0.5.9 image took beyond the 0.5.8.post1 one (7.81 against 3.81 GB; the image's environment
-is not in the log, so this is consistent, not shown). An MI300X DeepSeek-V4 dev image took 8.29 GB at TP 4
+is not in the log, so this is consistent, not shown): a host on AMD whose facts name 0.5.9 counts it unless
+its unit sets the variable (release_quick_reduce). An MI300X DeepSeek-V4 dev image took 8.29 GB at TP 4
 with attention DP. The margin covers both; the first real start replaces the estimate (a failed start's
 "Load weight begin" too).
 """
@@ -82,6 +83,15 @@ class RankLayout:
     attn_tp: int | None = None
     custom_all_reduce: bool = True
     quick_reduce_max_gib: float = 0.0  # ROCm quick all-reduce's max problem size; 0: not set up
+
+
+def release_quick_reduce(version: tuple[int, int, int, int] | None) -> bool:
+    """Whether the ROCm images of this SGLang release open quick all-reduce without the unit asking: the
+    rocm/sgl-dev 0.5.9 images held 4 GiB more before the weights than the 0.5.8.post1 ones (7.83 against
+    3.83 GB, a GLM-5 start on MI355X at TP 8: 2.2 % fewer tokens), the 2 x 2 GiB of a quick all-reduce. The
+    0.5.9 wheel's quick_all_reduce.py and parallel_state.py open it as 0.5.8.post1's do (only with
+    ROCM_QUICK_REDUCE_QUANTIZATION set), so it is the image's environment, and the rule is that release's."""
+    return version is not None and version[:3] == (0, 5, 9)
 
 
 def is_amd(gpu_name: str) -> bool:

@@ -28,7 +28,14 @@ from agent.plan.inputs import (
     value_of,
 )
 from agent.plan.model import SPEC_DEFAULT_REQUESTS, PoolModel, Start, StartFigures, start_of
-from agent.plan.overhead import RankLayout, is_amd, outside_service, overhead_for, since_start
+from agent.plan.overhead import (
+    RankLayout,
+    is_amd,
+    outside_service,
+    overhead_for,
+    release_quick_reduce,
+    since_start,
+)
 from agent.plan.sizing import Sizing, attention_backend, parallel, sizing
 from agent.sglang import memory_defaults, pools
 from agent.sglang.config_json import with_override
@@ -59,6 +66,7 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         max_running_requests=int_of(inp.flags, "max-running-requests"),
         max_total_tokens=int_of(inp.flags, "max-total-tokens"),
         cuda_graph=not decode_graphs_off(inp.flags),
+        max_prefill_tokens=int_of(inp.flags, "max-prefill-tokens"),
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
@@ -333,7 +341,19 @@ def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> 
         + (f"; less {others.why}" if others.why else "")
         + (f"; {others.set_aside}" if others.set_aside else "")
     )
+    if _image_quick_reduce(inp) and "quick all-reduce" in over.why:
+        notes.append(
+            f"SGLang {inp.sglang_version}'s ROCm images open quick all-reduce without the unit asking (4 GiB "
+            "more before the weights than 0.5.8.post1's): counted; set ROCM_QUICK_REDUCE_QUANTIZATION=NONE "
+            "in [unit.environment] where this host's image does not"
+        )
     return replace(shape, pre_gib=pre, post_gib=pre - weights - draft, margin_gib=over.margin_gib)
+
+
+def _image_quick_reduce(inp: PlanInput) -> bool:
+    """An AMD host whose SGLang release's images open quick all-reduce, and whose unit leaves it unset."""
+    unset = "ROCM_QUICK_REDUCE_QUANTIZATION" not in inp.env
+    return unset and is_amd(inp.gpu.name) and release_quick_reduce(sglang_version(inp))
 
 
 def _rank_layout(inp: PlanInput, par: Parallel) -> RankLayout:
@@ -349,9 +369,11 @@ def _custom_ar(inp: PlanInput) -> bool:
 
 
 def _quick_reduce_gib(inp: PlanInput) -> float:
-    """ROCm quick all-reduce: on with ROCM_QUICK_REDUCE_QUANTIZATION in FP/INT8/INT6/INT4; its max problem
-    size is ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB, else 2 GiB (device_communicators/quick_all_reduce.py)."""
-    if inp.env.get("ROCM_QUICK_REDUCE_QUANTIZATION", "NONE") not in ("FP", "INT8", "INT6", "INT4"):
+    """ROCm quick all-reduce: on with ROCM_QUICK_REDUCE_QUANTIZATION in FP/INT8/INT6/INT4, or unset under a
+    release whose images set it (overhead.py release_quick_reduce); its max problem size is
+    ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB, else 2 GiB (device_communicators/quick_all_reduce.py)."""
+    quant = inp.env.get("ROCM_QUICK_REDUCE_QUANTIZATION", "IMAGE" if _image_quick_reduce(inp) else "NONE")
+    if quant not in ("FP", "INT8", "INT6", "INT4", "IMAGE"):
         return 0.0
     try:
         mib = int(inp.env.get("ROCM_QUICK_REDUCE_MAX_SIZE_BYTES_MB", "0"))

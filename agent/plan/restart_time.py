@@ -9,11 +9,14 @@ with its cost.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from enum import Enum
 
 from agent.protocol.answers import HostFacts
+from agent.sglang.logs.summary import SummaryBuilder
 from agent.sglang.unitfile import AdoptError, HandUnit, read_unit
 
 GIB = 1 << 30
@@ -73,6 +76,7 @@ class RestartEstimate:
     parts: dict[str, float]
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
+    none_why: str = "no verified start of this unit yet"  # what `lines` says when seconds is None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -87,7 +91,7 @@ class RestartEstimate:
         out = (
             [f"  restart estimate  {self.seconds:.0f} s ({parts})"]
             if self.seconds is not None
-            else ["  restart estimate  none: no verified start of this unit yet"]
+            else [f"  restart estimate  none: {self.none_why}"]
         )
         out += [f"    {n}" for n in self.notes]
         return out + [f"  warning: {w}" for w in self.warnings]
@@ -179,6 +183,74 @@ def from_engine_timings(start: Mapping[str, object] | None) -> LastStart | None:
               "cuda_graphs": t.get("cuda_graph", 0.0)}  # fmt: skip
     phases["init"] = max(0.0, t.get("tokenizer_e2e", 0.0) - sum(phases.values()))
     return LastStart({p: phases[p] for p in RESTART_PHASES if p in phases})
+
+
+def from_log(lines: Iterable[str], where: str = "the log") -> RestartEstimate:
+    """The next restart's seconds from one start's own log (the start a plan reads from --from-log): its
+    `Engine startup timings` where SGLang logged them (as from_engine_timings), else the time between the
+    lines at which the log summary's phase moved (weights, pool, graphs, ready: the phases the host's
+    timeline measures, agent/host/timeline.py), by SGLang's own logger timestamps. A log does not hold the
+    old server's stop nor the answer to /health: they are left out, and said so."""
+    builder = SummaryBuilder()
+    began: dict[str, float] = {}
+    first: float | None = None
+    for line in lines:
+        at = _logged_at(line)
+        first = at if first is None else first
+        builder.feed(line)
+        phase = builder.phase
+        if at is not None and phase in _PHASE_PART and phase not in began:
+            began[phase] = at
+    summary = builder.summary()
+    if not summary.ready:
+        return RestartEstimate(None, {}, none_why=f"the start in {where} never became ready")
+    timings = summary.startup_timings
+    last = from_engine_timings(summary.to_dict()) if timings is not None else _timed(first, began)
+    if last is None:
+        return RestartEstimate(None, {}, none_why=f"the start in {where} has no timestamps to time it by")
+    left_out = "the old server's stop and the answer to /health after it are not in it"
+    said = "SGLang's own startup timings" if timings is not None else "its lines' timestamps"
+    return replace(
+        estimate(last, PageCache(None, None)), notes=(f"from the start in {where} ({said}); {left_out}",)
+    )
+
+
+def from_start(figures: Mapping[str, object] | None, where: str) -> RestartEstimate:
+    """The estimate from a start's figures alone (a facts file's last start): SGLang's own startup
+    timings, where that start logged them."""
+    last = from_engine_timings(figures)
+    if last is None:
+        return RestartEstimate(None, {}, none_why=f"{where} has no startup timings")
+    note = f"from {where} (SGLang's own startup timings); the old server's stop is not in them"
+    return replace(estimate(last, PageCache(None, None)), notes=(note,))
+
+
+# The downtime part each phase of the log summary begins (agent/host/timeline.py reads the journal alike).
+_PHASE_PART = {"loading_weights": "weights", "kv_pool": "pool", "cuda_graphs": "cuda_graphs", "ready": ""}
+# SGLang's logger prefix (srt/utils/common.py configure_logger): "[2026-12-01 09:59:59.020 TP0] ".
+_LOGGED_AT = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)[\] ]")
+
+
+def _logged_at(line: str) -> float | None:
+    m = _LOGGED_AT.search(line[:200])  # the prefix is near the start, after a journal's or docker's own
+    if m is None:
+        return None
+    try:
+        return datetime.fromisoformat(m[1].replace(",", ".")).timestamp()
+    except ValueError:
+        return None
+
+
+def _timed(first: float | None, began: Mapping[str, float]) -> LastStart | None:
+    """init from the first line to the weights, then each part until the next one began; ready ends them."""
+    marks = [(began[p], part) for p, part in _PHASE_PART.items() if p in began]  # in the start's order
+    if first is None or not marks or marks[-1][1] != "":
+        return None
+    phases: dict[str, float] = {}
+    for (at, part), (end, _) in zip([(first, "init"), *marks], marks, strict=False):
+        if part:
+            phases[part] = phases.get(part, 0.0) + max(0.0, end - at)
+    return LastStart(phases)
 
 
 def _source(prewarm: object) -> WeightSource:

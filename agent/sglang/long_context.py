@@ -10,8 +10,20 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 
 ALLOW_LONGER = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+# Checkpoints whose max_position_embeddings is above the length they were trained at: YaRN scales from the
+# trained length. Every Qwen3 text checkpoint (dense and MoE) states 40,960, but its model card (and SGLang's
+# Qwen3 page) gives 32,768 as the native context and original_max_position_embeddings for YaRN; the
+# 8,192 above it is room left for the prompt.
+_TRAINED = {40_960: 32_768}
+
+
+def trained_length(own: int) -> int:
+    """The length the model was trained at, which YaRN's original_max_position_embeddings names."""
+    return _TRAINED.get(own, own)
 
 
 def yarn_override(own: int, context: int) -> str | None:
@@ -20,20 +32,26 @@ def yarn_override(own: int, context: int) -> str | None:
 
     utils/hf_transformers/common.py get_context_length counts the factor as 1 when the override names
     original_max_position_embeddings, so the length key is raised with it: the model is then scaled, not run
-    past its trained length. The factor is the next whole multiple of the model's own context.
+    past its trained length. The factor is the next whole multiple of the trained length (trained_length).
     """
     if context <= own:
         return None
-    factor = math.ceil(context / own)
-    rope = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": own}
-    return json.dumps({"rope_scaling": rope, "max_position_embeddings": own * factor})
+    trained = trained_length(own)
+    factor = math.ceil(context / trained)
+    rope = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": trained}
+    return json.dumps({"rope_scaling": rope, "max_position_embeddings": trained * factor})
+
+
+def yarn_hint(yarn: str) -> str:
+    """The override as deployctl takes it (plan, apply, render: --set), quoted for a POSIX shell."""
+    return f"--set json-model-override-args={shlex.quote(yarn)}"
 
 
 def refusal(own: int, context: int, scalable: bool = True) -> str:
     """SGLang's refusal of `context`, with the ways past it and what each risks. `scalable`: a YaRN override
     is named (not for MLA models, which ship their own YaRN rope_scaling: another would replace it)."""
     yarn = yarn_override(own, context) if scalable else None
-    scale = f"; or scale RoPE with YaRN: --json-model-override-args '{yarn}'" if yarn else ""
+    scale = f"; or scale RoPE with YaRN: {yarn_hint(yarn)}" if yarn else ""
     return (
         f"SGLang refuses a context of {context:,} above the model's own {own:,} unless {ALLOW_LONGER}=1 is "
         "set (apply --allow-longer-context sets it: the model then runs past its trained length, unscaled)"

@@ -28,6 +28,9 @@ class MemorySettings:
     fraction: float
 
 
+MAX_PREFILL_TOKENS = 16384  # arg_groups/fields/schedule.py max_prefill_tokens
+
+
 @dataclass(frozen=True)
 class MemoryFlags:
     """The server flags handle_gpu_memory_settings reads besides the parallel sizes (None: unset)."""
@@ -37,6 +40,7 @@ class MemoryFlags:
     max_running_requests: int | None = None
     max_total_tokens: int | None = None
     cuda_graph: bool = True
+    max_prefill_tokens: int | None = None  # the activations' size when chunking is off (default 16,384)
 
 
 def class_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -80,7 +84,9 @@ def default_fraction(
     if decode_max_bs is None and max_running_requests is not None and bs > max_running_requests:
         bs = max_running_requests
     mla = layout.kv_lora_rank > 0
-    reserved = 512 + max(chunk, 2048) * 1.5 + tp * pp / 8 * 1024
+    # Chunking off (<= 0): the activations scale with --max-prefill-tokens instead (memory_hook.py).
+    activation = chunk if chunk > 0 else (flags.max_prefill_tokens or MAX_PREFILL_TOKENS)
+    reserved = 512 + max(activation, 2048) * 1.5 + tp * pp / 8 * 1024
     if cuda_graph:
         reserved += bs * 2
         if attn_dp > 1:

@@ -5,12 +5,16 @@ context, and SGLang's longer-context override is its own flag, apart from --forc
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent.apply import allow_context
+from agent.cli.options import parse_set
 from agent.errors import UsageError
 from agent.inventory import load_host
 from agent.orchestrate.asked import Change
@@ -18,12 +22,13 @@ from agent.plan.choose import Target
 from agent.plan.facts import parse_facts
 from agent.plan.from_facts import plan_from_facts
 from agent.sglang.config_json import ModelConfig, with_override
+from agent.sglang.kvlayout import context_length
 from agent.sglang.long_context import yarn_override
 from tests.pure.test_facts_plan import H100, facts
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 QWEN3_8B: dict[str, Any] = json.loads((MODELS / "qwen3-8b" / "config.json").read_text())
-YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 40960}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
 
 
 def plan(config: dict[str, Any], context: int, **flags: Any) -> Any:
@@ -32,7 +37,7 @@ def plan(config: dict[str, Any], context: int, **flags: Any) -> Any:
 
 
 def test_the_yarn_override_raises_the_models_own_context_as_sglang_derives_it() -> None:
-    override = json.dumps({"rope_scaling": YARN, "max_position_embeddings": 163840})
+    override = json.dumps({"rope_scaling": YARN, "max_position_embeddings": 131072})
     p = plan(QWEN3_8B, 131_072, **{"json-model-override-args": override})
     assert not p.refusals, p.refusals
     # The factor alone counts 1 when original_max_position_embeddings is given (get_context_length).
@@ -45,10 +50,48 @@ def test_the_yarn_override_raises_the_models_own_context_as_sglang_derives_it() 
 def test_a_context_above_the_models_own_names_the_yarn_override_and_the_explicit_flag() -> None:
     p = plan(QWEN3_8B, 131_072)
     assert p.binding is not None
-    assert "--json-model-override-args" in p.binding and '"rope_type": "yarn"' in p.binding
+    assert "--set json-model-override-args=" in p.binding and '"rope_type": "yarn"' in p.binding
     assert "--allow-longer-context" in p.binding and "apply --force" not in p.binding
-    suggested = p.binding.split("--json-model-override-args '")[1].split("'")[0]
-    assert not plan(QWEN3_8B, 131_072, **{"json-model-override-args": suggested}).refusals
+    name, suggested = parse_set(hinted_set(p.binding))  # fed back as a person would paste it
+    assert name == "json-model-override-args" and isinstance(suggested, str)
+    assert not plan(QWEN3_8B, 131_072, **{name: suggested}).refusals
+
+
+def hinted_set(text: str) -> str:
+    """The FLAG=VALUE of the `--set` a hint names, as a POSIX shell hands it to deployctl."""
+    words = shlex.split(text.split("YaRN: ")[1].split("; or")[0])
+    assert words[0] == "--set" and len(words) == 2, words
+    return words[1]
+
+
+def test_qwen3_is_scaled_from_its_trained_length_as_its_model_card_says() -> None:
+    """Qwen3's config.json states 40,960, its model card 32,768 trained (original_max_position_embeddings
+    32768, factor 4.0 for 131,072)."""
+    rope = json.loads(yarn_override(QWEN3_8B["max_position_embeddings"], 131_072) or "{}")
+    assert rope == {"rope_scaling": YARN, "max_position_embeddings": 131_072}
+
+
+@given(st.integers(1_024, 1_000_000), st.integers(1, 2_000_000))
+def test_the_override_derives_at_least_the_context_asked(own: int, context: int) -> None:
+    override = yarn_override(own, context)
+    if context <= own:
+        assert override is None
+        return
+    assert override is not None
+    derived = context_length(with_override(ModelConfig({"max_position_embeddings": own}), override))
+    assert derived >= context
+    rope = json.loads(override)["rope_scaling"]
+    assert rope["original_max_position_embeddings"] <= own and rope["factor"] >= 2
+
+
+def test_the_apply_hint_fed_back_through_set_is_accepted(tmp_path: Path) -> None:
+    host = load_host("ct200-sim", UNITS)
+    gqa = host.model_copy(update={"model": host.model.model_copy(update={"attention": "gqa"})})
+    with pytest.raises(UsageError) as caught:
+        allow_context(gqa, Change(400_000))
+    assert caught.value.hint is not None
+    name, value = parse_set(hinted_set(caught.value.hint))
+    assert name == "json-model-override-args" and json.loads(str(value))["max_position_embeddings"] >= 400_000
 
 
 def test_the_override_is_merged_as_sglang_merges_it() -> None:
@@ -108,6 +151,6 @@ def test_qwen25_72b_at_200k_is_refused_with_the_reason_and_both_ways() -> None:
     p = plan_from_facts(parse_facts(doc), Target(200_000))
     assert not p.feasible and p.binding is not None
     assert "SGLang refuses a context of 200,000 above the model's own 32,768" in p.binding
-    override = p.binding.split("--json-model-override-args '")[1].split("'")[0]
-    doc["flags"] = {"tp-size": 4, "json-model-override-args": override}
+    name, override = parse_set(hinted_set(p.binding))
+    doc["flags"] = {"tp-size": 4, name: override}
     assert not plan_from_facts(parse_facts(doc), Target(200_000)).refusals

@@ -87,12 +87,19 @@ def said_anything(s: StartSummary) -> bool:
     )
 
 
+_STDIN_HINT = "journalctl -u sglang.service -b | deployctl parse-log -"
+
+
 def read_log(path: str | Path, name: str) -> list[str]:
     """The lines of a log ("-": stdin), bytes decoded leniently: a log with broken UTF-8 (cut multibyte,
     binary junk) still parses. At most MAX_LOG_BYTES are read; a longer file is refused. journald and tqdm
     both end lines with \\r at times: it ends a line too."""
     try:
         if str(path) == "-":
+            if sys.stdin is None:  # started with fd 0 closed (`<&-`, some cron and CI runners)
+                raise UsageError(
+                    f"cannot read {name}: stdin is closed", hint=f"pipe the log in: {_STDIN_HINT}"
+                )
             data = sys.stdin.buffer.read(MAX_LOG_BYTES + 1)
         else:
             with open(path, "rb") as f:
@@ -102,7 +109,7 @@ def read_log(path: str | Path, name: str) -> list[str]:
     if len(data) > MAX_LOG_BYTES:
         raise UsageError(
             f"{name}: more than {MAX_LOG_BYTES // 2**20} MiB: not a start-up log",
-            hint="give the start's part: journalctl -u sglang.service -b | deployctl parse-log -",
+            hint=f"give the start's part: {_STDIN_HINT}",
         )
     return data.decode("utf-8", errors="replace").replace("\r", "\n").split("\n")
 

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             warn_flag_table(out.stderr, version, dict(change.flags))  # planned: no error follows it
             return _printed(out, args, host.name, from_host, running, _restart(host, facts, from_host))
     plan = plan_for_host(host, asked, history or None, running, ids if args.from_log else ())
-    restart = _restart(host, facts, plan) if facts is not None else None
+    restart = _restart(host, facts, plan) if facts is not None else _log_restart(args.from_log)
     warn_flag_table(out.stderr, version, dict(change.flags))
     return _printed(out, args, host.name, plan, running, restart)
 
@@ -113,6 +113,14 @@ def _restart(host: HostConfig, facts: HostFacts, plan: Plan) -> RestartEstimate 
         return restart_for(host, facts, render_unit(host, flags, template_dir()), flags)
     except RenderError:
         return None
+
+
+def _log_restart(names: Sequence[str]) -> RestartEstimate | None:
+    """What the restart will cost, from the start the plan reads in the newest --from-log (its own phases),
+    None without one."""
+    from agent.plan.restart_time import from_log
+
+    return from_log(_lines(Path(names[-1])), repr(names[-1])) if names else None
 
 
 def _from_host(
@@ -184,8 +192,13 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     # Each start with what its log says it ran (its KV dtype scales its cell: plan/evidence.py as_started)
     inp = replace(inp, starts=(*inp.starts, *starts), start_ids=(*inp.start_ids, *ids))
     plan = plan_from_facts(inp, _asked(change))
+    restart = _log_restart(args.from_log)
+    if restart is None and inp.starts:
+        from agent.plan.restart_time import from_start
+
+        restart = from_start(inp.starts[-1], f"{args.facts}'s last start")
     warn_flag_table(out.stderr, inp.sglang_version, dict(change.flags))
-    return _printed(out, args, inp.name, plan, inp.flags)
+    return _printed(out, args, inp.name, plan, inp.flags, restart)
 
 
 def planned_for(

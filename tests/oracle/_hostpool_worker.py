@@ -204,7 +204,8 @@ def answer(case: dict[str, Any]) -> dict[str, Any]:
                 ratio = overrides.get("hicache_ratio", ratio)
                 pool = _probe(geo["layers"], bytes_per_token)(
                     dtype=device.dtype, device_capacity_tokens=geo["device_tokens"],
-                    size_per_token=bytes_per_token, start_layer=0, end_layer=geo["layers"], host_to_device_ratio=ratio, host_size=size_gb,
+                    size_per_token=bytes_per_token, start_layer=0, end_layer=geo["layers"],
+                    host_to_device_ratio=ratio, host_size=size_gb,
                     page_size=geo["page_size"], layout="layer_first", pin_memory=False, device="cpu",
                 )  # fmt: skip
             out.update(ok=True, tokens=pool.size, bytes=pool.size * pool.size_per_token, ratio=ratio)

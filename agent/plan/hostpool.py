@@ -20,7 +20,8 @@ In auto mode the allowance is the budget snapshot itself (base.py:98-102, hicach
 
 A decode server's default retraction backup (srt/mem_cache/kv_cache_builder.py:244-258) sets the ratio to
 max(0.2, one request's tokens / device tokens) and is auto-sized like the rest.
-Scope: one attention KV pool per rank (MHA, MLA); draft, hybrid and indexer pools are not planned here.
+Scope: one attention KV pool per rank, proved on MHA pools (tests/data/oracle/hostpool-cases.json); draft,
+hybrid and indexer host pools are not planned here.
 """
 
 from __future__ import annotations

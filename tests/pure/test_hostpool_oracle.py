@@ -18,6 +18,7 @@ from agent.plan.hostpool import (
     CgroupLevel,
     HiCacheFlags,
     HostMemory,
+    HostPool,
     Mode,
     RankPool,
     Refusal,
@@ -32,7 +33,7 @@ CASES: list[dict[str, Any]] = json.loads(FIXTURE.read_text())["cases"]
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float32": 4}
 
 
-def plan(case: dict[str, Any]):  # type: ignore[no-untyped-def]
+def plan(case: dict[str, Any]) -> tuple[RankPool, HostPool]:
     geo = case["pool"]
     bpt = mha_bytes_per_token(
         geo["heads"], geo["head_dim"], geo["head_dim"], geo["layers"], DTYPE_BYTES[geo["dtype"]]

@@ -42,7 +42,7 @@ class ServiceNeed:
     @property
     def memory_max_needed(self) -> int:
         """The smallest MemoryMax= under which SGLang still finds its pools' room and its reserve."""
-        return self.pinned + RESERVE_BYTES
+        return self.pinned + (RESERVE_BYTES if self.host_pool is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -88,15 +88,21 @@ def fitting_size_gb(pool: RankPool, room: int) -> float | None:
 
 
 def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: str) -> HostBudget:
-    room = (host.capacity - others - service.process_bytes) // max(service.ranks, 1)
-    if service.host_pool is not None:  # and SGLang's own check, per rank (base.py:248-257)
+    """Refused at `service`; the fix is the largest pool per rank that meets every bound on it at once:
+    the host beside the services started before it, SGLang's own check, and its MemoryMax=."""
+    ranks = max(service.ranks, 1)
+    room = (host.capacity - others - service.process_bytes) // ranks
+    if service.host_pool is not None:  # SGLang's own check, per rank (base.py:248-257)
         room = min(room, service.host_pool.allowance)
-    size = fitting_size_gb(service.pool, room) if service.pool else None
-    fix = (
-        f"--hicache-size {size:g} per rank would fit"
-        if size
-        else "no host pool fits: turn HiCache off for it"
-    )
+    if service.memory_max is not None:
+        room = min(room, (service.memory_max - RESERVE_BYTES - service.process_bytes) // ranks)
+    size = fitting_size_gb(service.pool, room) if service.pool and service.host_pool else None
+    if size:
+        fix = f"--hicache-size {size:g} per rank would fit"
+    elif service.host_pool is not None:
+        fix = "no host pool fits: turn HiCache off for it"
+    else:
+        fix = "it has no host pool to shrink: give it more memory or move it to another host"
     reason = f"{service.name}: {why}; {fix}"
     return HostBudget(Verdict.REFUSED, host.capacity, pinned, 0, service.name, size, (), reason)
 
@@ -110,13 +116,11 @@ def plan_budget(
         if service.host_pool is not None and not service.host_pool.fits:
             return _refuse(host, pinned + service.pinned, service, pinned, service.host_pool.message())
         if service.memory_max is not None and service.memory_max_needed > service.memory_max:
-            room = service.memory_max - RESERVE_BYTES
-            limited = HostRam(host.total, host.available, min(room, host.cgroup_limit or room))
             why = (
                 f"MemoryMax={service.memory_max / GIB:.1f}G holds less than its pools, processes and "
                 f"SGLang's 10 GiB reserve ({service.memory_max_needed / GIB:.1f} GiB)"
             )
-            return _refuse(limited, pinned + service.pinned, service, 0, why)
+            return _refuse(host, pinned + service.pinned, service, pinned, why)
         if pinned + service.pinned > host.capacity:
             total = pinned + sum(s.pinned for s in services[i:])
             why = (

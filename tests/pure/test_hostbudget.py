@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.plan.hostbudget import HostRam, ServiceNeed, Verdict, fitting_size_gb, plan_budget
-from agent.plan.hostpool import GIB, RESERVE_BYTES, HiCacheFlags, HostMemory, RankPool, plan_host_pool
+from agent.plan.hostpool import GIB, HiCacheFlags, HostMemory, RankPool, plan_host_pool
 
 GB = 10**9
 POOLS = st.builds(
@@ -59,7 +59,7 @@ def test_never_fits_when_the_pinned_sum_exceeds_the_memory(case: Case) -> None:
     if budget.fits:
         assert budget.pinned + budget.page_cache <= budget.capacity
         assert all(s.host_pool is None or s.host_pool.fits for s in svcs)
-        assert all(s.memory_max is None or s.memory_max >= s.pinned + RESERVE_BYTES for s in svcs)
+        assert all(s.memory_max is None or s.memory_max >= s.memory_max_needed for s in svcs)
         skipped = [s for s in svcs if s.name in budget.prewarm_skipped]
         assert all(budget.pinned + budget.page_cache + s.checkpoint_bytes > budget.capacity for s in skipped)
     else:

@@ -19,9 +19,9 @@ cgroup and each of its limits, `limit - (usage - file page cache)`, the smallest
 In auto mode the allowance is the budget snapshot itself (base.py:98-102, hicache_auto_size.py:124).
 
 A decode server's default retraction backup (srt/mem_cache/kv_cache_builder.py:244-258) sets the ratio to
-max(0.2, one request's tokens / device tokens) and is auto-sized like the rest.
-Scope: one attention KV pool per rank, proved on MHA pools (tests/data/oracle/hostpool-cases.json); draft,
-hybrid and indexer host pools are not planned here.
+max(0.2, one request's tokens / device tokens) and is auto-sized like the rest; an MLA decode builds none.
+Scope: one attention KV pool per rank, proved on MHA and MLA pools (tests/data/oracle/hostpool-cases.json);
+draft, hybrid and indexer host pools are not planned here.
 """
 
 from __future__ import annotations
@@ -125,6 +125,29 @@ class RankPool:
 def mha_bytes_per_token(heads: int, head_dim: int, v_head_dim: int, layers: int, dtype_bytes: int) -> int:
     """An MHA host pool's bytes per token per rank (srt/mem_cache/pool_host/mha.py:290-296)."""
     return (head_dim + v_head_dim) * heads * layers * dtype_bytes
+
+
+def mla_bytes_per_token(kv_cache_dim: int, layers: int, dtype_bytes: int) -> int:
+    """An MLA host pool's bytes per token (srt/mem_cache/pool_host/mla.py:195-197): a latent row per layer."""
+    return kv_cache_dim * dtype_bytes * layers
+
+
+@dataclass(frozen=True)
+class DecodeServer:
+    """A PD decode server without HiCache, as its retraction backup's default resolves
+    (`--disaggregation-decode-retraction-backup`, kv_cache_builder.py:199-241)."""
+
+    mha: bool  # a dense MHA pool (MLA and recurrent-state models back up to a plain CPU tensor)
+    rocm: bool = False
+    dcp: bool = False
+    decode_radix_cache: bool = False
+    decode_offload: bool = False
+    priority_preemption: bool = False
+
+    @property
+    def builds_backup_pool(self) -> bool:
+        blocked = self.rocm or self.dcp or self.decode_radix_cache or self.decode_offload
+        return self.mha and not (blocked or self.priority_preemption)
 
 
 def decode_backup_ratio(

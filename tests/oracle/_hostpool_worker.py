@@ -55,12 +55,19 @@ def _cgroup_tree(root: Path, levels: list[dict[str, Any]]) -> Path:
 
 
 def _device_pool(geo: dict[str, Any]) -> tuple[Any, int]:
-    """A device MHATokenToKVPool with meta K/V buffers of the real shape, and the host bytes per token."""
+    """A device MHA (or MLA) pool with meta buffers of the real shape, and the host bytes per token."""
     import torch
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
     dtype = getattr(torch, geo["dtype"])
+    if geo.get("kv_cache_dim"):  # MLA: one latent row per token and layer (memory_pool.py MLATokenToKVPool)
+        mla = object.__new__(MLATokenToKVPool)
+        shape = (geo["device_tokens"] + geo["page_size"], 1, geo["kv_cache_dim"])
+        mla.kv_buffer = [torch.empty(shape, dtype=dtype, device="meta") for _ in range(geo["layers"])]
+        mla.size, mla.page_size, mla.dtype = geo["device_tokens"], geo["page_size"], dtype
+        # pool_host/mla.py:195-197 computes it inside the host pool's constructor, which needs real buffers
+        return mla, geo["kv_cache_dim"] * dtype.itemsize * geo["layers"]
     spec = types.SimpleNamespace(
         head_dim=geo["head_dim"], v_head_dim=geo["head_dim"], head_num=geo["heads"], layer_num=geo["layers"],
         dtype=dtype,
@@ -99,8 +106,10 @@ def _host(case: dict[str, Any], tmp: Path) -> None:
     host_memory._cgroup_memory_headroom = functools.partial(original, proc_root=proc_root)
 
 
-def _decode_ratio(case: dict[str, Any], device: Any, size_gb: float, ratio: float | None) -> float:
-    """resolve_decode_retraction_backup's ratio for a backup-only decode pool."""
+def _decode_ratio(
+    case: dict[str, Any], device: Any, size_gb: float, ratio: float | None
+) -> tuple[str, float]:
+    """resolve_decode_retraction_backup's backend and ratio for a decode server without HiCache."""
     import sglang.srt.mem_cache.kv_cache_builder as builder
 
     overrides: dict[str, Any] = {}
@@ -129,8 +138,7 @@ def _decode_ratio(case: dict[str, Any], device: Any, size_gb: float, ratio: floa
         model_runner=types.SimpleNamespace(mtp_draft_device_pools=[], model_config=None),
     )  # fmt: skip
     backend = builder.resolve_decode_retraction_backup(tp_worker=worker)
-    assert backend == "host_pool", backend
-    return float(overrides.get("hicache_ratio", ratio))
+    return backend, float(overrides.get("hicache_ratio", ratio or 0.0))
 
 
 def _probe(layers: int, bytes_per_token: int) -> Any:
@@ -180,7 +188,9 @@ def answer(case: dict[str, Any]) -> dict[str, Any]:
     if ratio is not None or size_gb > 0:  # hicache_hook.py: an explicit ratio or size turns auto off
         fraction = None
     if case.get("decode"):
-        ratio = _decode_ratio(case, device, size_gb, ratio)
+        backend, ratio = _decode_ratio(case, device, size_gb, ratio)
+        if backend != "host_pool":  # no host pool is built: the backup is a plain CPU tensor per request
+            return {"bytes_per_token": bytes_per_token, "ok": True, "decode_backend": backend, "logs": []}
     elif ratio is None:
         ratio = 2.0
     overrides: dict[str, Any] = {}

@@ -29,6 +29,8 @@ GEOMETRIES = [
     (1, 128, 80, "bfloat16"),
     (4, 128, 48, "float8_e4m3fn"),
 ]
+# MLA (kv_lora_rank + rope dims, layers, dtype): DeepSeek-V3-like, bf16 and fp8.
+MLA_GEOMETRIES = [(576, 61, "bfloat16"), (576, 61, "float8_e4m3fn"), (576, 27, "bfloat16")]
 MEMORY = [int(17.3 * GIB), 256 * GB, 1024 * GIB, 3 * 10**12, 12 * GIB, int(10.5 * GIB)]
 FLAGS: list[dict[str, Any]] = [
     {}, {"fraction": 0.5}, {"fraction": 0.001}, {"fraction": 1.0}, {"ratio": 0.5}, {"ratio": 2.0},
@@ -55,7 +57,7 @@ def _cgroup(rng: random.Random, available: int) -> list[dict[str, Any]]:
     return [top, unit]
 
 
-def build_cases(count: int = 240, seed: int = 41) -> list[dict[str, Any]]:
+def build_cases(count: int = 240, seed: int = 41, mla: int = 60) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     cases = []
     for i in range(count):
@@ -78,6 +80,11 @@ def build_cases(count: int = 240, seed: int = 41) -> list[dict[str, Any]]:
                 "context_len": rng.choice([4096, 32768, 131072, 1_000_000]),
                 "receive_threshold": rng.choice([1.0, 1.0, 0.5]),
             }
+        cases.append(case)
+    for i in range(mla):  # the first cases' host, flags and layout again, on MLA pools
+        dim, layers, dtype = MLA_GEOMETRIES[i % len(MLA_GEOMETRIES)]
+        case = {**cases[i % count], "case": f"m{i:03d}"}
+        case["pool"] = {**case["pool"], "dtype": dtype, "kv_cache_dim": dim, "layers": layers, "heads": 0}
         cases.append(case)
     return cases
 

@@ -16,6 +16,7 @@ import pytest
 
 from agent.plan.hostpool import (
     CgroupLevel,
+    DecodeServer,
     HiCacheFlags,
     HostMemory,
     HostPool,
@@ -24,6 +25,7 @@ from agent.plan.hostpool import (
     Refusal,
     decode_backup_ratio,
     mha_bytes_per_token,
+    mla_bytes_per_token,
     plan_host_pool,
     ranks_per_host,
 )
@@ -33,11 +35,16 @@ CASES: list[dict[str, Any]] = json.loads(FIXTURE.read_text())["cases"]
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float32": 4}
 
 
-def plan(case: dict[str, Any]) -> tuple[RankPool, HostPool]:
+def plan(case: dict[str, Any]) -> tuple[RankPool, HostPool | None]:
+    """The planner's answer for a case; None where a decode server builds no host pool."""
     geo = case["pool"]
-    bpt = mha_bytes_per_token(
-        geo["heads"], geo["head_dim"], geo["head_dim"], geo["layers"], DTYPE_BYTES[geo["dtype"]]
-    )
+    mla = bool(geo.get("kv_cache_dim"))
+    if mla:
+        bpt = mla_bytes_per_token(geo["kv_cache_dim"], geo["layers"], DTYPE_BYTES[geo["dtype"]])
+    else:
+        bpt = mha_bytes_per_token(
+            geo["heads"], geo["head_dim"], geo["head_dim"], geo["layers"], DTYPE_BYTES[geo["dtype"]]
+        )
     pool = RankPool(geo["device_tokens"], bpt, geo["page_size"])
     given = case["flags"]
     flags = HiCacheFlags(
@@ -52,6 +59,8 @@ def plan(case: dict[str, Any]) -> tuple[RankPool, HostPool]:
         for lv in case["cgroup"]
     )
     backup = None
+    if case.get("decode") and not DecodeServer(mha=not mla).builds_backup_pool:
+        return pool, None
     if case.get("decode") and given.get("ratio") is None:
         d = case["decode"]
         backup = decode_backup_ratio(
@@ -64,12 +73,16 @@ def plan(case: dict[str, Any]) -> tuple[RankPool, HostPool]:
 
 
 def test_the_cases_cover_every_mode_and_outcome() -> None:
-    outcomes = {(plan(c)[1].mode, c["answer"]["ok"]) for c in CASES}
-    assert outcomes >= {(m, ok) for m in Mode for ok in (True, False) if (m, ok) != (Mode.RATIO, False)}
-    assert any(c.get("decode") for c in CASES) and any(
-        "No host memory" in c["answer"].get("message", "") for c in CASES
-    )
-    assert {len({c["world_size"] // c["nnodes"] for c in CASES})} != {1}
+    planned = [(c, plan(c)[1]) for c in CASES]
+    outcomes = {(p.mode, c["answer"]["ok"], bool(c["pool"].get("kv_cache_dim"))) for c, p in planned if p}
+    assert outcomes >= {(m, ok, mla) for m in Mode for ok in (True, False) for mla in (True, False)} - {
+        (Mode.RATIO, False, True)
+    }
+    assert {bool(c["pool"].get("kv_cache_dim")) for c, p in planned if c.get("decode") and p} == {False}
+    assert any(c.get("decode") and p is None for c, p in planned)  # an MLA decode backs up without a pool
+    assert any("No host memory" in c["answer"].get("message", "") for c in CASES)
+    assert len({c["world_size"] // c["nnodes"] for c in CASES}) > 1
+    assert any(lv.get("max") or lv.get("high") for c in CASES for lv in c["cgroup"])
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["case"] for c in CASES])
@@ -77,6 +90,10 @@ def test_host_pool_equals_sglangs_own(case: dict[str, Any]) -> None:
     pool, got = plan(case)
     answer = case["answer"]
     assert pool.bytes_per_token == answer["bytes_per_token"]
+    if got is None:  # a decode server that backs up retracted requests without a host pool
+        assert answer["decode_backend"] == "cpu_tensor" and answer["ok"]
+        return
+    assert "decode_backend" not in answer
     if got.auto is not None and got.refusal is not Refusal.NONE_LEFT:  # SGLang logs it once the ratio holds
         assert got.auto.line() in answer["logs"]
     if not answer["ok"]:
@@ -89,5 +106,5 @@ def test_host_pool_equals_sglangs_own(case: dict[str, Any]) -> None:
 
 
 def test_a_refusal_is_the_kind_sglang_names() -> None:
-    kinds = {plan(c)[1].refusal for c in CASES if not c["answer"]["ok"]}
+    kinds = {p.refusal for c in CASES if not c["answer"]["ok"] and (p := plan(c)[1])}
     assert kinds == {Refusal.NOT_ENOUGH, Refusal.NONE_LEFT}

@@ -19,6 +19,7 @@ NEGATIVE_POOL = "negative_pool"
 ADDRESS_IN_USE = "address_in_use"
 INIT_FAILED = "init_failed"
 WATCHDOG_TIMEOUT = "watchdog_timeout"
+HOST_MEMORY_SHORT = "host_memory_short"  # HiCache's host pool refused (agent/sglang/logs/hicache.py)
 
 FAILURE_KINDS = frozenset(
     {
@@ -35,6 +36,7 @@ FAILURE_KINDS = frozenset(
         ADDRESS_IN_USE,
         INIT_FAILED,
         WATCHDOG_TIMEOUT,
+        HOST_MEMORY_SHORT,
     }
 )
 # Kinds that say "something died" without saying why; a later line usually names the cause.
@@ -221,6 +223,45 @@ class Draining:
     remaining: int
 
 
+@dataclass(frozen=True)
+class HostPool:
+    """`Allocating <label> hierarchical KV host pool: N tokens, X GB host memory.` (HiCache's host tier, one
+    per rank and pool: srt/mem_cache/pool_host/base.py:259-278); draft_layers for the packed-MTP form."""
+
+    kind: ClassVar[str] = "host_pool"
+    rank: str | None
+    label: str
+    tokens: int
+    gb: float  # decimal GB, 2 decimals
+    draft_layers: int | None = None
+
+
+@dataclass(frozen=True)
+class HostPoolAutoSize:
+    """`HiCache auto-sizing: ratio R -> R'; X GiB host memory per rank (fraction F, N ranks on this host),
+    host pools Y GiB.` (srt/mem_cache/hicache_auto_size.py:114-123)."""
+
+    kind: ClassVar[str] = "host_pool_auto_size"
+    rank: str | None
+    requested_ratio: float
+    ratio: float
+    budget_gib: float
+    fraction: float
+    ranks_per_host: int
+    pools_gib: float
+
+
+@dataclass(frozen=True)
+class HostMemoryHeadroom:
+    """`HiCache memory headroom: host X GiB, cgroup Y GiB` (srt/mem_cache/host_memory.py:155-160): printed
+    only where a memory cgroup limit is found."""
+
+    kind: ClassVar[str] = "host_memory_headroom"
+    rank: str | None
+    host_gib: float
+    cgroup_gib: float
+
+
 LogEvent = (
     WeightsBegin
     | WeightsProgress
@@ -237,5 +278,8 @@ LogEvent = (
     | EngineTimings
     | Stopping
     | Draining
+    | HostPool
+    | HostPoolAutoSize
+    | HostMemoryHeadroom
     | Failure
 )

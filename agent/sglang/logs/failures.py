@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from agent.sglang.logs import events as ev
+from agent.sglang.logs import hicache
 
 # Weights of a failure line (see log_events.Failure): the summary keeps the first line of the highest weight.
 HEADER, EXCEPTION, CAUSE = 0, 1, 2
@@ -43,6 +44,7 @@ _CAUSES: tuple[tuple[re.Pattern[str], str, int], ...] = tuple(
             CAUSE,
         ),
         (r"SWA pool cap \([^)]*\) leaves no room for the full KV pool", ev.NOT_ENOUGH_MEMORY, CAUSE),
+        *((refusal, ev.HOST_MEMORY_SHORT, CAUSE) for refusal in hicache.REFUSALS),  # HiCache's host pool
         (r"The memory capacity is unbalanced", ev.MEMORY_UNBALANCED, CAUSE),
         (
             r"Capture [\w ]*?(?:cuda|CUDA) [Gg]raph failed",

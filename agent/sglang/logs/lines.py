@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from agent.sglang.logs import events as ev
+from agent.sglang.logs import hicache
 from agent.sglang.logs.failures import classify
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
@@ -153,7 +154,10 @@ def _parse_piece(piece: str, out: list[ev.LogEvent]) -> None:
 
 
 def _parse_progress_lines(msg: str, rank: str | None, out: list[ev.LogEvent]) -> bool:
-    """The start-up milestones: KV pool, weights, memory pool, CUDA graphs, tqdm shards."""
+    """The start-up milestones: KV pool, weights, memory pool, CUDA graphs, tqdm shards, HiCache host pool."""
+    if msg.startswith(("Allocating ", "HiCache ")) and (host := hicache.parse(msg, rank)):
+        out.append(host)
+        return True
     if ("KV Cache" in msg or msg.startswith("Post-capture KV sizing")) and _parse_kv(msg, rank, out):
         return True
     if "avail mem" in msg:

@@ -1,0 +1,147 @@
+"""One host's memory budget across every service on it: pinned HiCache host pools, the weight-cache daemon,
+each service's own process memory, a stated headroom, and the page cache a pre-warm needs.
+
+Pinned memory must fit, or the plan is refused, naming the first service (in start order) that does not fit
+and the `--hicache-size` per rank that would. The page cache is reclaimable: a pre-warm that cannot keep its
+checkpoint cached beside the pinned memory is skipped (the verdict says which), it never refuses the plan.
+Each service with a cgroup limit (`MemoryMax=`) must hold its own pools, process and SGLang's 10 GiB reserve
+inside it, since SGLang sizes against the cgroup's headroom (srt/mem_cache/host_memory.py:136-162).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from agent.plan.hostpool import GIB, RESERVE_BYTES, HostPool, RankPool
+
+DEFAULT_HEADROOM = 8 * GIB  # the kernel, sshd, journald, the agent: what nobody plans but every host needs
+
+
+@dataclass(frozen=True)
+class ServiceNeed:
+    """What one service asks of the host's RAM."""
+
+    name: str
+    ranks: int  # its ranks on this host, each with one host pool
+    pool: RankPool | None = None  # the rank's device pool, to size a fitting --hicache-size
+    host_pool: HostPool | None = None  # the planned host pool per rank (None: no HiCache, no decode backup)
+    process_bytes: int = 0  # its processes' own memory on the host (tokenizer, schedulers, staging)
+    checkpoint_bytes: int = 0  # the page cache its pre-warm needs: the checkpoint on disk
+    memory_max: int | None = None  # its unit's MemoryMax=, if any
+
+    @property
+    def pool_bytes(self) -> int:
+        return 0 if self.host_pool is None else self.host_pool.bytes * self.ranks
+
+    @property
+    def pinned(self) -> int:
+        return self.pool_bytes + self.process_bytes
+
+    @property
+    def memory_max_needed(self) -> int:
+        """The smallest MemoryMax= under which SGLang still finds its pools' room and its reserve."""
+        return self.pinned + (RESERVE_BYTES if self.host_pool is not None else 0)
+
+
+@dataclass(frozen=True)
+class HostRam:
+    """The host, with the planned services stopped."""
+
+    total: int  # MemTotal
+    available: int  # MemAvailable, plus what the planned services hold now (they are replaced)
+    cgroup_limit: int | None = None  # a limit over all the services (their slice), if any
+
+    @property
+    def capacity(self) -> int:
+        return min(self.total, self.available, self.cgroup_limit or self.total)
+
+
+class Verdict(Enum):
+    FITS = "fits"
+    PREWARM_SKIPPED = "fits, pre-warm skipped"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class HostBudget:
+    verdict: Verdict
+    capacity: int
+    pinned: int  # pools, processes, daemon and headroom together
+    page_cache: int  # the checkpoints of the pre-warms that fit
+    over: str | None = None  # the service that does not fit
+    fitting_size_gb: float | None = None  # the --hicache-size per rank that would fit it (None: none does)
+    prewarm_skipped: tuple[str, ...] = ()
+    reason: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict is not Verdict.REFUSED
+
+
+def fitting_size_gb(pool: RankPool, room: int) -> float | None:
+    """The largest --hicache-size (GB, 2 decimals) whose pool, padding page included, takes at most `room`
+    bytes (srt/mem_cache/pool_host/base.py:221-229: size * 1e9 // bytes per token, plus one page)."""
+    size = math.floor((room - pool.page_size * pool.bytes_per_token) / 1e9 * 100) / 100
+    return size if size >= 0.01 else None
+
+
+def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: str) -> HostBudget:
+    """Refused at `service`; the fix is the largest pool per rank that meets every bound on it at once:
+    the host beside the services started before it, SGLang's own check, and its MemoryMax=."""
+    ranks = max(service.ranks, 1)
+    room = (host.capacity - others - service.process_bytes) // ranks
+    if service.host_pool is not None:  # SGLang's own check, per rank (base.py:248-257)
+        room = min(room, service.host_pool.allowance)
+    if service.memory_max is not None:
+        room = min(room, (service.memory_max - RESERVE_BYTES - service.process_bytes) // ranks)
+    size = fitting_size_gb(service.pool, room) if service.pool and service.host_pool else None
+    if size:
+        fix = f"--hicache-size {size:g} per rank would fit"
+    elif service.host_pool is not None:
+        fix = "no host pool fits: turn HiCache off for it"
+    else:
+        fix = "it has no host pool to shrink: give it more memory or move it to another host"
+    reason = f"{service.name}: {why}; {fix}"
+    return HostBudget(Verdict.REFUSED, host.capacity, pinned, 0, service.name, size, (), reason)
+
+
+def plan_budget(
+    host: HostRam, services: tuple[ServiceNeed, ...], daemon_bytes: int = 0, headroom: int = DEFAULT_HEADROOM
+) -> HostBudget:
+    """The verdict for the services in their start order."""
+    pinned = daemon_bytes + headroom
+    for i, service in enumerate(services):
+        if service.host_pool is not None and not service.host_pool.fits:
+            return _refuse(host, pinned + service.pinned, service, pinned, service.host_pool.message())
+        if service.memory_max is not None and service.memory_max_needed > service.memory_max:
+            why = (
+                f"MemoryMax={service.memory_max / GIB:.1f}G holds less than its pools, processes and "
+                f"SGLang's 10 GiB reserve ({service.memory_max_needed / GIB:.1f} GiB)"
+            )
+            return _refuse(host, pinned + service.pinned, service, pinned, why)
+        if pinned + service.pinned > host.capacity:
+            total = pinned + sum(s.pinned for s in services[i:])
+            why = (
+                f"the host's {host.capacity / GIB:.1f} GiB cannot pin {total / GIB:.1f} GiB "
+                f"(host pools, processes, the weight-cache daemon and {headroom / GIB:.1f} GiB headroom)"
+            )
+            return _refuse(host, total, service, pinned, why)
+        pinned += service.pinned
+    cache, skipped = 0, []
+    for service in services:
+        if not service.checkpoint_bytes:
+            continue
+        if pinned + cache + service.checkpoint_bytes <= host.capacity:
+            cache += service.checkpoint_bytes
+        else:
+            skipped.append(service.name)
+    if skipped:
+        reason = (
+            f"pre-warm skipped for {', '.join(skipped)}: the checkpoint cannot stay cached beside the pools"
+        )
+        return HostBudget(
+            Verdict.PREWARM_SKIPPED, host.capacity, pinned, cache, None, None, tuple(skipped), reason
+        )
+    return HostBudget(Verdict.FITS, host.capacity, pinned, cache)

@@ -1,0 +1,120 @@
+"""SGLang's HiCache host-pool lines and refusals, as the log parser reads them.
+
+The lines are SGLang's own: those real SGLang 0.5.23 printed on the CPU
+(shared/sglang/PD-AND-HICACHE-ON-CPU.md) and those its sizing code logged for every recorded oracle case
+(tests/data/oracle/hostpool-cases.json).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.plan.hostpool import HiCacheFlags, HostMemory, RankPool, plan_host_pool
+from agent.sglang.logs import events as ev
+from agent.sglang.logs import hicache
+from agent.sglang.logs.lines import parse_line
+from agent.sglang.logs.summary import summarize
+
+CASES = json.loads((Path(__file__).resolve().parents[1] / "data/oracle/hostpool-cases.json").read_text())[
+    "cases"
+]
+STAMP = "[2026-12-06 02:10:48] "
+REAL_START = [
+    "[2026-12-06 02:10:48] HiCache memory headroom: host 18.5 GiB, cgroup 8589934587.0 GiB",
+    "[2026-12-06 02:10:48] HiCache auto-sizing: ratio 2.000 -> 2.000; 6.8 GiB host memory per rank "
+    "(fraction 0.80, 1 ranks on this host), host pools 0.0 GiB.",
+    "[2026-12-06 02:10:48] Allocating kv hierarchical KV host pool: 32769 tokens, 0.02 GB host memory.",
+]
+
+
+def only(events: list[ev.LogEvent]) -> ev.LogEvent:
+    assert len(events) == 1, events
+    return events[0]
+
+
+def test_a_real_start_gives_its_headroom_decision_and_pool() -> None:
+    headroom, auto, pool = (only(parse_line(line)) for line in REAL_START)
+    assert headroom == ev.HostMemoryHeadroom(None, 18.5, 8589934587.0)
+    assert auto == ev.HostPoolAutoSize(None, 2.0, 2.0, 6.8, 0.8, 1, 0.0)
+    assert pool == ev.HostPool(None, "kv", 32769, 0.02)
+
+
+def test_a_rank_tagged_packed_mtp_pool_keeps_its_rank_and_draft_layers() -> None:
+    line = (
+        "[2026-12-06 02:10:48 TP3] Allocating kv hierarchical KV host pool: 1953126 tokens, 64.00 GB host "
+        "memory, packed MTP KV layers: target_layers=61, draft_layers=1, total_layers=62."
+    )
+    assert only(parse_line(line)) == ev.HostPool("TP3", "kv", 1953126, 64.0, 1)
+
+
+@pytest.mark.parametrize("case", CASES[:80], ids=[c["case"] for c in CASES[:80]])
+def test_every_line_sglangs_sizing_logged_parses_to_its_answer(case: dict) -> None:  # type: ignore[type-arg]
+    answer = case["answer"]
+    pools = [e for line in answer["logs"] for e in parse_line(STAMP + line) if isinstance(e, ev.HostPool)]
+    if answer["ok"]:
+        assert [(p.tokens, p.gb) for p in pools] == [(answer["tokens"], round(answer["bytes"] / 1e9, 2))]
+        return
+    assert pools == []
+    failure = only(parse_line(STAMP + "ValueError: " + answer["message"]))
+    assert isinstance(failure, ev.Failure) and failure.failure_kind == ev.HOST_MEMORY_SHORT
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "ValueError: Not enough host memory available. Requesting 100000.00 GB but only have 7.81 GB free. "
+        "Please reduce the size of the hierarchical cache.",
+        "ValueError: No host memory is left for HiCache after the 10 GiB reserve; set --hicache-ratio or "
+        "--hicache-size explicitly.",
+        "RuntimeError: Cannot automatically size HiCache host memory; set --hicache-size explicitly (GB per "
+        "rank), leaving room for other memory use within the container limit.",
+    ],
+)
+def test_a_refusal_is_the_root_cause_of_the_failed_start(message: str) -> None:
+    lines = [
+        REAL_START[0],
+        "[2026-12-06 02:10:48] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/x/sglang/srt/mem_cache/pool_host/base.py", line 252, in _allocate_host_buffer',
+        message,
+        "[2026-12-06 02:10:49] Received sigquit from a child process. It usually means the child failed.",
+    ]
+    failure = summarize(lines).failure
+    assert failure is not None and failure.failure_kind == ev.HOST_MEMORY_SHORT
+    assert failure.line == message
+
+
+def test_the_fix_names_the_size_sglang_allows() -> None:
+    line = "ValueError: Not enough host memory available. Requesting 1.00 GB but only have 0.82 GB free. ..."
+    assert "at most 0.82 GB per rank" in hicache.fix(line) and "MemoryMax=" in hicache.fix(line)
+    assert "10 GiB" in hicache.fix("No host memory is left for HiCache after the 10 GiB reserve; set ...")
+    assert "--hicache-size" in hicache.fix("Cannot automatically size HiCache host memory; set ...")
+
+
+POOLS = st.builds(
+    RankPool, st.integers(1, 5_000_000), st.integers(1, 2_000_000), st.sampled_from([1, 16, 64])
+)
+
+
+@given(
+    pool=POOLS,
+    size_gb=st.sampled_from([0.0, 1.0, 40.0, 64.5]),
+    gib=st.integers(0, 4096),
+    ranks=st.integers(1, 16),
+)
+def test_the_gate_reads_back_what_the_plan_says_sglang_logs(
+    pool: RankPool, size_gb: float, gib: int, ranks: int
+) -> None:
+    planned = plan_host_pool(pool, HiCacheFlags(size_gb=size_gb), HostMemory(gib * 2**30), ranks)
+    events = parse_line(STAMP + ("ValueError: " if not planned.fits else "") + planned.message())
+    if planned.fits:
+        assert only(events) == ev.HostPool(None, "kv", planned.tokens, round(planned.bytes / 1e9, 2))
+    else:
+        failure = only(events)
+        assert isinstance(failure, ev.Failure) and failure.failure_kind == ev.HOST_MEMORY_SHORT
+        room = f"at most {planned.allowance / 1e9:.2f} GB per rank"
+        assert (room in hicache.fix(failure.line)) == (planned.allowance / 1e9 >= 0.005)

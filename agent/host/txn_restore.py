@@ -51,7 +51,7 @@ def roll_back(p: Ports, run: Run, change: Change, reason: str, started: WatchRes
     if run.drains:
         data["drain"] = run.drains[0].to_dict()
     if ok:
-        p.state.clear_record(p.unit)
+        p.clear_record()
         return Result(Outcome.ROLLED_BACK, rolled_back(p, reason, backup), data)
     data["restore_failure"] = why
     return Result(

@@ -51,7 +51,6 @@ class TwoUnits(FakeSystemd):
         self.running = self.loaded
         self.entered_us -= EARLIER_US
 
-
     def _daemon_up(self) -> None:
         text = (self.etc / DAEMON).read_text() if (self.etc / DAEMON).is_file() else ""
         self.d_active, self.d_text = ("active", text) if text else ("inactive", "")

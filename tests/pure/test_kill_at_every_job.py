@@ -226,3 +226,56 @@ def test_the_daemon_classes_run_their_jobs_in_order(tmp_path: Path) -> None:
         host, units = rig(tmp_path / c.name, c)
         assert apply(host, c, NEW).outcome is Outcome.APPLIED
         assert units.calls == want[c.name], c.name
+
+
+# -- a group node: stop, "go", start, vote, the group's word (as far as the pure fakes reach) -------------
+GROUP_CASES = ["commit", "abort"]
+
+
+@pytest.mark.parametrize("word", GROUP_CASES)
+def test_a_group_node_killed_at_any_job_never_ends_healthy_and_stopped(tmp_path: Path, word: str) -> None:
+    """A node killed at each of its jobs, then recovered by its change's own coordinator (which sends the
+    go-back once every rank stopped): the new unit only where the group committed, the old one running
+    or, in doubt, stopped with its old file; never "rolled back, healthy" with an inactive server."""
+    from dataclasses import replace
+
+    from agent.host.state import StateDir
+    from agent.host.txnfiles import write_request
+    from agent.protocol.groupmachine import Decision
+    from tests.pure.test_group_node import coordinator, node_request, node_unit
+
+    decision = Decision.COMMIT if word == "commit" else Decision.ABORT
+
+    def run(root: Path, kill_at: tuple[int, str] | None) -> tuple[Host, TwoUnits, Result | None]:
+        host, units = rig(root, Class("node", node_unit(OLD, 1), False, node_unit(NEW, 1), None))
+        req = node_request(host, NEW, 1)
+        write_request(StateDir(req.state_dir), req, "20261203T120000Z-abcdef")
+        txn = host.transaction(req)
+        signals = coordinator(txn, decision)
+        units.kill_at = kill_at
+        try:
+            return host, units, txn.apply()
+        except Killed:
+            units.kill_at = None
+            signals.for_rollback().go()  # the coordinator, still there, sees every rank stopped
+            again = replace(host.request(OLD), verb="recover", died="20261203T120000Z-abcdef")
+            return host, units, host.transaction(again, txn="20261203T120100Z-recover").recover_only()
+
+    host, units, _ = run(tmp_path / "count", None)
+    n = len(units.calls)
+    assert n >= 2
+    for k in range(1, n + 1):
+        for where in ("before", "after"):
+            host, units, said = run(tmp_path / f"{k}-{where}", (k, where))
+            assert said is not None
+            on_disk = (host.etc / UNIT).read_text()
+            at = f"killed {where} job {k} ({units.calls[k - 1]}): {said.outcome} {said.message}"
+            if on_disk == node_unit(NEW, 1):
+                assert said.outcome is Outcome.APPLIED and units.active == "active", at
+                assert decision is Decision.COMMIT, at
+            else:
+                assert on_disk == node_unit(OLD, 1), at
+                if units.active == "active":
+                    assert units.running == on_disk and said.outcome is Outcome.ROLLED_BACK, at
+                else:  # stopped: never called healthy
+                    assert said.outcome is Outcome.ROLLBACK_FAILED and "doubt" in said.message, at

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from agent.host.state import Record, StateDir
     from agent.host.systemd import JobResult
 
 ACTIONS = ("stop", "start", "restart")
@@ -42,12 +41,33 @@ class Job:
         return Job(unit, action, sha)
 
 
+class _Record(Protocol):
+    """What a recovery record (host/state.py Record) says of the jobs; a dataclass `replace` works on."""
+
+    @property
+    def invocation(self) -> str: ...
+
+    @property
+    def jobs(self) -> tuple[Job, ...]: ...
+
+    @property
+    def done(self) -> int: ...
+
+
+class _Records(Protocol):
+    """The state folder's records (host/state.py StateDir)."""
+
+    def load_record(self, unit: str) -> Any: ...
+
+    def save_record(self, record: Any) -> None: ...
+
+
 def begun(jobs: Sequence[Job], done: int) -> tuple[Job, ...]:
     """The jobs that may have run: those recorded done, and the next one (it may be in flight)."""
     return tuple(jobs[: done + 1])
 
 
-def touched(record: Record, engine: str, active_state: str, invocation: str) -> bool:
+def touched(record: _Record, engine: str, active_state: str, invocation: str) -> bool:
     """Whether the change reached the service: an engine that no longer runs, or runs another start,
     or a job begun on another unit (the daemon) says so. A record from an older agent has no jobs: its
     invocation alone says, as it did, but an inactive engine is never untouched."""
@@ -60,7 +80,7 @@ def touched(record: Record, engine: str, active_state: str, invocation: str) -> 
 class JobLog:
     """The jobs of the change on `engine`, in its recovery record (a run with no record logs nothing)."""
 
-    state: StateDir
+    state: _Records
     engine: str
 
     def plan(self, jobs: Sequence[Job]) -> None:

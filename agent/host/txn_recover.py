@@ -53,7 +53,8 @@ def recover(p: Ports, run: Run) -> str | None:
         return "corrupt"
     if record is None:
         return None
-    p.guard.allow()  # this boot's agent decides now: the starts it makes pass the boot guard
+    if p.guard.armed():  # this boot's agent decides now: the starts it makes pass the boot guard
+        p.guard.allow()
     if record.phase == PHASE_VERIFIED:
         p.clear_record()
         p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn} had been verified: kept")

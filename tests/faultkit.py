@@ -60,9 +60,12 @@ def hit(txn):
     if phase:
         try:
             with open(record) as f:
-                return evs if json.load(f).get("phase") == phase else None
+                rec = json.load(f)
         except (OSError, ValueError):
             return None
+        if phase.startswith("done="):  # the record's unit jobs: listed, and this many done
+            return evs if rec.get("jobs") and rec.get("done", 0) == int(phase[5:]) else None
+        return evs if rec.get("phase") == phase else None
     seen = [e for e in evs if e["stage"] == step and e["kind"] != "outcome"]
     return evs if len(seen) >= nth else None
 

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 from agent.exitcodes import ExitCode
 from agent.sglang.flags import parse_unit_flags
+from tests import daemonfaults, simhost
 from tests import faultkit as fk
-from tests import simhost
 from tests.integration import test_faults as world
 from tests.integration import test_recovery as recovery
 from tests.integration import test_router_late as late_router
@@ -255,7 +255,16 @@ def cases() -> list[tuple[str, Callable[[simhost.SimHost, Outcome], None]]]:
         )
         found.append((f"world:{name}", world_case(test, *args)))
     found.append(("world:old_unit_fails_too", old_unit_fails_too))
+    for done in daemonfaults.JOBS:  # the weight-cache daemon's three jobs (tests/daemonfaults.py)
+        for inj in INJECTIONS:
+            found.append(
+                (f"daemon:job{done}:{inj}", lambda sim, out, d=done, i=inj: daemon_case(sim, d, i, out))
+            )
     return found
+
+
+def daemon_case(sim: simhost.SimHost, done: int, injection: str, out: Outcome) -> None:
+    out.survived = daemonfaults.daemon_job_case(sim, done, injection, out.notes)
 
 
 def old_unit_fails_too(sim: simhost.SimHost, out: Outcome) -> None:

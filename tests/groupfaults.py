@@ -48,7 +48,13 @@ CASES: list[Case] = [
     Case("group:agent_killed_rank0:ready", 0, "ready", "kill_agent"),
     Case("group:host_rebooted_rank1:watch", 1, "watch", "reboot"),
     Case("group:laptop_killed_after_go", 1, "go", "kill_laptop"),
+    # the boot guard (agent/host/bootguard.py): a node rebooted mid-change must not start its new server
+    # at boot; systemd skips the start (an unmet ConditionPathExists=) until the agent has decided
+    Case("group:boot_guard_rank1:stopped", 1, "stopped", "reboot"),
+    Case("group:boot_guard_rank1:ready", 1, "ready", "reboot"),
+    Case("group:boot_guard_rank0:watch", 0, "watch", "reboot"),
 ]
+GUARD = "etc/systemd/system/sglang.service.d/50-deployctl-pending.conf"
 
 
 @dataclass
@@ -98,7 +104,8 @@ def drop_link(g: Group, rank: int, seconds: float) -> None:
     node.inside(["systemctl", "start", "ssh.service"])
 
 
-def inject(g: Group, case: Case, proc: subprocess.Popen[str]) -> None:
+def inject(g: Group, case: Case, proc: subprocess.Popen[str]) -> list[str]:
+    """The fault; what it saw (a reboot: whether the boot guard held)."""
     node = g.nodes[case.rank]
     if case.fault == "drop":
         drop_link(g, case.rank, case.seconds)
@@ -106,11 +113,23 @@ def inject(g: Group, case: Case, proc: subprocess.Popen[str]) -> None:
         unit = f"deployctl-{_newest_txn(g, case.rank)}.service"
         node.inside(["systemctl", "kill", "--signal=SIGKILL", unit])
     elif case.fault == "reboot":
+        guarded = (node.root / GUARD).is_file()
         node.restart()
+        return boot_guard_held(g, case.rank) if guarded else []
     elif case.fault == "kill_laptop":
         proc.kill()
     else:
         raise ValueError(case.fault)
+    return []
+
+
+def boot_guard_held(g: Group, rank: int) -> list[str]:
+    """A node rebooted with its change undecided: this boot's journal has systemd skipping the unit's
+    start on its unmet condition (systemd 252: "was skipped because of an unmet condition check")."""
+    log = g.nodes[rank].ssh(["journalctl", "-b", "--no-pager", "-u", "sglang.service"]).stdout.decode()
+    if "unmet condition" in log:
+        return ["boot guard held"]
+    return ["BOOT GUARD FAILED: no skipped start at boot"]
 
 
 def run_case(g: Group, case: Case, wait: Callable[[], None]) -> GroupCase:
@@ -126,9 +145,10 @@ def run_case(g: Group, case: Case, wait: Callable[[], None]) -> GroupCase:
             f"rank {case.rank} never logged {case.step}"
         )
         time.sleep(0.05)
-    inject(g, case, proc)
+    saw = inject(g, case, proc)
     out, err = proc.communicate(timeout=900)
     notes: list[str] = [_reason(out)] if proc.returncode not in (0, 4) else []
+    notes += saw
     # every node finishes on its own (its own wait, if it heard nothing): wait for its outcome
     deadline = time.monotonic() + 420
     for rank, before in enumerate(seen):
@@ -146,6 +166,7 @@ def run_case(g: Group, case: Case, wait: Callable[[], None]) -> GroupCase:
     except AssertionError as exc:
         return GroupCase("", False, (*notes, f"the group does not serve: {exc}"))
     ok, found = converged(g, old, proc.returncode)
+    ok = ok and not any(n.startswith("BOOT GUARD FAILED") for n in notes)
     notes += found
     return GroupCase("", ok, tuple(notes) if ok else (*notes, (err.strip().splitlines() or [""])[-1][:300]))
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -30,8 +30,10 @@ from agent.host.events import EventLog
 from agent.host.model_facts import read_config
 from agent.host.poll import wait_until
 from agent.host.state import StateDir, write_json_atomic
+from agent.host.unitjobs import Job, JobLog
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.weight_cache import DaemonSeen, check, daemon_unit, look, ready_dir, unservable, untied
+from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Stage
 from agent.sglang import weight_cache as wc
 from agent.sglang.flags import FlagsError, parse_unit_flags
@@ -171,6 +173,11 @@ class DaemonUnit:
     systemd: _Systemd
     log: EventLog
     ready_s: float = 1800.0  # how long a (re)started daemon may take to load its weights
+    failed: str | None = None  # the daemon did not come up at the last restart: why (the outcome says)
+
+    @property
+    def jobs(self) -> JobLog:
+        return JobLog(self.state, self.engine)
 
     @property
     def name(self) -> str:
@@ -275,39 +282,66 @@ class DaemonUnit:
 
     # -- the restart ----------------------------------------------------------------------------------
     def restart_engine(self, restart: Callable[[], JobResult], timeout: float) -> JobResult:
-        """The engine's restart, with what its daemon needs first (`decide`)."""
+        """The engine's restart, with what its daemon needs first (`decide`), as a list of unit jobs
+        written to the change's record before the first runs (host/unitjobs.py)."""
+        self.failed = None
         engine_text = self.files.read(self.engine) or ""
+        engine = Job(self.engine, "restart", sha256(engine_text))
         client = daemon_unit(self.engine, engine_text)
         if client is None and not self._remembered():
-            return restart()
+            return self.jobs.run([engine], [restart])[-1]
         name = self.name
         state = self.systemd.unit_state(name)
         folder = ready_dir(engine_text)
         seen = look(str(self.files.dir), name, state.active_state, folder)
         decision = decide(client is not None, Running(seen, self._started(state), self._older(name, state)))
-        if decision.step is Step.NONE:
-            return restart()
+        if decision.step in (Step.NONE, Step.KEEP):
+            if decision.step is Step.KEEP:
+                self.log.emit(Stage.RESTART, "step", decision.why, daemon=decision.step.value)
+            return self.jobs.run([engine], [restart])[-1]
         self.log.emit(Stage.RESTART, "step", decision.why, daemon=decision.step.value)
         if decision.step is Step.STOP:
-            self.systemd.stop(name, timeout)
-            self._forget()
-            return restart()
-        if decision.step is Step.KEEP:
-            return restart()
+
+            def stop() -> JobResult:
+                job = self.systemd.stop(name, timeout)
+                self._forget()
+                return job
+
+            return self.jobs.run([Job(name, "stop", None), engine], [stop, restart])[-1]
         return self._with_daemon(name, decision.step, timeout, seen.text or "", folder)
 
     def _with_daemon(self, name: str, step: Step, timeout: float, text: str, folder: str | None) -> JobResult:
-        """Stop the engine, (re)start the daemon and wait for its ready files, then start the engine."""
-        self.systemd.stop(self.engine, timeout)
-        job = (
-            self.systemd.restart(name, timeout) if step is Step.RESTART else self.systemd.start(name, timeout)
-        )
-        after = self.systemd.unit_state(name)
-        self._save(name, after.invocation_id, text)
-        if not job.ok or not self._ready(name, folder):
-            said = f"{name} did not come up ({job.result}, {self.systemd.unit_state(name).active_state})"
-            self.log.emit(Stage.RESTART, "warning", said)
-        return self.systemd.start(self.engine, timeout)
+        """Stop the engine, (re)start the daemon and wait for its ready files, then start the engine; a
+        daemon that did not come up is named, and the engine is not started onto it."""
+        engine_sha = sha256(self.files.read(self.engine) or "")
+        action = "restart" if step is Step.RESTART else "start"
+        jobs = [
+            Job(self.engine, "stop", None),
+            Job(name, action, sha256(text)),
+            Job(self.engine, "start", engine_sha),
+        ]
+
+        def daemon() -> JobResult:
+            self._remember_unsure(name)  # a kill mid-job: which text it runs is not known
+            job = (
+                self.systemd.restart(name, timeout)
+                if action == "restart"
+                else self.systemd.start(name, timeout)
+            )
+            self._save(name, self.systemd.unit_state(name).invocation_id, text)
+            if not job.ok or not self._ready(name, folder):
+                said = f"{name} did not come up ({job.result}, {self.systemd.unit_state(name).active_state})"
+                self.failed = f"the weight-cache daemon {said}: the engine was not started onto it"
+                self.log.emit(Stage.RESTART, "warning", said)
+                return replace(job, result="failed") if job.ok else job
+            return job
+
+        calls = [
+            lambda: self.systemd.stop(self.engine, timeout),
+            daemon,
+            lambda: self.systemd.start(self.engine, timeout),
+        ]
+        return self.jobs.run(jobs, calls)[-1]
 
     def _ready(self, name: str, folder: str | None) -> bool:
         """Its ready files (one per GPU, each naming a live PID), or it stopped trying: failed, or failed
@@ -358,6 +392,10 @@ class DaemonUnit:
 
     def _save(self, name: str, invocation: str, text: str) -> None:
         write_json_atomic(self._path(), asdict(Kept(name, invocation, text)))
+
+    def _remember_unsure(self, name: str) -> None:
+        """Before a (re)start of the daemon: no start text is known until it is saved after the job."""
+        write_json_atomic(self._path(), asdict(Kept(name)))
 
     def _forget(self) -> None:
         with contextlib.suppress(FileNotFoundError):

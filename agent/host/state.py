@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.host.unitjobs import Job
 from agent.protocol.answers import HistoryEntry
 from agent.protocol.common import BACKUP_NAME
 
@@ -34,6 +35,10 @@ class Record:
     # The service's invocation when the record was written: the same one at recovery time means the
     # service was never restarted since, so putting the file back is enough (no model load for nothing).
     invocation: str = ""
+    # The change's unit jobs in order (host/unitjobs.py), written before the first runs, and how many
+    # are done; a record from an agent before them has none.
+    jobs: tuple[Job, ...] = ()
+    done: int = 0
 
 
 class CorruptRecord(Exception):
@@ -84,17 +89,24 @@ class StateDir:
         path = self.record_path(unit)
         try:
             raw = json.loads(path.read_bytes())
-            record = Record(**raw)
+            jobs = tuple(Job.parse(j) for j in raw.pop("jobs", []))
+            record = Record(**raw, jobs=jobs)
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError, OSError) as exc:  # atomic writes make this rare: a disk fault, a hand
+        except (
+            ValueError,
+            TypeError,
+            AttributeError,
+            OSError,
+        ) as exc:  # atomic writes make this rare: a disk fault, a hand
             raise CorruptRecord(path, f"{type(exc).__name__}: {exc}") from None
         backup_ok = record.backup is None or (
             isinstance(record.backup, str)
             and (m := BACKUP_NAME.fullmatch(record.backup))
             and m["unit"] == unit
         )
-        if record.phase not in PHASES or not backup_ok:
+        done_ok = isinstance(record.done, int) and 0 <= record.done <= len(record.jobs)
+        if record.phase not in PHASES or not backup_ok or not done_ok:
             raise CorruptRecord(path, "a phase or backup name deployctl never writes")
         return record
 

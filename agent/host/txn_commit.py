@@ -27,7 +27,7 @@ def commit(p: Ports, run: Run, started: WatchResult, change: Change) -> Result:
         **started.summary,
     }
     p.state.append_history(p.unit, entry)
-    p.state.clear_record(p.unit)
+    p.clear_record()
     p.log.emit(Stage.COMMIT, "step", "committed", backup=change.backup)
     data: OutcomeData = {
         "summary": started.summary,

@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.host import drain
+from agent.host.bootguard import RUN_DIR, BootGuard
 from agent.host.daemon_unit import DaemonUnit
 from agent.host.decide import Gate
 from agent.host.events import EventLog
@@ -100,6 +102,7 @@ class Ports:
     now: Callable[[], datetime] = utc_clock  # the clock of backup names and records
     # The GPU processes by card (nvidia-smi; None without it), the unit's own marked (a fake, too).
     gpu_procs: Callable[[str | None], Mapping[int, Sequence[GpuProcess]] | None] = processes
+    run_dir: Path = RUN_DIR  # the boot guard's marker folder (host/bootguard.py): a tmpfs
 
     @property
     def unit(self) -> str:
@@ -109,13 +112,25 @@ class Ports:
         """The HTTP checks of this unit's server."""
         return self.probe(self.req.http_host, self.req.port, self.secrets.api_key())
 
+    @property
+    def guard(self) -> BootGuard:
+        return BootGuard(self.files.dir, self.unit, self.run_dir)
+
     def record(self, phase: str, backup: str | None, new: str, wrote: bool = True) -> None:
-        """The recovery record of this change at `phase`, with the invocation running now."""
+        """The recovery record of this change at `phase`, with the invocation running now; a group
+        node's unit gets its boot guard with it (host/bootguard.py)."""
+        if self.req.group is not None:
+            self.guard.arm()
         started = self.now().isoformat()
         invocation = self.systemd.unit_state(self.unit).invocation_id
         self.state.save_record(
             Record(self.txn, self.unit, phase, backup, sha256(new), self.req.verb, started, wrote, invocation)
         )
+
+    def clear_record(self) -> None:
+        """The change is decided: its record goes, and its boot guard with it."""
+        self.state.clear_record(self.unit)
+        self.guard.disarm()
 
 
 @dataclass

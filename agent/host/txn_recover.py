@@ -60,8 +60,10 @@ def recover(p: Ports, run: Run) -> str | None:
         return "corrupt"
     if record is None:
         return None
+    if p.guard.armed():  # this boot's agent decides now: the starts it makes pass the boot guard
+        p.guard.allow()
     if record.phase == PHASE_VERIFIED:
-        p.state.clear_record(p.unit)
+        p.clear_record()
         p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn} had been verified: kept")
         return "kept"
     run.recovering = record.txn != p.txn  # this change's own record rolls back with its group
@@ -79,7 +81,7 @@ def recover(p: Ports, run: Run) -> str | None:
         run.hold_old = False
     stopped, run.recovering = run.recovering and p.req.group is not None, False
     if ok:
-        p.state.clear_record(p.unit)
+        p.clear_record()
         how = "restored, stopped until its group starts it" if stopped else "restored and healthy"
         p.log.emit(Stage.RECOVER, "step", f"old unit of {record.txn} {how}")
         return "restored"
@@ -109,7 +111,7 @@ def recover_group(p: Ports, run: Run, record: Record, group: GroupRecord) -> str
     if step.node.phase is Phase.COMMITTED:
         if Do.START_NEW in step.done and not running:
             p.systemd.start(p.unit, RESTART_JOB_TIMEOUT_S)
-        p.state.clear_record(p.unit)
+        p.clear_record()
         p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn}: the group committed: kept")
         return "kept"
     stop_clean(p, RESTART_JOB_TIMEOUT_S)  # its new server must not meet an old peer, nor stay
@@ -120,7 +122,7 @@ def recover_group(p: Ports, run: Run, record: Record, group: GroupRecord) -> str
         run.unrecovered = record
         p.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
         return "failed"
-    p.state.clear_record(p.unit)
+    p.clear_record()
     return group_back(p, run, record, group, step.wait_back_s)
 
 

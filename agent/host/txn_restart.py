@@ -14,7 +14,9 @@ from agent.host.groupnode import NodeWaits
 from agent.host.groupsignal import Signals, files_of
 from agent.host.poll import wait_until
 from agent.host.txn_ports import Ports, Run, node_rank
+from agent.host.unitjobs import Job
 from agent.host.watch import WatchedStart, WatchResult, watch_start
+from agent.protocol.common import unit_sha256
 from agent.protocol.events import Stage
 from agent.protocol.groupmachine import Decision, Phase, Saw, node_step
 from agent.protocol.groupmachine import Node as GroupNode
@@ -40,6 +42,8 @@ def restart_and_watch(
         return WatchResult(fail(run.barrier, Failure.TIMEOUT), {}, 0.0)
     if barrier is not None and barrier.back and run.in_doubt:  # stopped, and stays so
         return WatchResult(fail(run.in_doubt, Failure.TIMEOUT), {}, 0.0)
+    if p.daemon.failed is not None:  # [weight_cache]: the engine was not started onto a dead daemon
+        return WatchResult(fail(p.daemon.failed, Failure.SERVICE_FAILED), {}, 0.0)
     after = p.systemd.unit_state(p.unit)
     p.log.emit(
         Stage.RESTART,
@@ -118,7 +122,9 @@ def stop_then_start(p: Ports, run: Run, barrier: Signals, timeout: float) -> Job
     assert p.req.group is not None
     if barrier.back:
         return stop_then_start_old(p, run, barrier, timeout)
+    node_jobs(p)
     stopped = stop_clean(p, timeout)
+    p.daemon.jobs.finished(1)
     rank, wait_s = p.req.group.rank, p.req.group.wait_s
     p.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}): waiting for every rank "
                "to stop", vote="stopped", job=stopped.result)  # fmt: skip
@@ -131,7 +137,14 @@ def stop_then_start(p: Ports, run: Run, barrier: Signals, timeout: float) -> Job
         return stopped
     p.log.emit(Stage.GROUP, "step", f"every rank stopped: starting rank {rank}")
     job: JobResult = p.systemd.start(p.unit, RESTART_JOB_TIMEOUT_S)
+    p.daemon.jobs.finished(2)
     return job
+
+
+def node_jobs(p: Ports) -> None:
+    """A group node's jobs (host/unitjobs.py): stop, then, on the group's word, start its unit."""
+    sha = unit_sha256(p.files.read(p.unit) or "")
+    p.daemon.jobs.plan([Job(p.unit, "stop", None), Job(p.unit, "start", sha)])
 
 
 def stop_clean(p: Ports, timeout: float) -> JobResult:
@@ -153,7 +166,9 @@ def stop_then_start_old(p: Ports, run: Run, barrier: Signals, timeout: float) ->
     has stopped its new one (an old rank must not meet a new one at the rendezvous); with no word
     from the coordinator within wait_s, start it anyway: the others do the same."""
     assert p.req.group is not None
+    node_jobs(p)
     stopped = stop_clean(p, timeout)
+    p.daemon.jobs.finished(1)
     rank, wait_s = p.req.group.rank, p.req.group.wait_s
     p.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}) to roll back: waiting "
                "for every rank to stop", vote="stopped_back", job=stopped.result)  # fmt: skip
@@ -168,4 +183,5 @@ def stop_then_start_old(p: Ports, run: Run, barrier: Signals, timeout: float) ->
     why = "no rank took go" if run.no_go else "every rank stopped"
     p.log.emit(Stage.GROUP, "step", f"{why}: starting rank {rank}'s old unit")
     job: JobResult = p.systemd.start(p.unit, RESTART_JOB_TIMEOUT_S)
+    p.daemon.jobs.finished(2)
     return job

@@ -11,6 +11,7 @@ from agent.host.groupsignal import Signals
 from agent.host.state import PHASE_ROLLING_BACK, Record
 from agent.host.txn_ports import NO_UNIT, Change, Ports, Result, Run, node_rank
 from agent.host.txn_restart import restart_and_watch, stop_clean
+from agent.host.unitjobs import touched
 from agent.host.units import UnitWriteError
 from agent.host.watch import WatchResult
 from agent.protocol.common import unit_sha256 as sha256
@@ -50,7 +51,7 @@ def roll_back(p: Ports, run: Run, change: Change, reason: str, started: WatchRes
     if run.drains:
         data["drain"] = run.drains[0].to_dict()
     if ok:
-        p.state.clear_record(p.unit)
+        p.clear_record()
         return Result(Outcome.ROLLED_BACK, rolled_back(p, reason, backup), data)
     data["restore_failure"] = why
     return Result(
@@ -80,7 +81,8 @@ def restore(p: Ports, run: Run, record: Record) -> tuple[bool, str]:
     """
     p.log.emit(Stage.RESTORE, "step", f"restoring {record.backup or 'no unit (there was none here)'}")
     state = p.systemd.unit_state(p.unit)
-    untouched = bool(record.invocation) and state.invocation_id == record.invocation
+    # An inactive engine, another start of it, or a job begun on another unit (host/unitjobs.py): touched
+    untouched = not touched(record, p.unit, state.active_state, state.invocation_id)
     if untouched and not record.wrote and record.backup is not None:
         return True, ""  # nothing was written and nothing restarted: nothing to undo
     try:

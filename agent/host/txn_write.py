@@ -91,7 +91,7 @@ def undo_write(p: Ports, exc: OSError, current: str | None, live: dict[str, str 
             p.secrets.write(live)
         except OSError as again:  # the record stays: the next run restores them from the backup
             return Result(Outcome.ERROR, f"{reason}; putting the secrets back failed too: {again}")
-    p.state.clear_record(p.unit)
+    p.clear_record()
     return Result(Outcome.ERROR, f"{reason}; {p.unit} left as it was")
 
 
@@ -138,7 +138,7 @@ def refuse_unloaded(p: Ports, why: str, backup: str | None, wrote: bool) -> Resu
         p.secrets.restore(backup)
         p.daemon.restore(backup)  # [weight_cache]: the daemon's unit as it was
         p.systemd.daemon_reload()
-    p.state.clear_record(p.unit)
+    p.clear_record()
     return Result(Outcome.ERROR, f"{why}; {p.unit} put back as it was and nothing restarted")
 
 

@@ -249,4 +249,5 @@ class Host:
         log = EventLog(txn, Path(req.state_dir) / "txn" / txn / "events.jsonl")
         t = Transaction(req, txn, self.systemd, self.journal, log)
         t.probe = self.probe
+        t.ports.run_dir = self.root / "run/deployctl"  # the boot guard's marker (a tmpfs on a host)
         return t

@@ -1,0 +1,104 @@
+"""The fault matrix's weight-cache cases (`make faults`): the agent hit at each of the daemon's three jobs.
+
+A change that restarts the daemon (a dtype change: its fingerprint) is the list [stop the engine, restart
+the daemon and wait, start the engine], written to the record before the first (agent/host/unitjobs.py).
+The runner is stopped the moment the record says `done=N` (N = 0: listed, the engine's stop under way;
+1: the engine stopped; 2: the daemon restarted, the engine not started yet), then cut, killed or its host
+rebooted, as tests/faults.py does with the steps. The host must end with the engine verified on the old or
+the new unit, and the daemon running the unit file of the same side (its process's command line says
+which), no record left.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from agent.exitcodes import ExitCode
+from agent.inventory import load_host
+from agent.render import render_unit, template_dir
+from tests import faultkit as fk
+from tests import simhost
+from tests.integration.conftest import cli, popen, variant, wait_pool
+
+NAME = "ct200-wc"
+DAEMON = "sglang-weight-cache.service"
+DAEMON_FILE = f"/etc/systemd/system/{DAEMON}"
+JOBS = (0, 1, 2)
+
+
+def client_mode(sim: simhost.SimHost) -> simhost.SimHost:
+    """The sim host through an inventory with [weight_cache] on, its engine in client mode."""
+    text = (sim.units_dir / "ct200-sim.toml").read_text()
+    text = (
+        re.sub(r"(?ms)^\[draft\]\n.*?(?=^\[)", "", text)
+        + "\n[weight_cache]\nenabled = true\ntimeout_s = 120\n"
+    )
+    wc = variant(sim, NAME, text)
+    if "--weight-cache-mode client" not in wc.unit_text():
+        cfg = load_host(NAME, wc.units_dir)
+        plain = cfg.model_copy(
+            update={"weight_cache": cfg.weight_cache.model_copy(update={"enabled": False})}
+        )
+        wc.host.put(fk.UNIT, render_unit(plain, {}, template_dir()).encode())
+        fk.sh(wc, "sh", "-c", "systemctl daemon-reload && systemctl restart sglang.service")
+        wait_pool(wc)
+        r = cli(wc, "apply", NAME, "--context", "100k", "--yes", timeout=300)
+        assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+    return wc
+
+
+def daemon_runs(sim: simhost.SimHost) -> str:
+    """The running daemon's command line ('' when it is not running)."""
+    pid = fk.sh(sim, "systemctl", "show", "-p", "MainPID", "--value", DAEMON).strip()
+    if pid in ("", "0"):
+        return ""
+    return fk.sh(sim, "sh", "-c", f"tr '\\0' ' ' < /proc/{pid}/cmdline").strip()
+
+
+def daemon_job_case(sim: simhost.SimHost, done: int, injection: str, notes: list[str]) -> bool:
+    """One case; True when the host ended verified, both units on one side."""
+    wc = client_mode(sim)
+    old, old_daemon = wc.unit_text(), wc.host.read(DAEMON_FILE).decode()
+    dtype = "float16" if "--dtype float16" not in old_daemon else "bfloat16"
+    with fk.Watcher(wc, "restart", phase=f"done={done}") as watcher:
+        proc = popen(wc, "apply", NAME, "--context", "120k", "--set", f"dtype={dtype}", "--yes")
+        hit = watcher.wait(timeout=240)
+    if injection == "cut":
+        proc.kill()
+        proc.communicate()
+        fk.resume_runner(wc, hit.pid)
+        deadline = time.monotonic() + 240
+        while fk.outcome_of(wc, hit.txn) is None:
+            assert time.monotonic() < deadline, "the host did not finish on its own"
+            time.sleep(0.2)
+    elif injection == "kill":
+        fk.kill_runner(wc, hit.txn)
+        proc.communicate(timeout=300)
+    else:
+        proc.kill()
+        proc.communicate(timeout=30)
+        fk.restart_host(wc)
+        wait_pool(wc, timeout=240)
+    if injection != "cut":
+        st = cli(wc, "status", NAME, timeout=300)  # the next run recovers what is left
+        assert st.returncode == ExitCode.OK, st.stdout + st.stderr
+    fk.wait_idle(wc, timeout=240)
+    problems = (
+        fk.verified_problems(wc, old)
+        if wc.unit_text() == old
+        else fk.verified_problems(wc, old, wc.unit_text())
+    )
+    if wc.unit_text() != old and injection != "cut" and not fk.outcome_of(wc, hit.txn):
+        problems.append("an unverified new unit was kept")
+    daemon_file, runs = wc.host.read(DAEMON_FILE).decode(), daemon_runs(wc)
+    if not runs:
+        problems.append("the daemon is not running")
+    elif (f"--dtype {dtype}" in runs) != (f"--dtype {dtype}" in daemon_file):
+        problems.append("the daemon runs another unit than its file")
+    if (wc.unit_text() == old) != (daemon_file == old_daemon):
+        problems.append("the engine and the daemon are on different sides")
+    if fk.pending(wc):
+        problems.append("a recovery record is left")
+    notes += problems or ["new" if wc.unit_text() != old else "old"]
+    return not problems

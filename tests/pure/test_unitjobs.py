@@ -1,0 +1,72 @@
+"""The record's unit jobs (agent/host/unitjobs.py): read back as written, an older agent's record still
+read, a hand-edited list refused, and what `touched` makes of them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.host.state import PHASE_RESTARTED, CorruptRecord, Record, StateDir
+from agent.host.unitjobs import Job, touched
+
+ENGINE, DAEMON = "sglang.service", "sglang-weight-cache.service"
+INV = "a" * 32
+jobs_st = st.lists(
+    st.builds(
+        Job,
+        st.sampled_from([ENGINE, DAEMON]),
+        st.sampled_from(["stop", "start", "restart"]),
+        st.one_of(st.none(), st.just("f" * 64)),
+    ),
+    max_size=4,
+)
+
+
+def record(jobs: tuple[Job, ...] = (), done: int = 0, invocation: str = INV) -> Record:
+    return Record("t", ENGINE, PHASE_RESTARTED, None, "0" * 64, invocation=invocation, jobs=jobs, done=done)
+
+
+@given(jobs_st, st.integers(0, 4))
+def test_a_record_reads_back_its_jobs(tmp_path_factory: pytest.TempPathFactory, jobs, done) -> None:
+    state = StateDir(tmp_path_factory.mktemp("s"))
+    saved = record(tuple(jobs), min(done, len(jobs)))
+    state.save_record(saved)
+    assert state.load_record(ENGINE) == saved
+
+
+def test_an_older_agents_record_without_jobs_is_read(tmp_path: Path) -> None:
+    state = StateDir(tmp_path)
+    raw = asdict(record())
+    del raw["jobs"], raw["done"]
+    state.record_path(ENGINE).parent.mkdir(parents=True)
+    state.record_path(ENGINE).write_text(json.dumps(raw))
+    assert state.load_record(ENGINE) == record()
+
+
+@pytest.mark.parametrize(
+    "jobs",
+    [[{"unit": ENGINE, "action": "kill", "sha256": None}], [{"unit": ENGINE}], "restart", [["x"]]],
+)
+def test_a_job_list_deployctl_never_writes_is_refused(tmp_path: Path, jobs: object) -> None:
+    state = StateDir(tmp_path)
+    raw = {**asdict(record()), "jobs": jobs}
+    state.record_path(ENGINE).parent.mkdir(parents=True)
+    state.record_path(ENGINE).write_text(json.dumps(raw))
+    with pytest.raises(CorruptRecord):
+        state.load_record(ENGINE)
+
+
+@given(jobs_st, st.integers(0, 4), st.sampled_from(["active", "inactive", "failed", "activating"]),
+       st.sampled_from([INV, "b" * 32, ""]))  # fmt: skip
+def test_an_inactive_engine_or_a_begun_daemon_job_is_never_untouched(jobs, done, state, invocation) -> None:
+    r = record(tuple(jobs), min(done, len(jobs)))
+    daemon_begun = any(j.unit == DAEMON for j in jobs[: r.done + 1])
+    if state in ("inactive", "failed") or invocation != INV or daemon_begun:
+        assert touched(r, ENGINE, state, invocation)
+    else:
+        assert not touched(r, ENGINE, state, invocation)

@@ -150,7 +150,10 @@ class SummaryBuilder:
 
     def feed(self, text: str) -> list[LogEvent]:
         """Parse one MESSAGE; the events come back with draft/target resolved from earlier lines."""
-        events = parse_line(text)
+        return self.feed_events(parse_line(text))
+
+    def feed_events(self, events: list[LogEvent]) -> list[LogEvent]:
+        """feed() for a line already parsed (agent/sglang/logs/starts.py parses once to cut the log)."""
         if not events:  # most lines: skip building a resolved copy
             return events
         events = [self._resolve(e) for e in events]

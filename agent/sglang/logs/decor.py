@@ -1,0 +1,65 @@
+"""What a terminal, journald or a container runtime adds around SGLang's own line, taken off before parsing.
+
+- ANSI escape sequences (colours a terminal, `docker compose logs`, `script` or a pager leave in the text);
+- journalctl's short formats: `-o short` / `short-precise` ("Nov 04 05:27:13[.123456] host ident[pid]: "),
+  `short-iso` / `short-iso-precise` ("2026-11-04T05:27:13[.123456]+00:00 host ident[pid]: "), `short-full`
+  and `with-unit` ("Wed 2026-11-04 05:27:13 UTC host ident[pid]: "), `short-monotonic` / `short-delta`
+  ("[  123.456789] host ident[pid]: ") and `short-unix` ("1730698033.123456 host ident[pid]: ");
+- `docker logs -t` / `kubectl logs --timestamps` ("2026-11-04T05:27:13.123456789Z "), after the
+  "service-1  | " that `docker compose logs` puts first.
+
+CR ends a line (journald and tqdm both end lines with it at times), so CRLF leaves no stray character.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# CSI (colours, cursor moves), OSC (titles, links) and the two-character escapes.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_STAMP = (
+    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?"  # short, short-precise
+    r"|(?:[A-Z][a-z]{2} )?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: [A-Za-z][\w/+-]*)?"
+    r"|\[ *\d+\.\d+(?: < *\d+\.\d+>)?\]"  # short-monotonic, short-delta
+    r"|\d{9,}\.\d+)"  # short-unix
+)
+# The host name (letters, digits, dots, dashes: never a colon), then the syslog identifier and its PID.
+_JOURNAL = re.compile(_STAMP + r" [\w.-]+ ([^\s\[:]+)(?:\[\d+\])?: ")
+_COMPOSE = re.compile(r"[\w.-]+ +\| ")
+_DOCKER = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) ")
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line as SGLang (or systemd) wrote it, and who wrote it where the journal said (its syslog
+    identifier: "systemd" for the unit's own start and stop lines)."""
+
+    text: str
+    ident: str | None = None
+
+
+def undecorated(raw: str) -> Line:
+    """The line without colour codes and the prefix journalctl or docker put before it."""
+    text = _ANSI.sub("", raw) if "\x1b" in raw else raw
+    text = text.rstrip("\r\n")
+    if not text or (text.startswith("[20") and text[5:6] == "-"):  # SGLang's own prefix comes first
+        return Line(text)
+    m = _COMPOSE.match(text)
+    if m:
+        text = text[m.end() :]
+    m = _JOURNAL.match(text)
+    if m:
+        return Line(text[m.end() :], m[1])
+    m = _DOCKER.match(text)
+    return Line(text[m.end() :] if m else text)
+
+
+def clean(raw: str) -> str:
+    """undecorated's text alone."""
+    return undecorated(raw).text
+
+
+def split_lines(text: str) -> list[str]:
+    """A pasted or piped log's lines: CR, LF and CRLF each end a line."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")

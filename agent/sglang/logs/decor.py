@@ -1,6 +1,6 @@
 """What a terminal, journald or a container runtime adds around SGLang's own line, taken off before parsing.
 
-- ANSI escape sequences (colours a terminal, `docker compose logs`, `script` or a pager leave in the text);
+- ANSI colour codes and erase-in-line (what a terminal, `docker compose logs`, `script` or a pager leave);
 - journalctl's short formats: `-o short` / `short-precise` ("Nov 04 05:27:13[.123456] host ident[pid]: "),
   `short-iso` / `short-iso-precise` ("2026-11-04T05:27:13[.123456]+00:00 host ident[pid]: "), `short-full`
   and `with-unit` ("Wed 2026-11-04 05:27:13 UTC host ident[pid]: "), `short-monotonic` / `short-delta`
@@ -16,11 +16,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# CSI (colours, cursor moves), OSC (titles, links) and the two-character escapes.
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+# What terminals, pagers, `docker compose logs` and progress bars add: colours (SGR) and erase-in-line. Any
+# other escape is the text's own, kept (and shown escaped: agent/output.py).
+_ANSI = re.compile(r"\x1b\[[0-9;:]*[mK]")
 _STAMP = (
     r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?"  # short, short-precise
-    r"|(?:[A-Z][a-z]{2} )?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: [A-Za-z][\w/+-]*)?"
+    # short-iso(-precise); short-full and with-unit: a weekday first, a time zone last
+    r"|(?:[A-Z][a-z]{2} )?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+    r"(?: [A-Za-z][\w/+-]*)?"
     r"|\[ *\d+\.\d+(?: < *\d+\.\d+>)?\]"  # short-monotonic, short-delta
     r"|\d{9,}\.\d+)"  # short-unix
 )

@@ -2,10 +2,10 @@
 
 Every pattern is anchored at the message position: right after SGLang's logger prefix (srt/utils/common.py
 configure_logger: `[%(asctime)s{.msecs}{prefix}] %(message)s`, prefix " DP0 PP0 ... TP0 EP0" from
-managers/scheduler.py, none in the main process), after what a terminal, journalctl or docker put before it
-(taken off by agent/sglang/logs/decor.py), or at the start of an unprefixed line (tracebacks, tqdm bars). SGLang's
-request log (srt/utils/request_logger.py, `--log-requests`) writes a user's prompt inside a message that
-starts "Receive: obj=" or "Finish: obj=", so no prompt is read as a start-up line.
+managers/scheduler.py, none in the main process), after what a terminal, journalctl or docker put before
+it (taken off by agent/sglang/logs/decor.py), or at the start of an unprefixed line (tracebacks, tqdm bars).
+SGLang's request log (srt/utils/request_logger.py, `--log-requests`) writes a user's prompt inside a message
+that starts "Receive: obj=" or "Finish: obj=", so no prompt is read as a start-up line.
 """
 
 from __future__ import annotations

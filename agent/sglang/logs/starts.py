@@ -13,8 +13,9 @@ order one launch logs them (decoration taken off first, agent/sglang/logs/decor.
    (srt/entrypoints/engine.py): every rank's lines after it, interleaved, are that one start's.
 
 A mark opens a new start when the current one already logged a start's line, or a mark of the same step or
-a later one (the launch command then its server_args line are one start). Without any mark, a rank that
-loads its weights again after its start ended (ready, failed or stopped) is a new start.
+a later one (the launch command then its server_args line are one start); a pasted command, only after a
+launch line of the current start (a paste's excerpts come in any order). Without any mark, a rank that loads
+its weights again after its start ended (ready, failed or stopped) is a new start.
 
 The evidence is the last complete start (ready, or failed: it ran to its end), else the last start; or the
 one a person names by its number (parse-log lists them).
@@ -90,6 +91,8 @@ class _Cut:
         if mark >= 0:
             if mark == UNIT and line.text.startswith("Started") and self.builder.phase == "ready":
                 return False  # Type=notify: systemd says "Started" once the start itself said ready
+            if mark == COMMAND:  # a person's paste: excerpts come in any order, a second launch opens one
+                return self.mark >= COMMAND
             return self.content or self.mark >= mark
         again = any(isinstance(e, ev.WeightsBegin) and e.rank in self.loaded for e in events)
         return again and self.ended()

@@ -21,16 +21,17 @@ from dataclasses import dataclass
 _ANSI = re.compile(r"\x1b\[[0-9;:]*[mK]")
 _STAMP = (
     r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?"  # short, short-precise
-    # short-iso(-precise); short-full and with-unit: a weekday first, a time zone last
-    r"|(?:[A-Z][a-z]{2} )?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
-    r"(?: [A-Za-z][\w/+-]*)?"
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?[+-]\d\d:?\d\d"  # short-iso(-precise): always an offset
+    r"|[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? [A-Z][\w/+-]*"  # short-full, with-unit
     r"|\[ *\d+\.\d+(?: < *\d+\.\d+>)?\]"  # short-monotonic, short-delta
     r"|\d{9,}\.\d+)"  # short-unix
 )
 # The host name (letters, digits, dots, dashes: never a colon), then the syslog identifier and its PID.
 _JOURNAL = re.compile(_STAMP + r" [\w.-]+ ([^\s\[:]+)(?:\[\d+\])?: ")
 _COMPOSE = re.compile(r"[\w.-]+ +\| ")
-_DOCKER = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) ")
+# docker and kubectl print UTC, RFC 3339 with nanoseconds: a "Z", never an offset (journald's ISO forms are
+# the other way round), so a message after it is never read as a journal's host and identifier
+_DOCKER = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z ")
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,11 @@ def undecorated(raw: str) -> Line:
     m = _COMPOSE.match(text)
     if m:
         text = text[m.end() :]
-    m = _JOURNAL.match(text)
-    if m:
-        return Line(text[m.end() :], m[1])
     m = _DOCKER.match(text)
-    return Line(text[m.end() :] if m else text)
+    if m:
+        return Line(text[m.end() :])
+    m = _JOURNAL.match(text)
+    return Line(text[m.end() :], m[1]) if m else Line(text)
 
 
 def clean(raw: str) -> str:

@@ -275,3 +275,15 @@ def test_a_journal_boot_line_opens_a_start() -> None:
     ]  # noqa: E741
     starts = split(lines)
     assert [s.summary.mem_fraction_static for s in starts] == [0.8, None]
+
+
+def test_a_facts_files_last_start_of_two_starts_calibrates_from_the_last_complete(tmp_path: Path) -> None:
+    # Was: both starts read as one, the failed one's 0.95 and cuda_graph_failed with the good one's pool.
+    facts = json.loads((ROOT / "examples" / "ct200.json").read_text(encoding="utf-8"))
+    facts["last_start"] = journal(OOM_AT_095, at_fraction(GOOD, 0.88))
+    path = tmp_path / "ct200.json"
+    path.write_text(json.dumps(facts), encoding="utf-8")
+    code, stdout, stderr = run(tmp_path, "plan", "--facts", str(path), "--context", "32k", "--json")
+    assert code in (0, 5), stderr
+    warnings = [str(w) for w in json.loads(stdout)["warnings"]]
+    assert not any("ran out of GPU memory" in w for w in warnings), warnings

@@ -271,8 +271,8 @@ def test_a_journal_boot_line_opens_a_start() -> None:
     lines = [
         *at_fraction(GOOD, 0.8),
         "-- Boot 5e1c4b0f1a2d4c7e9b3a8f6d2c1e0b9a --",
-        *[l for l in GOOD if "server_args" not in l],
-    ]  # noqa: E741
+        *[line for line in GOOD if "server_args" not in line],
+    ]
     starts = split(lines)
     assert [s.summary.mem_fraction_static for s in starts] == [0.8, None]
 

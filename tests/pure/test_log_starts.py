@@ -287,3 +287,12 @@ def test_a_facts_files_last_start_of_two_starts_calibrates_from_the_last_complet
     assert code in (0, 5), stderr
     warnings = [str(w) for w in json.loads(stdout)["warnings"]]
     assert not any("ran out of GPU memory" in w for w in warnings), warnings
+
+
+def test_another_units_start_mid_start_cuts_nothing() -> None:
+    # `journalctl -b` without -u: systemd starts a session or a timer while SGLang loads its weights.
+    lines = [*GOOD[:6], "Dec 01 10:05:00 ct200 systemd[1]: Started session-3.scope - Session 3 of User root.",
+             "Dec 01 10:05:01 ct200 systemd[1]: Started apt-daily.service - Daily apt download activities.",
+             *GOOD[6:]]  # fmt: skip
+    starts = split(lines)
+    assert len(starts) == 1 and starts[0].summary.ready and starts[0].summary.kv_tokens == 101134

@@ -6,8 +6,9 @@ another's pool. So the text is cut first, and each start is summarised alone. Wh
 order one launch logs them (decoration taken off first, agent/sglang/logs/decor.py):
 
 0. journalctl's `-- Boot <id> --` (or `-- Reboot --`) between boots;
-1. systemd's own `Starting <unit>...` / `Started <unit>.` (the unit's start job; with Type=notify, a
-   `Started` after readiness is the same start's);
+1. systemd's own `Starting <unit>...` / `Started <unit>.` where the unit's name or description says
+   SGLang (`journalctl -b` without `-u` starts other units mid-start; a unit named otherwise is cut at its
+   server_args lines); with Type=notify, a `Started` after readiness is the same start's;
 2. a pasted launch command (`python -m sglang.launch_server ...`, `sglang serve ...`);
 3. the main process's `server_args=` line (0.5.23 a dict, earlier `ServerArgs(...)`), once per launch
    (srt/entrypoints/engine.py): every rank's lines after it, interleaved, are that one start's.
@@ -120,8 +121,8 @@ def _mark(line: Line, events: Sequence[ev.LogEvent]) -> int:
     text = line.text
     if text.startswith("-- ") and _BOOT.match(text):
         return BOOT
-    if line.ident in (None, "systemd") and _UNIT.match(text):
-        return UNIT
+    if line.ident in (None, "systemd") and _UNIT.match(text) and "sglang" in text.lower():
+        return UNIT  # the unit's name or description says so (deployctl's: sglang.service, "SGLang server")
     return max((_MARKS.get(e.source, -1) for e in events if isinstance(e, ev.ServerArgs)), default=-1)
 
 

@@ -14,7 +14,7 @@ CR ends a line (journald and tqdm both end lines with it at times), so CRLF leav
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # What terminals, pagers, `docker compose logs` and progress bars add: colours (SGR) and erase-in-line. Any
 # other escape is the text's own, kept (and shown escaped: agent/output.py).
@@ -34,8 +34,7 @@ _COMPOSE = re.compile(r"[\w.-]+ +\| ")
 _DOCKER = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z ")
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
     """One line as SGLang (or systemd) wrote it, and who wrote it where the journal said (its syslog
     identifier: "systemd" for the unit's own start and stop lines)."""
 
@@ -46,9 +45,11 @@ class Line:
 def undecorated(raw: str) -> Line:
     """The line without colour codes and the prefix journalctl or docker put before it."""
     text = _ANSI.sub("", raw) if "\x1b" in raw else raw
-    text = text.rstrip("\r\n")
-    if not text or (text.startswith("[20") and text[5:6] == "-"):  # SGLang's own prefix comes first
-        return Line(text)
+    if text[-1:] in ("\r", "\n"):
+        text = text.rstrip("\r\n")
+    head = text[:1]  # each prefix starts with a letter or digit, or "[" and a number not SGLang's date
+    if not head.isalnum() and (head != "[" or text[5:6] == "-"):
+        return Line(text)  # most lines: SGLang's own, a traceback's
     m = _COMPOSE.match(text)
     if m:
         text = text[m.end() :]
@@ -60,7 +61,10 @@ def undecorated(raw: str) -> Line:
 
 
 def clean(raw: str) -> str:
-    """undecorated's text alone."""
+    """undecorated's text alone (the parser's fast path: a plain SGLang line comes back as it is)."""
+    head = raw[:1]
+    if "\x1b" not in raw and not head.isalnum() and (head != "[" or raw[5:6] == "-"):
+        return raw
     return undecorated(raw).text
 
 

@@ -118,12 +118,19 @@ class _Cut:
 
 def _mark(line: Line, events: Sequence[ev.LogEvent]) -> int:
     """The launch step this line marks, -1 for none."""
+    if events:
+        return max((_MARKS.get(e.source, -1) for e in events if isinstance(e, ev.ServerArgs)), default=-1)
     text = line.text
-    if text.startswith("-- ") and _BOOT.match(text):
+    if text[:3] == "-- " and _BOOT.match(text):
         return BOOT
-    if line.ident in (None, "systemd") and _UNIT.match(text) and "sglang" in text.lower():
+    if (
+        text[:5] == "Start"
+        and line.ident in (None, "systemd")
+        and _UNIT.match(text)
+        and "sglang" in text.lower()
+    ):
         return UNIT  # the unit's name or description says so (deployctl's: sglang.service, "SGLang server")
-    return max((_MARKS.get(e.source, -1) for e in events if isinstance(e, ev.ServerArgs)), default=-1)
+    return -1
 
 
 def split(raw: Iterable[str]) -> list[LoggedStart]:
@@ -138,6 +145,9 @@ def split(raw: Iterable[str]) -> list[LoggedStart]:
             line = undecorated(piece)
             events = parse_line(line.text)
             mark = _mark(line, events)
+            if not events and mark < 0:  # most lines: serving traffic, tracebacks' text
+                current.lines.append(line.text)
+                continue
             if current.opens_with(mark, line, events):
                 cuts.append(current)
                 current = _Cut(number)

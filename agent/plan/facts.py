@@ -24,7 +24,7 @@ from agent.plan.startcheck import StartIdentity, identity
 from agent.sglang import flagrules, server_args
 from agent.sglang.config_json import ModelConfig
 from agent.sglang.logs.decor import split_lines
-from agent.sglang.logs.starts import evidence, split
+from agent.sglang.logs.starts import evidence, plan_figures, split
 from agent.sglang.logs.summary import start_figures
 
 FORMAT = "deployctl-facts/1"
@@ -182,9 +182,10 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
     ids: tuple[StartIdentity, ...] = ()
     if facts.last_start:
         # the host's last start, pasted or as the agent read it: the one start it holds is the evidence
-        start = evidence(split(split_lines(facts.last_start)))
+        held = split(split_lines(facts.last_start))
+        start = evidence(held)
         lines = start.lines if start is not None else ()
-        starts = (start.figures() if start is not None else start_figures(lines),)
+        starts = (plan_figures(held, start) if start is not None else start_figures(lines),)
         ids = (identity(lines),)
     device = facts.flags.get("device")
     return PlanInput(

@@ -217,13 +217,14 @@ def checked_starts(
     memory; a start under another KV dtype calibrates: its cell is scaled by the architecture's ratio
     (plan/evidence.py as_started)."""
     from agent.plan.startcheck import identity, refusal
+    from agent.sglang.logs.starts import plan_figures
 
     if number is not None and len(names) != 1:
         raise UsageError("--start names a start of one log: give exactly one --from-log with it")
     kept: list[StartFigures] = []
     ids: list[StartIdentity] = []
     for name in names:
-        start, said = _evidence(name, number)
+        starts, start, said = _evidence(name, number)
         ran = identity(start.lines)
         refused = refusal(ran, planned)
         if refused:
@@ -233,12 +234,12 @@ def checked_starts(
             )
         if out is not None and said:
             print(f"deployctl: note: --from-log {name!r}: {said}", file=out.stderr)
-        kept.append(start.figures())
+        kept.append(plan_figures(starts, start))  # its other failed starts bound the fraction
         ids.append(ran)
     return kept, ids
 
 
-def _evidence(name: str, number: int | None) -> tuple[LoggedStart, str | None]:
+def _evidence(name: str, number: int | None) -> tuple[list[LoggedStart], LoggedStart, str | None]:
     """The log's start the plan reads, and which it is where the log holds several (or one was named)."""
     from agent.cli.commands.parse_log import pick
     from agent.sglang.logs.starts import split  # the parser loads only when a log is read
@@ -254,9 +255,9 @@ def _evidence(name: str, number: int | None) -> tuple[LoggedStart, str | None]:
             hint="deployctl parse-log FILE lists its starts; or plan without --from-log",
         )
     if len(starts) == 1 and number is None:
-        return start, None
+        return starts, start, None
     fraction = start.summary.mem_fraction_static
-    return start, (
+    return starts, start, (
         f"the plan reads start {start.number} of {len(starts)} (line {start.first_line}, {start.outcome}"
         + (f" at --mem-fraction-static {fraction}" if fraction is not None else "")
         + ("" if number is not None else ", the last complete one")

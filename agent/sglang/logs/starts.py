@@ -178,7 +178,11 @@ def chosen(starts: Sequence[LoggedStart], number: int | None) -> LoggedStart | N
     return evidence(starts, number)
 
 
-def evidence_figures(lines: Iterable[str]) -> StartFigures:
-    """The figures of a log's evidence start (empty figures for a log without one)."""
-    start = evidence(split(lines))
-    return start.figures() if start is not None else SummaryBuilder().summary().to_dict()
+def plan_figures(starts: Sequence[LoggedStart], start: LoggedStart) -> StartFigures:
+    """What a plan reads of a log: the evidence start's figures, and each other start that failed with its
+    own figures (its fraction and failure never mixed with the evidence's): they bound the fraction."""
+    figures = start.figures()
+    failed = [s.figures() for s in starts if s is not start and s.outcome == "failed"]
+    if failed:
+        figures["other_failures"] = failed
+    return figures

@@ -257,11 +257,15 @@ def _evidence(name: str, number: int | None) -> tuple[list[LoggedStart], LoggedS
     if len(starts) == 1 and number is None:
         return starts, start, None
     fraction = start.summary.mem_fraction_static
-    return starts, start, (
-        f"the plan reads start {start.number} of {len(starts)} (line {start.first_line}, {start.outcome}"
-        + (f" at --mem-fraction-static {fraction}" if fraction is not None else "")
-        + ("" if number is not None else ", the last complete one")
-        + "); --start N reads another"
+    return (
+        starts,
+        start,
+        (
+            f"the plan reads start {start.number} of {len(starts)} (line {start.first_line}, {start.outcome}"
+            + (f" at --mem-fraction-static {fraction}" if fraction is not None else "")
+            + ("" if number is not None else ", the last complete one")
+            + "); --start N reads another"
+        ),
     )
 
 

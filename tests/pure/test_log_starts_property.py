@@ -20,7 +20,7 @@ from agent.output import Output
 from agent.sglang.logs import events as ev
 from agent.sglang.logs.decor import split_lines
 from agent.sglang.logs.lines import parse_line
-from agent.sglang.logs.starts import chosen, evidence, split
+from agent.sglang.logs.starts import chosen, evidence, plan_figures, split
 from agent.sglang.logs.summary import StartSummary, summarize
 from tests.pure.test_logs import CASES, NOT_IN_EXCERPT, SUMMARY_FIELDS, _text
 
@@ -124,6 +124,18 @@ def test_the_evidence_is_one_start_its_own(
     chosen_start = evidence(starts)
     assert chosen_start is starts[want]
     _derived_hold(cases[want], chosen_start.summary)
+    # what a plan reads: that start's figures, and each other failed start with its own fraction and failure
+    figures = plan_figures(starts, chosen_start)
+    assert figures["mem_fraction_static"] == ALONE[cases[want]["id"]].mem_fraction_static
+    others = [
+        ALONE[c["id"]]
+        for i, c in enumerate(cases)
+        if i != want and ALONE[c["id"]].failure is not None and not ALONE[c["id"]].ready
+    ]
+    assert [
+        (f["mem_fraction_static"], (f["failure"] or {}).get("kind"))
+        for f in figures.get("other_failures", [])
+    ] == [(a.mem_fraction_static, a.failure and a.failure.failure_kind) for a in others]
     # or the one named
     named_start = chosen(starts, named)
     assert named_start is not None and named_start.number == named

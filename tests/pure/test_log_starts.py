@@ -215,6 +215,10 @@ SGL = f"[2026-12-01 10:09:41 TP0] {KV}"
         (f"2026-12-01T10:09:41.205123456Z {SGL}", None),  # docker logs -t, kubectl logs --timestamps
         (f"\x1b[36msglang-1  |\x1b[0m 2026-12-01T10:09:41.205123456Z {SGL}", None),  # docker compose logs -t
         (f"\x1b[36msglang-1  | \x1b[0m{SGL}", None),  # docker compose logs
+        (
+            f"[pod/sglang-0/sglang] 2026-12-01T10:09:41.205123456Z {SGL}",
+            None,
+        ),  # kubectl logs --prefix --timestamps
         (f"\x1b[1;32m{SGL}\x1b[0m\r", None),  # a coloured terminal, CRLF
         (f"Dec 01 10:09:41 ct200 python3[4821]: {KV}", "python3"),  # SGLang's own prefix absent
         (f"2026-12-01T10:09:41.205Z {KV}", None),

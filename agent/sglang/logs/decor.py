@@ -6,7 +6,8 @@
   and `with-unit` ("Wed 2026-11-04 05:27:13 UTC host ident[pid]: "), `short-monotonic` / `short-delta`
   ("[  123.456789] host ident[pid]: ") and `short-unix` ("1730698033.123456 host ident[pid]: ");
 - `docker logs -t` / `kubectl logs --timestamps` ("2026-11-04T05:27:13.123456789Z "), after the
-  "service-1  | " that `docker compose logs` puts first.
+  "service-1  | " that `docker compose logs` puts first or the "[pod/name/container] " of `kubectl logs
+  --prefix`.
 
 CR ends a line (journald and tqdm both end lines with it at times), so CRLF leaves no stray character.
 """
@@ -28,7 +29,8 @@ _STAMP = (
 )
 # The host name (letters, digits, dots, dashes: never a colon), then the syslog identifier and its PID.
 _JOURNAL = re.compile(_STAMP + r" [\w.-]+ ([^\s\[:]+)(?:\[\d+\])?: ")
-_COMPOSE = re.compile(r"[\w.-]+ +\| ")
+# `docker compose logs`' "service-1  | ", `kubectl logs --prefix`'s "[pod/name/container] "
+_COMPOSE = re.compile(r"[\w.-]+ +\| |\[pod/[^\]\s]+\] ")
 # docker and kubectl print UTC, RFC 3339 with nanoseconds: a "Z", never an offset (journald's ISO forms are
 # the other way round), so a message after it is never read as a journal's host and identifier
 _DOCKER = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z ")

@@ -308,3 +308,10 @@ def test_another_units_start_mid_start_cuts_nothing() -> None:
              *GOOD[6:]]  # fmt: skip
     starts = split(lines)
     assert len(starts) == 1 and starts[0].summary.ready and starts[0].summary.kv_tokens == 101134
+
+
+def test_with_no_complete_start_the_last_is_read_and_said_so(tmp_path: Path) -> None:
+    cut = [line for line in GOOD if "ready to roll" not in line]  # a start still warming up
+    log = write(tmp_path, journal(at_fraction(cut, 0.8), cut))
+    code, text, _ = run(tmp_path, "parse-log", log)
+    assert code == 0 and text.splitlines()[0] == "start:         2 of 2 (cut, the last one: none is complete)"

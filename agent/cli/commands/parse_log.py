@@ -102,7 +102,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.json:
         out.print(json.dumps(as_json(starts, start), sort_keys=True))
     else:
-        for line in render_starts(starts, start):
+        for line in render_starts(starts, start, named=getattr(args, "start", None) is not None):
             out.print(line)
     return 0
 
@@ -181,23 +181,23 @@ NO_START = (
 )
 
 
-def render_starts(starts: list[LoggedStart], start: LoggedStart | None) -> list[str]:
-    """Which start the report is, the others in one line each, then the report."""
+def render_starts(starts: list[LoggedStart], start: LoggedStart | None, *, named: bool = False) -> list[str]:
+    """Which start the report is (named by --start, or the evidence), the others in one line each, then
+    the report."""
     from agent.sglang.logs.summary import SummaryBuilder
 
     if start is None or not said_anything(start.summary):
         return [NO_START, *render(start.summary if start else SummaryBuilder().summary())]
-    why = "" if len(starts) == 1 else (", the last complete one" if start is evidence_of(starts) else "")
+    if named:
+        why = ", named by --start"
+    elif len(starts) == 1:
+        why = ""
+    else:
+        why = ", the last complete one" if start.complete else ", the last one: none is complete"
     head = [f"start:         {start.number} of {len(starts)} ({_outcome(start)}{why})"]
     if len(starts) > 1:
         head += [f"  {'*' if s is start else ' '} start {s.number}: {_one_line(s)}" for s in starts]
     return head + render(start.summary)
-
-
-def evidence_of(starts: list[LoggedStart]) -> LoggedStart | None:
-    from agent.sglang.logs.starts import evidence
-
-    return evidence(starts)
 
 
 def _outcome(s: LoggedStart) -> str:

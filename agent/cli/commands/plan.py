@@ -250,7 +250,7 @@ def _evidence(name: str, number: int | None) -> tuple[list[LoggedStart], LoggedS
         raise UsageError(
             f"--from-log {name!r}: no usable start in it: "
             + ("no start" if start is None else f"start {start.number} of {len(starts)}")
-            + " logged its KV pool or its free memory before and after the weights, so it cannot "
+            + " logged neither its KV pool nor its free memory before and after the weights, so it cannot "
             "calibrate this plan",
             hint="deployctl parse-log FILE lists its starts; or plan without --from-log",
         )
@@ -263,7 +263,13 @@ def _evidence(name: str, number: int | None) -> tuple[list[LoggedStart], LoggedS
         (
             f"the plan reads start {start.number} of {len(starts)} (line {start.first_line}, {start.outcome}"
             + (f" at --mem-fraction-static {fraction}" if fraction is not None else "")
-            + ("" if number is not None else ", the last complete one")
+            + (
+                ""
+                if number is not None
+                else ", the last complete one"
+                if start.complete
+                else ", the last one"
+            )
             + "); --start N reads another"
         ),
     )

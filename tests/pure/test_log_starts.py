@@ -315,3 +315,20 @@ def test_with_no_complete_start_the_last_is_read_and_said_so(tmp_path: Path) -> 
     log = write(tmp_path, journal(at_fraction(cut, 0.8), cut))
     code, text, _ = run(tmp_path, "parse-log", log)
     assert code == 0 and text.splitlines()[0] == "start:         2 of 2 (cut, the last one: none is complete)"
+
+
+def test_a_start_that_failed_after_ready_is_failed_and_bounds_the_plan(tmp_path: Path) -> None:
+    # An OOM while serving at 0.95, then a start at 0.85 (the one that calibrates).
+    serving_oom = [
+        *at_fraction(GOOD, 0.95),
+        "[2026-12-01 10:20:00 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    ]
+    starts = split([*serving_oom, *GOOD])
+    assert [(s.outcome, s.summary.ready) for s in starts] == [("failed", True), ("ready", True)]
+    log = write(tmp_path, journal(serving_oom, GOOD))
+    assert (
+        "start 1: line 1, ready, then failed: cuda_oom, mem fraction 0.95"
+        in run(tmp_path, "parse-log", log)[1]
+    )
+    p, _ = plan(tmp_path, log)
+    assert any("0.950 ran out of GPU memory after its pool was built" in str(w) for w in p["warnings"])  # type: ignore[attr-defined]

@@ -75,6 +75,7 @@ def test_json_summary(tmp_path: Path) -> None:
                 "number": 1,
                 "first_line": 1,
                 "outcome": "ready",
+                "ready": True,
                 "mem_fraction_static": 0.86,
                 "kv_tokens": 210000,
                 "failure": None,

@@ -132,6 +132,7 @@ def as_json(starts: list[LoggedStart], start: LoggedStart | None) -> dict[str, o
                 "number": s.number,
                 "first_line": s.first_line,
                 "outcome": s.outcome,
+                "ready": s.summary.ready,
                 "mem_fraction_static": s.summary.mem_fraction_static,
                 "kv_tokens": s.summary.kv_tokens,
                 "failure": None if s.summary.failure is None else s.summary.failure.failure_kind,
@@ -202,7 +203,9 @@ def render_starts(starts: list[LoggedStart], start: LoggedStart | None, *, named
 
 def _outcome(s: LoggedStart) -> str:
     failure = s.summary.failure
-    return f"failed: {failure.failure_kind}" if s.outcome == "failed" and failure is not None else s.outcome
+    if failure is None:
+        return s.outcome
+    return f"{'ready, then ' if s.summary.ready else ''}failed: {failure.failure_kind}"
 
 
 def _one_line(s: LoggedStart) -> str:

@@ -52,12 +52,13 @@ class LoggedStart:
 
     @property
     def outcome(self) -> str:
-        """ready, failed, stopped (asked to stop before it was ready) or cut (the log ends mid-start)."""
+        """failed (before it was ready or after: summary.ready says which), ready, stopped (asked to stop
+        before it was ready) or cut (the log ends mid-start)."""
         s = self.summary
-        if s.ready:
-            return "ready"
         if s.failure is not None:
             return "failed"
+        if s.ready:
+            return "ready"
         return "stopped" if s.stopped else "cut"
 
     @property
@@ -182,7 +183,7 @@ def plan_figures(starts: Sequence[LoggedStart], start: LoggedStart) -> StartFigu
     """What a plan reads of a log: the evidence start's figures, and each other start that failed with its
     own figures (its fraction and failure never mixed with the evidence's): they bound the fraction."""
     figures = start.figures()
-    failed = [s.figures() for s in starts if s is not start and s.outcome == "failed"]
+    failed = [s.figures() for s in starts if s is not start and s.summary.failure is not None]
     if failed:
         figures["other_failures"] = failed
     return figures

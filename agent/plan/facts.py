@@ -23,6 +23,8 @@ from agent.plan.overhead import GpuProcess
 from agent.plan.startcheck import StartIdentity, identity
 from agent.sglang import flagrules, server_args
 from agent.sglang.config_json import ModelConfig
+from agent.sglang.logs.decor import split_lines
+from agent.sglang.logs.starts import evidence, plan_figures, split
 from agent.sglang.logs.summary import start_figures
 
 FORMAT = "deployctl-facts/1"
@@ -179,8 +181,12 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
     starts: tuple[StartFigures, ...] = ()
     ids: tuple[StartIdentity, ...] = ()
     if facts.last_start:
-        lines = facts.last_start.replace("\r", "\n").splitlines()
-        starts, ids = (start_figures(lines),), (identity(lines),)
+        # the host's last start, pasted or as the agent read it: the one start it holds is the evidence
+        held = split(split_lines(facts.last_start))
+        start = evidence(held)
+        lines = start.lines if start is not None else ()
+        starts = (plan_figures(held, start) if start is not None else start_figures(lines),)
+        ids = (identity(lines),)
     device = facts.flags.get("device")
     return PlanInput(
         name=name,

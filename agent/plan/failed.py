@@ -27,7 +27,8 @@ class FailedStart:
 def failed_starts(starts: Sequence[StartFigures], requests: int, context: int) -> list[FailedStart]:
     """The starts that ran out of memory after their pool was built, at a known fraction."""
     found = []
-    for s in starts:
+    # a log's other failed starts come with the start that calibrates, each with its own fraction
+    for s in [f for start in starts for f in (start, *(start.get("other_failures") or ()))]:
         failure: Mapping[str, object] = s.get("failure") or {}
         kind, line = str(failure.get("kind") or ""), str(failure.get("line") or "")
         graphs = kind == "cuda_graph_failed" or "graph" in line.lower()

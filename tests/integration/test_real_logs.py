@@ -136,4 +136,22 @@ def test_a_control_group_stop_is_a_stop_and_a_killed_rank_a_crash(real: RealHost
     figures = _parse_log(real, crashed)
     assert figures["failure"] is not None and figures["failure"]["kind"] == ev.RANK_DIED, figures
     assert figures["stopped"] is False
+    # The unit's whole journal, as a person pipes it (`journalctl -u ... -o short-iso`, systemd's own lines
+    # and every earlier start in it): one start is read, the last complete one, the crash; the stopped start
+    # before it is listed as its own (ready, stopped), never mixed into the crash.
+    whole = real.host.ssh(["journalctl", "-u", UNIT, "-o", "short-iso", "--no-pager", "-n", "50000"]).stdout
+    path = real.work / "whole.log"
+    path.write_bytes(whole)
+    r = real.deployctl("parse-log", "--json", str(path))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    starts = doc["starts"]
+    assert len(starts) >= 2 and doc["start"] == starts[-1]["number"], starts
+    assert (starts[-1]["outcome"], starts[-1]["failure"], starts[-1]["ready"]) == (
+        "failed",
+        ev.RANK_DIED,
+        True,
+    )
+    assert (starts[-2]["outcome"], starts[-2]["failure"]) == ("ready", None), starts
+    assert doc["failure"]["kind"] == ev.RANK_DIED and doc["stopped"] is False
     real.ensure_hand()

@@ -38,7 +38,6 @@ FIELD_PATTERNS = {
     "_PREFIX": "prefix",
     "_OLD_PREFIX": "prefix",
     "_GLUED": "prefix",
-    "_JOURNAL": "prefix",
     "_LEAD": "the exception names before a failure's cause (matches the empty string)",
     "_USAGE": "after 'avail mem'",
     "_TYPE": "after 'avail mem'",

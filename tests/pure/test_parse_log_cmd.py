@@ -41,7 +41,7 @@ def _out() -> Output:
 
 def _run(file: str, *, as_json: bool) -> tuple[int, str]:
     out = _out()
-    rc = parse_log.run(argparse.Namespace(file=file, json=as_json), out)
+    rc = parse_log.run(argparse.Namespace(file=file, json=as_json, start=None), out)
     assert isinstance(out.stdout, io.StringIO)
     return rc, out.stdout.getvalue()
 
@@ -69,6 +69,18 @@ def test_json_summary(tmp_path: Path) -> None:
         "failure": None,
         "stopped": False,
         "startup_timings": None,
+        "start": 1,
+        "starts": [
+            {
+                "number": 1,
+                "first_line": 1,
+                "outcome": "ready",
+                "ready": True,
+                "mem_fraction_static": 0.86,
+                "kv_tokens": 210000,
+                "failure": None,
+            }
+        ],
     }
     assert list(d) == sorted(d)
 
@@ -124,5 +136,5 @@ def test_unreadable_file_is_a_usage_error(tmp_path: Path, name: str) -> None:
 def test_configure_defaults_to_stdin() -> None:
     parser = argparse.ArgumentParser()
     parse_log.configure(parser)
-    assert vars(parser.parse_args([])) == {"file": "-", "json": False}
-    assert vars(parser.parse_args(["x.log", "--json"])) == {"file": "x.log", "json": True}
+    assert vars(parser.parse_args([])) == {"file": "-", "start": None, "json": False}
+    assert vars(parser.parse_args(["x.log", "--json"])) == {"file": "x.log", "start": None, "json": True}

@@ -1,4 +1,9 @@
-"""`deployctl parse-log [FILE|-] [--json]`: what an SGLang start-up log says (pool, memory, failure)."""
+"""`deployctl parse-log [FILE|-] [--start N] [--json]`: what an SGLang start-up log says (pool, memory,
+failure).
+
+The log is split into its starts first (agent/sglang/logs/starts.py): the report is one start's, the last
+complete one or the one `--start N` names, and lists the others.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from agent.errors import UsageError
 from agent.output import Output
 
 if TYPE_CHECKING:
+    from agent.sglang.logs.starts import LoggedStart
     from agent.sglang.logs.summary import StartSummary
 
 
@@ -49,30 +55,91 @@ def no_sglang(name: str) -> UsageError:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", nargs="?", default="-", help="log file, or - for stdin (default)")
+    add_start_arg(parser)
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.epilog = (
+        "A log holding several starts (a journal with a failed try and a restart) is split into them: the\n"
+        "report is the last complete start's (ready or failed), or the one --start N names; the others are\n"
+        "listed. Colour codes, CRLF and journalctl's or docker's timestamps are taken off first.\n"
         "A file with no SGLang line in it is refused (exit 2); so is one over 256 MiB.\n"
         "example: deployctl parse-log examples/ct200-start.log --json\n"
         "example: deployctl parse-log -   (journalctl -u sglang.service -b | deployctl parse-log -)"
     )
 
 
+def add_start_arg(parser: argparse.ArgumentParser) -> None:
+    """--start N: parse-log's and plan --from-log's choice of a start (1 = the log's first)."""
+    parser.add_argument(
+        "--start",
+        type=_start_number,
+        metavar="N",
+        help="read start N of the log (1 = the first; parse-log lists them), not the last complete one",
+    )
+
+
+def _start_number(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a start number (1 = the log's first start)")
+    return number
+
+
 def run(args: argparse.Namespace, out: Output) -> int:
-    """Summarise the log; exit 0 whatever the start did (the summary is the answer, not a verdict), but a
-    file in which no SGLang start can be seen is refused rather than summarised as a row of `?`."""
-    from agent.sglang.logs.summary import summarize  # the parser loads only for the commands that parse
+    """Summarise the log's evidence start; exit 0 whatever the start did (the summary is the answer, not a
+    verdict), but a file in which no SGLang start can be seen is refused rather than summarised as a row
+    of `?`."""
+    from agent.sglang.logs.starts import split  # the parser loads only for the commands that parse
 
     name = "stdin" if args.file == "-" else args.file
     lines = read_log(args.file, name)
-    summary = summarize(lines)
-    if not said_anything(summary) and not is_sglang_log(lines):
+    starts = split(lines)
+    if not any(said_anything(s.summary) for s in starts) and not is_sglang_log(lines):
         raise no_sglang(name)
+    start = pick(starts, getattr(args, "start", None), name)
     if args.json:
-        out.print(json.dumps(summary.to_dict(), sort_keys=True))
+        out.print(json.dumps(as_json(starts, start), sort_keys=True))
     else:
-        for line in render(summary):
+        for line in render_starts(starts, start, named=getattr(args, "start", None) is not None):
             out.print(line)
     return 0
+
+
+def pick(starts: list[LoggedStart], number: int | None, name: str) -> LoggedStart | None:
+    """The evidence start, or the one --start names; a number the log does not hold is refused."""
+    from agent.sglang.logs.starts import NoSuchStart, chosen
+
+    try:
+        return chosen(starts, number)
+    except NoSuchStart as exc:
+        raise UsageError(
+            f"{name}: --start {number}: {exc}", hint="deployctl parse-log FILE lists them"
+        ) from None
+
+
+def as_json(starts: list[LoggedStart], start: LoggedStart | None) -> dict[str, object]:
+    """The evidence start's figures (StartSummary.to_dict's keys), which start it is, and every start."""
+    from agent.sglang.logs.summary import SummaryBuilder
+
+    summary = start.summary if start is not None else SummaryBuilder().summary()
+    return {
+        **summary.to_dict(),
+        "start": None if start is None or not said_anything(start.summary) else start.number,
+        "starts": [
+            {
+                "number": s.number,
+                "first_line": s.first_line,
+                "outcome": s.outcome,
+                "ready": s.summary.ready,
+                "mem_fraction_static": s.summary.mem_fraction_static,
+                "kv_tokens": s.summary.kv_tokens,
+                "failure": None if s.summary.failure is None else s.summary.failure.failure_kind,
+            }
+            for s in starts
+        ],
+    }
 
 
 def said_anything(s: StartSummary) -> bool:
@@ -111,7 +178,49 @@ def read_log(path: str | Path, name: str) -> list[str]:
             f"{name}: more than {MAX_LOG_BYTES // 2**20} MiB: not a start-up log",
             hint=f"give the start's part: {_STDIN_HINT}",
         )
-    return data.decode("utf-8", errors="replace").replace("\r", "\n").split("\n")
+    from agent.sglang.logs.decor import split_lines
+
+    return split_lines(data.decode("utf-8", errors="replace"))
+
+
+NO_START = (
+    "no usable start in this log: it holds SGLang lines, but none of a start's figures (no server_args, "
+    "weights, KV pool, ready or failure line)"
+)
+
+
+def render_starts(starts: list[LoggedStart], start: LoggedStart | None, *, named: bool = False) -> list[str]:
+    """Which start the report is (named by --start, or the evidence), the others in one line each, then
+    the report."""
+    from agent.sglang.logs.summary import SummaryBuilder
+
+    if start is None or not said_anything(start.summary):
+        return [NO_START, *render(start.summary if start else SummaryBuilder().summary())]
+    if named:
+        why = ", named by --start"
+    elif len(starts) == 1:
+        why = ""
+    else:
+        why = ", the last complete one" if start.complete else ", the last one: none is complete"
+    head = [f"start:         {start.number} of {len(starts)} ({_outcome(start)}{why})"]
+    if len(starts) > 1:
+        head += [f"  {'*' if s is start else ' '} start {s.number}: {_one_line(s)}" for s in starts]
+    return head + render(start.summary)
+
+
+def _outcome(s: LoggedStart) -> str:
+    failure = s.summary.failure
+    if failure is None:
+        return s.outcome
+    return f"{'ready, then ' if s.summary.ready else ''}failed: {failure.failure_kind}"
+
+
+def _one_line(s: LoggedStart) -> str:
+    fraction = s.summary.mem_fraction_static
+    return (
+        f"line {s.first_line}, {_outcome(s)}, mem fraction {fraction if fraction is not None else '?'}, "
+        f"pool {_tokens(s.summary.kv_tokens)}"
+    )
 
 
 def render(s: StartSummary) -> list[str]:

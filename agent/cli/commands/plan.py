@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent.cli.commands.parse_log import add_start_arg
 from agent.cli.options import add_set_arg, add_target_args, change_of, connection_of
 from agent.errors import UsageError
 from agent.exitcodes import ExitCode
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from agent.plan.startcheck import Planned, StartIdentity
     from agent.protocol import HostFacts
     from agent.sglang.flags import FlagInput
+    from agent.sglang.logs.starts import LoggedStart
     from agent.sglang.logs.summary import StartFigures
 
 # plan's exit status: 0 feasible, NOT_FEASIBLE when the plan cannot reach the target (it is printed all the
@@ -46,8 +48,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FILE",
-        help="calibrate from an earlier start-up log of this host (repeatable: several starts are fitted)",
+        help="calibrate from an earlier start-up log of this host: its last complete start, or --start N "
+        "(repeatable: one start of each log is fitted)",
     )
+    add_start_arg(p)
     p.add_argument(
         "--offline",
         action="store_true",
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = with_set_flags(host, change, {})[0]
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
     history: Sequence[StartFigures]  # the starts that calibrate the plan
-    history, ids = checked_starts(args.from_log, planned)
+    history, ids = checked_starts(args.from_log, planned, args.start, out)
     running: Flags = host.sglang.flags
     asked = _asked(change)
     facts = None
@@ -188,6 +192,8 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
         planned_for(
             arch, inp.model.path or "", inp.flags, len(inp.gpus), inp.gpus[0].memory_gib if inp.gpus else None
         ),
+        args.start,
+        out,
     )
     # Each start with what its log says it ran (its KV dtype scales its cell: plan/evidence.py as_started)
     inp = replace(inp, starts=(*inp.starts, *starts), start_ids=(*inp.start_ids, *ids))
@@ -215,28 +221,79 @@ def planned_for(
     return Planned(arch, path, tp, pp, str(flags.get("kv-cache-dtype") or "auto"), card_gib)
 
 
-def checked_starts(names: Sequence[str], planned: Planned) -> tuple[list[StartFigures], list[StartIdentity]]:
-    """The --from-log starts of this model, layout and cards, with what each log says it ran; another model,
-    TP, PP or bigger cards is refused with one line (plan/startcheck.py). A start under another KV dtype
-    calibrates: its cell is scaled by the architecture's ratio (plan/evidence.py as_started)."""
+def checked_starts(
+    names: Sequence[str], planned: Planned, number: int | None = None, out: Output | None = None
+) -> tuple[list[StartFigures], list[StartIdentity]]:
+    """One start of each --from-log log: the last complete one, or the one --start names (a log is split
+    into its starts first, agent/sglang/logs/starts.py). A start of another model, TP, PP or bigger cards
+    is refused with one line (plan/startcheck.py), so is a log with no start that logged its pool or its
+    memory; a start under another KV dtype calibrates: its cell is scaled by the architecture's ratio
+    (plan/evidence.py as_started)."""
     from agent.plan.startcheck import identity, refusal
+    from agent.sglang.logs.starts import plan_figures
 
+    if number is not None and len(names) != 1:
+        raise UsageError("--start names a start of one log: give exactly one --from-log with it")
     kept: list[StartFigures] = []
     ids: list[StartIdentity] = []
     for name in names:
-        lines = _lines(Path(name))
-        start = identity(lines)
-        refused = refusal(start, planned)
+        starts, start, said = _evidence(name, number)
+        ran = identity(start.lines)
+        refused = refusal(ran, planned)
         if refused:
             raise UsageError(
                 f"--from-log {name!r}: {refused}: it cannot calibrate this plan",
                 hint="give a start-up log of this host's model, or plan without --from-log",
             )
-        from agent.sglang.logs.summary import start_figures  # the parser loads only when a log is read
-
-        kept.append(start_figures(lines))
-        ids.append(start)
+        if out is not None and said:
+            print(f"deployctl: note: --from-log {name!r}: {said}", file=out.stderr)
+        kept.append(plan_figures(starts, start))  # its other failed starts bound the fraction
+        ids.append(ran)
     return kept, ids
+
+
+def _evidence(name: str, number: int | None) -> tuple[list[LoggedStart], LoggedStart, str | None]:
+    """The log's start the plan reads, and which it is where the log holds several (or one was named)."""
+    from agent.cli.commands.parse_log import pick
+    from agent.sglang.logs.starts import split  # the parser loads only when a log is read
+
+    starts = split(_lines(Path(name)))
+    start = pick(starts, number, f"--from-log {name!r}")
+    if start is None or not _calibrates(start.figures()):
+        raise UsageError(
+            f"--from-log {name!r}: no usable start in it: "
+            + ("no start" if start is None else f"start {start.number} of {len(starts)}")
+            + " logged neither its KV pool nor its free memory before and after the weights, so it cannot "
+            "calibrate this plan",
+            hint="deployctl parse-log FILE lists its starts; or plan without --from-log",
+        )
+    if len(starts) == 1 and number is None:
+        return starts, start, None
+    fraction = start.summary.mem_fraction_static
+    return (
+        starts,
+        start,
+        (
+            f"the plan reads start {start.number} of {len(starts)} (line {start.first_line}, {start.outcome}"
+            + (f" at --mem-fraction-static {fraction}" if fraction is not None else "")
+            + (
+                ""
+                if number is not None
+                else ", the last complete one"
+                if start.complete
+                else ", the last one"
+            )
+            + "); --start N reads another"
+        ),
+    )
+
+
+def _calibrates(f: StartFigures) -> bool:
+    """A start that logged its pool, or the memory before and after its weights (plan/predict.py)."""
+    post = f.get("avail_mem_before_pool_gb") or f.get("avail_mem_after_weights_gb")
+    return bool(
+        f.get("kv_tokens") or f.get("max_total_num_tokens") or (f.get("avail_mem_before_weights_gb") and post)
+    )
 
 
 def _lines(path: Path) -> list[str]:

@@ -2,10 +2,10 @@
 
 Every pattern is anchored at the message position: right after SGLang's logger prefix (srt/utils/common.py
 configure_logger: `[%(asctime)s{.msecs}{prefix}] %(message)s`, prefix " DP0 PP0 ... TP0 EP0" from
-managers/scheduler.py, none in the main process), after journalctl's own "Mon DD HH:MM:SS host name[pid]: "
-when a pasted file carries it, or at the start of an unprefixed line (tracebacks, tqdm bars). SGLang's
-request log (srt/utils/request_logger.py, `--log-requests`) writes a user's prompt inside a message that
-starts "Receive: obj=" or "Finish: obj=", so no prompt is read as a start-up line.
+managers/scheduler.py, none in the main process), after what a terminal, journalctl or docker put before
+it (taken off by agent/sglang/logs/decor.py), or at the start of an unprefixed line (tracebacks, tqdm bars).
+SGLang's request log (srt/utils/request_logger.py, `--log-requests`) writes a user's prompt inside a message
+that starts "Receive: obj=" or "Finish: obj=", so no prompt is read as a start-up line.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 
 from agent.sglang.logs import events as ev
 from agent.sglang.logs import hicache
+from agent.sglang.logs.decor import clean
 from agent.sglang.logs.failures import classify
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
@@ -24,11 +25,6 @@ _OLD_PREFIX = re.compile(r"\[((?:gpu|gpu_id|tp_rank|rank)=\d+)\] ?")  # 2024 bui
 # a piece the start of a new line (anywhere else it is text inside a message, e.g. a logged prompt).
 _GLUED = re.compile(
     r"(?<=it/s\]|s/it\])(?=\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{3})?(?: [A-Z][A-Z_]*\d+)*\] )"
-)
-# `journalctl` output pasted into a file: "Nov 04 05:27:13 host sglang[123]: " or the ISO form.
-_JOURNAL = re.compile(
-    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.,+Z-]+)"
-    r" \S+ [^\s\[:]+(?:\[\d+\])?: "
 )
 
 _AVAIL = re.compile(r"avail mem=" + _NUM + r" ?GB")
@@ -119,9 +115,7 @@ def parse_line_unfiltered(text: str) -> list[ev.LogEvent]:
     pieces = text.splitlines() if ("\n" in text or "\r" in text) else (text,)
     events: list[ev.LogEvent] = []
     for piece in pieces:
-        if piece[:1].isalnum():  # journalctl's own prefix, in a pasted `journalctl -u` output
-            m = _JOURNAL.match(piece)
-            piece = piece[m.end() :] if m else piece
+        piece = clean(piece)  # colour codes, journalctl's or docker's prefix (agent/sglang/logs/decor.py)
         if piece[:1] == "[" or piece.find("[20", 1) == -1:  # a logger line ends with its own newline
             _parse_piece(piece, events)
         else:

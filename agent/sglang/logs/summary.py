@@ -50,7 +50,8 @@ class FailureData(TypedDict):
 
 class StartFigures(TypedDict, total=False):
     """A start's figures on the wire: StartSummary.to_dict (the keys are a contract), graph_mem_gb where a
-    rank logged its CUDA graphs; the agent's history entries add their transaction's own keys."""
+    rank logged its CUDA graphs; the agent's history entries add their transaction's own keys; a log read
+    on the laptop adds its other failed starts."""
 
     kv_tokens: int | None
     kv_size_gb: float | None
@@ -68,6 +69,9 @@ class StartFigures(TypedDict, total=False):
     stopped: bool
     startup_timings: dict[str, float] | None
     graph_mem_gb: float
+    # the other starts of the same log that failed, each with its own fraction: they bound the plan's
+    # fraction (plan/failed.py), they never calibrate it (agent/sglang/logs/starts.py plan_figures)
+    other_failures: list[StartFigures]
 
 
 @dataclass(frozen=True)
@@ -150,7 +154,10 @@ class SummaryBuilder:
 
     def feed(self, text: str) -> list[LogEvent]:
         """Parse one MESSAGE; the events come back with draft/target resolved from earlier lines."""
-        events = parse_line(text)
+        return self.feed_events(parse_line(text))
+
+    def feed_events(self, events: list[LogEvent]) -> list[LogEvent]:
+        """feed() for a line already parsed (agent/sglang/logs/starts.py parses once to cut the log)."""
         if not events:  # most lines: skip building a resolved copy
             return events
         events = [self._resolve(e) for e in events]

@@ -1,0 +1,189 @@
+"""A log split into the starts it holds before anything is read from it, and the start that is the evidence.
+
+A journal (`journalctl -u sglang.service -b`) or a pasted file often holds several starts: a failed try and
+the one after it, or a restart. Their lines read as one would mix one start's fraction and failure with
+another's pool. So the text is cut first, and each start is summarised alone. What opens a start, in the
+order one launch logs them (decoration taken off first, agent/sglang/logs/decor.py):
+
+0. journalctl's `-- Boot <id> --` (or `-- Reboot --`) between boots;
+1. systemd's own `Starting <unit>...` / `Started <unit>.` where the unit's name or description says
+   SGLang (`journalctl -b` without `-u` starts other units mid-start; a unit named otherwise is cut at its
+   server_args lines); with Type=notify, a `Started` after readiness is the same start's;
+2. a pasted launch command (`python -m sglang.launch_server ...`, `sglang serve ...`);
+3. the main process's `server_args=` line (0.5.23 a dict, earlier `ServerArgs(...)`), once per launch
+   (srt/entrypoints/engine.py): every rank's lines after it, interleaved, are that one start's.
+
+A mark opens a new start when the current one already logged a start's line, or a mark of the same step or
+a later one (the launch command then its server_args line are one start); a pasted command, only after a
+launch line of the current start (a paste's excerpts come in any order). Without any mark, a rank that loads
+its weights again after its start ended (ready, failed or stopped) is a new start.
+
+The evidence is the last complete start (ready, or failed: it ran to its end), else the last start; or the
+one a person names by its number (parse-log lists them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from agent.sglang.logs import events as ev
+from agent.sglang.logs.decor import Line, split_lines, undecorated
+from agent.sglang.logs.lines import parse_line
+from agent.sglang.logs.summary import StartFigures, StartSummary, SummaryBuilder
+
+BOOT, UNIT, COMMAND, ARGS = range(4)
+_BOOT = re.compile(r"-- (?:Boot [0-9a-f]+|Reboot) --$")
+_UNIT = re.compile(r"(Starting|Started) \S")
+_MARKS = {"command": COMMAND, "server_args": ARGS}
+
+
+@dataclass(frozen=True)
+class LoggedStart:
+    """One start of a log: its number (1 = the first in the log), where it begins, its lines without
+    decoration, and what it said."""
+
+    number: int
+    first_line: int  # the log's line (1-based) where the start begins
+    lines: tuple[str, ...]
+    summary: StartSummary
+    graph_mem_gb: float | None = None  # the CUDA-graph memory one rank logged (most over ranks)
+
+    @property
+    def outcome(self) -> str:
+        """failed (before it was ready or after: summary.ready says which), ready, stopped (asked to stop
+        before it was ready) or cut (the log ends mid-start)."""
+        s = self.summary
+        if s.failure is not None:
+            return "failed"
+        if s.ready:
+            return "ready"
+        return "stopped" if s.stopped else "cut"
+
+    @property
+    def complete(self) -> bool:
+        """It ran to its end: ready, or failed."""
+        return self.outcome in ("ready", "failed")
+
+    def figures(self) -> StartFigures:
+        """The summary's figures, with the CUDA-graph memory the planner credits per request."""
+        figures = self.summary.to_dict()
+        if self.graph_mem_gb is not None:
+            figures["graph_mem_gb"] = self.graph_mem_gb
+        return figures
+
+
+@dataclass
+class _Cut:
+    first_line: int
+    lines: list[str] = field(default_factory=list)
+    builder: SummaryBuilder = field(default_factory=SummaryBuilder)
+    mark: int = -1  # the latest launch step seen
+    content: bool = False  # a line of the start itself (not a mark)
+    sglang: bool = False  # any SGLang event at all
+    loaded: set[str | None] = field(default_factory=set)  # ranks that began loading weights
+    graphs: dict[str | None, float] = field(default_factory=dict)
+
+    def ended(self) -> bool:
+        return self.builder.phase in ("ready", "failed") or self.builder.summary().stopped
+
+    def opens_with(self, mark: int, line: Line, events: Sequence[ev.LogEvent]) -> bool:
+        """Whether this line opens a new start after this one."""
+        if mark >= 0:
+            if mark == UNIT and line.text.startswith("Started") and self.builder.phase == "ready":
+                return False  # Type=notify: systemd says "Started" once the start itself said ready
+            if mark == COMMAND:  # a person's paste: excerpts come in any order, a second launch opens one
+                return self.mark >= COMMAND
+            return self.content or self.mark >= mark
+        again = any(isinstance(e, ev.WeightsBegin) and e.rank in self.loaded for e in events)
+        return again and self.ended()
+
+    def add(self, text: str, mark: int, events: list[ev.LogEvent]) -> None:
+        self.lines.append(text)
+        self.mark = max(self.mark, mark)
+        self.sglang = self.sglang or bool(events)
+        self.content = self.content or any(
+            not (isinstance(e, ev.ServerArgs) and e.source in _MARKS) for e in events
+        )
+        for e in self.builder.feed_events(events):
+            if isinstance(e, ev.WeightsBegin):
+                self.loaded.add(e.rank)
+            elif isinstance(e, ev.GraphEnd) and e.usage_gb is not None:
+                self.graphs[e.rank] = self.graphs.get(e.rank, 0.0) + e.usage_gb
+
+    def done(self, number: int) -> LoggedStart:
+        graphs = round(max(self.graphs.values()), 3) if self.graphs else None
+        return LoggedStart(number, self.first_line, tuple(self.lines), self.builder.summary(), graphs)
+
+
+def _mark(line: Line, events: Sequence[ev.LogEvent]) -> int:
+    """The launch step this line marks, -1 for none."""
+    if events:
+        return max((_MARKS.get(e.source, -1) for e in events if isinstance(e, ev.ServerArgs)), default=-1)
+    text = line.text
+    if text[:3] == "-- " and _BOOT.match(text):
+        return BOOT
+    if (
+        text[:5] == "Start"
+        and line.ident in (None, "systemd")
+        and _UNIT.match(text)
+        and "sglang" in text.lower()
+    ):
+        return UNIT  # the unit's name or description says so (deployctl's: sglang.service, "SGLang server")
+    return -1
+
+
+def split(raw: Iterable[str]) -> list[LoggedStart]:
+    """The starts of a log, in its order; lines before the first mark belong to the first start, and a
+    stretch with no SGLang line in it (a journal's header, systemd's lines between starts) is none."""
+    cuts: list[_Cut] = []
+    current = _Cut(1)
+    number = 0
+    for item in raw:
+        for piece in split_lines(item) if ("\n" in item or "\r" in item) else (item,):
+            number += 1
+            line = undecorated(piece)
+            events = parse_line(line.text)
+            mark = _mark(line, events)
+            if not events and mark < 0:  # most lines: serving traffic, tracebacks' text
+                current.lines.append(line.text)
+                continue
+            if current.opens_with(mark, line, events):
+                cuts.append(current)
+                current = _Cut(number)
+            current.add(line.text, mark, events)
+    cuts.append(current)
+    kept = [c for c in cuts if c.sglang]
+    return [c.done(i) for i, c in enumerate(kept, 1)]
+
+
+def evidence(starts: Sequence[LoggedStart], number: int | None = None) -> LoggedStart | None:
+    """The start a plan reads: the one named (1-based; the caller checks the range), else the last
+    complete one, else the last one; None for a log without a start."""
+    if number is not None:
+        return starts[number - 1]
+    complete = [s for s in starts if s.complete]
+    return complete[-1] if complete else (starts[-1] if starts else None)
+
+
+class NoSuchStart(ValueError):
+    """A start number the log does not hold."""
+
+
+def chosen(starts: Sequence[LoggedStart], number: int | None) -> LoggedStart | None:
+    """evidence(), with a number out of range refused in one line."""
+    if number is not None and not 1 <= number <= len(starts):
+        held = f"{len(starts)} start{'s' if len(starts) != 1 else ''}"
+        raise NoSuchStart(f"there is no start {number}: the log holds {held}")
+    return evidence(starts, number)
+
+
+def plan_figures(starts: Sequence[LoggedStart], start: LoggedStart) -> StartFigures:
+    """What a plan reads of a log: the evidence start's figures, and each other start that failed with its
+    own figures (its fraction and failure never mixed with the evidence's): they bound the fraction."""
+    figures = start.figures()
+    failed = [s.figures() for s in starts if s is not start and s.summary.failure is not None]
+    if failed:
+        figures["other_failures"] = failed
+    return figures

@@ -98,3 +98,15 @@ def test_plan_from_log_states_the_restart_time_whichever_way_the_plan_is_given()
         doc = plan_json(*argv, "--from-log", str(EXAMPLES / "ct200-start.log"))
         assert doc["restart_estimate_s"] == round(logged.seconds, 1), argv
         assert doc["restart_estimate_parts"].keys() == parts
+
+
+def test_a_log_of_two_starts_times_the_start_the_plan_reads(tmp_path: Path) -> None:
+    """Two starts in one journal: the estimate is the evidence start's own phases (the last complete one,
+    or the one --start names), never the first start's nor a mix of the two."""
+    slow, slow_parts = stamped([600_000] * 25)  # ten minutes between lines
+    fast, fast_parts = stamped([1_000] * 25)
+    log = tmp_path / "two.log"
+    log.write_text("\n".join([*slow, *fast]) + "\n")
+    for extra, want in (((), fast_parts), (("--start", "1"), slow_parts)):
+        doc = plan_json("ct200-sim", "--offline", "--from-log", str(log), *extra)
+        assert doc["restart_estimate_s"] == round(sum(want.values()), 1), extra

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             warn_flag_table(out.stderr, version, dict(change.flags))  # planned: no error follows it
             return _printed(out, args, host.name, from_host, running, _restart(host, facts, from_host))
     plan = plan_for_host(host, asked, history or None, running, ids if args.from_log else ())
-    restart = _restart(host, facts, plan) if facts is not None else _log_restart(args.from_log)
+    restart = _restart(host, facts, plan) if facts is not None else _log_restart(args.from_log, args.start)
     warn_flag_table(out.stderr, version, dict(change.flags))
     return _printed(out, args, host.name, plan, running, restart)
 
@@ -119,12 +119,15 @@ def _restart(host: HostConfig, facts: HostFacts, plan: Plan) -> RestartEstimate 
         return None
 
 
-def _log_restart(names: Sequence[str]) -> RestartEstimate | None:
-    """What the restart will cost, from the start the plan reads in the newest --from-log (its own phases),
-    None without one."""
+def _log_restart(names: Sequence[str], number: int | None) -> RestartEstimate | None:
+    """What the restart will cost, from the start the plan reads in the newest --from-log (its own phases,
+    not another start's of the same log), None without one."""
     from agent.plan.restart_time import from_log
 
-    return from_log(_lines(Path(names[-1])), repr(names[-1])) if names else None
+    if not names:
+        return None
+    _, start, _ = _evidence(names[-1], number)
+    return from_log(list(start.lines), repr(names[-1]))
 
 
 def _from_host(
@@ -198,7 +201,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     # Each start with what its log says it ran (its KV dtype scales its cell: plan/evidence.py as_started)
     inp = replace(inp, starts=(*inp.starts, *starts), start_ids=(*inp.start_ids, *ids))
     plan = plan_from_facts(inp, _asked(change))
-    restart = _log_restart(args.from_log)
+    restart = _log_restart(args.from_log, args.start)
     if restart is None and inp.starts:
         from agent.plan.restart_time import from_start
 

@@ -198,7 +198,7 @@ def weight_cache_class(host: HostConfig, facts: HostFacts, new_text: str) -> tup
 
 def calibrated_pool(plan: Plan) -> bool:
     """Whether the pool sent for the gate was predicted from this host's own starts: the gate then takes a
-    pool far from it for an SGLang anomaly, not a fraction to correct (host/decide.py)."""
+    pool far from it for an SGLang anomaly, not a fraction to correct (host/change/decide.py)."""
     return plan.basis == "calibrated" and bool(plan.predicted_pool_tokens)
 
 

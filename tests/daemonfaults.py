@@ -1,7 +1,7 @@
 """The fault matrix's weight-cache cases (`make faults`): the agent hit at each of the daemon's three jobs.
 
 A change that restarts the daemon (a dtype change: its fingerprint) is the list [stop the engine, restart
-the daemon and wait, start the engine], written to the record before the first (agent/host/unitjobs.py).
+the daemon and wait, start the engine], written to the record before the first (agent/host/change/jobs.py).
 The runner is stopped the moment the record says `done=N` (N = 0: listed, the engine's stop under way;
 1: the engine stopped; 2: the daemon restarted, the engine not started yet), then cut, killed or its host
 rebooted, as tests/faults.py does with the steps. The host must end with the engine verified on the old or

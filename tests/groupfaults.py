@@ -48,8 +48,8 @@ CASES: list[Case] = [
     Case("group:agent_killed_rank0:ready", 0, "ready", "kill_agent"),
     Case("group:host_rebooted_rank1:watch", 1, "watch", "reboot"),
     Case("group:laptop_killed_after_go", 1, "go", "kill_laptop"),
-    # the boot guard (agent/host/bootguard.py): a node rebooted mid-change must not start its new server
-    # at boot; systemd skips the start (an unmet ConditionPathExists=) until the agent has decided
+    # the boot guard (agent/host/change/bootguard.py): a node rebooted mid-change must not start its new
+    # server at boot; systemd skips the start (an unmet ConditionPathExists=) until the agent has decided
     Case("group:boot_guard_rank1:stopped", 1, "stopped", "reboot"),
     Case("group:boot_guard_rank1:ready", 1, "ready", "reboot"),
     Case("group:boot_guard_rank0:watch", 0, "watch", "reboot"),

@@ -79,7 +79,7 @@ def _why_not(r: Rank) -> str | None:
         return "cannot be reached (it rolls itself back when no decision comes)"
     if r.vote is Vote.FAILED:
         return f"failed: {r.why}" if r.why else "failed"
-    if r.back:  # its agent died and the next one stopped its new server (host/grouprecovery.py)
+    if r.back:  # its agent died and the next one stopped its new server (host/roles/grouprecovery.py)
         return "stopped its new server to roll back (its agent died mid-change)"
     if r.outcome is not None:  # ended before the group decided: refused, locked, or the agent died
         return f"ended without a decision ({r.outcome.value}): {r.why}"

@@ -2,7 +2,7 @@
 
 Each node's agent runs its own transaction (backup, write, stop, then wait); this side follows every
 node's events in a thread, sends "go" once every rank stopped, and commit or abort once every rank voted
-(agent/group/decide.py decides). A signal is a file the node's transaction reads (host/groupsignal.py),
+(agent/group/decide.py decides). A signal is a file the node's transaction reads (host/roles/groupsignal.py),
 delivered over a fresh connection, so a dropped link delays it but loses nothing; a node that hears
 nothing in [nodes] wait_s rolls itself back. At the end, the one node that kept the new unit while the
 others went back is rolled back too, once the abort stands at every other node (converge).

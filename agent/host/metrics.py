@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
-from agent.host.timeline import downtime
+from agent.host.watch.timeline import downtime
 from agent.protocol.events import Event, Outcome, Stage
 from agent.protocol.requests import Request
 

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from agent.host.gpu_at_start import AtStart, fill
-from agent.host.gpu_procs import processes
+from agent.host.watch.gpu_at_start import AtStart, fill
+from agent.host.watch.gpu_procs import processes
 from agent.protocol.answers import FactsDoc, GpuCard, ModelFact
 from agent.sglang.flags import FlagsError, parse_unit, unit_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env, redact_log_line
@@ -161,7 +161,7 @@ def parse_gpus(csv: str) -> list[GpuCard]:
 
 def gpus(own_unit: str | None = None, at_start: AtStart | None = None) -> list[GpuCard]:
     """nvidia-smi's cards, each with the processes on it, those of `own_unit` (the service) marked, and
-    what each held at the running start where the agent recorded that start (host/gpu_at_start.py)."""
+    what each held at the running start where the agent recorded that start (host/watch/gpu_at_start.py)."""
     if shutil.which("nvidia-smi") is None:
         return []
     query = "--query-gpu=name,memory.total,memory.free,compute_cap,index"

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agent.exitcodes import ExitCode
-from agent.host import recovery, txnfiles
+from agent.host.change import folder, orphans
+from agent.host.change.transaction import Result, Transaction
 from agent.host.events import EventLog, journal_note, utc_now
-from agent.host.journal import Journal
 from agent.host.lock import Locked, UnitLock, describe_holder
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
-from agent.host.transaction import Result, Transaction
 from agent.host.units import UnitFiles
+from agent.host.watch.journal import Journal
 from agent.protocol.answers import Holder
 from agent.protocol.common import new_txn_id
 from agent.protocol.common import unit_sha256 as sha256
@@ -85,7 +85,7 @@ def start(req: Request, out: TextIO) -> int:
         if done is not None:
             return done
     try:
-        txnfiles.stage_secrets(req, txn)  # the runner takes them from there
+        folder.stage_secrets(req, txn)  # the runner takes them from there
     except OSError as exc:
         msg = (
             f"cannot stage the secret values for the runner: {exc.strerror or exc}; {req.unit} left as it was"
@@ -124,7 +124,7 @@ def _spawn(req: Request, txn: str, out: TextIO) -> int:
 def record_request(state_dir: StateDir, req: Request, txn: str) -> None:
     """The runner's request, secrets named by digest only. The unit's last_txn moves only once a runner
     holds the lock: a change that lost the lock to another (LOCKED) must not hide the winner's outcome."""
-    txnfiles.write_request(state_dir, req, txn)
+    folder.write_request(state_dir, req, txn)
     state_dir.set_starting_txn(req.unit, txn)
 
 
@@ -158,7 +158,7 @@ def _compared(req: Request, txn: str, log: EventLog) -> Iterator[Result | None]:
     daemon-reload pending, the running process started from that file, the pool against the target), under
     the unit's lock, held while the body runs. None when an earlier change waits for recovery, another run
     holds the lock, or the check did not end in a result: then the change itself runs and checks again."""
-    if recovery.record_state(StateDir(req.state_dir), req.unit) is not recovery.RecordState.NONE:
+    if orphans.record_state(StateDir(req.state_dir), req.unit) is not orphans.RecordState.NONE:
         yield None
         return
     lock = _lock(req.unit)
@@ -215,8 +215,8 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
     state_dir = StateDir(state_root)
     log = EventLog(txn, state_dir.events_path(txn), echo)
     try:
-        req = txnfiles.load_request(state_dir, txn)
-    except txnfiles.StagedSecretsError as exc:
+        req = folder.load_request(state_dir, txn)
+    except folder.StagedSecretsError as exc:
         log.emit(Stage.LOCK, "outcome", f"{exc}; nothing changed: re-run", outcome=Outcome.ERROR.value)
         log.close()
         return int(ExitCode.REFUSED)
@@ -238,7 +238,7 @@ def run(state_root: str, txn: str, echo: TextIO | None = None) -> int:
         return _finish(req, txn, _transact(req, txn, log), log)
     except Exception as exc:
         # A bug must not leave the new unit half-verified: restore now; the record stays if this fails too.
-        recovered = recovery.try_recover(req, txn, log)
+        recovered = orphans.try_recover(req, txn, log)
         msg = f"agent error: {type(exc).__name__}: {exc}; recovery: {recovered}"
         _write_metrics(req, txn, Result(Outcome.AGENT_ERROR, msg), state_dir, log)  # the alert's outcome
         log.emit(Stage.DONE, "outcome", msg, outcome=Outcome.AGENT_ERROR.value)
@@ -271,7 +271,7 @@ def _holder(req: Request, txn: str) -> Holder:
 def _finish(req: Request, txn: str, result: Result, log: EventLog) -> int:
     """Old transaction folders pruned, metrics, then the outcome event; the exit status it maps to."""
     try:
-        txnfiles.prune(req, req.keep_backups, protect=(txn,))
+        folder.prune(req, req.keep_backups, protect=(txn,))
     except OSError as exc:  # a full or broken disk: the outcome stands, the folders wait for the next run
         log.emit(Stage.DONE, "warning", f"old transaction folders not pruned: {exc}")
     _write_metrics(req, txn, result, StateDir(req.state_dir), log)
@@ -326,7 +326,7 @@ def follow(req: Request, txn: str, out: TextIO) -> int:
                     out.write(
                         _event_line(txn, "warning", "the transaction's agent died; recovering", Stage.RECOVER)
                     )
-                    if recovery.record_state(state_dir, req.unit) is recovery.RecordState.NONE:
+                    if orphans.record_state(state_dir, req.unit) is orphans.RecordState.NONE:
                         return _close_dead(req, txn, out)
                     return start(recover_request(req, txn), out)
         time.sleep(FOLLOW_POLL_S)
@@ -343,7 +343,7 @@ def _close_dead(req: Request, txn: str, out: TextIO) -> int:
     transaction is finished, for status and pruning alike), and the secret values staged for it are
     removed: a runner killed in its start-up never read them, and nothing else would."""
     state_dir = StateDir(req.state_dir)
-    outcome, msg = recovery.died_without_record(state_dir, req.unit, txn)
+    outcome, msg = orphans.died_without_record(state_dir, req.unit, txn)
     line = _event_line(txn, "outcome", msg, Stage.RECOVER, outcome=outcome.value)
     try:
         with open(state_dir.events_path(txn), "a", encoding="utf-8") as f:
@@ -352,7 +352,7 @@ def _close_dead(req: Request, txn: str, out: TextIO) -> int:
             os.fsync(f.fileno())
     except OSError:  # a full disk: the client is still told, the next prune keeps the folder
         pass
-    txnfiles.drop_staged(req, txn)
+    folder.drop_staged(req, txn)
     out.write(line)
     return int(outcome.exit_code)
 

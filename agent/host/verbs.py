@@ -10,11 +10,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO, cast
 
 from agent import __version__
-from agent.host import adopt, gpu_at_start, model_facts, recovery, runner
-from agent.host.journal import Journal
+from agent.host import adopt, model_facts, runner
+from agent.host.change import orphans
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.units import UnitFiles
+from agent.host.watch import gpu_at_start
+from agent.host.watch.journal import Journal
 from agent.protocol.answers import (
     BackupRow,
     BackupsAnswer,
@@ -47,7 +49,7 @@ def dispatch(req: Request, out: TextIO) -> int:
         "facts": facts, "backups": backups, "status": status, "inspect": adopt.inspect, "signal": signal
     }  # fmt: skip
     result = dict(verbs[req.verb](req))
-    result["orphan"] = recovery.orphaned(req, lambda: runner.running(req))
+    result["orphan"] = orphans.orphaned(req, lambda: runner.running(req))
     out.write(json.dumps(result, sort_keys=True, default=str) + "\n")
     return 0
 
@@ -137,7 +139,7 @@ def backups(req: Request) -> BackupsAnswer:
 def status(req: Request) -> StatusAnswer:
     """The unit's state, the change running, the last one's outcome; with req.txn, that one's too."""
     state_dir = StateDir(req.state_dir)
-    record = recovery.record_state(state_dir, req.unit)
+    record = orphans.record_state(state_dir, req.unit)
     txn = state_dir.last_txn(req.unit)
     events = _events(state_dir, txn) if txn else []
     answer: StatusAnswer = {
@@ -146,7 +148,7 @@ def status(req: Request) -> StatusAnswer:
         "last_txn": txn,
         "last_outcome": _outcome(events),
         "last_events": events[-8:],
-        "pending": record is not recovery.RecordState.NONE,
+        "pending": record is not orphans.RecordState.NONE,
         "record": record.value,
     }
     if req.txn is not None:  # a re-attach asks after the transaction it started, by the id it chose
@@ -158,7 +160,7 @@ def status(req: Request) -> StatusAnswer:
 def signal(req: Request) -> SignalAnswer:
     """A multi-node change's coordinator to this node's transaction: "go" (every rank stopped: start), or
     the group's decision; the answer is the decision that stands, which may be the node's own."""
-    from agent.host.groupsignal import Signals
+    from agent.host.roles.groupsignal import Signals
     from agent.protocol.groupmachine import Decision
 
     assert req.txn is not None and req.signal is not None

@@ -48,7 +48,7 @@ class _GpuProcessRequired(TypedDict):
 class GpuProcess(_GpuProcessRequired, total=False):
     """A process on a card as the facts document carries it (card["processes"])."""
 
-    # What it held when the running start logged its pool (host/gpu_at_start.py); 0 for one that came
+    # What it held when the running start logged its pool (host/watch/gpu_at_start.py); 0 for one that came
     # after; absent when the agent has no record of that start (the plan then takes off all it holds).
     at_start_mib: float
 

@@ -41,7 +41,7 @@ class Stage(str, Enum):
     DONE = "done"
 
 
-# A restart's downtime, phase by phase in the order they happen (host/timeline.py measures them).
+# A restart's downtime, phase by phase in the order they happen (host/watch/timeline.py measures them).
 DOWNTIME_PHASES = ("drain", "stop", "init", "weights", "pool", "cuda_graphs", "ready", "smoke", "rollback")
 
 
@@ -95,7 +95,7 @@ def exit_code(outcome: object) -> ExitCode:
 
 
 class DrainData(TypedDict):
-    """A restart's drain (host/drain.py Drain)."""
+    """A restart's drain (host/watch/drain.py Drain)."""
 
     end: str
     in_flight: int  # running + waiting when the drain began
@@ -117,14 +117,14 @@ class PrewarmData(TypedDict):
 
 
 class DowntimeData(TypedDict):
-    """A restart's downtime by phase (host/timeline.py Downtime)."""
+    """A restart's downtime by phase (host/watch/timeline.py Downtime)."""
 
     seconds: float | None
     phases: dict[str, float]
 
 
 class SmokeData(TypedDict):
-    """The smoke test's answer (host/probe.py SmokeResult)."""
+    """The smoke test's answer (host/watch/probe.py SmokeResult)."""
 
     prompt_tokens: int
     seconds: float

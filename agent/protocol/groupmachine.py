@@ -1,5 +1,5 @@
 """Pure: the group change as a state machine, one node's steps and the coordinator's, each a function of
-(state, what it saw) -> (new state, what to do). The node's transaction (host/txn_group.py) and the
+(state, what it saw) -> (new state, what to do). The node's transaction (host/roles/groupstep.py) and the
 coordinator (group/run.py) ask it what to do next, so it lives below both; tests/pure/test_group_model.py
 explores it exhaustively.
 
@@ -25,7 +25,7 @@ from enum import Enum
 
 
 class Decision(str, Enum):
-    """The group's word on its change: one writer wins it (host/groupsignal.py Signals.claim)."""
+    """The group's word on its change: one writer wins it (host/roles/groupsignal.py Signals.claim)."""
 
     COMMIT = "commit"
     ABORT = "abort"
@@ -72,7 +72,7 @@ class Do(str, Enum):
 
 @dataclass(frozen=True)
 class Files:
-    """A node's signal files (host/groupsignal.py): durable, written by deployctl or the node."""
+    """A node's signal files (host/roles/groupsignal.py): durable, written by deployctl or the node."""
 
     go: bool = False
     go_back: bool = False

@@ -1,8 +1,8 @@
 """What a group change's recovery and its coordinator need of the change's own request: the node's rank and
-its bounds (host/grouprecovery.py recovers a node with it; group/run.py bounds its waits by it).
+its bounds (host/roles/grouprecovery.py recovers a node with it; group/run.py bounds its waits by it).
 
 The agent writes it as a small versioned file, group.json, in the change's folder before its request.json
-(host/txnfiles.py), so a folder whose request is known to the `signal` verb has it. A recovery that finds
+(host/change/folder.py), so a folder whose request is known to the `signal` verb has it. A recovery that finds
 it unreadable refuses (nothing changed, the path named): taken for a one-host change, a group node would
 restart its old unit alone, into its peers' new servers."""
 

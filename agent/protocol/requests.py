@@ -46,7 +46,7 @@ VERBS = (
     "inspect",
     "signal",
 )
-# A multi-node service's coordinator to one node's transaction (agent/host/groupsignal.py).
+# A multi-node service's coordinator to one node's transaction (agent/host/roles/groupsignal.py).
 SIGNALS = ("go", "go-back", "commit", "abort")
 
 

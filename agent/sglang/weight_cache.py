@@ -118,7 +118,7 @@ def refusals(
     """Why the weight cache cannot serve this service; each line cites the SGLang rule it follows.
 
     The one rule set: the laptop's apply, fleet and group paths (plan/weight_cache_unit.py refusal) and
-    the host agent (host/daemon_unit.py) all ask it. block_fp8 None: the checkpoint was not read."""
+    the host agent (host/roles/daemon.py) all ask it. block_fp8 None: the checkpoint was not read."""
     out = []
     if any(flags.get(f) not in (None, False) for f in SPECULATIVE_FLAGS):
         out.append(

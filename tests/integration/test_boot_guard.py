@@ -1,12 +1,12 @@
 """The boot guard on the test host's real systemd (252): a unit with the guard's drop-in and no marker under
 /run is not started at boot (an unmet condition: inactive, not failed), and starts once the marker is there
-(agent/host/bootguard.py)."""
+(agent/host/change/bootguard.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.host.bootguard import DROP_IN, guard_text
+from agent.host.change.bootguard import DROP_IN, guard_text
 from tests import faultkit as fk
 from tests.integration.conftest import wait_pool
 from tests.simhost import SimHost

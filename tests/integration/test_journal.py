@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.host.journal import Journal, JournalLine, stop_when
 from agent.host.systemd import Systemd
+from agent.host.watch.journal import Journal, JournalLine, stop_when
 from tests.integration.testunits import CHATTY, installed
 from tests.testhost import TestHost
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agent.host.probe import Probe, ProbeError
+from agent.host.watch.probe import Probe, ProbeError
 from agent.protocol.requests import Smoke
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ import urllib.error
 import pytest
 
 from agent.exitcodes import ExitCode
-from agent.host.probe import Probe
+from agent.host.watch.probe import Probe
 from agent.protocol.requests import Smoke
 from agent.sglang.flags import diff_flags, normalize, parse_unit_flags
 from tests import realhost

@@ -1,5 +1,5 @@
 """[weight_cache] end to end on the simulated ct200: the real CLI applies changes to an engine in client mode
-and its weight-cache daemon's unit (agent/host/daemon_unit.py), and systemd runs both. A re-size restarts
+and its weight-cache daemon's unit (agent/host/roles/daemon.py), and systemd runs both. A re-size restarts
 only the engine (the daemon's InvocationID is kept and the engine maps its weights), a dtype change
 restarts both, a rollback puts the daemon's unit back and restarts it, and a runner killed after the
 restart is recovered with the daemon's unit of before."""

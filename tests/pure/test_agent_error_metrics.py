@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.host import recovery, runner
+from agent.host import runner
+from agent.host.change import orphans
 from agent.host.state import StateDir
 from agent.protocol.requests import Request
 
@@ -29,7 +30,7 @@ def test_an_agent_error_writes_its_outcome_to_the_metrics(
 ) -> None:
     monkeypatch.setenv("DEPLOYCTL_RUN_DIR", str(tmp_path / "run"))
     monkeypatch.setattr(runner, "Systemd", BrokenBus)
-    monkeypatch.setattr(recovery, "Systemd", BrokenBus)
+    monkeypatch.setattr(orphans, "Systemd", BrokenBus)
     prom = tmp_path / "textfiles" / "deployctl_sglang.service.prom"
     req = replace(
         Request(verb="recover", state_dir=str(tmp_path / "state"), unit_dir=str(tmp_path / "units")),

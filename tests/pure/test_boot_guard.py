@@ -1,6 +1,6 @@
-"""The boot guard of a group node's uncommitted change (agent/host/bootguard.py): written with the record,
-gone once the change is decided; after a reboot (an empty /run) the unit's start at boot is skipped until
-the agent has decided. systemd's condition is modelled by `starts_at_boot`."""
+"""The boot guard of a group node's uncommitted change (agent/host/change/bootguard.py): written with the
+record, gone once the change is decided; after a reboot (an empty /run) the unit's start at boot is skipped
+until the agent has decided. systemd's condition is modelled by `starts_at_boot`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.host.bootguard import DROP_IN, BootGuard
+from agent.host.change.bootguard import DROP_IN, BootGuard
 from agent.protocol.events import Outcome
 from agent.protocol.groupmachine import Decision
 from tests.pure.test_group_node import coordinator, node_request, node_unit, on_vote

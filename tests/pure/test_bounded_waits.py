@@ -20,8 +20,8 @@ import pytest
 
 from agent.host import model_facts
 from agent.host import prewarm as prewarm_mod
-from agent.host.journal import Journal, JournalError
 from agent.host.prewarm import WeightFile, prewarm
+from agent.host.watch.journal import Journal, JournalError
 from agent.inventory import load_host
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, conversation_bound_s
 from agent.remote.client import AgentClient, base_request

@@ -1,4 +1,4 @@
-"""The weight-cache daemon's unit inside a change (agent/host/daemon_unit.py): what its restart decides,
+"""The weight-cache daemon's unit inside a change (agent/host/roles/daemon.py): what its restart decides,
 what a rollback puts back, with fake systemd and real files."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.host.daemon_unit import DaemonUnit, Running, Step, decide, mismatch, paired, restore_text
 from agent.host.events import EventLog
+from agent.host.roles.daemon import DaemonUnit, Running, Step, decide, mismatch, paired, restore_text
+from agent.host.roles.weight_cache import DaemonSeen, Ready
 from agent.host.state import StateDir
 from agent.host.systemd import JobResult, UnitState
 from agent.host.units import UnitFiles
-from agent.host.weight_cache import DaemonSeen, Ready
 
 ENGINE, DAEMON = "sglang.service", "sglang-weight-cache.service"
 DEAD_PID = 2**22 + 12345  # above Linux's pid_max default: never a live process
@@ -352,7 +352,7 @@ class Ranks(Units):
 def test_the_engine_starts_only_once_every_ranks_ready_file_is_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("agent.host.poll.POLL_S", 0.0)
+    monkeypatch.setattr("agent.host.watch.poll.POLL_S", 0.0)
     units = Ranks(folder=tmp_path / "run", pid=os.getpid())
     rig = Rig(tmp_path, units)
     rig.running(engine_text(rig.ready), daemon_text(), os.getpid())

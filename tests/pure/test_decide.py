@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.host.decide import ANOMALY_SHARE, Gate, Observation, decide, exit_words
+from agent.host.change.decide import ANOMALY_SHARE, Gate, Observation, decide, exit_words
 from agent.protocol.requests import Timeouts
 
 T = Timeouts(weights_s=100, pool_s=50, ready_s=30, no_progress_s=20)

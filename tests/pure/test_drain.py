@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.host import drain
-from agent.host.drain import End, Load, NoLoad
 from agent.host.metrics import prom_text, run_from
+from agent.host.watch import drain
+from agent.host.watch.drain import End, Load, NoLoad
 from agent.inventory import HostConfig, load_host
 from agent.protocol.events import Outcome
 from agent.protocol.requests import Request

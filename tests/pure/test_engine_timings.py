@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.host.timeline import downtime
+from agent.host.watch.timeline import downtime
 from agent.protocol.events import Event
 from agent.sglang.logs import events as ev
 from agent.sglang.logs.lines import parse_line
@@ -136,9 +136,9 @@ class _Systemd:
 
 
 def test_the_watcher_emits_the_timings_for_the_timeline() -> None:
-    from agent.host.decide import Action, Gate
+    from agent.host.change.decide import Action, Gate
     from agent.host.events import EventLog
-    from agent.host.watch import WatchedStart, watch_start
+    from agent.host.watch.start import WatchedStart, watch_start
     from agent.protocol.requests import Timeouts
 
     lines = [

@@ -13,9 +13,9 @@ import pytest
 
 from agent.apply import installed_sha256
 from agent.host import model_facts, verbs
-from agent.host.decide import Gate
+from agent.host.change.decide import Gate
 from agent.host.events import EventLog
-from agent.host.watch import WatchedStart, watch_start
+from agent.host.watch.start import WatchedStart, watch_start
 from agent.protocol.events import Event
 from agent.protocol.requests import Request, Timeouts
 from agent.sglang.redact import redact_log_line

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.host import gpu_at_start, model_facts
-from agent.host.gpu_at_start import AtStart, fill, parse_snapshot, snapshot_doc
+from agent.host import model_facts
+from agent.host.watch import gpu_at_start
+from agent.host.watch.gpu_at_start import AtStart, fill, parse_snapshot, snapshot_doc
 from agent.plan.facts import parse_facts
 from agent.plan.predict import pool_model
 from agent.protocol.answers import GpuCard, GpuProcess

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.host.gpu_procs import by_card, parse_compute_apps, unit_of_cgroup
+from agent.host.watch.gpu_procs import by_card, parse_compute_apps, unit_of_cgroup
 from agent.plan.facts import parse_facts
 from agent.plan.predict import pool_model
 from tests.pure.test_facts_plan import H100, facts

@@ -16,7 +16,7 @@ from agent.errors import ConnectError
 from agent.group.decide import Rank, Step, Vote, first_cause, group_outcome, next_step, to_roll_back
 from agent.group.run import Coordinator, Node, converge
 from agent.host import verbs
-from agent.host.groupsignal import Signals
+from agent.host.roles.groupsignal import Signals
 from agent.inventory import HostConfig
 from agent.protocol.answers import SignalAnswer
 from agent.protocol.events import Event, Outcome

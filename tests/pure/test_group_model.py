@@ -2,9 +2,11 @@
 (2 ranks with up to 2 faults, 3 ranks with none; 3 ranks with 1 fault under DEPLOYCTL_FULL_MODEL=1, which
 takes minutes), driven by the code's own decisions, never a copy of them:
 
-- a node's step: agent/protocol/groupmachine.py node_step (what host/txn_group.py and host/groupnode.py do);
-- a node whose agent died, recovered by the coordinator's re-attach or by a later run: host/grouprecovery.py
-  recovery_step (what txn_recover.py does), from the node's files and whether its unit runs;
+- a node's step: agent/protocol/groupmachine.py node_step (what host/roles/groupstep.py and
+  host/roles/groupnode.py do);
+- a node whose agent died, recovered by the coordinator's re-attach or by a later run:
+  host/roles/grouprecovery.py recovery_step (what host/change/recover.py does), from the node's files and
+  whether its unit runs;
 - the coordinator: group/decide.py next_step, groupmachine's delivery_order, after_answer and answer_of
   (`known: false` included), the retelling of a decision a rank missed, and converge's decisions
   (decide.py to_roll_back, one_side, to_revoke, may_roll_back), then group_outcome's report;
@@ -50,7 +52,7 @@ from agent.group.decide import (
     to_revoke,
     to_roll_back,
 )
-from agent.host.grouprecovery import recovery_step
+from agent.host.roles.grouprecovery import recovery_step
 from agent.protocol import Outcome
 from agent.protocol.groupmachine import (
     Answer,
@@ -201,16 +203,16 @@ def step_node(w: World, i: int, saw: Saw, seen: Seen) -> World:
 
 
 def recover(w: World, i: int, later: bool, seen: Seen) -> World:
-    """A new agent finds node i's record: host/grouprecovery.py's step, then what txn_recover.py does with
-    it (the record is cleared either way). The coordinator's own re-attach waits for its go-back; a later
-    run's recovery only looks whether one is there."""
+    """A new agent finds node i's record: host/roles/grouprecovery.py's step, then what host/change/recover.py
+    does with it (the record is cleared either way). The coordinator's own re-attach waits for its go-back; a
+    later run's recovery only looks whether one is there."""
     files = w.nodes[i].files
     age = (HORIZON_S * 2 if w.late[i] else 0.0) if files.go else None
     node, done = recovery_step(i, files, w.gen[i] is Gen.NEW, age, HORIZON_S)
     if node.files.decision is Decision.COMMIT and files.decision is None:
         seen.tags.add("recovered late: kept")
     w = act(wr(w, agent=put(w.agent, i, True), record=put(w.record, i, False)), i, node, done)
-    if later and node.phase is Phase.BACK:  # txn_recover.group_back without a wait
+    if later and node.phase is Phase.BACK:  # change/recover.py group_back without a wait
         node, done = node_step(node, Saw.SIGNAL if node.files.go_back else Saw.DEADLINE)
         w = act(w, i, node, done)
     return w

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.host.groupsignal import Signals
-from agent.host.transaction import Transaction
+from agent.host.change.transaction import Transaction
+from agent.host.roles.groupsignal import Signals
 from agent.protocol.events import Event, Outcome
 from agent.protocol.groupmachine import Decision
 from agent.protocol.requests import Group, Request
@@ -218,7 +218,8 @@ def test_a_node_aborted_before_its_start_does_not_vote_failed(host: Host) -> Non
 def test_recovering_an_earlier_change_under_a_group_request_never_waits_on_this_changes_barrier(
     host: Host,
 ) -> None:
-    from agent.host.state import PHASE_RESTARTED, Record, StateDir
+    from agent.host.change.record import PHASE_RESTARTED, Record
+    from agent.host.state import StateDir
     from agent.protocol import unit_sha256
 
     host.install(host.etc, node_unit(NEW, 1))  # an earlier change's agent died after its restart
@@ -271,8 +272,9 @@ def agent_died_mid_change(host: Host, rank: int, go_age_s: float | None) -> Sign
     import os
     import time
 
-    from agent.host.state import PHASE_RESTARTED, Record, StateDir
-    from agent.host.txnfiles import write_request
+    from agent.host.change.folder import write_request
+    from agent.host.change.record import PHASE_RESTARTED, Record
+    from agent.host.state import StateDir
     from agent.protocol import unit_sha256
     from agent.protocol.requests import Timeouts
 
@@ -353,7 +355,7 @@ def test_a_later_runs_recovery_of_a_node_in_doubt_does_not_wait_for_a_go_back_no
     once (the change's horizon is hours here) and the new change starts it with its peers."""
     import time
 
-    from agent.host.recovery import orphaned
+    from agent.host.change.orphans import orphaned
 
     signals = agent_died_mid_change(host, 1, go_age_s=5.0)
     state = Path(host.request(NEW).state_dir)
@@ -370,19 +372,19 @@ def test_a_later_runs_recovery_of_a_node_in_doubt_does_not_wait_for_a_go_back_no
 def test_a_watch_that_ends_short_of_ready_without_a_reason_votes_failed_not_ready(
     host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The node's vote follows the one decider (host/txn_next.py next_step): only a READY watch that verified
-    # votes ready. Was: a watch that ended at POOL_OK with no reason fell through to a "ready" vote.
-    from agent.host import txn_group
-    from agent.host.decide import Action, Verdict
-    from agent.host.watch import WatchResult
+    # The node's vote follows the one decider (host/change/next_step.py next_step): only a READY watch that
+    # verified votes ready. Was: a watch that ended at POOL_OK with no reason fell through to a "ready" vote.
+    from agent.host.change.decide import Action, Verdict
+    from agent.host.roles import groupstep
+    from agent.host.watch.start import WatchResult
 
-    real = txn_group.restart_and_watch
+    real = groupstep.restart_and_watch
 
     def short(*args: object, **kwargs: object) -> WatchResult:
         real(*args, **kwargs)  # type: ignore[arg-type]
         return WatchResult(Verdict(Action.POOL_OK), {"kv_tokens": 210_000}, 1.0)
 
-    monkeypatch.setattr(txn_group, "restart_and_watch", short)
+    monkeypatch.setattr(groupstep, "restart_and_watch", short)
     host.install(host.etc, node_unit(OLD, 1))
     txn = host.transaction(node_request(host, NEW, 1))
     votes: list[str] = []
@@ -428,8 +430,8 @@ def test_an_unreadable_group_record_is_refused_never_recovered_as_one_host(
 
 
 def test_the_group_record_is_written_before_the_request_and_read_back(tmp_path: Path) -> None:
+    from agent.host.change.folder import write_request
     from agent.host.state import StateDir
-    from agent.host.txnfiles import write_request
     from agent.protocol.grouprecord import GroupRecord
     from agent.protocol.requests import Timeouts
 

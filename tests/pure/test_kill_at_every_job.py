@@ -1,6 +1,6 @@
 """The agent killed at every unit job of every class of change, before the job and after it: the next
 agent's recovery ends with every unit on its old text and running, or on its new text and verified; never
-"healthy" with an inactive engine (host/unitjobs.py, the record's job list).
+"healthy" with an inactive engine (host/change/jobs.py, the record's job list).
 
 The fake systemd here runs two units, the engine and its weight-cache daemon, with BindsTo='s two effects:
 a stop of the daemon stops a client engine, a start of a client engine starts the daemon first.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.host.change.transaction import Result
 from agent.host.systemd import JobResult, UnitState
-from agent.host.transaction import Result
 from agent.protocol.events import Outcome
 from tests.pure.txnfakes import UNIT, FakeSystemd, Host, Script, unit_text
 
@@ -239,8 +239,8 @@ def test_a_group_node_killed_at_any_job_never_ends_healthy_and_stopped(tmp_path:
     or, in doubt, stopped with its old file; never "rolled back, healthy" with an inactive server."""
     from dataclasses import replace
 
+    from agent.host.change.folder import write_request
     from agent.host.state import StateDir
-    from agent.host.txnfiles import write_request
     from agent.protocol.groupmachine import Decision
     from tests.pure.test_group_node import coordinator, node_request, node_unit
 

@@ -17,16 +17,16 @@ def test_the_longest_module_name_decides_the_layer() -> None:
     assert layer_of("agent.group.apply") == "group"
     assert layer_of("agent.group.nodes") == "model"
     assert layer_of("agent.sglang.logs.summary") == "base"
-    assert layer_of("agent.host.txn_next") == "host"
+    assert layer_of("agent.host.change.next_step") == "host"
     assert layer_of("agent") == "base"
 
 
 def test_an_import_down_is_fine_and_one_up_or_sideways_is_a_violation() -> None:
     graph = {
         "agent.cli.main": {"agent.deploy", "agent.protocol.events"},  # down, two layers and more
-        "agent.render": {"agent.host.drain", "agent.inventory"},  # sideways to the host
+        "agent.render": {"agent.host.watch.drain", "agent.inventory"},  # sideways to the host
         "agent.remote.client": {"agent.orchestrate.session"},  # up
-        "agent.host.drain": {"agent.protocol.events"},
+        "agent.host.watch.drain": {"agent.protocol.events"},
         "agent.deploy": set(),
         "agent.protocol.events": set(),
         "agent.inventory": set(),
@@ -34,7 +34,7 @@ def test_an_import_down_is_fine_and_one_up_or_sideways_is_a_violation() -> None:
     }
     assert layer_violations(graph) == [
         "agent.remote.client -> agent.orchestrate.session (remote -> orchestrate)",
-        "agent.render -> agent.host.drain (pure -> host)",
+        "agent.render -> agent.host.watch.drain (pure -> host)",
     ]
 
 

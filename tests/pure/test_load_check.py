@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.host import loadcheck
-from agent.host.loadcheck import Reply, verdict
+from agent.host.watch import loadcheck
+from agent.host.watch.loadcheck import Reply, verdict
 from agent.protocol.common import ProtocolError
 from agent.protocol.events import Outcome
 from agent.protocol.requests import Smoke

@@ -19,7 +19,7 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.host.probe import Probe, ProbeError
+from agent.host.watch.probe import Probe, ProbeError
 
 SERVER_BOUND_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT's default
 

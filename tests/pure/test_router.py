@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-import agent.host.router as router_mod
-from agent.host.poll import wait_until
-from agent.host.router import RouterError, Worker, parse_workers, put_back, take_out
+import agent.host.roles.router as router_mod
+from agent.host.roles.router import RouterError, Worker, parse_workers, put_back, take_out
 from agent.host.state import StateDir
+from agent.host.watch.poll import wait_until
 from agent.protocol.common import ProtocolError
 from agent.protocol.events import Outcome
 from agent.protocol.requests import Request

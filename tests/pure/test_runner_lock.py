@@ -11,9 +11,9 @@ import pytest
 
 from agent.exitcodes import ExitCode
 from agent.host import runner, verbs
+from agent.host.change.transaction import Result
 from agent.host.lock import UnitLock
 from agent.host.state import StateDir
-from agent.host.transaction import Result
 from agent.inventory import load_host
 from agent.protocol.events import Outcome
 from agent.protocol.requests import Request

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.host.change.transaction import Transaction
 from agent.host.events import EventLog
 from agent.host.systemd import UnitState
-from agent.host.transaction import Transaction
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.protocol.events import Outcome
 from agent.protocol.requests import Request

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.host.serverinfo import verdict
+from agent.host.watch.serverinfo import verdict
 
 # A slice of what SGLang 0.5.23's /server_info answers (server_args resolved_dict + scheduler info).
 INFO = {

@@ -20,7 +20,7 @@ from agent.errors import InventoryError, UsageError
 from agent.exitcodes import ExitCode
 from agent.fleet.inventory import all_hosts, group_hosts
 from agent.host import model_facts, runner
-from agent.host.transaction import Result
+from agent.host.change.transaction import Result
 from agent.inventory import HostConfig, load_host, load_service
 from agent.plan.choose import Target
 from agent.plan.facts import service_gpus

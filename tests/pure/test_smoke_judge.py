@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import InventoryError
-from agent.host.probe import judge
+from agent.host.watch.probe import judge
 from agent.inventory import HostConfig, load_host
 from agent.remote.client import base_request
 

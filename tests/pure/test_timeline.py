@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.host.timeline import downtime
+from agent.host.watch.timeline import downtime
 from agent.protocol.events import Event
 
 

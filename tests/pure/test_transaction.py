@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.host import txn_write
+from agent.host.change import write
+from agent.host.change.transaction import Result
 from agent.host.state import StateDir
-from agent.host.transaction import Result
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Outcome
 from tests.pure.txnfakes import OOM_LINE, READY_LINE, UNIT, Host, Script, kv_line, unit_text
@@ -155,7 +155,7 @@ def test_an_empty_expectation_is_the_sha_of_nothing(host: Host) -> None:
     assert result.outcome is Outcome.APPLIED, result.message
 
 
-# -- the weight-cache daemon (agent/host/weight_cache.py) --------------------------------------------------
+# -- the weight-cache daemon (agent/host/roles/weight_cache.py) ---------------------------------------------
 def _client(context: int) -> str:
     text = unit_text(context).replace("--context-length", "--weight-cache-mode client --context-length")
     return text.replace("[Unit]\n", "[Unit]\nBindsTo=sglang-weight-cache.service\n")
@@ -296,7 +296,7 @@ def test_a_change_refused_after_the_reload_puts_the_daemons_unit_back_too(
     sent = _daemon("/m").replace("Description=cache", "Description=cache, new")
     t = host.transaction(host.request(NEW, unit_text=_client(NEW), daemon_text=sent))
     why = "the drop-in x.conf sets ExecStart= for sglang.service"
-    monkeypatch.setattr(txn_write, "loaded_elsewhere", lambda ports: why)
+    monkeypatch.setattr(write, "loaded_elsewhere", lambda ports: why)
     result = t.apply()
     assert result.outcome is Outcome.ERROR and "nothing restarted" in result.message, result.message
     assert daemon.read_text() == _daemon("/m") and (host.etc / UNIT).read_text() == _client(OLD)

@@ -1,10 +1,11 @@
-"""The single-host change's decider (agent/host/txn_next.py), over every combination of observations."""
+"""The single-host change's decider (agent/host/change/next_step.py), over every combination of
+observations."""
 
 from __future__ import annotations
 
 import itertools
 
-from agent.host.txn_next import Observed, Seen, Step, after_group, next_step
+from agent.host.change.next_step import Observed, Seen, Step, after_group, next_step
 from agent.protocol.groupmachine import Phase
 
 ALL = [Observed(watch, verify) for watch, verify in itertools.product(Seen, Seen)]

@@ -1,4 +1,4 @@
-"""The record's unit jobs (agent/host/unitjobs.py): read back as written, an older agent's record still
+"""The record's unit jobs (agent/host/change/jobs.py): read back as written, an older agent's record still
 read, a hand-edited list refused, and what `touched` makes of them."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.host.state import PHASE_RESTARTED, CorruptRecord, Record, StateDir
-from agent.host.unitjobs import Job, touched
+from agent.host.change.jobs import Job, touched
+from agent.host.change.record import PHASE_RESTARTED, CorruptRecord, Record
+from agent.host.state import StateDir
 
 ENGINE, DAEMON = "sglang.service", "sglang-weight-cache.service"
 INV = "a" * 32

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from agent.host.decide import Failure, Gate
+from agent.host.change.decide import Failure, Gate
 from agent.host.events import EventLog
-from agent.host.watch import DEAD_SETTLE_S, SETTLE_S, WatchedStart, watch_start
+from agent.host.watch.start import DEAD_SETTLE_S, SETTLE_S, WatchedStart, watch_start
 from agent.protocol.requests import Timeouts
 
 # Verbatim from a real start refused by SGLang 0.5.23 on CPU (tests/realhost.py), paths shortened.

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.host import weight_cache as hwc
+from agent.host.roles import weight_cache as hwc
 from agent.inventory import HostConfig, load_host
 from agent.plan.restart_time import WEIGHT_CACHE_LOAD_S
 from agent.plan.weight_cache_unit import daemon_unit_name, refusal, render_daemon_unit
@@ -246,9 +246,9 @@ def test_the_daemon_runs_under_the_engines_interpreter(executable: list[str], py
 
 def test_apply_sends_the_daemons_unit_and_the_host_finds_the_pair_compatible() -> None:
     """[weight_cache]: the laptop sends the daemon's unit with the engine's (agent/apply.py); the host's
-    check of the pair (agent/host/daemon_unit.py) accepts what the laptop renders, for any re-size."""
+    check of the pair (agent/host/roles/daemon.py) accepts what the laptop renders, for any re-size."""
     from agent.apply import daemon_text
-    from agent.host.daemon_unit import mismatch
+    from agent.host.roles.daemon import mismatch
 
     for fraction in (0.8, 0.9, 0.95):
         engine = render_unit(sim_host(), {"mem-fraction-static": fraction}, template_dir())

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from agent.host.change.transaction import ProbePort, Transaction
 from agent.host.events import EventLog
-from agent.host.loadcheck import LoadResult, LoadSpec, Reply, verdict
-from agent.host.probe import ProbeError, SmokeResult
 from agent.host.systemd import JobResult, UnitState
-from agent.host.transaction import ProbePort, Transaction
+from agent.host.watch.loadcheck import LoadResult, LoadSpec, Reply, verdict
+from agent.host.watch.probe import ProbeError, SmokeResult
 from agent.protocol.requests import Request, Smoke, Timeouts
 from agent.sglang.flags import parse_unit_flags
 

@@ -1,18 +1,18 @@
 """The group step of the host transaction: one node of a multi-node service starts with its peers, votes,
-and does what the group decided (the group machine, protocol/groupmachine.py, through host/groupnode.py); the
-plain steps (restart, verify, commit, restore) do the rest."""
+and does what the group decided (the group machine, protocol/groupmachine.py, through
+host/roles/groupnode.py); the plain steps (restart, verify, commit, restore) do the rest."""
 
 from __future__ import annotations
 
-from agent.host.decide import Failure
-from agent.host.groupsignal import Signals
-from agent.host.txn_commit import commit
-from agent.host.txn_next import Step, after_group, next_step, verified, watched
-from agent.host.txn_ports import Change, Ports, Result, Run
-from agent.host.txn_restart import restart_and_watch, stop_clean, waits
-from agent.host.txn_restore import roll_back
-from agent.host.txn_verify import verify
-from agent.host.watch import WatchResult
+from agent.host.change.commit import commit
+from agent.host.change.decide import Failure
+from agent.host.change.next_step import Step, after_group, next_step, verified, watched
+from agent.host.change.ports import Change, Ports, Result, Run
+from agent.host.change.restart import restart_and_watch, stop_clean, waits
+from agent.host.change.restore import roll_back
+from agent.host.change.verify import verify
+from agent.host.roles.groupsignal import Signals
+from agent.host.watch.start import WatchResult
 from agent.protocol.events import Outcome, Stage
 from agent.protocol.groupmachine import Decision, Do, Phase
 from agent.protocol.groupmachine import Node as GroupNode
@@ -32,8 +32,8 @@ def start_and_decide(p: Ports, run: Run, change: Change) -> Result:
     if started.verdict.kind is Failure.ABANDONED:  # the group's word, not a failure of its own
         p.log.emit(Stage.GROUP, "step", reason, decision="abort")
         return roll_back(p, run, change, reason, started)
-    # Its vote is what the one decider makes of its own steps (txn_next.py): ready only for a start the
-    # watch found READY and that verified; anything else votes failed.
+    # Its vote is what the one decider makes of its own steps (host/change/next_step.py): ready only for a
+    # start the watch found READY and that verified; anything else votes failed.
     seen = watched(started.verdict.action)
     if next_step(seen) is Step.VERIFY:
         failed = verify(p, run, started, change)

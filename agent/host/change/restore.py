@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.host.decide import Action, Gate
-from agent.host.groupsignal import Signals
-from agent.host.state import PHASE_ROLLING_BACK, Record
-from agent.host.txn_ports import NO_UNIT, Change, Ports, Result, Run, node_rank
-from agent.host.txn_restart import restart_and_watch, stop_clean
-from agent.host.unitjobs import touched
+from agent.host.change.decide import Action, Gate
+from agent.host.change.jobs import touched
+from agent.host.change.ports import NO_UNIT, Change, Ports, Result, Run, node_rank
+from agent.host.change.record import PHASE_ROLLING_BACK, Record
+from agent.host.change.restart import restart_and_watch, stop_clean
+from agent.host.roles.groupsignal import Signals
 from agent.host.units import UnitWriteError
-from agent.host.watch import WatchResult
+from agent.host.watch.start import WatchResult
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Outcome, OutcomeData, Stage
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S
@@ -81,7 +81,7 @@ def restore(p: Ports, run: Run, record: Record) -> tuple[bool, str]:
     """
     p.log.emit(Stage.RESTORE, "step", f"restoring {record.backup or 'no unit (there was none here)'}")
     state = p.systemd.unit_state(p.unit)
-    # An inactive engine, another start of it, or a job begun on another unit (host/unitjobs.py): touched
+    # An inactive engine, another start of it, or a job begun on another unit (host/change/jobs.py): touched
     untouched = not touched(record, p.unit, state.active_state, state.invocation_id)
     if untouched and not record.wrote and record.backup is not None:
         return True, ""  # nothing was written and nothing restarted: nothing to undo
@@ -118,7 +118,7 @@ def _put_back(p: Ports, backup: str | None) -> None:
 
 def verify_old(p: Ports, run: Run) -> tuple[bool, str]:
     """Restart the restored unit and see it serve: a rollback is reported only once it does."""
-    from agent.host.probe import ProbeError
+    from agent.host.watch.probe import ProbeError
 
     if run.hold_old or (p.req.group is not None and run.recovering):  # never a barrier nobody sends
         stop_clean(p, RESTART_JOB_TIMEOUT_S)

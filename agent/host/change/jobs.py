@@ -3,7 +3,7 @@
 A change used to be one systemd job on one unit; with the weight-cache daemon it is up to three on two
 units (stop the engine, restart the daemon and wait, start the engine), and a group node stops, waits,
 then starts. Each is a Job: the unit, the action, and the sha256 of the unit text it should end with
-(None: it ends stopped). The list goes into the change's record (host/state.py Record.jobs) before its
+(None: it ends stopped). The list goes into the change's record (host/change/record.py Record.jobs) before its
 first job, and `done` counts the jobs finished, written after each. A recovery reads it (`touched`):
 a change whose jobs reached a unit other than the engine, or whose engine no longer runs, is never
 "untouched"; it is undone by the same code that made it (the restart of the restored unit plans the
@@ -42,7 +42,7 @@ class Job:
 
 
 class _Record(Protocol):
-    """What a recovery record (host/state.py Record) says of the jobs; a dataclass `replace` works on."""
+    """What a recovery record (host/change/record.py Record) says of the jobs; `replace` works on it."""
 
     @property
     def invocation(self) -> str: ...

@@ -3,9 +3,9 @@ rendered (/server_info), a long prompt fits (the smoke test) and, with [smoke] l
 
 from __future__ import annotations
 
-from agent.host import loadcheck, serverinfo
-from agent.host.txn_ports import Change, Ports, ProbePort, Run, flags_of, node_rank
-from agent.host.watch import WatchResult
+from agent.host.change.ports import Change, Ports, ProbePort, Run, flags_of, node_rank
+from agent.host.watch import loadcheck, serverinfo
+from agent.host.watch.start import WatchResult
 from agent.protocol.events import Stage
 from agent.protocol.requests import Smoke
 
@@ -17,7 +17,7 @@ def verify(p: Ports, run: Run, started: WatchResult, change: Change) -> str | No
 
 
 def verify_http(p: Ports, run: Run, started: WatchResult, change: Change) -> str | None:
-    from agent.host.probe import ProbeError  # requests: only once a start is ready
+    from agent.host.watch.probe import ProbeError  # requests: only once a start is ready
 
     probe, smoke, gate = p.http(), change.smoke, change.gate
     try:

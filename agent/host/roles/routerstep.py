@@ -1,13 +1,13 @@
 """The router step of the host transaction: take the server out of the model gateway before a change, put
-whatever serves afterwards back in (host/router.py speaks its API): a wrapper of the plain change."""
+whatever serves afterwards back in (host/roles/router.py speaks its API): a wrapper of the plain change."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
-from agent.host.router import RouterError, RouterPort, put_back, take_out, undo_removal
-from agent.host.txn_ports import Ports, Result
+from agent.host.change.ports import Ports, Result
+from agent.host.roles.router import RouterError, RouterPort, put_back, take_out, undo_removal
 from agent.protocol.events import Outcome, RouterData, Stage
 
 
@@ -58,7 +58,7 @@ def router_refused(p: Ports, router: RouterPort, worker: str, exc: RouterError) 
 
 def back_in_router(p: Ports, router: RouterPort, worker: str) -> bool:
     """Put the worker back when its server answers /health; a server that does not stays out."""
-    from agent.host.probe import ProbeError
+    from agent.host.watch.probe import ProbeError
 
     try:
         p.http().wait_ready(10.0)

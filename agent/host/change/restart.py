@@ -1,5 +1,5 @@
 """The restart step of the host transaction: drain the running server, restart (a group's node: stop, wait
-for every rank's stop, then start), and watch the start to the gate's verdict (host/watch.py)."""
+for every rank's stop, then start), and watch the start to the gate's verdict (host/watch/start.py)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from agent.host import gpu_at_start
-from agent.host.decide import Failure, Gate, fail
+from agent.host.change.decide import Failure, Gate, fail
+from agent.host.change.jobs import Job
+from agent.host.change.ports import Ports, Run, node_rank
 from agent.host.events import utc_now
-from agent.host.groupnode import NodeWaits
-from agent.host.groupsignal import Signals, files_of
-from agent.host.poll import wait_until
-from agent.host.txn_ports import Ports, Run, node_rank
-from agent.host.unitjobs import Job
-from agent.host.watch import WatchedStart, WatchResult, watch_start
+from agent.host.roles.groupnode import NodeWaits
+from agent.host.roles.groupsignal import Signals, files_of
+from agent.host.watch import gpu_at_start
+from agent.host.watch.poll import wait_until
+from agent.host.watch.start import WatchedStart, WatchResult, watch_start
 from agent.protocol.common import unit_sha256
 from agent.protocol.events import Stage
 from agent.protocol.groupmachine import Decision, Phase, Saw, node_step
@@ -57,7 +57,8 @@ def restart_and_watch(
     if after.invocation_id == before.invocation_id and not job.ok:
         n0 = -1  # the job failed before a new invocation: decide() sees a crash at once
     abandon_if = abandon(p, barrier) if barrier is not None and not barrier.back else None
-    # what the GPU processes hold once the start logs its pool: the facts' at_start_mib (host/gpu_at_start.py)
+    # what the GPU processes hold once the start logs its pool: the facts' at_start_mib
+    # (host/watch/gpu_at_start.py)
     held = gpu_at_start.Recorder(p.state.unit_dir(p.unit), after.invocation_id, lambda: p.gpu_procs(p.unit))
     start = WatchedStart(
         p.unit, p.journal, p.systemd, gate, cursor, after.invocation_id, max(n0, 0), abandon_if, held.begin
@@ -86,7 +87,7 @@ def abandon(p: Ports, barrier: Signals) -> Callable[[], str | None]:
 def drained_restart(p: Ports, run: Run, old_invocation: str, barrier: Signals | None = None) -> JobResult:
     """Let the running server finish what it has (bounded by [drain] timeout_s), then restart; a node
     of a group stops, waits for the coordinator's "go" and only then starts."""
-    from agent.host.drainer import restart_drained
+    from agent.host.watch.drainer import restart_drained
 
     # The job covers SGLang's own drain (up to TimeoutStopSec) before the new process starts.
     timeout = stop_timeout_s(p.req.drain_timeout_s, p.req.drain_stop_allowance_s)
@@ -109,7 +110,7 @@ def drained_restart(p: Ports, run: Run, old_invocation: str, barrier: Signals | 
 
 
 def waits(p: Ports, run: Run, signals: Signals) -> NodeWaits:
-    """A group node's waits for its group's word (host/groupnode.py), bounded by rank 0's start."""
+    """A group node's waits for its group's word (host/roles/groupnode.py), bounded by rank 0's start."""
     assert p.req.group is not None
     stop_s = stop_timeout_s(p.req.drain_timeout_s, p.req.drain_stop_allowance_s)
     bound = run.group_start_bound_s or start_bound_s(p.req, stop_s + RESTART_JOB_TIMEOUT_S)
@@ -142,7 +143,7 @@ def stop_then_start(p: Ports, run: Run, barrier: Signals, timeout: float) -> Job
 
 
 def node_jobs(p: Ports) -> None:
-    """A group node's jobs (host/unitjobs.py): stop, then, on the group's word, start its unit."""
+    """A group node's jobs (host/change/jobs.py): stop, then, on the group's word, start its unit."""
     sha = unit_sha256(p.files.read(p.unit) or "")
     p.daemon.jobs.plan([Job(p.unit, "stop", None), Job(p.unit, "start", sha)])
 

@@ -3,10 +3,10 @@
 The old unit is never lost: a recovery record is written before the first change and cleared only
 after the new unit was verified or the old one restored; `recover` finishes whatever a killed run left.
 
-Transaction is the driver; each step lives in a module of its own, with its ports (host/txn_ports.py):
-compare (txn_compare.py), backup/write/reload (txn_write.py), drained restart and watch (txn_restart.py),
-verify (txn_verify.py), commit (txn_commit.py), roll back and restore (txn_restore.py), recovery
-(txn_recover.py); a group's node (txn_group.py) and the router (txn_router.py) wrap the plain change.
+Transaction is the driver; each step lives in a module of its own, with its ports (host/change/ports.py):
+compare (compare.py), backup/write/reload (write.py), drained restart and watch (restart.py), verify
+(verify.py), commit (commit.py), roll back and restore (restore.py), recovery (recover.py); a group's node
+(host/roles/groupstep.py) and the router (host/roles/routerstep.py) wrap the plain change.
 """
 
 from __future__ import annotations
@@ -14,21 +14,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from agent.host import txn_compare, txn_group, txn_recover, txn_router, txn_write
-from agent.host.daemon_unit import DaemonUnit
-from agent.host.decide import Gate
+from agent.host.change import compare, recover, write
+from agent.host.change.commit import commit
+from agent.host.change.decide import Gate
+from agent.host.change.next_step import Observed, Step, next_step, verified, watched
+from agent.host.change.ports import (
+    Change,
+    Ports,
+    ProbeFactory,
+    ProbePort,
+    Result,
+    Run,
+    SystemdPort,
+    http_probe,
+)
+from agent.host.change.restart import restart_and_watch
+from agent.host.change.restore import roll_back
+from agent.host.change.verify import verify
 from agent.host.events import EventLog
-from agent.host.router import RouterPort
+from agent.host.roles import groupstep, routerstep
+from agent.host.roles.daemon import DaemonUnit
+from agent.host.roles.router import RouterPort
 from agent.host.secrets import SecretFiles
 from agent.host.state import StateDir
-from agent.host.txn_commit import commit
-from agent.host.txn_next import Observed, Step, next_step, verified, watched
-from agent.host.txn_ports import Change, Ports, ProbeFactory, ProbePort, Result, Run, SystemdPort, http_probe
-from agent.host.txn_restart import restart_and_watch
-from agent.host.txn_restore import roll_back
-from agent.host.txn_verify import verify
 from agent.host.units import UnitFiles
-from agent.host.watch import JournalPort
+from agent.host.watch.start import JournalPort
 from agent.protocol.events import Event, Outcome, Stage
 from agent.protocol.requests import Request
 
@@ -120,7 +130,7 @@ class Transaction:
         compared = self.compare()
         if isinstance(compared, Result):
             return compared
-        refused = txn_compare.check_with_sglang(self.ports, self.req.unit_text)
+        refused = compare.check_with_sglang(self.ports, self.req.unit_text)
         if refused is not None:
             return refused
         daemon = self.daemon.refusal(self.req.unit_text, self.req.daemon_text)
@@ -130,13 +140,13 @@ class Transaction:
         gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts,
                     calibrated=self.req.pool_calibrated)  # fmt: skip
         change = Change(self.req.unit_text, gate, self.req.smoke)
-        return txn_write.shadowed(self.ports) or txn_router.out_of_router(
+        return write.shadowed(self.ports) or routerstep.out_of_router(
             self.ports, lambda: self._change(change, compared)
         )
 
     def compare(self, wait: bool = True) -> Result | dict[str, str | None]:
-        """The installed unit against the request, changing nothing (host/txn_compare.py)."""
-        return txn_compare.compare(self.ports, wait)
+        """The installed unit against the request, changing nothing (host/change/compare.py)."""
+        return compare.compare(self.ports, wait)
 
     def rollback(self) -> Result:
         """Manual rollback: install a backup through the same change-and-verify path, so it can be undone."""
@@ -153,7 +163,7 @@ class Transaction:
             return Result(Outcome.ERROR, f"no backup {name or 'that differs from the installed unit'}")
         text = self.files.read(name) or ""
         change = Change(text, Gate(None, None, 0.0, self.req.timeouts), None, restored_from=name)
-        result = txn_write.shadowed(self.ports) or txn_router.out_of_router(
+        result = write.shadowed(self.ports) or routerstep.out_of_router(
             self.ports, lambda: self._change(change, self.secrets.of_backup(name))
         )
         result.data["restored_from"] = name
@@ -174,35 +184,35 @@ class Transaction:
 
     def recover(self) -> str | None:
         """Finish what an earlier run left: keep a verified unit, otherwise restore the backup
-        (host/txn_recover.py)."""
-        return txn_recover.recover(self.ports, self.run)
+        (host/change/recover.py)."""
+        return recover.recover(self.ports, self.run)
 
     def _recover_first(self, explicit: bool = False) -> Result | None:
         """Finish an earlier run's change; a failed or impossible recovery stops everything here."""
         self.log.emit(Stage.RECOVER, "step", "checking for an unfinished earlier run")
         found = self.run.recovered = self.recover()
         if found not in ("corrupt", "group-unreadable", "failed"):
-            txn_router.rejoin_left_out(self.ports)
-        return txn_recover.blocked(self.ports, self.run, found, explicit)
+            routerstep.rejoin_left_out(self.ports)
+        return recover.blocked(self.ports, self.run, found, explicit)
 
     # -- the change ------------------------------------------------------------------------------
     def _change(self, change: Change, secrets: dict[str, str | None]) -> Result:
         """Back up, write (secrets, then the unit), reload, restart, watch, gate: commit or roll back."""
-        written = txn_write.write(self.ports, self.run, change, secrets)
+        written = write.write(self.ports, self.run, change, secrets)
         if isinstance(written, Result):
             return written
         return self._start_and_decide(written)
 
     def _start_and_decide(self, change: Change) -> Result:
-        """A group's node: the group step wraps the plain steps (host/txn_group.py, the group machine
-        deciding); one host: the plain steps, host/txn_next.py deciding."""
+        """A group's node: the group step wraps the plain steps (host/roles/groupstep.py, the group machine
+        deciding); one host: the plain steps, host/change/next_step.py deciding."""
         if self.req.group is not None:
-            return txn_group.start_and_decide(self.ports, self.run, change)
+            return groupstep.start_and_decide(self.ports, self.run, change)
         return self._steps(change)
 
     def _steps(self, change: Change) -> Result:
         """Restart, watch, gate, verify: commit the new unit, or roll back to the backup; what comes next is
-        decided by next_step (host/txn_next.py) from what the steps observed."""
+        decided by next_step (host/change/next_step.py) from what the steps observed."""
         seen, reason, started = Observed(), "", None
         while True:
             step = next_step(seen)

@@ -1,16 +1,16 @@
 """The recovery step of the host transaction: finish what an earlier run left (keep a verified unit, else
-restore its backup), a group node's recovery as the group machine says (host/grouprecovery.py), and what a
-failed or impossible recovery tells the verb that found it."""
+restore its backup), a group node's recovery as the group machine says (host/roles/grouprecovery.py), and
+what a failed or impossible recovery tells the verb that found it."""
 
 from __future__ import annotations
 
-from agent.host.grouprecovery import recovery
-from agent.host.groupsignal import Signals
-from agent.host.poll import wait_until
-from agent.host.state import PHASE_VERIFIED, CorruptRecord, Record
-from agent.host.txn_ports import Ports, Result, Run
-from agent.host.txn_restart import stop_clean
-from agent.host.txn_restore import restore, verify_old
+from agent.host.change.ports import Ports, Result, Run
+from agent.host.change.record import PHASE_VERIFIED, CorruptRecord, Record
+from agent.host.change.restart import stop_clean
+from agent.host.change.restore import restore, verify_old
+from agent.host.roles.grouprecovery import recovery
+from agent.host.roles.groupsignal import Signals
+from agent.host.watch.poll import wait_until
 from agent.protocol.events import Outcome, Stage
 from agent.protocol.groupmachine import Do, Phase
 from agent.protocol.grouprecord import GroupRecord, UnreadableGroupRecord
@@ -104,7 +104,7 @@ def read_group(p: Ports, run: Run, record: Record) -> tuple[GroupRecord | None, 
 
 
 def recover_group(p: Ports, run: Run, record: Record, group: GroupRecord) -> str:
-    """A group node whose agent died: what the group machine says (host/grouprecovery.py)."""
+    """A group node whose agent died: what the group machine says (host/roles/grouprecovery.py)."""
     signals = Signals(p.state.txn_dir(record.txn))
     running = p.systemd.unit_state(p.unit).active_state == "active"
     step = recovery(group, signals, running)

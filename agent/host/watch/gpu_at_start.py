@@ -3,7 +3,7 @@
 
 A calibrated plan takes its memory from the service's last start, so what processes outside the service
 hold NOW counts only beyond what they held THEN (agent/plan/overhead.py since_start). The transaction
-records nvidia-smi's processes once the start it watches logs its pool (host/txn_restart.py), keyed by the
+records nvidia-smi's processes once the start it watches logs its pool (host/change/restart.py), keyed by the
 unit's InvocationID; the facts use the record only when the unit still runs that same invocation, the one
 whose log the facts' last_start is from. Stdlib only; nothing here raises into a change or the facts.
 """
@@ -21,7 +21,7 @@ from agent.protocol.answers import GpuCard, GpuProcess
 
 FORMAT = "deployctl-gpu-at-start/1"
 FILE_NAME = "gpu_at_start.json"
-FINISH_S = 60.0  # nvidia-smi's two calls are bounded at 20 s each (host/gpu_procs.py)
+FINISH_S = 60.0  # nvidia-smi's two calls are bounded at 20 s each (host/watch/gpu_procs.py)
 MAX_BYTES = 1 << 20  # a few hundred processes at most; anything bigger was not written by the agent
 
 Held = Mapping[int, Sequence[GpuProcess]]  # nvidia-smi's index -> the processes on that card

@@ -1,9 +1,9 @@
 """The decider of the single-host change: what the driver does next, from what the steps observed.
 
-Pure: no ports, no clock. The driver (host/transaction.py) runs the step this returns, records what the step
-saw in a new `Observed`, and asks again, until a step ends the change (commit or roll back). A group's
-node runs the same steps, but the group machine (protocol/groupmachine.py, through host/txn_group.py) decides
-how it ends: `after_group` names the step for the phase the machine ended in.
+Pure: no ports, no clock. The driver (host/change/transaction.py) runs the step this returns, records what
+the step saw in a new `Observed`, and asks again, until a step ends the change (commit or roll back). A
+group's node runs the same steps, but the group machine (protocol/groupmachine.py, through
+host/roles/groupstep.py) decides how it ends: `after_group` names the step for the phase the machine ended in.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from agent.host.decide import Action
+from agent.host.change.decide import Action
 from agent.protocol.groupmachine import Phase
 
 

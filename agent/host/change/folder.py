@@ -17,7 +17,8 @@ import shutil
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
-from agent.host.state import CorruptRecord, StateDir, write_json_atomic
+from agent.host.change.record import CorruptRecord
+from agent.host.state import StateDir, write_json_atomic
 from agent.protocol.common import TXN_ID
 from agent.protocol.grouprecord import GROUP_RECORD, GroupRecord
 from agent.protocol.requests import Request

@@ -1,13 +1,13 @@
 """One node's waits in a group change, each ending in what the group machine (protocol/groupmachine.py) says:
-the transaction's group step (host/txn_group.py) waits here, and does what the machine answers."""
+the transaction's group step (host/roles/groupstep.py) waits here, and does what the machine answers."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.host.groupsignal import Signals, files_of
-from agent.host.poll import wait_until
+from agent.host.roles.groupsignal import Signals, files_of
+from agent.host.watch.poll import wait_until
 from agent.protocol.groupmachine import Do, Node, Phase, Saw, deadline_s, node_step
 
 Wait = Callable[[Callable[[], bool], float], bool]

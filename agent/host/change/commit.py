@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from agent.host.state import PHASE_VERIFIED
-from agent.host.timeline import downtime
-from agent.host.txn_ports import Change, Ports, Result, Run
-from agent.host.watch import WatchResult
+from agent.host.change.ports import Change, Ports, Result, Run
+from agent.host.change.record import PHASE_VERIFIED
+from agent.host.watch.start import WatchResult
+from agent.host.watch.timeline import downtime
 from agent.protocol.answers import HistoryEntry
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Outcome, OutcomeData, Stage

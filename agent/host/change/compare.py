@@ -5,9 +5,9 @@ this very unit already in progress, followed to its verdict rather than restarte
 from __future__ import annotations
 
 from agent.host.adopt import kept_secret_env
-from agent.host.decide import Action, Gate
-from agent.host.txn_ports import Ports, Result
-from agent.host.watch import WatchedStart, watch_start
+from agent.host.change.decide import Action, Gate
+from agent.host.change.ports import Ports, Result
+from agent.host.watch.start import WatchedStart, watch_start
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Outcome, Stage
 from agent.sglang.logs.summary import summarize
@@ -79,7 +79,7 @@ def starting(p: Ports) -> bool:
 def wait_for_start(p: Ports) -> Result | None:
     """Follow the start in progress to its verdict: UP_TO_DATE when it serves a pool that meets the
     target, None (restart it, as before) when it fails, falls short or never answers."""
-    from agent.host.probe import ProbeError
+    from agent.host.watch.probe import ProbeError
 
     p.log.emit(Stage.COMPARE, "step", f"{p.unit} is starting as installed: waiting for that start")
     state = p.systemd.unit_state(p.unit)

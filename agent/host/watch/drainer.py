@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from agent.host import drain
 from agent.host.events import EventLog
+from agent.host.watch import drain
 from agent.protocol.events import Stage
 from agent.protocol.requests import Request
 
@@ -27,7 +27,7 @@ def restart_drained(
 
     old_log: the old server's last lines, read once the restart job is done (SGLang's own drain lines).
     """
-    from agent.host.probe import Probe, read_load  # requests: only when a restart is due
+    from agent.host.watch.probe import Probe, read_load  # requests: only when a restart is due
 
     probe = Probe(req.http_host, req.port, api_key)
 

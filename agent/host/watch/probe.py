@@ -15,8 +15,8 @@ with warnings.catch_warnings():  # the bundle ships requests without a charset d
     warnings.simplefilter("ignore")
     import requests
 
-from agent.host.drain import Load, NoLoad, parse_loads, parse_metrics
-from agent.host.loadcheck import DECODE_TOKENS, LoadResult, LoadSpec, Reply, verdict
+from agent.host.watch.drain import Load, NoLoad, parse_loads, parse_metrics
+from agent.host.watch.loadcheck import DECODE_TOKENS, LoadResult, LoadSpec, Reply, verdict
 from agent.protocol.events import SmokeData
 from agent.protocol.requests import Smoke
 

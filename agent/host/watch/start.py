@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.host.decide import Action, Failure, Gate, Observation, Verdict, decide, exit_words, fail
+from agent.host.change.decide import Action, Failure, Gate, Observation, Verdict, decide, exit_words, fail
 from agent.host.events import EventLog
 from agent.protocol.events import Stage
 from agent.sglang.logs.events import GENERIC_FAILURE_KINDS, EngineTimings, GraphEnd

@@ -26,13 +26,13 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from agent.host.change.jobs import Job, JobLog
 from agent.host.events import EventLog
 from agent.host.model_facts import read_config
-from agent.host.poll import wait_until
+from agent.host.roles.weight_cache import DaemonSeen, check, daemon_unit, look, ready_dir, unservable, untied
 from agent.host.state import StateDir, write_json_atomic
-from agent.host.unitjobs import Job, JobLog
 from agent.host.units import UnitFiles, UnitWriteError
-from agent.host.weight_cache import DaemonSeen, check, daemon_unit, look, ready_dir, unservable, untied
+from agent.host.watch.poll import wait_until
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Stage
 from agent.sglang import weight_cache as wc
@@ -165,7 +165,7 @@ class _Systemd(Protocol):
 
 @dataclass
 class DaemonUnit:
-    """The hooks of a transaction on one engine unit (host/transaction.py and its steps)."""
+    """The hooks of a transaction on one engine unit (host/change/transaction.py and its steps)."""
 
     files: UnitFiles
     state: StateDir
@@ -283,7 +283,7 @@ class DaemonUnit:
     # -- the restart ----------------------------------------------------------------------------------
     def restart_engine(self, restart: Callable[[], JobResult], timeout: float) -> JobResult:
         """The engine's restart, with what its daemon needs first (`decide`), as a list of unit jobs
-        written to the change's record before the first runs (host/unitjobs.py)."""
+        written to the change's record before the first runs (host/change/jobs.py)."""
         self.failed = None
         engine_text = self.files.read(self.engine) or ""
         engine = Job(self.engine, "restart", sha256(engine_text))

@@ -7,8 +7,8 @@ import contextlib
 from dataclasses import replace
 from pathlib import Path
 
-from agent.host.state import PHASE_RESTARTED, PHASE_WRITTEN
-from agent.host.txn_ports import Change, Ports, Result, Run
+from agent.host.change.ports import Change, Ports, Result, Run
+from agent.host.change.record import PHASE_RESTARTED, PHASE_WRITTEN
 from agent.host.units import UnitWriteError
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Outcome, Stage
@@ -53,7 +53,7 @@ def write(p: Ports, run: Run, change: Change, secrets: dict[str, str | None]) ->
 
 
 def write_units(p: Ports, current: str | None, new: str, backup: str | None, restored: str | None) -> None:
-    """The unit, atomically; with [weight_cache], its daemon's unit beside it (host/daemon_unit.py)."""
+    """The unit, atomically; with [weight_cache], its daemon's unit beside it (host/roles/daemon.py)."""
     if current != new:
         p.files.write(p.unit, new)
     p.daemon.write(current, new, backup, p.req.daemon_text, restored)

@@ -1,4 +1,4 @@
-"""What every step of the host transaction works with (host/transaction.py drives the steps): its ports
+"""What every step of the host transaction works with (host/change/transaction.py drives the steps): its ports
 (systemd, journal, unit files, secrets, state, log, the HTTP checks, the router, the clock), what this run
 has seen so far, the change being made, and the Result a verb comes to."""
 
@@ -10,18 +10,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.host import drain
-from agent.host.bootguard import RUN_DIR, BootGuard
-from agent.host.daemon_unit import DaemonUnit
-from agent.host.decide import Gate
+from agent.host.change.bootguard import RUN_DIR, BootGuard
+from agent.host.change.decide import Gate
+from agent.host.change.record import Record
 from agent.host.events import EventLog
-from agent.host.gpu_procs import processes
-from agent.host.loadcheck import LoadResult, LoadSpec
-from agent.host.router import HttpRouter, RouterPort
+from agent.host.roles.daemon import DaemonUnit
+from agent.host.roles.router import HttpRouter, RouterPort
 from agent.host.secrets import SecretFiles
-from agent.host.state import Record, StateDir
+from agent.host.state import StateDir
 from agent.host.units import UnitFiles
-from agent.host.watch import JournalPort
+from agent.host.watch import drain
+from agent.host.watch.gpu_procs import processes
+from agent.host.watch.loadcheck import LoadResult, LoadSpec
+from agent.host.watch.start import JournalPort
 from agent.protocol.answers import GpuProcess
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Event, Outcome, OutcomeData
@@ -30,8 +31,8 @@ from agent.sglang.flags import FlagsError, FlagValue, parse_unit_flags
 
 if TYPE_CHECKING:
     from agent.host.prewarm import Prewarmed
-    from agent.host.probe import SmokeResult
     from agent.host.systemd import JobResult, UnitState
+    from agent.host.watch.probe import SmokeResult
 
 
 class SystemdPort(Protocol):
@@ -53,7 +54,7 @@ class SystemdPort(Protocol):
 
 
 class ProbePort(Protocol):
-    """The HTTP checks of a started server (agent.host.probe.Probe); they raise ProbeError."""
+    """The HTTP checks of a started server (agent.host.watch.probe.Probe); they raise ProbeError."""
 
     def wait_ready(self, timeout_s: float) -> None: ...
 
@@ -68,7 +69,7 @@ ProbeFactory = Callable[[str, int, "str | None"], ProbePort]  # (host, port, api
 
 
 def http_probe(host: str, port: int, api_key: str | None) -> ProbePort:
-    from agent.host.probe import Probe  # requests: only once a start is ready
+    from agent.host.watch.probe import Probe  # requests: only once a start is ready
 
     return Probe(host, port, api_key)
 
@@ -102,7 +103,7 @@ class Ports:
     now: Callable[[], datetime] = utc_clock  # the clock of backup names and records
     # The GPU processes by card (nvidia-smi; None without it), the unit's own marked (a fake, too).
     gpu_procs: Callable[[str | None], Mapping[int, Sequence[GpuProcess]] | None] = processes
-    run_dir: Path = RUN_DIR  # the boot guard's marker folder (host/bootguard.py): a tmpfs
+    run_dir: Path = RUN_DIR  # the boot guard's marker folder (host/change/bootguard.py): a tmpfs
 
     @property
     def unit(self) -> str:
@@ -118,7 +119,7 @@ class Ports:
 
     def record(self, phase: str, backup: str | None, new: str, wrote: bool = True) -> None:
         """The recovery record of this change at `phase`, with the invocation running now; a group
-        node's unit gets its boot guard with it (host/bootguard.py)."""
+        node's unit gets its boot guard with it (host/change/bootguard.py)."""
         if self.req.group is not None:
             self.guard.arm()
         started = self.now().isoformat()

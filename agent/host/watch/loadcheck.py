@@ -7,7 +7,7 @@ an error, or the connection ends) rather than on the first busy hour; any such r
 The long prompt's stream gives the two figures the trade-off is about: prefill tokens per second (its
 prompt over the time to its first token) and decode milliseconds per token at that context.
 
-The HTTP side is `agent/host/probe.py` (Probe.load); these functions only decide.
+The HTTP side is `agent/host/watch/probe.py` (Probe.load); these functions only decide.
 """
 
 from __future__ import annotations

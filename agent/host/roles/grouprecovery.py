@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.host.groupsignal import Signals, files_of
+from agent.host.roles.groupsignal import Signals, files_of
 from agent.protocol.groupmachine import Decision, Do, Files, Node, Phase, Saw, Step, node_step
 from agent.protocol.grouprecord import GroupRecord
 

@@ -1,6 +1,6 @@
 """Every recovery decision in one place: a change whose agent died, a record left behind, a bug mid-change.
 
-The record (state.Record) is written before the first change to the unit and cleared at commit; whoever
+The record (record.Record) is written before the first change to the unit and cleared at commit; whoever
 finds it without a live runner finishes the job (Transaction.recover restores or keeps the unit).
 """
 
@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 
+from agent.host.change.record import CorruptRecord
+from agent.host.change.transaction import Transaction
 from agent.host.events import EventLog
-from agent.host.journal import Journal
-from agent.host.state import CorruptRecord, StateDir
+from agent.host.state import StateDir
 from agent.host.systemd import Systemd
-from agent.host.transaction import Transaction
+from agent.host.watch.journal import Journal
 from agent.protocol.answers import Holder
 from agent.protocol.events import Outcome
 from agent.protocol.grouprecord import GroupRecord, UnreadableGroupRecord

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import quote
 
-from agent.host.poll import wait_until
+from agent.host.watch.poll import wait_until
 
 
 class RouterError(Exception):

@@ -125,7 +125,7 @@ def decode_note(inp: PlanInput) -> str:
     if inp.decode is None:
         return (
             "decode speed: not measured: set [smoke] load = N in the inventory, and the next apply's load "
-            "check measures decode ms/token at its long prompt's context (agent/host/loadcheck.py)"
+            "check measures decode ms/token at its long prompt's context (agent/host/watch/loadcheck.py)"
         )
     ms, at = inp.decode
     where = f"at {at:,} tokens" if at else "at the load check's long prompt"

@@ -70,7 +70,7 @@ class ModelFact(_Open):
 
 
 class LoadFact(_Open):
-    """The last load check's long-prompt figures ([smoke] load; agent/host/loadcheck.py)."""
+    """The last load check's long-prompt figures ([smoke] load; agent/host/watch/loadcheck.py)."""
 
     decode_ms_per_token: float | None = Field(default=None, gt=0)
     long_prompt_tokens: int | None = Field(default=None, gt=0)

@@ -140,7 +140,7 @@ def _amd(layout: RankLayout) -> Overhead:
 
 @dataclass(frozen=True)
 class GpuProcess:
-    """A process holding memory on a card (nvidia-smi --query-compute-apps; agent/host/gpu_procs.py)."""
+    """A process holding memory on a card (nvidia-smi --query-compute-apps; agent/host/watch/gpu_procs.py)."""
 
     pid: int
     name: str

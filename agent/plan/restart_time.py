@@ -1,6 +1,6 @@
 """Pure: what the next restart will cost, from the last start's own phases, before it happens.
 
-The last verified start's downtime phases (agent/host/timeline.py, SGLang's own `Engine startup timings`
+The last verified start's downtime phases (agent/host/watch/timeline.py, SGLang's own `Engine startup timings`
 where it logged them) are the base; each part is then corrected for what will differ at the next start:
 the page cache (warm after pre-warm, or cold), SGLang's weight-cache daemon (weights over CUDA IPC), and
 the compile caches a unit can lose. The cache preconditions are checked from the units, one warning each
@@ -189,8 +189,8 @@ def from_log(lines: Iterable[str], where: str = "the log") -> RestartEstimate:
     """The next restart's seconds from one start's own log (the start a plan reads from --from-log): its
     `Engine startup timings` where SGLang logged them (as from_engine_timings), else the time between the
     lines at which the log summary's phase moved (weights, pool, graphs, ready: the phases the host's
-    timeline measures, agent/host/timeline.py), by SGLang's own logger timestamps. A log does not hold the
-    old server's stop nor the answer to /health: they are left out, and said so."""
+    timeline measures, agent/host/watch/timeline.py), by SGLang's own logger timestamps. A log does not hold
+    the old server's stop nor the answer to /health: they are left out, and said so."""
     builder = SummaryBuilder()
     began: dict[str, float] = {}
     first: float | None = None
@@ -225,7 +225,7 @@ def from_start(figures: Mapping[str, object] | None, where: str) -> RestartEstim
     return replace(estimate(last, PageCache(None, None)), notes=(note,))
 
 
-# The downtime part each phase of the log summary begins (agent/host/timeline.py reads the journal alike).
+# The downtime part each phase of the log summary begins (host/watch/timeline.py reads the journal alike).
 _PHASE_PART = {"loading_weights": "weights", "kv_pool": "pool", "cuda_graphs": "cuda_graphs", "ready": ""}
 # SGLang's logger prefix (srt/utils/common.py configure_logger): "[2026-12-01 09:59:59.020 TP0] ".
 _LOGGED_AT = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)[\] ]")

@@ -194,7 +194,7 @@ class EngineTimings:
         return sum(seconds for _, seconds in self.cuda_graph_s)
 
     def to_dict(self) -> dict[str, float]:
-        """The machine form: the downtime phases' figures (see agent/host/timeline.py)."""
+        """The machine form: the downtime phases' figures (see agent/host/watch/timeline.py)."""
         return {
             "load_weight": self.load_weight_s,
             "kv_cache_allocation": self.kv_cache_allocation_s,

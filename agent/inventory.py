@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.errors import InventoryError, UsageError
-from agent.pdspec import Pd
+from agent.pd.spec import Pd
 from agent.protocol.common import HTTP_URL, UNIT_NAME, find_control
 
 if sys.version_info >= (3, 11):
@@ -382,7 +382,7 @@ class HostConfig(_Model):
     drain: Drain = Field(default_factory=Drain)
     router: Router = Field(default_factory=Router)
     nodes: Nodes | None = None
-    pd: Pd | None = None  # a prefill-decode service: its roles' units and router (agent/pdspec.py)
+    pd: Pd | None = None  # a prefill-decode service: its roles' units and router (agent/pd/spec.py)
 
     @model_validator(mode="after")
     def _one_gpu_setting(self) -> HostConfig:

@@ -36,7 +36,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("model",),
     ),
     "model": (
-        ("agent.inventory", "agent.pdspec", "agent.group.nodes", "agent.output", "agent.errors"),
+        ("agent.inventory", "agent.pd.spec", "agent.group.nodes", "agent.output", "agent.errors"),
         ("protocol",),
     ),
     "host": (("agent.host",), ("protocol",)),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from agent.inventory import HostConfig
-from agent.pdspec import Pd, PdRouter, RoleUnit
+from agent.pd.spec import Pd, PdRouter, RoleUnit
 
 BOOTSTRAP_DEFAULT = 8998  # --disaggregation-bootstrap-port's default (srt/arg_groups/fields/disagg.py)
 

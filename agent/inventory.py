@@ -382,7 +382,9 @@ class HostConfig(_Model):
     drain: Drain = Field(default_factory=Drain)
     router: Router = Field(default_factory=Router)
     nodes: Nodes | None = None
-    pd: Pd | None = None  # a prefill-decode service: its roles' units and router (agent/pd/spec.py)
+    pd: Pd | None = Field(
+        default=None, description="a prefill-decode service: its roles' units and its router (docs/pd.md)"
+    )
 
     @model_validator(mode="after")
     def _one_gpu_setting(self) -> HostConfig:

@@ -20,7 +20,13 @@ from agent.pd.router import router_words, unnamed_bootstraps
 from agent.pd.units import PdUnit, Role, pd_units, router_target, spec
 
 # The module a backend's transfer engine imports (srt/disaggregation/<backend>/conn.py); fake needs none.
-BACKEND_MODULES = {"mooncake": "mooncake", "nixl": "nixl", "mori": "mori", "ascend": "mf_adapter"}
+BACKEND_MODULES = {
+    "mooncake": "mooncake",
+    "mooncake_tcp": "mooncake",
+    "nixl": "nixl",
+    "mori": "mori",
+    "ascend": "memfabric_hybrid",
+}
 DEFAULT_RESERVED = 512  # --num-reserved-decode-tokens
 
 
@@ -183,6 +189,10 @@ def _transfer(host: HostConfig, units: Sequence[PdUnit], facts: Mapping[str, PdH
     backend = spec(host).transfer_backend
     module = BACKEND_MODULES.get(backend)
     found = []
+    if backend == "fake":  # srt/arg_groups/pd_disaggregation_hook.py: a prefill asserts it away
+        found.append(
+            "transfer_backend fake: SGLang's prefill refuses it (a decode-only test backend): choose mooncake"
+        )
     for target in dict.fromkeys(u.target for u in units):
         seen = facts.get(target)
         if module and seen and seen.importable is not None and module not in seen.importable:

@@ -14,8 +14,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from agent.protocol.common import HTTP_URL, UNIT_NAME, find_control
 
-# srt/arg_groups/fields/disagg.py: DISAGG_TRANSFER_BACKEND_CHOICES (fake serves tests only)
-Backend = Literal["mooncake", "nixl", "mori", "ascend", "fake"]
+# srt/arg_groups/choices.py DISAGG_TRANSFER_BACKEND_CHOICES; mooncake_tcp is mooncake with its TCP transport
+# forced (srt/arg_groups/pd_disaggregation_hook.py), fake a decode-only test backend
+Backend = Literal["mooncake", "mooncake_tcp", "nixl", "mori", "ascend", "fake"]
 Port = Annotated[int, Field(ge=1, le=65535)]
 GpuIndex = Annotated[int, Field(ge=0, lt=64)]
 FlagValue = str | int | float | bool
@@ -101,10 +102,12 @@ class PdRouter(_Model):
     """sglang-router in PD mode (`python -m sglang_router.launch_router --pd-disaggregation`)."""
 
     port: Port = Field(description="the router's HTTP port, where clients send requests")
-    host: Text = "0.0.0.0"
+    host: Text = Field(default="0.0.0.0", description="the address the router binds (--host)")
     target: Text | None = Field(default=None, description="its host's SSH target; unset: [ssh] target")
     executable: list[Text] = Field(
-        default_factory=lambda: ["/usr/bin/python3", "-m", "sglang_router.launch_router"], min_length=1
+        default_factory=lambda: ["/usr/bin/python3", "-m", "sglang_router.launch_router"],
+        min_length=1,
+        description="the router's command, before its flags",
     )
     unit: UnitName | None = Field(default=None, description="unset: <[unit] name>-router.service")
     version: Text = Field(default="0.3.2", description="the sglang-router release its flags follow")
@@ -125,9 +128,13 @@ class Pd(_Model):
         default=1, ge=1, le=4096,
         description="prompts a prefill holds at the target context while the decode pulls their KV",
     )  # fmt: skip
-    prefill: list[RoleUnit] = Field(min_length=1, max_length=64)
-    decode: list[RoleUnit] = Field(min_length=1, max_length=64)
-    router: PdRouter
+    prefill: list[RoleUnit] = Field(
+        min_length=1, max_length=64, description="[[pd.prefill]]: the prefill units, one table each"
+    )
+    decode: list[RoleUnit] = Field(
+        min_length=1, max_length=64, description="[[pd.decode]]: the decode units, one table each"
+    )
+    router: PdRouter = Field(description="sglang-router in PD mode, in front of every unit")
 
     @model_validator(mode="after")
     def _bootstrap_on_prefill(self) -> Pd:

@@ -311,3 +311,17 @@ def test_different_tp_sizes_warn_for_a_non_mla_model(attention: str, warned: boo
     verdict = check(host_of(data))
     assert verdict.refusals == ()
     assert bool(verdict.warnings) is warned
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["apply", "pd-1p1d", "--context", "32768", "--yes"],
+        ["status", "pd-1p1d"],
+        ["rollback", "pd-1p1d", "--yes"],
+    ],
+)
+def test_a_pd_service_never_reaches_a_host_before_its_apply_is_built(argv: list[str]) -> None:
+    code, _, err = run(argv)
+    assert code == ExitCode.USAGE
+    assert "prefill-decode service ([pd]): only plan and render" in err

@@ -209,53 +209,47 @@ def seed(kind: str, data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, PdH
     p0, d0 = data["pd"]["prefill"][0], data["pd"]["decode"][0]
     if kind == "page-size":
         d0["flags"]["page-size"] = 32
-        return data, facts, "--page-size differs"
-    if kind == "kv-dtype-text":  # auto and bf16 are one dtype, two texts: SGLang compares the text
+    elif kind == "kv-dtype-text":  # auto and bf16 are one dtype, two texts: SGLang compares the text
         data["sglang"]["flags"]["kv-cache-dtype"] = "auto"
         d0["flags"]["kv-cache-dtype"] = "bf16"
-        return data, facts, "--kv-cache-dtype differs"
-    if kind == "shared-bootstrap":
+    elif kind == "shared-bootstrap":
         twin = copy.deepcopy(p0)
         twin.update({"port": 32500, "gpus": [40, 41], "url": f"http://{p0['target']}:32500"})
         data["pd"]["prefill"].append(twin)
-        return data, facts, f"share bootstrap port {p0['bootstrap_port']}"
-    if kind == "bootstrap-is-http":
+    elif kind == "bootstrap-is-http":
         same = [u for u in data["pd"]["decode"] if u["target"] == p0["target"]]
         p0["bootstrap_port"] = same[0]["port"] if same else p0["port"]
-        return data, facts, "is an HTTP port of"
-    if kind == "backend-missing":
-        return data, facts_for(data, importable=frozenset({"sglang"})), "transfer backend needs"
-    if kind == "nixl-no-device":
-        data["pd"]["transfer_backend"] = "nixl"
+    elif kind == "backend-missing":
+        facts = facts_for(data, importable=frozenset({"sglang"}))
+    elif kind in ("nixl-no-device", "fake-on-prefill"):
+        data["pd"]["transfer_backend"] = "nixl" if kind == "nixl-no-device" else "fake"
         facts = facts_for(data)
         p0.pop("ib_device")
-        return data, facts, "NIXL with no RDMA device chosen"
-    if kind == "fake-on-prefill":
-        data["pd"]["transfer_backend"] = "fake"
-        return data, facts_for(data), "SGLang's prefill refuses it"
-    if kind == "models":
+    elif kind == "models":
         d0["flags"]["model-path"] = "/models/another"
-        return data, facts, "different models"
-    if kind == "releases":
-        return data, facts_for(data, sglang_version="0.5.22"), "different SGLang releases"
-    if kind == "no-decode-target":
+    elif kind == "releases":
+        facts = facts_for(data, sglang_version="0.5.22")
+    else:
+        assert kind == "no-decode-target"
         del d0["flags"]["max-running-requests"]
-        return data, facts, "max-running-requests: required"
-    raise AssertionError(kind)
+    return data, facts, SAID[kind].format(port=p0["bootstrap_port"])
 
 
-KINDS = [
-    "page-size",
-    "kv-dtype-text",
-    "shared-bootstrap",
-    "bootstrap-is-http",
-    "backend-missing",
-    "nixl-no-device",
-    "fake-on-prefill",
-    "models",
-    "releases",
-    "no-decode-target",
-]
+SAID = {
+    "page-size": "--page-size differs",
+    "kv-dtype-text": "--kv-cache-dtype differs",
+    "shared-bootstrap": "share bootstrap port {port}",
+    "bootstrap-is-http": "is an HTTP port of",
+    "backend-missing": "transfer backend needs",
+    "nixl-no-device": "NIXL with no RDMA device chosen",
+    "fake-on-prefill": "SGLang's prefill refuses it",
+    "models": "different models",
+    "releases": "different SGLang releases",
+    "no-decode-target": "max-running-requests: required",
+}
+
+
+KINDS = list(SAID)
 
 
 @given(valid_services())

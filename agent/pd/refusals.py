@@ -161,7 +161,14 @@ def _placement(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
                     f"{a.label}'s bootstrap port {a.bootstrap_port} on {target!r} is an HTTP port of "
                     f"{http.get(a.bootstrap_port, 'the router')}: choose a free bootstrap_port"
                 )
+    held = set(host.gpu_set or ())  # what this file holds against the other files of its [ssh] target
     for unit in units:
+        outside = sorted(set(unit.host.gpus.indices or ()) - held) if unit.target == host.ssh.target else []
+        if outside:
+            found.append(
+                f"{unit.where}.gpus: GPU {', '.join(map(str, outside))} is not in [gpus] indices, which this "
+                "file holds against the host's other services: add it there"
+            )
         if unit.target != router_target(host) and unit.url.startswith(("http://127.", "http://localhost")):
             found.append(
                 f"{unit.where}.url: the router runs on another host than {unit.target!r}: "

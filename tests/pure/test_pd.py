@@ -186,6 +186,7 @@ def valid_services(draw: st.DrawFn) -> dict[str, Any]:
     data["pd"]["prefill"] = [unit(i, "prefill") for i in range(n_p)]
     data["pd"]["decode"] = [unit(i, "decode") for i in range(n_d)]
     data["pd"]["router"]["target"] = hosts[0]
+    data["gpus"]["indices"] = list(range(max(next_gpu[hosts[0]], 1)))  # what the file holds on its host
     return data
 
 
@@ -301,6 +302,7 @@ def test_different_tp_sizes_warn_for_a_non_mla_model(attention: str, warned: boo
     if attention == "mla":
         data["model"].update({"kv_lora_rank": 512, "qk_rope_head_dim": 64})
     data["pd"]["decode"][0]["gpus"] = [1, 2]
+    data["gpus"]["indices"] = [0, 1, 2]
     data["pd"]["decode"][0]["flags"]["tp-size"] = 2
     verdict = check(host_of(data))
     assert verdict.refusals == ()
@@ -319,3 +321,13 @@ def test_a_pd_service_never_reaches_a_host_before_its_apply_is_built(argv: list[
     code, _, err = run(argv)
     assert code == ExitCode.USAGE
     assert "prefill-decode service ([pd]): only plan and render" in err
+
+
+def test_a_unit_outside_the_files_gpus_is_refused() -> None:
+    """The file's [gpus] indices are what the host's other services are checked against: a unit on that
+    host outside them could share a GPU with another file unseen."""
+    data = example()
+    data["pd"]["decode"][0]["gpus"] = [5]
+    assert any("pd.decode.0.gpus: GPU 5 is not in [gpus] indices" in r for r in check(host_of(data)).refusals)
+    data["pd"]["decode"][0].update({"target": "gpu-b", "url": "http://gpu-b:30020"})  # another host: its own
+    assert check(host_of(data)).refusals == ()

@@ -7,7 +7,7 @@ import argparse
 import json
 
 from agent.cli.options import change_of
-from agent.errors import InventoryError, UsageError
+from agent.errors import InventoryError, RenderError, UsageError
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig
 from agent.output import Output
@@ -65,7 +65,7 @@ def render(args: argparse.Namespace, out: Output, host: HostConfig) -> int:
     from agent.pd.refusals import check
     from agent.pd.router import render_router_unit, router_unit_name
     from agent.pd.units import pd_units, router_target, spec
-    from agent.verify import render_checked
+    from agent.verify import render_checked, verify_unit
 
     if args.diff:
         raise UsageError("--diff: not for a [pd] service yet; render prints each unit")
@@ -77,7 +77,13 @@ def render(args: argparse.Namespace, out: Output, host: HostConfig) -> int:
     if args.mem_fraction_static is not None:
         flags["mem-fraction-static"] = args.mem_fraction_static
     units = [(u.target, u.host.unit.name, render_checked(u.host, flags)) for u in pd_units(host)]
-    units.append((router_target(host), router_unit_name(host, spec(host).router), render_router_unit(host)))
+    router = router_unit_name(host, spec(host).router)
+    units.append((router_target(host), router, render_router_unit(host)))
+    complaint = verify_unit(units[-1][2], router)
+    if complaint:
+        raise RenderError(
+            f"systemd-analyze verify refused the rendered {router}: {'; '.join(complaint.splitlines())}"
+        )
     if args.json:
         doc = {"service": host.name, "units": [{"target": t, "unit_name": n, "unit": x} for t, n, x in units]}
         out.print(json.dumps(doc, sort_keys=True))

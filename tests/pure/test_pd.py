@@ -331,3 +331,43 @@ def test_a_unit_outside_the_files_gpus_is_refused() -> None:
     assert any("pd.decode.0.gpus: GPU 5 is not in [gpus] indices" in r for r in check(host_of(data)).refusals)
     data["pd"]["decode"][0].update({"target": "gpu-b", "url": "http://gpu-b:30020"})  # another host: its own
     assert check(host_of(data)).refusals == ()
+
+
+@settings(max_examples=25)
+@given(st.integers(1, 96), st.sampled_from([4096, 16384, 32768, 65536]))
+def test_a_decode_is_refused_exactly_when_its_plan_cannot_hold_its_need(running: int, context: int) -> None:
+    """The refusal reads the decode's own plan: refused iff running x (context + 512) > the pool's low end."""
+    from agent.pd.plan import decode_needs, role_plans
+
+    data = example()
+    data["pd"]["decode"][0]["flags"]["max-running-requests"] = running
+    host = host_of(data)
+    plans = role_plans(host, context)
+    decode = next(p for p in plans if p.unit.role is Role.DECODE)
+    refused = check(host, decodes=decode_needs(plans, context)).refusals
+    assert decode.need_tokens == running * (context + 512)
+    assert bool(refused) is (decode.plan.predicted_pool_low_tokens < decode.need_tokens)
+
+
+def test_an_unset_chunk_counts_a_whole_prompt() -> None:
+    from agent.pd.plan import need_of
+
+    data = example()
+    del data["pd"]["prefill"][0]["flags"]["chunked-prefill-size"]
+    host = host_of(data)
+    prefill = pd_units(host)[0]
+    assert need_of(host, prefill, 32768)[0] == 32768 + 2 * 32768
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "pd-1p1d", "--offline", "--context", "32k", "--set", "page-size=16"],
+        ["plan", "pd-1p1d", "--context", "32k", "--from-log", "examples/ct200-start.log"],
+        ["render", "pd-1p1d", "--context", "32k", "--diff"],
+        ["render", "pd-1p1d", "--context", "32k", "--max-running-requests", "4"],
+    ],
+)
+def test_what_a_pd_service_does_not_take_is_one_line(argv: list[str]) -> None:
+    code, _, err = run(argv)
+    assert code == ExitCode.USAGE and "[pd] service" in err and len(err.strip().splitlines()) <= 2

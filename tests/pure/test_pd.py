@@ -371,3 +371,15 @@ def test_an_unset_chunk_counts_a_whole_prompt() -> None:
 def test_what_a_pd_service_does_not_take_is_one_line(argv: list[str]) -> None:
     code, _, err = run(argv)
     assert code == ExitCode.USAGE and "[pd] service" in err and len(err.strip().splitlines()) <= 2
+
+
+def test_the_rdma_device_reaches_each_unit_and_a_units_own_wins() -> None:
+    data = example()
+    data["pd"].update({"transfer_backend": "nixl", "ib_device": "mlx5_0"})
+    data["pd"]["decode"][0]["ib_device"] = "mlx5_1,mlx5_2"
+    prefill, decode = pd_units(host_of(data))
+    assert prefill.host.sglang.flags["disaggregation-ib-device"] == "mlx5_0"
+    assert decode.host.sglang.flags["disaggregation-ib-device"] == "mlx5_1,mlx5_2"
+    assert decode.host.sglang.flags["disaggregation-transfer-backend"] == "nixl"
+    facts = {"gpu-pd": PdHostFacts("0.5.23", frozenset({"nixl"}), ("mlx5_0", "mlx5_1", "mlx5_2"))}
+    assert check(host_of(data), facts).refusals == ()

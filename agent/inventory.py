@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.errors import InventoryError, UsageError
+from agent.pd.spec import Pd
 from agent.protocol.common import HTTP_URL, UNIT_NAME, find_control
 
 if sys.version_info >= (3, 11):
@@ -381,6 +382,9 @@ class HostConfig(_Model):
     drain: Drain = Field(default_factory=Drain)
     router: Router = Field(default_factory=Router)
     nodes: Nodes | None = None
+    pd: Pd | None = Field(
+        default=None, description="a prefill-decode service: its roles' units and its router (docs/pd.md)"
+    )
 
     @model_validator(mode="after")
     def _one_gpu_setting(self) -> HostConfig:
@@ -406,6 +410,14 @@ class HostConfig(_Model):
                 "weight_cache.enabled: not with [nodes]: a group's change does not run the weight-cache "
                 "daemon on its nodes yet; turn one of the two off"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _pd_alone(self) -> HostConfig:
+        other = "nodes" if self.nodes else "weight_cache" if self.weight_cache.enabled else None
+        other = other or ("router" if self.router.url else None)
+        if self.pd is not None and other:
+            raise ValueError(f"{other}: not with [pd] yet (its units and router are [pd]'s); leave one out")
         return self
 
     @property

@@ -37,6 +37,11 @@ MEANING = {
     "[prewarm]": "reading the new weights into the page cache before the stop",
     "[weight_cache]": "SGLang's weight-cache daemon as its own unit, the engine in client mode; not with "
     "[nodes] ([how-it-works.md](how-it-works.md#the-weight-cache-daemon))",
+    "[pd]": "a prefill-decode service: the transfer, each role's units and the router ([pd.md](pd.md)); "
+    "not with [nodes], [weight_cache] or [router] url",
+    "[pd.prefill]": "`[[pd.prefill]]`, one table per prefill unit: its host, GPUs, ports, unit and flags",
+    "[pd.decode]": "`[[pd.decode]]`, one table per decode unit; its flags need `max-running-requests`",
+    "[pd.router]": "sglang-router in PD mode: every prefill with its bootstrap port, every decode",
     "[drain]": "waiting for requests in flight before a restart, and the unit's stop timeout derived from it",
     "[router]": "the SGLang model gateway in front of the server (see reliability.md)",
     "[nodes]": "one service over several hosts (`--nnodes`): the other nodes, in rank order, and node 0's "

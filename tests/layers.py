@@ -24,10 +24,21 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "orchestrate": (("agent.orchestrate", "agent.progress"), ("remote",)),
     "remote": (("agent.remote",), ("model",)),
     "pure": (
-        ("agent.render", "agent.plan", "agent.verify", "agent.report", "agent.chart", "agent.adopt"),
+        (
+            "agent.render",
+            "agent.plan",
+            "agent.verify",
+            "agent.report",
+            "agent.chart",
+            "agent.adopt",
+            "agent.pd",
+        ),
         ("model",),
     ),
-    "model": (("agent.inventory", "agent.group.nodes", "agent.output", "agent.errors"), ("protocol",)),
+    "model": (
+        ("agent.inventory", "agent.pd.spec", "agent.group.nodes", "agent.output", "agent.errors"),
+        ("protocol",),
+    ),
     "host": (("agent.host",), ("protocol",)),
     "protocol": (("agent.protocol",), ("base",)),
     "base": (("agent", "agent.sglang", "agent.exitcodes"), ()),

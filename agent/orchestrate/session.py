@@ -33,6 +33,12 @@ def session(conn: Connection) -> Iterator[Session]:
     from agent.group.nodes import node_host
 
     host = node_host(load_service(conn.host, units_dir(conn.units)), 0)
+    if host.pd is not None:  # its base sections are no unit of their own: nothing may reach a host
+        raise UsageError(
+            f"{host.name} is a prefill-decode service ([pd]): only plan and render of it are built yet; "
+            "nothing was changed",
+            hint="see docs/pd.md",
+        )
     if conn.local:
         host = host.model_copy(update={"ssh": host.ssh.model_copy(update={"target": "local"})})
     transport = open_transport(host, conn.accept_new_host_key)

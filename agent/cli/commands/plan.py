@@ -84,8 +84,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent.plan.from_facts import plan_for_host
     from agent.render import check_with_sglang_table
 
+    loaded = load_service(args.host, units_dir(args.units))
+    if loaded.pd is not None:  # a prefill-decode service: one plan per role's unit
+        from agent.cli.commands import pd
+
+        return pd.plan(args, out, loaded)
     change = change_of(args)
-    host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
+    host = node_host(loaded, 0)  # a multi-node service: rank 0
     check_with_sglang_table(host, dict(change.flags))
     version = host.sglang.version
     host = with_set_flags(host, change, {})[0]

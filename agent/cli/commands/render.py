@@ -84,7 +84,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent.sglang import version_flags
     from agent.verify import render_checked
 
-    host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
+    loaded = load_service(args.host, units_dir(args.units))
+    if loaded.pd is not None:  # a prefill-decode service: each role's unit and the router's
+        from agent.cli.commands import pd
+
+        return pd.render(args, out, loaded)
+    host = node_host(loaded, 0)  # a multi-node service: rank 0
     flags = requested_flags(args)
     text = render_checked(host, flags)
     warn_flag_table(out.stderr, host.sglang.version, dict(args.set_flags))

@@ -1,0 +1,120 @@
+"""Each role's pool, with the planner's own rule, for what that role holds.
+
+A decode holds every running request's KV at the target context plus the tokens it reserves for each one's
+next steps: --max-running-requests x (context + --num-reserved-decode-tokens) (SGLang 0.5.23
+srt/disaggregation/decode.py: _active_reserved_tokens, 512 by default). A prefill holds the chunk it
+computes and the prompts whose KV waits for a decode to pull it: chunk + [pd] prefill_in_flight x context,
+the chunk counted as a whole prompt where --chunked-prefill-size is unset or off (its default is the card's).
+The fraction, the reserve and the prediction are the planner's (plan/from_facts.py plan_for_host), one
+plan per unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.inventory import HostConfig
+from agent.pd.refusals import DEFAULT_RESERVED, DecodeNeed
+from agent.pd.units import PdUnit, Role, pd_units, spec
+from agent.plan.choose import Plan, Target
+from agent.plan.from_facts import plan_for_host
+
+# Published results cut both ways; plan says so each time (docs/pd.md cites them).
+TRADE = (
+    "PD trades first-token time for steady decoding: GPUStack measured inter-token p99 25x better with "
+    "first-token time up, an agentic-trace study +72 % first-token time with no decode gain; it pays for "
+    "long prompts and short answers on medium-large models"
+)
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    unit: PdUnit
+    plan: Plan
+    need_tokens: int  # what the role must hold at once
+    need: str  # the rule, with its figures
+
+    @property
+    def holds(self) -> bool:
+        return self.plan.predicted_pool_low_tokens >= self.need_tokens
+
+    def to_dict(self) -> dict[str, object]:
+        u = self.unit
+        return {
+            "role": u.role.value,
+            "index": u.index,
+            "target": u.target,
+            "unit_name": u.host.unit.name,
+            "url": u.url,
+            "bootstrap_port": u.bootstrap_port,
+            "need_tokens": self.need_tokens,
+            "need": self.need,
+            "holds": self.holds,
+            "plan": self.plan.to_dict(),
+        }
+
+
+def _int_flag(unit: PdUnit, name: str) -> int | None:
+    value = unit.host.sglang.flags.get(name)
+    return int(value) if isinstance(value, (int, str)) and str(value).lstrip("-").isdigit() else None
+
+
+def decode_running(unit: PdUnit) -> int | None:
+    return _int_flag(unit, "max-running-requests")
+
+
+def need_of(host: HostConfig, unit: PdUnit, context: int) -> tuple[int, str]:
+    if unit.role is Role.DECODE:
+        running = decode_running(unit) or 1
+        reserved = _int_flag(unit, "num-reserved-decode-tokens") or DEFAULT_RESERVED
+        return running * (context + reserved), (
+            f"--max-running-requests {running} x ({context} context + {reserved} reserved)"
+        )
+    chunk = _int_flag(unit, "chunked-prefill-size")
+    counted = chunk if chunk and 0 < chunk < context else context
+    in_flight = spec(host).prefill_in_flight
+    return counted + in_flight * context, (
+        f"chunk {counted} + {in_flight} in-flight transfer{'s' if in_flight > 1 else ''} x {context} context"
+    )
+
+
+def role_plans(host: HostConfig, context: int, fraction: float | None = None) -> list[RolePlan]:
+    """One plan per unit, from the inventory (offline), prefills first."""
+    plans = []
+    for unit in pd_units(host):
+        running = decode_running(unit) if unit.role is Role.DECODE else None
+        plan = plan_for_host(unit.host, Target(context, fraction, running), None, unit.host.sglang.flags)
+        tokens, rule = need_of(host, unit, context)
+        plans.append(RolePlan(unit, plan, tokens, rule))
+    return plans
+
+
+def decode_needs(plans: Sequence[RolePlan], context: int) -> list[DecodeNeed]:
+    return [
+        DecodeNeed(
+            p.unit.label,
+            decode_running(p.unit) or 1,
+            context,
+            _int_flag(p.unit, "num-reserved-decode-tokens") or DEFAULT_RESERVED,
+            p.plan.predicted_pool_low_tokens,
+        )
+        for p in plans
+        if p.unit.role is Role.DECODE
+    ]
+
+
+def text(host: HostConfig, plans: Sequence[RolePlan]) -> str:
+    """The per-role summary plan prints: each unit's pool against its need, and the trade."""
+    lines = [f"{host.name}: prefill-decode service, {spec(host).transfer_backend} transfer"]
+    for p in plans:
+        u, plan = p.unit, p.plan
+        mark = "holds" if p.holds else "SHORT"
+        gpus = ",".join(map(str, u.host.gpus.indices or ()))
+        lines.append(
+            f"  {u.label:<11} {u.target}:{u.host.sglang.port} GPUs {gpus}"
+            f"  --mem-fraction-static {plan.mem_fraction_static:.3f}: pool ~{plan.predicted_pool_low_tokens} "
+            f"tokens, needs {p.need_tokens} ({p.need}): {mark}"
+        )
+    lines.append(f"note: {TRADE}")
+    return "\n".join(lines)

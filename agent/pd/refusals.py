@@ -1,0 +1,273 @@
+"""What a [pd] service is refused for before any unit is touched: a pure function of the inventory, each
+host's facts and the decode plans. Each refusal is one line that names the fix.
+
+Sources (SGLang 0.5.23): the decode's handshake refuses a prefill whose page size or KV dtype differs, and
+compares the dtype's *text* (srt/disaggregation/common/conn.py, "Page size mismatch" / "KV cache dtype
+mismatch"; kv_cache_dtype_str): `auto` against `bf16` is refused though both are bfloat16. NIXL's UCX
+picks a device itself when neither UCX_NET_DEVICES nor --disaggregation-ib-device chooses one
+(srt/arg_groups/fields/disagg.py), and on a host with several that hangs each transfer to the 300 s
+timeout. A decode reserves --num-reserved-decode-tokens (default 512) per running request
+(srt/disaggregation/decode.py _active_reserved_tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.inventory import HostConfig
+from agent.pd.router import router_words, unnamed_bootstraps
+from agent.pd.units import PdUnit, Role, pd_units, router_target, spec
+
+# The module a backend's transfer engine imports (srt/disaggregation/<backend>/conn.py); fake needs none.
+BACKEND_MODULES = {
+    "mooncake": "mooncake",
+    "mooncake_tcp": "mooncake",
+    "nixl": "nixl",
+    "mori": "mori",
+    "ascend": "memfabric_hybrid",
+}
+DEFAULT_RESERVED = 512  # --num-reserved-decode-tokens
+
+
+@dataclass(frozen=True)
+class PdHostFacts:
+    """What a PD check needs of one host. None: the facts do not say (yet): the check is not made.
+
+    The agent's facts carry the SGLang version today; the importable modules and the RDMA devices are the
+    hook a facts reader fills (`python -c 'import mooncake'`, `ibv_devices`)."""
+
+    sglang_version: str | None = None
+    importable: frozenset[str] | None = None
+    rdma_devices: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class DecodeNeed:
+    """A decode's pool against what it must hold: --max-running-requests x (context + reserved tokens)."""
+
+    label: str
+    running: int
+    context: int
+    reserved: int
+    pool_tokens: int  # the plan's low end of the predicted pool
+
+    @property
+    def need(self) -> int:
+        return self.running * (self.context + self.reserved)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    refusals: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def _text(flags: Mapping[str, object], *names: str, default: str) -> str:
+    for name in names:
+        if name in flags and flags[name] is not False:
+            return str(flags[name])
+    return default
+
+
+def page_size(unit: PdUnit) -> str:
+    return _text(unit.host.sglang.flags, "page-size", default="unset")
+
+
+def kv_dtype(unit: PdUnit) -> str:
+    return _text(unit.host.sglang.flags, "kv-cache-dtype", default="auto")
+
+
+def tp_size(unit: PdUnit) -> int:
+    return int(
+        _text(
+            unit.host.sglang.flags,
+            "tp-size",
+            "tensor-parallel-size",
+            "tp",
+            default=str(len(unit.host.gpus.indices or ()) or 1),
+        )
+    )
+
+
+def model_path(unit: PdUnit) -> str:
+    return _text(unit.host.sglang.flags, "model-path", "model", default=unit.host.model.path)
+
+
+def check(
+    host: HostConfig,
+    facts: Mapping[str, PdHostFacts] | None = None,
+    decodes: Sequence[DecodeNeed] = (),
+) -> Verdict:
+    """Every refusal of the service, in the order a person would fix them; warnings after."""
+    units = pd_units(host)
+    found = [
+        *_parity(units),
+        *_placement(host, units),
+        *_transfer(host, units, facts or {}),
+        *_routing(host, units),
+        *_releases(host, units, facts or {}),
+        *_decode_targets(units),
+        *_pools(decodes),
+    ]
+    return Verdict(tuple(found), tuple(_tp_warning(host, units)))
+
+
+def _parity(units: Sequence[PdUnit]) -> list[str]:
+    found = []
+    first = units[0]
+    for name, of, how in (
+        ("--page-size", page_size, "set the same --page-size on every prefill and decode"),
+        ("--kv-cache-dtype", kv_dtype, "write one --kv-cache-dtype text on every unit (auto is not bf16)"),
+        ("--disaggregation-decode-allocation-policy",
+         lambda u: _text(u.host.sglang.flags, "disaggregation-decode-allocation-policy", default="early"),
+         "set the same policy on both roles"),
+    ):  # fmt: skip
+        for unit in units[1:]:
+            if of(unit) != of(first):
+                found.append(
+                    f"{name} differs: {first.label} has {of(first)}, {unit.label} has {of(unit)} "
+                    f"(SGLang refuses the transfer at the first request): {how}"
+                )
+                break
+    for unit in units[1:]:
+        if model_path(unit) != model_path(first):
+            found.append(
+                f"the roles serve different models: {first.label} {model_path(first)}, {unit.label} "
+                f"{model_path(unit)}: serve one model (leave model-path out of the roles' flags)"
+            )
+            break
+    return found
+
+
+def _placement(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    """Per host: no two units share a unit name, an HTTP port or a GPU; bootstrap ports are the prefills'
+    own, and none is an HTTP port (the router's included) on that host."""
+    found: list[str] = []
+    by_target: dict[str, list[PdUnit]] = {}
+    for unit in units:
+        by_target.setdefault(unit.target, []).append(unit)
+    for target, group in by_target.items():
+        http = {u.host.sglang.port: u.label for u in group}
+        router = spec(host).router.port if router_target(host) == target else None
+        for i, a in enumerate(group):
+            found += [
+                f"{a.label} and {b.label} on {target!r} {c}" for b in group[i + 1 :] for c in _clashes(a, b)
+            ]
+            if a.host.sglang.port == router:
+                found.append(f"{a.label} on {target!r} listens on the router's port {router}: move one")
+            if a.bootstrap_port is not None and (a.bootstrap_port in http or a.bootstrap_port == router):
+                found.append(
+                    f"{a.label}'s bootstrap port {a.bootstrap_port} on {target!r} is an HTTP port of "
+                    f"{http.get(a.bootstrap_port, 'the router')}: choose a free bootstrap_port"
+                )
+    held = set(host.gpu_set or ())  # what this file holds against the other files of its [ssh] target
+    for unit in units:
+        outside = sorted(set(unit.host.gpus.indices or ()) - held) if unit.target == host.ssh.target else []
+        if outside:
+            found.append(
+                f"{unit.where}.gpus: GPU {', '.join(map(str, outside))} is not in [gpus] indices, which this "
+                "file holds against the host's other services: add it there"
+            )
+        if unit.target != router_target(host) and unit.url.startswith(("http://127.", "http://localhost")):
+            found.append(
+                f"{unit.where}.url: the router runs on another host than {unit.target!r}: "
+                "give the URL it reaches this unit at"
+            )
+    return found
+
+
+def _clashes(a: PdUnit, b: PdUnit) -> list[str]:
+    """What two units of one host must not share, each with its fix."""
+    shared = sorted(set(a.host.gpus.indices or ()) & set(b.host.gpus.indices or ()))
+    same = {
+        f"are both unit {a.host.unit.name}: name each its own": a.host.unit.name == b.host.unit.name,
+        f"both listen on port {a.host.sglang.port}: give each its own port": a.host.sglang.port
+        == b.host.sglang.port,
+        f"share GPU {', '.join(map(str, shared))}: give each its own gpus": bool(shared),
+        f"share bootstrap port {a.bootstrap_port}: give each prefill its own bootstrap_port": (
+            a.bootstrap_port is not None and a.bootstrap_port == b.bootstrap_port
+        ),
+    }
+    return [said for said, clash in same.items() if clash]
+
+
+def _transfer(host: HostConfig, units: Sequence[PdUnit], facts: Mapping[str, PdHostFacts]) -> list[str]:
+    backend = spec(host).transfer_backend
+    module = BACKEND_MODULES.get(backend)
+    found = []
+    if backend == "fake":  # srt/arg_groups/pd_disaggregation_hook.py: a prefill asserts it away
+        found.append(
+            "transfer_backend fake: SGLang's prefill refuses it (a decode-only test backend): choose mooncake"
+        )
+    for target in dict.fromkeys(u.target for u in units):
+        seen = facts.get(target)
+        if module and seen and seen.importable is not None and module not in seen.importable:
+            found.append(
+                f"host {target!r} cannot import {module!r}, which the {backend} transfer backend needs: "
+                "install it in the SGLang venv or choose another [pd] transfer_backend"
+            )
+    if backend == "nixl":
+        for unit in units:
+            seen = facts.get(unit.target)
+            many = seen is not None and seen.rdma_devices is not None and len(seen.rdma_devices) > 1
+            chosen = unit.host.sglang.flags.get("disaggregation-ib-device") or unit.host.unit.environment.get(
+                "UCX_NET_DEVICES"
+            )
+            if many and not chosen:
+                assert seen is not None and seen.rdma_devices is not None
+                found.append(
+                    f"{unit.label} on {unit.target!r}: NIXL with no RDMA device chosen on a host with "
+                    f"{len(seen.rdma_devices)} ({', '.join(seen.rdma_devices)}) hangs each transfer to the "
+                    "300 s timeout: set ib_device or UCX_NET_DEVICES"
+                )
+    return found
+
+
+def _routing(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    return [
+        f"router: {p}: name each prefill with its bootstrap port"
+        for p in unnamed_bootstraps(router_words(host, units), units)
+    ]
+
+
+def _releases(host: HostConfig, units: Sequence[PdUnit], facts: Mapping[str, PdHostFacts]) -> list[str]:
+    versions = {
+        u.target: (facts[u.target].sglang_version if u.target in facts else None) or host.sglang.version
+        for u in units
+    }
+    if len(set(versions.values())) > 1:
+        said = ", ".join(f"{t} {v}" for t, v in sorted(versions.items()))
+        return [
+            f"the roles' hosts run different SGLang releases ({said}): install {host.sglang.version} on each"
+        ]
+    return []
+
+
+def _decode_targets(units: Sequence[PdUnit]) -> list[str]:
+    return [
+        f"{u.where}.flags.max-running-requests: required: a decode's pool is planned for its concurrency "
+        "at the target context"
+        for u in units
+        if u.role is Role.DECODE and not str(u.host.sglang.flags.get("max-running-requests", "")).isdigit()
+    ]
+
+
+def _pools(decodes: Sequence[DecodeNeed]) -> list[str]:
+    return [
+        f"{d.label}: its pool holds about {d.pool_tokens} tokens, below --max-running-requests {d.running} x "
+        f"({d.context} context + {d.reserved} reserved) = {d.need}: lower its max-running-requests to "
+        f"{max(d.pool_tokens // (d.context + d.reserved), 0)}, the context, or add a decode"
+        for d in decodes
+        if d.pool_tokens < d.need
+    ]
+
+
+def _tp_warning(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    sizes = {tp_size(u) for u in units}
+    if len(sizes) > 1 and host.model.attention != "mla":
+        return [
+            f"the roles run different TP sizes ({', '.join(map(str, sorted(sizes)))}) for a non-MLA model: "
+            "SGLang transfers it, but says performance is not guaranteed; crashes under load are reported"
+        ]
+    return []

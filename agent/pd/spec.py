@@ -1,0 +1,146 @@
+"""[pd]: a prefill-decode disaggregated service, declared in one inventory file.
+
+The file's own sections ([ssh], [gpus], [model], [unit], [sglang]) are what every role shares; [pd] names the
+transfer, each role's units (their host, GPU subset, ports, TP and flags) and the router in PD mode. What
+the roles must agree on (page size, KV dtype, model, release) is checked by agent/pd/refusals.py.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from agent.protocol.common import HTTP_URL, UNIT_NAME, find_control
+
+# srt/arg_groups/choices.py DISAGG_TRANSFER_BACKEND_CHOICES; mooncake_tcp is mooncake with its TCP transport
+# forced (srt/arg_groups/pd_disaggregation_hook.py), fake a decode-only test backend
+Backend = Literal["mooncake", "mooncake_tcp", "nixl", "mori", "ascend", "fake"]
+Port = Annotated[int, Field(ge=1, le=65535)]
+GpuIndex = Annotated[int, Field(ge=0, lt=64)]
+FlagValue = str | int | float | bool
+# What [pd] renders itself: a role's flags may not set them (one place to keep right, not two).
+PD_FLAGS = (
+    "disaggregation-mode",
+    "disaggregation-transfer-backend",
+    "disaggregation-bootstrap-port",
+    "disaggregation-ib-device",
+    "port",
+    "host",
+)
+ROUTER_PD_FLAGS = ("pd-disaggregation", "prefill", "decode", "worker-urls", "port", "host")
+DEVICE = re.compile(r"[A-Za-z0-9_.:,-]{1,256}")
+
+
+def _text(value: str) -> str:
+    if find_control(value):
+        raise ValueError("must not contain control characters (newline, tab, escape...)")
+    return value
+
+
+def _unit(value: str) -> str:
+    if not UNIT_NAME.fullmatch(value) or ".." in value:
+        raise ValueError("must be a plain unit file name ending in .service (no '/' or '..')")
+    return value
+
+
+def _url(value: str) -> str:
+    if not HTTP_URL.fullmatch(value):
+        raise ValueError("must be an http:// or https:// URL: host, optional port and path")
+    return value
+
+
+def _device(value: str) -> str:
+    if not DEVICE.fullmatch(value):
+        raise ValueError("must be RDMA device names (mlx5_0 or mlx5_0,mlx5_1), as ibv_devices lists them")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_text)]
+UnitName = Annotated[str, AfterValidator(_unit)]
+Url = Annotated[str, AfterValidator(_url)]
+Device = Annotated[str, AfterValidator(_device)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class RoleUnit(_Model):
+    """One SGLang server of a role: its own GPUs, port, unit and flags over the file's [sglang.flags]."""
+
+    gpus: list[GpuIndex] = Field(min_length=1, max_length=64, description="the host's GPUs it runs on")
+    port: Port = Field(description="its HTTP --port")
+    target: Text | None = Field(default=None, description="its host's SSH target; unset: [ssh] target")
+    url: Url | None = Field(
+        default=None,
+        description="the URL the router reaches it at; unset: http://127.0.0.1:PORT, for a unit on the "
+        "router's host",
+    )
+    unit: UnitName | None = Field(default=None, description="unset: <[unit] name>-<role>-<n>.service")
+    bootstrap_port: Port | None = Field(
+        default=None, description="--disaggregation-bootstrap-port (a prefill's; SGLang's default 8998)"
+    )
+    ib_device: Device | None = Field(default=None, description="--disaggregation-ib-device; unset: [pd]'s")
+    flags: dict[Text, FlagValue] = Field(default_factory=dict, description="this unit's own flags, no --")
+    environment: dict[Text, Text] = Field(default_factory=dict, description="e.g. UCX_NET_DEVICES")
+
+    @model_validator(mode="after")
+    def _distinct_gpus(self) -> RoleUnit:
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError("gpus: names a GPU twice")
+        for name in PD_FLAGS:
+            if name in self.flags:
+                raise ValueError(
+                    f"flags.{name}: [pd] sets it (port, bootstrap_port, ib_device); leave it out"
+                )
+        return self
+
+
+class PdRouter(_Model):
+    """sglang-router in PD mode (`python -m sglang_router.launch_router --pd-disaggregation`)."""
+
+    port: Port = Field(description="the router's HTTP port, where clients send requests")
+    host: Text = Field(default="0.0.0.0", description="the address the router binds (--host)")
+    target: Text | None = Field(default=None, description="its host's SSH target; unset: [ssh] target")
+    executable: list[Text] = Field(
+        default_factory=lambda: ["/usr/bin/python3", "-m", "sglang_router.launch_router"],
+        min_length=1,
+        description="the router's command, before its flags",
+    )
+    unit: UnitName | None = Field(default=None, description="unset: <[unit] name>-router.service")
+    version: Text = Field(default="0.3.2", description="the sglang-router release its flags follow")
+    flags: dict[Text, FlagValue] = Field(default_factory=dict, description="e.g. policy = 'cache_aware'")
+
+    @model_validator(mode="after")
+    def _no_pd_flags(self) -> PdRouter:
+        for name in ROUTER_PD_FLAGS:
+            if name in self.flags:
+                raise ValueError(f"flags.{name}: [pd] renders it from the roles' units; leave it out")
+        return self
+
+
+class Pd(_Model):
+    transfer_backend: Backend = Field(default="mooncake", description="SGLang's default")
+    ib_device: Device | None = Field(default=None, description="every unit's, where it sets none")
+    prefill_in_flight: int = Field(
+        default=1, ge=1, le=4096,
+        description="prompts a prefill holds at the target context while the decode pulls their KV",
+    )  # fmt: skip
+    prefill: list[RoleUnit] = Field(
+        min_length=1, max_length=64, description="[[pd.prefill]]: the prefill units, one table each"
+    )
+    decode: list[RoleUnit] = Field(
+        min_length=1, max_length=64, description="[[pd.decode]]: the decode units, one table each"
+    )
+    router: PdRouter = Field(description="sglang-router in PD mode, in front of every unit")
+
+    @model_validator(mode="after")
+    def _bootstrap_on_prefill(self) -> Pd:
+        for i, unit in enumerate(self.decode):
+            if unit.bootstrap_port is not None:
+                raise ValueError(
+                    f"decode.{i}.bootstrap_port: a prefill's port; a decode learns it from the router"
+                )
+        return self

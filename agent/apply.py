@@ -15,6 +15,7 @@ from agent.orchestrate.asked import Change
 from agent.output import Output, Style
 from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target
+from agent.plan.effective import effective, one_word
 from agent.plan.from_facts import plan_for_host, plan_from_host_facts
 from agent.plan.restart_time import GIB, PageCache, RestartEstimate
 from agent.plan.restart_time import from_facts as restart_from_facts
@@ -73,15 +74,12 @@ def drifted(texts: Sequence[str], facts: Sequence[HostFacts]) -> bool:
 
 def with_set_flags(host: HostConfig, change: Change, facts: HostFacts) -> tuple[HostConfig, HostFacts]:
     """The inventory and the host's facts with the --set flags over the baseline and the running flags:
-    the plan sizes the pool of the unit that will run (an fp8 KV cache, another TP size)."""
+    the plan sizes the pool of the unit that will run (an fp8 KV cache, another TP size: plan/effective.py
+    restates the weights per GPU at it)."""
     if not change.flags:
         return host, facts
-    extra = dict(change.flags)
-    from agent.sglang.flagrules import canonical  # a --set tp-size replaces tensor-parallel-size too
-
-    kept = {k: v for k, v in host.sglang.flags.items() if canonical(k, host.sglang.version) not in extra}
-    flags = {**kept, **extra}
-    host = host.model_copy(update={"sglang": host.sglang.model_copy(update={"flags": flags})})
+    host = effective(host, change.flags).host
+    extra = {k: one_word(v) for k, v in change.flags}
     facts = {**facts, "flags": {**(facts.get("flags") or {}), **extra}}
     doc = facts.get("model_facts")
     if isinstance(doc, Mapping):
@@ -95,9 +93,15 @@ def with_set_flags(host: HostConfig, change: Change, facts: HostFacts) -> tuple[
     return host, facts
 
 
+def asked_of(change: Change) -> Target:
+    """What a change asks the planner for: the context, a fraction or request count fixed, and the other
+    --set flags, which the plan sizes and then carries into its printed and rendered flags."""
+    return Target(change.context, change.mem_fraction_static, change.max_running_requests, change.flags)
+
+
 def make_plan(host: HostConfig, change: Change, facts: HostFacts) -> Plan:
     host, facts = with_set_flags(host, change, facts)
-    asked = Target(change.context, change.mem_fraction_static, change.max_running_requests)
+    asked = asked_of(change)
     from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked)
     if from_host is not None:
         return from_host
@@ -128,7 +132,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         host = allow_context(host, change)
     _refuse_weight_cache(host, change, facts)
     plan = make_plan(host, change, facts)
-    flags = {**dict(change.flags), **plan.flags()}
+    flags: dict[str, FlagInput] = {**plan.flags()}  # the --set flags and the plan's: what was sized
     old_text = facts.get("unit_text") or ""
     if not plan.feasible and not change.force:
         show_plan(out, host, plan, old_text, render_unit(host, flags, template_dir()))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from agent.apply import (
     allow_context,
+    asked_of,
     calibrated_pool,
     calibration_from,
     daemon_text,
@@ -62,7 +63,7 @@ def plan_host(
     # request count on identical hosts (32 at 200k on the simulated ct200); canary last gave 16.
     calibration = [*(p.start for p in peers), *own]
     sources = tuple(f"canary {p.host}" for p in peers) + (("own start",) if own else ())
-    asked = Target(context, change.mem_fraction_static, change.max_running_requests)
+    asked = asked_of(change)
     plan = plan_for_host(host, asked, calibration or None, running)
     return plan, sources if plan.basis == "calibrated" else ()
 

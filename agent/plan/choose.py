@@ -13,6 +13,7 @@ from agent.plan.model import SPEC_DEFAULT_REQUESTS, Flags, PoolModel, StartFigur
 from agent.plan.refusals import refusals
 from agent.plan.verdict import Reading, decide, no_fraction
 from agent.sglang import kvpool
+from agent.sglang.flags import FlagInput
 
 PLAIN_DEFAULT_REQUESTS = 64
 
@@ -24,6 +25,7 @@ class Target:
     context: int
     fraction: float | None = None  # --mem-fraction-static
     max_running: int | None = None  # --max-running-requests
+    given: tuple[tuple[str, FlagInput], ...] = ()  # the other --set flags: sized, then printed and rendered
 
 
 @dataclass(frozen=True)
@@ -56,13 +58,16 @@ class Plan:
     max_total_tokens: int | None = None  # the pool pinned (the CPU backend: free RAM moves between starts)
     evidence: tuple[str, ...] = ()  # what the verdict line says of the evidence besides the basis
     requests_set: bool = True  # False: the unit leaves --max-running-requests to SGLang and memory allows it
+    given: tuple[tuple[str, FlagInput], ...] = ()  # the --set flags the pool was sized with (Target.given)
 
     def basis_line(self) -> str:
         """The basis as the verdict line says it, with what changed since the calibrating start."""
         return "; ".join((self.basis, *self.evidence))
 
-    def flags(self) -> dict[str, FlagValue]:
-        flags: dict[str, FlagValue] = {"mem-fraction-static": self.mem_fraction_static}
+    def flags(self) -> dict[str, FlagInput]:
+        """Every flag the plan changes: the --set flags it was sized with, then its own choices. What
+        `plan --json` prints and `apply` renders over the inventory's baseline (plan/effective.py)."""
+        flags: dict[str, FlagInput] = {**dict(self.given), "mem-fraction-static": self.mem_fraction_static}
         if self.requests_set:  # a cap the person did not set only when memory needs it
             flags["max-running-requests"] = self.max_running_requests
         flags["context-length"] = self.context_length
@@ -83,7 +88,7 @@ class Plan:
         data["pre_gib"], data["post_gib"] = round(self.pre_gib, 4), round(self.post_gib, 4)
         data["cell_bytes"] = round(self.cell_bytes, 1)
         data["flags"] = self.flags()
-        del data["requests_set"]  # the flags say it
+        del data["requests_set"], data["given"]  # the flags say them
         if self.max_total_tokens is None:
             del data["max_total_tokens"]  # a GPU plan leaves the pool to the fraction
         return data
@@ -125,7 +130,7 @@ def choose(
         plan = _against_recommendation(plan, model, need, options, flags)
     plan = _bound(plan, host, model, need)
     unset = not asked.max_running and not flag(flags, "max-running-requests")
-    return replace(plan, requests_set=not unset or plan.max_running_requests < options[0])
+    return replace(plan, requests_set=not unset or plan.max_running_requests < options[0], given=asked.given)
 
 
 def _sized(

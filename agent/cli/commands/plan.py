@@ -66,9 +66,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _asked(change: Change) -> Target:
-    from agent.plan.choose import Target  # the planner loads when a command plans, not with the parser
+    from agent.apply import asked_of  # the planner loads when a command plans, not with the parser
 
-    return Target(change.context, change.mem_fraction_static, change.max_running_requests)
+    return asked_of(change)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:

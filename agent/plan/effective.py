@@ -1,0 +1,73 @@
+"""The effective configuration: the one set of flags a command sizes, prints and renders.
+
+It is the inventory's [sglang.flags] with the person's --set over them (a --set spelling replaces every
+spelling of its flag, flagrules.canonical), and the inventory's per-GPU weights restated at the effective
+TP x PP: `weights_gib_per_gpu` describes the checkpoint at the inventory's own layout, so a --set tp-size=4
+of a unit written for TP 8 doubles them (the facts path does the same with the checkpoint's bytes). What
+SGLang 0.5.23 resolves for a flag left unset is resolved where the pool is sized (plan/choose.py for
+--max-running-requests, plan/predict.py for --mem-fraction-static), and the plan says it (Plan.flags,
+Plan.resolved). Built once per command (agent/apply.py effective_of) and passed down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agent.inventory import FlagValue, HostConfig
+from agent.sglang.flagrules import canonical
+from agent.sglang.flags import FlagInput
+
+SetFlags = tuple[tuple[str, FlagInput], ...]
+
+
+@dataclass(frozen=True)
+class Effective:
+    """The inventory as it will run: --set over its flags, its weights per GPU at the effective layout."""
+
+    host: HostConfig
+    given: SetFlags = ()  # --set FLAG=VALUE as the person gave them (rendered as given)
+    inventory_flags: Mapping[str, FlagValue] | None = None  # [sglang.flags] before --set
+
+    @property
+    def flags(self) -> Mapping[str, FlagValue]:
+        return self.host.sglang.flags
+
+
+def world(flags: Mapping[str, object], gpus: int) -> tuple[int, int]:
+    """(tp, pp) as SGLang reads them: --tp-size defaults to every GPU of the unit, --pp-size to 1."""
+
+    def number(*names: str, default: int) -> int:
+        given = (flags[n] for n in names if flags.get(n) not in (None, False))
+        return int(str(next(given, default)))
+
+    return number("tp-size", "tensor-parallel-size", "tp", default=gpus), number(
+        "pp-size", "pipeline-parallel-size", "pp", default=1
+    )
+
+
+def one_word(value: FlagInput) -> FlagValue:
+    """A --set value as the planner reads it: several words joined."""
+    return " ".join(value) if isinstance(value, tuple) else value
+
+
+def effective(host: HostConfig, given: SetFlags) -> Effective:
+    """The inventory with --set over its flags and its weights restated at the effective TP x PP."""
+    if not given:
+        return Effective(host, (), host.sglang.flags)
+    version = host.sglang.version
+    extra = {k: one_word(v) for k, v in given}
+    names = {canonical(k, version) for k in extra}
+    kept = {k: v for k, v in host.sglang.flags.items() if canonical(k, version) not in names}
+    flags = {**kept, **extra}
+    before, after = world(host.sglang.flags, host.gpus.count), world(flags, host.gpus.count)
+    update: dict[str, object] = {"sglang": host.sglang.model_copy(update={"flags": flags})}
+    if before != after:
+        ratio = before[0] * before[1] / (after[0] * after[1])
+        w = host.model.weights_gib_per_gpu
+        if w is not None:
+            update["model"] = host.model.model_copy(update={"weights_gib_per_gpu": w * ratio})
+        d = host.draft
+        if d is not None and d.weights_gib_per_gpu is not None:  # a draft is split over TP alone
+            update["draft"] = d.model_copy(update={"weights_gib_per_gpu": d.weights_gib_per_gpu * before[0] / after[0]})
+    return Effective(host.model_copy(update=update), tuple(given), host.sglang.flags)

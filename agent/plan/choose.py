@@ -155,7 +155,7 @@ def _sized(
         predicted_pool_tokens=reading.pool,
         target_pool_tokens=goal,
         predicted_pool_low_tokens=reading.pool_low,
-        concurrency_at_full_context=reading.pool // target,
+        concurrency_at_full_context=min(reading.pool // target, requests),  # the cap serves no more
         reserve_gib_per_gpu=reading.reserve_gib,
         reserve_floor_gib=floor,
         feasible=judged.feasible,

@@ -15,7 +15,7 @@ from agent.orchestrate.asked import Change
 from agent.output import Output, Style
 from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target
-from agent.plan.effective import effective, one_word
+from agent.plan.effective import context_refusal, effective, one_word, served_context
 from agent.plan.from_facts import plan_for_host, plan_from_host_facts
 from agent.plan.restart_time import GIB, PageCache, RestartEstimate
 from agent.plan.restart_time import from_facts as restart_from_facts
@@ -99,7 +99,16 @@ def asked_of(change: Change) -> Target:
     return Target(change.context, change.mem_fraction_static, change.max_running_requests, change.flags)
 
 
+def check_context(change: Change, running: Mapping[str, object], model_context: int | None) -> None:
+    """A target context below the one the unit serves now, or implausibly small, is refused in one line
+    before anything is planned (plan/effective.py context_refusal)."""
+    said = context_refusal(change.context, served_context(running, model_context), change.shrink_context)
+    if said:
+        raise UsageError(said + "; nothing was changed")
+
+
 def make_plan(host: HostConfig, change: Change, facts: HostFacts) -> Plan:
+    check_context(change, facts.get("flags") or host.sglang.flags, host.model.max_context)
     host, facts = with_set_flags(host, change, facts)
     asked = asked_of(change)
     from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked)

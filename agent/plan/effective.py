@@ -71,3 +71,37 @@ def effective(host: HostConfig, given: SetFlags) -> Effective:
         if d is not None and d.weights_gib_per_gpu is not None:  # a draft is split over TP alone
             update["draft"] = d.model_copy(update={"weights_gib_per_gpu": d.weights_gib_per_gpu * before[0] / after[0]})
     return Effective(host.model_copy(update=update), tuple(given), host.sglang.flags)
+
+
+# A context below this is a typo, not a plan (--context 128 for 128k): no chat turn fits in it.
+MIN_CONTEXT = 1024
+
+
+def served_context(flags: Mapping[str, object], model_context: int | None) -> int | None:
+    """The context the unit serves now: its --context-length, else the model's own (SGLang's default)."""
+    given = flags.get("context-length")
+    if given is None or isinstance(given, bool):
+        return model_context
+    try:
+        return int(str(given))
+    except ValueError:
+        return model_context
+
+
+def context_refusal(target: int, served: int | None, shrink: bool) -> str | None:
+    """Why a target context is refused before planning, in one line; None when it is planned.
+
+    A target below the context the unit serves now shrinks what clients may send (and the smoke test
+    shrinks its prompt to fit, so the change would commit): it needs --shrink-context. A target below
+    MIN_CONTEXT is refused either way."""
+    if target < MIN_CONTEXT:
+        return (
+            f"--context {target:,} is implausibly small (below {MIN_CONTEXT:,} tokens): "
+            f"did you mean {target}k?"
+        )
+    if served is not None and target < served and not shrink:
+        return (
+            f"--context {target:,} is below the {served:,} tokens the unit serves now: it would shrink the "
+            "served context; pass --shrink-context to mean it"
+        )
+    return None

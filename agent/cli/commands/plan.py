@@ -76,12 +76,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return _run_facts(args, out)
     if not args.host:
         raise UsageError("a host is required (or --facts FILE)", hint="see: deployctl plan --help")
-    from agent.apply import with_set_flags
+    from agent.apply import check_context, with_set_flags
     from agent.plan.from_facts import plan_for_host
     from agent.render import check_with_sglang_table
 
     change = change_of(args)
     host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
+    check_context(change, host.sglang.flags, host.model.max_context)
     check_with_sglang_table(host, dict(change.flags))
     version = host.sglang.version
     host = with_set_flags(host, change, {})[0]
@@ -120,14 +121,16 @@ def _from_host(
 ) -> tuple[Plan | None, Sequence[StartFigures], Flags, HostFacts]:
     """Ask the host for its facts: the plan from its config.json when it read one, its earlier starts and
     the running unit's flags."""
-    from agent.apply import calibration_from, with_set_flags
+    from agent.apply import calibration_from, check_context, with_set_flags
     from agent.orchestrate.session import session  # SSH only when the host is asked
     from agent.plan.from_facts import plan_from_host_facts
     from agent.protocol.answers import as_facts
     from agent.remote.client import base_request
 
     with session(connection_of(args)) as s:
-        facts = with_set_flags(host, change, as_facts(s.client.call(base_request(s.host, "facts"))))[1]
+        facts = as_facts(s.client.call(base_request(s.host, "facts")))
+    check_context(change, facts.get("flags") or host.sglang.flags, host.model.max_context)  # as it runs
+    facts = with_set_flags(host, change, facts)[1]
     history = [h.copy() for h in calibration_from(facts) or []]
     running: Flags = facts.get("flags") or host.sglang.flags
     return plan_from_host_facts(host, facts, history, asked), history, running, facts
@@ -166,8 +169,11 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
 
     if args.host:
         raise UsageError("give a host or --facts FILE, not both")
+    from agent.apply import check_context
+
     change = change_of(args)
     inp = load_facts(Path(args.facts))
+    check_context(change, inp.flags, None)  # the unit's --context-length, where the facts name one
     for name, said in server_args.problems(inp.sglang_version, dict(change.flags)):
         raise UsageError(f"--set {name}: {said}")
     if change.flags:

@@ -287,7 +287,8 @@ def render_plan(host: str, plan: Plan) -> str:
     """The plan and its tradeoffs in a few lines for a person."""
     verdict = "feasible" if plan.feasible else "NOT FEASIBLE"
     lines = [
-        f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis_line()})",
+        f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis_line()})"
+        + (f"; {plan.shrinks}" if plan.shrinks else ""),
         *([f"  because         {plan.binding}"] if plan.binding else []),
         f"  predicted pool  {plan.predicted_pool_tokens:,} tokens"
         + (  # the low end of a cold estimate is what the verdict compares (plan/verdict.py)

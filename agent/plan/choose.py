@@ -59,6 +59,9 @@ class Plan:
     evidence: tuple[str, ...] = ()  # what the verdict line says of the evidence besides the basis
     requests_set: bool = True  # False: the unit leaves --max-running-requests to SGLang and memory allows it
     given: tuple[tuple[str, FlagInput], ...] = ()  # the --set flags the pool was sized with (Target.given)
+    # The plan's pool is smaller than the running fraction's, which already holds the target: the headline
+    # says it (a shrink is never silent).
+    shrinks: str | None = None
 
     def basis_line(self) -> str:
         """The basis as the verdict line says it, with what changed since the calibrating start."""
@@ -119,10 +122,17 @@ def choose(
     plan = _sized(host, model, need, (chosen, requests), fraction is not None)
     kept = [*notes, *model.notes]
     smallest = model.min_fraction(need.goal)
+    running = _as_float(flag(flags, "mem-fraction-static"))
     if fraction is None and plan.feasible and smallest is not None and smallest < plan.mem_fraction_static:
         kept.append(
-            f"the running --mem-fraction-static {plan.mem_fraction_static:.3f} already reaches the target "
-            f"and is kept: {smallest:.3f} would too, with fewer tokens for concurrent requests"
+            (
+                f"the running --mem-fraction-static {running:.3f} is above the highest safe "
+                f"{plan.mem_fraction_static:.3f}, which is chosen"
+                if running is not None and running > plan.mem_fraction_static
+                else f"the running --mem-fraction-static {plan.mem_fraction_static:.3f} already reaches "
+                "the target and is kept"
+            )
+            + f": {smallest:.3f} would reach it too, with fewer tokens for concurrent requests"
         )
     plan = _explained(plan, host, flags, model, kept)
     plan = replace(plan, warnings=(*failures, *plan.warnings))
@@ -130,7 +140,23 @@ def choose(
         plan = _against_recommendation(plan, model, need, options, flags)
     plan = _bound(plan, host, model, need)
     unset = not asked.max_running and not flag(flags, "max-running-requests")
-    return replace(plan, requests_set=not unset or plan.max_running_requests < options[0], given=asked.given)
+    plan = replace(plan, requests_set=not unset or plan.max_running_requests < options[0], given=asked.given)
+    return replace(plan, shrinks=_shrinks(plan, model, _as_float(flag(flags, "mem-fraction-static"))))
+
+
+def _shrinks(plan: Plan, model: PoolModel, running: float | None) -> str | None:
+    """What the headline says when the plan's pool is smaller than the one at the running fraction and
+    that one already holds the target; None otherwise."""
+    if running is None:
+        return None
+    before = model.pool(running)
+    if model.pool_low(running) < plan.target_pool_tokens or plan.predicted_pool_tokens >= before:
+        return None
+    why = "above the memory floor's ceiling" if not plan.user_fraction else "the fraction asked is lower"
+    return (
+        f"SHRINKS the pool from {before:,} tokens (at the fraction it runs now, {running:.3f}: {why}) "
+        f"to {plan.predicted_pool_tokens:,}"
+    )
 
 
 def _sized(
@@ -253,6 +279,12 @@ def _recommend(
         keep = _fitting(model, running, options, context, floor)
         if model.reserve_gib(running, keep, context) >= floor:
             return running, keep
+        # The running fraction is above the ceiling: the highest safe fraction, not the lowest that
+        # reaches the goal (that would give back the pool the unit serves now for nothing).
+        for requests in options:
+            top = model.max_fraction(requests, context, floor)
+            if top is not None and top >= fraction:
+                return min(top, running), requests
     requests = _fitting(model, fraction, options, context, floor)
     if model.reserve_gib(fraction, requests, context) < floor:
         return None, requests

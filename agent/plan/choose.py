@@ -11,6 +11,7 @@ from agent.plan.alternatives import Alternative, Need, alternatives
 from agent.plan.failed import bounded, failed_starts
 from agent.plan.model import SPEC_DEFAULT_REQUESTS, Flags, PoolModel, StartFigures, flag, version
 from agent.plan.refusals import refusals
+from agent.plan.requests import sglang_requests
 from agent.plan.verdict import Reading, decide, no_fraction
 from agent.sglang import kvpool
 from agent.sglang.flags import FlagInput
@@ -92,6 +93,8 @@ class Plan:
         data["cell_bytes"] = round(self.cell_bytes, 1)
         data["flags"] = self.flags()
         del data["requests_set"], data["given"]  # the flags say them
+        if self.shrinks is None:
+            del data["shrinks"]  # said only when the plan shrinks a pool that held the target
         if self.max_total_tokens is None:
             del data["max_total_tokens"]  # a GPU plan leaves the pool to the fraction
         return data
@@ -107,9 +110,31 @@ def choose(
     """The flags for a target on a host whose pool `model` predicts. `host` is the inventory-shaped view of
     the plan's input, its flags the running unit's with the fraction SGLang resolves; earlier starts that
     ran out of memory bound the model."""
+    flags = host.sglang.flags
+    spec = host.draft is not None and host.draft.algorithm != "NGRAM"
+    if asked.max_running or flag(flags, "max-running-requests") or spec:
+        return _choose(host, asked, model, starts, notes, None)
+    # Left unset, SGLang sizes the cap (and its req_to_token table) from the pool it gets: resolved at
+    # the running fraction, then again at the one chosen (plan/requests.py).
+    at = _running_fraction(flags)
+    first = _choose(host, asked, model, starts, notes, sglang_requests(model, at, asked.context))
+    again = sglang_requests(model, first.mem_fraction_static, asked.context)
+    if again == sglang_requests(model, at, asked.context):
+        return first
+    return _choose(host, asked, model, starts, notes, again)
+
+
+def _choose(  # noqa: PLR0913 - choose's arguments and the cap SGLang resolves for an unset one
+    host: HostConfig,
+    asked: Target,
+    model: PoolModel,
+    starts: Sequence[StartFigures],
+    notes: Sequence[str],
+    resolved: int | None,
+) -> Plan:
     target, fraction, flags = asked.context, asked.fraction, host.sglang.flags
     model, failures = _after_failures(model, starts, flags, target)
-    options = [asked.max_running] if asked.max_running else _request_options(host, flags)
+    options = [asked.max_running] if asked.max_running else _request_options(host, flags, resolved)
     floor = host.planning.reserve_floor_gib
     if floor is None:  # plan_from_facts fills it: the person's, else derived (plan/floor.py)
         raise ValueError(f"{host.name}: the plan's host view lacks its memory floor")
@@ -134,7 +159,7 @@ def choose(
             )
             + f": {smallest:.3f} would reach it too, with fewer tokens for concurrent requests"
         )
-    plan = _explained(plan, host, flags, model, kept)
+    plan = _explained(plan, host, flags, model, kept, resolved)
     plan = replace(plan, warnings=(*failures, *plan.warnings))
     if fraction is not None:
         plan = _against_recommendation(plan, model, need, options, flags)
@@ -244,11 +269,12 @@ def _after_failures(
     return bounded(model, failed_starts(starts, requests, target))
 
 
-def _request_options(host: HostConfig, flags: Flags) -> list[int]:
-    """The running --max-running-requests, then halvings: lowering it shrinks graph and activation memory."""
+def _request_options(host: HostConfig, flags: Flags, resolved: int | None) -> list[int]:
+    """The running --max-running-requests (or SGLang's own for an unset one), then halvings: lowering it
+    shrinks graph and activation memory."""
     running = flag(flags, "max-running-requests")
     spec = host.draft is not None and host.draft.algorithm != "NGRAM"
-    start = int(running) if running else SPEC_DEFAULT_REQUESTS if spec else PLAIN_DEFAULT_REQUESTS
+    start = int(running) if running else SPEC_DEFAULT_REQUESTS if spec else resolved or PLAIN_DEFAULT_REQUESTS
     options = [start]
     while options[-1] > 1:
         options.append(options[-1] // 2)
@@ -315,7 +341,9 @@ def _as_float(value: FlagValue | None) -> float | None:
     return None if value is None or isinstance(value, bool) else float(value)
 
 
-def _explained(plan: Plan, host: HostConfig, flags: Flags, model: PoolModel, notes: list[str]) -> Plan:
+def _explained(  # noqa: PLR0913 - the plan, what it was sized from, and SGLang's own cap
+    plan: Plan, host: HostConfig, flags: Flags, model: PoolModel, notes: list[str], resolved: int | None
+) -> Plan:
     """The plan with its notes and warnings: what each number means and what it costs."""
     t, f = plan.context_length, plan.mem_fraction_static
     notes.append(
@@ -336,7 +364,7 @@ def _explained(plan: Plan, host: HostConfig, flags: Flags, model: PoolModel, not
     fits = min(plan.concurrency_at_full_context, plan.max_running_requests)  # the cap serves no more
     notes.append(f"{fits} request(s) of the full {t:,} tokens fit at once (pool ÷ context)")
     notes.append(_reserve_note(plan, model))
-    notes.append(_requests_note(plan, flags))
+    notes.append(_requests_note(plan, flags, resolved))
     warnings = []
     if host.model.max_context is not None and t > host.model.max_context:
         warnings.append(
@@ -369,7 +397,7 @@ def _reserve_note(plan: Plan, model: PoolModel) -> str:
     )
 
 
-def _requests_note(plan: Plan, flags: Flags) -> str:
+def _requests_note(plan: Plan, flags: Flags, resolved: int | None) -> str:
     """What --max-running-requests costs: req_to_token, graph memory, short-prompt throughput."""
     requests = plan.max_running_requests
     table_mb = kvpool.req_to_token_bytes(requests + 1, plan.context_length) / 1e6
@@ -378,10 +406,14 @@ def _requests_note(plan: Plan, flags: Flags) -> str:
         change = f"--max-running-requests stays {requests}"
     elif running is not None:
         change = f"--max-running-requests goes from {running} to {requests}"
-    else:
+    elif resolved is not None and requests == resolved:
         change = (
-            f"--max-running-requests is set to {requests} (unset, SGLang sizes req_to_token for thousands)"
+            f"--max-running-requests is left to SGLang, which resolves it to {requests:,} here "
+            "(mem_cache/kv_cache_configurator.py resolve_max_num_reqs)"
         )
+    else:
+        own = "" if resolved is None else f" (SGLang's own {resolved:,} would not keep the memory floor)"
+        change = f"--max-running-requests is set to {requests}{own}"
     lower = (
         "; fewer concurrent requests means fewer short prompts served at once (lower throughput)"
         if running is None or requests < int(running)

@@ -25,7 +25,6 @@ from agent.protocol.events import DowntimeData, Event, exit_code
 from agent.protocol.requests import Request
 from agent.remote.client import base_request
 from agent.render import (
-    check_with_sglang_table,
     gpu_environment,
     load_template,
     redact,
@@ -136,7 +135,8 @@ class Prepared:
 
 def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> Prepared | None:
     """Plan from the host's facts, render, show the plan and the diff; None for a dry run."""
-    check_with_sglang_table(host, dict(change.flags))  # before the plan: a typo is not planned for
+    # SGLang's flag table read the --set flags when the command built its effective configuration
+    # (cli/commands/apply.py effective_of); the render checks the unit it writes again.
     if change.allow_longer_context:  # planned with SGLang's override in the unit, as it will run
         host = allow_context(host, change)
     _refuse_weight_cache(host, change, facts)

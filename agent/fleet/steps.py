@@ -21,7 +21,7 @@ from agent.fleet.calibrate import Measured
 from agent.fleet.results import HostResult, PlanFigures
 from agent.inventory import HostConfig
 from agent.orchestrate.asked import Change
-from agent.plan.choose import Plan, Target
+from agent.plan.choose import Plan
 from agent.plan.from_facts import plan_for_host
 from agent.protocol.answers import HostFacts
 from agent.protocol.common import new_txn_id

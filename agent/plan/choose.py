@@ -146,18 +146,9 @@ def _choose(  # noqa: PLR0913 - choose's arguments and the cap SGLang resolves f
         chosen, requests = _recommend(model, need, options, _as_float(flag(flags, "mem-fraction-static")))
     plan = _sized(host, model, need, (chosen, requests), fraction is not None)
     kept = [*notes, *model.notes]
-    smallest = model.min_fraction(need.goal)
-    running = _as_float(flag(flags, "mem-fraction-static"))
-    if fraction is None and plan.feasible and smallest is not None and smallest < plan.mem_fraction_static:
-        kept.append(
-            (
-                f"the running --mem-fraction-static {running:.3f} is above the highest safe "
-                f"{plan.mem_fraction_static:.3f}, which is chosen"
-                if running is not None and running > plan.mem_fraction_static
-                else f"the running --mem-fraction-static {plan.mem_fraction_static:.3f} already reaches "
-                "the target and is kept"
-            )
-            + f": {smallest:.3f} would reach it too, with fewer tokens for concurrent requests"
+    if fraction is None:
+        kept.extend(
+            _kept_note(plan, model.min_fraction(need.goal), _as_float(flag(flags, "mem-fraction-static")))
         )
     plan = _explained(plan, host, flags, model, kept, resolved)
     plan = replace(plan, warnings=(*failures, *plan.warnings))
@@ -167,6 +158,21 @@ def _choose(  # noqa: PLR0913 - choose's arguments and the cap SGLang resolves f
     unset = not asked.max_running and not flag(flags, "max-running-requests")
     plan = replace(plan, requests_set=not unset or plan.max_running_requests < options[0], given=asked.given)
     return replace(plan, shrinks=_shrinks(plan, model, _as_float(flag(flags, "mem-fraction-static"))))
+
+
+def _kept_note(plan: Plan, smallest: float | None, running: float | None) -> list[str]:
+    """Why the chosen fraction is above the smallest that reaches the goal: the running one is kept, or
+    it is above the highest safe one, which is chosen."""
+    if not plan.feasible or smallest is None or smallest >= plan.mem_fraction_static:
+        return []
+    said = (
+        f"the running --mem-fraction-static {running:.3f} is above the highest safe "
+        f"{plan.mem_fraction_static:.3f}, which is chosen"
+        if running is not None and running > plan.mem_fraction_static
+        else f"the running --mem-fraction-static {plan.mem_fraction_static:.3f} already reaches the target "
+        "and is kept"
+    )
+    return [f"{said}: {smallest:.3f} would reach it too, with fewer tokens for concurrent requests"]
 
 
 def _shrinks(plan: Plan, model: PoolModel, running: float | None) -> str | None:

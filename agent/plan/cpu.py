@@ -116,16 +116,15 @@ def _plan(inp: PlanInput, asked: Target, sizer: PoolSizer, ram: Ram, goal: int) 
         and reserve >= RESERVE_GIB
     )
     chosen = fraction if fraction is not None else MAX_FRACTION
-    requests = _requests(inp, asked)
     why_not = [] if feasible else [_why_not(ram, goal, pool_gib, reserve, capacity(chosen))]
     return Plan(
         mem_fraction_static=chosen,
-        max_running_requests=requests,
+        max_running_requests=_requests(inp, asked),
         context_length=asked.context,
         predicted_pool_tokens=goal if feasible else min(goal, capacity(chosen)),
         target_pool_tokens=math.ceil(asked.context * (1 + MARGIN)),
         predicted_pool_low_tokens=goal if feasible else min(goal, capacity(chosen)),  # low RAM already
-        concurrency_at_full_context=min(goal // asked.context, requests),  # the cap serves no more
+        concurrency_at_full_context=min(goal // asked.context, _requests(inp, asked)),  # bounded by the cap
         reserve_gib_per_gpu=reserve,
         reserve_floor_gib=RESERVE_GIB,
         feasible=feasible,

@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agent.errors import RenderError
 from agent.inventory import FlagValue, HostConfig
+from agent.sglang import server_args
 from agent.sglang.flagrules import canonical
 from agent.sglang.flags import FlagInput
 
@@ -51,6 +53,22 @@ def one_word(value: FlagInput) -> FlagValue:
     return " ".join(value) if isinstance(value, tuple) else value
 
 
+def check_table(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
+    """Every flag against SGLang's own table (agent/sglang/server_args.py): the inventory's baseline flags
+    that `flags` leave in place, then `flags`; the first one SGLang would refuse raises RenderError."""
+    baseline = {k: v for k, v in host.sglang.flags.items() if k not in flags}
+    for field, flagset in (("sglang.flags", baseline), ("flags", flags)):
+        for name, said in server_args.problems(host.sglang.version, flagset):
+            raise RenderError(f"{field}.{name}: {said}")
+
+
+def effective_of(host: HostConfig, given: SetFlags) -> Effective:
+    """A command's effective configuration, built once: SGLang's flag table refuses a bad --set first (a
+    typo is not planned for, and no connection is made for it)."""
+    check_table(host, dict(given))
+    return effective(host, given)
+
+
 def effective(host: HostConfig, given: SetFlags) -> Effective:
     """The inventory with --set over its flags and its weights restated at the effective TP x PP."""
     if not given:
@@ -69,7 +87,9 @@ def effective(host: HostConfig, given: SetFlags) -> Effective:
             update["model"] = host.model.model_copy(update={"weights_gib_per_gpu": w * ratio})
         d = host.draft
         if d is not None and d.weights_gib_per_gpu is not None:  # a draft is split over TP alone
-            update["draft"] = d.model_copy(update={"weights_gib_per_gpu": d.weights_gib_per_gpu * before[0] / after[0]})
+            update["draft"] = d.model_copy(
+                update={"weights_gib_per_gpu": d.weights_gib_per_gpu * before[0] / after[0]}
+            )
     return Effective(host.model_copy(update=update), tuple(given), host.sglang.flags)
 
 

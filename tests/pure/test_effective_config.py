@@ -99,7 +99,9 @@ def test_a_forgotten_k_is_refused() -> None:
     assert context_refusal(16_000, 32768, shrink=False)
     assert context_refusal(16_000, 32768, shrink=True) is None
     assert context_refusal(MIN_CONTEXT, None, shrink=False) is None
-    code, stdout, stderr = run("--units", str(ROOT / "units"), "plan", "ct200", "--context", "128", "--offline")
+    code, stdout, stderr = run(
+        "--units", str(ROOT / "units"), "plan", "ct200", "--context", "128", "--offline"
+    )
     assert code == 2 and stdout == "" and "128k" in stderr.splitlines()[0]
     code, _, stderr = run("--units", str(ROOT / "units"), "plan", "ct200", "--context", "16k", "--offline")
     assert code == 2 and "--shrink-context" in stderr

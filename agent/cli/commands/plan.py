@@ -76,16 +76,16 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return _run_facts(args, out)
     if not args.host:
         raise UsageError("a host is required (or --facts FILE)", hint="see: deployctl plan --help")
-    from agent.apply import check_context, with_set_flags
+    from agent.apply import check_context
+    from agent.plan.effective import effective_of
     from agent.plan.from_facts import plan_for_host
-    from agent.render import check_with_sglang_table
 
     change = change_of(args)
-    host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
+    service = load_service(args.host, units_dir(args.units))  # loaded once, passed down
+    host = node_host(service, 0)  # a multi-node service: rank 0
     check_context(change, host.sglang.flags, host.model.max_context)
-    check_with_sglang_table(host, dict(change.flags))
     version = host.sglang.version
-    host = with_set_flags(host, change, {})[0]
+    host = effective_of(host, change.flags).host  # the flag table read --set; the weights at its TP x PP
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
     history: Sequence[StartFigures]  # the starts that calibrate the plan
     history, ids = checked_starts(args.from_log, planned)
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     asked = _asked(change)
     facts = None
     if not args.from_log and not args.offline:
-        from_host, history, running, facts = _from_host(args, host, change, asked)
+        from_host, history, running, facts = _from_host(args, service, host, change, asked)
         if from_host is not None:
             warn_flag_table(out.stderr, version, dict(change.flags))  # planned: no error follows it
             return _printed(out, args, host.name, from_host, running, _restart(host, facts, from_host))
@@ -117,7 +117,7 @@ def _restart(host: HostConfig, facts: HostFacts, plan: Plan) -> RestartEstimate 
 
 
 def _from_host(
-    args: argparse.Namespace, host: HostConfig, change: Change, asked: Target
+    args: argparse.Namespace, service: HostConfig, host: HostConfig, change: Change, asked: Target
 ) -> tuple[Plan | None, Sequence[StartFigures], Flags, HostFacts]:
     """Ask the host for its facts: the plan from its config.json when it read one, its earlier starts and
     the running unit's flags."""
@@ -127,7 +127,7 @@ def _from_host(
     from agent.protocol.answers import as_facts
     from agent.remote.client import base_request
 
-    with session(connection_of(args)) as s:
+    with session(connection_of(args), service) as s:
         facts = as_facts(s.client.call(base_request(s.host, "facts")))
     check_context(change, facts.get("flags") or host.sglang.flags, host.model.max_context)  # as it runs
     facts = with_set_flags(host, change, facts)[1]

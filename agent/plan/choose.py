@@ -15,6 +15,7 @@ from agent.plan.requests import sglang_requests
 from agent.plan.verdict import Reading, decide, no_fraction
 from agent.sglang import kvpool
 from agent.sglang.flags import FlagInput
+from agent.sglang.redact import REDACTED, SECRET_FLAG
 
 PLAIN_DEFAULT_REQUESTS = 64
 
@@ -79,6 +80,12 @@ class Plan:
             flags["max-total-tokens"] = self.max_total_tokens
         return flags
 
+    def printed_flags(self) -> dict[str, FlagInput]:
+        """flags() fit to print: a --set api-key (or any secret flag) is rendered, its value never shown."""
+        return {
+            k: REDACTED if SECRET_FLAG.search(k) and v is not True else v for k, v in self.flags().items()
+        }
+
     def to_dict(self) -> dict[str, object]:  # the JSON object `plan --json` prints
         data = asdict(self)
         data["alternatives"] = [a.to_dict() for a in self.alternatives]
@@ -91,7 +98,7 @@ class Plan:
         data["reserve_gib_per_gpu"] = round(self.reserve_gib_per_gpu, 3)
         data["pre_gib"], data["post_gib"] = round(self.pre_gib, 4), round(self.post_gib, 4)
         data["cell_bytes"] = round(self.cell_bytes, 1)
-        data["flags"] = self.flags()
+        data["flags"] = self.printed_flags()
         del data["requests_set"], data["given"]  # the flags say them
         if self.shrinks is None:
             del data["shrinks"]  # said only when the plan shrinks a pool that held the target

@@ -141,3 +141,18 @@ def test_full_context_concurrency_is_bounded_by_the_cap() -> None:
     inp = parse_facts(facts("llama-3.1-8b", H100, 1, 16, max_running_requests=4), name="x")
     plan = plan_from_facts(inp, Target(8192))
     assert plan.predicted_pool_tokens // 8192 > 4 and plan.concurrency_at_full_context == 4
+
+
+def test_a_secret_set_flag_is_sized_and_rendered_but_never_printed() -> None:
+    for extra in ((), ("--json",)):
+        code, stdout, _ = run(
+            "--units", str(ROOT / "units"), "plan", "ct200", "--context", "200k", "--offline",
+            "--set", "api-key=hunter2", *extra,
+        )  # fmt: skip
+        shown = "--api-key ***" in stdout or '"api-key": "***"' in stdout
+        assert code == 0 and "hunter2" not in stdout and shown
+    plan = plan_from_facts(
+        parse_facts(facts("llama-3.1-8b", H100, 1, 16), name="x"),
+        asked_of(Change(32768, flags=(("api-key", "hunter2"),))),
+    )
+    assert plan.flags()["api-key"] == "hunter2"  # what apply renders

@@ -11,11 +11,11 @@ from dataclasses import dataclass, replace
 
 from agent.errors import UsageError
 from agent.inventory import HostConfig
-from agent.orchestrate.asked import Change
+from agent.orchestrate.asked import ArgError, Change, parse_context
 from agent.output import Output, Style
 from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target
-from agent.plan.effective import context_refusal, effective, one_word, served_context
+from agent.plan.effective import context_refusal, effective, one_word
 from agent.plan.from_facts import plan_for_host, plan_from_host_facts
 from agent.plan.restart_time import GIB, PageCache, RestartEstimate
 from agent.plan.restart_time import from_facts as restart_from_facts
@@ -96,6 +96,18 @@ def asked_of(change: Change) -> Target:
     """What a change asks the planner for: the context, a fraction or request count fixed, and the other
     --set flags, which the plan sizes and then carries into its printed and rendered flags."""
     return Target(change.context, change.mem_fraction_static, change.max_running_requests, change.flags)
+
+
+def served_context(flags: Mapping[str, object], model_context: int | None) -> int | None:
+    """The context the unit serves now: its --context-length (as the inventory spells it: 128Ki), else the
+    model's own (SGLang's default)."""
+    given = flags.get("context-length")
+    if given is None or isinstance(given, bool):
+        return model_context
+    try:
+        return parse_context(str(given), "--context-length")
+    except ArgError:
+        return model_context
 
 
 def check_context(change: Change, running: Mapping[str, object], model_context: int | None) -> None:

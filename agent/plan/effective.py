@@ -94,18 +94,7 @@ def effective(host: HostConfig, given: SetFlags) -> Effective:
 
 
 # A context below this is a typo, not a plan (--context 128 for 128k): no chat turn fits in it.
-MIN_CONTEXT = 1024
-
-
-def served_context(flags: Mapping[str, object], model_context: int | None) -> int | None:
-    """The context the unit serves now: its --context-length, else the model's own (SGLang's default)."""
-    given = flags.get("context-length")
-    if given is None or isinstance(given, bool):
-        return model_context
-    try:
-        return int(str(given))
-    except ValueError:
-        return model_context
+MIN_CONTEXT = 1000
 
 
 def context_refusal(target: int, served: int | None, shrink: bool) -> str | None:

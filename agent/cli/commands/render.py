@@ -80,16 +80,11 @@ def pool_note(host: HostConfig, flags: dict[str, FlagInput]) -> str | None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    from agent.plan.effective import context_refusal, served_context
     from agent.render import render_unit, template_dir
     from agent.sglang import version_flags
     from agent.verify import render_checked
 
     host = node_host(load_service(args.host, units_dir(args.units)), 0)  # a multi-node service: rank 0
-    served = served_context(host.sglang.flags, host.model.max_context)
-    said = context_refusal(args.context, served, args.shrink_context)
-    if said:
-        raise UsageError(said)
     flags = requested_flags(args)
     text = render_checked(host, flags)
     warn_flag_table(out.stderr, host.sglang.version, dict(args.set_flags))

@@ -22,7 +22,9 @@ from agent.plan.facts import parse_facts
 from agent.plan.from_facts import plan_for_host, plan_from_facts
 from agent.plan.predict import pool_model
 from agent.plan.requests import sglang_requests
+from agent.render import render_unit, template_dir
 from agent.report import render_plan
+from agent.sglang.flags import parse_unit_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "tests" / "data" / "models"
@@ -156,3 +158,17 @@ def test_a_secret_set_flag_is_sized_and_rendered_but_never_printed() -> None:
         asked_of(Change(32768, flags=(("api-key", "hunter2"),))),
     )
     assert plan.flags()["api-key"] == "hunter2"  # what apply renders
+
+
+# The root: the running unit's flags the inventory does not have are what its starts ran under, not the
+# unit apply renders; the plan sizes the rendered one (an fp8 KV cache set by hand on the host is dropped by
+# the render, so the plan must not promise its pool).
+def test_a_flag_only_the_running_unit_has_is_evidence_not_the_plan() -> None:
+    host = ct200()
+    same = plan_for_host(host, Target(200_000), None, host.sglang.flags)
+    drifted = plan_for_host(host, Target(200_000), None, {**host.sglang.flags, "kv-cache-dtype": "fp8_e4m3"})
+    assert (
+        drifted.cell_bytes == same.cell_bytes and drifted.predicted_pool_tokens == same.predicted_pool_tokens
+    )
+    text = render_unit(host, drifted.flags(), template_dir())
+    assert "kv-cache-dtype" not in dict(parse_unit_flags(text))

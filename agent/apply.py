@@ -15,7 +15,7 @@ from agent.orchestrate.asked import ArgError, Change, parse_context
 from agent.output import Output, Style
 from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target
-from agent.plan.effective import context_refusal, effective, one_word
+from agent.plan.effective import context_refusal, context_shrink, effective, one_word
 from agent.plan.from_facts import plan_for_host, plan_from_host_facts
 from agent.plan.restart_time import GIB, PageCache, RestartEstimate
 from agent.plan.restart_time import from_facts as restart_from_facts
@@ -110,16 +110,27 @@ def served_context(flags: Mapping[str, object], model_context: int | None) -> in
         return model_context
 
 
-def check_context(change: Change, running: Mapping[str, object], model_context: int | None) -> None:
-    """A target context below the one the unit serves now, or implausibly small, is refused in one line
-    before anything is planned (plan/effective.py context_refusal)."""
-    said = context_refusal(change.context, served_context(running, model_context), change.shrink_context)
+def check_context(
+    change: Change, running: Mapping[str, object], model_context: int | None
+) -> tuple[str, ...]:
+    """A target context implausibly small, or a slip far below the one the unit serves now, is refused in
+    one line before anything is planned (plan/effective.py context_refusal); a smaller shrink is returned
+    as the warning the plan carries."""
+    served = served_context(running, model_context)
+    said = context_refusal(change.context, served, change.shrink_context)
     if said:
         raise UsageError(said + "; nothing was changed")
+    shrink = context_shrink(change.context, served)
+    return (shrink,) if shrink else ()
 
 
 def make_plan(host: HostConfig, change: Change, facts: HostFacts) -> Plan:
-    check_context(change, facts.get("flags") or host.sglang.flags, host.model.max_context)
+    shrink = check_context(change, facts.get("flags") or host.sglang.flags, host.model.max_context)
+    plan = _planned(host, change, facts)
+    return replace(plan, warnings=(*shrink, *plan.warnings))
+
+
+def _planned(host: HostConfig, change: Change, facts: HostFacts) -> Plan:
     host, facts = with_set_flags(host, change, facts)
     asked = asked_of(change)
     from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked)

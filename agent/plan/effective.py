@@ -95,22 +95,31 @@ def effective(host: HostConfig, given: SetFlags) -> Effective:
 
 # A context below this is a typo, not a plan (--context 128 for 128k): no chat turn fits in it.
 MIN_CONTEXT = 1000
+SHRINK_FACTOR = 8  # a target this many times below the served context is a slip of the unit, not a plan
 
 
 def context_refusal(target: int, served: int | None, shrink: bool) -> str | None:
     """Why a target context is refused before planning, in one line; None when it is planned.
 
-    A target below the context the unit serves now shrinks what clients may send (and the smoke test
-    shrinks its prompt to fit, so the change would commit): it needs --shrink-context. A target below
-    MIN_CONTEXT is refused either way."""
+    A target below MIN_CONTEXT is refused; one at an eighth or less of the context the unit serves now is
+    a unit slip (the "k" forgotten divides by 1,000) unless --shrink-context says it is meant. A smaller
+    shrink is planned and said (context_shrink): the smoke test shrinks its prompt to fit, so nothing else
+    would notice it."""
     if target < MIN_CONTEXT:
         return (
             f"--context {target:,} is implausibly small (below {MIN_CONTEXT:,} tokens): "
             f"did you mean {target}k?"
         )
-    if served is not None and target < served and not shrink:
+    if served is not None and target * SHRINK_FACTOR <= served and not shrink:
         return (
-            f"--context {target:,} is below the {served:,} tokens the unit serves now: it would shrink the "
-            "served context; pass --shrink-context to mean it"
+            f"--context {target:,} is an eighth or less of the {served:,} tokens the unit serves now (a "
+            "forgotten k?); pass --shrink-context to mean it"
         )
     return None
+
+
+def context_shrink(target: int, served: int | None) -> str | None:
+    """The warning a plan carries when its context is below the one the unit serves now."""
+    if served is None or target >= served:
+        return None
+    return f"the served context shrinks from {served:,} to {target:,} tokens: longer prompts will be refused"

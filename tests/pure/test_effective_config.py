@@ -95,22 +95,23 @@ def test_an_unset_request_cap_is_sized_as_sglang_resolves_it() -> None:
     assert reserve >= plan.reserve_floor_gib and plan.reserve_gib_per_gpu == pytest.approx(reserve)
 
 
-# Item 5: a context below the one served now, or implausibly small, is refused in one line (exit 2).
+# Item 5: a context implausibly small, or a slip far below the one served now, is refused in one line
+# (exit 2); a smaller shrink is planned and said.
 def test_a_forgotten_k_is_refused() -> None:
     assert context_refusal(128, 32768, shrink=False) and context_refusal(128, None, shrink=True)
-    assert context_refusal(16_000, 32768, shrink=False)
-    assert context_refusal(16_000, 32768, shrink=True) is None
+    assert context_refusal(4_000, 32768, shrink=False)
+    assert context_refusal(4_000, 32768, shrink=True) is None
+    assert context_refusal(16_000, 32768, shrink=False) is None
     assert context_refusal(MIN_CONTEXT, None, shrink=False) is None
-    code, stdout, stderr = run(
-        "--units", str(ROOT / "units"), "plan", "ct200", "--context", "128", "--offline"
-    )
+    units = str(ROOT / "units")
+    code, stdout, stderr = run("--units", units, "plan", "ct200", "--context", "128", "--offline")
     assert code == 2 and stdout == "" and "128k" in stderr.splitlines()[0]
-    code, _, stderr = run("--units", str(ROOT / "units"), "plan", "ct200", "--context", "16k", "--offline")
+    code, _, stderr = run("--units", units, "plan", "ct200", "--context", "4k", "--offline")
     assert code == 2 and "--shrink-context" in stderr
-    code, _, _ = run(
-        "--units", str(ROOT / "units"), "plan", "ct200", "--context", "16k", "--offline", "--shrink-context"
-    )
+    code, _, _ = run("--units", units, "plan", "ct200", "--context", "4k", "--offline", "--shrink-context")
     assert code == 0
+    code, stdout, _ = run("--units", units, "plan", "ct200", "--context", "16k", "--offline")
+    assert code == 0 and "warning: the served context shrinks from 32,768 to 16,000 tokens" in stdout
 
 
 # Item 6: plan --json prints the --set flags it sized among its flags.

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     change = change_of(args)
     service = load_service(args.host, units_dir(args.units))  # loaded once, passed down
     host = node_host(service, 0)  # a multi-node service: rank 0
-    check_context(change, host.sglang.flags, host.model.max_context)
+    shrink = check_context(change, host.sglang.flags, host.model.max_context)
     version = host.sglang.version
     host = effective_of(host, change.flags).host  # the flag table read --set; the weights at its TP x PP
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
@@ -98,6 +98,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             warn_flag_table(out.stderr, version, dict(change.flags))  # planned: no error follows it
             return _printed(out, args, host.name, from_host, running, _restart(host, facts, from_host))
     plan = plan_for_host(host, asked, history or None, running, ids if args.from_log else ())
+    plan = replace(plan, warnings=(*shrink, *plan.warnings))
     restart = _restart(host, facts, plan) if facts is not None else None
     warn_flag_table(out.stderr, version, dict(change.flags))
     return _printed(out, args, host.name, plan, running, restart)
@@ -129,11 +130,15 @@ def _from_host(
 
     with session(connection_of(args), service) as s:
         facts = as_facts(s.client.call(base_request(s.host, "facts")))
-    check_context(change, facts.get("flags") or host.sglang.flags, host.model.max_context)  # as it runs
+    shrink = check_context(
+        change, facts.get("flags") or host.sglang.flags, host.model.max_context
+    )  # as it runs
     facts = with_set_flags(host, change, facts)[1]
     history = [h.copy() for h in calibration_from(facts) or []]
     running: Flags = facts.get("flags") or host.sglang.flags
-    return plan_from_host_facts(host, facts, history, asked), history, running, facts
+    plan = plan_from_host_facts(host, facts, history, asked)
+    plan = None if plan is None else replace(plan, warnings=(*shrink, *plan.warnings))
+    return plan, history, running, facts
 
 
 def _printed(  # noqa: PLR0913 - the plan, where it runs now, and its restart estimate
@@ -173,7 +178,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
 
     change = change_of(args)
     inp = load_facts(Path(args.facts))
-    check_context(change, inp.flags, None)  # the unit's --context-length, where the facts name one
+    shrink = check_context(change, inp.flags, None)  # the unit's --context-length, where the facts name one
     for name, said in server_args.problems(inp.sglang_version, dict(change.flags)):
         raise UsageError(f"--set {name}: {said}")
     if change.flags:
@@ -190,6 +195,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     # Each start with what its log says it ran (its KV dtype scales its cell: plan/evidence.py as_started)
     inp = replace(inp, starts=(*inp.starts, *starts), start_ids=(*inp.start_ids, *ids))
     plan = plan_from_facts(inp, _asked(change))
+    plan = replace(plan, warnings=(*shrink, *plan.warnings))
     warn_flag_table(out.stderr, inp.sglang_version, dict(change.flags))
     return _printed(out, args, inp.name, plan, inp.flags)
 

@@ -1,0 +1,112 @@
+"""Review of the unit-job record and the boot guard: kills the existing matrix does not make (a kill inside
+the recovery's own jobs, a kill between a record's removal and its guard's), with a fake systemd whose
+dependencies are the loaded unit's, as systemd's are after daemon-reload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.host.bootguard import BootGuard
+from agent.protocol.events import Outcome
+from agent.protocol.groupmachine import Decision
+from tests.pure import test_kill_at_every_job as K
+from tests.pure.test_boot_guard import guard, reboot, starts_at_boot
+from tests.pure.test_group_node import agent_died_mid_change, coordinator, node_request, node_unit, recover_verb
+from tests.pure.txnfakes import Host, Script
+
+OLD, NEW = K.OLD, K.NEW
+
+
+class Loaded(K.TwoUnits):
+    """A stop of the daemon propagates (Requires=/BindsTo=/PartOf=) to the engine only when the engine's
+    LOADED unit names it: after a daemon-reload onto a unit without the tie, systemd knows no dependency,
+    whatever the running start was started from."""
+
+    def _daemon_down(self) -> None:
+        self.d_active = "inactive"
+        if self.active == "active" and f"BindsTo={K.DAEMON}" in self.loaded:
+            self.active, self.sub = "inactive", "dead"
+
+
+def rig(root: Path, c: K.Class) -> tuple[Host, K.TwoUnits]:
+    host, units = K.rig(root, c)
+    units.__class__ = Loaded
+    return host, units
+
+
+STOP = next(c for c in K.classes(NEW) if c.name == "stop")  # [weight_cache] turned off: stop the daemon first
+
+
+@pytest.mark.parametrize("fwd", [(1, "after"), (2, "before")])
+def test_a_recovery_killed_after_planning_its_jobs_is_not_taken_for_untouched(tmp_path: Path, fwd) -> None:
+    """The forward change stopped the daemon (its old engine keeps running: its loaded unit no longer ties
+    it). Recovery 1 restores the client unit and plans [stop engine, start daemon, start engine] over the
+    record's job list, then dies before its first job. Recovery 2 sees only engine jobs begun, the engine
+    running its recorded invocation: "untouched", "restored and healthy", with the daemon down."""
+    host, units = rig(tmp_path, STOP)
+    units.kill_at = fwd
+    with pytest.raises(K.Killed):
+        K.apply(host, STOP, NEW)
+    units.kill_at = (len(units.calls) + 1, "before")
+    with pytest.raises(K.Killed):
+        host.transaction(host.request(OLD)).recover_only()
+    units.kill_at = None
+    said = host.transaction(host.request(OLD)).recover_only()
+    K.check_end(host, units, STOP, K.daemon(), said)
+
+
+def test_a_change_killed_before_its_first_job_restarts_nothing(tmp_path: Path) -> None:
+    """Killed before the daemon's stop was sent: nothing ran, the daemon runs its remembered invocation and
+    the engine its recorded one. The recovery still restarts the engine (a model load for nothing)."""
+    host, units = rig(tmp_path, STOP)
+    units.kill_at = (1, "before")
+    with pytest.raises(K.Killed):
+        K.apply(host, STOP, NEW)
+    before = len(units.calls)
+    units.kill_at = None
+    said = host.transaction(host.request(OLD)).recover_only()
+    K.check_end(host, units, STOP, K.daemon(), said)
+    assert units.calls[before:] == [], f"needless jobs: {units.calls[before:]}"
+
+
+class Died(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("decision", [Decision.COMMIT, Decision.ABORT])
+def test_a_kill_between_the_records_removal_and_the_guards_leaves_no_unit_that_never_boots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decision: Decision
+) -> None:
+    """Ports.clear_record removes the record, then the drop-in. Killed in between, then rebooted: the unit's
+    start is skipped at every boot, and the next recovery finds no record, so it never lets it through nor
+    removes the drop-in: a group node that never starts again."""
+    host = Host(tmp_path, Script(pools={"100000": 110_000, "200000": 210_000}, crash={"300000"}))
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, NEW, 1))
+    coordinator(txn, decision)
+
+    def die(self: BootGuard) -> None:
+        raise Died
+
+    monkeypatch.setattr(BootGuard, "disarm", die)
+    with pytest.raises(Died):
+        txn.apply()
+    monkeypatch.undo()
+    reboot(host)
+    recover_verb(host, died=None)
+    assert not guard(host).armed() and starts_at_boot(host), "the drop-in outlived its record"
+
+
+def test_a_rank_left_in_doubt_does_not_start_its_old_unit_at_the_next_boot(tmp_path: Path) -> None:
+    """Recovery leaves an in-doubt rank stopped, its old unit back, "never a generation of its own"; it
+    clears the record and with it the boot guard, so the next boot starts the old server (enabled units
+    start at boot) against peers that may run the new generation."""
+    host = Host(tmp_path, Script(pools={"100000": 110_000, "200000": 210_000}, crash={"300000"}))
+    agent_died_mid_change(host, 1, go_age_s=1e6)
+    guard(host).arm()
+    _, outcome, message = recover_verb(host)
+    assert outcome is Outcome.ROLLBACK_FAILED and "in doubt" in message, message
+    reboot(host)
+    assert not starts_at_boot(host), "an in-doubt rank's old unit starts at boot"

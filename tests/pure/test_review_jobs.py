@@ -13,7 +13,13 @@ from agent.protocol.events import Outcome
 from agent.protocol.groupmachine import Decision
 from tests.pure import test_kill_at_every_job as K
 from tests.pure.test_boot_guard import guard, reboot, starts_at_boot
-from tests.pure.test_group_node import agent_died_mid_change, coordinator, node_request, node_unit, recover_verb
+from tests.pure.test_group_node import (
+    agent_died_mid_change,
+    coordinator,
+    node_request,
+    node_unit,
+    recover_verb,
+)
 from tests.pure.txnfakes import Host, Script
 
 OLD, NEW = K.OLD, K.NEW
@@ -110,3 +116,72 @@ def test_a_rank_left_in_doubt_does_not_start_its_old_unit_at_the_next_boot(tmp_p
     assert outcome is Outcome.ROLLBACK_FAILED and "in doubt" in message, message
     reboot(host)
     assert not starts_at_boot(host), "an in-doubt rank's old unit starts at boot"
+
+
+def boot(host: Host) -> None:
+    """A reboot: /run empty, and the unit started at boot only where its drop-ins' conditions hold."""
+    reboot(host)
+    host.systemd.stop("sglang.service", 5.0)
+    if starts_at_boot(host):
+        host.systemd.start("sglang.service", 5.0)
+
+
+def test_a_verified_group_record_found_after_a_reboot_is_not_kept_with_its_unit_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """commit() writes PHASE_VERIFIED (re-arming the guard) then clears both. Killed in between and rebooted,
+    the guard skipped the start at boot; recovery takes the verified record, clears it and says "kept"
+    (APPLIED) with the committed unit inactive: nothing starts it."""
+    host = Host(tmp_path, Script(pools={"100000": 110_000, "200000": 210_000}, crash={"300000"}))
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, NEW, 1))
+    coordinator(txn, Decision.COMMIT)
+
+    def die(self: BootGuard) -> None:
+        raise Died
+
+    from agent.host import txn_ports
+
+    monkeypatch.setattr(txn_ports.Ports, "clear_record", lambda self: die(self.guard))
+    with pytest.raises(Died):
+        txn.apply()
+    monkeypatch.undo()
+    boot(host)
+    _, outcome, message = recover_verb(host, died=None)
+    assert host.systemd.active == "active" or outcome is not Outcome.APPLIED, (outcome, message)
+
+
+def test_a_group_recovery_keeps_its_record_until_the_old_unit_is_back(tmp_path: Path) -> None:
+    """recover_group clears the record (and the boot guard) before group_back starts the old unit: an old
+    unit that then fails (or an agent killed during that start) leaves no record; the verb says "an earlier
+    change (?) could not be rolled back ... backup (none: there was no unit)" and the next run recovers
+    nothing."""
+    host = Host(tmp_path, Script(pools={"200000": 210_000}, crash={"100000"}))  # the old unit fails to start
+    signals = agent_died_mid_change(host, 1, go_age_s=1e6)
+    signals.for_rollback().go()  # every rank stopped: the coordinator's go-back is there
+    _, outcome, message = recover_verb(host)
+    assert outcome is Outcome.ROLLBACK_FAILED, message
+    record = tmp_path / "state" / "units" / "sglang.service" / "pending.json"
+    assert record.exists() and "(?)" not in message, message
+
+
+def test_the_model_reboots_an_in_doubt_node_as_the_code_leaves_it() -> None:
+    """The model check's reboot keeps an in-doubt node stopped ("the boot guard"); the code clears the
+    record and the guard of a node its recovery left in doubt, so its old unit starts at boot. With that
+    one line of physics the model check's own invariant fails: two generations at once."""
+    from tests.pure import test_group_model as M
+
+    real = M.reboot
+
+    def reboot_as_coded(w: M.World, i: int) -> M.World:
+        booted = real(w, i)
+        node = w.nodes[i]
+        if node.phase.value == "in-doubt" and not w.record[i] and w.known[i]:  # no record, no guard
+            booted = M.set_gen(booted, i, M.Gen.OLD)
+        return booted
+
+    M.reboot = reboot_as_coded
+    try:
+        M.explore(2, 2)
+    finally:
+        M.reboot = real

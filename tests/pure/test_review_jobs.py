@@ -185,3 +185,21 @@ def test_the_model_reboots_an_in_doubt_node_as_the_code_leaves_it() -> None:
         M.explore(2, 2)
     finally:
         M.reboot = real
+
+
+def test_converges_rollback_of_the_kept_rank_never_restarts_the_new_unit_alone(tmp_path: Path) -> None:
+    """converge (group/run.py) rolls the one kept rank back with a plain one-host `rollback --to BACKUP`
+    (group/apply.py and fleet/grouprun.py _rollback: no group in its request). When that old start fails
+    its gate (a rendezvous that times out, an OOM), the one-host path rolls the rollback back: it restores
+    the NEW unit and restarts it alone, while every other rank runs or waits on the old one. The model
+    check takes converge's rollback as an atomic success (converge_moves: set_gen(OLD))."""
+    host = Host(tmp_path, Script(pools={"200000": 210_000}, crash={"100000"}))
+    host.install(host.etc, node_unit(NEW, 0))
+    (host.etc / "sglang.service.bak.20261201T000000Z").write_text(node_unit(OLD, 0))
+    restarts = host.systemd.restarts + host.systemd.starts
+    req = host.request(OLD, verb="rollback", backup="sglang.service.bak.20261201T000000Z")
+    host.transaction(req, txn="20261201T000200Z-conver").rollback()
+    new_started_alone = (host.etc / "sglang.service").read_text() == node_unit(NEW, 0) and (
+        host.systemd.active == "active" and host.systemd.restarts + host.systemd.starts > restarts + 1
+    )
+    assert not new_started_alone, "the kept rank's new unit was restarted alone after its rollback failed"

@@ -203,3 +203,15 @@ def test_converges_rollback_of_the_kept_rank_never_restarts_the_new_unit_alone(t
         host.systemd.active == "active" and host.systemd.restarts + host.systemd.starts > restarts + 1
     )
     assert not new_started_alone, "the kept rank's new unit was restarted alone after its rollback failed"
+
+
+def test_a_hand_edited_daemon_file_is_written_back_without_restarting_the_engine(tmp_path: Path) -> None:
+    """The daemon runs deployctl's text (weight-cache.json says so), the engine's unit is unchanged; only
+    the daemon's file was edited by hand. compare's repair forces a change, and the change always
+    restarts the engine (restart_engine): a model load to rewrite a file nothing runs."""
+    keep = next(c for c in K.classes(OLD) if c.name == "keep")
+    host, units = rig(tmp_path, keep)
+    (host.etc / K.DAEMON).write_text(K.daemon() + "# edited by hand\n")
+    said = K.apply(host, keep, OLD)
+    assert (host.etc / K.DAEMON).read_text() == K.daemon(), said.message
+    assert units.calls == [], f"{said.outcome}: {units.calls}"

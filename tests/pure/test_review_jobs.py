@@ -215,3 +215,25 @@ def test_a_hand_edited_daemon_file_is_written_back_without_restarting_the_engine
     said = K.apply(host, keep, OLD)
     assert (host.etc / K.DAEMON).read_text() == K.daemon(), said.message
     assert units.calls == [], f"{said.outcome}: {units.calls}"
+
+
+def test_the_host_refuses_a_group_node_in_weight_cache_client_mode(tmp_path: Path) -> None:
+    """[weight_cache] with [nodes] is refused by the laptop's inventory only. The host agent takes a group
+    request whose unit is a daemon client (an older laptop, a hand-written request): it writes the daemon's
+    new unit, and the group path (stop_then_start) never runs the daemon's jobs: the daemon keeps its old
+    fingerprint under its new file, and the change is reported applied."""
+    from dataclasses import replace
+
+    def node(text: str, context: int) -> str:
+        return text.replace(
+            f"--context-length {context}", f"--context-length {context} --nnodes 2 --node-rank 1"
+        )
+
+    restart = next(c for c in K.classes(NEW) if c.name == "restart")
+    host, units = rig(tmp_path, replace(restart, old=node(restart.old, OLD)))
+    req = node_request(host, NEW, 1)
+    txn = host.transaction(replace(req, unit_text=node(restart.new, NEW), daemon_text=restart.sent))
+    coordinator(txn, Decision.COMMIT)
+    said = txn.apply()
+    on_disk = (host.etc / K.DAEMON).read_text()
+    assert said.outcome is Outcome.ERROR or units.d_text == on_disk, (said.outcome, units.calls)

@@ -59,6 +59,9 @@ def recover(p: Ports, run: Run) -> str | None:
         p.log.emit(Stage.RECOVER, "warning", f"{exc}: refusing to change {p.unit}")
         return "corrupt"
     if record is None:
+        if p.guard.armed():  # killed between a record's save and its guard's, or a removal's: no change
+            p.guard.disarm()
+            p.log.emit(Stage.RECOVER, "step", f"removed the boot guard of {p.unit}: no change pending")
         return None
     if p.guard.armed():  # this boot's agent decides now: the starts it makes pass the boot guard
         p.guard.allow()

@@ -8,13 +8,15 @@ from agent.host.grouprecovery import recovery
 from agent.host.groupsignal import Signals
 from agent.host.poll import wait_until
 from agent.host.state import PHASE_VERIFIED, CorruptRecord, Record
-from agent.host.txn_ports import Ports, Result, Run
+from agent.host.txn_ports import NO_UNIT, Ports, Result, Run
 from agent.host.txn_restart import stop_clean
 from agent.host.txn_restore import restore, verify_old
 from agent.protocol.events import Outcome, Stage
 from agent.protocol.groupmachine import Do, Phase
 from agent.protocol.grouprecord import GroupRecord, UnreadableGroupRecord
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S
+
+RUNNING = ("active", "reloading", "activating")
 
 
 def blocked(p: Ports, run: Run, found: str | None, explicit: bool) -> Result | None:
@@ -32,6 +34,13 @@ def blocked(p: Ports, run: Run, found: str | None, explicit: bool) -> Result | N
             f"{run.unreadable}: nothing changed; whether {p.unit} is one rank of a group, and which, is "
             f"unknown: compare it with its backups (deployctl backups) and its group's other nodes "
             f"(deployctl status), restore the right unit by hand, then remove {p.state.record_path(p.unit)}",
+        )
+    if found == "failed" and not explicit and run.unrecovered and run.unrecovered.phase == PHASE_VERIFIED:
+        return Result(
+            Outcome.ROLLBACK_FAILED,
+            f"an earlier change ({run.unrecovered.txn}) had been verified but {p.unit} does not start "
+            f"again, so nothing else was changed: see its journal, then re-run (the start is tried again)",
+            {"backup": run.unrecovered.backup},
         )
     if found == "failed" and not explicit:
         record = run.unrecovered
@@ -66,9 +75,7 @@ def recover(p: Ports, run: Run) -> str | None:
     if p.guard.armed():  # this boot's agent decides now: the starts it makes pass the boot guard
         p.guard.allow()
     if record.phase == PHASE_VERIFIED:
-        p.clear_record()
-        p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn} had been verified: kept")
-        return "kept"
+        return keep_verified(p, run, record)
     run.recovering = record.txn != p.txn  # this change's own record rolls back with its group
     group, unreadable = read_group(p, run, record)
     if unreadable:
@@ -91,6 +98,33 @@ def recover(p: Ports, run: Run) -> str | None:
     run.unrecovered = record
     p.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
     return "failed"
+
+
+def keep_verified(p: Ports, run: Run, record: Record) -> str:
+    """A verified change killed before its record went: keep it. A reboot in between may have left its
+    unit stopped (a group node's boot guard skips the start at boot): it is started and checked before
+    the record goes, as a committed group's node is (recover_group)."""
+    state = p.systemd.unit_state(p.unit)
+    ok, reason = True, ""
+    if state.active_state not in RUNNING and state.load_state not in NO_UNIT:
+        p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn} had been verified; {p.unit} is "
+                   f"{state.active_state}: starting it")  # fmt: skip
+        try:
+            group = GroupRecord.read(p.state.txn_dir(record.txn))
+        except UnreadableGroupRecord:
+            group = None
+        if group is not None:  # the group committed: its peers run this generation; no rank's own gate
+            started = p.systemd.start(p.unit, RESTART_JOB_TIMEOUT_S)
+            ok, reason = started.ok, f"its start ended {started.result}"
+        else:
+            ok, reason = verify_old(p, run)
+    if not ok:
+        run.unrecovered = record
+        p.log.emit(Stage.RECOVER, "warning", f"the verified unit of {record.txn} did not start: {reason}")
+        return "failed"
+    p.clear_record()
+    p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn} had been verified: kept")
+    return "kept"
 
 
 def read_group(p: Ports, run: Run, record: Record) -> tuple[GroupRecord | None, bool]:

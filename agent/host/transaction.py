@@ -25,7 +25,7 @@ from agent.host.txn_commit import commit
 from agent.host.txn_next import Observed, Step, next_step, verified, watched
 from agent.host.txn_ports import Change, Ports, ProbeFactory, ProbePort, Result, Run, SystemdPort, http_probe
 from agent.host.txn_restart import restart_and_watch
-from agent.host.txn_restore import roll_back
+from agent.host.txn_restore import group_node, roll_back, stop_rank
 from agent.host.txn_verify import verify
 from agent.host.units import UnitFiles
 from agent.host.watch import JournalPort
@@ -200,6 +200,9 @@ class Transaction:
             return txn_group.start_and_decide(self.ports, self.run, change)
         return self._steps(change)
 
+    def _backup_text(self, change: Change) -> str | None:
+        return self.files.read(change.backup) if change.backup else None
+
     def _steps(self, change: Change) -> Result:
         """Restart, watch, gate, verify: commit the new unit, or roll back to the backup; what comes next is
         decided by next_step (host/txn_next.py) from what the steps observed."""
@@ -216,5 +219,7 @@ class Transaction:
                 seen, reason = verified(seen, failed), reason if failed is None else failed
             elif step is Step.COMMIT:
                 return commit(self.ports, self.run, started, change)
+            elif self.req.verb == "rollback" and group_node(change.new, self._backup_text(change)):
+                return stop_rank(self.ports, self.run, change, reason, started)  # never the new unit alone
             else:
                 return roll_back(self.ports, self.run, change, reason, started)

@@ -151,6 +151,9 @@ def recover_group(p: Ports, run: Run, record: Record, group: GroupRecord) -> str
         p.clear_record()
         p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn}: the group committed: kept")
         return "kept"
+    # The record, and the boot guard with it, stay until the old unit is back (or a group change
+    # takes the node): a node in doubt, or whose old start failed, must not start at the next boot.
+    p.guard.arm()
     stop_clean(p, RESTART_JOB_TIMEOUT_S)  # its new server must not meet an old peer, nor stay
     run.hold_old = True
     ok, reason = restore(p, run, record)
@@ -159,8 +162,12 @@ def recover_group(p: Ports, run: Run, record: Record, group: GroupRecord) -> str
         run.unrecovered = record
         p.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
         return "failed"
-    p.clear_record()
-    return group_back(p, run, record, group, step.wait_back_s)
+    back = group_back(p, run, record, group, step.wait_back_s)
+    if back == "restored":
+        p.clear_record()
+    elif back == "failed":
+        run.unrecovered = record
+    return back
 
 
 def group_back(p: Ports, run: Run, record: Record, group: GroupRecord, wait_back_s: float) -> str:

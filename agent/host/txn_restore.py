@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from agent.host.decide import Action, Gate
 from agent.host.groupsignal import Signals
 from agent.host.state import PHASE_ROLLING_BACK, Record
-from agent.host.txn_ports import NO_UNIT, Change, Ports, Result, Run, node_rank
+from agent.host.txn_ports import NO_UNIT, Change, Ports, Result, Run, flags_of, node_rank
 from agent.host.txn_restart import restart_and_watch, stop_clean
 from agent.host.unitjobs import touched
 from agent.host.units import UnitWriteError
@@ -58,6 +58,30 @@ def roll_back(p: Ports, run: Run, change: Change, reason: str, started: WatchRes
         Outcome.ROLLBACK_FAILED,
         f"change rejected ({reason}) and the old unit did not come back: {why}; "
         f"old unit in place from {backup}, rejected unit kept at {rejected}",
+        data,
+    )
+
+
+def group_node(*texts: str | None) -> bool:
+    """Either unit is one rank of a multi-node service (--nnodes >= 2)."""
+    return any(str(flags_of(t or "").get("nnodes", "1")) not in ("", "0", "1") for t in texts)
+
+
+def stop_rank(p: Ports, run: Run, change: Change, reason: str, started: WatchResult) -> Result:
+    """A one-host rollback of a group's node whose old unit failed: the one-host undo would restore the
+    new unit and restart it alone, beside peers that run (or wait on) the old one. The rank is stopped
+    with the unit it was sent in place, its new unit kept in the backup; the group is left in doubt."""
+    stop_clean(p, RESTART_JOB_TIMEOUT_S)
+    p.clear_record()
+    p.log.emit(Stage.ROLLBACK, "warning", f"{change.restored_from or 'the old unit'} failed ({reason}): "
+               "this rank is stopped, never restarted alone on its new unit")  # fmt: skip
+    data: OutcomeData = {"reason": reason, "failure_kind": started.verdict.kind, "summary": started.summary}
+    data["backup"] = change.backup
+    return Result(
+        Outcome.ROLLBACK_FAILED,
+        f"{change.restored_from or 'the old unit'} did not start ({reason}): {p.unit} is one rank of a "
+        f"group, so it is left stopped with that unit in place (its new unit is kept in {change.backup}, "
+        "never restarted alone); the group is in doubt: deployctl apply again brings it back together",
         data,
     )
 

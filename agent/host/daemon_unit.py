@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -30,7 +30,7 @@ from agent.host.events import EventLog
 from agent.host.model_facts import read_config
 from agent.host.poll import wait_until
 from agent.host.state import StateDir, write_json_atomic
-from agent.host.unitjobs import Job, JobLog
+from agent.host.unitjobs import Job, JobLog, snapshot
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.host.weight_cache import DaemonSeen, check, daemon_unit, look, ready_dir, unservable, untied
 from agent.protocol.common import unit_sha256 as sha256
@@ -174,10 +174,18 @@ class DaemonUnit:
     log: EventLog
     ready_s: float = 1800.0  # how long a (re)started daemon may take to load its weights
     failed: str | None = None  # the daemon did not come up at the last restart: why (the outcome says)
+    _jobs: JobLog | None = field(default=None, repr=False)
 
     @property
     def jobs(self) -> JobLog:
-        return JobLog(self.state, self.engine)
+        """One log for the transaction: its `finished` counts from this run's last plan."""
+        if self._jobs is None:
+            self._jobs = JobLog(self.state, self.engine, self._snapshot)
+        return self._jobs
+
+    def _snapshot(self, unit: str) -> str:
+        state = self.systemd.unit_state(unit)
+        return snapshot(state.invocation_id, state.active_state)
 
     @property
     def name(self) -> str:

@@ -106,7 +106,8 @@ def restore(p: Ports, run: Run, record: Record) -> tuple[bool, str]:
     p.log.emit(Stage.RESTORE, "step", f"restoring {record.backup or 'no unit (there was none here)'}")
     state = p.systemd.unit_state(p.unit)
     # An inactive engine, another start of it, or a job begun on another unit (host/unitjobs.py): touched
-    untouched = not touched(record, p.unit, state.active_state, state.invocation_id)
+    look = p.daemon.jobs.look
+    untouched = not touched(record, p.unit, state.active_state, state.invocation_id, look)
     if untouched and not record.wrote and record.backup is not None:
         return True, ""  # nothing was written and nothing restarted: nothing to undo
     try:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from agent.host.daemon_unit import DaemonUnit, Running, Step, decide, mismatch, paired, restore_text
 from agent.host.events import EventLog
-from agent.host.state import StateDir
+from agent.host.state import PHASE_RESTARTED, Record, StateDir
 from agent.host.systemd import JobResult, UnitState
 from agent.host.units import UnitFiles
 from agent.host.weight_cache import DaemonSeen, Ready
@@ -154,9 +154,10 @@ class Rig:
         self.etc.mkdir()
         self.ready.mkdir()
         log = EventLog("t", self.root / "events.jsonl")
-        self.hook = DaemonUnit(
-            UnitFiles(self.etc), StateDir(self.root / "state"), ENGINE, self.units, log, 0.0
-        )
+        state = StateDir(self.root / "state")
+        self.hook = DaemonUnit(UnitFiles(self.etc), state, ENGINE, self.units, log, 0.0)
+        # every restart runs inside a change, under its recovery record (unitjobs.JobLog refuses without)
+        state.save_record(Record("t", ENGINE, PHASE_RESTARTED, None, "0" * 64))
 
     def running(self, engine: str, daemon: str, pid: int) -> None:
         """Both units installed and running (the daemon started by deployctl with this text), ready."""

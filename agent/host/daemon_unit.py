@@ -211,6 +211,23 @@ class DaemonUnit:
         )
         return f"{self.files.path(self.name)} {how}: this change writes it back"
 
+    def rewrite(self, wanted: str | None, keep_as: Path, reload: Callable[[], None]) -> bool:
+        """The daemon runs the text sent already (deployctl started it from that text, weight-cache.json
+        says) and only its file was deleted or edited by hand: the file is written back (a hand edit kept
+        at keep_as) and systemd reloads it, nothing restarted. False: a change must repair it."""
+        name = self.name
+        if wanted is None or not self._remembered():
+            return False
+        if self._started(self.systemd.unit_state(name)) != wanted:
+            return False
+        installed = self.files.read(name)
+        if installed is not None:
+            keep_as.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            keep_as.write_text(installed, encoding="utf-8", errors="surrogateescape")
+        self._put(name, installed, wanted)
+        reload()
+        return True
+
     # -- before anything changes ----------------------------------------------------------------------
     def refusal(self, engine_text: str, daemon_text: str | None) -> str | None:
         """Why this change cannot go ahead: without a daemon unit sent, the installed daemon must serve the

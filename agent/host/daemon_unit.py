@@ -229,9 +229,16 @@ class DaemonUnit:
         return True
 
     # -- before anything changes ----------------------------------------------------------------------
-    def refusal(self, engine_text: str, daemon_text: str | None) -> str | None:
-        """Why this change cannot go ahead: without a daemon unit sent, the installed daemon must serve the
-        engine as it is; with one, the two units must share a fingerprint."""
+    def refusal(self, engine_text: str, daemon_text: str | None, group: bool = False) -> str | None:
+        """Why this change cannot go ahead: a group's node is never a daemon's client (its stop-wait-start
+        runs no daemon job: the daemon would keep its old start under a new file); without a daemon unit
+        sent, the installed daemon must serve the engine as it is; with one, the two units must share a
+        fingerprint."""
+        if group and (daemon_text is not None or self._client(engine_text)):
+            return (
+                f"{self.engine} is one node of a multi-node group and a weight-cache daemon's client: "
+                "[weight_cache] does not combine with [nodes]"
+            )
         if self._client(engine_text):
             said = unservable(engine_text, daemon_text, _config(engine_text))
             if said is not None:

@@ -123,7 +123,7 @@ class Transaction:
         refused = txn_compare.check_with_sglang(self.ports, self.req.unit_text)
         if refused is not None:
             return refused
-        daemon = self.daemon.refusal(self.req.unit_text, self.req.daemon_text)
+        daemon = self.daemon.refusal(self.req.unit_text, self.req.daemon_text, self.req.group is not None)
         if daemon is not None:  # a dead daemon, or one holding another fingerprint: before any restart
             self.log.emit(Stage.COMPARE, "warning", daemon)
             return Result(Outcome.ERROR, daemon + "; nothing changed")

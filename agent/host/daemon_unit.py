@@ -332,14 +332,16 @@ class DaemonUnit:
                 self.log.emit(Stage.RESTART, "step", decision.why, daemon=decision.step.value)
             return self.jobs.run([engine], [restart])[-1]
         self.log.emit(Stage.RESTART, "step", decision.why, daemon=decision.step.value)
-        if decision.step is Step.STOP:
+        if decision.step is Step.STOP:  # the engine first (its drain, served by its daemon), then the daemon
 
             def stop() -> JobResult:
                 job = self.systemd.stop(name, timeout)
                 self._forget()
                 return job
 
-            return self.jobs.run([Job(name, "stop", None), engine], [stop, restart])[-1]
+            jobs = [Job(self.engine, "stop", None), Job(name, "stop", None), replace(engine, action="start")]
+            calls = [lambda: self.systemd.stop(self.engine, timeout), stop, lambda: self.systemd.start(self.engine, timeout)]
+            return self.jobs.run(jobs, calls)[-1]
         return self._with_daemon(name, decision.step, timeout, seen.text or "", folder)
 
     def _with_daemon(self, name: str, step: Step, timeout: float, text: str, folder: str | None) -> JobResult:

@@ -204,10 +204,11 @@ def test_a_stopped_daemon_is_started_before_the_engine(rig: Rig) -> None:
     assert rig.restart() == [f"stop {ENGINE}", f"start {DAEMON}", f"start {ENGINE}"]
 
 
-def test_an_engine_no_longer_its_client_stops_the_daemon_first(rig: Rig) -> None:
+def test_an_engine_no_longer_its_client_stops_the_daemon_after_the_engine(rig: Rig) -> None:
+    """The running engine still reads its weights through the daemon while it drains: engine, daemon, engine."""
     rig.running(engine_text(rig.ready), daemon_text(), os.getpid())
     (rig.etc / ENGINE).write_text(engine_text(rig.ready, client=False))
-    assert rig.restart() == [f"stop {DAEMON}", f"restart {ENGINE}"]
+    assert rig.restart() == [f"stop {ENGINE}", f"stop {DAEMON}", f"start {ENGINE}"]
 
 
 def test_the_write_backs_up_under_the_engines_stamp_and_a_restore_puts_it_back(rig: Rig) -> None:

@@ -223,7 +223,7 @@ def test_the_daemon_classes_run_their_jobs_in_order(tmp_path: Path) -> None:
         "keep": [f"restart {UNIT}"],
         "restart": [f"stop {UNIT}", f"restart {DAEMON}", f"start {UNIT}"],
         "start": [f"stop {UNIT}", f"start {DAEMON}", f"start {UNIT}"],
-        "stop": [f"stop {DAEMON}", f"restart {UNIT}"],
+        "stop": [f"stop {UNIT}", f"stop {DAEMON}", f"start {UNIT}"],
     }
     for c in classes(NEW):
         host, units = rig(tmp_path / c.name, c)

@@ -379,11 +379,17 @@ class DaemonUnit:
 
     def _ready(self, name: str, folder: str | None) -> bool:
         """Its ready files (one per GPU, each naming a live PID), or it stopped trying: failed, or failed
-        and waiting for systemd's Restart= (sub-state auto-restart)."""
+        and waiting for systemd's Restart= (sub-state auto-restart). An engine unit that names no ready-file
+        folder gives nothing to wait on: the daemon's job result alone says, at once."""
 
         def up() -> bool:
             state = self.systemd.unit_state(name)
             return state.active_state in _ACTIVE and state.sub_state != "auto-restart"
+
+        if folder is None:
+            self.log.emit(Stage.RESTART, "warning", f"the engine's unit names no {wc.READY_TEMPLATE}: "
+                          f"{name}'s weights cannot be seen loaded, only that it runs")  # fmt: skip
+            return up()
 
         def done() -> bool:
             if not up():

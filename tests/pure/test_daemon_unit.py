@@ -364,3 +364,21 @@ def test_the_engine_starts_only_once_every_ranks_ready_file_is_there(
     rig.hook.ready_s = 3600.0
     assert rig.restart() == [f"stop {ENGINE}", f"start {DAEMON}", f"start {ENGINE}"]
     assert units.at_engine_start == [8]  # not 1: the first GPU's file alone
+
+
+def test_an_engine_without_a_ready_folder_is_not_waited_on_for_the_full_weights_time(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ready-file folder in the engine's unit: nothing can show the weights loaded; the daemon's job says
+    at once, never after waiting out weights_s for files that cannot appear."""
+    from agent.host import daemon_unit
+
+    waited: list[float] = []
+    monkeypatch.setattr(daemon_unit, "wait_until", lambda done, s: waited.append(s) or done())
+    text = engine_text(rig.ready).replace(f"Environment=SGLANG_WEIGHT_CACHE_READY_TEMPLATE={rig.ready}", "# ")
+    rig.running(text, daemon_text(), os.getpid())
+    rig.units.stop(DAEMON, 1)
+    rig.hook.ready_s = 1800.0
+    rig.units.calls.clear()
+    assert rig.restart() == [f"stop {ENGINE}", f"start {DAEMON}", f"start {ENGINE}"]
+    assert waited == []

@@ -340,7 +340,11 @@ class DaemonUnit:
                 return job
 
             jobs = [Job(self.engine, "stop", None), Job(name, "stop", None), replace(engine, action="start")]
-            calls = [lambda: self.systemd.stop(self.engine, timeout), stop, lambda: self.systemd.start(self.engine, timeout)]
+            calls = [
+                lambda: self.systemd.stop(self.engine, timeout),
+                stop,
+                lambda: self.systemd.start(self.engine, timeout),
+            ]
             return self.jobs.run(jobs, calls)[-1]
         return self._with_daemon(name, decision.step, timeout, seen.text or "", folder)
 

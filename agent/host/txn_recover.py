@@ -68,9 +68,7 @@ def recover(p: Ports, run: Run) -> str | None:
         p.log.emit(Stage.RECOVER, "warning", f"{exc}: refusing to change {p.unit}")
         return "corrupt"
     if record is None:
-        if p.guard.armed():  # killed between a record's save and its guard's, or a removal's: no change
-            p.guard.disarm()
-            p.log.emit(Stage.RECOVER, "step", f"removed the boot guard of {p.unit}: no change pending")
+        orphan_guard(p)
         return None
     if p.guard.armed():  # this boot's agent decides now: the starts it makes pass the boot guard
         p.guard.allow()
@@ -98,6 +96,13 @@ def recover(p: Ports, run: Run) -> str | None:
     run.unrecovered = record
     p.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
     return "failed"
+
+
+def orphan_guard(p: Ports) -> None:
+    """A boot guard with no record (an older agent's kill between the two) would skip every boot's start."""
+    if p.guard.armed():
+        p.guard.disarm()
+        p.log.emit(Stage.RECOVER, "step", f"removed the boot guard of {p.unit}: no change pending")
 
 
 def keep_verified(p: Ports, run: Run, record: Record) -> str:

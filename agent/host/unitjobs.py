@@ -81,7 +81,9 @@ def begun(jobs: Sequence[Job], done: int) -> tuple[Job, ...]:
     return tuple(jobs[: done + 1])
 
 
-def touched(record: _Record, engine: str, active_state: str, invocation: str, look: Look | None = None) -> bool:
+def touched(
+    record: _Record, engine: str, active_state: str, invocation: str, look: Look | None = None
+) -> bool:
     """Whether the change reached the service: an engine that no longer runs, or runs another start,
     or a job begun on another unit (the daemon) says so; the in-flight job did not begin when its unit
     is still as it was seen before it (`look`: a unit's snapshot now). A record from an older agent has

@@ -205,7 +205,7 @@ def test_a_stopped_daemon_is_started_before_the_engine(rig: Rig) -> None:
 
 
 def test_an_engine_no_longer_its_client_stops_the_daemon_after_the_engine(rig: Rig) -> None:
-    """The running engine still reads its weights through the daemon while it drains: engine, daemon, engine."""
+    """The running engine reads its weights through the daemon while it drains: engine, daemon, engine."""
     rig.running(engine_text(rig.ready), daemon_text(), os.getpid())
     (rig.etc / ENGINE).write_text(engine_text(rig.ready, client=False))
     assert rig.restart() == [f"stop {ENGINE}", f"stop {DAEMON}", f"start {ENGINE}"]

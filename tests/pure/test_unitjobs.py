@@ -75,7 +75,7 @@ def test_an_inactive_engine_or_a_begun_daemon_job_is_never_untouched(jobs, done,
 @given(jobs_st, st.integers(0, 3), st.booleans())
 def test_an_in_flight_job_whose_unit_is_as_seen_has_not_run(jobs, done, same) -> None:
     """The next job carries its unit's snapshot from before it: still so at recovery, it never ran."""
-    jobs = [*jobs, Job(DAEMON, "stop", None)] if not jobs else jobs
+    jobs = jobs or [Job(DAEMON, "stop", None)]
     done = min(done, len(jobs) - 1)
     marked = (*jobs[:done], replace(jobs[done], seen="x/active"), *jobs[done + 1 :])
     r = record(marked, done)

@@ -116,13 +116,14 @@ def keep_verified(p: Ports, run: Run, record: Record) -> str:
                    f"{state.active_state}: starting it")  # fmt: skip
         try:
             group = GroupRecord.read(p.state.txn_dir(record.txn))
-        except UnreadableGroupRecord:
-            group = None
-        if group is not None:  # the group committed: its peers run this generation; no rank's own gate
-            started = p.systemd.start(p.unit, RESTART_JOB_TIMEOUT_S)
-            ok, reason = started.ok, f"its start ended {started.result}"
+        except UnreadableGroupRecord as exc:  # maybe a group's node: never restarted alone on a guess
+            ok, reason, group = False, str(exc), None
         else:
-            ok, reason = verify_old(p, run)
+            if group is not None:  # the group committed: its peers run this generation; no rank's own gate
+                started = p.systemd.start(p.unit, RESTART_JOB_TIMEOUT_S)
+                ok, reason = started.ok, f"its start ended {started.result}"
+            else:
+                ok, reason = verify_old(p, run)
     if not ok:
         run.unrecovered = record
         p.log.emit(Stage.RECOVER, "warning", f"the verified unit of {record.txn} did not start: {reason}")

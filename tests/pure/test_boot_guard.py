@@ -87,3 +87,32 @@ def test_a_one_host_change_writes_no_guard(host: Host) -> None:
     host.install(host.etc, unit_text(OLD))
     assert host.transaction(host.request(NEW)).apply().outcome is Outcome.APPLIED
     assert not (host.etc / f"{UNIT}.d").exists() and not (host.root / "run/deployctl").exists()
+
+
+def test_a_guard_found_with_no_record_is_removed(host: Host) -> None:
+    """An older agent killed between a record's removal and its guard's: no change is pending, so the
+    guard would only skip the unit's start at every boot."""
+    from tests.pure.test_group_node import recover_verb
+
+    host.install(host.etc, node_unit(OLD, 1))
+    guard(host).arm()
+    reboot(host)
+    _, outcome, _ = recover_verb(host, died=None)
+    assert outcome is Outcome.UP_TO_DATE and not guard(host).armed() and starts_at_boot(host)
+
+
+def test_a_kill_while_arming_leaves_a_record_to_recover(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record is saved before the guard is armed: a guard never exists without its record."""
+
+    class Died(BaseException):
+        pass
+
+    def die(self: BootGuard) -> None:
+        raise Died
+
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, NEW, 1))
+    monkeypatch.setattr(BootGuard, "arm", die)
+    with pytest.raises(Died):
+        txn.apply()
+    assert (host.root / "state" / "units" / UNIT / "pending.json").exists() and not guard(host).armed()

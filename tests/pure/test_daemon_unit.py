@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.host.change.record import PHASE_RESTARTED, Record
 from agent.host.events import EventLog
 from agent.host.roles.daemon import DaemonUnit, Running, Step, decide, mismatch, paired, restore_text
 from agent.host.roles.weight_cache import DaemonSeen, Ready
@@ -154,9 +155,10 @@ class Rig:
         self.etc.mkdir()
         self.ready.mkdir()
         log = EventLog("t", self.root / "events.jsonl")
-        self.hook = DaemonUnit(
-            UnitFiles(self.etc), StateDir(self.root / "state"), ENGINE, self.units, log, 0.0
-        )
+        state = StateDir(self.root / "state")
+        self.hook = DaemonUnit(UnitFiles(self.etc), state, ENGINE, self.units, log, 0.0)
+        # every restart runs inside a change, under its recovery record (unitjobs.JobLog refuses without)
+        state.save_record(Record("t", ENGINE, PHASE_RESTARTED, None, "0" * 64))
 
     def running(self, engine: str, daemon: str, pid: int) -> None:
         """Both units installed and running (the daemon started by deployctl with this text), ready."""
@@ -203,10 +205,11 @@ def test_a_stopped_daemon_is_started_before_the_engine(rig: Rig) -> None:
     assert rig.restart() == [f"stop {ENGINE}", f"start {DAEMON}", f"start {ENGINE}"]
 
 
-def test_an_engine_no_longer_its_client_stops_the_daemon_first(rig: Rig) -> None:
+def test_an_engine_no_longer_its_client_stops_the_daemon_after_the_engine(rig: Rig) -> None:
+    """The running engine reads its weights through the daemon while it drains: engine, daemon, engine."""
     rig.running(engine_text(rig.ready), daemon_text(), os.getpid())
     (rig.etc / ENGINE).write_text(engine_text(rig.ready, client=False))
-    assert rig.restart() == [f"stop {DAEMON}", f"restart {ENGINE}"]
+    assert rig.restart() == [f"stop {ENGINE}", f"stop {DAEMON}", f"start {ENGINE}"]
 
 
 def test_the_write_backs_up_under_the_engines_stamp_and_a_restore_puts_it_back(rig: Rig) -> None:
@@ -362,3 +365,21 @@ def test_the_engine_starts_only_once_every_ranks_ready_file_is_there(
     rig.hook.ready_s = 3600.0
     assert rig.restart() == [f"stop {ENGINE}", f"start {DAEMON}", f"start {ENGINE}"]
     assert units.at_engine_start == [8]  # not 1: the first GPU's file alone
+
+
+def test_an_engine_without_a_ready_folder_is_not_waited_on_for_the_full_weights_time(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ready-file folder in the engine's unit: nothing can show the weights loaded; the daemon's job says
+    at once, never after waiting out weights_s for files that cannot appear."""
+    from agent.host.roles import daemon as daemon_unit
+
+    waited: list[float] = []
+    monkeypatch.setattr(daemon_unit, "wait_until", lambda done, s: waited.append(s) or done())
+    text = engine_text(rig.ready).replace(f"Environment=SGLANG_WEIGHT_CACHE_READY_TEMPLATE={rig.ready}", "# ")
+    rig.running(text, daemon_text(), os.getpid())
+    rig.units.stop(DAEMON, 1)
+    rig.hook.ready_s = 1800.0
+    rig.units.calls.clear()
+    assert rig.restart() == [f"stop {ENGINE}", f"start {DAEMON}", f"start {ENGINE}"]
+    assert waited == []

@@ -203,16 +203,17 @@ def step_node(w: World, i: int, saw: Saw, seen: Seen) -> World:
 
 
 def recover(w: World, i: int, later: bool, seen: Seen) -> World:
-    """A new agent finds node i's record: host/roles/grouprecovery.py's step, then what host/change/recover.py
-    does with it (the record is cleared either way). The coordinator's own re-attach waits for its go-back; a
-    later run's recovery only looks whether one is there."""
+    """A new agent finds node i's record: roles/grouprecovery.py's step, then what change/recover.py does with
+    it (the record, and its boot guard, go only once the node's change ended: one in doubt keeps them).
+    The coordinator's own re-attach waits for its go-back; a later run's recovery only looks whether one
+    is there."""
     files = w.nodes[i].files
     age = (HORIZON_S * 2 if w.late[i] else 0.0) if files.go else None
     node, done = recovery_step(i, files, w.gen[i] is Gen.NEW, age, HORIZON_S)
     if node.files.decision is Decision.COMMIT and files.decision is None:
         seen.tags.add("recovered late: kept")
-    w = act(wr(w, agent=put(w.agent, i, True), record=put(w.record, i, False)), i, node, done)
-    if later and node.phase is Phase.BACK:  # change/recover.py group_back without a wait
+    w = act(wr(w, agent=put(w.agent, i, True)), i, node, done)
+    if later and node.phase is Phase.BACK:  # txn_recover.group_back without a wait
         node, done = node_step(node, Saw.SIGNAL if node.files.go_back else Saw.DEADLINE)
         w = act(w, i, node, done)
     return w
@@ -356,11 +357,16 @@ def converge_moves(w: World, seen: Seen) -> Iterator[World]:
         if w.link[i] is Link.DOWN:  # the rollback cannot reach it
             yield wr(w, converging=(revoke, back[1:], False))
             return
-        seen.tags.add("converge rolled a rank back")
-        w = set_gen(w, i, Gen.OLD)
-        views = put(w.views, i, replace(w.views[i], outcome=Outcome.ROLLED_BACK))
         node = replace(w.nodes[i], phase=Phase.ROLLED_BACK)  # its unit file is the old one again
-        yield wr(w, nodes=put(w.nodes, i, node), views=views, converging=(revoke, back[1:], ok))
+        seen.tags.add("converge rolled a rank back")
+        up = set_gen(w, i, Gen.OLD)
+        views = put(w.views, i, replace(w.views[i], outcome=Outcome.ROLLED_BACK))
+        yield wr(up, nodes=put(w.nodes, i, node), views=views, converging=(revoke, back[1:], ok))
+        # its old start fails its gate: the rank stops with the old unit in place (txn_restore.stop_rank),
+        # never the one-host undo that restarts its new unit alone
+        down = set_gen(w, i, Gen.NONE)
+        views = put(w.views, i, replace(w.views[i], outcome=Outcome.ROLLBACK_FAILED))
+        yield wr(down, nodes=put(w.nodes, i, node), views=views, converging=(revoke, back[1:], False))
         return
     yield finish(wr(w, converging=None), converged=ok)
 
@@ -414,15 +420,16 @@ def fault_moves(w: World, max_faults: int, seen: Seen) -> Iterator[World]:
 
 
 def reboot(w: World, i: int) -> World:
-    """The host restarts: its agent is gone; its unit runs at boot only once its change ended (the boot
-    guard keeps an undecided one stopped until its agent's recovery decides)."""
+    """The host restarts: its agent is gone; the boot guard lives exactly as long as the node's record
+    (host/change/ports.py): with one, the unit stays stopped until its agent's recovery decides; without,
+    the unit file on disk starts at boot."""
     node = w.nodes[i]
     if not node.phase.ended:
         w = wr(w, agent=put(w.agent, i, False))
     w = set_gen(w, i, Gen.NONE)
-    if not w.known[i] or node.phase is Phase.ROLLED_BACK:
-        return set_gen(w, i, Gen.OLD)
-    return set_gen(w, i, Gen.NEW) if node.phase is Phase.COMMITTED else w
+    if w.known[i] and w.record[i]:
+        return w
+    return set_gen(w, i, Gen.NEW if w.known[i] and node.phase is Phase.COMMITTED else Gen.OLD)
 
 
 def heard(w: World) -> World:

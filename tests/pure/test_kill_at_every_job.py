@@ -2,8 +2,9 @@
 agent's recovery ends with every unit on its old text and running, or on its new text and verified; never
 "healthy" with an inactive engine (host/change/jobs.py, the record's job list).
 
-The fake systemd here runs two units, the engine and its weight-cache daemon, with BindsTo='s two effects:
-a stop of the daemon stops a client engine, a start of a client engine starts the daemon first.
+The fake systemd here runs two units, the engine and its weight-cache daemon, with BindsTo='s two effects,
+read off the engine's loaded unit as systemd's are: a stop of the daemon stops an engine whose loaded unit
+is its client, a start of a client engine starts the daemon first.
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ class TwoUnits(FakeSystemd):
         self.d_entered = time.time_ns() // 1000 - EARLIER_US
 
     def _daemon_down(self) -> None:
+        """A stop of the daemon reaches the engine through the engine's LOADED unit (after daemon-reload,
+        whatever its running start was started from): systemd knows no other dependency."""
         self.d_active = "inactive"
-        if self.active == "active" and f"BindsTo={DAEMON}" in self.running:
+        if self.active == "active" and self._client():
             self.active, self.sub = "inactive", "dead"
 
     def _job(self, what: str, unit: str, act: object) -> JobResult:
@@ -220,7 +223,7 @@ def test_the_daemon_classes_run_their_jobs_in_order(tmp_path: Path) -> None:
         "keep": [f"restart {UNIT}"],
         "restart": [f"stop {UNIT}", f"restart {DAEMON}", f"start {UNIT}"],
         "start": [f"stop {UNIT}", f"start {DAEMON}", f"start {UNIT}"],
-        "stop": [f"stop {DAEMON}", f"restart {UNIT}"],
+        "stop": [f"stop {UNIT}", f"stop {DAEMON}", f"start {UNIT}"],
     }
     for c in classes(NEW):
         host, units = rig(tmp_path / c.name, c)

@@ -28,11 +28,11 @@ def check_with_sglang(p: Ports, new: str) -> Result | None:
 
 
 def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
-    """The installed unit against the request, changing nothing: a Result when there is nothing to
-    do (up to date, or refused), else the secret files the new unit needs.
+    """The installed unit against the request: a Result when there is nothing to do (up to date, or
+    refused), else the secret files the new unit needs. It changes nothing (but see rewrite_daemon).
 
     wait: a start of this very unit that systemd began and that is still in progress is waited for
-    (bounded by the gate's timeouts) rather than restarted; False hands that to the caller.
+    (bounded by the gate's timeouts) rather than restarted; False (a check) hands that to the caller.
     """
     assert p.req.unit_text is not None
     new = p.req.unit_text
@@ -54,7 +54,7 @@ def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
     repair = p.daemon.drift(p.req.daemon_text)  # [weight_cache]: its daemon's unit deleted or edited by hand
     if repair is not None:
         p.log.emit(Stage.COMPARE, "warning", repair)
-        same = False
+        same = same and wait and rewrite_daemon(p)
     # A node of a group restarts with the others even when its own unit is unchanged: the laptop asks
     # only when some rank needs it, and one rank cannot restart alone.
     if same and running_as_installed(p) and p.req.group is None:
@@ -67,6 +67,21 @@ def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
             if waited is not None:
                 return waited
     return secrets
+
+
+def rewrite_daemon(p: Ports) -> bool:
+    """An apply (never a check: wait=False) where only the daemon's file differs, and the daemon runs the
+    text sent: written back and reloaded, no restart (a model load for a file nothing runs); the
+    hand-edited file is kept in the state folder. False: the change repairs it."""
+    if p.req.group is not None or not running_as_installed(p):
+        return False
+    stamp = p.now().strftime("%Y%m%dT%H%M%SZ")
+    keep_as = p.state.unit_dir(p.unit) / f"{p.daemon.name}.edited.{stamp}"
+    if not p.daemon.rewrite(p.req.daemon_text, keep_as, p.systemd.daemon_reload):
+        return False
+    p.log.emit(Stage.COMPARE, "step", f"{p.daemon.name} runs deployctl's unit: its file was written back "
+               f"and reloaded, nothing restarted (the edited file is kept at {keep_as})")  # fmt: skip
+    return True
 
 
 def starting(p: Ports) -> bool:

@@ -119,19 +119,21 @@ class Ports:
 
     def record(self, phase: str, backup: str | None, new: str, wrote: bool = True) -> None:
         """The recovery record of this change at `phase`, with the invocation running now; a group
-        node's unit gets its boot guard with it (host/change/bootguard.py)."""
-        if self.req.group is not None:
-            self.guard.arm()
+        node's unit gets its boot guard with it (host/change/bootguard.py), armed after the record is saved: a
+        guard with no record is one nothing would ever remove (recover() removes one it finds)."""
         started = self.now().isoformat()
         invocation = self.systemd.unit_state(self.unit).invocation_id
         self.state.save_record(
             Record(self.txn, self.unit, phase, backup, sha256(new), self.req.verb, started, wrote, invocation)
         )
+        if self.req.group is not None:
+            self.guard.arm()
 
     def clear_record(self) -> None:
-        """The change is decided: its record goes, and its boot guard with it."""
-        self.state.clear_record(self.unit)
+        """The change is decided: its boot guard goes, then its record (a record outliving its guard is
+        recovered again; a guard outliving its record would skip every boot's start)."""
         self.guard.disarm()
+        self.state.clear_record(self.unit)
 
 
 @dataclass

@@ -4,7 +4,7 @@ what a failed or impossible recovery tells the verb that found it."""
 
 from __future__ import annotations
 
-from agent.host.change.ports import Ports, Result, Run
+from agent.host.change.ports import NO_UNIT, Ports, Result, Run
 from agent.host.change.record import PHASE_VERIFIED, CorruptRecord, Record
 from agent.host.change.restart import stop_clean
 from agent.host.change.restore import restore, verify_old
@@ -15,6 +15,8 @@ from agent.protocol.events import Outcome, Stage
 from agent.protocol.groupmachine import Do, Phase
 from agent.protocol.grouprecord import GroupRecord, UnreadableGroupRecord
 from agent.protocol.requests import RESTART_JOB_TIMEOUT_S
+
+RUNNING = ("active", "reloading", "activating")
 
 
 def blocked(p: Ports, run: Run, found: str | None, explicit: bool) -> Result | None:
@@ -32,6 +34,13 @@ def blocked(p: Ports, run: Run, found: str | None, explicit: bool) -> Result | N
             f"{run.unreadable}: nothing changed; whether {p.unit} is one rank of a group, and which, is "
             f"unknown: compare it with its backups (deployctl backups) and its group's other nodes "
             f"(deployctl status), restore the right unit by hand, then remove {p.state.record_path(p.unit)}",
+        )
+    if found == "failed" and not explicit and run.unrecovered and run.unrecovered.phase == PHASE_VERIFIED:
+        return Result(
+            Outcome.ROLLBACK_FAILED,
+            f"an earlier change ({run.unrecovered.txn}) had been verified but {p.unit} does not start "
+            f"again, so nothing else was changed: see its journal, then re-run (the start is tried again)",
+            {"backup": run.unrecovered.backup},
         )
     if found == "failed" and not explicit:
         record = run.unrecovered
@@ -59,13 +68,12 @@ def recover(p: Ports, run: Run) -> str | None:
         p.log.emit(Stage.RECOVER, "warning", f"{exc}: refusing to change {p.unit}")
         return "corrupt"
     if record is None:
+        orphan_guard(p)
         return None
     if p.guard.armed():  # this boot's agent decides now: the starts it makes pass the boot guard
         p.guard.allow()
     if record.phase == PHASE_VERIFIED:
-        p.clear_record()
-        p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn} had been verified: kept")
-        return "kept"
+        return keep_verified(p, run, record)
     run.recovering = record.txn != p.txn  # this change's own record rolls back with its group
     group, unreadable = read_group(p, run, record)
     if unreadable:
@@ -88,6 +96,41 @@ def recover(p: Ports, run: Run) -> str | None:
     run.unrecovered = record
     p.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
     return "failed"
+
+
+def orphan_guard(p: Ports) -> None:
+    """A boot guard with no record (an older agent's kill between the two) would skip every boot's start."""
+    if p.guard.armed():
+        p.guard.disarm()
+        p.log.emit(Stage.RECOVER, "step", f"removed the boot guard of {p.unit}: no change pending")
+
+
+def keep_verified(p: Ports, run: Run, record: Record) -> str:
+    """A verified change killed before its record went: keep it. A reboot in between may have left its
+    unit stopped (a group node's boot guard skips the start at boot): it is started and checked before
+    the record goes, as a committed group's node is (recover_group)."""
+    state = p.systemd.unit_state(p.unit)
+    ok, reason = True, ""
+    if state.active_state not in RUNNING and state.load_state not in NO_UNIT:
+        p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn} had been verified; {p.unit} is "
+                   f"{state.active_state}: starting it")  # fmt: skip
+        try:
+            group = GroupRecord.read(p.state.txn_dir(record.txn))
+        except UnreadableGroupRecord as exc:  # maybe a group's node: never restarted alone on a guess
+            ok, reason, group = False, str(exc), None
+        else:
+            if group is not None:  # the group committed: its peers run this generation; no rank's own gate
+                started = p.systemd.start(p.unit, RESTART_JOB_TIMEOUT_S)
+                ok, reason = started.ok, f"its start ended {started.result}"
+            else:
+                ok, reason = verify_old(p, run)
+    if not ok:
+        run.unrecovered = record
+        p.log.emit(Stage.RECOVER, "warning", f"the verified unit of {record.txn} did not start: {reason}")
+        return "failed"
+    p.clear_record()
+    p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn} had been verified: kept")
+    return "kept"
 
 
 def read_group(p: Ports, run: Run, record: Record) -> tuple[GroupRecord | None, bool]:
@@ -114,6 +157,9 @@ def recover_group(p: Ports, run: Run, record: Record, group: GroupRecord) -> str
         p.clear_record()
         p.log.emit(Stage.RECOVER, "step", f"transaction {record.txn}: the group committed: kept")
         return "kept"
+    # The record, and the boot guard with it, stay until the old unit is back (or a group change
+    # takes the node): a node in doubt, or whose old start failed, must not start at the next boot.
+    p.guard.arm()
     stop_clean(p, RESTART_JOB_TIMEOUT_S)  # its new server must not meet an old peer, nor stay
     run.hold_old = True
     ok, reason = restore(p, run, record)
@@ -122,8 +168,12 @@ def recover_group(p: Ports, run: Run, record: Record, group: GroupRecord) -> str
         run.unrecovered = record
         p.log.emit(Stage.RECOVER, "warning", f"restoring the old unit of {record.txn} failed: {reason}")
         return "failed"
-    p.clear_record()
-    return group_back(p, run, record, group, step.wait_back_s)
+    back = group_back(p, run, record, group, step.wait_back_s)
+    if back == "restored":
+        p.clear_record()
+    elif back == "failed":
+        run.unrecovered = record
+    return back
 
 
 def group_back(p: Ports, run: Run, record: Record, group: GroupRecord, wait_back_s: float) -> str:

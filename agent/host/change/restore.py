@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from agent.host.change.decide import Action, Gate
 from agent.host.change.jobs import touched
-from agent.host.change.ports import NO_UNIT, Change, Ports, Result, Run, node_rank
+from agent.host.change.ports import NO_UNIT, Change, Ports, Result, Run, flags_of, node_rank
 from agent.host.change.record import PHASE_ROLLING_BACK, Record
 from agent.host.change.restart import restart_and_watch, stop_clean
 from agent.host.roles.groupsignal import Signals
@@ -62,6 +62,30 @@ def roll_back(p: Ports, run: Run, change: Change, reason: str, started: WatchRes
     )
 
 
+def group_node(*texts: str | None) -> bool:
+    """Either unit is one rank of a multi-node service (--nnodes >= 2)."""
+    return any(str(flags_of(t or "").get("nnodes", "1")) not in ("", "0", "1") for t in texts)
+
+
+def stop_rank(p: Ports, run: Run, change: Change, reason: str, started: WatchResult) -> Result:
+    """A one-host rollback of a group's node whose old unit failed: the one-host undo would restore the
+    new unit and restart it alone, beside peers that run (or wait on) the old one. The rank is stopped
+    with the unit it was sent in place, its new unit kept in the backup; the group is left in doubt."""
+    stop_clean(p, RESTART_JOB_TIMEOUT_S)
+    p.clear_record()
+    p.log.emit(Stage.ROLLBACK, "warning", f"{change.restored_from or 'the old unit'} failed ({reason}): "
+               "this rank is stopped, never restarted alone on its new unit")  # fmt: skip
+    data: OutcomeData = {"reason": reason, "failure_kind": started.verdict.kind, "summary": started.summary}
+    data["backup"] = change.backup
+    return Result(
+        Outcome.ROLLBACK_FAILED,
+        f"{change.restored_from or 'the old unit'} did not start ({reason}): {p.unit} is one rank of a "
+        f"group, so it is left stopped with that unit in place (its new unit is kept in {change.backup}, "
+        "never restarted alone); the group is in doubt: deployctl apply again brings it back together",
+        data,
+    )
+
+
 def rolled_back(p: Ports, reason: str, backup: str | None) -> str:
     """What a rollback came to: a service is called healthy only once it was restarted and verified."""
     if p.systemd.unit_state(p.unit).load_state not in NO_UNIT:
@@ -82,7 +106,8 @@ def restore(p: Ports, run: Run, record: Record) -> tuple[bool, str]:
     p.log.emit(Stage.RESTORE, "step", f"restoring {record.backup or 'no unit (there was none here)'}")
     state = p.systemd.unit_state(p.unit)
     # An inactive engine, another start of it, or a job begun on another unit (host/change/jobs.py): touched
-    untouched = not touched(record, p.unit, state.active_state, state.invocation_id)
+    look = p.daemon.jobs.look
+    untouched = not touched(record, p.unit, state.active_state, state.invocation_id, look)
     if untouched and not record.wrote and record.backup is not None:
         return True, ""  # nothing was written and nothing restarted: nothing to undo
     try:

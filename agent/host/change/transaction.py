@@ -29,7 +29,7 @@ from agent.host.change.ports import (
     http_probe,
 )
 from agent.host.change.restart import restart_and_watch
-from agent.host.change.restore import roll_back
+from agent.host.change.restore import group_node, roll_back, stop_rank
 from agent.host.change.verify import verify
 from agent.host.events import EventLog
 from agent.host.roles import groupstep, routerstep
@@ -133,7 +133,7 @@ class Transaction:
         refused = compare.check_with_sglang(self.ports, self.req.unit_text)
         if refused is not None:
             return refused
-        daemon = self.daemon.refusal(self.req.unit_text, self.req.daemon_text)
+        daemon = self.daemon.refusal(self.req.unit_text, self.req.daemon_text, self.req.group is not None)
         if daemon is not None:  # a dead daemon, or one holding another fingerprint: before any restart
             self.log.emit(Stage.COMPARE, "warning", daemon)
             return Result(Outcome.ERROR, daemon + "; nothing changed")
@@ -210,6 +210,9 @@ class Transaction:
             return groupstep.start_and_decide(self.ports, self.run, change)
         return self._steps(change)
 
+    def _backup_text(self, change: Change) -> str | None:
+        return self.files.read(change.backup) if change.backup else None
+
     def _steps(self, change: Change) -> Result:
         """Restart, watch, gate, verify: commit the new unit, or roll back to the backup; what comes next is
         decided by next_step (host/change/next_step.py) from what the steps observed."""
@@ -226,5 +229,7 @@ class Transaction:
                 seen, reason = verified(seen, failed), reason if failed is None else failed
             elif step is Step.COMMIT:
                 return commit(self.ports, self.run, started, change)
+            elif self.req.verb == "rollback" and group_node(change.new, self._backup_text(change)):
+                return stop_rank(self.ports, self.run, change, reason, started)  # never the new unit alone
             else:
                 return roll_back(self.ports, self.run, change, reason, started)

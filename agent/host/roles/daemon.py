@@ -21,12 +21,12 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from agent.host.change.jobs import Job, JobLog
+from agent.host.change.jobs import Job, JobLog, snapshot
 from agent.host.events import EventLog
 from agent.host.model_facts import read_config
 from agent.host.roles.weight_cache import DaemonSeen, check, daemon_unit, look, ready_dir, unservable, untied
@@ -174,10 +174,18 @@ class DaemonUnit:
     log: EventLog
     ready_s: float = 1800.0  # how long a (re)started daemon may take to load its weights
     failed: str | None = None  # the daemon did not come up at the last restart: why (the outcome says)
+    _jobs: JobLog | None = field(default=None, repr=False)
 
     @property
     def jobs(self) -> JobLog:
-        return JobLog(self.state, self.engine)
+        """One log for the transaction: its `finished` counts from this run's last plan."""
+        if self._jobs is None:
+            self._jobs = JobLog(self.state, self.engine, self._snapshot)
+        return self._jobs
+
+    def _snapshot(self, unit: str) -> str:
+        state = self.systemd.unit_state(unit)
+        return snapshot(state.invocation_id, state.active_state)
 
     @property
     def name(self) -> str:
@@ -203,10 +211,34 @@ class DaemonUnit:
         )
         return f"{self.files.path(self.name)} {how}: this change writes it back"
 
+    def rewrite(self, wanted: str | None, keep_as: Path, reload: Callable[[], None]) -> bool:
+        """The daemon runs the text sent already (deployctl started it from that text, weight-cache.json
+        says) and only its file was deleted or edited by hand: the file is written back (a hand edit kept
+        at keep_as) and systemd reloads it, nothing restarted. False: a change must repair it."""
+        name = self.name
+        if wanted is None or not self._remembered():
+            return False
+        if self._started(self.systemd.unit_state(name)) != wanted:
+            return False
+        installed = self.files.read(name)
+        if installed is not None:
+            keep_as.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            keep_as.write_text(installed, encoding="utf-8", errors="surrogateescape")
+        self._put(name, installed, wanted)
+        reload()
+        return True
+
     # -- before anything changes ----------------------------------------------------------------------
-    def refusal(self, engine_text: str, daemon_text: str | None) -> str | None:
-        """Why this change cannot go ahead: without a daemon unit sent, the installed daemon must serve the
-        engine as it is; with one, the two units must share a fingerprint."""
+    def refusal(self, engine_text: str, daemon_text: str | None, group: bool = False) -> str | None:
+        """Why this change cannot go ahead: a group's node is never a daemon's client (its stop-wait-start
+        runs no daemon job: the daemon would keep its old start under a new file); without a daemon unit
+        sent, the installed daemon must serve the engine as it is; with one, the two units must share a
+        fingerprint."""
+        if group and (daemon_text is not None or self._client(engine_text)):
+            return (
+                f"{self.engine} is one node of a multi-node group and a weight-cache daemon's client: "
+                "[weight_cache] does not combine with [nodes]"
+            )
         if self._client(engine_text):
             said = unservable(engine_text, daemon_text, _config(engine_text))
             if said is not None:
@@ -300,14 +332,20 @@ class DaemonUnit:
                 self.log.emit(Stage.RESTART, "step", decision.why, daemon=decision.step.value)
             return self.jobs.run([engine], [restart])[-1]
         self.log.emit(Stage.RESTART, "step", decision.why, daemon=decision.step.value)
-        if decision.step is Step.STOP:
+        if decision.step is Step.STOP:  # the engine first (its drain, served by its daemon), then the daemon
 
             def stop() -> JobResult:
                 job = self.systemd.stop(name, timeout)
                 self._forget()
                 return job
 
-            return self.jobs.run([Job(name, "stop", None), engine], [stop, restart])[-1]
+            jobs = [Job(self.engine, "stop", None), Job(name, "stop", None), replace(engine, action="start")]
+            calls = [
+                lambda: self.systemd.stop(self.engine, timeout),
+                stop,
+                lambda: self.systemd.start(self.engine, timeout),
+            ]
+            return self.jobs.run(jobs, calls)[-1]
         return self._with_daemon(name, decision.step, timeout, seen.text or "", folder)
 
     def _with_daemon(self, name: str, step: Step, timeout: float, text: str, folder: str | None) -> JobResult:
@@ -345,11 +383,17 @@ class DaemonUnit:
 
     def _ready(self, name: str, folder: str | None) -> bool:
         """Its ready files (one per GPU, each naming a live PID), or it stopped trying: failed, or failed
-        and waiting for systemd's Restart= (sub-state auto-restart)."""
+        and waiting for systemd's Restart= (sub-state auto-restart). An engine unit that names no ready-file
+        folder gives nothing to wait on: the daemon's job result alone says, at once."""
 
         def up() -> bool:
             state = self.systemd.unit_state(name)
             return state.active_state in _ACTIVE and state.sub_state != "auto-restart"
+
+        if folder is None:
+            self.log.emit(Stage.RESTART, "warning", f"the engine's unit names no {wc.READY_TEMPLATE}: "
+                          f"{name}'s weights cannot be seen loaded, only that it runs")  # fmt: skip
+            return up()
 
         def done() -> bool:
             if not up():

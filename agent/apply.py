@@ -40,7 +40,7 @@ from agent.report import ApplyReport, plan_with_chart, render_report
 from agent.sglang.flags import FlagInput, FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures
 from agent.sglang.long_context import yarn_hint, yarn_override
-from agent.sglang.weight_cache import RestartClass, fingerprint, quant_of, restart_class
+from agent.sglang.weight_cache import NO_DAEMON, RestartClass, fingerprint, quant_of, restart_class
 from agent.verify import render_checked
 
 
@@ -211,12 +211,17 @@ def restart_for(
     estimate = restart_from_facts(facts, new_text, dict(flags), cache, **restart)
     if klass is RestartClass.NO_CACHE:
         return estimate
-    said = (
-        "restarts only the engine: the weight-cache daemon keeps its fingerprint and its weights"
-        if klass is RestartClass.ENGINE
-        else f"restarts the weight-cache daemon and the engine: {', '.join(changed)} changed its fingerprint "
-        "(the daemon reloads the weights from disk, then the engine maps them)"
-    )
+    said = "restarts only the engine: the weight-cache daemon keeps its fingerprint and its weights"
+    if changed == [NO_DAEMON]:
+        said = (
+            "starts the weight-cache daemon and restarts the engine: no daemon runs yet (the daemon loads "
+            "the weights from disk, then the engine maps them)"
+        )
+    elif klass is RestartClass.BOTH:
+        said = (
+            f"restarts the weight-cache daemon and the engine: its fingerprint changed ({', '.join(changed)}); "
+            "the daemon reloads the weights from disk, then the engine maps them"
+        )
     return replace(estimate, notes=(said, *estimate.notes))
 
 

@@ -25,6 +25,7 @@ from agent.protocol.events import DowntimeData, Event, exit_code
 from agent.protocol.requests import Request
 from agent.remote.client import base_request
 from agent.render import (
+    daemon_environment,
     gpu_environment,
     load_template,
     redact,
@@ -247,7 +248,9 @@ def daemon_text(host: HostConfig, new_text: str) -> str | None:
     """[weight_cache]: the daemon's unit, sent with the engine's: the host backs it up, writes it."""
     if not host.weight_cache.enabled:
         return None
-    return weight_cache_unit.render_daemon_unit(host, parse_unit_flags(new_text), gpu_environment(host))
+    return weight_cache_unit.render_daemon_unit(
+        host, parse_unit_flags(new_text), gpu_environment(host), daemon_environment(host)
+    )
 
 
 def _daemon_unit_note(host: HostConfig, new_text: str) -> str:

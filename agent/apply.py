@@ -195,6 +195,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         secret_env=env_secrets,
         secret_flags=flag_secrets,
         daemon_text=daemon_text(host, new_text),
+        start=change.start,
     )
     return Prepared(plan, old_text, new_text, req, restart)
 

@@ -55,6 +55,13 @@ def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
     if repair is not None:
         p.log.emit(Stage.COMPARE, "warning", repair)
         same = False
+    if same and p.req.group is None and not p.req.start and stopped(p):
+        msg = (
+            f"{p.unit} is up to date but stopped (inactive, not failed): left stopped, as someone stopped "
+            "it; `deployctl apply HOST --start` starts it"
+        )
+        p.log.emit(Stage.COMPARE, "warning", msg)
+        return Result(Outcome.UP_TO_DATE, msg)
     # A node of a group restarts with the others even when its own unit is unchanged: the laptop asks
     # only when some rank needs it, and one rank cannot restart alone.
     if same and running_as_installed(p) and p.req.group is None:
@@ -67,6 +74,12 @@ def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
             if waited is not None:
                 return waited
     return secrets
+
+
+def stopped(p: Ports) -> bool:
+    """Stopped on purpose: inactive (a stop), not failed (a crash, which an apply repairs), and loaded."""
+    s = p.systemd.unit_state(p.unit)
+    return s.active_state == "inactive" and s.load_state == "loaded"
 
 
 def starting(p: Ports) -> bool:

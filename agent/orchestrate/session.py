@@ -82,9 +82,22 @@ def follow(out: Output, s: Session, req: Request, talk: Conversation | None = No
         out.note(f"{s.host.name}: connection lost during {req.verb} ({why}); the host goes on alone: "
                  "re-attaching")  # fmt: skip
 
-    watch = Watch(progress.show, lost, lambda: connected(s.host))
+    heard: list[Event] = []
+
+    def show(event: Event) -> None:
+        heard.append(event)
+        progress.show(event)
+
+    watch = Watch(show, lost, lambda: connected(s.host))
     try:
         outcome = follow_transaction(talk if talk is not None else s.client, s.host, req, watch)
+    except KeyboardInterrupt:  # Ctrl-C stops this follower, not the transaction: it runs in its own unit
+        progress.done()
+        began = "" if heard else " (if it had begun)"
+        out.note(f"{s.host.name}: interrupted: deployctl stopped following the {req.verb}; the host goes on "
+                 f"alone{began} and commits or rolls back by itself: follow it with `deployctl status "
+                 f"{s.host.name} --follow`")  # fmt: skip
+        raise
     except ConnectionLost as exc:
         progress.done()
         raise ConnectError(

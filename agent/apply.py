@@ -159,8 +159,7 @@ class Prepared:
 
 def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> Prepared | None:
     """Plan from the host's facts, render, show the plan and the diff; None for a dry run."""
-    # SGLang's flag table read the --set flags when the command built its effective configuration
-    # (cli/commands/apply.py effective_of); the render checks the unit it writes again.
+    # SGLang's flag table read --set (cli/commands/apply.py effective_of); the render checks the unit again.
     if change.allow_longer_context:  # planned with SGLang's override in the unit, as it will run
         host = allow_context(host, change)
     refuse_weight_cache(host, dict(change.flags), facts)
@@ -221,8 +220,8 @@ def restart_for(
         )
     elif klass is RestartClass.BOTH:
         said = (
-            f"restarts the weight-cache daemon and the engine: its fingerprint changed ({', '.join(changed)}); "
-            "the daemon reloads the weights from disk, then the engine maps them"
+            "restarts the weight-cache daemon and the engine: its fingerprint changed "
+            f"({', '.join(changed)}); the daemon reloads the weights from disk, then the engine maps them"
         )
     return replace(estimate, notes=(said, *estimate.notes))
 

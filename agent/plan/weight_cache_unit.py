@@ -116,22 +116,32 @@ def inherited_service_lines(host: HostConfig) -> list[str]:
     ]
 
 
+def _environment_lines(
+    host: HostConfig, gpu_env: Mapping[str, str], engine: EngineEnvironment | None
+) -> list[str]:
+    """The engine's environment as rendered (engine), else the GPUs' and the cache's own variables."""
+    if engine is None:
+        return [f'Environment="{k}={v}"' for k, v in {**gpu_env, **environment(host)}.items()]
+    words = [f"Environment={word}" for word in engine.words]
+    return words + ([f"EnvironmentFile={engine.environment_file}"] if engine.environment_file else [])
+
+
+def _limit_lines(host: HostConfig) -> list[str]:
+    """LimitMEMLOCK=infinity (CUDA IPC pins memory) unless the engine's unit sets it, then its other lines."""
+    limits = inherited_service_lines(host)
+    return limits if any(x.startswith("LimitMEMLOCK") for x in limits) else ["LimitMEMLOCK=infinity", *limits]
+
+
 def render_daemon_unit(
     host: HostConfig,
     flags: Mapping[str, FlagInput],
     gpu_env: Mapping[str, str],
     engine: EngineEnvironment | None = None,
 ) -> str:
-    """The daemon's unit text: the same user, GPUs and fingerprint flags as the engine, and the host's
-    dependencies, limits and environment the engine's unit has (engine: its environment as rendered)."""
+    """The daemon's unit: the engine's user, GPUs, fingerprint flags, host dependencies, limits, env."""
     argv = exec_start_lines(
         [python_of(list(host.sglang.executable)), "-m", DAEMON_MODULE], daemon_flags(flags)
     )
-    env = [f'"{k}={v}"' for k, v in {**gpu_env, **environment(host)}.items()]
-    if engine is not None:
-        env = list(engine.words)
-    limits = inherited_service_lines(host)
-    memlock = [] if any(line.startswith("LimitMEMLOCK") for line in limits) else ["LimitMEMLOCK=infinity"]
     lines = [
         f"# Rendered by deployctl for host {host.name}: SGLang's weight-cache daemon for {host.unit.name}.",
         "# It holds the weights in GPU memory across engine restarts; an engine restart leaves it running.",
@@ -144,14 +154,12 @@ def render_daemon_unit(
         "[Service]",
         "Type=simple",
         *([f"User={host.unit.user}"] if host.unit.user else []),
-        *[f"Environment={word}" for word in env],
-        *([f"EnvironmentFile={engine.environment_file}"] if engine and engine.environment_file else []),
+        *_environment_lines(host, gpu_env, engine),
         f"RuntimeDirectory={runtime_dir(host.unit.name)}",
         "ExecStart=" + " \\\n    ".join(argv),
         "Restart=always",
         "RestartSec=10",
-        *memlock,
-        *limits,
+        *_limit_lines(host),
         "",
         "[Install]",
         "WantedBy=multi-user.target",

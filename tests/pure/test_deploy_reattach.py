@@ -99,7 +99,9 @@ class Interrupted:
 
     def events(self, req: Request) -> Iterator[Event]:
         for n in range(self.steps):
-            yield Event(req.txn or "-", n + 1, "2026-12-04T10:00:00.000Z", "restart", "step", "restarting", {})
+            yield Event(
+                req.txn or "-", n + 1, "2026-12-04T10:00:00.000Z", "restart", "step", "restarting", {}
+            )
         raise KeyboardInterrupt
 
 

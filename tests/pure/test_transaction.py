@@ -305,7 +305,9 @@ def test_a_change_refused_after_the_reload_puts_the_daemons_unit_back_too(
 
 # -- a service someone stopped on purpose ---------------------------------------------------------------
 @pytest.mark.parametrize("asked_start", [False, True], ids=["left stopped", "--start"])
-def test_an_unchanged_unit_stopped_on_purpose_is_left_stopped_unless_asked(host: Host, asked_start: bool) -> None:
+def test_an_unchanged_unit_stopped_on_purpose_is_left_stopped_unless_asked(
+    host: Host, asked_start: bool
+) -> None:
     host.install(host.etc, unit_text(NEW))
     host.systemd.stop(UNIT, 10)  # `systemctl stop`: inactive, not failed
     result = host.transaction(host.request(NEW, start=asked_start)).apply()

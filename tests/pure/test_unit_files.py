@@ -83,7 +83,7 @@ def test_every_backup_name_stays_while_its_content_is_kept(
     for c in reversed(contents):
         if c not in newest_distinct:
             newest_distinct.append(c)
-    wanted = {n for n, c in zip(names, contents) if c in newest_distinct[:keep]}
+    wanted = {n for n, c in zip(names, contents, strict=True) if c in newest_distinct[:keep]}
     assert {b.name for b in files.backups("sglang.service")} == wanted
 
 

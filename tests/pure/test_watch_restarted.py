@@ -27,6 +27,7 @@ def restarted_under_watch(host: Host, starts: list[tuple[list[str], bool]]) -> N
     """Once the watch follows a start of deployctl's restart, systemd restarts the service (not its own
     Restart=: NRestarts stays), once per entry of `starts`, each start logging its lines."""
     pending = list(starts)
+
     def poll() -> None:
         if watched(host) and pending:
             lines, up = pending.pop(0)

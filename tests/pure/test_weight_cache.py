@@ -150,14 +150,20 @@ def test_the_plan_says_the_restart_class_with_both_times() -> None:
     assert "restarts only the engine" in kept.notes[0] and kept.parts["weights"] == WEIGHT_CACHE_LOAD_S
     retp = render_unit(host, {"tp-size": 4}, template_dir())
     both = restart_for(host, facts, retp, {})
-    assert "restarts the weight-cache daemon and the engine: its fingerprint changed (tp-size)" in both.notes[0]
+    assert (
+        "restarts the weight-cache daemon and the engine: its fingerprint changed (tp-size)" in both.notes[0]
+    )
     assert both.parts["daemon"] == 300.0 and both.seconds is not None and kept.seconds is not None
     assert both.seconds - kept.seconds == 300.0
     first = restart_for(
         host, {**facts, "unit_text": render_unit(sim_host(False), {}, template_dir())}, resize, {}
     )
-    assert first.notes[0].startswith("starts the weight-cache daemon and restarts the engine: no daemon runs yet")
-    assert "changed its fingerprint" not in first.notes[0]  # was: "no daemon runs yet changed its fingerprint"
+    assert first.notes[0].startswith(
+        "starts the weight-cache daemon and restarts the engine: no daemon runs yet"
+    )
+    assert (
+        "changed its fingerprint" not in first.notes[0]
+    )  # was: "no daemon runs yet changed its fingerprint"
 
 
 def _seen(text: str | None, state: str = "active", alive: bool = True, ranks: int = 8) -> hwc.DaemonSeen:

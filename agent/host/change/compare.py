@@ -28,12 +28,10 @@ def check_with_sglang(p: Ports, new: str) -> Result | None:
 
 
 def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
-    """The installed unit against the request, changing nothing: a Result when there is nothing to
-    do (up to date, or refused), else the secret files the new unit needs.
-
-    wait: a start of this very unit that systemd began and that is still in progress is waited for
-    (bounded by the gate's timeouts) rather than restarted; False hands that to the caller.
-    """
+    """The installed unit against the request, changing nothing: a Result when there is nothing to do (up
+    to date, left stopped, or refused), else the secret files the new unit needs. wait: a start of this very
+    unit systemd began, still in progress, is waited for (bounded by the gate's timeouts), not restarted;
+    False hands that to the caller."""
     assert p.req.unit_text is not None
     new = p.req.unit_text
     current = p.files.read(p.unit)
@@ -56,12 +54,7 @@ def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
         p.log.emit(Stage.COMPARE, "warning", repair)
         same = False
     if same and p.req.group is None and not p.req.start and stopped(p):
-        msg = (
-            f"{p.unit} is up to date but stopped (inactive, not failed): left stopped, as someone stopped "
-            "it; `deployctl apply HOST --start` starts it"
-        )
-        p.log.emit(Stage.COMPARE, "warning", msg)
-        return Result(Outcome.UP_TO_DATE, msg)
+        return left_stopped(p)
     # A node of a group restarts with the others even when its own unit is unchanged: the laptop asks
     # only when some rank needs it, and one rank cannot restart alone.
     if same and running_as_installed(p) and p.req.group is None:
@@ -74,6 +67,16 @@ def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
             if waited is not None:
                 return waited
     return secrets
+
+
+def left_stopped(p: Ports) -> Result:
+    """An unchanged unit someone stopped stays stopped unless the person asked (apply --start)."""
+    msg = (
+        f"{p.unit} is up to date but stopped (inactive, not failed): left stopped, as someone stopped it; "
+        "`deployctl apply HOST --start` starts it"
+    )
+    p.log.emit(Stage.COMPARE, "warning", msg)
+    return Result(Outcome.UP_TO_DATE, msg)
 
 
 def stopped(p: Ports) -> bool:

@@ -211,13 +211,7 @@ def _watch_one(
             if why:  # its peers stop theirs: this start cannot complete, and rank 0 waits for its stop
                 return done(fail(why, Failure.ABANDONED))
         obs = seen.observe(now, t0, state, start.n_restarts0)
-        verdict = decide(obs, gate, pool_passed)
-        if verdict.action is Action.POOL_OK:
-            pool_passed, verdict_ms = True, (clock() - now) * 1000
-            log.emit(
-                Stage.GATE, "step", verdict.reason, kv_tokens=obs.kv_tokens, verdict_ms=round(verdict_ms, 2)
-            )
-            verdict = decide(obs, gate, pool_passed)  # a node rank >= 1 is ready on its pool line
+        verdict, pool_passed = _judged(obs, gate, pool_passed, log, clock)
         if verdict.action is Action.READY:
             return done(verdict)
         elif verdict.action is Action.FAIL:
@@ -226,6 +220,18 @@ def _watch_one(
             if names_cause(verdict, obs) or now - failed_at >= settle:
                 return done(verdict)
     return done(fail(f"gave up after {horizon:.0f} s", Failure.TIMEOUT))
+
+
+def _judged(
+    obs: Observation, gate: Gate, pool_passed: bool, log: EventLog, clock: Callable[[], float]
+) -> tuple[Verdict, bool]:
+    """decide() on one observation, the pool gate's pass logged once: the verdict, and whether it passed."""
+    verdict = decide(obs, gate, pool_passed)
+    if verdict.action is not Action.POOL_OK:
+        return verdict, pool_passed
+    verdict_ms = (clock() - obs.now) * 1000
+    log.emit(Stage.GATE, "step", verdict.reason, kv_tokens=obs.kv_tokens, verdict_ms=round(verdict_ms, 2))
+    return decide(obs, gate, True), True  # a node rank >= 1 is ready on its pool line
 
 
 def replaced(start: WatchedStart, state: Any) -> bool:

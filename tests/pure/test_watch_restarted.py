@@ -87,3 +87,25 @@ def test_the_services_own_crash_restart_is_still_a_crash(host: Host) -> None:
     host.systemd.on_poll = poll
     result = host.transaction(host.request(NEW)).apply()
     assert result.outcome is Outcome.ROLLED_BACK, result.message  # the crashed start, not the next
+
+
+def test_a_followed_start_records_its_gpu_processes_under_its_own_invocation(host: Host) -> None:
+    """The facts give at_start_mib only while the unit runs the recorded invocation: the followed one."""
+    from agent.host.watch import gpu_at_start
+    from agent.protocol.answers import GpuProcess
+
+    host.install(host.etc, unit_text(OLD))
+    host.script.pools.pop("200000")
+    restarted_under_watch(host, [([kv_line(210_000), READY_LINE], True)])
+    t = host.transaction(host.request(NEW))
+    held: GpuProcess = {
+        "pid": 4242,
+        "name": "python",
+        "used_mib": 4096.0,
+        "unit": "n.service",
+        "service": False,
+    }
+    t.ports.gpu_procs = lambda unit: {0: [held]}
+    assert t.apply().outcome is Outcome.APPLIED
+    got = gpu_at_start.load(t.state.unit_dir("sglang.service"), host.systemd.invocation)
+    assert got is not None and got.mib(0, 4242, "python") == 4096.0

@@ -25,6 +25,7 @@ from agent.protocol.events import DowntimeData, Event, exit_code
 from agent.protocol.requests import Request
 from agent.remote.client import base_request
 from agent.render import (
+    daemon_environment,
     gpu_environment,
     load_template,
     redact,
@@ -40,7 +41,7 @@ from agent.report import ApplyReport, plan_with_chart, render_report
 from agent.sglang.flags import FlagInput, FlagsError, FlagValue, diff_flags, flag_table, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures
 from agent.sglang.long_context import yarn_hint, yarn_override
-from agent.sglang.weight_cache import RestartClass, fingerprint, quant_of, restart_class
+from agent.sglang.weight_cache import NO_DAEMON, RestartClass, fingerprint, quant_of, restart_class
 from agent.verify import render_checked
 
 
@@ -158,8 +159,7 @@ class Prepared:
 
 def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> Prepared | None:
     """Plan from the host's facts, render, show the plan and the diff; None for a dry run."""
-    # SGLang's flag table read the --set flags when the command built its effective configuration
-    # (cli/commands/apply.py effective_of); the render checks the unit it writes again.
+    # SGLang's flag table read --set (cli/commands/apply.py effective_of); the render checks the unit again.
     if change.allow_longer_context:  # planned with SGLang's override in the unit, as it will run
         host = allow_context(host, change)
     refuse_weight_cache(host, dict(change.flags), facts)
@@ -194,6 +194,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         secret_env=env_secrets,
         secret_flags=flag_secrets,
         daemon_text=daemon_text(host, new_text),
+        start=change.start,
     )
     return Prepared(plan, old_text, new_text, req, restart)
 
@@ -211,12 +212,17 @@ def restart_for(
     estimate = restart_from_facts(facts, new_text, dict(flags), cache, **restart)
     if klass is RestartClass.NO_CACHE:
         return estimate
-    said = (
-        "restarts only the engine: the weight-cache daemon keeps its fingerprint and its weights"
-        if klass is RestartClass.ENGINE
-        else f"restarts the weight-cache daemon and the engine: {', '.join(changed)} changed its fingerprint "
-        "(the daemon reloads the weights from disk, then the engine maps them)"
-    )
+    said = "restarts only the engine: the weight-cache daemon keeps its fingerprint and its weights"
+    if changed == [NO_DAEMON]:
+        said = (
+            "starts the weight-cache daemon and restarts the engine: no daemon runs yet (the daemon loads "
+            "the weights from disk, then the engine maps them)"
+        )
+    elif klass is RestartClass.BOTH:
+        said = (
+            "restarts the weight-cache daemon and the engine: its fingerprint changed "
+            f"({', '.join(changed)}); the daemon reloads the weights from disk, then the engine maps them"
+        )
     return replace(estimate, notes=(said, *estimate.notes))
 
 
@@ -242,7 +248,9 @@ def daemon_text(host: HostConfig, new_text: str) -> str | None:
     """[weight_cache]: the daemon's unit, sent with the engine's: the host backs it up, writes it."""
     if not host.weight_cache.enabled:
         return None
-    return weight_cache_unit.render_daemon_unit(host, parse_unit_flags(new_text), gpu_environment(host))
+    return weight_cache_unit.render_daemon_unit(
+        host, parse_unit_flags(new_text), gpu_environment(host), daemon_environment(host)
+    )
 
 
 def _daemon_unit_note(host: HostConfig, new_text: str) -> str:

@@ -274,6 +274,14 @@ def _environment_words(host: HostConfig) -> list[str]:
     return [_env_word(k, v) for k, v in env.items() if k not in secret_env(host)]
 
 
+def daemon_environment(host: HostConfig) -> weight_cache_unit.EngineEnvironment:
+    """[weight_cache]: the engine's environment as its unit has it, for the daemon's unit."""
+    secrets_dir, unit = host.unit.secrets_directory, host.unit.name
+    has_file = bool(secret_env(host) or host.unit.secret_environment_on_host)
+    path = _specifiers(secret_path(secrets_dir, unit, "env")) if has_file else None
+    return weight_cache_unit.EngineEnvironment(tuple(_environment_words(host)), path)
+
+
 def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[str, object]:
     """The values the template sees, every one already quoted or escaped for its directive."""
     public, secret = split_secret_flags(effective_flags(host, flags), host.unit.name)

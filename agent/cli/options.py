@@ -130,6 +130,7 @@ def change_of(args: argparse.Namespace) -> Change:
         tuple(flags.items()),
         getattr(args, "allow_longer_context", False),
         getattr(args, "shrink_context", False),
+        getattr(args, "start", False),
     )
 
 

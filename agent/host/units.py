@@ -110,16 +110,18 @@ class UnitFiles:
         return sorted(found, key=lambda b: (b.taken, b.name), reverse=True)
 
     def prune(self, unit: str, keep: int, protect: Collection[str | None] = ()) -> list[str]:
-        """Keep the newest copy of each distinct content, then the newest `keep` of those.
+        """Keep the newest `keep` distinct contents, with every copy of each; remove the rest.
 
         Identical copies count once, so a nightly change that keeps failing cannot push the distinct
-        history out; a backup in `protect` (the one being restored, the one a record points at) stays.
+        history out; they are kept all the same, because each name was printed by the apply that made
+        it (`rollback --to NAME`) and must keep working while its content is kept. A backup in `protect`
+        (the one being restored, the one a record points at) stays.
         """
         seen: set[bytes] = set()
         kept, removed = 0, []
         for b in self.backups(unit):
             content = b.path.read_bytes()
-            if b.name in protect or (content not in seen and kept < keep):
+            if b.name in protect or content in seen or kept < keep:
                 kept += content not in seen
                 seen.add(content)
                 continue

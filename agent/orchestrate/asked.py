@@ -61,6 +61,7 @@ class Change:
     flags: tuple[tuple[str, FlagInput], ...] = ()  # --set FLAG=VALUE beyond the three above
     allow_longer_context: bool = False  # --allow-longer-context: SGLang's own override, apart from --force
     shrink_context: bool = False  # --shrink-context: a target below the context the unit serves now
+    start: bool = False  # --start: an unchanged unit someone stopped is started too
 
 
 def warn_flag_table(stderr: TextIO, version: str, flags: dict[str, FlagInput]) -> None:

@@ -85,6 +85,10 @@ def follow(out: Output, s: Session, req: Request, talk: Conversation | None = No
     watch = Watch(progress.show, lost, lambda: connected(s.host))
     try:
         outcome = follow_transaction(talk if talk is not None else s.client, s.host, req, watch)
+    except KeyboardInterrupt:  # Ctrl-C stops this follower, not the transaction: it runs in its own unit
+        progress.done()
+        out.note(interrupted(s.host.name, req.verb))
+        raise
     except ConnectionLost as exc:
         progress.done()
         raise ConnectError(
@@ -96,6 +100,14 @@ def follow(out: Output, s: Session, req: Request, talk: Conversation | None = No
     if outcome.data.get("outcome") == "not_started":
         raise ConnectError(f"{s.host.name}: {NOT_STARTED}", hint=f"deployctl status {s.host.name}")
     return outcome
+
+
+def interrupted(host: str, verb: str) -> str:
+    """What Ctrl-C leaves: the host's change goes on (in a unit of its own), and how to follow it."""
+    return (
+        f"{host}: interrupted: deployctl stopped following the {verb}; the host goes on alone with what it "
+        f"began and commits or rolls back by itself: follow it with `deployctl status {host} --follow`"
+    )
 
 
 def recover_orphan(out: Output, s: Session, answer: Mapping[str, object]) -> bool:

@@ -21,6 +21,7 @@ Both units set SGLang's socket and ready templates to one folder under /run that
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from agent.inventory import HostConfig
 from agent.sglang import weight_cache as wc
@@ -28,6 +29,20 @@ from agent.sglang.flags import FlagInput, exec_start_lines
 from agent.sglang.weight_cache import daemon_unit_name as daemon_unit_name  # its one definition
 
 DAEMON_MODULE = "sglang.srt.weight_cache.daemon"
+# The engine's own [Unit] dependencies the daemon needs as much (nvidia-fabricmanager.service, a mount of
+# the model's disk, network-online.target): it loads the same weights onto the same GPUs.
+DEPENDENCY_KEYS = ("After", "Wants", "Requires", "Requisite", "BindsTo")
+# The engine's [Service] lines that are the host's, not the engine's: its resource limits and environment.
+SERVICE_PREFIXES = ("Limit", "Environment", "EnvironmentFile")
+
+
+@dataclass(frozen=True)
+class EngineEnvironment:
+    """The engine unit's environment as render.py writes it (Environment= words already quoted, the
+    secret variables' root-only file): the daemon reads the same model with the same HF_HOME, HF_TOKEN."""
+
+    words: tuple[str, ...] = ()
+    environment_file: str | None = None
 
 
 def runtime_dir(engine_unit: str) -> str:
@@ -78,29 +93,73 @@ def daemon_flags(flags: Mapping[str, FlagInput]) -> dict[str, FlagInput]:
     return {k: v for k, v in flags.items() if k in keep}
 
 
-def render_daemon_unit(host: HostConfig, flags: Mapping[str, FlagInput], gpu_env: Mapping[str, str]) -> str:
-    """The daemon's unit text: the same user, GPUs and fingerprint flags as the engine."""
+def inherited_unit_lines(host: HostConfig) -> list[str]:
+    """The engine's verbatim [Unit] dependencies on other units, without the engine and the daemon."""
+    own = {host.unit.name, daemon_unit_name(host.unit.name)}
+    lines = []
+    for line in host.unit.verbatim.get("Unit", []):
+        key, sep, value = line.partition("=")
+        if not sep or key.strip() not in DEPENDENCY_KEYS:
+            continue
+        names = [n for n in value.split() if n not in own]
+        if names:
+            lines.append(f"{key.strip()}={' '.join(names)}")
+    return lines
+
+
+def inherited_service_lines(host: HostConfig) -> list[str]:
+    """The engine's verbatim [Service] limits and environment lines, as written."""
+    return [
+        line
+        for line in host.unit.verbatim.get("Service", [])
+        if line.partition("=")[0].strip().startswith(SERVICE_PREFIXES) and "=" in line
+    ]
+
+
+def _environment_lines(
+    host: HostConfig, gpu_env: Mapping[str, str], engine: EngineEnvironment | None
+) -> list[str]:
+    """The engine's environment as rendered (engine), else the GPUs' and the cache's own variables."""
+    if engine is None:
+        return [f'Environment="{k}={v}"' for k, v in {**gpu_env, **environment(host)}.items()]
+    words = [f"Environment={word}" for word in engine.words]
+    return words + ([f"EnvironmentFile={engine.environment_file}"] if engine.environment_file else [])
+
+
+def _limit_lines(host: HostConfig) -> list[str]:
+    """LimitMEMLOCK=infinity (CUDA IPC pins memory) unless the engine's unit sets it, then its other lines."""
+    limits = inherited_service_lines(host)
+    return limits if any(x.startswith("LimitMEMLOCK") for x in limits) else ["LimitMEMLOCK=infinity", *limits]
+
+
+def render_daemon_unit(
+    host: HostConfig,
+    flags: Mapping[str, FlagInput],
+    gpu_env: Mapping[str, str],
+    engine: EngineEnvironment | None = None,
+) -> str:
+    """The daemon's unit: the engine's user, GPUs, fingerprint flags, host dependencies, limits, env."""
     argv = exec_start_lines(
         [python_of(list(host.sglang.executable)), "-m", DAEMON_MODULE], daemon_flags(flags)
     )
-    env = {**gpu_env, **environment(host)}
     lines = [
         f"# Rendered by deployctl for host {host.name}: SGLang's weight-cache daemon for {host.unit.name}.",
         "# It holds the weights in GPU memory across engine restarts; an engine restart leaves it running.",
         "[Unit]",
         f"Description=SGLang weight cache for {host.unit.name}",
         f"Before={host.unit.name}",
+        *inherited_unit_lines(host),
         "StartLimitIntervalSec=0",
         "",
         "[Service]",
         "Type=simple",
         *([f"User={host.unit.user}"] if host.unit.user else []),
-        *[f'Environment="{k}={v}"' for k, v in env.items()],
+        *_environment_lines(host, gpu_env, engine),
         f"RuntimeDirectory={runtime_dir(host.unit.name)}",
         "ExecStart=" + " \\\n    ".join(argv),
         "Restart=always",
         "RestartSec=10",
-        "LimitMEMLOCK=infinity",
+        *_limit_lines(host),
         "",
         "[Install]",
         "WantedBy=multi-user.target",

@@ -121,6 +121,7 @@ class Request:
     router_worker_url: str | None = None
     router_timeout_s: float = 60.0
     group: Group | None = None  # apply: this node's rank in a multi-node service
+    start: bool = False  # apply --start: an unchanged unit someone stopped is started (else left stopped)
     # recover: the transaction whose runner died, run by the follower its coordinator still reads (a group
     # node then waits for that coordinator's "go-back"; a later run's recovery does not)
     died: str | None = None

@@ -84,11 +84,14 @@ def fingerprint(flags: Mapping[str, object], version: str, quant_block: bool | N
     return Fingerprint(tuple(fields))
 
 
+NO_DAEMON = "no daemon runs yet"  # restart_class's reason when the running unit is not in client mode
+
+
 def restart_class(old: Fingerprint | None, new: Fingerprint, enabled: bool) -> tuple[RestartClass, list[str]]:
     """What this change restarts, and the fingerprint fields that changed (why both restart)."""
     if not enabled:
         return RestartClass.NO_CACHE, []
-    changed = ["no daemon runs yet"] if old is None else old.differs(new)
+    changed = [NO_DAEMON] if old is None else old.differs(new)
     return (RestartClass.BOTH, changed) if changed else (RestartClass.ENGINE, [])
 
 

@@ -89,3 +89,30 @@ def test_a_link_cut_before_the_host_began_is_no_outcome_but_an_error(monkeypatch
     with pytest.raises(ConnectError) as caught:
         run(monkeypatch, again)
     assert "never started on the host" in str(caught.value)
+
+
+class Interrupted:
+    """The person presses Ctrl-C while the transaction's steps stream in (after `steps` of them)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def events(self, req: Request) -> Iterator[Event]:
+        for n in range(self.steps):
+            yield Event(
+                req.txn or "-", n + 1, "2026-12-04T10:00:00.000Z", "restart", "step", "restarting", {}
+            )
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("steps", [0, 1])
+def test_ctrl_c_says_the_host_goes_on_alone_and_how_to_follow_it(steps: int) -> None:
+    """As the connection-lost message does: Ctrl-C stops following, not the change on the host."""
+    host: HostConfig = load_host("ct200-sim", UNITS)
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    req = base_request(host, "apply", unit_text="[Service]\nExecStart=/x\n", target_context=1)
+    with pytest.raises(KeyboardInterrupt):
+        session.follow(out, session.Session(host, Interrupted(steps)), req)  # type: ignore[arg-type]
+    assert isinstance(out.stderr, io.StringIO)
+    said = out.stderr.getvalue()
+    assert f"deployctl status {host.name} --follow" in said and "the host goes on alone" in said, said

@@ -301,3 +301,28 @@ def test_a_change_refused_after_the_reload_puts_the_daemons_unit_back_too(
     assert result.outcome is Outcome.ERROR and "nothing restarted" in result.message, result.message
     assert daemon.read_text() == _daemon("/m") and (host.etc / UNIT).read_text() == _client(OLD)
     assert host.systemd.restarts == 0
+
+
+# -- a service someone stopped on purpose ---------------------------------------------------------------
+@pytest.mark.parametrize("asked_start", [False, True], ids=["left stopped", "--start"])
+def test_an_unchanged_unit_stopped_on_purpose_is_left_stopped_unless_asked(
+    host: Host, asked_start: bool
+) -> None:
+    host.install(host.etc, unit_text(NEW))
+    host.systemd.stop(UNIT, 10)  # `systemctl stop`: inactive, not failed
+    result = host.transaction(host.request(NEW, start=asked_start)).apply()
+    if asked_start:
+        assert result.outcome is Outcome.APPLIED, result.message
+        assert served(host) == unit_text(NEW)
+    else:
+        assert result.outcome is Outcome.UP_TO_DATE, result.message
+        assert "stopped" in result.message and "--start" in result.message
+        assert host.systemd.active == "inactive" and host.systemd.restarts == host.systemd.starts == 0
+
+
+def test_an_unchanged_unit_that_failed_is_still_started_again(host: Host) -> None:
+    host.install(host.etc, unit_text(NEW))
+    host.systemd.active, host.systemd.sub = "failed", "failed"  # a crash, not a stop: the apply repairs it
+    result = host.transaction(host.request(NEW)).apply()
+    assert result.outcome is Outcome.APPLIED, result.message
+    assert served(host) == unit_text(NEW)

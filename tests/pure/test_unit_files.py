@@ -8,6 +8,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.host.units import UnitFiles, UnitWriteError
 from agent.protocol.common import BACKUP_NAME
@@ -59,13 +61,36 @@ def test_identical_copies_count_once_so_failing_nightly_runs_keep_the_distinct_h
     distinct = backups_of(files, ["[Service]\nExecStart=/bin/a\n", "[Service]\nExecStart=/bin/b\n"])
     nightly = backups_of(files, ["[Service]\nExecStart=/bin/c\n"] * 6)  # the same unit, night after night
     files.prune("sglang.service", keep=3)
-    assert {b.name for b in files.backups("sglang.service")} == {*distinct, nightly[-1]}
+    assert {b.name for b in files.backups("sglang.service")} == {*distinct, *nightly}
+
+
+@given(
+    contents=st.lists(st.integers(min_value=0, max_value=4), min_size=1, max_size=12),
+    keep=st.integers(min_value=1, max_value=4),
+)
+@settings(max_examples=60, deadline=None)
+def test_every_backup_name_stays_while_its_content_is_kept(
+    tmp_path_factory: pytest.TempPathFactory, contents: list[int], keep: int
+) -> None:
+    """A name an apply printed (`rollback --to NAME`) is removed only with the last of its content: the
+    newest `keep` distinct contents stay under every name they were backed up as."""
+    folder = tmp_path_factory.mktemp("units")
+    (folder / "sglang.service").write_text("[Service]\nExecStart=/bin/old\n")
+    files = UnitFiles(folder)
+    names = backups_of(files, [f"[Service]\nExecStart=/bin/v{c}\n" for c in contents])
+    files.prune("sglang.service", keep=keep)
+    newest_distinct: list[int] = []
+    for c in reversed(contents):
+        if c not in newest_distinct:
+            newest_distinct.append(c)
+    wanted = {n for n, c in zip(names, contents, strict=True) if c in newest_distinct[:keep]}
+    assert {b.name for b in files.backups("sglang.service")} == wanted
 
 
 def test_a_protected_copy_survives_even_when_it_is_a_duplicate(files: UnitFiles) -> None:
     names = backups_of(files, ["[Service]\nExecStart=/bin/a\n"] * 3)
     files.prune("sglang.service", keep=1, protect=(names[0], None))
-    assert {b.name for b in files.backups("sglang.service")} == {names[0], names[2]}
+    assert {b.name for b in files.backups("sglang.service")} == set(names)
 
 
 def test_a_unit_with_bytes_that_are_not_utf8_is_backed_up_and_restored_byte_for_byte(

@@ -150,13 +150,20 @@ def test_the_plan_says_the_restart_class_with_both_times() -> None:
     assert "restarts only the engine" in kept.notes[0] and kept.parts["weights"] == WEIGHT_CACHE_LOAD_S
     retp = render_unit(host, {"tp-size": 4}, template_dir())
     both = restart_for(host, facts, retp, {})
-    assert "restarts the weight-cache daemon and the engine: tp-size changed" in both.notes[0]
+    assert (
+        "restarts the weight-cache daemon and the engine: its fingerprint changed (tp-size)" in both.notes[0]
+    )
     assert both.parts["daemon"] == 300.0 and both.seconds is not None and kept.seconds is not None
     assert both.seconds - kept.seconds == 300.0
     first = restart_for(
         host, {**facts, "unit_text": render_unit(sim_host(False), {}, template_dir())}, resize, {}
     )
-    assert "no daemon runs yet" in first.notes[0]
+    assert first.notes[0].startswith(
+        "starts the weight-cache daemon and restarts the engine: no daemon runs yet"
+    )
+    assert (
+        "changed its fingerprint" not in first.notes[0]
+    )  # was: "no daemon runs yet changed its fingerprint"
 
 
 def _seen(text: str | None, state: str = "active", alive: bool = True, ranks: int = 8) -> hwc.DaemonSeen:
@@ -271,3 +278,44 @@ def test_an_adopted_hgx_unit_keeps_its_fabric_manager_and_names_its_daemon_once(
     assert hwc.daemon_unit("sglang.service", text) == DAEMON
     assert hwc.untied("sglang.service", text) is None
     assert hwc.daemon_unit("other.service", text) is None  # another engine's daemon is not this one's
+
+
+def test_the_daemon_takes_the_engines_host_dependencies_limits_and_environment() -> None:
+    """The daemon loads the same weights onto the same GPUs: the fabric manager the engine waits for, its
+    HF_HOME and gated-model token, its open-files limit; never the engine's own ties to the daemon."""
+    from agent.apply import daemon_text
+
+    host = sim_host()
+    unit = host.unit.model_copy(
+        update={
+            "environment": {**host.unit.environment, "HF_HOME": "/var/cache/hf"},
+            "secret_environment_on_host": ["HF_TOKEN"],
+            "template": "sglang-adopted.service.j2",
+            "verbatim": {
+                "Unit": [
+                    "After=network-online.target nvidia-fabricmanager.service",
+                    "BindsTo=nvidia-fabricmanager.service",
+                    f"Wants={daemon_unit_name(host.unit.name)}",
+                ],
+                "Service": ["ExecStartPre=/bin/true", "Nice=-5", "LimitNOFILE=65536"],
+            },
+        }
+    )
+    host = host.model_copy(update={"unit": unit})
+    engine = render_unit(host, {}, template_dir())
+    daemon = daemon_text(host, engine)
+    assert daemon is not None
+    for line in (
+        "After=network-online.target nvidia-fabricmanager.service",
+        "BindsTo=nvidia-fabricmanager.service",
+        'Environment="HF_HOME=/var/cache/hf"',
+        "LimitNOFILE=65536",
+        "LimitMEMLOCK=infinity",
+    ):
+        assert re.search(f"^{re.escape(line)}$", daemon, re.M), line
+    env_file = re.search(r"^EnvironmentFile=.*$", engine, re.M)
+    assert env_file is not None and env_file.group(0) in daemon.splitlines()  # HF_TOKEN: the same file
+    assert "ExecStartPre" not in daemon and "Nice=" not in daemon  # the engine's own, not the host's
+    assert not re.search(r"^Wants=", daemon, re.M)  # the engine's tie to the daemon is not the daemon's
+    said = verify_unit(daemon, daemon_unit_name(host.unit.name))
+    assert said is None, said

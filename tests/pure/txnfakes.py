@@ -79,6 +79,7 @@ class FakeSystemd:
         self.fragment, self.loaded = "", ""
         self._ids = itertools.count(1)
         self.entered_us = 0
+        self.on_poll: Callable[[], None] | None = None  # what happens on the host while deployctl looks
         self._load()
 
     # the port ----------------------------------------------------------------------------------
@@ -87,6 +88,8 @@ class FakeSystemd:
         self._load()
 
     def unit_state(self, unit: str) -> UnitState:
+        if self.on_poll is not None:
+            self.on_poll()
         masked = self.fragment != "" and self.loaded == ""
         return UnitState(
             unit, "masked" if masked else ("loaded" if self.fragment else "not-found"),
@@ -141,6 +144,7 @@ class FakeSystemd:
 class FakeJournal:
     def __init__(self, systemd: FakeSystemd) -> None:
         self.systemd = systemd
+        self.followed: list[str] = []  # the invocations whose lines someone followed, in order
 
     def cursor(self) -> str | None:
         return None
@@ -149,6 +153,7 @@ class FakeJournal:
         self, unit: str, after_cursor: str | None, invocation_id: str | None, deadline_s: float
     ) -> Iterator[Line | None]:
         inv = invocation_id or self.systemd.invocation
+        self.followed.append(inv)
         shown = self.systemd.lines.setdefault(inv, [])
         shown += self.systemd.later.pop(inv, [])  # followed: the start goes on
         for n, message in enumerate(list(shown)):

@@ -35,6 +35,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         "scales it instead)",
     )
     p.add_argument("--dry-run", action="store_true", help="show the plan and the diff, change nothing")
+    p.add_argument(
+        "--start",
+        action="store_true",
+        help="start the service when its unit is unchanged but someone stopped it (without it, an "
+        "unchanged stopped service is left stopped and the output says so)",
+    )
     add_connection_args(p)
     p.epilog = (
         "example: deployctl apply ct200 --context 200k --dry-run   (the plan and the diff; no change)\n"

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return _run_facts(args, out)
     if not args.host:
         raise UsageError("a host is required (or --facts FILE)", hint="see: deployctl plan --help")
-    from agent.apply import check_context
+    from agent.apply import check_context, refuse_weight_cache
     from agent.plan.effective import effective_of
     from agent.plan.from_facts import plan_for_host
 
@@ -94,6 +94,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     shrink = check_context(change, host.sglang.flags, host.model.max_context)
     version = host.sglang.version
     host = effective_of(host, change.flags).host  # the flag table read --set; the weights at its TP x PP
+    refuse_weight_cache(host, dict(change.flags), None)  # as apply refuses it (the checkpoint's: apply)
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
     history: Sequence[StartFigures]  # the starts that calibrate the plan
     history, ids = checked_starts(args.from_log, planned, args.start, out)

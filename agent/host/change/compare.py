@@ -28,8 +28,9 @@ def check_with_sglang(p: Ports, new: str) -> Result | None:
 
 
 def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
-    """The installed unit against the request: a Result when there is nothing to do (up to date, or
-    refused), else the secret files the new unit needs. It changes nothing (but see rewrite_daemon).
+    """The installed unit against the request: a Result when there is nothing to do (up to date, left
+    stopped, or refused), else the secret files the new unit needs. It changes nothing (but see
+    rewrite_daemon).
 
     wait: a start of this very unit that systemd began and that is still in progress is waited for
     (bounded by the gate's timeouts) rather than restarted; False (a check) hands that to the caller.
@@ -43,18 +44,16 @@ def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
         msg = f"{p.files.path(p.unit)} changed on the host since it was planned (edited by hand?)"
         p.log.emit(Stage.COMPARE, "warning", msg)
         return Result(Outcome.ERROR, msg + "; nothing changed: re-run to plan against it")
-    kept = kept_secret_env(p.req.keep_secret_env, p.secrets.current()["env"], current)
-    missing = [n for n in p.req.keep_secret_env if n not in kept]
-    if missing:
-        msg = f"no value on the host for the kept secret variable(s) {', '.join(missing)}"
-        p.log.emit(Stage.COMPARE, "warning", msg)
-        return Result(Outcome.ERROR, msg + "; nothing changed: set them in the inventory's environment")
-    secrets = p.secrets.wanted({**kept, **p.req.secret_env}, p.req.secret_flags)
+    secrets = wanted_secrets(p, current)
+    if isinstance(secrets, Result):
+        return secrets
     same = current == new and p.secrets.current() == secrets
     repair = p.daemon.drift(p.req.daemon_text)  # [weight_cache]: its daemon's unit deleted or edited by hand
     if repair is not None:
         p.log.emit(Stage.COMPARE, "warning", repair)
         same = same and wait and rewrite_daemon(p)
+    if same and p.req.group is None and not p.req.start and stopped(p):
+        return left_stopped(p)
     # A node of a group restarts with the others even when its own unit is unchanged: the laptop asks
     # only when some rank needs it, and one rank cannot restart alone.
     if same and running_as_installed(p) and p.req.group is None:
@@ -67,6 +66,17 @@ def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
             if waited is not None:
                 return waited
     return secrets
+
+
+def wanted_secrets(p: Ports, current: str | None) -> Result | dict[str, str | None]:
+    """The secret files the new unit needs: the request's, and the kept variables' values on the host."""
+    kept = kept_secret_env(p.req.keep_secret_env, p.secrets.current()["env"], current)
+    missing = [n for n in p.req.keep_secret_env if n not in kept]
+    if missing:
+        msg = f"no value on the host for the kept secret variable(s) {', '.join(missing)}"
+        p.log.emit(Stage.COMPARE, "warning", msg)
+        return Result(Outcome.ERROR, msg + "; nothing changed: set them in the inventory's environment")
+    return p.secrets.wanted({**kept, **p.req.secret_env}, p.req.secret_flags)
 
 
 def rewrite_daemon(p: Ports) -> bool:
@@ -82,6 +92,22 @@ def rewrite_daemon(p: Ports) -> bool:
     p.log.emit(Stage.COMPARE, "step", f"{p.daemon.name} runs deployctl's unit: its file was written back "
                f"and reloaded, nothing restarted (the edited file is kept at {keep_as})")  # fmt: skip
     return True
+
+
+def left_stopped(p: Ports) -> Result:
+    """An unchanged unit someone stopped stays stopped unless the person asked (apply --start)."""
+    msg = (
+        f"{p.unit} is up to date but stopped (inactive, not failed): left stopped, as someone stopped it; "
+        "`deployctl apply HOST --start` starts it"
+    )
+    p.log.emit(Stage.COMPARE, "warning", msg)
+    return Result(Outcome.UP_TO_DATE, msg)
+
+
+def stopped(p: Ports) -> bool:
+    """Stopped on purpose: inactive (a stop), not failed (a crash, which an apply repairs), and loaded."""
+    s = p.systemd.unit_state(p.unit)
+    return s.active_state == "inactive" and s.load_state == "loaded"
 
 
 def starting(p: Ports) -> bool:

@@ -57,15 +57,25 @@ def restart_and_watch(
     if after.invocation_id == before.invocation_id and not job.ok:
         n0 = -1  # the job failed before a new invocation: decide() sees a crash at once
     abandon_if = abandon(p, barrier) if barrier is not None and not barrier.back else None
-    # what the GPU processes hold once the start logs its pool: the facts' at_start_mib
-    # (host/watch/gpu_at_start.py)
-    held = gpu_at_start.Recorder(p.state.unit_dir(p.unit), after.invocation_id, lambda: p.gpu_procs(p.unit))
+    held, on_pool = gpu_recorder(p, after.invocation_id)
     start = WatchedStart(
-        p.unit, p.journal, p.systemd, gate, cursor, after.invocation_id, max(n0, 0), abandon_if, held.begin
+        p.unit, p.journal, p.systemd, gate, cursor, after.invocation_id, max(n0, 0), abandon_if, on_pool
     )
     watched = watch_start(start, p.log, stage)
     held.finish(lambda why: p.log.emit(stage, "warning", why))
     return watched
+
+
+def gpu_recorder(p: Ports, invocation: str) -> tuple[gpu_at_start.Recorder, Callable[[], None]]:
+    """What the GPU processes hold once the start logs its pool: the facts' at_start_mib
+    (host/watch/gpu_at_start.py), under the start that logged it (the watch may follow a newer one)."""
+    held = gpu_at_start.Recorder(p.state.unit_dir(p.unit), invocation, lambda: p.gpu_procs(p.unit))
+
+    def on_pool() -> None:
+        held.invocation = p.systemd.unit_state(p.unit).invocation_id or held.invocation
+        held.begin()
+
+    return held, on_pool
 
 
 def abandon(p: Ports, barrier: Signals) -> Callable[[], str | None]:

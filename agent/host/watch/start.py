@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from agent.host.change.decide import Action, Failure, Gate, Observation, Verdict, decide, exit_words, fail
+from agent.host.change.decide import (
+    WAIT,
+    Action,
+    Failure,
+    Gate,
+    Observation,
+    Verdict,
+    decide,
+    exit_words,
+    fail,
+)
 from agent.host.events import EventLog
 from agent.protocol.events import Stage
 from agent.sglang.logs.events import GENERIC_FAILURE_KINDS, EngineTimings, GraphEnd
@@ -25,6 +35,11 @@ PROGRESS_EVERY_S = 1.0  # progress events while weights load: enough for a live 
 # after systemd had reported the exit).
 SETTLE_S = 3.0
 DEAD_SETTLE_S = 10.0
+# A start can be replaced under the watch by a restart deployctl did not make: with [weight_cache] the
+# engine has Requires=/PartOf= on the daemon, so systemd's Restart=always of a crashed daemon restarts the
+# engine too (a new invocation, the same unit file). The watch follows the newest start, judged on its own;
+# this many such restarts in one watch end it (something keeps restarting the service).
+MAX_RESTARTS_UNDER_WATCH = 3
 
 
 class JournalPort(Protocol):
@@ -65,6 +80,7 @@ class WatchResult:
     verdict: Verdict
     summary: StartFigures
     seconds: float
+    invocation_id: str = ""  # the start judged: the newest, when the service was restarted under the watch
 
 
 class _Start:
@@ -144,39 +160,87 @@ def watch_start(
     stage: Stage = Stage.WATCH,
     clock: Callable[[], float] = time.monotonic,
 ) -> WatchResult:
-    """Decide on every new line and every state poll; return at ready or at the first failure."""
+    """Decide on every new line and every state poll; return at ready or at the first failure. A start
+    replaced under the watch by one deployctl did not make (same unit, new invocation, no restart of the
+    service's own Restart=) is followed: the newest start is judged on its own."""
+    t_first = clock()
+    for _ in range(MAX_RESTARTS_UNDER_WATCH + 1):
+        result, newer = _watch_one(start, log, stage, clock)
+        if newer is None:
+            return replace(result, seconds=clock() - t_first)
+        log.emit(
+            stage,
+            "warning",
+            f"{start.unit} was restarted under the watch, not by deployctl (invocation "
+            f"{start.invocation_id[:12] or '?'} -> {newer.invocation_id[:12]}; with [weight_cache], a "
+            "restart of its daemon restarts the engine): following the new start",
+            invocation=newer.invocation_id,
+        )
+        start = replace(start, invocation_id=newer.invocation_id, n_restarts0=newer.n_restarts)
+    why = (
+        f"{start.unit} was restarted {MAX_RESTARTS_UNDER_WATCH + 1} times under the watch, not by deployctl "
+        "(with [weight_cache]: its daemon keeps restarting)"
+    )
+    return WatchResult(fail(why, Failure.SERVICE_FAILED), {}, clock() - t_first, start.invocation_id)
+
+
+def _watch_one(
+    start: WatchedStart, log: EventLog, stage: Stage, clock: Callable[[], float]
+) -> tuple[WatchResult, Any]:
+    """One start to its verdict; or, when the service's invocation changed under it without a restart of
+    its own Restart= (NRestarts did not grow), the newer start's state instead of a verdict."""
     unit, journal, systemd, gate = start.unit, start.journal, start.systemd, start.gate
     t0 = clock()
     seen = _Start(t0, log, stage, start.on_pool)
     state, last_poll, pool_passed = systemd.unit_state(unit), 0.0, False
     horizon = gate.timeouts.weights_s + gate.timeouts.pool_s + gate.timeouts.ready_s + 60
     failed_at: float | None = None
+
+    def done(verdict: Verdict) -> tuple[WatchResult, None]:
+        return WatchResult(verdict, seen.summary, clock() - t0, start.invocation_id), None
+
     for item in journal.follow(unit, start.cursor, start.invocation_id, time.monotonic() + horizon):
         now = clock()
         if item is not None:
             seen.feed(item.message, now)
         if now - last_poll >= STATE_POLL_S:
             state, last_poll = systemd.unit_state(unit), now
+            if replaced(start, state):
+                return WatchResult(WAIT, seen.summary, clock() - t0, start.invocation_id), state
             why = start.abandon() if start.abandon else None
             if why:  # its peers stop theirs: this start cannot complete, and rank 0 waits for its stop
-                return WatchResult(fail(why, Failure.ABANDONED), seen.summary, clock() - t0)
+                return done(fail(why, Failure.ABANDONED))
         obs = seen.observe(now, t0, state, start.n_restarts0)
-        verdict = decide(obs, gate, pool_passed)
-        if verdict.action is Action.POOL_OK:
-            pool_passed, verdict_ms = True, (clock() - now) * 1000
-            log.emit(
-                Stage.GATE, "step", verdict.reason, kv_tokens=obs.kv_tokens, verdict_ms=round(verdict_ms, 2)
-            )
-            verdict = decide(obs, gate, pool_passed)  # a node rank >= 1 is ready on its pool line
+        verdict, pool_passed = _judged(obs, gate, pool_passed, log, clock)
         if verdict.action is Action.READY:
-            return WatchResult(verdict, seen.summary, clock() - t0)
+            return done(verdict)
         elif verdict.action is Action.FAIL:
             failed_at = now if failed_at is None else failed_at
             settle = DEAD_SETTLE_S if obs.failure_kind is None else SETTLE_S
             if names_cause(verdict, obs) or now - failed_at >= settle:
-                return WatchResult(verdict, seen.summary, clock() - t0)
-    verdict = fail(f"gave up after {horizon:.0f} s", Failure.TIMEOUT)
-    return WatchResult(verdict, seen.summary, clock() - t0)
+                return done(verdict)
+    return done(fail(f"gave up after {horizon:.0f} s", Failure.TIMEOUT))
+
+
+def _judged(
+    obs: Observation, gate: Gate, pool_passed: bool, log: EventLog, clock: Callable[[], float]
+) -> tuple[Verdict, bool]:
+    """decide() on one observation, the pool gate's pass logged once: the verdict, and whether it passed."""
+    verdict = decide(obs, gate, pool_passed)
+    if verdict.action is not Action.POOL_OK:
+        return verdict, pool_passed
+    verdict_ms = (clock() - obs.now) * 1000
+    log.emit(Stage.GATE, "step", verdict.reason, kv_tokens=obs.kv_tokens, verdict_ms=round(verdict_ms, 2))
+    return decide(obs, gate, True), True  # a node rank >= 1 is ready on its pool line
+
+
+def replaced(start: WatchedStart, state: Any) -> bool:
+    """Whether the service now runs a start other than the watched one that its own Restart= did not
+    make (that one is a crash, decide()'s to judge): a restart job from elsewhere (a daemon it is PartOf)."""
+    now_inv = getattr(state, "invocation_id", "") or ""
+    if not now_inv or not start.invocation_id or now_inv == start.invocation_id:
+        return False
+    return bool(getattr(state, "n_restarts", 0) <= start.n_restarts0)
 
 
 def names_cause(verdict: Verdict, obs: Observation) -> bool:

@@ -66,7 +66,7 @@ def test_a_set_that_shrinks_the_running_pool_says_so_in_the_headline(tmp_path: P
         "max-running-requests = 64", 'max-running-requests = 64\nkv-cache-dtype = "fp8_e4m3"'
     )
     _, before, _ = run(tmp_path, toml, "plan", "ct200", "--offline", "--context", "32768", "--json")
-    code, out, _ = run(
+    _code, out, _ = run(
         tmp_path,
         toml,
         "plan",
@@ -84,7 +84,7 @@ def test_a_set_that_shrinks_the_running_pool_says_so_in_the_headline(tmp_path: P
 
 
 def test_a_max_total_tokens_cap_that_shrinks_the_running_pool_says_so(tmp_path: Path) -> None:
-    code, out, _ = run(
+    _code, out, _ = run(
         tmp_path, HOST_TOML, "plan", "ct200", "--offline", "--context", "32768",
         "--set", "max-total-tokens=40000", "--json",
     )  # fmt: skip
@@ -93,7 +93,7 @@ def test_a_max_total_tokens_cap_that_shrinks_the_running_pool_says_so(tmp_path: 
 
 def test_facts_plan_refuses_a_deep_shrink_of_the_models_own_context(tmp_path: Path) -> None:
     # the facts' unit sets no --context-length: SGLang serves the model's 131,072; 4096 is 1/32 of it
-    code, out, err = run(
+    code, out, _err = run(
         tmp_path, HOST_TOML, "plan", "--facts", str(ROOT / "examples" / "llama-3.1-8b-h100.json"),
         "--context", "4096",
     )  # fmt: skip
@@ -102,8 +102,22 @@ def test_facts_plan_refuses_a_deep_shrink_of_the_models_own_context(tmp_path: Pa
 
 def test_no_yarn_hint_over_a_models_own_rope_scaling(tmp_path: Path) -> None:
     # Llama 3.1 ships rope_type llama3 from 8,192: a yarn override "from 131,072" replaces it
-    code, out, _ = run(
+    _code, out, _ = run(
         tmp_path, HOST_TOML, "plan", "--facts", str(ROOT / "examples" / "llama-3.1-8b-h100.json"),
         "--context", "1m", "--json",
     )  # fmt: skip
     assert "yarn" not in json.loads(out)["binding"]
+
+
+def test_apply_with_a_set_keeps_the_hosts_last_start_as_calibration() -> None:
+    # a host whose agent read no config.json (plan_for_host): --set kv-cache-dtype must scale the last start's
+    # cell from auto, as plan --from-log does, not take the start as run under fp8 and set it aside
+    from agent.apply import make_plan
+    from agent.inventory import load_service
+    from agent.orchestrate.asked import Change
+
+    host = load_service("ct200", ROOT / "units")
+    last = split((ROOT / "examples" / "ct200-start.log").read_text(encoding="utf-8").splitlines())[-1]
+    facts = {"flags": dict(host.sglang.flags), "last_start": last.figures()}
+    plan = make_plan(host, Change(context=200_000, flags=(("kv-cache-dtype", "fp8_e4m3"),)), facts)  # type: ignore[arg-type]
+    assert plan.basis.startswith("calibrated"), plan.warnings

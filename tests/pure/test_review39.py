@@ -121,3 +121,17 @@ def test_apply_with_a_set_keeps_the_hosts_last_start_as_calibration() -> None:
     facts = {"flags": dict(host.sglang.flags), "last_start": last.figures()}
     plan = make_plan(host, Change(context=200_000, flags=(("kv-cache-dtype", "fp8_e4m3"),)), facts)  # type: ignore[arg-type]
     assert plan.basis.startswith("calibrated"), plan.warnings
+
+
+def test_systemds_started_line_during_warmup_does_not_cut_the_start() -> None:
+    # a unit with ExecStartPost= waiting on /v1/models: systemd says "Started" once uvicorn answers, while
+    # SGLang's warmup runs and before "The server is fired up"; the start is one start, and it calibrates
+    up = next(i for i, line in enumerate(GOOD) if "Uvicorn running" in line)
+    lines = [
+        "Dec 01 09:59:57 ct200 systemd[1]: Starting sglang.service - SGLang server...",
+        *_journal(GOOD[: up + 1]),
+        "Dec 01 10:10:44 ct200 systemd[1]: Started sglang.service - SGLang server.",
+        *_journal(GOOD[up + 1 :]),
+    ]
+    starts = split(lines)
+    assert len(starts) == 1, [(s.number, s.outcome, s.summary.kv_tokens) for s in starts]

@@ -10,8 +10,9 @@ order one launch logs them (decoration taken off first, agent/sglang/logs/decor.
    says sglang (the inventory's unit name when the caller knows it), never the weight-cache daemon's, a
    session's scope or another unit type (`journalctl -b` without `-u` starts other units mid-start: `Started
    session-5.scope - Session 5 of User sglang.`); an older systemd's description-only line counts when it
-   says SGLang and is no session's. A `Started` once the start has content is the same start's (Type=notify
-   after readiness, or an ExecStartPost= that waits on /v1/models during warmup) unless it failed or stopped;
+   says SGLang and is no session's. A `Started` once the start's HTTP server is up is the same start's
+   (Type=notify after readiness, an ExecStartPost= that waits on /v1/models during warmup) unless it failed
+   or stopped; before that (Type=simple) it opens the next start;
 2. a pasted launch command (`python -m sglang.launch_server ...`, `sglang serve ...`);
 3. the main process's `server_args=` line (0.5.23 a dict, earlier `ServerArgs(...)`), once per launch
    (srt/entrypoints/engine.py): every rank's lines after it, interleaved, are that one start's.
@@ -90,6 +91,7 @@ class _Cut:
     mark: int = -1  # the latest launch step seen
     content: bool = False  # a line of the start itself (not a mark)
     sglang: bool = False  # any SGLang event at all
+    serving: bool = False  # its HTTP server is up (warmup, then ready): systemd's Started is this start's
     loaded: set[str | None] = field(default_factory=set)  # ranks that began loading weights
     after: dict[str | None, float | None] = field(default_factory=dict)  # a rank's avail after weights, None mid-load
     graphs: dict[str | None, float] = field(default_factory=dict)
@@ -104,7 +106,7 @@ class _Cut:
     def opens_with(self, mark: int, line: Line, events: Sequence[ev.LogEvent]) -> bool:
         """Whether this line opens a new start after this one."""
         if mark >= 0:
-            if mark == UNIT and line.text.startswith("Started") and self.content and not self.dead():
+            if mark == UNIT and line.text.startswith("Started") and self.serving and not self.dead():
                 return False  # Type=notify after readiness, ExecStartPost= during warmup: the same start
             if mark == COMMAND:  # a person's paste: excerpts come in any order, a second launch opens one
                 return self.mark >= COMMAND
@@ -131,6 +133,8 @@ class _Cut:
             not (isinstance(e, ev.ServerArgs) and e.source in _MARKS) for e in events
         )
         for e in self.builder.feed_events(events):
+            if isinstance(e, (ev.UvicornRunning, ev.Ready)):
+                self.serving = True
             if isinstance(e, ev.WeightsBegin):
                 self.loaded.add(e.rank)
                 self.after[e.rank] = None

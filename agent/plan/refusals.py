@@ -33,7 +33,12 @@ def _context(host: HostConfig, context: int) -> list[str]:
     allowed = host.unit.environment.get(_ALLOW_LONGER, "").lower() in ("1", "true", "yes")
     if limit is None or context <= limit or allowed or version(host) < (0, 5, 3, 0):
         return []
-    return [long_context.refusal(limit, context, scalable=host.model.attention != "mla")]
+    return [long_context.refusal(limit, context, scalable=yarn_allowed(host))]
+
+
+def yarn_allowed(host: HostConfig) -> bool:
+    """A YaRN override may be offered: not over an MLA model's own YaRN, nor any model's own RoPE scaling."""
+    return host.model.attention != "mla" and not host.model.rope_scaled
 
 
 def _layout(flags: Flags, gpus: int) -> list[str]:

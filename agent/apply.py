@@ -17,6 +17,7 @@ from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target
 from agent.plan.effective import context_refusal, context_shrink, effective, one_word
 from agent.plan.from_facts import plan_for_host, plan_from_host_facts
+from agent.plan.predict import SCALED_FROM
 from agent.plan.refusals import yarn_allowed
 from agent.plan.restart_time import GIB, PageCache, RestartEstimate
 from agent.plan.restart_time import from_facts as restart_from_facts
@@ -236,8 +237,11 @@ def weight_cache_class(host: HostConfig, facts: HostFacts, new_text: str) -> tup
 
 def calibrated_pool(plan: Plan) -> bool:
     """Whether the pool sent for the gate was predicted from this host's own starts: the gate then takes a
-    pool far from it for an SGLang anomaly, not a fraction to correct (host/change/decide.py)."""
-    return plan.basis == "calibrated" and bool(plan.predicted_pool_tokens)
+    pool far from it for an SGLang anomaly, not a fraction to correct (host/change/decide.py). A start that
+    ran under other cell-changing flags (a KV dtype, a draft added or dropped since) is evidence for the
+    memory, not for these flags' pool: a pool beyond it is no anomaly."""
+    scaled = any(e.startswith(SCALED_FROM) for e in plan.evidence)
+    return plan.basis == "calibrated" and bool(plan.predicted_pool_tokens) and not scaled
 
 
 def daemon_text(host: HostConfig, new_text: str) -> str | None:

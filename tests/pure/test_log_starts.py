@@ -362,3 +362,13 @@ def test_a_failed_start_then_a_rank_that_reloads_its_weights_is_a_new_start() ->
     failed = [*GOOD[:9], "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."]
     again = [line for line in GOOD[1:] if "server_args" not in line]  # no launch mark: a paste's excerpt
     assert [s.outcome for s in split([*failed, *again])] == ["failed", "ready"]
+
+
+def test_a_start_with_mapped_weights_calibrates_from_its_weights_end_line(tmp_path: Path) -> None:
+    # [weight_cache]: an engine that maps the daemon's weights logs "Load weight end" (avail, mem usage) and
+    # no begin line; SGLang's mem usage is the avail before the load less the one after it
+    mapped = [line for line in GOOD if "Load weight begin" not in line]
+    summary = split(mapped)[-1].summary
+    assert summary.avail_mem_before_weights_gb == pytest.approx(22.32 + 70.48)
+    code, out, _ = run(tmp_path, "plan", "ct200", "--context", "32768", "--from-log", write(tmp_path, "\n".join(mapped)))
+    assert "calibrated" in out.splitlines()[0], out.splitlines()[0]

@@ -27,7 +27,7 @@ from agent.plan.inputs import (
     sglang_version,
     value_of,
 )
-from agent.plan.model import SPEC_DEFAULT_REQUESTS, PoolModel, Start, StartFigures, start_of
+from agent.plan.model import SPEC_DEFAULT_REQUESTS, Flags, PoolModel, Start, StartFigures, start_of
 from agent.plan.overhead import (
     RankLayout,
     is_amd,
@@ -55,6 +55,12 @@ class FactsModel:
     floor: Floor = field(default_factory=lambda: Floor(FIXED_GIB))  # what stays free after the pool
 
 
+def _mode(flags: Flags) -> str | None:
+    """--disaggregation-mode: prefill or decode; null (the default) is None."""
+    mode = str(value_of(flags, "disaggregation-mode") or "null").lower()
+    return mode if mode in ("prefill", "decode") else None
+
+
 def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str]) -> float:
     """The running fraction: the flag, else SGLang's own default (arg_groups/memory_hook.py)."""
     given = float_of(inp.flags, "mem-fraction-static")
@@ -67,6 +73,8 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         max_total_tokens=int_of(inp.flags, "max-total-tokens"),
         cuda_graph=not decode_graphs_off(inp.flags),
         max_prefill_tokens=int_of(inp.flags, "max-prefill-tokens"),
+        disaggregation=_mode(inp.flags),
+        draft_tokens=int_of(inp.flags, "speculative-num-draft-tokens"),
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
@@ -146,7 +154,8 @@ def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, meas
     if inp.planning.reserve_floor_gib is not None:
         return Floor(inp.planning.reserve_floor_gib, stated=True)
     chunk_default, bs_default = memory_defaults.class_defaults(inp.gpu.memory_total_mib, par.tp)
-    chunk = int_of(inp.flags, "chunked-prefill-size") or chunk_default
+    given = int_of(inp.flags, "chunked-prefill-size")
+    chunk = chunk_default if given is None else given  # 0 is chunking off, as -1 (memory_hook.py)
     if chunk <= 0:  # chunking off: a prompt of the whole context is prefilled in one step
         chunk = context
     bs = _listed_max(inp) or int_of(inp.flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs") or bs_default

@@ -14,8 +14,10 @@ from agent.plan.refusals import refusals
 from agent.plan.requests import sglang_requests
 from agent.plan.verdict import Reading, decide, no_fraction
 from agent.sglang import kvpool
+from agent.sglang.flagrules import TABLE_VERSION
 from agent.sglang.flags import FlagInput
 from agent.sglang.redact import REDACTED, SECRET_FLAG
+from agent.sglang.server_args import typed
 
 PLAIN_DEFAULT_REQUESTS = 64
 
@@ -98,7 +100,8 @@ class Plan:
         data["reserve_gib_per_gpu"] = round(self.reserve_gib_per_gpu, 3)
         data["pre_gib"], data["post_gib"] = round(self.pre_gib, 4), round(self.post_gib, 4)
         data["cell_bytes"] = round(self.cell_bytes, 1)
-        data["flags"] = self.printed_flags()
+        # --set words as the flag table types them (`--set tp-size=4` prints 4, not "4")
+        data["flags"] = {k: typed(TABLE_VERSION, k, v) for k, v in self.printed_flags().items()}
         del data["requests_set"], data["given"]  # the flags say them
         if self.shrinks is None:
             del data["shrinks"]  # said only when the plan shrinks a pool that held the target

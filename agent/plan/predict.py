@@ -318,10 +318,12 @@ def _plus_removed_draft(inp: PlanInput, then: PlanInput, model: PoolModel, notes
     algorithm = removed_draft(inp, then)
     if algorithm is None:
         return model
-    draft = (then.draft.weights_bytes or 0) / max(1, parallel(then).tp) / GIB if then.draft is not None else 0.0
+    draft = (
+        (then.draft.weights_bytes or 0) / max(1, parallel(then).tp) / GIB if then.draft is not None else 0.0
+    )
     notes.append(
-        f"the start ran with a {algorithm} draft the plan drops: its {draft:.2f} GiB per GPU come back to its "
-        "memory after the weights"
+        f"the start ran with a {algorithm} draft the plan drops: its {draft:.2f} GiB per GPU come back to "
+        "its memory after the weights"
         + ("" if draft else " (unknown: the pool will be larger than predicted by the draft's weights)")
     )
     return replace(model, post_gib=model.post_gib + draft)

@@ -6,6 +6,7 @@ A plan SGLang refuses is not feasible, however well its pool fits: the headline 
 from __future__ import annotations
 
 from agent.inventory import HostConfig
+from agent.plan.effective import world
 from agent.plan.model import Flags, PoolModel, flag, version
 from agent.sglang import long_context, version_flags
 
@@ -46,8 +47,7 @@ def _layout(flags: Flags, gpus: int) -> list[str]:
     of this host (one node); attention DP runs inside the TP group and adds none. arg_groups/parallel_hook.py:
     the deprecated --enable-dp-attention turns --dp-size into --attn-dp-size; TP must divide by it (l. 326),
     and replicas with attention DP are refused (l. 287)."""
-    tp = int(str(flag(flags, "tp-size", "tensor-parallel-size", "tp") or gpus))
-    pp = int(str(flag(flags, "pp-size", "pipeline-parallel-size", "pp") or 1))
+    tp, pp = world(flags)
     dp = int(str(flag(flags, "dp-size", "dp", "data-parallel-size") or 1))
     attn_dp = int(str(flag(flags, "attn-dp-size") or 1))
     if flag(flags, "enable-dp-attention") not in (None, False, "false") and attn_dp == 1:

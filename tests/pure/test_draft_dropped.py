@@ -20,7 +20,17 @@ DROP = ("--set", "speculative-algorithm=false", "--set", "speculative-draft-mode
 def test_dropping_the_draft_gives_back_its_weights(tmp_path: Path) -> None:
     from tests.pure.test_plan_cmd import HOST_TOML
 
-    argv = ("plan", "ct200", "--context", "32768", "--mem-fraction-static", "0.85", "--from-log", LOG, "--json")
+    argv = (
+        "plan",
+        "ct200",
+        "--context",
+        "32768",
+        "--mem-fraction-static",
+        "0.85",
+        "--from-log",
+        LOG,
+        "--json",
+    )
     _, kept, _ = run(tmp_path, HOST_TOML, *argv)
     _, dropped, _ = run(tmp_path, HOST_TOML, *argv, *DROP)
     was, now = json.loads(kept), json.loads(dropped)
@@ -35,7 +45,9 @@ def test_the_gate_does_not_call_a_dropped_drafts_pool_an_anomaly() -> None:
     last = split((ROOT / "examples" / "ct200-start.log").read_text(encoding="utf-8").splitlines())[-1]
     facts = {"flags": dict(host.sglang.flags), "last_start": last.figures()}
     same = make_plan(host, Change(context=32768), facts)  # type: ignore[arg-type]
-    drop = Change(context=32768, flags=(("speculative-algorithm", False), ("speculative-draft-model-path", False)))
+    drop = Change(
+        context=32768, flags=(("speculative-algorithm", False), ("speculative-draft-model-path", False))
+    )
     dropped = make_plan(host, drop, facts)  # type: ignore[arg-type]
     assert calibrated_pool(same)
     assert not calibrated_pool(dropped), dropped.evidence

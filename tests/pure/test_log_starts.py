@@ -370,5 +370,7 @@ def test_a_start_with_mapped_weights_calibrates_from_its_weights_end_line(tmp_pa
     mapped = [line for line in GOOD if "Load weight begin" not in line]
     summary = split(mapped)[-1].summary
     assert summary.avail_mem_before_weights_gb == pytest.approx(22.32 + 70.48)
-    code, out, _ = run(tmp_path, "plan", "ct200", "--context", "32768", "--from-log", write(tmp_path, "\n".join(mapped)))
+    _code, out, _ = run(
+        tmp_path, "plan", "ct200", "--context", "32768", "--from-log", write(tmp_path, "\n".join(mapped))
+    )
     assert "calibrated" in out.splitlines()[0], out.splitlines()[0]

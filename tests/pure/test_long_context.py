@@ -164,7 +164,10 @@ def test_a_models_own_rope_scaling_is_not_replaced_by_yarn() -> None:
         {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096},  # gpt-oss
         {"rope_type": "default", "mrope_section": [11, 11, 10], "rope_theta": 1e7},  # Qwen3.5 mrope
         {"type": "mrope", "mrope_section": [16, 24, 24]},
-        {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25}, "sliding_attention": {"rope_type": "default"}},  # Gemma 4
+        {  # Gemma 4: per layer type
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25},
+            "sliding_attention": {"rope_type": "default"},
+        },
     ]  # fmt: skip
     plain: list[object] = [None, {}, {"rope_type": "default", "rope_theta": 1e6}, {"rope_type": "default"}]
     assert all(own_rope_scaling(r) for r in own)

@@ -27,7 +27,9 @@ PAR = Parallel(tp=1, pp=1, attn_dp=1, dcp=1)
 @given(CARDS, st.sampled_from([None, 4096, 65536]))
 def test_chunked_prefill_zero_is_chunking_off_as_minus_one(gpu_mib: int, max_prefill: int | None) -> None:
     off = [
-        default_fraction(LLAMA, gpu_mib, PAR, MemoryFlags(chunked_prefill=c, max_prefill_tokens=max_prefill)).fraction
+        default_fraction(
+            LLAMA, gpu_mib, PAR, MemoryFlags(chunked_prefill=c, max_prefill_tokens=max_prefill)
+        ).fraction
         for c in (0, -1)
     ]
     assert off[0] == off[1]

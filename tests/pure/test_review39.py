@@ -140,7 +140,8 @@ def test_systemds_started_line_during_warmup_does_not_cut_the_start() -> None:
 def test_plan_json_prints_set_values_as_the_flag_table_types_them(tmp_path: Path) -> None:
     _code, out, _ = run(
         tmp_path, HOST_TOML, "plan", "ct200", "--offline", "--context", "32768",
-        "--set", "tp-size=8", "--set", "chunked-prefill-size=4096", "--set", "kv-cache-dtype=fp8_e4m3", "--json",
+        "--set", "tp-size=8", "--set", "chunked-prefill-size=4096",
+        "--set", "kv-cache-dtype=fp8_e4m3", "--json",
     )  # fmt: skip
     flags = json.loads(out)["flags"]
     assert flags["tp-size"] == 8 and flags["chunked-prefill-size"] == 4096

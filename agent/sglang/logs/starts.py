@@ -93,7 +93,9 @@ class _Cut:
     sglang: bool = False  # any SGLang event at all
     serving: bool = False  # its HTTP server is up (warmup, then ready): systemd's Started is this start's
     loaded: set[str | None] = field(default_factory=set)  # ranks that began loading weights
-    after: dict[str | None, float | None] = field(default_factory=dict)  # a rank's avail after weights, None mid-load
+    after: dict[str | None, float | None] = field(
+        default_factory=dict
+    )  # a rank's avail after weights, None mid-load
     graphs: dict[str | None, float] = field(default_factory=dict)
 
     def ended(self) -> bool:
@@ -119,7 +121,8 @@ class _Cut:
 
     def reloads(self, begin: ev.WeightsBegin) -> bool:
         """A rank loads its target weights again: it began before, and either never ended that load (one
-        process loads one thing at a time) or has its memory back (a draft loads from what the target left)."""
+        process loads one thing at a time) or has its memory back (a draft loads from what the target
+        left)."""
         if begin.rank not in self.loaded:
             return False
         after = self.after.get(begin.rank)

@@ -191,10 +191,13 @@ def _own_context(inp: PlanInput) -> int | None:
     (utils/hf_transformers/common.py get_context_length), None where the config says nothing usable."""
     from agent.sglang.kvlayout import context_length, text_config
 
+    from agent.inventory import MAX_TOKENS
+
     try:
-        return context_length(text_config(inp.model.config))
+        own = context_length(text_config(inp.model.config))
     except (ValueError, KeyError, TypeError):
         return None
+    return own if 0 < own <= MAX_TOKENS else None  # out of range: the planner refuses it in its own words
 
 
 def _run_facts(args: argparse.Namespace, out: Output) -> int:

@@ -189,9 +189,8 @@ def verdict(plan: Plan) -> int:
 def _own_context(inp: PlanInput) -> int | None:
     """The context SGLang serves the facts' model at without --context-length: its config.json's
     (utils/hf_transformers/common.py get_context_length), None where the config says nothing usable."""
-    from agent.sglang.kvlayout import context_length, text_config
-
     from agent.inventory import MAX_TOKENS
+    from agent.sglang.kvlayout import context_length, text_config
 
     try:
         own = context_length(text_config(inp.model.config))

@@ -17,6 +17,8 @@ from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target
 from agent.plan.effective import context_refusal, context_shrink, effective, one_word
 from agent.plan.from_facts import plan_for_host, plan_from_host_facts
+from agent.plan.predict import SCALED_FROM
+from agent.plan.refusals import yarn_allowed
 from agent.plan.restart_time import GIB, PageCache, RestartEstimate
 from agent.plan.restart_time import from_facts as restart_from_facts
 from agent.protocol.answers import HostFacts
@@ -132,12 +134,13 @@ def make_plan(host: HostConfig, change: Change, facts: HostFacts) -> Plan:
 
 
 def _planned(host: HostConfig, change: Change, facts: HostFacts) -> Plan:
+    # what the last start ran under: the running flags as the host read them, --set not merged in
+    running = facts.get("flags") or dict(host.sglang.flags)
     host, facts = with_set_flags(host, change, facts)
     asked = asked_of(change)
     from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked)
     if from_host is not None:
         return from_host
-    running = facts.get("flags") or dict(host.sglang.flags)
     return plan_for_host(host, asked, calibration_from(facts), running)
 
 
@@ -240,8 +243,11 @@ def weight_cache_class(host: HostConfig, facts: HostFacts, new_text: str) -> tup
 
 def calibrated_pool(plan: Plan) -> bool:
     """Whether the pool sent for the gate was predicted from this host's own starts: the gate then takes a
-    pool far from it for an SGLang anomaly, not a fraction to correct (host/change/decide.py)."""
-    return plan.basis == "calibrated" and bool(plan.predicted_pool_tokens)
+    pool far from it for an SGLang anomaly, not a fraction to correct (host/change/decide.py). A start that
+    ran under other cell-changing flags (a KV dtype, a draft added or dropped since) is evidence for the
+    memory, not for these flags' pool: a pool beyond it is no anomaly."""
+    scaled = any(e.startswith(SCALED_FROM) for e in plan.evidence)
+    return plan.basis == "calibrated" and bool(plan.predicted_pool_tokens) and not scaled
 
 
 def daemon_text(host: HostConfig, new_text: str) -> str | None:
@@ -318,7 +324,7 @@ def allow_context(host: HostConfig, change: Change) -> HostConfig:
     if limit is None or change.context <= limit:
         return host
     if not change.allow_longer_context:
-        yarn = yarn_override(limit, change.context) if host.model.attention != "mla" else None
+        yarn = yarn_override(limit, change.context) if yarn_allowed(host) else None
         raise UsageError(
             f"--context {change.context:,} is above the model's own context of {limit:,}: "
             "SGLang would refuse to start; nothing was changed",

@@ -167,6 +167,11 @@ class Model(_Model):
     max_context: int | None = Field(
         default=None, ge=1, le=MAX_TOKENS, description="the model's derived context length"
     )
+    rope_scaled: bool = Field(
+        default=False,
+        description="config.json scales RoPE itself (rope_scaling / rope_parameters beyond `default`): "
+        "no YaRN override is offered over it",
+    )
     config_json: AbsPath | None = Field(
         default=None, description="read the architecture from here on the host"
     )

@@ -14,8 +14,10 @@ from agent.plan.refusals import refusals
 from agent.plan.requests import sglang_requests
 from agent.plan.verdict import Reading, decide, no_fraction
 from agent.sglang import kvpool
+from agent.sglang.flagrules import TABLE_VERSION
 from agent.sglang.flags import FlagInput
 from agent.sglang.redact import REDACTED, SECRET_FLAG
+from agent.sglang.server_args import typed
 
 PLAIN_DEFAULT_REQUESTS = 64
 
@@ -98,7 +100,8 @@ class Plan:
         data["reserve_gib_per_gpu"] = round(self.reserve_gib_per_gpu, 3)
         data["pre_gib"], data["post_gib"] = round(self.pre_gib, 4), round(self.post_gib, 4)
         data["cell_bytes"] = round(self.cell_bytes, 1)
-        data["flags"] = self.printed_flags()
+        # --set words as the flag table types them (`--set tp-size=4` prints 4, not "4")
+        data["flags"] = {k: typed(TABLE_VERSION, k, v) for k, v in self.printed_flags().items()}
         del data["requests_set"], data["given"]  # the flags say them
         if self.shrinks is None:
             del data["shrinks"]  # said only when the plan shrinks a pool that held the target
@@ -107,16 +110,30 @@ class Plan:
         return data
 
 
-def choose(
+def choose(  # noqa: PLR0913 - the host, the target, the model, its evidence, and the running pool's model
+    host: HostConfig,
+    asked: Target,
+    model: PoolModel,
+    starts: Sequence[StartFigures],
+    notes: Sequence[str],
+    running_model: PoolModel | None = None,
+) -> Plan:
+    """The flags for a target on a host whose pool `model` predicts. `host` is the inventory-shaped view of
+    the plan's input, its flags the running unit's with the fraction SGLang resolves; earlier starts that
+    ran out of memory bound the model. `running_model`: the pool of the flags the unit runs now, where they
+    differ from the planned ones (a --set); the shrink headline compares against it."""
+    plan = _choose_all(host, asked, model, starts, notes)
+    running = _as_float(flag(host.sglang.flags, "mem-fraction-static"))
+    return replace(plan, shrinks=_shrinks(plan, running_model or model, running))
+
+
+def _choose_all(
     host: HostConfig,
     asked: Target,
     model: PoolModel,
     starts: Sequence[StartFigures],
     notes: Sequence[str],
 ) -> Plan:
-    """The flags for a target on a host whose pool `model` predicts. `host` is the inventory-shaped view of
-    the plan's input, its flags the running unit's with the fraction SGLang resolves; earlier starts that
-    ran out of memory bound the model."""
     flags = host.sglang.flags
     spec = host.draft is not None and host.draft.algorithm != "NGRAM"
     if asked.max_running or flag(flags, "max-running-requests") or spec:
@@ -164,7 +181,7 @@ def _choose(  # noqa: PLR0913 - choose's arguments and the cap SGLang resolves f
     plan = _bound(plan, host, model, need)
     unset = not asked.max_running and not flag(flags, "max-running-requests")
     plan = replace(plan, requests_set=not unset or plan.max_running_requests < options[0], given=asked.given)
-    return replace(plan, shrinks=_shrinks(plan, model, _as_float(flag(flags, "mem-fraction-static"))))
+    return plan
 
 
 def _kept_note(plan: Plan, smallest: float | None, running: float | None) -> list[str]:
@@ -183,14 +200,17 @@ def _kept_note(plan: Plan, smallest: float | None, running: float | None) -> lis
 
 
 def _shrinks(plan: Plan, model: PoolModel, running: float | None) -> str | None:
-    """What the headline says when the plan's pool is smaller than the one at the running fraction and
-    that one already holds the target; None otherwise."""
+    """What the headline says when the plan's pool is smaller than the one the unit runs now (`model`: the
+    running flags' pool at the running fraction) and that one already holds the target; None otherwise."""
     if running is None:
         return None
     before = model.pool(running)
     if model.pool_low(running) < plan.target_pool_tokens or plan.predicted_pool_tokens >= before:
         return None
-    why = "above the memory floor's ceiling" if not plan.user_fraction else "the fraction asked is lower"
+    if plan.given:  # a --set changed what a token costs, or capped the pool
+        why = "the flags set change it"
+    else:
+        why = "above the memory floor's ceiling" if not plan.user_fraction else "the fraction asked is lower"
     return (
         f"SHRINKS the pool from {before:,} tokens (at the fraction it runs now, {running:.3f}: {why}) "
         f"to {plan.predicted_pool_tokens:,}"

@@ -36,16 +36,19 @@ class Effective:
         return self.host.sglang.flags
 
 
-def world(flags: Mapping[str, object], gpus: int) -> tuple[int, int]:
-    """(tp, pp) as SGLang reads them: --tp-size defaults to every GPU of the unit, --pp-size to 1."""
+TP_NAMES = ("tp-size", "tensor-parallel-size", "tp")
+PP_NAMES = ("pp-size", "pipeline-parallel-size", "pp")
 
-    def number(*names: str, default: int) -> int:
+
+def world(flags: Mapping[str, object]) -> tuple[int, int]:
+    """(tp, pp) as SGLang 0.5.23 reads them, every spelling: both default to 1 (server_args.py), as the unit
+    renders no --tp-size it was not given. The one reading of the layout every planner step uses."""
+
+    def number(names: tuple[str, ...]) -> int:
         given = (flags[n] for n in names if flags.get(n) not in (None, False))
-        return int(str(next(given, default)))
+        return int(str(next(given, 1)))
 
-    return number("tp-size", "tensor-parallel-size", "tp", default=gpus), number(
-        "pp-size", "pipeline-parallel-size", "pp", default=1
-    )
+    return number(TP_NAMES), number(PP_NAMES)
 
 
 def one_word(value: FlagInput) -> FlagValue:
@@ -78,7 +81,7 @@ def effective(host: HostConfig, given: SetFlags) -> Effective:
     names = {canonical(k, version) for k in extra}
     kept = {k: v for k, v in host.sglang.flags.items() if canonical(k, version) not in names}
     flags = {**kept, **extra}
-    before, after = world(host.sglang.flags, host.gpus.count), world(flags, host.gpus.count)
+    before, after = world(host.sglang.flags), world(flags)
     update: dict[str, object] = {"sglang": host.sglang.model_copy(update={"flags": flags})}
     if before != after:
         ratio = before[0] * before[1] / (after[0] * after[1])

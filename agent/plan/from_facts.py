@@ -39,12 +39,24 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     fm = pool_model(inp, asked.context)
     # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
     host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp), fm.floor.gib)
-    plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp))
+    plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp), _running_pool(inp, asked))
     extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan), decode_note(inp)]
     warnings = (*fm.warnings, *plan.warnings, *_version_warning(inp))
     plan = replace(plan, notes=(*extra, *plan.notes), warnings=warnings)
     # Each alternative as the planner plans it with its flags (plan/replan.py), not re-checked again.
     return replanned(inp, plan, asked, lambda i, t: plan_from_facts(i, t, replan=False)) if replan else plan
+
+
+def _running_pool(inp: PlanInput, asked: Target) -> PoolModel | None:
+    """The pool of the flags the unit runs now, where a --set changes them (its KV dtype, a draft, a
+    max-total-tokens cap): what a shrink is measured from. None when they are the planned ones."""
+    ran = inp.start_flags
+    if not asked.given or ran is None or dict(ran) == dict(inp.flags):
+        return None
+    try:
+        return pool_model(replace(inp, flags=dict(ran)), asked.context).pool
+    except ValueError:  # the running flags do not size (the planned ones did): no shrink is claimed
+        return None
 
 
 def _estimate_notes(model: PoolModel, inp: PlanInput) -> tuple[str, ...]:

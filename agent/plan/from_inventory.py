@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
+from agent.plan.effective import world
 from agent.plan.facts import Gpu, ModelInput, PlanInput
 from agent.plan.model import StartFigures
 from agent.sglang.config_json import ModelConfig
@@ -18,17 +19,6 @@ from agent.sglang.config_json import ModelConfig
 GIB = 2**30
 _DTYPES = {1: "bfloat16", 2: "bfloat16", 4: "float32"}  # 1 byte: an FP8 KV cache the checkpoint declares
 _STAND_IN = 1  # a missing figure, where an earlier start's measured bytes per token replace the cell
-
-
-def _world(host: HostConfig, flags: Mapping[str, FlagValue]) -> tuple[int, int]:
-    """(tp, pp) of the unit: TP defaults to every GPU, as the inventory's planner always assumed."""
-
-    def number(*names: str, default: int) -> int:
-        return int(str(next((flags[n] for n in names if flags.get(n) is not None), default)))
-
-    return number("tp-size", "tensor-parallel-size", "tp", default=host.gpus.count), number(
-        "pp-size", "pipeline-parallel-size", "pp", default=1
-    )
 
 
 def inventory_config(host: HostConfig) -> tuple[ModelConfig, tuple[str, ...]]:
@@ -110,7 +100,7 @@ def plan_input_from_inventory(
     """The host as its inventory describes it, with the running unit's flags over the baseline and the
     earlier starts that calibrate it."""
     flags = sized_flags(host, running)
-    tp, pp = _world(host, flags)
+    tp, pp = world(flags)  # as SGLang reads it (plan/effective.py)
     config, missing = inventory_config(host)
     weights = host.model.weights_gib_per_gpu
     gaps = (*missing, *(() if weights is not None else ("model.weights_gib_per_gpu",)), *_draft_gaps(host))
@@ -193,7 +183,7 @@ def plan_input_from_host(
         sources["gpus"] = "inventory: gpus"
     running = facts.start_flags if facts.start_flags is not None else facts.flags
     flags = sized_flags(host, facts.flags)  # what the unit will be rendered with
-    tp, pp = _world(host, {"tp-size": len(gpus), **flags})
+    tp, pp = world(flags)  # as SGLang reads it (plan/effective.py)
     model = facts.model
     if host.model.weights_gib_per_gpu is not None:
         model = ModelInput(model.config, round(host.model.weights_gib_per_gpu * GIB * tp * pp), model.path)

@@ -135,8 +135,8 @@ def flag(flags: Flags, *names: str) -> FlagValue | None:
 
 
 def parallelism(host: HostConfig, flags: Flags) -> tuple[int, int]:
-    """(tp, attention-DP size) from the flags; TP defaults to every GPU."""
-    tp = int(flag(flags, "tp-size", "tensor-parallel-size", "tp") or host.gpus.count)
+    """(tp, attention-DP size) from the flags; TP defaults to 1, as SGLang's does."""
+    tp = int(str(flag(flags, "tp-size", "tensor-parallel-size", "tp") or 1))
     dp_attn = flag(flags, "attn-dp-size")
     if dp_attn is None and flag(flags, "enable-dp-attention"):
         dp_attn = flag(flags, "dp-size")

@@ -27,7 +27,7 @@ from agent.plan.inputs import (
     sglang_version,
     value_of,
 )
-from agent.plan.model import SPEC_DEFAULT_REQUESTS, PoolModel, Start, StartFigures, start_of
+from agent.plan.model import SPEC_DEFAULT_REQUESTS, Flags, PoolModel, Start, StartFigures, start_of
 from agent.plan.overhead import (
     RankLayout,
     is_amd,
@@ -55,6 +55,12 @@ class FactsModel:
     floor: Floor = field(default_factory=lambda: Floor(FIXED_GIB))  # what stays free after the pool
 
 
+def _mode(flags: Flags) -> str | None:
+    """--disaggregation-mode: prefill or decode; null (the default) is None."""
+    mode = str(value_of(flags, "disaggregation-mode") or "null").lower()
+    return mode if mode in ("prefill", "decode") else None
+
+
 def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str]) -> float:
     """The running fraction: the flag, else SGLang's own default (arg_groups/memory_hook.py)."""
     given = float_of(inp.flags, "mem-fraction-static")
@@ -67,6 +73,8 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         max_total_tokens=int_of(inp.flags, "max-total-tokens"),
         cuda_graph=not decode_graphs_off(inp.flags),
         max_prefill_tokens=int_of(inp.flags, "max-prefill-tokens"),
+        disaggregation=_mode(inp.flags),
+        draft_tokens=int_of(inp.flags, "speculative-num-draft-tokens"),
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
@@ -115,6 +123,11 @@ def _runner_vlm_scale(inp: PlanInput, notes: list[str]) -> float:
     return factor
 
 
+# How a plan says its start ran under other cell-changing flags (Plan.evidence): the start is then evidence
+# for the memory, not proof that these flags gave this pool (apply.calibrated_pool).
+SCALED_FROM = "the cell scaled from a start at"
+
+
 def pool_model(inp: PlanInput, context: int) -> FactsModel:
     """The PoolModel for this host: cold from the facts, or calibrated by the last start's memory lines."""
     arch = sizing(inp)
@@ -129,7 +142,8 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     )  # fmt: skip
     model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
     # a draft added since the start brings graphs its measured figures do not hold
-    measured = model.runtime_measured and (not inp.starts or added_draft(inp, as_started(inp)) is None)
+    then = as_started(inp) if inp.starts else None
+    measured = model.runtime_measured and added_draft(inp, then) is None and removed_draft(inp, then) is None
     floor = floor_of(inp, layout, par, context, measured=measured)
     return FactsModel(model, layout, dtype, fraction, (*notes, floor.said()), aside, floor)
 
@@ -140,7 +154,8 @@ def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, meas
     if inp.planning.reserve_floor_gib is not None:
         return Floor(inp.planning.reserve_floor_gib, stated=True)
     chunk_default, bs_default = memory_defaults.class_defaults(inp.gpu.memory_total_mib, par.tp)
-    chunk = int_of(inp.flags, "chunked-prefill-size") or chunk_default
+    given = int_of(inp.flags, "chunked-prefill-size")
+    chunk = chunk_default if given is None else given  # 0 is chunking off, as -1 (memory_hook.py)
     if chunk <= 0:  # chunking off: a prompt of the whole context is prefilled in one step
         chunk = context
     bs = _listed_max(inp) or int_of(inp.flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs") or bs_default
@@ -266,7 +281,7 @@ def _calibrated_as_started(
     if then is None or was == now:  # the flags differ in name only (bf16 and a bf16 model's auto)
         return calibrated(starts, shaped, notes, fit)
     model = calibrated(starts, (replace(shape, cell_bytes=was.cell_bytes, sizer=was), was), notes, fit)
-    model = _less_added_draft(inp, then, model, notes)
+    model = _plus_removed_draft(inp, then, _less_added_draft(inp, then, model, notes), notes)
     ratio = now.cell_bytes / was.cell_bytes
     measured = model.sizer.cell_bytes if model.sizer is not None else model.cell_bytes
     sizer = replace(now, cell_bytes=measured * ratio)
@@ -275,7 +290,7 @@ def _calibrated_as_started(
         f"the start ran before {changed} changed: its cell times the architecture's ratio {ratio:.3f} "
         f"({was.cell_bytes:,.0f} to {now.cell_bytes:,.0f} B per token), its memory kept"
     )
-    said = f"the cell scaled from a start at {', '.join(changed_since(then.flags, inp.flags))}"
+    said = f"{SCALED_FROM} {', '.join(changed_since(then.flags, inp.flags))}"
     return replace(
         model, cell_bytes=sizer.cell_bytes, sizer=sizer, page_size=sizer.page_size, said=(*model.said, said)
     )
@@ -293,6 +308,32 @@ def _less_added_draft(inp: PlanInput, then: PlanInput, model: PoolModel, notes: 
         "after the weights" + ("" if draft else " (unknown: the facts lack draft.weights_bytes)")
     )
     return replace(model, post_gib=model.post_gib - draft)
+
+
+def _plus_removed_draft(inp: PlanInput, then: PlanInput, model: PoolModel, notes: list[str]) -> PoolModel:
+    """A draft removed since the start, planned as one added is: its weights loaded before the pool was
+    sized (0.5.14+, Scheduler.init_model_worker), so they come back to the memory after the weights; its KV
+    leaves the cell (the architecture's ratio). Unknown weights are said: the pool then grows beyond the
+    prediction, and the gate is told the start is no evidence for these flags (SCALED_FROM)."""
+    algorithm = removed_draft(inp, then)
+    if algorithm is None:
+        return model
+    draft = (
+        (then.draft.weights_bytes or 0) / max(1, parallel(then).tp) / GIB if then.draft is not None else 0.0
+    )
+    notes.append(
+        f"the start ran with a {algorithm} draft the plan drops: its {draft:.2f} GiB per GPU come back to "
+        "its memory after the weights"
+        + ("" if draft else " (unknown: the pool will be larger than predicted by the draft's weights)")
+    )
+    return replace(model, post_gib=model.post_gib + draft)
+
+
+def removed_draft(inp: PlanInput, then: PlanInput | None) -> str | None:
+    """The draft model's algorithm the start ran when the plan runs none."""
+    if then is None or draft_model(inp.flags) is not None:
+        return None
+    return draft_model(then.flags)
 
 
 def added_draft(inp: PlanInput, then: PlanInput | None) -> str | None:

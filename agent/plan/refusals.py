@@ -6,6 +6,7 @@ A plan SGLang refuses is not feasible, however well its pool fits: the headline 
 from __future__ import annotations
 
 from agent.inventory import HostConfig
+from agent.plan.effective import world
 from agent.plan.model import Flags, PoolModel, flag, version
 from agent.sglang import long_context, version_flags
 
@@ -16,12 +17,7 @@ def refusals(host: HostConfig, context: int, model: PoolModel) -> list[str]:
     """The reasons SGLang (or the host) would refuse the unit rendered from `host` at `context`."""
     flags: Flags = host.sglang.flags
     found = [*_context(host, context), *version_flags.refused(host.sglang.version, flags)]
-    tp = int(str(flag(flags, "tp-size", "tensor-parallel-size") or host.gpus.count))
-    pp = int(str(flag(flags, "pp-size", "pipeline-parallel-size") or 1))
-    if tp * pp > host.gpus.count:
-        # server_args.py compute_world_size: every rank is a GPU of this host (one node)
-        needs = f"tensor parallel {tp} × pipeline parallel {pp} needs {tp * pp} GPUs"
-        found.append(f"{needs}; the service has {host.gpus.count} ([gpus])")
+    found += _layout(flags, host.gpus.count)
     if model.post_gib <= 0:
         weights = model.pre_gib - model.post_gib
         found.append(
@@ -38,4 +34,31 @@ def _context(host: HostConfig, context: int) -> list[str]:
     allowed = host.unit.environment.get(_ALLOW_LONGER, "").lower() in ("1", "true", "yes")
     if limit is None or context <= limit or allowed or version(host) < (0, 5, 3, 0):
         return []
-    return [long_context.refusal(limit, context, scalable=host.model.attention != "mla")]
+    return [long_context.refusal(limit, context, scalable=yarn_allowed(host))]
+
+
+def yarn_allowed(host: HostConfig) -> bool:
+    """A YaRN override may be offered: not over an MLA model's own YaRN, nor any model's own RoPE scaling."""
+    return host.model.attention != "mla" and not host.model.rope_scaled
+
+
+def _layout(flags: Flags, gpus: int) -> list[str]:
+    """SGLang 0.5.23's layout checks. server_args.py compute_world_size: dp x tp x pp GPUs, every rank a GPU
+    of this host (one node); attention DP runs inside the TP group and adds none. arg_groups/parallel_hook.py:
+    the deprecated --enable-dp-attention turns --dp-size into --attn-dp-size; TP must divide by it (l. 326),
+    and replicas with attention DP are refused (l. 287)."""
+    tp, pp = world(flags)
+    dp = int(str(flag(flags, "dp-size", "dp", "data-parallel-size") or 1))
+    attn_dp = int(str(flag(flags, "attn-dp-size") or 1))
+    if flag(flags, "enable-dp-attention") not in (None, False, "false") and attn_dp == 1:
+        attn_dp, dp = dp, 1
+    if attn_dp > 1 and dp > 1:
+        return [f"--dp-size {dp} with --attn-dp-size {attn_dp}: SGLang refuses replicas with attention DP"]
+    if tp % attn_dp:
+        return [f"tensor parallel {tp} is not a multiple of attention DP {attn_dp}: SGLang asserts it"]
+    if dp * tp * pp > gpus:
+        parts = ([f"{dp} data-parallel replicas"] if dp > 1 else []) + [f"tensor parallel {tp}"]
+        if pp > 1 or dp == 1:
+            parts.append(f"pipeline parallel {pp}")
+        return [f"{' × '.join(parts)} needs {dp * tp * pp} GPUs; the service has {gpus} ([gpus])"]
+    return []

@@ -10,6 +10,7 @@ from agent.inventory import HostConfig
 from agent.plan.facts import PlanInput
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
 from agent.sglang.kvpool import GIB
+from agent.sglang.long_context import own_rope_scaling
 from agent.sglang.pools import Parallel
 
 ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
@@ -46,6 +47,7 @@ def _model_view(inp: PlanInput, layout: KVLayout, par: Parallel) -> dict[str, ob
         "dtype_bytes": layout.dtype_bytes,
         "max_context": layout.context_len if inp.model.context_known else None,
         "attention": "mla" if layout.kv_lora_rank else "gqa",
+        "rope_scaled": _rope_scaled(inp),
     }
     if layout.family in ("mla", "mha") and not layout.linear:
         model["layers"] = len(layout.kv_layers)
@@ -75,3 +77,12 @@ def _draft_view(inp: PlanInput, par: Parallel) -> dict[str, object] | None:
     if inp.draft.weights_bytes is not None:
         draft["weights_gib_per_gpu"] = inp.draft.weights_bytes / par.tp / GIB
     return draft
+
+
+def _rope_scaled(inp: PlanInput) -> bool:
+    """config.json (or its text config) scales RoPE itself: no YaRN hint over it (sglang/long_context.py)."""
+    cfg = inp.model.config
+    for c in (cfg, cfg.sub("text_config")):
+        if c is not None and any(own_rope_scaling(c.value(k)) for k in ("rope_scaling", "rope_parameters")):
+            return True
+    return False

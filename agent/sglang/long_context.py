@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from collections.abc import Mapping
 
 ALLOW_LONGER = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
@@ -19,6 +20,21 @@ ALLOW_LONGER = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 # Qwen3 page) gives 32,768 as the native context and original_max_position_embeddings for YaRN; the
 # 8,192 above it is room left for the prompt.
 _TRAINED = {40_960: 32_768}
+
+
+_PLAIN_ROPE = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
+
+
+def own_rope_scaling(rope: object) -> bool:
+    """Whether config.json's rope_scaling / rope_parameters scales RoPE itself (Llama 3.1's llama3, gpt-oss's
+    yarn, Qwen3.5's mrope sections, Gemma's per-layer-type parameters): a YaRN override would replace it, so
+    none is offered. A rope_type `default` with only its theta is no scaling."""
+    if not isinstance(rope, Mapping) or not rope:
+        return False
+    if all(isinstance(v, Mapping) for v in rope.values()):  # per layer type (Gemma): any of them scales
+        return any(own_rope_scaling(v) for v in rope.values())
+    kind = rope.get("rope_type", rope.get("type"))
+    return (kind not in (None, "default")) or any(k not in _PLAIN_ROPE for k in rope)
 
 
 def trained_length(own: int) -> int:

@@ -41,6 +41,8 @@ class MemoryFlags:
     max_total_tokens: int | None = None
     cuda_graph: bool = True
     max_prefill_tokens: int | None = None  # the activations' size when chunking is off (default 16,384)
+    disaggregation: str | None = None  # --disaggregation-mode: prefill or decode (PD roles), None for null
+    draft_tokens: int | None = None  # --speculative-num-draft-tokens (a decode role's activations)
 
 
 def class_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -79,19 +81,24 @@ def default_fraction(
     max_running_requests, max_total_tokens = flags.max_running_requests, flags.max_total_tokens
     cuda_graph = flags.cuda_graph
     chunk_default, bs_default = class_defaults(gpu_mib, tp)
-    chunk = chunked_prefill or chunk_default
+    chunk = chunk_default if chunked_prefill is None else chunked_prefill  # 0 is chunking off, as -1
     bs = decode_max_bs or bs_default
     if decode_max_bs is None and max_running_requests is not None and bs > max_running_requests:
         bs = max_running_requests
     mla = layout.kv_lora_rank > 0
-    # Chunking off (<= 0): the activations scale with --max-prefill-tokens instead (memory_hook.py).
+    mode = flags.disaggregation
+    # Chunking off (<= 0): the activations scale with --max-prefill-tokens instead (memory_hook.py); a PD
+    # decode role's with its running requests times the draft tokens.
     activation = chunk if chunk > 0 else (flags.max_prefill_tokens or MAX_PREFILL_TOKENS)
+    if mode == "decode":
+        activation = (max_running_requests or bs or 1) * (flags.draft_tokens or 1)
     reserved = 512 + max(activation, 2048) * 1.5 + tp * pp / 8 * 1024
     if cuda_graph:
-        reserved += bs * 2
-        if attn_dp > 1:
-            reserved += bs * attn_dp * 3 + (bs * attn_dp * 1.5 if bs > 300 else 0)
-        prefill_graph = not layout.multimodal or layout.arch in _MM_PREFILL_GRAPH
+        if mode != "prefill":  # a prefill role captures no decode graphs (reserve_for_graph_mb)
+            reserved += bs * 2
+            if attn_dp > 1:
+                reserved += bs * attn_dp * 3 + (bs * attn_dp * 1.5 if bs > 300 else 0)
+        prefill_graph = (not layout.multimodal or layout.arch in _MM_PREFILL_GRAPH) and mode != "decode"
         if prefill_graph:
             if mla:
                 reserved += 1.5 * 1024

@@ -165,6 +165,19 @@ def load_table(doc: Mapping[str, Any]) -> FlagTable:
     return FlagTable(str(doc["sglang"]), by_name, removed)
 
 
+def typed(version: str, name: str, value: Value) -> Value | int | float:
+    """A --set word as the flag table's type reads it (`--set tp-size=4`: 4), for JSON; a word the type
+    does not read, a list, a switch and a flag the table lacks are returned as given."""
+    table = table_for(version)
+    spec = table.by_name.get(name) if table is not None else None
+    if spec is None or not isinstance(value, str) or spec.kind not in ("int", "float"):
+        return value
+    try:
+        return int(value) if spec.kind == "int" else _float(value)
+    except ValueError:
+        return value
+
+
 def problems(version: str, flags: Mapping[str, Value]) -> list[tuple[str, str]]:
     """(flag, one line) for each flag SGLang `version` would refuse; [] where no table is shipped."""
     table = table_for(version)

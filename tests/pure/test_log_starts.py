@@ -332,3 +332,45 @@ def test_a_start_that_failed_after_ready_is_failed_and_bounds_the_plan(tmp_path:
     )
     p, _ = plan(tmp_path, log)
     assert any("0.950 ran out of GPU memory after its pool was built" in str(w) for w in p["warnings"])  # type: ignore[attr-defined]
+
+
+# --- whose `Started` line opens a start -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "Started sglang-weight-cache.service - SGLang weight cache.",
+        "Started session-5.scope - Session 5 of User sglang.",
+        "Started user@1001.service - User Manager for UID 1001 (sglang).",
+        "Started Session 7 of user sglang.",  # an older systemd: the description alone
+    ],
+)
+def test_another_units_started_line_stays_in_the_start(other: str) -> None:
+    lines = [*GOOD[:9], f"Dec 01 10:05:00 ct200 systemd[1]: {other}", *GOOD[9:]]
+    assert len(split(lines)) == 1
+
+
+def test_the_inventorys_unit_name_is_the_one_that_opens_a_start() -> None:
+    restart = "Dec 01 10:20:00 ct200 systemd[1]: Starting sglang-b.service - SGLang server..."
+    lines = [*GOOD, restart]
+    assert len(split(lines, unit="sglang-a.service")) == 1  # another SGLang unit on the same host
+    assert len(split([*lines, *GOOD], unit="sglang-b")) == 2
+
+
+def test_a_failed_start_then_a_rank_that_reloads_its_weights_is_a_new_start() -> None:
+    failed = [*GOOD[:9], "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."]
+    again = [line for line in GOOD[1:] if "server_args" not in line]  # no launch mark: a paste's excerpt
+    assert [s.outcome for s in split([*failed, *again])] == ["failed", "ready"]
+
+
+def test_a_start_with_mapped_weights_calibrates_from_its_weights_end_line(tmp_path: Path) -> None:
+    # [weight_cache]: an engine that maps the daemon's weights logs "Load weight end" (avail, mem usage) and
+    # no begin line; SGLang's mem usage is the avail before the load less the one after it
+    mapped = [line for line in GOOD if "Load weight begin" not in line]
+    summary = split(mapped)[-1].summary
+    assert summary.avail_mem_before_weights_gb == pytest.approx(22.32 + 70.48)
+    _code, out, _ = run(
+        tmp_path, "plan", "ct200", "--context", "32768", "--from-log", write(tmp_path, "\n".join(mapped))
+    )
+    assert "calibrated" in out.splitlines()[0], out.splitlines()[0]

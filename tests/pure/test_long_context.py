@@ -154,3 +154,21 @@ def test_qwen25_72b_at_200k_is_refused_with_the_reason_and_both_ways() -> None:
     name, override = parse_set(hinted_set(p.binding))
     doc["flags"] = {"tp-size": 4, name: override}
     assert not plan_from_facts(parse_facts(doc), Target(200_000)).refusals
+
+
+def test_a_models_own_rope_scaling_is_not_replaced_by_yarn() -> None:
+    from agent.sglang.long_context import own_rope_scaling
+
+    own = [
+        {"factor": 8.0, "rope_type": "llama3", "original_max_position_embeddings": 8192},  # Llama 3.1
+        {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096},  # gpt-oss
+        {"rope_type": "default", "mrope_section": [11, 11, 10], "rope_theta": 1e7},  # Qwen3.5 mrope
+        {"type": "mrope", "mrope_section": [16, 24, 24]},
+        {  # Gemma 4: per layer type
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25},
+            "sliding_attention": {"rope_type": "default"},
+        },
+    ]  # fmt: skip
+    plain: list[object] = [None, {}, {"rope_type": "default", "rope_theta": 1e6}, {"rope_type": "default"}]
+    assert all(own_rope_scaling(r) for r in own)
+    assert not any(own_rope_scaling(r) for r in plain)

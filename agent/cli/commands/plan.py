@@ -21,6 +21,7 @@ from agent.output import Output, Style
 if TYPE_CHECKING:
     from agent.inventory import HostConfig
     from agent.plan.choose import Plan, Target
+    from agent.plan.facts import PlanInput
     from agent.plan.model import Flags
     from agent.plan.restart_time import RestartEstimate
     from agent.plan.startcheck import Planned, StartIdentity
@@ -93,12 +94,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = node_host(service, 0)  # a multi-node service: rank 0
     shrink = check_context(change, host.sglang.flags, host.model.max_context)
     version = host.sglang.version
+    running: Flags = host.sglang.flags  # what the unit runs now, --set not over it: its starts ran under it
     host = effective_of(host, change.flags).host  # the flag table read --set; the weights at its TP x PP
     refuse_weight_cache(host, dict(change.flags), None)  # as apply refuses it (the checkpoint's: apply)
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
     history: Sequence[StartFigures]  # the starts that calibrate the plan
     history, ids = checked_starts(args.from_log, planned, args.start, out)
-    running: Flags = host.sglang.flags
     asked = _asked(change)
     facts = None
     if not args.from_log and not args.offline:
@@ -153,9 +154,9 @@ def _from_host(
     shrink = check_context(
         change, facts.get("flags") or host.sglang.flags, host.model.max_context
     )  # as it runs
+    running: Flags = facts.get("flags") or host.sglang.flags  # as it runs, before --set
     facts = with_set_flags(host, change, facts)[1]
     history = [h.copy() for h in calibration_from(facts) or []]
-    running: Flags = facts.get("flags") or host.sglang.flags
     plan = plan_from_host_facts(host, facts, history, asked)
     plan = None if plan is None else replace(plan, warnings=(*shrink, *plan.warnings))
     return plan, history, running, facts
@@ -186,6 +187,19 @@ def verdict(plan: Plan) -> int:
     return 0 if plan.feasible else NOT_FEASIBLE
 
 
+def _own_context(inp: PlanInput) -> int | None:
+    """The context SGLang serves the facts' model at without --context-length: its config.json's
+    (utils/hf_transformers/common.py get_context_length), None where the config says nothing usable."""
+    from agent.inventory import MAX_TOKENS
+    from agent.sglang.kvlayout import context_length, text_config
+
+    try:
+        own = context_length(text_config(inp.model.config))
+    except (ValueError, KeyError, TypeError):
+        return None
+    return own if 0 < own <= MAX_TOKENS else None  # out of range: the planner refuses it in its own words
+
+
 def _run_facts(args: argparse.Namespace, out: Output) -> int:
     """Plan from a facts file alone; --from-log adds earlier starts to the one the file may carry."""
     from agent.plan.facts import load_facts
@@ -198,7 +212,8 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
 
     change = change_of(args)
     inp = load_facts(Path(args.facts))
-    shrink = check_context(change, inp.flags, None)  # the unit's --context-length, where the facts name one
+    # the unit's --context-length, else the model's own (config.json, as SGLang derives it)
+    shrink = check_context(change, inp.flags, _own_context(inp))
     for name, said in server_args.problems(inp.sglang_version, dict(change.flags)):
         raise UsageError(f"--set {name}: {said}")
     if change.flags:

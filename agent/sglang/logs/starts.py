@@ -6,9 +6,13 @@ another's pool. So the text is cut first, and each start is summarised alone. Wh
 order one launch logs them (decoration taken off first, agent/sglang/logs/decor.py):
 
 0. journalctl's `-- Boot <id> --` (or `-- Reboot --`) between boots;
-1. systemd's own `Starting <unit>...` / `Started <unit>.` where the unit's name or description says
-   SGLang (`journalctl -b` without `-u` starts other units mid-start; a unit named otherwise is cut at its
-   server_args lines); with Type=notify, a `Started` after readiness is the same start's;
+1. systemd's own `Starting <unit>...` / `Started <unit>.` of SGLang's own service: a `*.service` whose name
+   says sglang (the inventory's unit name when the caller knows it), never the weight-cache daemon's, a
+   session's scope or another unit type (`journalctl -b` without `-u` starts other units mid-start: `Started
+   session-5.scope - Session 5 of User sglang.`); an older systemd's description-only line counts when it
+   says SGLang and is no session's. A `Started` once the start's HTTP server is up is the same start's
+   (Type=notify after readiness, an ExecStartPost= that waits on /v1/models during warmup) unless it failed
+   or stopped; before that (Type=simple) it opens the next start;
 2. a pasted launch command (`python -m sglang.launch_server ...`, `sglang serve ...`);
 3. the main process's `server_args=` line (0.5.23 a dict, earlier `ServerArgs(...)`), once per launch
    (srt/entrypoints/engine.py): every rank's lines after it, interleaved, are that one start's.
@@ -16,7 +20,9 @@ order one launch logs them (decoration taken off first, agent/sglang/logs/decor.
 A mark opens a new start when the current one already logged a start's line, or a mark of the same step or
 a later one (the launch command then its server_args line are one start); a pasted command, only after a
 launch line of the current start (a paste's excerpts come in any order). Without any mark, a rank that loads
-its weights again after its start ended (ready, failed or stopped) is a new start.
+its weights again after its start ended (ready or stopped) is a new start; after a failure, only a rank that
+loads its target weights again (its memory back, or a begin with no end before it): the other ranks' lines
+that trail a failure (TP0 loading the draft after TP3 died) stay the failed start's.
 
 The evidence is the last complete start (ready, or failed: it ran to its end), else the last start; or the
 one a person names by its number (parse-log lists them).
@@ -35,7 +41,10 @@ from agent.sglang.logs.summary import StartFigures, StartSummary, SummaryBuilder
 
 BOOT, UNIT, COMMAND, ARGS = range(4)
 _BOOT = re.compile(r"-- (?:Boot [0-9a-f]+|Reboot) --$")
-_UNIT = re.compile(r"(Starting|Started) \S")
+_UNIT = re.compile(r"(Starting|Started) (\S+)")
+_UNIT_NAME = re.compile(r"[\w@:.\\-]+\.(?:service|scope|slice|socket|timer|mount|target|path|swap|device)$")
+_NOT_SGLANG = re.compile(r"weight[-_ ]?cache|\bsession\b|\buser\b", re.IGNORECASE)
+_RELOAD_GB = 1.0  # a rank's memory back by more than this after its weights: a new process loads them
 _MARKS = {"command": COMMAND, "server_args": ARGS}
 
 
@@ -82,22 +91,42 @@ class _Cut:
     mark: int = -1  # the latest launch step seen
     content: bool = False  # a line of the start itself (not a mark)
     sglang: bool = False  # any SGLang event at all
+    serving: bool = False  # its HTTP server is up (warmup, then ready): systemd's Started is this start's
     loaded: set[str | None] = field(default_factory=set)  # ranks that began loading weights
+    after: dict[str | None, float | None] = field(
+        default_factory=dict
+    )  # a rank's avail after weights, None mid-load
     graphs: dict[str | None, float] = field(default_factory=dict)
 
     def ended(self) -> bool:
         return self.builder.phase in ("ready", "failed") or self.builder.summary().stopped
 
+    def dead(self) -> bool:
+        """It failed or was stopped: a Type=simple restart's `Started` is the next start's."""
+        return self.builder.phase == "failed" or self.builder.summary().stopped
+
     def opens_with(self, mark: int, line: Line, events: Sequence[ev.LogEvent]) -> bool:
         """Whether this line opens a new start after this one."""
         if mark >= 0:
-            if mark == UNIT and line.text.startswith("Started") and self.builder.phase == "ready":
-                return False  # Type=notify: systemd says "Started" once the start itself said ready
+            if mark == UNIT and line.text.startswith("Started") and self.serving and not self.dead():
+                return False  # Type=notify after readiness, ExecStartPost= during warmup: the same start
             if mark == COMMAND:  # a person's paste: excerpts come in any order, a second launch opens one
                 return self.mark >= COMMAND
             return self.content or self.mark >= mark
-        again = any(isinstance(e, ev.WeightsBegin) and e.rank in self.loaded for e in events)
-        return again and self.ended()
+        if not self.ended():
+            return False
+        if self.builder.phase == "failed":  # other ranks go on after one died: only a target reload opens one
+            return any(isinstance(e, ev.WeightsBegin) and self.reloads(e) for e in events)
+        return any(isinstance(e, ev.WeightsBegin) and e.rank in self.loaded for e in events)
+
+    def reloads(self, begin: ev.WeightsBegin) -> bool:
+        """A rank loads its target weights again: it began before, and either never ended that load (one
+        process loads one thing at a time) or has its memory back (a draft loads from what the target
+        left)."""
+        if begin.rank not in self.loaded:
+            return False
+        after = self.after.get(begin.rank)
+        return after is None or begin.avail_gb > after + _RELOAD_GB
 
     def add(self, text: str, mark: int, events: list[ev.LogEvent]) -> None:
         self.lines.append(text)
@@ -107,8 +136,13 @@ class _Cut:
             not (isinstance(e, ev.ServerArgs) and e.source in _MARKS) for e in events
         )
         for e in self.builder.feed_events(events):
+            if isinstance(e, (ev.UvicornRunning, ev.Ready)):
+                self.serving = True
             if isinstance(e, ev.WeightsBegin):
                 self.loaded.add(e.rank)
+                self.after[e.rank] = None
+            elif isinstance(e, ev.WeightsEnd):
+                self.after[e.rank] = e.avail_gb
             elif isinstance(e, ev.GraphEnd) and e.usage_gb is not None:
                 self.graphs[e.rank] = self.graphs.get(e.rank, 0.0) + e.usage_gb
 
@@ -117,26 +151,39 @@ class _Cut:
         return LoggedStart(number, self.first_line, tuple(self.lines), self.builder.summary(), graphs)
 
 
-def _mark(line: Line, events: Sequence[ev.LogEvent]) -> int:
+def _sglang_unit(text: str, unit: str | None) -> bool:
+    """systemd's Starting/Started line is of SGLang's own service (deployctl's: sglang.service, "SGLang
+    server"): the unit named, else a *.service saying sglang that is not the weight-cache daemon."""
+    m = _UNIT.match(text)
+    if m is None:
+        return False
+    name = m[2].rstrip(".")
+    if _UNIT_NAME.match(name):
+        if unit is not None:
+            return name == unit
+        return name.endswith(".service") and "sglang" in name.lower() and not _NOT_SGLANG.search(name)
+    # an older systemd logs the description alone
+    return "sglang" in text.lower() and not _NOT_SGLANG.search(text)
+
+
+def _mark(line: Line, events: Sequence[ev.LogEvent], unit: str | None = None) -> int:
     """The launch step this line marks, -1 for none."""
     if events:
         return max((_MARKS.get(e.source, -1) for e in events if isinstance(e, ev.ServerArgs)), default=-1)
     text = line.text
     if text[:3] == "-- " and _BOOT.match(text):
         return BOOT
-    if (
-        text[:5] == "Start"
-        and line.ident in (None, "systemd")
-        and _UNIT.match(text)
-        and "sglang" in text.lower()
-    ):
-        return UNIT  # the unit's name or description says so (deployctl's: sglang.service, "SGLang server")
+    if text[:5] == "Start" and line.ident in (None, "systemd") and _sglang_unit(text, unit):
+        return UNIT
     return -1
 
 
-def split(raw: Iterable[str]) -> list[LoggedStart]:
+def split(raw: Iterable[str], unit: str | None = None) -> list[LoggedStart]:
     """The starts of a log, in its order; lines before the first mark belong to the first start, and a
-    stretch with no SGLang line in it (a journal's header, systemd's lines between starts) is none."""
+    stretch with no SGLang line in it (a journal's header, systemd's lines between starts) is none. `unit`:
+    the service's own name (sglang.service) when the caller knows it."""
+    if unit is not None and not unit.endswith(".service"):
+        unit += ".service"
     cuts: list[_Cut] = []
     current = _Cut(1)
     number = 0
@@ -145,7 +192,7 @@ def split(raw: Iterable[str]) -> list[LoggedStart]:
             number += 1
             line = undecorated(piece)
             events = parse_line(line.text)
-            mark = _mark(line, events)
+            mark = _mark(line, events, unit)
             if not events and mark < 0:  # most lines: serving traffic, tracebacks' text
                 current.lines.append(line.text)
                 continue

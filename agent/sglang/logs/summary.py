@@ -188,6 +188,9 @@ class SummaryBuilder:
                 self._draft_weights.add(e.rank)
             else:
                 self._target_end.setdefault(e.rank, e.avail_gb)
+                if e.usage_gb is not None:  # weights mapped from the weight-cache daemon log no begin line
+                    # model_runner.py load_model: mem usage = avail before the load - avail after it
+                    self._first_begin.setdefault(e.rank, round(e.avail_gb + e.usage_gb, 2))
             if e.rank not in self._pools:
                 self._before_pool[e.rank] = e.avail_gb
         elif isinstance(e, ev.KvPool):

@@ -1,0 +1,44 @@
+"""SGLang 0.5.23's default fraction (arg_groups/memory_hook.py): a chunked-prefill-size of 0 is chunking off,
+as -1 is; a PD role reserves for its own phase only."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.sglang.config_json import ModelConfig
+from agent.sglang.kvlayout import read_layout
+from agent.sglang.memory_defaults import MemoryFlags, default_fraction
+from agent.sglang.pools import Parallel
+
+LLAMA = read_layout(
+    ModelConfig(
+        {
+            "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+            "torch_dtype": "bfloat16",
+        }
+    )
+)  # fmt: skip
+CARDS = st.sampled_from([24 * 1024, 48 * 1024, 81_559, 97_871, 143_771])
+PAR = Parallel(tp=1, pp=1, attn_dp=1, dcp=1)
+
+
+@given(CARDS, st.sampled_from([None, 4096, 65536]))
+def test_chunked_prefill_zero_is_chunking_off_as_minus_one(gpu_mib: int, max_prefill: int | None) -> None:
+    off = [
+        default_fraction(
+            LLAMA, gpu_mib, PAR, MemoryFlags(chunked_prefill=c, max_prefill_tokens=max_prefill)
+        ).fraction
+        for c in (0, -1)
+    ]
+    assert off[0] == off[1]
+
+
+@given(CARDS)
+def test_a_pd_role_reserves_for_its_own_phase_alone(gpu_mib: int) -> None:
+    null, prefill, decode = (
+        default_fraction(LLAMA, gpu_mib, PAR, MemoryFlags(disaggregation=m)).fraction
+        for m in (None, "prefill", "decode")
+    )
+    assert prefill >= null and decode >= null

@@ -154,6 +154,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         target_context=change.context,
         planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
         pool_calibrated=calibrated_pool(plan),
+        planned_host_pool=plan.host.pool.tokens if plan.host and plan.host.size_gb else None,
         expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,

@@ -104,6 +104,7 @@ def apply_request(  # noqa: PLR0913 - the request's parts: whose, what target, w
         target_context=context,
         planned_pool=plan.predicted_pool_tokens or None,
         pool_calibrated=calibrated_pool(plan),
+        planned_host_pool=plan.host.pool.tokens if plan.host and plan.host.size_gb else None,
         expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.alternatives import Alternative, Need, alternatives
 from agent.plan.failed import bounded, failed_starts
+from agent.plan.hostplan import HostPlan
 from agent.plan.model import SPEC_DEFAULT_REQUESTS, Flags, PoolModel, StartFigures, flag, version
 from agent.plan.refusals import refusals
 from agent.plan.verdict import Reading, decide, no_fraction
@@ -56,6 +57,7 @@ class Plan:
     max_total_tokens: int | None = None  # the pool pinned (the CPU backend: free RAM moves between starts)
     evidence: tuple[str, ...] = ()  # what the verdict line says of the evidence besides the basis
     requests_set: bool = True  # False: the unit leaves --max-running-requests to SGLang and memory allows it
+    host: HostPlan | None = None  # HiCache's host pool and the host's memory budget (plan/hostplan.py)
 
     def basis_line(self) -> str:
         """The basis as the verdict line says it, with what changed since the calibrating start."""
@@ -68,6 +70,8 @@ class Plan:
         flags["context-length"] = self.context_length
         if self.max_total_tokens is not None:
             flags["max-total-tokens"] = self.max_total_tokens
+        if self.host is not None:
+            flags.update(self.host.flags())
         return flags
 
     def to_dict(self) -> dict[str, object]:  # the JSON object `plan --json` prints
@@ -84,6 +88,9 @@ class Plan:
         data["cell_bytes"] = round(self.cell_bytes, 1)
         data["flags"] = self.flags()
         del data["requests_set"]  # the flags say it
+        del data["host"]
+        if self.host is not None:  # host_pool and host_budget
+            data.update(self.host.to_dict())
         if self.max_total_tokens is None:
             del data["max_total_tokens"]  # a GPU plan leaves the pool to the fraction
         return data

@@ -17,6 +17,7 @@ from agent.plan.cpu import is_cpu, plan_cpu
 from agent.plan.evidence import decode_note
 from agent.plan.facts import PlanInput, parse_facts, service_gpus
 from agent.plan.from_inventory import plan_input_from_host, plan_input_from_inventory
+from agent.plan.hostwire import with_host_plan
 from agent.plan.inputs import is_on, origin, sglang_version
 from agent.plan.model import Flags, PoolModel, StartFigures
 from agent.plan.predict import FactsModel, pool_model
@@ -43,6 +44,7 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan), decode_note(inp)]
     warnings = (*fm.warnings, *plan.warnings, *_version_warning(inp))
     plan = replace(plan, notes=(*extra, *plan.notes), warnings=warnings)
+    plan = with_host_plan(inp, fm.pool, plan)  # HiCache: the host pool and the host's memory budget
     # Each alternative as the planner plans it with its flags (plan/replan.py), not re-checked again.
     return replanned(inp, plan, asked, lambda i, t: plan_from_facts(i, t, replan=False)) if replan else plan
 
@@ -118,6 +120,7 @@ def plan_from_host_facts(
         doc["gpus"] = service_gpus(rows, host)
     inp = plan_input_from_host(host, parse_facts(doc, name=f"{host.name} (host facts)"),
                                starts=tuple(calibration or ()))  # fmt: skip
+    inp = replace(inp, host_memory=facts.get("host_memory"))
     if inventory_gpus:
         inp = replace(inp, sources={**inp.sources, "gpus": "inventory: gpus (no nvidia-smi rows)"})
     return plan_from_facts(inp, asked)

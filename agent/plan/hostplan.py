@@ -3,9 +3,10 @@
 
 The flags as given (a ratio, the auto fraction, or a size) are sized first, against the host's memory as
 the facts read it (host/hostmem.py) with this service's own processes replaced; the pool they give is then
-rendered as an explicit `--hicache-size` per rank (GB, floored to 2 decimals), so the host pool no longer
-moves with the device pool or the free memory of the moment, and the plan below is the size's own pool,
-padding page included, which the gate checks SGLang's `Allocating ... host pool` line against to the token.
+rendered as an explicit `--hicache-size` per rank (whole GB, floored: SGLang's flag is an int), so the host
+pool no longer moves with the device pool or the free memory of the moment, and the plan below is the
+size's own pool, padding page included, which the gate checks SGLang's `Allocating ... host pool` line
+against to the token.
 
 `MemoryMax=` holds the service's processes (an estimate, below), its pools and SGLang's 10 GiB reserve, plus
 one pool per rank beyond the first: the ranks of a service check the cgroup's headroom one by one as they
@@ -138,7 +139,7 @@ class HostPlan:
 
     def flags(self) -> dict[str, FlagValue]:
         """The unit's HiCache sizing: an explicit size per rank, no ratio or fraction (the size wins)."""
-        return {} if self.size_gb is None else {"hicache-size": self.size_gb}
+        return {} if self.size_gb is None else {"hicache-size": int(self.size_gb)}
 
     def to_dict(self) -> dict[str, object]:
         pool = {
@@ -206,7 +207,8 @@ def ranks_of(flags: Mapping[str, FlagValue]) -> int:
 
 
 def floor_gb(nbytes: int) -> float:
-    return math.floor(nbytes / 1e9 * 100) / 100
+    """Whole GB: SGLang's --hicache-size is an int (srt/arg_groups/fields/memory.py)."""
+    return float(math.floor(nbytes / 1e9))
 
 
 def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours

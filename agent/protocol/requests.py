@@ -214,17 +214,10 @@ class Request:
         for name in ("unit_text", "daemon_text", "backup", "expect_sha256", "txn", "died"):
             value = getattr(self, name)
             _check(value is None or isinstance(value, str), f"{name} must be text")
-        for name in (
-            "port",
-            "keep_backups",
-            "version",
-            "target_context",
-            "planned_pool",
-            "planned_host_pool",
-        ):
+        counts = ("target_context", "planned_pool", "planned_host_pool")  # token counts: None or an int
+        for name in ("port", "keep_backups", "version", *counts):
             value = getattr(self, name)
-            optional = name in ("target_context", "planned_pool", "planned_host_pool")
-            _check((optional and value is None) or _is_int(value), f"{name} must be an integer")
+            _check((name in counts and value is None) or _is_int(value), f"{name} must be an integer")
         _check(_is_number(self.margin), "margin must be a number")
         _check(isinstance(self.detach, bool), "detach must be true or false")
         _check(isinstance(self.prewarm, bool), "prewarm must be true or false")

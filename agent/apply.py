@@ -16,6 +16,7 @@ from agent.output import Output, Style
 from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target
 from agent.plan.from_facts import plan_for_host, plan_from_host_facts
+from agent.plan.hostbudget import ServiceNeed
 from agent.plan.restart_time import GIB, PageCache, RestartEstimate
 from agent.plan.restart_time import from_facts as restart_from_facts
 from agent.protocol.answers import HostFacts
@@ -42,6 +43,8 @@ from agent.sglang.logs.summary import StartFigures
 from agent.sglang.long_context import yarn_hint, yarn_override
 from agent.sglang.weight_cache import RestartClass, fingerprint, quant_of, restart_class
 from agent.verify import render_checked
+
+Near = tuple[ServiceNeed, ...]  # the host's other services, for HiCache's host budget
 
 
 def calibration_from(facts: HostFacts) -> Sequence[StartFigures] | None:
@@ -95,10 +98,10 @@ def with_set_flags(host: HostConfig, change: Change, facts: HostFacts) -> tuple[
     return host, facts
 
 
-def make_plan(host: HostConfig, change: Change, facts: HostFacts) -> Plan:
+def make_plan(host: HostConfig, change: Change, facts: HostFacts, neighbours: Near = ()) -> Plan:
     host, facts = with_set_flags(host, change, facts)
     asked = Target(change.context, change.mem_fraction_static, change.max_running_requests)
-    from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked)
+    from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked, neighbours)
     if from_host is not None:
         return from_host
     running = facts.get("flags") or dict(host.sglang.flags)
@@ -121,13 +124,15 @@ class Prepared:
     restart: RestartEstimate | None = None  # what the restart was expected to cost, before it ran
 
 
-def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> Prepared | None:
+def prepare(
+    out: Output, host: HostConfig, change: Change, facts: HostFacts, near: Near = ()
+) -> Prepared | None:
     """Plan from the host's facts, render, show the plan and the diff; None for a dry run."""
     check_with_sglang_table(host, dict(change.flags))  # before the plan: a typo is not planned for
     if change.allow_longer_context:  # planned with SGLang's override in the unit, as it will run
         host = allow_context(host, change)
     refuse_weight_cache(host, dict(change.flags), facts)
-    plan = make_plan(host, change, facts)
+    plan = make_plan(host, change, facts, near)  # near: the host's other services (HiCache's host budget)
     flags = {**dict(change.flags), **plan.flags()}
     old_text = facts.get("unit_text") or ""
     if not plan.feasible and not change.force:
@@ -152,15 +157,23 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         "apply",
         unit_text=new_text,
         target_context=change.context,
-        planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
-        pool_calibrated=calibrated_pool(plan),
-        planned_host_pool=plan.host.pool.tokens if plan.host and plan.host.size_gb else None,
+        **planned_pools(plan),
         expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,
         daemon_text=daemon_text(host, new_text),
     )
     return Prepared(plan, old_text, new_text, req, restart)
+
+
+def planned_pools(plan: Plan) -> dict[str, int | bool | None]:
+    """What the gate holds the start to: the device pool (a forced plan may predict none), whether it was
+    calibrated here, and HiCache's host pool per rank (plan/hostplan.py) where the unit sizes one."""
+    return {
+        "planned_pool": plan.predicted_pool_tokens or None,
+        "pool_calibrated": calibrated_pool(plan),
+        "planned_host_pool": plan.host.pool.tokens if plan.host and plan.host.size_gb else None,
+    }
 
 
 def restart_for(

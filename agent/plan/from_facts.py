@@ -17,6 +17,7 @@ from agent.plan.cpu import is_cpu, plan_cpu
 from agent.plan.evidence import decode_note
 from agent.plan.facts import PlanInput, parse_facts, service_gpus
 from agent.plan.from_inventory import plan_input_from_host, plan_input_from_inventory
+from agent.plan.hostbudget import ServiceNeed
 from agent.plan.hostwire import with_host_plan
 from agent.plan.inputs import is_on, origin, sglang_version
 from agent.plan.model import Flags, PoolModel, StartFigures
@@ -102,6 +103,7 @@ def plan_from_host_facts(
     facts: HostFacts,
     calibration: Sequence[StartFigures] | None,
     asked: Target,
+    neighbours: tuple[ServiceNeed, ...] = (),
 ) -> Plan | None:
     """The plan from what the host's agent read (config.json, safetensors headers, nvidia-smi), the
     inventory's figures overriding; None when the host gave no config.json (plan_for_host plans then)."""
@@ -120,7 +122,7 @@ def plan_from_host_facts(
         doc["gpus"] = service_gpus(rows, host)
     inp = plan_input_from_host(host, parse_facts(doc, name=f"{host.name} (host facts)"),
                                starts=tuple(calibration or ()))  # fmt: skip
-    inp = replace(inp, host_memory=facts.get("host_memory"))
+    inp = replace(inp, host_memory=facts.get("host_memory"), neighbours=neighbours)  # HiCache's budget
     if inventory_gpus:
         inp = replace(inp, sources={**inp.sources, "gpus": "inventory: gpus (no nvidia-smi rows)"})
     return plan_from_facts(inp, asked)

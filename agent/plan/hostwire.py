@@ -6,11 +6,13 @@ restart, naming the service and the `--hicache-size` that fits), a pre-warm that
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
+from agent.inventory import HostConfig, load_services
 from agent.plan.choose import Plan
 from agent.plan.facts import PlanInput
-from agent.plan.hostbudget import Verdict
-from agent.plan.hostplan import enabled, plan_host, rank_pool
+from agent.plan.hostbudget import ServiceNeed, Verdict
+from agent.plan.hostplan import enabled, neighbour, plan_host, rank_pool
 from agent.plan.inputs import draft_model
 from agent.plan.model import PoolModel
 
@@ -43,3 +45,17 @@ def with_host_plan(inp: PlanInput, model: PoolModel, plan: Plan) -> Plan:
                        notes=(*plan.notes, *lines))  # fmt: skip
     warnings = (host.budget.reason,) if host.budget.verdict is Verdict.PREWARM_SKIPPED else ()
     return replace(plan, host=host, notes=(*plan.notes, *lines), warnings=(*plan.warnings, *warnings))
+
+
+def neighbours(host: HostConfig, directory: Path) -> tuple[ServiceNeed, ...]:
+    """The other services of the inventory on the same host (the same ssh target: docs/topologies.md), as
+    the host's budget counts them: their explicit --hicache-size pools and their processes. A file that
+    does not load is left out (its own commands say why)."""
+    mine = set(host.node_targets)
+    found = []
+    for s in load_services(directory, skip_broken=True):
+        if s.config.name != host.name and mine & set(s.config.node_targets):
+            need = neighbour(s.config.name, s.config.sglang.flags)
+            if need is not None:
+                found.append(need)
+    return tuple(found)

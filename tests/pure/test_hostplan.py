@@ -136,3 +136,24 @@ def test_a_checkpoint_that_cannot_stay_cached_is_a_warning_not_a_refusal() -> No
     assert plan.feasible and plan.host is not None
     assert plan.host.budget.verdict is Verdict.PREWARM_SKIPPED
     assert any("pre-warm skipped" in w for w in plan.warnings)
+
+
+def _service(folder: Path, name: str, target: str, index: int, flags: str) -> None:
+    (folder / f"{name}.toml").write_text(
+        f'[ssh]\ntarget = "{target}"\n[gpus]\nindices = [{index}]\nmemory_gib = 79.6\nname = "NVIDIA H100"\n'
+        '[model]\npath = "/models/m"\nattention = "gqa"\nlayers = 32\nkv_heads = 8\nhead_dim = 128\n'
+        f'dtype_bytes = 2\nweights_gib_per_gpu = 15\n[unit]\nname = "sglang-{name}.service"\n'
+        f"[sglang]\nport = {30000 + index}\n[sglang.flags]\n{flags}\n"
+    )
+
+
+def test_the_neighbours_are_the_inventorys_services_of_the_same_host(tmp_path: Path) -> None:
+    from agent.inventory import load_service
+    from agent.plan.hostwire import neighbours
+
+    _service(tmp_path, "a", "gpu7", 0, "enable-hierarchical-cache = true")
+    _service(tmp_path, "b", "gpu7", 1, "enable-hierarchical-cache = true\nhicache-size = 30")
+    _service(tmp_path, "c", "gpu7", 2, "")  # no HiCache: nothing to count
+    _service(tmp_path, "d", "gpu8", 0, "enable-hierarchical-cache = true\nhicache-size = 50")  # another host
+    near = neighbours(load_service("a", tmp_path), tmp_path)
+    assert [(n.name, n.pool_bytes) for n in near] == [("b", 30 * 10**9)]

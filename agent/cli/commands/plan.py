@@ -150,7 +150,10 @@ def _from_host(
         facts = with_set_flags(host, change, as_facts(s.client.call(base_request(s.host, "facts"))))[1]
     history = [h.copy() for h in calibration_from(facts) or []]
     running: Flags = facts.get("flags") or host.sglang.flags
-    return plan_from_host_facts(host, facts, history, asked), history, running, facts
+    from agent.plan.hostwire import neighbours  # the host's other services: HiCache's host budget
+
+    near = neighbours(host, units_dir(args.units))
+    return plan_from_host_facts(host, facts, history, asked, near), history, running, facts
 
 
 def _printed(  # noqa: PLR0913 - the plan, where it runs now, and its restart estimate

@@ -37,7 +37,7 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     origins = "figures from " + "; ".join(f"{k}: {v}" for k, v in inp.sources.items())
     if is_cpu(inp):
         arch = sizing(inp)
-        return plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins))
+        return with_host_plan(inp, arch.sizer, plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins)))
     fm = pool_model(inp, asked.context)
     # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
     host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp), fm.floor.gib)
@@ -45,7 +45,7 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan), decode_note(inp)]
     warnings = (*fm.warnings, *plan.warnings, *_version_warning(inp))
     plan = replace(plan, notes=(*extra, *plan.notes), warnings=warnings)
-    plan = with_host_plan(inp, fm.pool, plan)  # HiCache: the host pool and the host's memory budget
+    plan = with_host_plan(inp, fm.pool.sizer, plan)  # HiCache: the host pool and the host's memory budget
     # Each alternative as the planner plans it with its flags (plan/replan.py), not re-checked again.
     return replanned(inp, plan, asked, lambda i, t: plan_from_facts(i, t, replan=False)) if replan else plan
 

@@ -135,7 +135,7 @@ class HostPlan:
 
     @property
     def fits(self) -> bool:
-        return self.budget.fits and self.size_gb is not None
+        return self.budget.fits and self.pool.fits
 
     def flags(self) -> dict[str, FlagValue]:
         """The unit's HiCache sizing: an explicit size per rank, no ratio or fraction (the size wins)."""
@@ -172,12 +172,16 @@ class HostPlan:
     def lines(self, device_tokens: int, context: int) -> list[str]:
         """What the device and host tiers hold against the target context, and the budget's verdict."""
         held = device_tokens + self.pool.tokens
+        how = (
+            "under 1 GB: the flags as given"
+            if self.size_gb is None
+            else f"--hicache-size {self.size_gb:g} GB"
+        )
         out = [
             f"HiCache: device pool {device_tokens:,} + host pool {self.pool.tokens:,} tokens per rank "
-            f"(--hicache-size {self.size_gb:g} GB x {self.ranks} rank(s), "
-            f"{self.pool.gb * self.ranks:.1f} GB) "
+            f"({how} x {self.ranks} rank(s), {self.pool.gb * self.ranks:.1f} GB) "
             f"= {held:,} tokens, {held / max(context, 1):.1f}x the {context:,}-token context"
-            if self.size_gb is not None
+            if self.pool.fits
             else f"HiCache: no host pool fits ({self.given.message()})"
         ]
         if self.checked:
@@ -223,8 +227,9 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     ranks = ranks_of(flags)
     given = plan_host_pool(pool, hicache_flags(flags), memory_at_start(data, ranks), ranks)
     explicit = float_of(flags, "hicache-size") or 0.0
+    # a pool under 1 GB has no whole-GB size: the flags as given stay (and no MemoryMax=, no exact gate)
     size = explicit if explicit > 0 else floor_gb(given.bytes) if given.fits else None
-    if size is not None and size <= 0:
+    if size is not None and size < 1:
         size = None
     memory_max = None
     planned = given

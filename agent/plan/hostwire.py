@@ -14,15 +14,14 @@ from agent.plan.facts import PlanInput
 from agent.plan.hostbudget import ServiceNeed, Verdict
 from agent.plan.hostplan import enabled, neighbour, plan_host, rank_pool
 from agent.plan.inputs import draft_model
-from agent.plan.model import PoolModel
+from agent.sglang.pools import PoolSizer
 
 
-def with_host_plan(inp: PlanInput, model: PoolModel, plan: Plan) -> Plan:
+def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
     """The plan with `host` set where HiCache is on and its pool is one deployctl follows; else unchanged
     (with a note saying why the host pool is not planned)."""
     if not enabled(inp.flags):
         return plan
-    sizer = model.sizer
     why = None
     if sizer is None or sizer.mamba is not None or sizer.swa_ratio is not None:
         why = "a hybrid pool (state cache or sliding window)"

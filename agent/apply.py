@@ -11,10 +11,11 @@ from dataclasses import dataclass, replace
 
 from agent.errors import UsageError
 from agent.inventory import HostConfig
-from agent.orchestrate.asked import Change
+from agent.orchestrate.asked import ArgError, Change, parse_context
 from agent.output import Output, Style
 from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target
+from agent.plan.effective import context_refusal, context_shrink, effective, one_word
 from agent.plan.from_facts import plan_for_host, plan_from_host_facts
 from agent.plan.hostbudget import ServiceNeed
 from agent.plan.restart_time import GIB, PageCache, RestartEstimate
@@ -25,7 +26,6 @@ from agent.protocol.events import DowntimeData, Event, exit_code
 from agent.protocol.requests import Request
 from agent.remote.client import base_request
 from agent.render import (
-    check_with_sglang_table,
     gpu_environment,
     load_template,
     redact,
@@ -76,15 +76,12 @@ def drifted(texts: Sequence[str], facts: Sequence[HostFacts]) -> bool:
 
 def with_set_flags(host: HostConfig, change: Change, facts: HostFacts) -> tuple[HostConfig, HostFacts]:
     """The inventory and the host's facts with the --set flags over the baseline and the running flags:
-    the plan sizes the pool of the unit that will run (an fp8 KV cache, another TP size)."""
+    the plan sizes the pool of the unit that will run (an fp8 KV cache, another TP size: plan/effective.py
+    restates the weights per GPU at it)."""
     if not change.flags:
         return host, facts
-    extra = dict(change.flags)
-    from agent.sglang.flagrules import canonical  # a --set tp-size replaces tensor-parallel-size too
-
-    kept = {k: v for k, v in host.sglang.flags.items() if canonical(k, host.sglang.version) not in extra}
-    flags = {**kept, **extra}
-    host = host.model_copy(update={"sglang": host.sglang.model_copy(update={"flags": flags})})
+    host = effective(host, change.flags).host
+    extra = {k: one_word(v) for k, v in change.flags}
     facts = {**facts, "flags": {**(facts.get("flags") or {}), **extra}}
     doc = facts.get("model_facts")
     if isinstance(doc, Mapping):
@@ -98,10 +95,48 @@ def with_set_flags(host: HostConfig, change: Change, facts: HostFacts) -> tuple[
     return host, facts
 
 
-def make_plan(host: HostConfig, change: Change, facts: HostFacts, neighbours: Near = ()) -> Plan:
+def asked_of(change: Change) -> Target:
+    """What a change asks the planner for: the context, a fraction or request count fixed, and the other
+    --set flags, which the plan sizes and then carries into its printed and rendered flags."""
+    return Target(change.context, change.mem_fraction_static, change.max_running_requests, change.flags)
+
+
+def served_context(flags: Mapping[str, object], model_context: int | None) -> int | None:
+    """The context the unit serves now: its --context-length (as the inventory spells it: 128Ki), else the
+    model's own (SGLang's default)."""
+    given = flags.get("context-length")
+    if given is None or isinstance(given, bool):
+        return model_context
+    try:
+        return parse_context(str(given), "--context-length")
+    except ArgError:
+        return model_context
+
+
+def check_context(
+    change: Change, running: Mapping[str, object], model_context: int | None
+) -> tuple[str, ...]:
+    """A target context implausibly small, or a slip far below the one the unit serves now, is refused in
+    one line before anything is planned (plan/effective.py context_refusal); a smaller shrink is returned
+    as the warning the plan carries."""
+    served = served_context(running, model_context)
+    said = context_refusal(change.context, served, change.shrink_context)
+    if said:
+        raise UsageError(said + "; nothing was changed")
+    shrink = context_shrink(change.context, served)
+    return (shrink,) if shrink else ()
+
+
+def make_plan(host: HostConfig, change: Change, facts: HostFacts, near: Near = ()) -> Plan:
+    shrink = check_context(change, facts.get("flags") or host.sglang.flags, host.model.max_context)
+    plan = _planned(host, change, facts, near)
+    return replace(plan, warnings=(*shrink, *plan.warnings))
+
+
+def _planned(host: HostConfig, change: Change, facts: HostFacts, near: Near = ()) -> Plan:
     host, facts = with_set_flags(host, change, facts)
-    asked = Target(change.context, change.mem_fraction_static, change.max_running_requests)
-    from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked, neighbours)
+    asked = asked_of(change)
+    from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked, near)
     if from_host is not None:
         return from_host
     running = facts.get("flags") or dict(host.sglang.flags)
@@ -128,12 +163,12 @@ def prepare(
     out: Output, host: HostConfig, change: Change, facts: HostFacts, near: Near = ()
 ) -> Prepared | None:
     """Plan from the host's facts, render, show the plan and the diff; None for a dry run."""
-    check_with_sglang_table(host, dict(change.flags))  # before the plan: a typo is not planned for
+    # the --set flags met SGLang's table in the command (effective_of); the render checks the unit again
     if change.allow_longer_context:  # planned with SGLang's override in the unit, as it will run
         host = allow_context(host, change)
     refuse_weight_cache(host, dict(change.flags), facts)
-    plan = make_plan(host, change, facts, near)  # near: the host's other services (HiCache's host budget)
-    flags = {**dict(change.flags), **plan.flags()}
+    plan = make_plan(host, change, facts, near)  # near: the host's other services (HiCache)
+    flags: dict[str, FlagInput] = {**plan.flags()}  # the --set flags and the plan's: what was sized
     old_text = facts.get("unit_text") or ""
     if not plan.feasible and not change.force:
         show_plan(out, host, plan, old_text, render_unit(host, flags, template_dir()))

@@ -26,13 +26,14 @@ if TYPE_CHECKING:
     from agent.sglang.flags import FlagValue
 
 
-def apply(conn: Connection, change: Change, out: Output) -> int:
-    host = load_service(conn.host, units_dir(conn.units))
+def apply(conn: Connection, change: Change, out: Output, host: HostConfig | None = None) -> int:
+    """One change of a service: `host` is its inventory entry where the command loaded it already."""
+    host = host or load_service(conn.host, units_dir(conn.units))
     if host.nodes is not None:  # one service over several hosts: one coordinated change of every node
         from agent.group.apply import apply as apply_group
 
         return apply_group(host, conn, change, out)
-    with session(conn) as s:
+    with session(conn, host) as s:
         ask = base_request(s.host, "facts")
         # facts and the apply planned from them go to one agent process over one channel
         with s.client.converse(ask) as talk:

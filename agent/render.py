@@ -14,10 +14,11 @@ import jinja2
 from agent.errors import RenderError
 from agent.inventory import VISIBLE, HostConfig
 from agent.plan import weight_cache_unit
+from agent.plan.effective import check_table
 from agent.plan.hostplan import memory_max_of
 from agent.protocol.common import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.protocol.requests import stop_timeout_s
-from agent.sglang import server_args, version_flags
+from agent.sglang import version_flags
 from agent.sglang.flags import FlagInput, FlagsError, exec_start_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env
 from agent.sglang.redact import redact as redact  # re-exported: the laptop's callers redact from here
@@ -177,12 +178,9 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
 
 
 def check_with_sglang_table(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
-    """Every flag against SGLang's own table (agent/sglang/server_args.py): the inventory's baseline flags
-    that `flags` leave in place, then `flags`; the first one SGLang would refuse raises RenderError."""
-    baseline = {k: v for k, v in host.sglang.flags.items() if k not in flags}
-    for field, given in (("sglang.flags", baseline), ("flags", flags)):
-        for name, said in server_args.problems(host.sglang.version, given):
-            raise RenderError(f"{field}.{name}: {said}")
+    """The flags against SGLang's own table (plan/effective.py check_table): the render's own check of the
+    unit it writes, after the one made when the command built its effective configuration."""
+    check_table(host, flags)
 
 
 def _validate_cache_directory(host: HostConfig) -> None:

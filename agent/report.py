@@ -292,7 +292,8 @@ def render_plan(host: str, plan: Plan) -> str:
     """The plan and its tradeoffs in a few lines for a person."""
     verdict = "feasible" if plan.feasible else "NOT FEASIBLE"
     lines = [
-        f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis_line()})",
+        f"plan for {host}: context {plan.context_length:,} tokens: {verdict} ({plan.basis_line()})"
+        + (f"; {plan.shrinks}" if plan.shrinks else ""),
         *([f"  because         {plan.binding}"] if plan.binding else []),
         f"  predicted pool  {plan.predicted_pool_tokens:,} tokens"
         + (  # the low end of a cold estimate is what the verdict compares (plan/verdict.py)
@@ -301,7 +302,7 @@ def render_plan(host: str, plan: Plan) -> str:
             else ""
         )
         + f" (target {plan.context_length:,}, with margin {plan.target_pool_tokens:,})",
-        "  flags           " + " ".join(f"--{k} {_flag_text(v)}" for k, v in plan.flags().items()),
+        "  flags           " + " ".join(f"--{k} {_flag_text(v)}" for k, v in plan.printed_flags().items()),
         f"  full-context requests at once  {full_context_at_once(plan)}",
         f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
     ]

@@ -129,6 +129,7 @@ def change_of(args: argparse.Namespace) -> Change:
         getattr(args, "yes", False),
         tuple(flags.items()),
         getattr(args, "allow_longer_context", False),
+        getattr(args, "shrink_context", False),
     )
 
 
@@ -156,6 +157,11 @@ def add_target_args(
         required=context_required,
         type=typed(parse_context, "--context"),
         help="target context in tokens: 200000, 200k or 1m (x1000, x1000000), 128Ki (x1024)",
+    )
+    p.add_argument(
+        "--shrink-context",
+        action="store_true",
+        help="allow a --context below the one the unit serves now (clients' longer prompts are then refused)",
     )
     p.add_argument(
         "--mem-fraction-static",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from agent.apply import (
     allow_context,
+    asked_of,
     calibration_from,
     daemon_text,
     installed_sha256,
@@ -20,7 +21,7 @@ from agent.fleet.calibrate import Measured
 from agent.fleet.results import HostResult, PlanFigures
 from agent.inventory import HostConfig
 from agent.orchestrate.asked import Change
-from agent.plan.choose import Plan, Target
+from agent.plan.choose import Plan
 from agent.plan.from_facts import plan_for_host
 from agent.protocol.answers import HostFacts
 from agent.protocol.common import new_txn_id
@@ -62,7 +63,7 @@ def plan_host(
     # request count on identical hosts (32 at 200k on the simulated ct200); canary last gave 16.
     calibration = [*(p.start for p in peers), *own]
     sources = tuple(f"canary {p.host}" for p in peers) + (("own start",) if own else ())
-    asked = Target(context, change.mem_fraction_static, change.max_running_requests)
+    asked = asked_of(change)
     plan = plan_for_host(host, asked, calibration or None, running)
     return plan, sources if plan.basis == "calibrated" else ()
 

@@ -60,6 +60,7 @@ class Change:
     yes: bool = False
     flags: tuple[tuple[str, FlagInput], ...] = ()  # --set FLAG=VALUE beyond the three above
     allow_longer_context: bool = False  # --allow-longer-context: SGLang's own override, apart from --force
+    shrink_context: bool = False  # --shrink-context: a target below the context the unit serves now
 
 
 def warn_flag_table(stderr: TextIO, version: str, flags: dict[str, FlagInput]) -> None:

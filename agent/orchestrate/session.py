@@ -28,11 +28,12 @@ class Session:
 
 
 @contextlib.contextmanager
-def session(conn: Connection) -> Iterator[Session]:
-    """The service's host; for a multi-node service, its node rank 0 (the one that serves HTTP)."""
+def session(conn: Connection, service: HostConfig | None = None) -> Iterator[Session]:
+    """The service's host (`service`, where the command loaded it already); for a multi-node service, its
+    node rank 0 (the one that serves HTTP)."""
     from agent.group.nodes import node_host
 
-    host = node_host(load_service(conn.host, units_dir(conn.units)), 0)
+    host = node_host(service or load_service(conn.host, units_dir(conn.units)), 0)
     if host.pd is not None:  # its base sections are no unit of their own: nothing may reach a host
         raise UsageError(
             f"{host.name} is a prefill-decode service ([pd]): only plan and render of it are built yet; "

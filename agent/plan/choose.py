@@ -12,8 +12,11 @@ from agent.plan.failed import bounded, failed_starts
 from agent.plan.hostplan import HostPlan
 from agent.plan.model import SPEC_DEFAULT_REQUESTS, Flags, PoolModel, StartFigures, flag, version
 from agent.plan.refusals import refusals
+from agent.plan.requests import sglang_requests
 from agent.plan.verdict import Reading, decide, no_fraction
 from agent.sglang import kvpool
+from agent.sglang.flags import FlagInput
+from agent.sglang.redact import REDACTED, SECRET_FLAG
 
 PLAIN_DEFAULT_REQUESTS = 64
 
@@ -25,6 +28,7 @@ class Target:
     context: int
     fraction: float | None = None  # --mem-fraction-static
     max_running: int | None = None  # --max-running-requests
+    given: tuple[tuple[str, FlagInput], ...] = ()  # the other --set flags: sized, then printed and rendered
 
 
 @dataclass(frozen=True)
@@ -57,14 +61,20 @@ class Plan:
     max_total_tokens: int | None = None  # the pool pinned (the CPU backend: free RAM moves between starts)
     evidence: tuple[str, ...] = ()  # what the verdict line says of the evidence besides the basis
     requests_set: bool = True  # False: the unit leaves --max-running-requests to SGLang and memory allows it
+    given: tuple[tuple[str, FlagInput], ...] = ()  # the --set flags the pool was sized with (Target.given)
+    # The plan's pool is smaller than the running fraction's, which already holds the target: the headline
+    # says it (a shrink is never silent).
+    shrinks: str | None = None
     host: HostPlan | None = None  # HiCache's host pool and the host's memory budget (plan/hostplan.py)
 
     def basis_line(self) -> str:
         """The basis as the verdict line says it, with what changed since the calibrating start."""
         return "; ".join((self.basis, *self.evidence))
 
-    def flags(self) -> dict[str, FlagValue]:
-        flags: dict[str, FlagValue] = {"mem-fraction-static": self.mem_fraction_static}
+    def flags(self) -> dict[str, FlagInput]:
+        """Every flag the plan changes: the --set flags it was sized with, then its own choices. What
+        `plan --json` prints and `apply` renders over the inventory's baseline (plan/effective.py)."""
+        flags: dict[str, FlagInput] = {**dict(self.given), "mem-fraction-static": self.mem_fraction_static}
         if self.requests_set:  # a cap the person did not set only when memory needs it
             flags["max-running-requests"] = self.max_running_requests
         flags["context-length"] = self.context_length
@@ -73,6 +83,12 @@ class Plan:
         if self.host is not None:
             flags.update(self.host.flags())
         return flags
+
+    def printed_flags(self) -> dict[str, FlagInput]:
+        """flags() fit to print: a --set api-key (or any secret flag) is rendered, its value never shown."""
+        return {
+            k: REDACTED if SECRET_FLAG.search(k) and v is not True else v for k, v in self.flags().items()
+        }
 
     def to_dict(self) -> dict[str, object]:  # the JSON object `plan --json` prints
         data = asdict(self)
@@ -86,8 +102,10 @@ class Plan:
         data["reserve_gib_per_gpu"] = round(self.reserve_gib_per_gpu, 3)
         data["pre_gib"], data["post_gib"] = round(self.pre_gib, 4), round(self.post_gib, 4)
         data["cell_bytes"] = round(self.cell_bytes, 1)
-        data["flags"] = self.flags()
-        del data["requests_set"]  # the flags say it
+        data["flags"] = self.printed_flags()
+        del data["requests_set"], data["given"]  # the flags say them
+        if self.shrinks is None:
+            del data["shrinks"]  # said only when the plan shrinks a pool that held the target
         del data["host"]
         if self.host is not None:  # host_pool and host_budget
             data.update(self.host.to_dict())
@@ -106,9 +124,31 @@ def choose(
     """The flags for a target on a host whose pool `model` predicts. `host` is the inventory-shaped view of
     the plan's input, its flags the running unit's with the fraction SGLang resolves; earlier starts that
     ran out of memory bound the model."""
+    flags = host.sglang.flags
+    spec = host.draft is not None and host.draft.algorithm != "NGRAM"
+    if asked.max_running or flag(flags, "max-running-requests") or spec:
+        return _choose(host, asked, model, starts, notes, None)
+    # Left unset, SGLang sizes the cap (and its req_to_token table) from the pool it gets: resolved at
+    # the running fraction, then again at the one chosen (plan/requests.py).
+    at = _running_fraction(flags)
+    first = _choose(host, asked, model, starts, notes, sglang_requests(model, at, asked.context))
+    again = sglang_requests(model, first.mem_fraction_static, asked.context)
+    if again == sglang_requests(model, at, asked.context):
+        return first
+    return _choose(host, asked, model, starts, notes, again)
+
+
+def _choose(  # noqa: PLR0913 - choose's arguments and the cap SGLang resolves for an unset one
+    host: HostConfig,
+    asked: Target,
+    model: PoolModel,
+    starts: Sequence[StartFigures],
+    notes: Sequence[str],
+    resolved: int | None,
+) -> Plan:
     target, fraction, flags = asked.context, asked.fraction, host.sglang.flags
     model, failures = _after_failures(model, starts, flags, target)
-    options = [asked.max_running] if asked.max_running else _request_options(host, flags)
+    options = [asked.max_running] if asked.max_running else _request_options(host, flags, resolved)
     floor = host.planning.reserve_floor_gib
     if floor is None:  # plan_from_facts fills it: the person's, else derived (plan/floor.py)
         raise ValueError(f"{host.name}: the plan's host view lacks its memory floor")
@@ -120,19 +160,48 @@ def choose(
         chosen, requests = _recommend(model, need, options, _as_float(flag(flags, "mem-fraction-static")))
     plan = _sized(host, model, need, (chosen, requests), fraction is not None)
     kept = [*notes, *model.notes]
-    smallest = model.min_fraction(need.goal)
-    if fraction is None and plan.feasible and smallest is not None and smallest < plan.mem_fraction_static:
-        kept.append(
-            f"the running --mem-fraction-static {plan.mem_fraction_static:.3f} already reaches the target "
-            f"and is kept: {smallest:.3f} would too, with fewer tokens for concurrent requests"
+    if fraction is None:
+        kept.extend(
+            _kept_note(plan, model.min_fraction(need.goal), _as_float(flag(flags, "mem-fraction-static")))
         )
-    plan = _explained(plan, host, flags, model, kept)
+    plan = _explained(plan, host, flags, model, kept, resolved)
     plan = replace(plan, warnings=(*failures, *plan.warnings))
     if fraction is not None:
         plan = _against_recommendation(plan, model, need, options, flags)
     plan = _bound(plan, host, model, need)
     unset = not asked.max_running and not flag(flags, "max-running-requests")
-    return replace(plan, requests_set=not unset or plan.max_running_requests < options[0])
+    plan = replace(plan, requests_set=not unset or plan.max_running_requests < options[0], given=asked.given)
+    return replace(plan, shrinks=_shrinks(plan, model, _as_float(flag(flags, "mem-fraction-static"))))
+
+
+def _kept_note(plan: Plan, smallest: float | None, running: float | None) -> list[str]:
+    """Why the chosen fraction is above the smallest that reaches the goal: the running one is kept, or
+    it is above the highest safe one, which is chosen."""
+    if not plan.feasible or smallest is None or smallest >= plan.mem_fraction_static:
+        return []
+    said = (
+        f"the running --mem-fraction-static {running:.3f} is above the highest safe "
+        f"{plan.mem_fraction_static:.3f}, which is chosen"
+        if running is not None and running > plan.mem_fraction_static
+        else f"the running --mem-fraction-static {plan.mem_fraction_static:.3f} already reaches the target "
+        "and is kept"
+    )
+    return [f"{said}: {smallest:.3f} would reach it too, with fewer tokens for concurrent requests"]
+
+
+def _shrinks(plan: Plan, model: PoolModel, running: float | None) -> str | None:
+    """What the headline says when the plan's pool is smaller than the one at the running fraction and
+    that one already holds the target; None otherwise."""
+    if running is None:
+        return None
+    before = model.pool(running)
+    if model.pool_low(running) < plan.target_pool_tokens or plan.predicted_pool_tokens >= before:
+        return None
+    why = "above the memory floor's ceiling" if not plan.user_fraction else "the fraction asked is lower"
+    return (
+        f"SHRINKS the pool from {before:,} tokens (at the fraction it runs now, {running:.3f}: {why}) "
+        f"to {plan.predicted_pool_tokens:,}"
+    )
 
 
 def _sized(
@@ -157,7 +226,7 @@ def _sized(
         predicted_pool_tokens=reading.pool,
         target_pool_tokens=goal,
         predicted_pool_low_tokens=reading.pool_low,
-        concurrency_at_full_context=reading.pool // target,
+        concurrency_at_full_context=min(reading.pool // target, requests),  # the cap serves no more
         reserve_gib_per_gpu=reading.reserve_gib,
         reserve_floor_gib=floor,
         feasible=judged.feasible,
@@ -220,11 +289,12 @@ def _after_failures(
     return bounded(model, failed_starts(starts, requests, target))
 
 
-def _request_options(host: HostConfig, flags: Flags) -> list[int]:
-    """The running --max-running-requests, then halvings: lowering it shrinks graph and activation memory."""
+def _request_options(host: HostConfig, flags: Flags, resolved: int | None) -> list[int]:
+    """The running --max-running-requests (or SGLang's own for an unset one), then halvings: lowering it
+    shrinks graph and activation memory."""
     running = flag(flags, "max-running-requests")
     spec = host.draft is not None and host.draft.algorithm != "NGRAM"
-    start = int(running) if running else SPEC_DEFAULT_REQUESTS if spec else PLAIN_DEFAULT_REQUESTS
+    start = int(running) if running else SPEC_DEFAULT_REQUESTS if spec else resolved or PLAIN_DEFAULT_REQUESTS
     options = [start]
     while options[-1] > 1:
         options.append(options[-1] // 2)
@@ -255,6 +325,12 @@ def _recommend(
         keep = _fitting(model, running, options, context, floor)
         if model.reserve_gib(running, keep, context) >= floor:
             return running, keep
+        # The running fraction is above the ceiling: the highest safe fraction, not the lowest that
+        # reaches the goal (that would give back the pool the unit serves now for nothing).
+        for requests in options:
+            top = model.max_fraction(requests, context, floor)
+            if top is not None and top >= fraction:
+                return min(top, running), requests
     requests = _fitting(model, fraction, options, context, floor)
     if model.reserve_gib(fraction, requests, context) < floor:
         return None, requests
@@ -285,7 +361,9 @@ def _as_float(value: FlagValue | None) -> float | None:
     return None if value is None or isinstance(value, bool) else float(value)
 
 
-def _explained(plan: Plan, host: HostConfig, flags: Flags, model: PoolModel, notes: list[str]) -> Plan:
+def _explained(  # noqa: PLR0913 - the plan, what it was sized from, and SGLang's own cap
+    plan: Plan, host: HostConfig, flags: Flags, model: PoolModel, notes: list[str], resolved: int | None
+) -> Plan:
     """The plan with its notes and warnings: what each number means and what it costs."""
     t, f = plan.context_length, plan.mem_fraction_static
     notes.append(
@@ -306,7 +384,7 @@ def _explained(plan: Plan, host: HostConfig, flags: Flags, model: PoolModel, not
     fits = min(plan.concurrency_at_full_context, plan.max_running_requests)  # the cap serves no more
     notes.append(f"{fits} request(s) of the full {t:,} tokens fit at once (pool ÷ context)")
     notes.append(_reserve_note(plan, model))
-    notes.append(_requests_note(plan, flags))
+    notes.append(_requests_note(plan, flags, resolved))
     warnings = []
     if host.model.max_context is not None and t > host.model.max_context:
         warnings.append(
@@ -339,7 +417,7 @@ def _reserve_note(plan: Plan, model: PoolModel) -> str:
     )
 
 
-def _requests_note(plan: Plan, flags: Flags) -> str:
+def _requests_note(plan: Plan, flags: Flags, resolved: int | None) -> str:
     """What --max-running-requests costs: req_to_token, graph memory, short-prompt throughput."""
     requests = plan.max_running_requests
     table_mb = kvpool.req_to_token_bytes(requests + 1, plan.context_length) / 1e6
@@ -348,10 +426,14 @@ def _requests_note(plan: Plan, flags: Flags) -> str:
         change = f"--max-running-requests stays {requests}"
     elif running is not None:
         change = f"--max-running-requests goes from {running} to {requests}"
-    else:
+    elif resolved is not None and requests == resolved:
         change = (
-            f"--max-running-requests is set to {requests} (unset, SGLang sizes req_to_token for thousands)"
+            f"--max-running-requests is left to SGLang, which resolves it to {requests:,} here "
+            "(mem_cache/kv_cache_configurator.py resolve_max_num_reqs)"
         )
+    else:
+        own = "" if resolved is None else f" (SGLang's own {resolved:,} would not keep the memory floor)"
+        change = f"--max-running-requests is set to {requests}{own}"
     lower = (
         "; fewer concurrent requests means fewer short prompts served at once (lower throughput)"
         if running is None or requests < int(running)

@@ -124,7 +124,7 @@ def _plan(inp: PlanInput, asked: Target, sizer: PoolSizer, ram: Ram, goal: int) 
         predicted_pool_tokens=goal if feasible else min(goal, capacity(chosen)),
         target_pool_tokens=math.ceil(asked.context * (1 + MARGIN)),
         predicted_pool_low_tokens=goal if feasible else min(goal, capacity(chosen)),  # low RAM already
-        concurrency_at_full_context=goal // asked.context,
+        concurrency_at_full_context=min(goal // asked.context, _requests(inp, asked)),  # bounded by the cap
         reserve_gib_per_gpu=reserve,
         reserve_floor_gib=RESERVE_GIB,
         feasible=feasible,

@@ -37,7 +37,8 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     origins = "figures from " + "; ".join(f"{k}: {v}" for k, v in inp.sources.items())
     if is_cpu(inp):
         arch = sizing(inp)
-        return with_host_plan(inp, arch.sizer, plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins)))
+        plan = replace(plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins)), given=asked.given)
+        return with_host_plan(inp, arch.sizer, plan)
     fm = pool_model(inp, asked.context)
     # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
     host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp), fm.floor.gib)

@@ -109,9 +109,7 @@ def plan_input_from_inventory(
 ) -> PlanInput:
     """The host as its inventory describes it, with the running unit's flags over the baseline and the
     earlier starts that calibrate it."""
-    flags: dict[str, FlagValue] = {**host.sglang.flags, **running}
-    if host.draft is not None:  # the unit renders the draft's algorithm (render.py); the pool depends on it
-        flags.setdefault("speculative-algorithm", host.draft.algorithm)
+    flags = sized_flags(host, running)
     tp, pp = _world(host, flags)
     config, missing = inventory_config(host)
     weights = host.model.weights_gib_per_gpu
@@ -131,11 +129,38 @@ def plan_input_from_inventory(
         flags=flags,
         env=dict(host.unit.environment),
         starts=starts,
+        start_flags=ran_under(host, running, flags),
         sources=_sources(host, running),
         device=None if device is None else str(device).lower(),
         planning=host.planning,
         gaps=gaps,
     )
+
+
+def sized_flags(host: HostConfig, running: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
+    """The flags a plan sizes: the ones the unit will be rendered with (plan/effective.py), the inventory's
+    with --set over them, and the running unit's fraction (evidence of the pool it serves now; the plan
+    sets its own). The running unit's other flags are what its starts ran under (ran_under), not the plan."""
+    flags: dict[str, FlagValue] = dict(host.sglang.flags)
+    fraction = running.get("mem-fraction-static")
+    if fraction is not None:
+        flags["mem-fraction-static"] = fraction
+    if host.draft is not None:  # the unit renders the draft's algorithm (render.py); the pool depends on it
+        flags.setdefault("speculative-algorithm", host.draft.algorithm)
+    return flags
+
+
+def ran_under(
+    host: HostConfig, running: Mapping[str, FlagValue], sized: Mapping[str, FlagValue]
+) -> dict[str, FlagValue] | None:
+    """What the running unit's starts ran under, where it differs from what the plan sizes (a flag set by
+    hand on the host, a --set not yet in the inventory): its cell is scaled (plan/evidence.py as_started)."""
+    if not running:  # nothing read of the running unit: its starts stand for the plan's flags
+        return None
+    then = dict(running)  # the installed unit's flags, as the host read them
+    if host.draft is not None:
+        then.setdefault("speculative-algorithm", host.draft.algorithm)
+    return then if then != dict(sized) else None
 
 
 def _sources(host: HostConfig, running: Mapping[str, FlagValue]) -> dict[str, str]:
@@ -144,7 +169,11 @@ def _sources(host: HostConfig, running: Mapping[str, FlagValue]) -> dict[str, st
     figures = (
         "layers, kv_lora_rank, qk_rope_head_dim" if m.attention == "mla" else "layers, kv_heads, head_dim"
     )
-    under = "" if dict(running) == dict(host.sglang.flags) else " under the running unit's"
+    under = (
+        ""
+        if dict(running) == dict(host.sglang.flags)
+        else " (the running unit's fraction; its starts ran under its own)"
+    )
     return {
         "gpus": f"inventory: gpus ({host.gpus.count} x {host.gpus.name})",
         "architecture": f"inventory: model ({m.attention}: {figures})",
@@ -162,7 +191,8 @@ def plan_input_from_host(
     if not gpus:  # nvidia-smi said nothing: the inventory's cards
         gpus = tuple(Gpu(host.gpus.name, host.gpus.memory_gib * 1024) for _ in range(host.gpus.count))
         sources["gpus"] = "inventory: gpus"
-    flags = {**host.sglang.flags, **facts.flags}  # the running unit's flags over the inventory's baseline
+    running = facts.start_flags if facts.start_flags is not None else facts.flags
+    flags = sized_flags(host, facts.flags)  # what the unit will be rendered with
     tp, pp = _world(host, {"tp-size": len(gpus), **flags})
     model = facts.model
     if host.model.weights_gib_per_gpu is not None:
@@ -184,7 +214,7 @@ def plan_input_from_host(
         env={**facts.env, **host.unit.environment},
         starts=starts or facts.starts,
         start_ids=() if starts else facts.start_ids,
-        start_flags=facts.start_flags,
+        start_flags=ran_under(host, running, flags),
         sources=sources,
         device=facts.device,
         planning=host.planning,

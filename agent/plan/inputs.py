@@ -10,6 +10,7 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue
 from agent.plan.facts import PlanInput
 from agent.sglang import kvpool
+from agent.sglang.flagrules import AT_LEAST_ONE
 
 OFF = ("0", "false", "False", "no")
 
@@ -26,9 +27,12 @@ def int_of(flags: Mapping[str, FlagValue], *names: str) -> int | None:
     if value is None or isinstance(value, bool):
         return None
     try:
-        return int(str(value))
+        number = int(str(value))
     except ValueError:
         raise UsageError(f"flags: --{names[0]} {value!r} is not an integer") from None
+    if number < 1 and names[0] in AT_LEAST_ONE:  # the planner refuses what the flag table refuses
+        raise UsageError(f"flags: --{names[0]} {value!r} must be >= 1")
+    return number
 
 
 def float_of(flags: Mapping[str, FlagValue], *names: str) -> float | None:

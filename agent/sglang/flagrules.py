@@ -18,8 +18,11 @@ TABLE_VERSION = "0.5.23"
 # divides by or ranges over (sglang/srt/server_args.py, the scheduler and the memory pool): 0 or less is a
 # crash at start, never a plan.
 AT_LEAST_ONE = frozenset(
-    {"tp-size", "pp-size", "dp-size", "ep-size", "page-size", "attn-cp-size", "moe-dp-size", "dcp-size"}
-)
+    {"tp-size", "pp-size", "dp-size", "ep-size", "page-size", "attn-cp-size", "moe-dp-size", "dcp-size",
+     # a pool, a request table or a context of no token: SGLang cannot serve (kv_cache_configurator.py
+     # takes min(profiled, --max-total-tokens), so a negative one is a negative pool)
+     "max-total-tokens", "max-running-requests", "context-length"}
+)  # fmt: skip
 # Parallel sizes: ranks of one dimension. A bigger number is a typo, and the planner walks the stages.
 PARALLEL = frozenset({"tp-size", "pp-size", "dp-size", "ep-size", "attn-cp-size", "moe-dp-size", "dcp-size"})
 MAX_RANKS = 4096

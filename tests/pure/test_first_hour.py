@@ -380,7 +380,16 @@ def test_adopt_offers_json_and_facts_no_quiet() -> None:
 
 
 def test_full_context_requests_never_above_the_request_cap() -> None:
-    argv = ("plan", "ct200", "--offline", "--context", "1k", "--max-running-requests", "4")
+    argv = (
+        "plan",
+        "ct200",
+        "--offline",
+        "--context",
+        "1k",
+        "--max-running-requests",
+        "4",
+        "--shrink-context",
+    )
     code, stdout, stderr = run_cli(*argv)
     assert code == 0, stderr
     assert "full-context requests at once  4\n" in stdout

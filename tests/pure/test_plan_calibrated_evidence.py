@@ -17,6 +17,7 @@ from agent.cli.main import main
 from agent.inventory import HostConfig
 from agent.output import Output
 from agent.plan.choose import Target
+from agent.plan.effective import effective
 from agent.plan.facts import parse_facts
 from agent.plan.from_facts import plan_from_facts
 from agent.plan.from_inventory import plan_input_from_inventory
@@ -115,7 +116,8 @@ def test_a_bf16_start_from_log_calibrates_an_fp8_kv_plan(tmp_path: Path) -> None
     # The project's own cells, bf16 and fp8 (MLA's latent and rope parts and the DFLASH draft's K and V).
     host = HostConfig.model_validate({"name": "ct200", **_toml()})
     was = sizing(plan_input_from_inventory(host, host.sglang.flags)).sizer.cell_bytes
-    now = sizing(plan_input_from_inventory(host, {**host.sglang.flags, "kv-cache-dtype": "fp8_e4m3"}))
+    fp8_host = effective(host, (("kv-cache-dtype", "fp8_e4m3"),)).host  # the inventory as --set renders it
+    now = sizing(plan_input_from_inventory(fp8_host, fp8_host.sglang.flags))
     ratio = was / now.sizer.cell_bytes
     assert 1.9 < ratio <= 2.0
     assert fp8["predicted_pool_tokens"] / bf16["predicted_pool_tokens"] == pytest.approx(ratio, rel=0.002)

@@ -82,9 +82,11 @@ def test_over_ssh_fp8_kv_after_the_hosts_bf16_start_plans_feasible() -> None:
     from agent.plan.from_facts import plan_from_host_facts
     from agent.sglang.logs.summary import start_figures
 
+    # The inventory names the unit's flags (the render writes them: the plan sizes what it renders).
+    flags = {"tp-size": 8, "context-length": 32768, "speculative-algorithm": "DFLASH"}
     host = HostConfig.model_validate(
         {"name": "ct200", "ssh": {"target": "ct200"}, "gpus": {"count": 8, "memory_gib": 95.58},
-         "model": {"path": "/models/k"}, "sglang": {"version": "0.5.23"}}
+         "model": {"path": "/models/k"}, "sglang": {"version": "0.5.23", "flags": flags}}
     )  # fmt: skip
     change = Change(250_000, flags=(("kv-cache-dtype", "fp8_e4m3"),))
     host, facts = with_set_flags(host, change, {"model_facts": ct200(last_start=None)})  # type: ignore[typeddict-item]

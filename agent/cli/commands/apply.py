@@ -50,11 +50,11 @@ def run(args: argparse.Namespace, out: Output) -> int:
     change = change_of(args)
     if not change.dry_run:
         refuse_unconfirmed(change.yes, out.stdin_isatty)
-    if change.flags:  # SGLang's own table refuses a bad --set before any connection is made
-        from agent.inventory import load_service, units_dir
-        from agent.render import check_with_sglang_table
+    from agent.inventory import load_service, units_dir
+    from agent.plan.effective import effective_of
 
-        host = load_service(args.host, units_dir(args.units))
-        check_with_sglang_table(host, dict(change.flags))
+    host = load_service(args.host, units_dir(args.units))  # loaded once, passed down
+    effective_of(host, change.flags)  # SGLang's own table refuses a bad --set before any connection
+    if change.flags:
         warn_flag_table(out.stderr, host.sglang.version, dict(change.flags))
-    return deploy.apply(connection_of(args), change, out)
+    return deploy.apply(connection_of(args), change, out, host)

@@ -70,9 +70,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _asked(change: Change) -> Target:
-    from agent.plan.choose import Target  # the planner loads when a command plans, not with the parser
+    from agent.apply import asked_of  # the planner loads when a command plans, not with the parser
 
-    return Target(change.context, change.mem_fraction_static, change.max_running_requests)
+    return asked_of(change)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -80,20 +80,20 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return _run_facts(args, out)
     if not args.host:
         raise UsageError("a host is required (or --facts FILE)", hint="see: deployctl plan --help")
-    from agent.apply import with_set_flags
+    from agent.apply import check_context
+    from agent.plan.effective import effective_of
     from agent.plan.from_facts import plan_for_host
-    from agent.render import check_with_sglang_table
 
-    loaded = load_service(args.host, units_dir(args.units))
-    if loaded.pd is not None:  # a prefill-decode service: one plan per role's unit
+    service = load_service(args.host, units_dir(args.units))  # loaded once, passed down
+    if service.pd is not None:  # a prefill-decode service: one plan per role's unit
         from agent.cli.commands import pd
 
-        return pd.plan(args, out, loaded)
+        return pd.plan(args, out, service)
     change = change_of(args)
-    host = node_host(loaded, 0)  # a multi-node service: rank 0
-    check_with_sglang_table(host, dict(change.flags))
+    host = node_host(service, 0)  # a multi-node service: rank 0
+    shrink = check_context(change, host.sglang.flags, host.model.max_context)
     version = host.sglang.version
-    host = with_set_flags(host, change, {})[0]
+    host = effective_of(host, change.flags).host  # the flag table read --set; the weights at its TP x PP
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
     history: Sequence[StartFigures]  # the starts that calibrate the plan
     history, ids = checked_starts(args.from_log, planned, args.start, out)
@@ -101,11 +101,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
     asked = _asked(change)
     facts = None
     if not args.from_log and not args.offline:
-        from_host, history, running, facts = _from_host(args, host, change, asked)
+        from_host, history, running, facts = _from_host(args, service, host, change, asked)
         if from_host is not None:
             warn_flag_table(out.stderr, version, dict(change.flags))  # planned: no error follows it
             return _printed(out, args, host.name, from_host, running, _restart(host, facts, from_host))
     plan = plan_for_host(host, asked, history or None, running, ids if args.from_log else ())
+    plan = replace(plan, warnings=(*shrink, *plan.warnings))
     restart = _restart(host, facts, plan) if facts is not None else _log_restart(args.from_log, args.start)
     warn_flag_table(out.stderr, version, dict(change.flags))
     return _printed(out, args, host.name, plan, running, restart)
@@ -136,24 +137,29 @@ def _log_restart(names: Sequence[str], number: int | None) -> RestartEstimate | 
 
 
 def _from_host(
-    args: argparse.Namespace, host: HostConfig, change: Change, asked: Target
+    args: argparse.Namespace, service: HostConfig, host: HostConfig, change: Change, asked: Target
 ) -> tuple[Plan | None, Sequence[StartFigures], Flags, HostFacts]:
     """Ask the host for its facts: the plan from its config.json when it read one, its earlier starts and
     the running unit's flags."""
-    from agent.apply import calibration_from, with_set_flags
+    from agent.apply import calibration_from, check_context, with_set_flags
     from agent.orchestrate.session import session  # SSH only when the host is asked
     from agent.plan.from_facts import plan_from_host_facts
     from agent.protocol.answers import as_facts
     from agent.remote.client import base_request
 
-    with session(connection_of(args)) as s:
-        facts = with_set_flags(host, change, as_facts(s.client.call(base_request(s.host, "facts"))))[1]
+    with session(connection_of(args), service) as s:
+        facts = as_facts(s.client.call(base_request(s.host, "facts")))
+    shrink = check_context(
+        change, facts.get("flags") or host.sglang.flags, host.model.max_context
+    )  # as it runs
+    facts = with_set_flags(host, change, facts)[1]
     history = [h.copy() for h in calibration_from(facts) or []]
     running: Flags = facts.get("flags") or host.sglang.flags
     from agent.plan.hostwire import neighbours  # the host's other services: HiCache's host budget
 
-    near = neighbours(host, units_dir(args.units))
-    return plan_from_host_facts(host, facts, history, asked, near), history, running, facts
+    plan = plan_from_host_facts(host, facts, history, asked, neighbours(host, units_dir(args.units)))
+    plan = None if plan is None else replace(plan, warnings=(*shrink, *plan.warnings))
+    return plan, history, running, facts
 
 
 def _printed(  # noqa: PLR0913 - the plan, where it runs now, and its restart estimate
@@ -189,8 +195,11 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
 
     if args.host:
         raise UsageError("give a host or --facts FILE, not both")
+    from agent.apply import check_context
+
     change = change_of(args)
     inp = load_facts(Path(args.facts))
+    shrink = check_context(change, inp.flags, None)  # the unit's --context-length, where the facts name one
     for name, said in server_args.problems(inp.sglang_version, dict(change.flags)):
         raise UsageError(f"--set {name}: {said}")
     if change.flags:
@@ -209,6 +218,7 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     # Each start with what its log says it ran (its KV dtype scales its cell: plan/evidence.py as_started)
     inp = replace(inp, starts=(*inp.starts, *starts), start_ids=(*inp.start_ids, *ids))
     plan = plan_from_facts(inp, _asked(change))
+    plan = replace(plan, warnings=(*shrink, *plan.warnings))
     restart = _log_restart(args.from_log, args.start)
     if restart is None and inp.starts:
         from agent.plan.restart_time import from_start

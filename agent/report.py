@@ -302,7 +302,12 @@ def render_plan(host: str, plan: Plan) -> str:
             else ""
         )
         + f" (target {plan.context_length:,}, with margin {plan.target_pool_tokens:,})",
-        "  flags           " + " ".join(f"--{k} {_flag_text(v)}" for k, v in plan.printed_flags().items()),
+        "  flags           "
+        + " ".join(
+            f"--{k} {_flag_text(v)}"
+            for k, v in plan.printed_flags().items()
+            if v is not False  # left out
+        ),
         f"  full-context requests at once  {full_context_at_once(plan)}",
         f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
     ]

@@ -139,7 +139,14 @@ class HostPlan:
 
     def flags(self) -> dict[str, FlagValue]:
         """The unit's HiCache sizing: an explicit size per rank, no ratio or fraction (the size wins)."""
-        return {} if self.size_gb is None else {"hicache-size": int(self.size_gb)}
+        if self.size_gb is None:
+            return {}
+        # False leaves a flag out of the unit (sglang/flags.py): the size alone says the pool
+        return {
+            "hicache-size": int(self.size_gb),
+            "hicache-ratio": False,
+            "hicache-host-memory-fraction": False,
+        }
 
     def to_dict(self) -> dict[str, object]:
         pool = {

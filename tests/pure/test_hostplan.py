@@ -58,6 +58,7 @@ def test_the_rendered_size_and_memory_max_are_the_plans(pool: RankPool, tp: int,
     assert host.pool.bytes <= host.given.bytes  # floored to whole GB, never above what the flags asked
     text = render_unit(load_host("ct200", ROOT / "units"), {**flags, **host.flags()}, template_dir())
     assert re.search(rf"--hicache-size {int(host.size_gb)}\b", text)
+    assert "--hicache-ratio" not in text and "--hicache-host-memory-fraction" not in text  # the size alone
     assert f"MemoryMax={host.memory_max // 2**20}M\n" in text and host.memory_max == memory_max_of(
         host.flags() | flags
     )

@@ -17,6 +17,7 @@ from agent.plan import weight_cache_unit
 from agent.plan.choose import Plan, Target
 from agent.plan.effective import context_refusal, context_shrink, effective, one_word
 from agent.plan.from_facts import plan_for_host, plan_from_host_facts
+from agent.plan.hostbudget import ServiceNeed
 from agent.plan.predict import SCALED_FROM
 from agent.plan.refusals import yarn_allowed
 from agent.plan.restart_time import GIB, PageCache, RestartEstimate
@@ -45,6 +46,8 @@ from agent.sglang.logs.summary import StartFigures
 from agent.sglang.long_context import yarn_hint, yarn_override
 from agent.sglang.weight_cache import NO_DAEMON, RestartClass, fingerprint, quant_of, restart_class
 from agent.verify import render_checked
+
+Near = tuple[ServiceNeed, ...]  # the host's other services, for HiCache's host budget
 
 
 def calibration_from(facts: HostFacts) -> Sequence[StartFigures] | None:
@@ -127,18 +130,18 @@ def check_context(
     return (shrink,) if shrink else ()
 
 
-def make_plan(host: HostConfig, change: Change, facts: HostFacts) -> Plan:
+def make_plan(host: HostConfig, change: Change, facts: HostFacts, near: Near = ()) -> Plan:
     shrink = check_context(change, facts.get("flags") or host.sglang.flags, host.model.max_context)
-    plan = _planned(host, change, facts)
+    plan = _planned(host, change, facts, near)
     return replace(plan, warnings=(*shrink, *plan.warnings))
 
 
-def _planned(host: HostConfig, change: Change, facts: HostFacts) -> Plan:
+def _planned(host: HostConfig, change: Change, facts: HostFacts, near: Near = ()) -> Plan:
     # what the last start ran under: the running flags as the host read them, --set not merged in
     running = facts.get("flags") or dict(host.sglang.flags)
     host, facts = with_set_flags(host, change, facts)
     asked = asked_of(change)
-    from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked)
+    from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked, near)
     if from_host is not None:
         return from_host
     return plan_for_host(host, asked, calibration_from(facts), running)
@@ -160,22 +163,19 @@ class Prepared:
     restart: RestartEstimate | None = None  # what the restart was expected to cost, before it ran
 
 
-def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> Prepared | None:
+def prepare(
+    out: Output, host: HostConfig, change: Change, facts: HostFacts, near: Near = ()
+) -> Prepared | None:
     """Plan from the host's facts, render, show the plan and the diff; None for a dry run."""
     # SGLang's flag table read --set (cli/commands/apply.py effective_of); the render checks the unit again.
     if change.allow_longer_context:  # planned with SGLang's override in the unit, as it will run
         host = allow_context(host, change)
     refuse_weight_cache(host, dict(change.flags), facts)
-    plan = make_plan(host, change, facts)
+    plan = make_plan(host, change, facts, near)  # near: the host's other services (HiCache)
     flags: dict[str, FlagInput] = {**plan.flags()}  # the --set flags and the plan's: what was sized
     old_text = facts.get("unit_text") or ""
     if not plan.feasible and not change.force:
-        show_plan(out, host, plan, old_text, render_unit(host, flags, template_dir()))
-        raise UsageError(
-            f"the plan cannot reach {change.context:,} tokens on {host.name}: {plan.binding}; "
-            "nothing was changed",
-            hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
-        )
+        refuse_infeasible(out, host, change, plan, old_text)
     target_host = allow_context(host, change)
     new_text = render_checked(target_host, flags, installed=old_text)
     env_secrets, flag_secrets = secret_values(target_host, flags)
@@ -191,8 +191,7 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         "apply",
         unit_text=new_text,
         target_context=change.context,
-        planned_pool=plan.predicted_pool_tokens or None,  # a forced plan may predict no pool at all
-        pool_calibrated=calibrated_pool(plan),
+        **planned_pools(plan),
         expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,
@@ -200,6 +199,26 @@ def prepare(out: Output, host: HostConfig, change: Change, facts: HostFacts) -> 
         start=change.start,
     )
     return Prepared(plan, old_text, new_text, req, restart)
+
+
+def refuse_infeasible(out: Output, host: HostConfig, change: Change, plan: Plan, old_text: str) -> None:
+    """A plan that cannot reach the target: shown, then refused before anything changes."""
+    show_plan(out, host, plan, old_text, render_unit(host, {**plan.flags()}, template_dir()))
+    raise UsageError(
+        f"the plan cannot reach {change.context:,} tokens on {host.name}: {plan.binding}; "
+        "nothing was changed",
+        hint="see the alternatives above, or pass --force to try the highest safe fraction anyway",
+    )
+
+
+def planned_pools(plan: Plan) -> dict[str, int | bool | None]:
+    """What the gate holds the start to: the device pool (a forced plan may predict none), whether it was
+    calibrated here, and HiCache's host pool per rank (plan/hostplan.py) where the unit sizes one."""
+    return {
+        "planned_pool": plan.predicted_pool_tokens or None,
+        "pool_calibrated": calibrated_pool(plan),
+        "planned_host_pool": plan.host.pool.tokens if plan.host and plan.host.size_gb else None,
+    }
 
 
 def restart_for(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from agent.errors import UsageError
@@ -38,10 +39,10 @@ def apply(conn: Connection, change: Change, out: Output, host: HostConfig | None
         with s.client.converse(ask) as talk:
             _load_planner(s.host)  # while the host gathers the facts just asked for
             if not talk.answer.get("orphan"):
-                return _apply(out, s, change, talk)
+                return _apply(out, s, change, talk, units_dir(conn.units))
         recover_orphan(out, s, talk.answer)  # rare: finish a dead agent's change, then plan afresh
         with s.client.converse(ask) as talk:
-            return _apply(out, s, change, talk)
+            return _apply(out, s, change, talk, units_dir(conn.units))
 
 
 def _load_planner(host: HostConfig) -> None:
@@ -50,11 +51,12 @@ def _load_planner(host: HostConfig) -> None:
     planned.preload(host)
 
 
-def _apply(out: Output, s: Session, change: Change, talk: Conversation) -> int:
+def _apply(out: Output, s: Session, change: Change, talk: Conversation, units: Path) -> int:
     from agent import apply as planned
+    from agent.plan.hostwire import neighbours
 
     facts = as_facts(talk.answer)
-    sent = planned.prepare(out, s.host, change, facts)
+    sent = planned.prepare(out, s.host, change, facts, neighbours(s.host, units))
     if sent is None:
         return int(ExitCode.OK)
     confirm(out, change.yes, s.host)

@@ -15,6 +15,7 @@ from agent.errors import RenderError
 from agent.inventory import VISIBLE, HostConfig
 from agent.plan import weight_cache_unit
 from agent.plan.effective import check_table
+from agent.plan.hostplan import memory_max_of
 from agent.protocol.common import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.protocol.requests import stop_timeout_s
 from agent.sglang import version_flags
@@ -314,7 +315,15 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
         "start_timeout_s": host.unit.start_timeout_s,
         "stop_timeout_s": stop_timeout_s(host.drain.timeout_s, host.drain.stop_allowance_s),
         "drain_timeout_s": f"{host.drain.timeout_s:g}",
+        "memory_max": _memory_max(effective_flags(host, flags)),
     }
+
+
+def _memory_max(flags: Mapping[str, FlagInput]) -> str | None:
+    """MemoryMax= for a HiCache unit with an explicit --hicache-size (plan/hostplan.py memory_max_of)."""
+    plain = {k: v for k, v in flags.items() if not isinstance(v, (list, tuple))}
+    limit = memory_max_of(plain)
+    return None if limit is None else f"{limit // 2**20}M"
 
 
 def render_unit(host: HostConfig, flags: Mapping[str, FlagInput], template_dir: Path) -> str:

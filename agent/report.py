@@ -22,6 +22,8 @@ from agent.protocol.events import (
     RouterData,
 )
 from agent.sglang.flags import FlagChange, FlagInput, FlagValue, diff_flags, flag_table
+from agent.sglang.logs import hicache
+from agent.sglang.logs.events import HOST_MEMORY_SHORT
 from agent.sglang.logs.summary import StartFigures
 
 TIGHT_RESERVE_GIB = 5.0  # below this, say plainly not to push the fraction higher
@@ -198,8 +200,11 @@ def _way_back(r: ApplyReport) -> list[str]:
         )
     if r.outcome in ("rolled_back", "rollback_failed"):
         lines += ["", f"why:                   {r.data.get('reason', r.message)}"]
+        failure: Mapping[str, object] = (r.data.get("summary") or {}).get("failure") or {}
         if r.data.get("failure_kind") == "pool_anomaly":
             lines += _anomaly_lines(r.data.get("summary") or {})
+        elif failure.get("kind") == HOST_MEMORY_SHORT:  # HiCache's host pool refused: SGLang's own figures
+            lines.append(f"what to do:            {hicache.fix(str(failure.get('line') or ''))}")
         elif r.next_plan is not None:
             lines.append(f"next recommendation:   {_next(r.next_plan)}")
     if r.outcome == "rollback_failed":
@@ -297,7 +302,12 @@ def render_plan(host: str, plan: Plan) -> str:
             else ""
         )
         + f" (target {plan.context_length:,}, with margin {plan.target_pool_tokens:,})",
-        "  flags           " + " ".join(f"--{k} {_flag_text(v)}" for k, v in plan.printed_flags().items()),
+        "  flags           "
+        + " ".join(
+            f"--{k} {_flag_text(v)}"
+            for k, v in plan.printed_flags().items()
+            if v is not False  # left out
+        ),
         f"  full-context requests at once  {full_context_at_once(plan)}",
         f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
     ]

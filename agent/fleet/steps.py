@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from agent.apply import (
     allow_context,
     asked_of,
-    calibrated_pool,
     calibration_from,
     daemon_text,
     installed_sha256,
+    planned_pools,
     with_set_flags,
 )
 from agent.fleet.calibrate import Measured
@@ -103,8 +103,7 @@ def apply_request(  # noqa: PLR0913 - the request's parts: whose, what target, w
         txn=new_txn_id(),  # chosen here: a re-attach then knows this transaction's outcome from any other
         unit_text=text,
         target_context=context,
-        planned_pool=plan.predicted_pool_tokens or None,
-        pool_calibrated=calibrated_pool(plan),
+        **planned_pools(plan),
         expect_sha256=installed_sha256(facts),
         secret_env=env_secrets,
         secret_flags=flag_secrets,

@@ -80,6 +80,7 @@ def _node_request(host: HostConfig, change: Change, sent: Prepared, facts: HostF
     env_secrets, flag_secrets = secret_values(target, flags)
     return base_request(
         host, "apply", unit_text=text, target_context=change.context, planned_pool=sent.request.planned_pool,
+        planned_host_pool=sent.request.planned_host_pool,
         expect_sha256=planned.installed_sha256(facts), secret_env=env_secrets, secret_flags=flag_secrets,
     )  # fmt: skip
 

@@ -42,6 +42,9 @@ class Run:
     phases: dict[str, float] = field(default_factory=dict)
     drain: dict[str, float] = field(default_factory=dict)  # in_flight, finished, cut, seconds
     downtime_phases: dict[str, float] = field(default_factory=dict)  # timeline's: drain, stop, weights, ...
+    host_pool_tokens: int | None = None  # HiCache: the host pool per rank the last start logged
+    host_pool_gb: float | None = None
+    planned_host_pool: int | None = None  # ... and the one the plan sized
 
 
 def timings(events: Iterable[Event]) -> tuple[float | None, dict[str, float]]:
@@ -125,6 +128,19 @@ def _pool_metrics(out: _Textfile, run: Run) -> None:
         run.target_tokens,
     )
     metric("deployctl_predicted_pool_tokens", "gauge", "The pool the plan predicted.", run.predicted_tokens)
+    metric(
+        "deployctl_host_pool_tokens",
+        "gauge",
+        "HiCache's host pool per rank the last start logged (its smallest rank).",
+        run.host_pool_tokens,
+    )
+    metric("deployctl_host_pool_gigabytes", "gauge", "The same host pool per rank, in GB.", run.host_pool_gb)
+    metric(
+        "deployctl_planned_host_pool_tokens",
+        "gauge",
+        "The host pool per rank the plan sized.",
+        run.planned_host_pool,
+    )
     metric(
         "deployctl_restart_downtime_seconds",
         "gauge",
@@ -218,7 +234,14 @@ def run_from(
         phases,
         _drain_figures(data.get("drain")),
         downtime(events).phases,
+        _int(summary.get("host_pool_tokens")) if isinstance(summary, dict) else None,
+        _float(summary.get("host_pool_gb")) if isinstance(summary, dict) else None,
+        _int(data.get("planned_host_pool")),
     )
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _drain_figures(drain: object) -> dict[str, float]:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO, cast
 
 from agent import __version__
-from agent.host import adopt, model_facts, runner
+from agent.host import adopt, hostmem, model_facts, runner
 from agent.host.change import orphans
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
@@ -79,6 +79,7 @@ def facts(req: Request) -> HostFacts:
         "backups": [b.name for b in files.backups(req.unit)],
         "model_facts": model_facts.collect(text, lines, req.secret_names, req.unit, at_start),
         "mem_available_bytes": _mem_available(),
+        "host_memory": hostmem.collect(req.unit),
     }
 
 

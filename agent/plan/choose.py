@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.alternatives import Alternative, Need, alternatives
 from agent.plan.failed import bounded, failed_starts
+from agent.plan.hostplan import HostPlan
 from agent.plan.model import SPEC_DEFAULT_REQUESTS, Flags, PoolModel, StartFigures, flag, version
 from agent.plan.refusals import refusals
 from agent.plan.requests import sglang_requests
@@ -66,6 +67,7 @@ class Plan:
     # The plan's pool is smaller than the running fraction's, which already holds the target: the headline
     # says it (a shrink is never silent).
     shrinks: str | None = None
+    host: HostPlan | None = None  # HiCache's host pool and the host's memory budget (plan/hostplan.py)
 
     def basis_line(self) -> str:
         """The basis as the verdict line says it, with what changed since the calibrating start."""
@@ -80,6 +82,8 @@ class Plan:
         flags["context-length"] = self.context_length
         if self.max_total_tokens is not None:
             flags["max-total-tokens"] = self.max_total_tokens
+        if self.host is not None:
+            flags.update(self.host.flags())
         return flags
 
     def printed_flags(self) -> dict[str, FlagInput]:
@@ -105,6 +109,9 @@ class Plan:
         del data["requests_set"], data["given"]  # the flags say them
         if self.shrinks is None:
             del data["shrinks"]  # said only when the plan shrinks a pool that held the target
+        del data["host"]
+        if self.host is not None:  # host_pool and host_budget
+            data.update(self.host.to_dict())
         if self.max_total_tokens is None:
             del data["max_total_tokens"]  # a GPU plan leaves the pool to the fraction
         return data

@@ -18,9 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Valid
 
 from agent.errors import UsageError
 from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
+from agent.plan.hostbudget import ServiceNeed
 from agent.plan.model import StartFigures
 from agent.plan.overhead import GpuProcess
 from agent.plan.startcheck import StartIdentity, identity
+from agent.protocol.answers import HostMemoryData
 from agent.sglang import flagrules, server_args
 from agent.sglang.config_json import ModelConfig
 from agent.sglang.logs.decor import split_lines
@@ -144,6 +146,8 @@ class PlanInput:
     start_ids: tuple[StartIdentity, ...] = ()
     start_flags: Mapping[str, FlagValue] | None = None
     decode: tuple[float, int | None] | None = None  # the last load check's decode ms/token, at its context
+    host_memory: HostMemoryData | None = None  # the host's RAM and the unit's cgroup (HiCache's host pool)
+    neighbours: tuple[ServiceNeed, ...] = ()  # the other services of the host, for the host's memory budget
 
     @property
     def gpu(self) -> Gpu:

@@ -17,6 +17,8 @@ from agent.plan.cpu import is_cpu, plan_cpu
 from agent.plan.evidence import decode_note
 from agent.plan.facts import PlanInput, parse_facts, service_gpus
 from agent.plan.from_inventory import plan_input_from_host, plan_input_from_inventory
+from agent.plan.hostbudget import ServiceNeed
+from agent.plan.hostwire import with_host_plan
 from agent.plan.inputs import is_on, origin, sglang_version
 from agent.plan.model import Flags, PoolModel, StartFigures
 from agent.plan.predict import FactsModel, pool_model
@@ -35,7 +37,8 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     origins = "figures from " + "; ".join(f"{k}: {v}" for k, v in inp.sources.items())
     if is_cpu(inp):
         arch = sizing(inp)
-        return replace(plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins)), given=asked.given)
+        plan = replace(plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins)), given=asked.given)
+        return with_host_plan(inp, arch.sizer, plan)
     fm = pool_model(inp, asked.context)
     # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
     host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp), fm.floor.gib)
@@ -43,6 +46,7 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan), decode_note(inp)]
     warnings = (*fm.warnings, *plan.warnings, *_version_warning(inp))
     plan = replace(plan, notes=(*extra, *plan.notes), warnings=warnings)
+    plan = with_host_plan(inp, fm.pool.sizer, plan)  # HiCache: the host pool and the host's memory budget
     # Each alternative as the planner plans it with its flags (plan/replan.py), not re-checked again.
     return replanned(inp, plan, asked, lambda i, t: plan_from_facts(i, t, replan=False)) if replan else plan
 
@@ -112,6 +116,7 @@ def plan_from_host_facts(
     facts: HostFacts,
     calibration: Sequence[StartFigures] | None,
     asked: Target,
+    neighbours: tuple[ServiceNeed, ...] = (),
 ) -> Plan | None:
     """The plan from what the host's agent read (config.json, safetensors headers, nvidia-smi), the
     inventory's figures overriding; None when the host gave no config.json (plan_for_host plans then)."""
@@ -130,6 +135,7 @@ def plan_from_host_facts(
         doc["gpus"] = service_gpus(rows, host)
     inp = plan_input_from_host(host, parse_facts(doc, name=f"{host.name} (host facts)"),
                                starts=tuple(calibration or ()))  # fmt: skip
+    inp = replace(inp, host_memory=facts.get("host_memory"), neighbours=neighbours)  # HiCache's budget
     if inventory_gpus:
         inp = replace(inp, sources={**inp.sources, "gpus": "inventory: gpus (no nvidia-smi rows)"})
     return plan_from_facts(inp, asked)

@@ -81,10 +81,11 @@ class HostBudget:
 
 
 def fitting_size_gb(pool: RankPool, room: int) -> float | None:
-    """The largest --hicache-size (GB, 2 decimals) whose pool, padding page included, takes at most `room`
-    bytes (srt/mem_cache/pool_host/base.py:221-229: size * 1e9 // bytes per token, plus one page)."""
-    size = math.floor((room - pool.page_size * pool.bytes_per_token) / 1e9 * 100) / 100
-    return size if size >= 0.01 else None
+    """The largest --hicache-size (whole GB: SGLang's flag is an int, srt/arg_groups/fields/memory.py) whose
+    pool, padding page included, takes at most `room` bytes (srt/mem_cache/pool_host/base.py:221-229:
+    size * 1e9 // bytes per token, plus one page)."""
+    size = math.floor((room - pool.page_size * pool.bytes_per_token) / 1e9)
+    return float(size) if size >= 1 else None
 
 
 def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: str) -> HostBudget:

@@ -223,6 +223,28 @@ class InspectAnswer(TypedDict, total=False):
     orphan: bool
 
 
+class CgroupLevelData(TypedDict):
+    """One level of the unit's memory cgroup (v2), from the unit's own up to the root's child."""
+
+    path: str  # under /sys/fs/cgroup
+    max: int | None  # memory.max; None: "max" (no limit)
+    high: int | None  # memory.high; None: "max"
+    current: int  # memory.current
+    file: int  # memory.stat's file: the page cache, which SGLang does not count as used
+
+
+class HostMemoryData(TypedDict):
+    """The host's RAM and the service's memory cgroup, as SGLang's host-pool rule reads them
+    (host/hostmem.py; plan/hostplan.py reads them back)."""
+
+    total: int  # MemTotal, bytes
+    available: int  # MemAvailable, bytes
+    hugepages_total: int  # HugePages_Total x Hugepagesize, bytes (reserved: not available to a host pool)
+    hugepages_free: int
+    numa_nodes: int
+    cgroup: list[CgroupLevelData]  # the unit's levels, innermost first; [] when it has none (not running)
+
+
 class HostFacts(TypedDict, total=False):
     """The facts verb's answer: what the laptop plans from (deployctl's --set flags go over `flags`)."""
 
@@ -239,6 +261,9 @@ class HostFacts(TypedDict, total=False):
     backups: list[str]
     model_facts: FactsDoc | None  # plan/facts.py reads it
     mem_available_bytes: int | None  # /proc/meminfo MemAvailable: whether the checkpoint fits in page cache
+    host_memory: (
+        HostMemoryData | None
+    )  # the RAM and the unit's cgroup: the host pool's plan (plan/hostplan.py)
     orphan: bool
 
 

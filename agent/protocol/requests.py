@@ -91,6 +91,7 @@ class Request:
     target_context: int | None = None  # apply: the pool must hold at least this many tokens
     planned_pool: int | None = None  # apply: what the plan predicted
     pool_calibrated: bool = False  # apply: planned_pool was calibrated on this host's own starts
+    planned_host_pool: int | None = None  # apply, HiCache: the host pool per rank the plan sized, in tokens
     margin: float = 0.02
     http_host: str = "127.0.0.1"
     port: int = 30000
@@ -168,7 +169,7 @@ class Request:
         _check(1 <= self.port <= 65535, "port out of range")
         _check(1 <= self.keep_backups <= 1000, "keep_backups out of range")
         _check(re.fullmatch(r"[A-Za-z0-9.:\[\]-]{1,255}", self.http_host) is not None, "bad http_host")
-        for value in (self.target_context, self.planned_pool):
+        for value in (self.target_context, self.planned_pool, self.planned_host_pool):
             _check(value is None or (isinstance(value, int) and value > 0), "token counts must be positive")
         if self.verb in ("apply", "compare"):
             _check(isinstance(self.unit_text, str) and self.target_context is not None, "apply needs a unit")
@@ -214,10 +215,10 @@ class Request:
         for name in ("unit_text", "daemon_text", "backup", "expect_sha256", "txn", "died"):
             value = getattr(self, name)
             _check(value is None or isinstance(value, str), f"{name} must be text")
-        for name in ("port", "keep_backups", "version", "target_context", "planned_pool"):
+        counts = ("target_context", "planned_pool", "planned_host_pool")  # token counts: None or an int
+        for name in ("port", "keep_backups", "version", *counts):
             value = getattr(self, name)
-            optional = name in ("target_context", "planned_pool")
-            _check((optional and value is None) or _is_int(value), f"{name} must be an integer")
+            _check((name in counts and value is None) or _is_int(value), f"{name} must be an integer")
         _check(_is_number(self.margin), "margin must be a number")
         _check(isinstance(self.detach, bool), "detach must be true or false")
         _check(isinstance(self.prewarm, bool), "prewarm must be true or false")

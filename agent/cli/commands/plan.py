@@ -157,7 +157,9 @@ def _from_host(
     running: Flags = facts.get("flags") or host.sglang.flags  # as it runs, before --set
     facts = with_set_flags(host, change, facts)[1]
     history = [h.copy() for h in calibration_from(facts) or []]
-    plan = plan_from_host_facts(host, facts, history, asked)
+    from agent.plan.hostwire import neighbours  # the host's other services: HiCache's host budget
+
+    plan = plan_from_host_facts(host, facts, history, asked, neighbours(host, units_dir(args.units)))
     plan = None if plan is None else replace(plan, warnings=(*shrink, *plan.warnings))
     return plan, history, running, facts
 

@@ -61,6 +61,9 @@ class Gate:
     # planned_pool comes from a plan calibrated on this host's own earlier starts: a pool far from it is
     # an anomaly of SGLang's, not a fraction to correct.
     calibrated: bool = False
+    # HiCache: the host pool per rank the plan sized from an explicit --hicache-size (plan/hostplan.py):
+    # SGLang's own line must say the very same tokens, or the unit is not what was planned.
+    planned_host_pool: int | None = None
 
     @property
     def required_pool(self) -> int | None:
@@ -87,6 +90,7 @@ class Observation:
     sub_state: str
     restarts_since: int  # NRestarts grew by this much since our restart: a crash loop
     exit: str = ""  # how its main process last ended, as exit_words() says it ("" while it runs)
+    host_pool_tokens: int | None = None  # the smallest rank's HiCache host pool, once logged
 
 
 class Action(str, Enum):
@@ -107,6 +111,7 @@ class Failure(str, Enum):
     TIMEOUT = "timeout"
     NO_PROGRESS = "no_progress"
     POOL_ANOMALY = "pool_anomaly"
+    HOST_POOL_MISMATCH = "host_pool_mismatch"
     ABANDONED = "abandoned"  # a multi-node start the group rolled back meanwhile: no failure of its own
 
 
@@ -126,15 +131,9 @@ WAIT = Verdict(Action.WAIT)
 
 def decide(obs: Observation, gate: Gate, pool_passed: bool) -> Verdict:
     """One step of the watch loop; called for every new line and every state poll."""
-    if obs.failure_kind is not None:
-        return fail(f"SGLang failed ({obs.failure_kind}): {obs.failure_line}", Failure.SGLANG_FAILURE)
-    if obs.restarts_since > 0:
-        return fail(
-            f"the service crashed and systemd restarted it ({obs.restarts_since}x)", Failure.SERVICE_FAILED
-        )
-    if obs.active_state in _DEAD_ACTIVE or obs.sub_state in _DEAD_SUB:
-        how = f" ({obs.exit})" if obs.exit else ""
-        return fail(f"the service stopped: {obs.active_state}/{obs.sub_state}{how}", Failure.SERVICE_FAILED)
+    early = _failed(obs, gate)
+    if early is not None:
+        return early
     if obs.kv_tokens is not None and not pool_passed:
         odd = pool_anomaly(obs.kv_tokens, gate)
         if odd is not None:
@@ -152,6 +151,34 @@ def decide(obs: Observation, gate: Gate, pool_passed: bool) -> Verdict:
             return fail("the server is ready but logged no KV pool size", Failure.SGLANG_FAILURE)
         return Verdict(Action.READY, "the server is fired up and ready")
     return _timeouts(obs, gate.timeouts)
+
+
+def _failed(obs: Observation, gate: Gate) -> Verdict | None:
+    """A failure whatever the pool: SGLang's own, systemd's, or a host pool that is not the planned one."""
+    if obs.failure_kind is not None:
+        return fail(f"SGLang failed ({obs.failure_kind}): {obs.failure_line}", Failure.SGLANG_FAILURE)
+    if obs.restarts_since > 0:
+        return fail(
+            f"the service crashed and systemd restarted it ({obs.restarts_since}x)", Failure.SERVICE_FAILED
+        )
+    if obs.active_state in _DEAD_ACTIVE or obs.sub_state in _DEAD_SUB:
+        how = f" ({obs.exit})" if obs.exit else ""
+        return fail(f"the service stopped: {obs.active_state}/{obs.sub_state}{how}", Failure.SERVICE_FAILED)
+    host = host_pool_mismatch(obs.host_pool_tokens, gate)
+    if host is not None:
+        return fail(host, Failure.HOST_POOL_MISMATCH)
+    return None
+
+
+def host_pool_mismatch(tokens: int | None, gate: Gate) -> str | None:
+    """A host pool SGLang logged that is not the planned one (an explicit size gives it to the token)."""
+    planned = gate.planned_host_pool
+    if tokens is None or not planned or tokens == planned:
+        return None
+    return (
+        f"HiCache host pool {tokens:,} tokens per rank logged, {planned:,} planned: "
+        "the unit's --hicache-size is not what the plan sized"
+    )
 
 
 def pool_anomaly(pool: int, gate: Gate) -> str | None:

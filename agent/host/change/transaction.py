@@ -138,7 +138,8 @@ class Transaction:
             self.log.emit(Stage.COMPARE, "warning", daemon)
             return Result(Outcome.ERROR, daemon + "; nothing changed")
         gate = Gate(self.req.target_context, self.req.planned_pool, self.req.margin, self.req.timeouts,
-                    calibrated=self.req.pool_calibrated)  # fmt: skip
+                    calibrated=self.req.pool_calibrated,
+                    planned_host_pool=self.req.planned_host_pool)  # fmt: skip
         change = Change(self.req.unit_text, gate, self.req.smoke)
         return write.shadowed(self.ports) or routerstep.out_of_router(
             self.ports, lambda: self._change(change, compared)

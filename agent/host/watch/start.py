@@ -151,6 +151,7 @@ class _Start:
             sub_state=state.sub_state,
             restarts_since=max(0, state.n_restarts - n_restarts0),
             exit=exit_words(getattr(state, "exec_main_code", 0), getattr(state, "exec_main_status", 0)),
+            host_pool_tokens=self.summary.get("host_pool_tokens"),
         )
 
 

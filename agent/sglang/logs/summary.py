@@ -72,6 +72,9 @@ class StartFigures(TypedDict, total=False):
     # the other starts of the same log that failed, each with its own fraction: they bound the plan's
     # fraction (plan/failed.py), they never calibrate it (agent/sglang/logs/starts.py plan_figures)
     other_failures: list[StartFigures]
+    # HiCache's host pool (the smallest rank's `Allocating kv hierarchical KV host pool` line), where logged
+    host_pool_tokens: int | None
+    host_pool_gb: float | None
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class StartSummary:
     failure: ev.Failure | None
     stopped: bool = False  # the main process logged a SIGTERM: the end of this start was asked for
     startup_timings: ev.EngineTimings | None = None
+    host_pool: ev.HostPool | None = None  # the smallest rank's HiCache host pool (its "kv" pool)
 
     def to_dict(self) -> StartFigures:
         """The machine form (the keys are a contract); k/v sizes stay out of it."""
@@ -116,6 +120,11 @@ class StartSummary:
             failure=None if failure is None else FailureData(kind=failure.failure_kind, line=failure.line),
             stopped=self.stopped,
             startup_timings=None if timings is None else timings.to_dict(),
+            **(
+                {}
+                if self.host_pool is None
+                else {"host_pool_tokens": self.host_pool.tokens, "host_pool_gb": self.host_pool.gb}
+            ),
         )
 
 
@@ -128,6 +137,7 @@ class SummaryBuilder:
         self._before_pool: dict[str | None, float] = {}
         self._draft_weights: set[str | None] = set()
         self._pools: dict[str | None, list[ev.KvPool]] = {}
+        self._host_pools: dict[str | None, ev.HostPool] = {}
         self._swa = False
         self._scheduler: ev.Scheduler | None = None
         self._gpu_free: list[float] = []
@@ -198,6 +208,8 @@ class SummaryBuilder:
             self._pools.setdefault(e.rank, []).append(e)
         elif isinstance(e, ev.SwaPool):
             self._swa = True
+        elif isinstance(e, ev.HostPool) and e.label == "kv":
+            self._host_pools.setdefault(e.rank, e)
         elif isinstance(e, ev.Scheduler):
             self._scheduler = self._scheduler or e
             if e.available_gpu_mem_gb is not None:
@@ -257,6 +269,7 @@ class SummaryBuilder:
             failure=self._crash if self._stopped else self._failure,
             stopped=self._stopped,
             startup_timings=self._timings,
+            host_pool=min(self._host_pools.values(), key=lambda p: p.tokens) if self._host_pools else None,
         )
 
     def _split_pools(self) -> tuple[list[ev.KvPool], list[ev.KvPool]]:

@@ -1,0 +1,128 @@
+"""On the host: its RAM and the service's memory cgroup, as SGLang's HiCache host-pool rule reads them.
+
+SGLang 0.5.23 sizes the host pool against MemAvailable bounded by every level of the process's memory cgroup
+(memory.max and memory.high, less memory.current without the page cache: srt/mem_cache/host_memory.py:83-125).
+The facts verb reports the same figures for the service's unit, so the plan (plan/hostplan.py) can size the
+pool as SGLang will. Parsing is pure (text in, figures out); collect() reads the files and never raises: the
+facts must answer whatever the host looks like (None or [] when it cannot tell).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from agent.protocol.answers import CgroupLevelData, HostMemoryData
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo's figures in bytes (kB fields x 1024; the HugePages_ counts as they are)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            unit = fields[1] if len(fields) > 1 else ""
+            out[name.strip()] = int(fields[0]) * (1024 if unit == "kB" else 1)
+    return out
+
+
+def host_memory(meminfo: str, numa_nodes: int, cgroup: list[CgroupLevelData]) -> HostMemoryData | None:
+    """The facts' host_memory from /proc/meminfo's text; None without MemTotal and MemAvailable."""
+    kb = parse_meminfo(meminfo)
+    if not kb.get("MemTotal") or "MemAvailable" not in kb:
+        return None
+    page = kb.get("Hugepagesize", 0)
+    return {
+        "total": kb["MemTotal"],
+        "available": kb["MemAvailable"],
+        "hugepages_total": kb.get("HugePages_Total", 0) * page,
+        "hugepages_free": kb.get("HugePages_Free", 0) * page,
+        "numa_nodes": max(1, numa_nodes),
+        "cgroup": cgroup,
+    }
+
+
+def parse_limit(text: str | None) -> int | None:
+    """memory.max or memory.high: bytes, None for "max" (no limit) or what cannot be read."""
+    value = (text or "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def parse_file_cache(stat: str | None) -> int:
+    """memory.stat's `file`: the page cache SGLang takes off memory.current (host_memory.py:98-110)."""
+    for line in (stat or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == "file" and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def level(path: str, files: dict[str, str | None]) -> CgroupLevelData | None:
+    """One cgroup level from its files' text; None without memory.current (no memory controller)."""
+    current = (files.get("memory.current") or "").strip()
+    if not current.isdigit():
+        return None
+    return {
+        "path": path,
+        "max": parse_limit(files.get("memory.max")),
+        "high": parse_limit(files.get("memory.high")),
+        "current": int(current),
+        "file": parse_file_cache(files.get("memory.stat")),
+    }
+
+
+def unit_cgroup(unit: str, root: str = CGROUP_ROOT) -> str | None:
+    """The unit's cgroup under the root: system.slice/<unit>, or <slice>/<unit> for a Slice= of its own."""
+    if not re.fullmatch(r"[A-Za-z0-9@._:-]+", unit):
+        return None
+    candidates = ["system.slice", *sorted(n for n in _listdir(root) if n.endswith(".slice"))]
+    for parent in candidates:
+        if os.path.isdir(os.path.join(root, parent, unit)):
+            return f"{parent}/{unit}"
+    return None
+
+
+def cgroup_levels(relative: str, root: str = CGROUP_ROOT) -> list[CgroupLevelData]:
+    """Every level from the unit's cgroup up to the root's child, innermost first (the root has no limit)."""
+    levels: list[CgroupLevelData] = []
+    parts = relative.strip("/").split("/")
+    for n in range(len(parts), 0, -1):
+        path = "/".join(parts[:n])
+        names = ("memory.max", "memory.high", "memory.current", "memory.stat")
+        found = level(path, {name: _read(os.path.join(root, path, name)) for name in names})
+        if found is not None:
+            levels.append(found)
+    return levels
+
+
+def collect(
+    unit: str,
+    root: str = CGROUP_ROOT,
+    meminfo: str = "/proc/meminfo",
+    nodes: str = "/sys/devices/system/node",
+) -> HostMemoryData | None:
+    """The facts' host_memory of this host for `unit`; None when /proc/meminfo cannot be read."""
+    text = _read(meminfo)
+    if text is None:
+        return None
+    count = sum(1 for n in _listdir(nodes) if re.fullmatch(r"node[0-9]+", n))
+    relative = unit_cgroup(unit, root)
+    return host_memory(text, count, cgroup_levels(relative, root) if relative else [])
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read(65536)
+    except OSError:
+        return None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []

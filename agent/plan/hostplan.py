@@ -1,0 +1,264 @@
+"""The host side of a HiCache plan: each rank's host pool (plan/hostpool.py, SGLang 0.5.23's own rule), the
+`--hicache-size` and `MemoryMax=` the unit gets, and the budget of the whole host (plan/hostbudget.py).
+
+The flags as given (a ratio, the auto fraction, or a size) are sized first, against the host's memory as
+the facts read it (host/hostmem.py) with this service's own processes replaced; the pool they give is then
+rendered as an explicit `--hicache-size` per rank (whole GB, floored: SGLang's flag is an int), so the host
+pool no longer moves with the device pool or the free memory of the moment, and the plan below is the
+size's own pool, padding page included, which the gate checks SGLang's `Allocating ... host pool` line
+against to the token.
+
+`MemoryMax=` holds the service's processes (an estimate, below), its pools and SGLang's 10 GiB reserve, plus
+one pool per rank beyond the first: the ranks of a service check the cgroup's headroom one by one as they
+pin, and a rank that checks after another pinned sees that pool as used (sglang#38156).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.inventory import FlagValue
+from agent.plan.hostbudget import HostBudget, HostRam, ServiceNeed, Verdict, plan_budget
+from agent.plan.hostpool import (
+    GIB,
+    RESERVE_BYTES,
+    CgroupLevel,
+    HiCacheFlags,
+    HostMemory,
+    HostPool,
+    Mode,
+    RankPool,
+    plan_host_pool,
+    ranks_per_host,
+)
+from agent.plan.inputs import float_of, int_of, is_on, value_of
+from agent.protocol.answers import HostMemoryData
+
+# What SGLang's processes hold in host RAM besides the host pools: per rank a scheduler (torch, CUDA
+# context, pinned staging), and the tokenizer and detokenizer once. An estimate, stated: MemoryMax= and the
+# budget count it.
+PROCESS_PER_RANK = 4 * GIB
+PROCESS_BASE = 2 * GIB
+POOL_PAD = 256 * 2**20  # the padding page a pool adds beyond its size (page x bytes per token), bounded
+MIB = 2**20
+UNLIMITED = 1 << 62  # no facts: the host's memory is not checked, the pool is sized from the flags alone
+
+
+def enabled(flags: Mapping[str, FlagValue]) -> bool:
+    """The flags turn HiCache on (`--enable-hierarchical-cache`, or its alias `--enable-hicache`)."""
+    return any(
+        name in flags and is_on(flags, name) for name in ("enable-hierarchical-cache", "enable-hicache")
+    )
+
+
+def hicache_flags(flags: Mapping[str, FlagValue]) -> HiCacheFlags:
+    """The HiCache sizing flags as given (srt/arg_groups/fields/memory.py); bad values refused in one line."""
+    fraction = float_of(flags, "hicache-host-memory-fraction")
+    mode = str(value_of(flags, "hicache-host-memory-mode") or "cache")
+    try:
+        return HiCacheFlags(
+            ratio=float_of(flags, "hicache-ratio"),
+            size_gb=float_of(flags, "hicache-size") or 0.0,
+            fraction=0.8 if fraction is None else fraction,
+            buffer_only=mode == "buffer_only",
+        )
+    except ValueError as e:
+        from agent.errors import UsageError
+
+        raise UsageError(f"flags: {e}") from None
+
+
+def process_bytes(ranks: int) -> int:
+    return PROCESS_BASE + PROCESS_PER_RANK * ranks
+
+
+def memory_max_of(flags: Mapping[str, FlagValue]) -> int | None:
+    """The MemoryMax= (bytes, whole MiB) of a unit whose flags enable HiCache with an explicit size: the
+    processes, SGLang's 10 GiB reserve, and 2 x ranks - 1 pools (each at most size + one padding page), so
+    that the last rank to check the cgroup still finds its pool's room (pool_host/base.py:248-257)."""
+    size = float_of(flags, "hicache-size") or 0.0
+    if not enabled(flags) or size <= 0:
+        return None
+    ranks = ranks_of(flags)
+    need = process_bytes(ranks) + RESERVE_BYTES + (math.ceil(size * 1e9) + POOL_PAD) * (2 * ranks - 1)
+    return math.ceil(need / MIB) * MIB
+
+
+def memory_at_start(data: HostMemoryData | None, ranks: int, memory_max: int | None = None) -> HostMemory:
+    """The host as the service's new start sees it when it sizes the pool: what the running service holds
+    (its cgroup's usage less page cache) is freed, its new processes hold process_bytes; the unit's own
+    level takes `memory_max` (the rendered MemoryMax=) where one is given."""
+    if data is None:
+        return HostMemory(UNLIMITED)
+    levels = data["cgroup"]
+    old = max(0, levels[0]["current"] - levels[0]["file"]) if levels else 0
+    new = process_bytes(ranks)
+    cgroup = []
+    for i, lv in enumerate(levels):
+        limits = [v for v in (lv["max"], lv["high"]) if v is not None]
+        if i == 0 and memory_max is not None:
+            limits = [memory_max]
+        usage = max(0, lv["current"] - old) + new
+        cgroup.append(CgroupLevel(tuple(limits), usage, lv["file"]))
+    if not levels and memory_max is not None:
+        cgroup.append(CgroupLevel((memory_max,), new, 0))
+    return HostMemory(max(0, data["available"] + old - new), tuple(cgroup))
+
+
+def host_ram(data: HostMemoryData | None) -> HostRam:
+    """The host with this service stopped: its usage (less page cache) back in MemAvailable; huge pages
+    reserved by the kernel are not RAM a pool can take."""
+    if data is None:
+        return HostRam(UNLIMITED, UNLIMITED)
+    levels = data["cgroup"]
+    old = max(0, levels[0]["current"] - levels[0]["file"]) if levels else 0
+    total = data["total"] - data["hugepages_total"]
+    return HostRam(total, min(total, data["available"] + old))
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """One service's host side: its pool per rank as rendered, and the host's budget."""
+
+    ranks: int  # ranks on this host, each with one host pool
+    device_tokens: int  # the device pool per rank the host pool mirrors (ratio and auto modes)
+    bytes_per_token: int
+    page_size: int
+    given: HostPool  # what the flags as given make SGLang build (or refuse)
+    pool: HostPool  # what the rendered --hicache-size builds: the plan the gate checks
+    size_gb: float | None  # the --hicache-size rendered; None when nothing fits
+    memory_max: int | None  # the MemoryMax= rendered, bytes
+    budget: HostBudget
+    checked: bool  # the host's memory was read (facts); False: the sizes are unchecked against the host
+
+    @property
+    def fits(self) -> bool:
+        return self.budget.fits and self.pool.fits
+
+    def flags(self) -> dict[str, FlagValue]:
+        """The unit's HiCache sizing: an explicit size per rank, no ratio or fraction (the size wins)."""
+        if self.size_gb is None:
+            return {}
+        # False leaves a flag out of the unit (sglang/flags.py): the size alone says the pool
+        return {
+            "hicache-size": int(self.size_gb),
+            "hicache-ratio": False,
+            "hicache-host-memory-fraction": False,
+        }
+
+    def to_dict(self) -> dict[str, object]:
+        pool = {
+            "tokens": self.pool.tokens,
+            "gb": round(self.pool.gb, 2),
+            "bytes": self.pool.bytes,
+            "ranks": self.ranks,
+            "bytes_per_token": self.bytes_per_token,
+            "hicache_size_gb": self.size_gb,
+            "as_given": {
+                "mode": self.given.mode.value,
+                "tokens": self.given.tokens,
+                "gb": round(self.given.gb, 2),
+            },
+            "memory_max": self.memory_max,
+            "checked": self.checked,
+        }
+        budget = {
+            "verdict": self.budget.verdict.value,
+            "capacity": self.budget.capacity if self.checked else None,
+            "pinned": self.budget.pinned,
+            "page_cache": self.budget.page_cache,
+            "over": self.budget.over,
+            "fitting_size_gb": self.budget.fitting_size_gb,
+            "prewarm_skipped": list(self.budget.prewarm_skipped),
+            "reason": self.budget.reason,
+        }
+        return {"host_pool": pool, "host_budget": budget}
+
+    def lines(self, device_tokens: int, context: int) -> list[str]:
+        """What the device and host tiers hold against the target context, and the budget's verdict."""
+        held = device_tokens + self.pool.tokens
+        how = (
+            "under 1 GB: the flags as given"
+            if self.size_gb is None
+            else f"--hicache-size {self.size_gb:g} GB"
+        )
+        out = [
+            f"HiCache: device pool {device_tokens:,} + host pool {self.pool.tokens:,} tokens per rank "
+            f"({how} x {self.ranks} rank(s), {self.pool.gb * self.ranks:.1f} GB) "
+            f"= {held:,} tokens, {held / max(context, 1):.1f}x the {context:,}-token context"
+            if self.pool.fits
+            else f"HiCache: no host pool fits ({self.given.message()})"
+        ]
+        if self.checked:
+            out.append(
+                f"host memory: {self.budget.pinned / GIB:.1f} GiB pinned of "
+                f"{self.budget.capacity / GIB:.1f} GiB "
+                f"({self.budget.verdict.value})" + (f": {self.budget.reason}" if self.budget.reason else "")
+            )
+        else:
+            out.append("host memory: not read (no facts): the host pool is sized from the flags, unchecked")
+        return out
+
+
+def rank_pool(device_tokens: int, bytes_per_token: float, page_size: int) -> RankPool | None:
+    """The rank's pool for a host pool of the same layout; None for a cell that is not whole bytes (a
+    blended or measured cell: its host pool is not planned here)."""
+    if device_tokens <= 0 or bytes_per_token <= 0 or not float(bytes_per_token).is_integer():
+        return None
+    return RankPool(device_tokens, int(bytes_per_token), max(1, page_size))
+
+
+def ranks_of(flags: Mapping[str, FlagValue]) -> int:
+    """SGLang's ranks on one host: TP x PP over the nodes (pool_host/base.py:68-81)."""
+    tp = int_of(flags, "tp-size", "tp", "tensor-parallel-size") or 1
+    pp = int_of(flags, "pp-size", "pp", "pipeline-parallel-size") or 1
+    return ranks_per_host(tp * pp, int_of(flags, "nnodes") or 1)
+
+
+def floor_gb(nbytes: int) -> float:
+    """Whole GB: SGLang's --hicache-size is an int (srt/arg_groups/fields/memory.py)."""
+    return float(math.floor(nbytes / 1e9))
+
+
+def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
+    name: str,
+    pool: RankPool,
+    flags: Mapping[str, FlagValue],
+    data: HostMemoryData | None,
+    neighbours: Sequence[ServiceNeed] = (),
+    checkpoint_bytes: int = 0,
+) -> HostPlan:
+    """The service's host plan; the budget counts the neighbours (services of the same host) before it."""
+    ranks = ranks_of(flags)
+    given = plan_host_pool(pool, hicache_flags(flags), memory_at_start(data, ranks), ranks)
+    explicit = float_of(flags, "hicache-size") or 0.0
+    # a pool under 1 GB has no whole-GB size: the flags as given stay (and no MemoryMax=, no exact gate)
+    size = explicit if explicit > 0 else floor_gb(given.bytes) if given.fits else None
+    if size is not None and size < 1:
+        size = None
+    memory_max = None
+    planned = given
+    if size is not None:
+        memory_max = memory_max_of({**flags, "hicache-size": size})
+        planned = plan_host_pool(
+            pool, HiCacheFlags(size_gb=size), memory_at_start(data, ranks, memory_max), ranks
+        )
+    need = ServiceNeed(name, ranks, pool, planned, process_bytes(ranks), checkpoint_bytes, memory_max)
+    budget = plan_budget(host_ram(data), (*neighbours, need))
+    if data is None and budget.verdict is not Verdict.REFUSED:
+        budget = HostBudget(Verdict.FITS, budget.capacity, budget.pinned, 0)
+    return HostPlan(ranks, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
+                    size if planned.fits else None, memory_max, budget, data is not None)  # fmt: skip
+
+
+def neighbour(name: str, flags: Mapping[str, FlagValue], memory_max: int | None = None) -> ServiceNeed | None:
+    """Another service of the host, as the budget counts it: its explicit --hicache-size per rank (a ratio's
+    pool depends on its own device plan: plan it to count it). None without HiCache."""
+    if not enabled(flags):
+        return None
+    ranks = ranks_of(flags)
+    size = float_of(flags, "hicache-size") or 0.0
+    pool = None if size <= 0 else HostPool(Mode.SIZE, 0, int(size * 1e9), UNLIMITED)
+    return ServiceNeed(name, ranks, None, pool, process_bytes(ranks), 0, memory_max)

@@ -304,7 +304,7 @@ def render_plan(host: str, plan: Plan) -> str:
         + f" (target {plan.context_length:,}, with margin {plan.target_pool_tokens:,})",
         "  flags           "
         + " ".join(
-            f"--{k} {_flag_text(v)}"
+            f"--{k}" if v is True else f"--{k} {_flag_text(v)}"  # a switch is written bare, as rendered
             for k, v in plan.printed_flags().items()
             if v is not False  # left out
         ),

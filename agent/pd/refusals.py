@@ -255,8 +255,9 @@ def _decode_targets(units: Sequence[PdUnit]) -> list[str]:
 
 def _pools(decodes: Sequence[DecodeNeed]) -> list[str]:
     return [
-        f"{d.label}: its pool holds about {d.pool_tokens} tokens, below --max-running-requests {d.running} x "
-        f"({d.context} context + {d.reserved} reserved) = {d.need}: lower its max-running-requests to "
+        f"{d.label}: its pool holds about {d.pool_tokens:,} tokens, below --max-running-requests {d.running} "
+        f"x ({d.context:,} context + {d.reserved:,} reserved) = {d.need:,}: lower its max-running-requests "
+        f"to "
         f"{max(d.pool_tokens // (d.context + d.reserved), 0)}, the context, or add a decode"
         for d in decodes
         if d.pool_tokens < d.need

@@ -40,9 +40,13 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
         plan = replace(plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins)), given=asked.given)
         return with_host_plan(inp, arch.sizer, plan)
     fm = pool_model(inp, asked.context)
+    running = _running_pool(inp, asked)
     # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
-    host = synthetic_host(inp, fm.layout, round(fm.fraction, 3), parallel(inp), fm.floor.gib)
-    plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp), _running_pool(inp, asked))
+    # Left unset, it is SGLang's default for the flags the unit runs now, not for the ones a --set plans.
+    fraction = running[1] if running is not None else fm.fraction
+    host = synthetic_host(inp, fm.layout, round(fraction, 3), parallel(inp), fm.floor.gib)
+    pool = running[0] if running is not None else None
+    plan = choose(host, asked, fm.pool, inp.starts, _estimate_notes(fm.pool, inp), pool)
     extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan), decode_note(inp)]
     warnings = (*fm.warnings, *plan.warnings, *_version_warning(inp))
     plan = replace(plan, notes=(*extra, *plan.notes), warnings=warnings)
@@ -51,16 +55,18 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     return replanned(inp, plan, asked, lambda i, t: plan_from_facts(i, t, replan=False)) if replan else plan
 
 
-def _running_pool(inp: PlanInput, asked: Target) -> PoolModel | None:
-    """The pool of the flags the unit runs now, where a --set changes them (its KV dtype, a draft, a
-    max-total-tokens cap): what a shrink is measured from. None when they are the planned ones."""
+def _running_pool(inp: PlanInput, asked: Target) -> tuple[PoolModel, float] | None:
+    """The pool of the flags the unit runs now, and its fraction (the flag, else SGLang's default for
+    those flags), where a --set changes them (its KV dtype, a draft, a max-total-tokens cap, a chunk that
+    moves SGLang's default fraction): what a shrink is measured from. None when they are the planned ones."""
     ran = inp.start_flags
     if not asked.given or ran is None or dict(ran) == dict(inp.flags):
         return None
     try:
-        return pool_model(replace(inp, flags=dict(ran)), asked.context).pool
+        model = pool_model(replace(inp, flags=dict(ran)), asked.context)
     except ValueError:  # the running flags do not size (the planned ones did): no shrink is claimed
         return None
+    return model.pool, model.fraction
 
 
 def _estimate_notes(model: PoolModel, inp: PlanInput) -> tuple[str, ...]:

@@ -220,7 +220,9 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
         raise UsageError(f"--set {name}: {said}")
     if change.flags:
         given = {k: " ".join(v) if isinstance(v, tuple) else v for k, v in change.flags}  # --set: one word
-        inp = replace(inp, flags={**inp.flags, **given})
+        # the file's flags are what the unit runs now (and its starts ran under): a shrink is measured there
+        ran = inp.start_flags if inp.start_flags is not None else dict(inp.flags)
+        inp = replace(inp, flags={**inp.flags, **given}, start_flags=ran)
     archs = inp.model.config.value("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     starts, ids = checked_starts(

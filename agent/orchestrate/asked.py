@@ -17,7 +17,8 @@ NO_TERMINAL = "not on a terminal and --yes not given: refusing to restart withou
 MAX_CONTEXT = 10_000_000
 
 # The unit in any case: 1m is 1M and 128ki is 128Ki (there is no milli-token to confuse it with).
-_CONTEXT = re.compile(r"(?P<num>[0-9]+)(?P<unit>ki|k|mi|m)?", re.IGNORECASE)
+# A decimal needs a unit (0.5M, 1.5k) and must come to whole tokens.
+_CONTEXT = re.compile(r"(?P<num>[0-9]+(?:\.[0-9]+)?)(?P<unit>ki|k|mi|m)?", re.IGNORECASE)
 _UNITS = {None: 1, "k": 1000, "ki": 1024, "m": 1000**2, "mi": 1024**2}
 
 
@@ -26,11 +27,16 @@ class ArgError(ValueError):
 
 
 def parse_context(text: str, flag: str = "--context") -> int:
-    """'200000', '200k'/'200K' (x1000), '128Ki'/'128ki' (x1024), '1M'/'1m' -> tokens; else refused."""
+    """'200000', '200k'/'200K' (x1000), '128Ki'/'128ki' (x1024), '1M'/'1m', '0.5M', '1.5k' -> tokens; else
+    refused (a decimal that is no whole number of tokens too)."""
     m = _CONTEXT.fullmatch(text.strip())
     if m is None:
         raise ArgError(f"{flag} {text!r} is not a token count (try 200k, 128Ki or 131072)")
-    tokens = int(m["num"]) * _UNITS[m["unit"] and m["unit"].lower()]
+    whole, _, frac = m["num"].partition(".")
+    scale = _UNITS[m["unit"] and m["unit"].lower()]
+    tokens, rest = divmod(int(whole + frac) * scale, 10 ** len(frac))  # exact: no float rounding
+    if rest:
+        raise ArgError(f"{flag} {text!r} is not a whole number of tokens (try 200k, 0.5M or 131072)")
     if tokens <= 0:
         raise ArgError(f"{flag} {text!r} must be a positive token count")
     if tokens > MAX_CONTEXT:

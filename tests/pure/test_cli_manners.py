@@ -10,13 +10,16 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent.cli.main import build_parser, main
 from agent.exitcodes import ExitCode
-from agent.orchestrate.asked import parse_context
+from agent.orchestrate.asked import ArgError, parse_context
 from agent.output import Output
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +96,26 @@ def test_parse_log_without_a_start_says_so(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_context_units_in_either_case(text: str, tokens: int) -> None:
     assert parse_context(text) == tokens
+
+
+@given(
+    st.integers(0, 9999),
+    st.integers(1, 999),
+    st.sampled_from([("k", 1000), ("K", 1000), ("ki", 1024), ("m", 1000**2), ("Mi", 1024**2)]),
+)
+def test_a_decimal_context_with_a_unit_is_exact_or_refused(
+    whole: int, frac: int, unit: tuple[str, int]
+) -> None:
+    """'0.5M' and '1.5k' are the spellings people write: whole tokens are taken exactly (no float
+    rounding), a decimal that is no whole number of tokens is refused in one line, never rounded."""
+    text = f"{whole}.{frac}{unit[0]}"
+    exact = Fraction(f"{whole}.{frac}") * unit[1]
+    if exact.denominator == 1 and 0 < exact <= 10_000_000:
+        assert parse_context(text) == exact
+    else:
+        with pytest.raises(ArgError) as err:
+            parse_context(text)
+        assert "\n" not in str(err.value)
 
 
 def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:

@@ -19,7 +19,7 @@ from agent.inventory import load_host
 from agent.render import render_unit, template_dir
 from tests import faultkit as fk
 from tests import simhost
-from tests.integration.conftest import cli, popen, variant, wait_pool
+from tests.integration.conftest import cli, invocation, popen, variant, wait_pool
 
 NAME = "ct200-wc"
 DAEMON = "sglang-weight-cache.service"
@@ -101,4 +101,44 @@ def daemon_job_case(sim: simhost.SimHost, done: int, injection: str, notes: list
     if fk.pending(wc):
         problems.append("a recovery record is left")
     notes += problems or ["new" if wc.unit_text() != old else "old"]
+    return not problems
+
+
+CRASHES = ("idle", "watch")  # no change running; the engine's new start under the agent's watch
+
+
+def daemon_crash_case(sim: simhost.SimHost, when: str, notes: list[str]) -> bool:
+    """`kill -9` of the daemon: with no change running, systemd brings the daemon and then the engine back
+    (the engine's `Requires=`/`PartOf=`, the daemon's `Restart=always`); under an apply's watch, the agent
+    follows the engine start systemd made and the change ends verified on one side. True when the host
+    ended verified, both units on one side, the daemon running."""
+    wc = client_mode(sim)
+    old, old_daemon = wc.unit_text(), wc.host.read(DAEMON_FILE).decode()
+    before = invocation(wc)
+    if when == "watch":
+        with fk.Watcher(wc, "watch") as watcher:
+            proc = popen(wc, "apply", NAME, "--context", "110k", "--yes")
+            hit = watcher.wait(timeout=240)
+        fk.sh(wc, "systemctl", "kill", "--signal=SIGKILL", DAEMON)
+        fk.resume_runner(wc, hit.pid)
+        proc.communicate(timeout=900)
+        notes.append(f"apply exit {proc.returncode}")
+    else:
+        fk.sh(wc, "systemctl", "kill", "--signal=SIGKILL", DAEMON)
+        deadline = time.monotonic() + 240
+        while invocation(wc) in ("", before):  # the engine's new start, after the daemon's
+            assert time.monotonic() < deadline, "the engine was not started again after the daemon's crash"
+            time.sleep(0.5)
+    wait_pool(wc, timeout=300)
+    fk.wait_idle(wc, timeout=240)
+    new = wc.unit_text()
+    problems = fk.verified_problems(wc, old) if new == old else fk.verified_problems(wc, old, new)
+    daemon_file = wc.host.read(DAEMON_FILE).decode()
+    if not daemon_runs(wc):
+        problems.append("the daemon is not running")
+    if (new == old) != (daemon_file == old_daemon):
+        problems.append("the engine and the daemon are on different sides")
+    if fk.pending(wc):
+        problems.append("a recovery record is left")
+    notes += problems or ["new" if new != old else "old"]
     return not problems

@@ -260,7 +260,13 @@ def cases() -> list[tuple[str, Callable[[simhost.SimHost, Outcome], None]]]:
             found.append(
                 (f"daemon:job{done}:{inj}", lambda sim, out, d=done, i=inj: daemon_case(sim, d, i, out))
             )
+    for when in daemonfaults.CRASHES:  # the daemon killed by a signal (tests/daemonfaults.py)
+        found.append((f"daemon:crash:{when}", lambda sim, out, w=when: daemon_crash(sim, w, out)))
     return found
+
+
+def daemon_crash(sim: simhost.SimHost, when: str, out: Outcome) -> None:
+    out.survived = daemonfaults.daemon_crash_case(sim, when, out.notes)
 
 
 def daemon_case(sim: simhost.SimHost, done: int, injection: str, out: Outcome) -> None:

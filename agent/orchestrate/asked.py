@@ -34,7 +34,8 @@ def parse_context(text: str, flag: str = "--context") -> int:
         raise ArgError(f"{flag} {text!r} is not a token count (try 200k, 128Ki or 131072)")
     whole, _, frac = m["num"].partition(".")
     scale = _UNITS[m["unit"] and m["unit"].lower()]
-    tokens, rest = divmod(int(whole + frac) * scale, 10 ** len(frac))  # exact: no float rounding
+    denominator: int = 10 ** len(frac)
+    tokens, rest = divmod(int(whole + frac) * scale, denominator)  # exact: no float rounding
     if rest:
         raise ArgError(f"{flag} {text!r} is not a whole number of tokens (try 200k, 0.5M or 131072)")
     if tokens <= 0:

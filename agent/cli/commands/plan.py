@@ -99,7 +99,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     refuse_weight_cache(host, dict(change.flags), None)  # as apply refuses it (the checkpoint's: apply)
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
     history: Sequence[StartFigures]  # the starts that calibrate the plan
-    history, ids = checked_starts(args.from_log, planned, args.start, out)
+    history, ids, read = checked_starts(args.from_log, planned, args.start, out)
     asked = _asked(change)
     facts = None
     if not args.from_log and not args.offline:
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             return _printed(out, args, host.name, from_host, running, _restart(host, facts, from_host))
     plan = plan_for_host(host, asked, history or None, running, ids if args.from_log else ())
     plan = replace(plan, warnings=(*shrink, *plan.warnings))
-    restart = _restart(host, facts, plan) if facts is not None else _log_restart(args.from_log, args.start)
+    restart = _restart(host, facts, plan) if facts is not None else _log_restart(args.from_log, read)
     warn_flag_table(out.stderr, version, dict(change.flags))
     return _printed(out, args, host.name, plan, running, restart)
 
@@ -127,14 +127,13 @@ def _restart(host: HostConfig, facts: HostFacts, plan: Plan) -> RestartEstimate 
         return None
 
 
-def _log_restart(names: Sequence[str], number: int | None) -> RestartEstimate | None:
+def _log_restart(names: Sequence[str], start: LoggedStart | None) -> RestartEstimate | None:
     """What the restart will cost, from the start the plan reads in the newest --from-log (its own phases,
-    not another start's of the same log), None without one."""
+    not another start's of the same log; checked_starts chose it), None without one."""
     from agent.plan.restart_time import from_log
 
-    if not names:
+    if not names or start is None:
         return None
-    _, start, _ = _evidence(names[-1], number)
     return from_log(list(start.lines), repr(names[-1]))
 
 
@@ -218,14 +217,10 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     shrink = check_context(change, inp.flags, _own_context(inp))
     for name, said in server_args.problems(inp.sglang_version, dict(change.flags)):
         raise UsageError(f"--set {name}: {said}")
-    if change.flags:
-        given = {k: " ".join(v) if isinstance(v, tuple) else v for k, v in change.flags}  # --set: one word
-        # the file's flags are what the unit runs now (and its starts ran under): a shrink is measured there
-        ran = inp.start_flags if inp.start_flags is not None else dict(inp.flags)
-        inp = replace(inp, flags={**inp.flags, **given}, start_flags=ran)
+    inp = _with_set(inp, change)
     archs = inp.model.config.value("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-    starts, ids = checked_starts(
+    starts, ids, read = checked_starts(
         args.from_log,
         planned_for(
             arch, inp.model.path or "", inp.flags, len(inp.gpus), inp.gpus[0].memory_gib if inp.gpus else None
@@ -237,13 +232,23 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     inp = replace(inp, starts=(*inp.starts, *starts), start_ids=(*inp.start_ids, *ids))
     plan = plan_from_facts(inp, _asked(change))
     plan = replace(plan, warnings=(*shrink, *plan.warnings))
-    restart = _log_restart(args.from_log, args.start)
+    restart = _log_restart(args.from_log, read)
     if restart is None and inp.starts:
         from agent.plan.restart_time import from_start
 
         restart = from_start(inp.starts[-1], f"{args.facts}'s last start")
     warn_flag_table(out.stderr, inp.sglang_version, dict(change.flags))
     return _printed(out, args, inp.name, plan, inp.flags, restart)
+
+
+def _with_set(inp: PlanInput, change: Change) -> PlanInput:
+    """--set over a facts file's flags; the file's own flags stay what the unit runs now (and its starts ran
+    under): a shrink is measured from them."""
+    if not change.flags:
+        return inp
+    given = {k: " ".join(v) if isinstance(v, tuple) else v for k, v in change.flags}  # --set: one word
+    ran = inp.start_flags if inp.start_flags is not None else dict(inp.flags)
+    return replace(inp, flags={**inp.flags, **given}, start_flags=ran)
 
 
 def planned_for(
@@ -262,7 +267,7 @@ def planned_for(
 
 def checked_starts(
     names: Sequence[str], planned: Planned, number: int | None = None, out: Output | None = None
-) -> tuple[list[StartFigures], list[StartIdentity]]:
+) -> tuple[list[StartFigures], list[StartIdentity], LoggedStart | None]:
     """One start of each --from-log log: the last complete one, or the one --start names (a log is split
     into its starts first, agent/sglang/logs/starts.py). A start of another model, TP, PP or bigger cards
     is refused with one line (plan/startcheck.py), so is a log with no start that logged its pool or its
@@ -275,6 +280,7 @@ def checked_starts(
         raise UsageError("--start names a start of one log: give exactly one --from-log with it")
     kept: list[StartFigures] = []
     ids: list[StartIdentity] = []
+    start: LoggedStart | None = None  # the newest log's, whose lines time the restart
     for name in names:
         starts, start, said = _evidence(name, number)
         ran = identity(start.lines)
@@ -288,7 +294,7 @@ def checked_starts(
             print(f"deployctl: note: --from-log {name!r}: {said}", file=out.stderr)
         kept.append(plan_figures(starts, start))  # its other failed starts bound the fraction
         ids.append(ran)
-    return kept, ids
+    return kept, ids, start
 
 
 def _evidence(name: str, number: int | None) -> tuple[list[LoggedStart], LoggedStart, str | None]:

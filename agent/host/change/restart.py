@@ -133,9 +133,7 @@ def stop_then_start(p: Ports, run: Run, barrier: Signals, timeout: float) -> Job
     assert p.req.group is not None
     if barrier.back:
         return stop_then_start_old(p, run, barrier, timeout)
-    node_jobs(p)
-    stopped = stop_clean(p, timeout)
-    p.daemon.jobs.finished(1)
+    stopped = stop_node(p, timeout)
     rank, wait_s = p.req.group.rank, p.req.group.wait_s
     p.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}): waiting for every rank "
                "to stop", vote="stopped", job=stopped.result)  # fmt: skip
@@ -152,10 +150,14 @@ def stop_then_start(p: Ports, run: Run, barrier: Signals, timeout: float) -> Job
     return job
 
 
-def node_jobs(p: Ports) -> None:
-    """A group node's jobs (host/change/jobs.py): stop, then, on the group's word, start its unit."""
+def stop_node(p: Ports, timeout: float) -> JobResult:
+    """A group node's first job: its jobs recorded (host/change/jobs.py: stop, then, on the group's word,
+    start its unit), then the stop, recorded done."""
     sha = unit_sha256(p.files.read(p.unit) or "")
     p.daemon.jobs.plan([Job(p.unit, "stop", None), Job(p.unit, "start", sha)])
+    stopped = stop_clean(p, timeout)
+    p.daemon.jobs.finished(1)
+    return stopped
 
 
 def stop_clean(p: Ports, timeout: float) -> JobResult:
@@ -177,9 +179,7 @@ def stop_then_start_old(p: Ports, run: Run, barrier: Signals, timeout: float) ->
     has stopped its new one (an old rank must not meet a new one at the rendezvous); with no word
     from the coordinator within wait_s, start it anyway: the others do the same."""
     assert p.req.group is not None
-    node_jobs(p)
-    stopped = stop_clean(p, timeout)
-    p.daemon.jobs.finished(1)
+    stopped = stop_node(p, timeout)
     rank, wait_s = p.req.group.rank, p.req.group.wait_s
     p.log.emit(Stage.GROUP, "step", f"rank {rank} stopped ({stopped.result}) to roll back: waiting "
                "for every rank to stop", vote="stopped_back", job=stopped.result)  # fmt: skip

@@ -72,7 +72,7 @@ class UnitFiles:
             finally:
                 os.close(fd)
             os.rename(tmp, dest)
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -135,7 +135,7 @@ class UnitFiles:
 
     def remove(self, unit: str) -> None:
         self.path(unit).unlink(missing_ok=True)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
 
     def _describe(self, name: str) -> Backup:
         m = BACKUP_NAME.fullmatch(name)
@@ -166,7 +166,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """A rename or an unlink in `directory` made durable (the unit files, the boot guard)."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

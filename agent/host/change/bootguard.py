@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.host.units import fsync_dir
+
 DROP_IN = "50-deployctl-pending.conf"
 RUN_DIR = Path("/run/deployctl")
 
@@ -60,24 +62,16 @@ class BootGuard:
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, self.path)
-        _fsync(folder)
+        fsync_dir(folder)
 
     def disarm(self) -> None:
         """The change is decided: the drop-in goes (an empty folder of ours with it)."""
         if not self.path.exists():
             return
         self.path.unlink()
-        _fsync(self.path.parent)
+        fsync_dir(self.path.parent)
         with contextlib.suppress(OSError):
             self.path.parent.rmdir()
 
     def armed(self) -> bool:
         return self.path.is_file()
-
-
-def _fsync(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -44,7 +44,15 @@ def assert_refused(result: tuple[int, str, str], *words: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("text", "tokens"), [("200000", 200000), ("200k", 200000), ("200K", 200000), ("128Ki", 131072)]
+    ("text", "tokens"),
+    [
+        ("200000", 200000),
+        ("200k", 200000),
+        ("200K", 200000),
+        ("128Ki", 131072),
+        ("200.5k", 200500),
+        ("0.5M", 500000),
+    ],
 )
 def test_context_accepted(text: str, tokens: int, empty_cwd: Path) -> None:
     code, stdout, stderr = run_cli("render", "ct200", "--context", text, "--mem-fraction-static", "0.9")
@@ -53,7 +61,7 @@ def test_context_accepted(text: str, tokens: int, empty_cwd: Path) -> None:
     assert list(empty_cwd.iterdir()) == []
 
 
-@pytest.mark.parametrize("text", ["abc", "-5", "0", "1e99", "200.5k", "10000001", ""])
+@pytest.mark.parametrize("text", ["abc", "-5", "0", "1e99", "200.0005k", "1.5", "0.5.1k", "10000001", ""])
 def test_context_refused(text: str, empty_cwd: Path) -> None:
     assert_refused(run_cli("render", "ct200", "--context", text), "--context")
     assert list(empty_cwd.iterdir()) == []

@@ -71,8 +71,9 @@ accuracy: $(BIN)/.stamp
 quick: $(BIN)/.stamp
 	$(BIN)/pytest -q -m "not integration"
 
+# --durations: CI's log names the slowest tests, so its time limit is watched, not guessed
 test: $(BIN)/.stamp .apt-stamp oracle real-sglang lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 faults: $(BIN)/.stamp .apt-stamp oracle real-sglang
 	$(BIN)/python -m tests.faults

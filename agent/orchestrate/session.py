@@ -124,6 +124,15 @@ def status_text(host: str, unit: str, st: StatusAnswer) -> str:
     state = st.get("state")
     active, sub = (state.get("active_state", "?"), state.get("sub_state", "?")) if state else ("?", "?")
     lines = [f"{host} {unit}: {active}/{sub}"]
+    daemon = st.get("daemon")
+    if daemon:
+        d_active = daemon.get("active_state", "?")
+        lines.append(f"  weight-cache daemon {daemon.get('unit')}: {d_active}/{daemon.get('sub_state', '?')}")
+        if d_active == "active" and active not in ("active", "activating", "reloading"):
+            lines.append(
+                f"  the engine is {active} while its weight-cache daemon runs: the service serves nothing; "
+                f"start it: systemctl start {unit}"
+            )
     r = st.get("running")
     if r:
         lines.append(

@@ -96,11 +96,17 @@ def undo_write(p: Ports, exc: OSError, current: str | None, live: dict[str, str 
 
 
 def shadowed(p: Ports) -> Result | None:
-    """Where systemd loads the unit from, before the first change: a copy in a folder it searches
+    """Where systemd loads the unit from, before the first change: a drop-in that replaces ExecStart= would
+    run its own command whatever we write (refused, nothing written); a copy in a folder it searches
     before ours would shadow whatever we write (refused, nothing written); one it searches after
     ours (/run/systemd/system, /usr/local/lib, /usr/lib) is overridden, and a rollback removes ours."""
-    loaded = p.systemd.unit_state(p.unit).fragment_path
-    ours = p.files.path(p.unit)
+    state = p.systemd.unit_state(p.unit)
+    loaded, ours = state.fragment_path, p.files.path(p.unit)
+    overriding = next((path for path in state.drop_in_paths if sets_exec_start(path)), None)
+    if overriding is not None:  # refused before the backup: nothing of this run is left on the host
+        msg = f"the drop-in {overriding} sets ExecStart= for {p.unit}, overriding any unit written"
+        p.log.emit(Stage.COMPARE, "warning", f"refusing: {msg}")
+        return Result(Outcome.ERROR, f"{msg}; nothing changed: remove that drop-in's ExecStart= first")
     if not loaded or loaded == str(ours):
         return None
     if Path(loaded).parent.name in SEARCHED_BEFORE_ETC:

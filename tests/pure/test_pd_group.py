@@ -12,20 +12,33 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.errors import InventoryError
 from agent.group.decide import Rank, Vote, group_outcome, next_wave
+from agent.group.pdapply import planned_units, request_of
 from agent.group.run import Coordinator, Node, converge
 from agent.inventory import HostConfig
+from agent.orchestrate.asked import Change, Connection
+from agent.output import Output
+from agent.pd.group import Part, Seen, members
 from agent.protocol.events import Event, Outcome
-from agent.protocol.requests import Group
+from agent.protocol.requests import ROUTER_KIND, Group, Smoke
 from tests.pure.test_group_change import FakeNode, fake_deliver, fake_follow, rollback, served
 from tests.pure.txnfakes import TXN, Host, Script, unit_text
 
 OLD, NEW, BROKEN = 100_000, 200_000, 300_000
+ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 5.0
 ROLES = ("prefill", "decode", "router")
 
 
 def role_unit(context: int, role: str) -> str:
+    """A role's unit; the router's is sglang-router's (it logs no pool: its /health is its readiness), and
+    its "context" only tells the fakes' script whether its start crashes (BROKEN) or runs."""
+    if role == "router":
+        argv = (
+            f"/usr/bin/python3 -m sglang_router.launch_router --request-timeout-secs {context} --port 30000"
+        )
+        return f"[Unit]\nDescription=router\n\n[Service]\nExecStart={argv} --pd-disaggregation\n"
     return unit_text(context).replace("--model-path /m", f"--model-path /m --disaggregation-mode {role}")
 
 
@@ -37,6 +50,8 @@ def pd_group(tmp_path: Path, news: list[int]) -> tuple[list[Node], list[FakeNode
         host.install(host.etc, role_unit(OLD, role))
         req = host.request(new, unit_text=role_unit(new, role))
         req = replace(req, txn=TXN, group=Group(rank, len(news), WAIT_S), drain=False)
+        if role == "router":
+            req = replace(req, kind=ROUTER_KIND, smoke=Smoke())
         fakes.append(FakeNode(host))
         nodes.append(Node(rank, HostConfig.model_construct(name=role), None, req))
     return nodes, fakes
@@ -110,3 +125,114 @@ def test_a_wave_goes_only_after_every_earlier_wave_is_ready(ranks: list[tuple[Vo
 def test_no_waves_is_no_wave() -> None:
     assert next_wave([Rank(Vote.STOPPED)], [], 0) is None
     assert next_wave([Rank(Vote.READY), Rank(Vote.STOPPED)], [0, 1], 2) is None
+
+
+def test_the_routed_completion_gates_the_whole_and_its_failure_rolls_all_back(tmp_path: Path) -> None:
+    nodes, fakes = pd_group(tmp_path, [NEW, NEW, NEW])
+    fakes[2].host.probe.answer = "RuntimeError: Page size mismatch"  # what the router's completion returns
+    run_waves(nodes, fakes)
+    assert group_outcome([n.view for n in nodes], converge(nodes, rollback(fakes))) is Outcome.ROLLED_BACK
+    assert "routed check" in nodes[2].view.why and "Page size mismatch" in nodes[2].view.why
+    for role, fake in zip(ROLES, fakes, strict=True):
+        assert served(fake) == role_unit(OLD, role)
+
+
+def test_the_router_is_asked_for_a_routed_completion_and_no_server_info(tmp_path: Path) -> None:
+    nodes, fakes = pd_group(tmp_path, [NEW, NEW, NEW])
+    run_waves(nodes, fakes)
+    assert nodes[2].view.outcome is Outcome.APPLIED
+    assert "server_info" not in fakes[2].host.probe.asked and "smoke" in fakes[2].host.probe.asked
+
+
+def test_a_decode_of_the_last_wave_checks_through_the_router_url(tmp_path: Path) -> None:
+    nodes, fakes = pd_group(tmp_path, [NEW, NEW, NEW])
+    nodes, fakes = nodes[:2], fakes[:2]  # the router's unit unchanged: not restarted, not a member
+    for node in nodes:
+        node.request = replace(node.request, group=Group(node.rank, 2, WAIT_S))
+    nodes[1].request = replace(nodes[1].request, routed_url="http://127.0.0.1:30000")
+    fakes[1].host.probe.answer = "decode failed: Page size mismatch"
+    Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
+                waves=(0, 1)).run()  # fmt: skip
+    assert group_outcome([n.view for n in nodes], converge(nodes, rollback(fakes))) is Outcome.ROLLED_BACK
+    assert "routed check" in nodes[1].view.why
+    assert served(fakes[0]) == role_unit(OLD, "prefill") and served(fakes[1]) == role_unit(OLD, "decode")
+
+
+# ---- the laptop's decisions: who restarts, in which wave, who sends the routed check
+
+P, D, R = Part.PREFILL, Part.DECODE, Part.ROUTER
+
+
+def seen(*changes: tuple[Part, bool]) -> list[Seen]:
+    return [Seen(part, f"{part.value}[{i}]", changed) for i, (part, changed) in enumerate(changes)]
+
+
+@pytest.mark.parametrize(
+    ("changes", "chosen"),
+    [
+        # nothing changes: nothing restarts
+        ([(P, False), (D, False), (R, False)], []),
+        # a decode alone: the prefill and the router keep running; the decode checks through the router
+        ([(P, False), (D, True), (R, False)], [(1, 0, True)]),
+        # a prefill: every decode restarts after it (re-registers, sglang#13054), and checks the route
+        ([(P, True), (D, False), (D, False), (R, False)], [(0, 0, False), (1, 1, True), (2, 1, True)]),
+        # the router alone: it is the only member, and its own start sends the routed completion
+        ([(P, False), (D, False), (R, True)], [(2, 0, False)]),
+        # everything: three waves, the router last and its own check
+        ([(P, True), (D, True), (R, True)], [(0, 0, False), (1, 1, False), (2, 2, False)]),
+        # a second prefill unchanged is not restarted: only the changed one and the decodes
+        ([(P, True), (P, False), (D, False), (R, False)], [(0, 0, False), (2, 1, True)]),
+    ],
+)
+def test_members_waves_and_the_routed_check(
+    changes: list[tuple[Part, bool]], chosen: list[tuple[int, int, bool]]
+) -> None:
+    got = members(seen(*changes))
+    assert [(m.index, m.wave, m.routed) for m in got] == chosen
+    assert all(m.why for m in got)
+
+
+@given(st.lists(st.tuples(st.sampled_from([P, D]), st.booleans()), min_size=2, max_size=6), st.booleans())
+def test_members_never_restart_without_a_reason(units: list[tuple[Part, bool]], router: bool) -> None:
+    units = sorted(units, key=lambda u: u[0] is D)  # prefills first, as pd_units gives them
+    got = members(seen(*units, (R, router)))
+    for m in got:
+        part, changed = [*units, (R, router)][m.index]
+        assert changed or (part is D and any(c for p, c in units if p is P))
+    assert sorted({m.wave for m in got}) == list(range(len({m.wave for m in got})))  # no gap
+    routed = [m for m in got if m.routed]
+    assert not routed or (not router and all(m.wave == max(w.wave for w in got) for m in routed))
+
+
+def example_host() -> HostConfig:
+    from tests.pure.test_pd import example, host_of
+
+    return host_of(example())
+
+
+def test_the_example_is_three_requests_each_gated_on_its_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    units = planned_units(example_host(), 32768)
+    assert [u.part for u in units] == [P, D, R]
+    prefill, decode, router = (request_of(u, "absent", 32768) for u in units)
+    assert decode.target_context == 8 * (32768 + 512)  # the decode's need is its gate
+    assert prefill.target_context == units[0].need and not prefill.smoke.enabled  # a prefill serves no prompt
+    assert router.kind == ROUTER_KIND and router.port == 30000 and router.unit.endswith("-router.service")
+    assert "--disaggregation-mode prefill" in prefill.unit_text or "disaggregation-mode" in str(
+        prefill.unit_text
+    )
+
+
+def test_a_refused_pd_apply_touches_no_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agent.group.pdapply as pdapply
+    from tests.pure.test_pd import example, host_of
+
+    data = example()
+    data["pd"]["decode"][0]["flags"]["page-size"] = 16
+    host = host_of(data)
+
+    def no_host(*_: object) -> None:
+        raise AssertionError("a refused apply reached a host")
+
+    monkeypatch.setattr(pdapply, "clients", no_host)
+    with pytest.raises(InventoryError, match="page"):
+        pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output())

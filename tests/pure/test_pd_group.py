@@ -5,6 +5,7 @@ the router. Each unit's start is gated on its own pool; a failure of any role ro
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -236,3 +237,95 @@ def test_a_refused_pd_apply_touches_no_host(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(pdapply, "clients", no_host)
     with pytest.raises(InventoryError, match="page"):
         pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output())
+
+
+# ---- the agent of one unit killed at each of its jobs, the whole group running
+
+
+def kill_rig(tmp_path: Path) -> tuple[list[Node], list[FakeNode]]:
+    """pd_group, each fake host's systemd one that the agent may die at (test_kill_at_every_job.py)."""
+    from tests.pure.test_kill_at_every_job import TwoUnits
+
+    nodes, fakes = pd_group(tmp_path, [NEW, NEW, NEW])
+    for fake, role in zip(fakes, ROLES, strict=True):
+        units = TwoUnits(fake.host.systemd.search, fake.host.script)
+        fake.host.systemd = units
+        fake.host.journal.systemd = units
+        fake.host.probe.unit = lambda units=units: units.loaded  # type: ignore[misc]
+        fake.host.install(fake.host.etc, role_unit(OLD, role))
+    return nodes, fakes
+
+
+def killing_follow(fakes: list[FakeNode], rank: int, at: tuple[int, str]) -> Callable[..., object]:
+    """The unit's transaction, killed at job `at` on unit `rank`; then, as the follower does when its
+    runner died, the `recover` verb of that transaction (the recorded job list), its events passed on."""
+    from tests.pure.test_kill_at_every_job import Killed
+
+    plain = fake_follow(fakes)
+
+    def follow(node: Node, on_event: Callable[[Event], None]) -> object:
+        if node.rank != rank:
+            return plain(node, on_event)
+        from agent.host.change.folder import write_request
+        from agent.host.state import StateDir
+
+        host = fakes[rank].host
+        write_request(StateDir(node.request.state_dir), node.request, TXN)  # as the runner does
+        host.systemd.kill_at = at  # type: ignore[attr-defined]
+        try:
+            return plain(node, on_event)
+        except Killed:
+            host.systemd.kill_at = None  # type: ignore[attr-defined]
+            again = replace(node.request, verb="recover", died=TXN, group=None)
+            txn = host.transaction(again, txn="20261203T120100Z-recover")
+            txn.log.listeners.append(on_event)
+            result = txn.recover_only()
+            on_event(Event(TXN, 99, "", "done", "outcome", result.message, {"outcome": result.outcome.value}))
+            return None
+
+    return follow
+
+
+def jobs_per_unit(tmp_path: Path) -> list[int]:
+    nodes, fakes = kill_rig(tmp_path)
+    Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
+                waves=(0, 1, 2)).run()  # fmt: skip
+    assert all(n.view.outcome is Outcome.APPLIED for n in nodes)
+    return [len(f.host.systemd.calls) for f in fakes]  # type: ignore[attr-defined]
+
+
+def test_a_unit_killed_at_any_job_leaves_the_service_on_one_generation(tmp_path: Path) -> None:
+    """Any unit's agent killed before or after any of its jobs, its recovery the recorded job list's (the
+    `recover` verb, as for a one-host change): every running unit ends on the old texts or every one on
+    the new, each running the text on its disk; a stopped unit is never reported healthy."""
+    counts = jobs_per_unit(tmp_path / "count")
+    ends: set[str] = set()
+    for rank, n in enumerate(counts):
+        for k in range(1, n + 1):
+            for where in ("before", "after"):
+                nodes, fakes = kill_rig(tmp_path / f"{rank}-{k}-{where}")
+                follow = killing_follow(fakes, rank, (k, where))
+                Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=follow,
+                            waves=(0, 1, 2)).run()  # fmt: skip
+                converge(nodes, rollback(fakes))
+                ends.add(_one_generation(nodes, fakes, f"{ROLES[rank]} killed {where} job {k}"))
+    print(f"jobs per unit {counts}: ends {sorted(ends)}")
+    # every job of a member (its stop, its start) comes before its vote: its recovery claims the abort, and
+    # the whole service is back on its old units, every one running (none left stopped, in doubt)
+    assert ends == {"old"}
+
+
+def _one_generation(nodes: list[Node], fakes: list[FakeNode], at: str) -> str:
+    """The generation the running units serve ("old", "new", or "none"), checked to be one."""
+    running = set()
+    for node, fake, role in zip(nodes, fakes, ROLES, strict=True):
+        units, on_disk = fake.host.systemd, (fake.host.etc / "sglang.service").read_text()
+        said = f"{at}: {role} {node.view.outcome} {node.view.why}"
+        if units.active == "active":
+            assert units.running == on_disk, said  # type: ignore[attr-defined]
+            running.add("new" if on_disk == role_unit(NEW, role) else "old")
+        else:
+            assert node.view.outcome is not Outcome.ROLLED_BACK, f"stopped yet called healthy: {said}"
+    assert len(running) <= 1, f"{at}: two generations run: {running}"
+    stopped = any(f.host.systemd.active != "active" for f in fakes)
+    return (running.pop() if running else "none") + (", some in doubt" if stopped else "")

@@ -329,3 +329,16 @@ def _one_generation(nodes: list[Node], fakes: list[FakeNode], at: str) -> str:
     assert len(running) <= 1, f"{at}: two generations run: {running}"
     stopped = any(f.host.systemd.active != "active" for f in fakes)
     return (running.pop() if running else "none") + (", some in doubt" if stopped else "")
+
+
+def test_a_running_router_whose_unit_is_unchanged_is_up_to_date(tmp_path: Path) -> None:
+    """A router has no pool to meet a target: its agent finds nothing to do when it runs its very unit, so
+    a change of the roles alone never restarts it."""
+    host = Host(tmp_path, Script())
+    host.install(host.etc, role_unit(OLD, "router"))
+    req = replace(host.request(OLD, unit_text=role_unit(OLD, "router")), kind=ROUTER_KIND)
+    result = host.transaction(req).apply()
+    assert result.outcome is Outcome.UP_TO_DATE, result.message
+    assert (host.systemd.restarts, host.systemd.stops, host.systemd.starts) == (0, 0, 0)
+    changed = replace(req, unit_text=role_unit(NEW, "router"))
+    assert host.transaction(changed).apply().outcome is Outcome.APPLIED  # a changed one restarts

@@ -342,3 +342,29 @@ def test_a_running_router_whose_unit_is_unchanged_is_up_to_date(tmp_path: Path) 
     assert (host.systemd.restarts, host.systemd.stops, host.systemd.starts) == (0, 0, 0)
     changed = replace(req, unit_text=role_unit(NEW, "router"))
     assert host.transaction(changed).apply().outcome is Outcome.APPLIED  # a changed one restarts
+
+
+def test_the_routed_check_asks_again_while_the_router_selects_no_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sglang-router answers 503 `server_selection_failed` until its health check sees the restarted units:
+    asked again; a 502 (a decode that died at the transfer) fails at once."""
+    from agent.host.roles import pdrouter
+    from agent.host.watch.probe import SmokeResult
+    from agent.protocol.requests import Timeouts
+
+    monkeypatch.setattr(pdrouter, "UNSELECTED_PAUSE_S", 0.0)
+    for replies, passed in ((["HTTP 503", "HTTP 503", ""], True), (["HTTP 502: Decode server error"], False)):
+        host = Host(tmp_path / str(passed), Script())
+        said = iter(replies)
+
+        def smoke(s: Smoke, said: object = said) -> SmokeResult:
+            detail = next(said)  # type: ignore[call-overload]
+            return SmokeResult(s.prompt_tokens, 0.1, "" if detail else "dog", not detail, detail)
+
+        host.probe.smoke = smoke  # type: ignore[method-assign]
+        req = host.request(NEW, kind=ROUTER_KIND, timeouts=Timeouts(ready_s=30))
+        txn = host.transaction(req)
+        failed = pdrouter.routed_check(txn.ports, Smoke())
+        assert (failed is None) is passed, failed
+        assert next(said, None) is None  # every reply was asked for, none more

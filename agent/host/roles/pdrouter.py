@@ -21,6 +21,10 @@ from agent.protocol.events import Stage
 from agent.protocol.requests import ROUTER_KIND, Smoke
 
 ROUTED_PROMPT_TOKENS = 2000  # one short routed completion: it crosses the KV transfer, not the context
+# sglang-router 0.3.2 answers 503 `server_selection_failed` while it counts no worker of a role healthy (its
+# health checks come every few seconds): asked again, not failed. A 502 (a decode that died) fails at once.
+UNSELECTED = "HTTP 503"
+UNSELECTED_PAUSE_S = 2.0
 
 
 def is_router(p: Ports) -> bool:
@@ -65,6 +69,10 @@ def routed_check(p: Ports, smoke: Smoke | None) -> str | None:
         probe = p.probe(host, port, p.secrets.api_key())
         probe.wait_ready(p.req.timeouts.ready_s)
         res = probe.smoke(routed)
+        deadline = time.monotonic() + p.req.timeouts.ready_s
+        while not res.passed and res.detail.startswith(UNSELECTED) and time.monotonic() < deadline:
+            time.sleep(UNSELECTED_PAUSE_S)  # the router has not seen the restarted units healthy yet
+            res = probe.smoke(routed)
     except ProbeError as exc:
         return f"routed check through the router failed: {exc}"
     if not res.passed:

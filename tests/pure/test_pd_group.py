@@ -276,7 +276,8 @@ def killing_follow(fakes: list[FakeNode], rank: int, at: tuple[int, str]) -> Cal
             return plain(node, on_event)
         except Killed:
             host.systemd.kill_at = None  # type: ignore[attr-defined]
-            again = replace(node.request, verb="recover", died=TXN, group=None)
+            # as the laptop's `recover` sends it: no kind (a router is known by its unit's command)
+            again = replace(node.request, verb="recover", died=TXN, group=None, kind="engine")
             txn = host.transaction(again, txn="20261203T120100Z-recover")
             txn.log.listeners.append(on_event)
             result = txn.recover_only()
@@ -368,3 +369,18 @@ def test_the_routed_check_asks_again_while_the_router_selects_no_worker(
         failed = pdrouter.routed_check(txn.ports, Smoke())
         assert (failed is None) is passed, failed
         assert next(said, None) is None  # every reply was asked for, none more
+
+
+def test_a_router_is_known_by_its_command_when_a_request_names_no_kind(tmp_path: Path) -> None:
+    """A rollback or a recovery sent without the kind (`deployctl`'s own recover, a by-hand rollback)
+    still judges the router's start by its /health: it logs no pool."""
+    host = Host(tmp_path, Script())
+    host.install(host.etc, role_unit(OLD, "router"))
+    applied = host.transaction(
+        replace(host.request(NEW, unit_text=role_unit(NEW, "router")), kind=ROUTER_KIND)
+    )
+    assert applied.apply().outcome is Outcome.APPLIED
+    back = replace(host.request(OLD), verb="rollback")  # no kind
+    result = host.transaction(back, txn="20261203T130000Z-abcdef").rollback()
+    assert result.outcome is Outcome.APPLIED and result.data.get("restored_from"), result.message
+    assert served(FakeNode(host)) == role_unit(OLD, "router")

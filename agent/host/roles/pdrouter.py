@@ -20,6 +20,7 @@ from agent.host.watch.start import WatchResult
 from agent.protocol.events import Stage
 from agent.protocol.requests import ROUTER_KIND, Smoke
 
+ROUTER_MODULE = "sglang_router.launch_router"
 ROUTED_PROMPT_TOKENS = 2000  # one short routed completion: it crosses the KV transfer, not the context
 # sglang-router 0.3.2 answers 503 `server_selection_failed` while it counts no worker of a role healthy (its
 # health checks come every few seconds): asked again, not failed. A 502 (a decode that died) fails at once.
@@ -28,7 +29,14 @@ UNSELECTED_PAUSE_S = 2.0
 
 
 def is_router(p: Ports) -> bool:
-    return p.req.kind == ROUTER_KIND
+    """Sent as a router, or its unit runs one: a recovery (the laptop's `recover`, a follower's) or a
+    rollback of the router's unit sends no kind, and its old start has no pool either."""
+    return p.req.kind == ROUTER_KIND or runs_router(p.files.read(p.unit) or "")
+
+
+def runs_router(text: str) -> bool:
+    """The unit's command is sglang-router's (`python -m sglang_router.launch_router`)."""
+    return ROUTER_MODULE in text.partition("ExecStart=")[2]
 
 
 def watch_router(p: Ports, invocation: str) -> WatchResult:

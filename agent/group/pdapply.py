@@ -7,6 +7,7 @@ last wave on one completion routed through the router. Any member that fails rol
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -17,7 +18,7 @@ from agent.group.run import Coordinator, Hear, Node, converge
 from agent.inventory import HostConfig
 from agent.orchestrate.asked import Change, Connection
 from agent.orchestrate.session import Session, clients, confirm, recover_orphan
-from agent.output import Output
+from agent.output import Output, Style
 from agent.pd import plan as pd_plan
 from agent.pd.group import Member, Part, Seen, members, waves
 from agent.pd.refusals import check
@@ -168,6 +169,8 @@ def _nodes(
 
 
 def _show(out: Output, units: Sequence[Planned], chosen: Sequence[Member]) -> None:
+    if out.style is Style.JSON:
+        return
     out.note(f"== {len(chosen)} unit(s) restart as one group, in waves (prefills, decodes, router):")
     for m in chosen:
         u = units[m.index]
@@ -176,7 +179,7 @@ def _show(out: Output, units: Sequence[Planned], chosen: Sequence[Member]) -> No
 
 def _run(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int, ...]) -> int:
     def hear(node: Node, event: Event) -> None:
-        if event.kind in ("step", "warning"):
+        if event.kind in ("step", "warning") and out.style is not Style.JSON:
             out.note(f"   [{node.host.name}] {event.stage}: {event.message}")
 
     Coordinator(nodes, hear, waves=order).run()
@@ -184,12 +187,25 @@ def _run(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int, ...
     outcome = group_outcome([n.view for n in nodes], converged)
     cause = first_cause([n.view for n in nodes])
     why = f": {nodes[cause[0]].host.name} failed: {cause[1]}" if cause else ""
+    if out.style is Style.JSON:
+        out.print(json.dumps(_json(host, nodes, outcome.value, why), sort_keys=True, default=str))
+        return int(outcome.exit_code)
     out.print(f"== {host.name}: {outcome.headline}{why}")
     for node in nodes:
         what = node.view.outcome.value if node.view.outcome else "unknown (no contact)"
         said = node.outcome.message if node.outcome else node.view.why
         out.print(f"   {node.host.name} ({node.host.ssh.target} {node.host.unit.name}): {what}: {said}")
     return int(outcome.exit_code)
+
+
+def _json(host: HostConfig, nodes: Sequence[Node], outcome: str, why: str) -> dict[str, object]:
+    units = [
+        {"unit": n.host.unit.name, "target": n.host.ssh.target, "name": n.host.name,
+         "outcome": n.view.outcome.value if n.view.outcome else None,
+         "message": n.outcome.message if n.outcome else n.view.why}
+        for n in nodes
+    ]  # fmt: skip
+    return {"service": host.name, "outcome": outcome, "reason": why.removeprefix(": "), "units": units}
 
 
 def _rollback(node: Node, backup: str, hear: Hear) -> Event:

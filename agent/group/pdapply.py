@@ -8,6 +8,7 @@ last wave on one completion routed through the router. Any member that fails rol
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -32,6 +33,7 @@ from agent.remote.client import AgentClient, base_request
 from agent.remote.follow import Watch
 from agent.remote.follow import follow as follow_transaction
 
+RANK_FAILED = re.compile(r"^rank \d+ failed: ")
 PD_WAIT_S = 3600.0  # a unit waits this long for its wave's "go" and for the decision, as a node does
 
 
@@ -44,7 +46,6 @@ class Planned:
     host: HostConfig
     text: str
     need: int  # the pool its role must hold: its start's gate
-    planned_pool: int | None
 
 
 def refused_first(host: HostConfig, context: int) -> list[pd_plan.RolePlan]:
@@ -71,10 +72,8 @@ def planned_units(host: HostConfig, context: int) -> list[Planned]:
         flags = {"context-length": context, **p.plan.flags()}
         text = render_checked(p.unit.host, flags)
         part = Part(p.unit.role.value)
-        units.append(
-            Planned(part, p.unit.label, p.unit.host, text, p.need_tokens, p.plan.predicted_pool_tokens)
-        )
-    units.append(Planned(Part.ROUTER, "router", router_host(host), render_router_unit(host), context, None))
+        units.append(Planned(part, p.unit.label, p.unit.host, text, p.need_tokens))
+    units.append(Planned(Part.ROUTER, "router", router_host(host), render_router_unit(host), context))
     return units
 
 
@@ -102,9 +101,11 @@ def request_of(unit: Planned, installed: str, context: int) -> Request:
     if unit.part is Part.ROUTER:
         return base_request(unit.host, "apply", unit_text=unit.text, target_context=context,
                             expect_sha256=installed, kind=ROUTER_KIND)  # fmt: skip
+    # The gate is the role's need alone: the plan here is the inventory's (offline), not calibrated on the
+    # host's own starts, so its predicted pool is no bound a start must meet (a one-host apply plans from
+    # the host's facts and sends that).
     req = base_request(
-        unit.host, "apply", unit_text=unit.text, target_context=unit.need, planned_pool=unit.planned_pool,
-        expect_sha256=installed,
+        unit.host, "apply", unit_text=unit.text, target_context=unit.need, expect_sha256=installed
     )  # fmt: skip
     return replace(req, smoke=replace(req.smoke, enabled=False, load=0))
 
@@ -186,7 +187,9 @@ def _run(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int, ...
     converged = converge(nodes, lambda node, backup: _rollback(node, backup, hear))
     outcome = group_outcome([n.view for n in nodes], converged)
     cause = first_cause([n.view for n in nodes])
-    why = f": {nodes[cause[0]].host.name} failed: {cause[1]}" if cause else ""
+    # a member's vote says "rank N failed: ..."; the report names the unit instead
+    said = RANK_FAILED.sub("", cause[1]) if cause else ""
+    why = f": {nodes[cause[0]].host.name} failed: {said}" if cause else ""
     if out.style is Style.JSON:
         out.print(json.dumps(_json(host, nodes, outcome.value, why), sort_keys=True, default=str))
         return int(outcome.exit_code)

@@ -384,3 +384,11 @@ def test_a_router_is_known_by_its_command_when_a_request_names_no_kind(tmp_path:
     result = host.transaction(back, txn="20261203T130000Z-abcdef").rollback()
     assert result.outcome is Outcome.APPLIED and result.data.get("restored_from"), result.message
     assert served(FakeNode(host)) == role_unit(OLD, "router")
+
+
+def test_a_role_is_gated_on_its_need_not_on_the_offline_prediction() -> None:
+    """The plan of a [pd] file is the inventory's, not calibrated on the host: a start whose pool holds its
+    role's need passes though it is below that prediction (seen on the test host: 93,608 against 103,479)."""
+    for unit in planned_units(example_host(), 32768)[:2]:
+        req = request_of(unit, "absent", 32768)
+        assert req.planned_pool is None and req.target_context == unit.need

@@ -46,6 +46,9 @@ VERBS = (
     "inspect",
     "signal",
 )
+# What a unit runs: an SGLang server, or a [pd] service's router (host/roles/pdrouter.py: no pool to gate)
+ENGINE_KIND, ROUTER_KIND = "engine", "router"
+KINDS = (ENGINE_KIND, ROUTER_KIND)
 # A multi-node service's coordinator to one node's transaction (agent/host/roles/groupsignal.py).
 SIGNALS = ("go", "go-back", "commit", "abort")
 
@@ -122,6 +125,8 @@ class Request:
     router_worker_url: str | None = None
     router_timeout_s: float = 60.0
     group: Group | None = None  # apply: this node's rank in a multi-node service
+    kind: str = ENGINE_KIND  # apply: an SGLang server, or a [pd] service's router
+    routed_url: str | None = None  # apply, [pd]: once ready, one completion through this router must answer
     start: bool = False  # apply --start: an unchanged unit someone stopped is started (else left stopped)
     # recover: the transaction whose runner died, run by the follower its coordinator still reads (a group
     # node then waits for that coordinator's "go-back"; a later run's recovery does not)
@@ -234,7 +239,8 @@ class Request:
             "bad keep_secret_env",
         )
         _check(isinstance(self.host_name, str) and not find_control(self.host_name), "bad host_name")
-        for url in (self.router_url, self.router_worker_url):
+        _check(self.kind in KINDS, f"kind must be one of {', '.join(KINDS)}")
+        for url in (self.router_url, self.router_worker_url, self.routed_url):
             _check(
                 url is None or (isinstance(url, str) and HTTP_URL.fullmatch(url) is not None),
                 "bad router URL",

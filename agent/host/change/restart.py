@@ -14,6 +14,7 @@ from agent.host.change.ports import Ports, Run, node_rank
 from agent.host.events import utc_now
 from agent.host.roles.groupnode import NodeWaits
 from agent.host.roles.groupsignal import Signals, files_of
+from agent.host.roles.pdrouter import is_router, watch_router
 from agent.host.roles.weight_cache import client
 from agent.host.watch import gpu_at_start
 from agent.host.watch.poll import wait_until
@@ -58,6 +59,8 @@ def restart_and_watch(
     n0 = after.n_restarts
     if after.invocation_id == before.invocation_id and not job.ok:
         n0 = -1  # the job failed before a new invocation: decide() sees a crash at once
+    if is_router(p):  # a [pd] service's router: no pool to gate, its /health is its readiness
+        return watch_router(p, after.invocation_id)
     abandon_if = abandon(p, barrier) if barrier is not None and not barrier.back else None
     held, on_pool = gpu_recorder(p, after.invocation_id)
     start = WatchedStart(

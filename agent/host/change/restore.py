@@ -12,6 +12,7 @@ from agent.host.change.ports import NO_UNIT, Change, Ports, Result, Run, flags_o
 from agent.host.change.record import PHASE_ROLLING_BACK, Record
 from agent.host.change.restart import restart_and_watch, stop_clean
 from agent.host.roles.groupsignal import Signals
+from agent.host.roles.pdrouter import pool_said
 from agent.host.units import UnitWriteError
 from agent.host.watch.start import WatchResult
 from agent.protocol.common import unit_sha256 as sha256
@@ -161,7 +162,8 @@ def verify_old(p: Ports, run: Run) -> tuple[bool, str]:
     except ProbeError as exc:
         return False, str(exc)
     pool = old.summary.get("kv_tokens")
-    p.log.emit(Stage.VERIFY_OLD, "step", f"old unit healthy: KV pool {pool:,} tokens, ready", kv_tokens=pool)
+    said = pool_said(dict(old.summary))
+    p.log.emit(Stage.VERIFY_OLD, "step", f"old unit healthy: {said}, ready", kv_tokens=pool)
     return True, ""
 
 

@@ -34,6 +34,7 @@ from agent.host.change.verify import verify
 from agent.host.events import EventLog
 from agent.host.roles import groupstep, routerstep
 from agent.host.roles.daemon import DaemonUnit
+from agent.host.roles.pdrouter import is_router
 from agent.host.roles.router import RouterPort
 from agent.host.secrets import SecretFiles
 from agent.host.state import StateDir
@@ -130,7 +131,7 @@ class Transaction:
         compared = self.compare()
         if isinstance(compared, Result):
             return compared
-        refused = compare.check_with_sglang(self.ports, self.req.unit_text)
+        refused = None if is_router(self.ports) else compare.check_with_sglang(self.ports, self.req.unit_text)
         if refused is not None:
             return refused
         daemon = self.daemon.refusal(self.req.unit_text, self.req.daemon_text, self.req.group is not None)

@@ -210,3 +210,15 @@ def test_no_start_it_hint_while_a_change_is_running() -> None:
     }
     text = status_text("ct200", "sglang.service", st)  # type: ignore[arg-type]
     assert "systemctl start" not in text, "a person told to start the engine in the middle of a change"
+
+
+def test_a_running_daemon_whose_unit_file_was_deleted_is_still_shown(monkeypatch) -> None:
+    """systemd keeps a running unit whose file is gone (then daemon-reload) as LoadState=not-found, still
+    active: the daemon that holds the GPU memory is the one status hides."""
+    from agent.host import verbs
+
+    def state(unit: str):  # type: ignore[no-untyped-def]
+        return {"unit": unit, "load_state": "not-found", "active_state": "active", "sub_state": "running"}
+
+    monkeypatch.setattr(verbs, "_state", state)
+    assert verbs._daemon_state("sglang.service") is not None

@@ -222,3 +222,19 @@ def test_a_running_daemon_whose_unit_file_was_deleted_is_still_shown(monkeypatch
 
     monkeypatch.setattr(verbs, "_state", state)
     assert verbs._daemon_state("sglang.service") is not None
+
+
+def test_a_drop_in_with_a_tab_before_the_equals_sign_is_not_applied_over(tmp_path: Path) -> None:
+    """The same misreading in both checks (shadowed before the backup, loaded_elsewhere after the reload):
+    systemd runs the drop-in's command, and the change is committed "applied" (on a host: whenever the
+    drop-in's command passes /server_info's context, fraction and cap)."""
+    from tests.pure.txnfakes import Host, Script
+
+    host = Host(tmp_path, Script(pools={"100000": 110_000, "200000": 210_000}))
+    host.install(host.etc, unit_text(100_000))
+    drop_in = host.etc / f"{UNIT}.d" / "zz-override.conf"
+    drop_in.parent.mkdir()
+    drop_in.write_text("[Service]\nExecStart\t=\nExecStart\t=/usr/bin/other --port 1\n")
+    host.systemd.drop_ins = (str(drop_in),)
+    said = host.transaction(host.request(200_000)).apply()
+    assert said.outcome is Outcome.ERROR and str(drop_in) in said.message, f"{said.outcome}: {said.message}"

@@ -238,3 +238,19 @@ def test_a_drop_in_with_a_tab_before_the_equals_sign_is_not_applied_over(tmp_pat
     host.systemd.drop_ins = (str(drop_in),)
     said = host.transaction(host.request(200_000)).apply()
     assert said.outcome is Outcome.ERROR and str(drop_in) in said.message, f"{said.outcome}: {said.message}"
+
+
+def test_an_unchanged_unit_under_an_exec_start_drop_in_is_not_up_to_date(tmp_path: Path) -> None:
+    """compare() runs before shadowed(): the unit file matches, the running start (the drop-in's command)
+    logged a pool that meets the target, and the apply says "already up to date" for a command it never
+    wrote."""
+    from tests.pure.txnfakes import Host, Script
+
+    host = Host(tmp_path, Script(pools={"200000": 210_000}))
+    host.install(host.etc, unit_text(200_000))
+    drop_in = host.etc / f"{UNIT}.d" / "zz-override.conf"
+    drop_in.parent.mkdir()
+    drop_in.write_text("[Service]\nExecStart=\nExecStart=/usr/bin/other --context-length 200000\n")
+    host.systemd.drop_ins = (str(drop_in),)
+    said = host.transaction(host.request(200_000)).apply()
+    assert said.outcome is not Outcome.UP_TO_DATE, said.message

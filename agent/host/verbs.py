@@ -214,7 +214,9 @@ def _daemon_state(engine: str) -> UnitStateData | None:
     """The weight-cache daemon's state, only where its unit is loaded: an engine stopped beside a running
     daemon is a dead service that `systemctl is-active` on the daemon alone would hide."""
     state = _state(daemon_unit_name(engine))
-    return state if state is not None and state["load_state"] != "not-found" else None
+    if state is None or (state["load_state"] == "not-found" and state["active_state"] == "inactive"):
+        return None  # no such unit; a running one whose file was deleted is still shown
+    return state
 
 
 def _gpus() -> list[GpuRow]:

@@ -128,10 +128,12 @@ def status_text(host: str, unit: str, st: StatusAnswer) -> str:
     if daemon:
         d_active = daemon.get("active_state", "?")
         lines.append(f"  weight-cache daemon {daemon.get('unit')}: {d_active}/{daemon.get('sub_state', '?')}")
-        if d_active == "active" and active not in ("active", "activating", "reloading"):
+        down = active not in ("active", "activating", "reloading") or sub == "auto-restart"
+        if d_active == "active" and down:
+            said = f"{active}/{sub}" if sub == "auto-restart" else active
+            hint = "" if st.get("running") else f"; start it: systemctl start {unit}"  # not mid-change
             lines.append(
-                f"  the engine is {active} while its weight-cache daemon runs: the service serves nothing; "
-                f"start it: systemctl start {unit}"
+                f"  the engine is {said} while its weight-cache daemon runs: the service serves nothing{hint}"
             )
     r = st.get("running")
     if r:

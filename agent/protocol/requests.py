@@ -26,12 +26,21 @@ ANSWER_TIMEOUT_S = 300.0  # a read-only verb's answer (facts reads headers, stat
 SLACK_S = 600.0  # the agent's own steps between the timed phases (files, reloads, the smoke's tokenizer)
 
 
+# [weight_cache]: a daemon that crashes while a start is checked is waited for (up to weights_s, its load),
+# and the engine start its return makes is watched and checked again, this many times at most
+# (host/change/settle.py); an engine stopped with its daemon is started by systemd within ENGINE_BACK_S.
+MAX_RESTARTS_UNDER_CHECK = 3
+ENGINE_BACK_S = 60.0
+
+
 def conversation_bound_s(req: Request) -> float:
     """The longest one agent conversation can take: an answer, then a change whose every phase ran to its
-    timeout (pre-warm, a recovery's restore first, the new start, the rollback's start, the smoke test)."""
+    timeout (pre-warm, a recovery's restore first, the new start, the rollback's start, the smoke test),
+    and the starts re-checked after a weight-cache daemon's crash, each after the daemon's wait."""
     t = req.timeouts
     one_start = RESTART_JOB_TIMEOUT_S + t.weights_s + t.pool_s + t.ready_s
-    return ANSWER_TIMEOUT_S + t.weights_s + 3 * one_start + req.smoke.timeout_s + SLACK_S
+    rechecked = MAX_RESTARTS_UNDER_CHECK * (one_start + t.weights_s + ENGINE_BACK_S + req.smoke.timeout_s)
+    return ANSWER_TIMEOUT_S + t.weights_s + 3 * one_start + req.smoke.timeout_s + rechecked + SLACK_S
 
 
 VERBS = (

@@ -15,7 +15,6 @@ from agent.host.events import utc_now
 from agent.host.roles.groupnode import NodeWaits
 from agent.host.roles.groupsignal import Signals, files_of
 from agent.host.roles.pdrouter import is_router, watch_router
-from agent.host.roles.weight_cache import client
 from agent.host.watch import gpu_at_start
 from agent.host.watch.poll import wait_until
 from agent.host.watch.start import WatchedStart, WatchResult, watch_start
@@ -71,14 +70,11 @@ def restart_and_watch(
     return watched
 
 
-MAX_RESTARTS_UNDER_CHECK = 3  # a daemon that keeps crashing: the change is not verified, it rolls back
-
-
 def after_check(p: Ports, started: WatchResult, gate: Gate, cursor: str | None) -> WatchResult | str | None:
     """[weight_cache], before the commit (host/change/settle.py): None when the verified start still runs;
     the engine's new start, watched, when its daemon's crash restarted it under the checks; why not, when
     the daemon or the engine stayed down. One look at both units when nothing happened."""
-    if not client(p.files.read(p.unit) or ""):
+    if not p.daemon.client_of(p.files.read(p.unit)):  # a client of OUR daemon (not only the flag)
         return None
 
     def look() -> settle.Seen:
@@ -89,7 +85,7 @@ def after_check(p: Ports, started: WatchResult, gate: Gate, cursor: str | None) 
     if found is settle.Settled.KEPT:
         return None
     if found is settle.Settled.DAEMON_DOWN:
-        return f"the weight-cache daemon {p.daemon.name} went down while the new start was checked"
+        return f"the weight-cache daemon {p.daemon.name} went down while the start was checked"
     if found is settle.Settled.ENGINE_DOWN:
         return f"{p.unit} was stopped with its weight-cache daemon and not started again"
     state = p.systemd.unit_state(p.unit)

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from enum import Enum
 
 from agent.host.watch.poll import wait_until
+from agent.protocol.requests import ENGINE_BACK_S
 
 UP = ("active", "reloading")
 STARTING = ("activating", *UP)
-ENGINE_BACK_S = 60.0  # an engine stopped with its daemon is started by systemd right after the daemon
+GONE = ("inactive", "failed")  # and not waiting for its Restart=: nothing will start it again
 
 
 class Settled(Enum):
@@ -54,11 +55,22 @@ def verdict(seen: Seen, verified: str) -> Settled | None:
     return None  # stopped with the daemon, its new start not begun yet
 
 
+def daemon_gone(seen: Seen) -> bool:
+    """Stopped or failed with no restart pending (a person's `systemctl stop`): not worth waiting for."""
+    return seen.daemon_active in GONE and seen.daemon_sub != "auto-restart"
+
+
 def settle(
     look: Callable[[], Seen], verified: str, daemon_s: float, engine_s: float = ENGINE_BACK_S
 ) -> Settled:
     """Wait for the daemon (up to daemon_s: its restart delay and load), then for the engine to run again."""
-    if not wait_until(lambda: daemon_up(look()), daemon_s):
+    seen: list[Seen] = []
+
+    def daemon_decided() -> bool:
+        seen[:] = [look()]
+        return daemon_up(seen[0]) or daemon_gone(seen[0])
+
+    if not wait_until(daemon_decided, daemon_s) or not daemon_up(seen[0]):
         return Settled.DAEMON_DOWN
     found: list[Settled] = []
 

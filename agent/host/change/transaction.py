@@ -28,7 +28,7 @@ from agent.host.change.ports import (
     SystemdPort,
     http_probe,
 )
-from agent.host.change.restart import MAX_RESTARTS_UNDER_CHECK, after_check, restart_and_watch
+from agent.host.change.restart import after_check, restart_and_watch
 from agent.host.change.restore import group_node, roll_back, stop_rank
 from agent.host.change.verify import verify
 from agent.host.events import EventLog
@@ -41,7 +41,7 @@ from agent.host.state import StateDir
 from agent.host.units import UnitFiles
 from agent.host.watch.start import JournalPort
 from agent.protocol.events import Event, Outcome, Stage
-from agent.protocol.requests import Request
+from agent.protocol.requests import MAX_RESTARTS_UNDER_CHECK, Request
 
 __all__ = ["ProbeFactory", "ProbePort", "Result", "SystemdPort", "Transaction"]
 
@@ -125,7 +125,7 @@ class Transaction:
     # -- the verbs ------------------------------------------------------------------------------
     def apply(self) -> Result:
         assert self.req.unit_text is not None and self.req.target_context is not None
-        blocked = self._recover_first()
+        blocked = self._recover_first() or write.overridden(self.ports)
         if blocked is not None:
             return blocked
         compared = self.compare()

@@ -1,5 +1,5 @@
-"""Review rev38b: failing tests for d5cac49 (drop-in pre-check), 1a787d9 (settle before the commit) and
-dac8e69 (status of the daemon). Each test names the hole it shows; see the review report."""
+"""Holes a hostile review found in the drop-in pre-check, the settle before a commit with [weight_cache]
+(host/change/settle.py) and the daemon's status; each test failed before its fix."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from agent.host.change import settle as settle_mod
-from agent.host.change.restart import MAX_RESTARTS_UNDER_CHECK
 from agent.host.change.settle import Seen, Settled, settle
 from agent.host.change.write import sets_exec_start
 from agent.orchestrate.session import status_text
 from agent.protocol.events import Outcome
 from agent.protocol.requests import (
     ANSWER_TIMEOUT_S,
+    ENGINE_BACK_S,
+    MAX_RESTARTS_UNDER_CHECK,
     RESTART_JOB_TIMEOUT_S,
     Request,
     conversation_bound_s,
@@ -55,7 +56,9 @@ def test_a_drop_in_that_sets_exec_start_with_whitespace_systemd_accepts_is_seen(
 def test_a_drop_in_that_does_not_set_exec_start_is_not_refused(tmp_path: Path, text: str) -> None:
     path = tmp_path / "10-override.conf"
     path.write_text(text)
-    assert not sets_exec_start(str(path)), "refused (apply and rollback) for an ExecStart= systemd never reads"
+    assert not sets_exec_start(str(path)), (
+        "refused (apply and rollback) for an ExecStart= systemd never reads"
+    )
 
 
 # -- 1a787d9: the conversation bound knows nothing of the re-watched starts --------------------------------
@@ -71,7 +74,7 @@ def test_the_laptops_bound_covers_the_starts_re_watched_under_the_checks() -> No
         ANSWER_TIMEOUT_S
         + t.weights_s  # pre-warm
         + (3 + MAX_RESTARTS_UNDER_CHECK) * one_start
-        + MAX_RESTARTS_UNDER_CHECK * (t.weights_s + settle_mod.ENGINE_BACK_S)
+        + MAX_RESTARTS_UNDER_CHECK * (t.weights_s + ENGINE_BACK_S)
         + (1 + MAX_RESTARTS_UNDER_CHECK) * req.smoke.timeout_s
     )
     assert conversation_bound_s(req) >= worst, (
@@ -120,7 +123,7 @@ def test_a_rollback_to_a_client_unit_tied_to_another_daemon_is_not_rolled_back(t
     client of it), then after_check waits weights_s for that daemon and calls it 'down': the person's
     rollback is rolled back to the unit they left."""
     c = K.Class("hand", hand_made_client(K.OLD), False, K.client(K.NEW), K.daemon())
-    host, units = K.rig(tmp_path, c)
+    host, _ = K.rig(tmp_path, c)
     assert K.apply(host, c, K.NEW).outcome is Outcome.APPLIED
     back = host.transaction(replace(host.request(K.OLD), verb="rollback"))
     said = back.rollback()
@@ -152,10 +155,9 @@ def test_a_daemon_crash_under_the_rollbacks_check_is_not_reported_healthy(tmp_pa
     probe.unit = lambda: units.loaded
     host.probe = probe
     said = K.apply(host, c, K.CRASH)
-    if said.outcome is Outcome.ROLLED_BACK and "healthy" in said.message:
-        assert units.d_active == "active" and units.active == "active", (
-            f"'{said.message}' while the daemon is {units.d_active} and the engine {units.active}"
-        )
+    # the daemon never comes back in this fake: the old unit is not said healthy, the daemon is named
+    assert said.outcome is Outcome.ROLLBACK_FAILED, said.message
+    assert "weight-cache daemon sglang-weight-cache.service went down" in said.message
 
 
 # -- 1a787d9: bounded: a daemon that crashes under every check rolls back --------------------------------

@@ -229,7 +229,8 @@ class PdHost:
         """Seconds until the unit's /health answers 200 (a real server answers once it is fired up)."""
         started = time.monotonic()
         while not healthy(port):
-            if self.systemctl("is-active", unit) == "failed" or time.monotonic() - started > timeout:
+            died = self.systemctl("show", "-p", "NRestarts", "--value", unit) not in ("", "0")
+            if died or time.monotonic() - started > timeout:
                 tail = "\n".join(self.journal(unit).splitlines()[-30:])
                 raise AssertionError(f"{unit} not ready after {time.monotonic() - started:.0f} s:\n{tail}")
             time.sleep(0.5)
@@ -258,6 +259,16 @@ def healthy_workers(doc: object) -> set[str]:
     return {str(w.get("worker_type")) for w in workers if isinstance(w, dict) and w.get("is_healthy")}
 
 
+def _imports(host: TestHost) -> None:
+    """What SGLang imports at its first transfer, and the router, with the units' own paths on the host: a
+    library the host lacks is named in a second, not after a start's 300 s wait."""
+    env = [f"{k}={v}" for k, v in SHARED_ENV.items() if k in ("PYTHONPATH", "LD_LIBRARY_PATH")]
+    code = "from mooncake.engine import TransferEngine; import sglang_router.launch_router"
+    done = host.ssh(["env", *env, f"{realhost.venv_dir()}/bin/python", "-c", code])
+    if done.returncode != 0:
+        raise AssertionError(f"the PD add-on does not import on the test host: {done.stderr.decode()[-600:]}")
+
+
 @contextmanager
 def booted() -> Iterator[PdHost]:
     """A test host with the real-SGLang venv, model, stand-ins and PD add-on bound in; nothing started."""
@@ -269,6 +280,7 @@ def booted() -> Iterator[PdHost]:
     try:
         host = TestHost.create(HostSetup(mount_agent=False, binds_ro=binds()))
         try:
+            _imports(host)
             yield PdHost(host, work, Ports(*free_ports(4)))
         finally:
             host.stop()

@@ -1,9 +1,11 @@
 #!/bin/sh
 # Build the PD add-on of the real-SGLang venv once per machine: Mooncake's transfer engine (TCP, no CUDA),
-# its missing msgpack and sglang-router 0.3.2 in site/, and libibverbs with its libnl libraries in lib/:
-# mooncake's engine.so links libibverbs.so.1 even when only TCP is used. The libraries are Debian
-# bookworm's own packages, unpacked with dpkg-deb (nothing installed system-wide; the test host's rootfs
-# does not have them either, so lib/ is bind-mounted with site/ and named by LD_LIBRARY_PATH).
+# its missing msgpack and sglang-router 0.3.2 in site/, and in lib/ the shared libraries mooncake's
+# engine.so links that the test host's rootfs lacks: libibverbs.so.1 (linked even when only TCP is used),
+# libnuma.so.1 and libcurl.so.4, with their own dependencies outside that rootfs (readelf -d, then
+# apt-cache depends --recurse against its dpkg status). They are Debian bookworm's own packages, unpacked
+# with dpkg-deb: nothing is installed system-wide; lib/ is bind-mounted with site/ and named by
+# LD_LIBRARY_PATH.
 # A folder of its own with its own stamp: the venv (build-venv.sh) and its stamp are left as they are.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -13,7 +15,8 @@ stamp="$addon/.pd-stamp"
 want=$(cat "$here/pd-requirements.txt" "$here/build-pd.sh" | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 [ -x "$venv/bin/python" ] || { echo "real-sglang-pd: build the venv first ($venv)" >&2; exit 1; }
-debs="libibverbs1 libnl-3-200 libnl-route-3-200"
+debs="libibverbs1 libnl-3-200 libnl-route-3-200 libnuma1 libcurl4 libbrotli1 libldap-2.5-0 libnghttp2-14
+      libpsl5 librtmp1 libsasl2-2 libssh2-1"
 echo "building the PD add-on of the real SGLang venv in $addon (once; about 230 MB)"
 started=$(date +%s)
 tmp="$addon.build-$$"
@@ -28,7 +31,7 @@ if ! (cd "$tmp/debs" && apt-get download -q $debs >/dev/null 2>&1); then
     (cd "$tmp/debs" && apt-get download -q $debs >/dev/null)
 fi
 for deb in "$tmp"/debs/*.deb; do dpkg-deb -x "$deb" "$tmp/root"; done
-find "$tmp/root" -name '*.so*' \( -type f -o -type l \) -path '*/lib/*' ! -path '*/libibverbs/*' \
+find "$tmp/root" -regex '.*/lib/[^/]*-linux-gnu/[^/]*\.so[^/]*' \( -type f -o -type l \) \
     -exec mv {} "$tmp/lib/" \;
 rm -rf "$tmp/root" "$tmp/debs"
 # The import SGLang makes at the first transfer, and the router's, with the units' own paths.

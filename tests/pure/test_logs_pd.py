@@ -31,6 +31,7 @@ DTYPE = (
     "RuntimeError: KV cache dtype mismatch: prefill server has kv_cache_dtype=auto, but decode server has "
     "kv_cache_dtype=bf16. Both servers must use the same --kv-cache-dtype value."
 )
+REAL = Path(__file__).resolve().parents[1] / "data/realpd/decode-page-size-mismatch.log"
 # A decode that served, then met its prefill at the first routed request (the real decode's lines).
 SERVED = [
     "[2026-12-06 01:50:57] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 16384, K size: 0.00 GB, "
@@ -107,3 +108,13 @@ def test_parse_log_says_ready_then_failed_and_what_to_do(tmp_path: Path) -> None
 def test_a_start_without_a_fixable_failure_has_no_fix(tmp_path: Path) -> None:
     assert json.loads(parse_log(tmp_path, SERVED, "--json"))["fix"] is None
     assert "what to do" not in parse_log(tmp_path, SERVED)
+
+
+def test_a_real_decodes_journal_names_its_failed_start(tmp_path: Path) -> None:
+    """The real decode's journal (tests/integration/test_real_pd.py, `journalctl -o cat -u`): a start stopped
+    by its restart, then one on --page-size 16 that served and died at its first routed request."""
+    log = REAL.read_text().splitlines()
+    text = parse_log(tmp_path, log)
+    assert "start:         2 of 2 (ready, then failed: pd_page_size_mismatch, the last complete one)" in text
+    assert f"  {PAGE}" in text.splitlines()
+    assert "what to do:    the prefill runs --page-size 1, the decode --page-size 16" in text

@@ -283,6 +283,8 @@ def booted() -> Iterator[PdHost]:
             _imports(host)
             yield PdHost(host, work, Ports(*free_ports(4)))
         finally:
+            # a server draining a held request would make the poweroff wait out its 30 s: nothing to keep
+            host.ssh(["systemctl", "kill", "--signal=SIGKILL", PREFILL, DECODE, ROUTER])
             host.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)

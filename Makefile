@@ -47,8 +47,9 @@ export DEPLOYCTL_REAL_SGLANG_PD := $(REAL_SGLANG_PD)
 $(REAL_SGLANG_VENV)/.real-stamp: tests/realsglang/requirements.txt tests/realsglang/build-venv.sh
 	sh tests/realsglang/build-venv.sh
 
-# PD's add-on (Mooncake over TCP, libibverbs, sglang-router) in a folder of its own with its own stamp.
-$(REAL_SGLANG_PD)/.pd-stamp: $(REAL_SGLANG_VENV)/.real-stamp tests/realsglang/pd-requirements.txt tests/realsglang/build-pd.sh
+# PD's add-on (Mooncake over TCP, libibverbs, sglang-router) in a folder of its own with its own stamp;
+# installed by the venv's pip, but no rebuild when the venv is rebuilt (wheels only, no paths kept).
+$(REAL_SGLANG_PD)/.pd-stamp: tests/realsglang/pd-requirements.txt tests/realsglang/build-pd.sh | $(REAL_SGLANG_VENV)/.real-stamp
 	sh tests/realsglang/build-pd.sh
 
 # make_model.py keeps a folder whose stamp matches its recipe: cheap to run every time.

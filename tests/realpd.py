@@ -236,14 +236,14 @@ class PdHost:
             time.sleep(0.5)
         return time.monotonic() - started
 
-    def router_up(self) -> bool:
-        return healthy(self.ports.router)
-
     def wait_routed(self, timeout: float = 60) -> float:
         """Seconds until the router counts the prefill and the decode healthy (GET /workers)."""
         started = time.monotonic()
         while True:
-            status, doc = http(self.ports.router, "/workers") if self.router_up() else (0, None)
+            try:
+                status, doc = http(self.ports.router, "/workers", timeout=5)
+            except (OSError, ValueError):  # not listening yet
+                status, doc = 0, None
             if status == 200 and healthy_workers(doc) == {"prefill", "decode"}:
                 return time.monotonic() - started
             if time.monotonic() - started > timeout:

@@ -17,7 +17,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 [ -x "$venv/bin/python" ] || { echo "real-sglang-pd: build the venv first ($venv)" >&2; exit 1; }
 debs="libibverbs1 libnl-3-200 libnl-route-3-200 libnuma1 libcurl4 libbrotli1 libldap-2.5-0 libnghttp2-14
       libpsl5 librtmp1 libsasl2-2 libssh2-1"
-echo "building the PD add-on of the real SGLang venv in $addon (once; about 230 MB)"
+echo "building the PD add-on of the real SGLang venv in $addon (once; about 235 MB)"
 started=$(date +%s)
 tmp="$addon.build-$$"
 rm -rf "$tmp" && mkdir -p "$tmp/site" "$tmp/lib" "$tmp/debs"

@@ -88,3 +88,31 @@ def test_a_decode_refuses_a_routed_request_from_a_mismatched_prefill(
     got = check({"bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": 7})
     assert got == words
     assert logged == ([words] if words else []) and exits == ([1] if words else [])  # the decode exits
+
+
+def test_the_routers_http2_preface_is_logged_and_the_server_lives_on() -> None:
+    """sglang-router 0.3.2 probes every worker with an HTTP/2 preface: SGLang logs it as a bad request and
+    goes on. The simulated server did the same until it logged a line refused before its path was parsed
+    (an AttributeError in the handler, read from its journal as the start's failure)."""
+    import threading
+
+    from sglang.serve import State, make_server
+
+    logged: list[str] = []
+    state = State((0, 5, 23), "m", 4096, 1, 1.0, False, False, {}, {}, logged.append)
+    state.ready.set()
+    server = make_server("127.0.0.1", 0, state)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    errors: list[object] = []
+    server.handle_error = lambda request, address: errors.append(sys.exc_info()[1])  # type: ignore[method-assign]
+    try:
+        port = server.server_address[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            s.recv(4096)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        server.shutdown()
+    assert errors == []
+    assert any("PRI * HTTP/2.0" in line for line in logged), logged

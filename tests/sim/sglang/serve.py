@@ -171,9 +171,10 @@ class Handler(BaseHTTPRequestHandler):
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         host, port = self.client_address[:2]
         phrase = self.responses.get(int(code), ("",))[0] if str(code).isdigit() else ""
-        self.state.access_log(
-            f'{host}:{port} - "{self.command} {self.path} {self.request_version}" {code} {phrase}'
-        )
+        # A request line refused before it was parsed (the router's HTTP/2 preface, "PRI * HTTP/2.0") has
+        # no path yet: uvicorn logs it and warns "Invalid HTTP request received.", the server lives on.
+        line = getattr(self, "requestline", "") or f"{self.command} {getattr(self, 'path', '')}"
+        self.state.access_log(f'{host}:{port} - "{line}" {code} {phrase}')
 
     def reply(self, code: int, body: Any = None, ctype: str = "application/json") -> None:
         data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())

@@ -163,7 +163,7 @@ def _nodes(
     n, url = len(chosen), routed_url(host)
     nodes = []
     for rank, m in enumerate(chosen):
-        req = replace(requests[m.index], txn=new_txn_id(), group=Group(rank, n, PD_WAIT_S))
+        req = replace(requests[m.index], txn=new_txn_id(), group=Group(rank, n, PD_WAIT_S, collective=False))
         req = replace(req, routed_url=url) if m.routed else req
         nodes.append(Node(rank, units[m.index].host, agents[m.index], req))
     return nodes

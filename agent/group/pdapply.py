@@ -24,7 +24,7 @@ from agent.pd import plan as pd_plan
 from agent.pd.group import Member, Part, Seen, members, waves
 from agent.pd.refusals import check
 from agent.pd.router import render_router_unit
-from agent.pd.units import router_target, router_unit_name, spec
+from agent.pd.units import routed_url, router_target, router_unit_name, spec
 from agent.protocol.answers import as_facts
 from agent.protocol.common import new_txn_id
 from agent.protocol.events import Event
@@ -110,12 +110,6 @@ def request_of(unit: Planned, installed: str, context: int) -> Request:
     return replace(req, smoke=replace(req.smoke, enabled=False, load=0))
 
 
-def routed_url(host: HostConfig) -> str:
-    router = spec(host).router
-    where = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(router.host, router.host)
-    return f"http://{where}:{router.port}"
-
-
 def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> int:
     units = planned_units(host, change.context)  # every refusal before any connection
     hosts = [u.host for u in units]
@@ -160,10 +154,11 @@ def _nodes(
 ) -> list[Node]:  # fmt: skip
     """One group member per unit that restarts, each with its own transaction (units of one host each
     keep their own folder and signals)."""
-    n, url = len(chosen), routed_url(host)
-    nodes = []
+    n, nodes = len(chosen), []
     for rank, m in enumerate(chosen):
         req = replace(requests[m.index], txn=new_txn_id(), group=Group(rank, n, PD_WAIT_S, collective=False))
+        # from its own host: the router's loopback there, else its reachable address (refused when none)
+        url = routed_url(host, units[m.index].host.ssh.target)
         req = replace(req, routed_url=url) if m.routed else req
         nodes.append(Node(rank, units[m.index].host, agents[m.index], req))
     return nodes

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from agent.inventory import HostConfig
 from agent.pd.router import router_words, unnamed_bootstraps
-from agent.pd.units import PdUnit, Role, pd_units, router_target, spec
+from agent.pd.units import PdUnit, Role, pd_units, routed_url, router_target, spec
 
 # The module a backend's transfer engine imports (srt/disaggregation/<backend>/conn.py); fake needs none.
 BACKEND_MODULES = {
@@ -106,6 +106,7 @@ def check(
         *_placement(host, units),
         *_transfer(host, units, facts or {}),
         *_routing(host, units),
+        *_reach(host, units),
         *_releases(host, units, facts or {}),
         *_decode_targets(units),
         *_pools(decodes),
@@ -222,6 +223,17 @@ def _transfer(host: HostConfig, units: Sequence[PdUnit], facts: Mapping[str, PdH
                     "300 s timeout: set ib_device or UCX_NET_DEVICES"
                 )
     return found
+
+
+def _reach(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    """A unit on another host than the router sends its routed check to the router's reachable address."""
+    return [
+        f"{u.where}: it runs on {u.target!r}, the router on {router_target(host)!r}, which no other host "
+        "can reach (it binds loopback, or runs on 'local'): set [pd.router] url to an address this unit "
+        "reaches it at (its routed check goes there)"
+        for u in units
+        if u.target != router_target(host) and routed_url(host, u.target) is None
+    ]
 
 
 def _routing(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:

@@ -104,6 +104,11 @@ class PdRouter(_Model):
     port: Port = Field(description="the router's HTTP port, where clients send requests")
     host: Text = Field(default="0.0.0.0", description="the address the router binds (--host)")
     target: Text | None = Field(default=None, description="its host's SSH target; unset: [ssh] target")
+    url: Url | None = Field(
+        default=None,
+        description="the URL units on other hosts reach the router at (their routed check); unset: its bind "
+        "address, or for 0.0.0.0 its SSH target's host name",
+    )
     executable: list[Text] = Field(
         default_factory=lambda: ["/usr/bin/python3", "-m", "sglang_router.launch_router"],
         min_length=1,

@@ -128,7 +128,6 @@ def two_host_example() -> HostConfig:
     return host_of(data)
 
 
-@pytest.mark.xfail(strict=True, reason="NOT BUILT: the routed URL from the router's reachable address")
 def test_the_routed_check_of_a_decode_on_another_host_reaches_the_router(tmp_path: Path) -> None:
     """The decode (on gpu2) sends the routed check when the router's unit is unchanged; its agent runs on
     gpu2, but routed_url is the router's bind address turned into loopback (http://127.0.0.1:30000,
@@ -152,6 +151,46 @@ def test_the_routed_check_of_a_decode_on_another_host_reaches_the_router(tmp_pat
             f"{node.host.name} on {node.host.ssh.target} checks the router at {node.request.routed_url}, "
             f"its own loopback; the router runs on {router_at}"
         )
+
+
+@pytest.mark.parametrize(
+    ("router", "expected"),
+    [
+        ({}, "http://gpu-pd:30000"),  # bound to every address: its SSH target's host name
+        ({"target": "ops@10.0.0.9:2222"}, "http://10.0.0.9:30000"),
+        ({"host": "10.0.0.1"}, "http://10.0.0.1:30000"),  # its bind address
+        ({"url": "http://router.lan:8080/"}, "http://router.lan:8080"),
+        ({"host": "127.0.0.1"}, None),  # loopback only: refused
+        ({"url": "http://127.0.0.1:30000"}, None),
+        ({"target": "local"}, None),
+    ],
+)
+def test_a_unit_on_another_host_checks_the_router_at_its_reachable_address(
+    router: dict[str, str], expected: str | None
+) -> None:
+    """The decode on gpu2 sends its routed check to the router's reachable URL ([pd.router] url, its bind
+    address, or its SSH target's host); a router no other host can reach is refused in one line, before
+    any host is asked; a unit on the router's own host checks its loopback."""
+    import agent.group.pdapply as pdapply
+    from agent.pd.refusals import check
+    from agent.pd.units import routed_url, router_target
+    from tests.pure.test_pd import example, host_of
+
+    data = example()
+    data["pd"]["decode"][0].update(target="gpu2", url="http://10.0.0.2:30020")
+    data["pd"]["prefill"][0]["url"] = "http://10.0.0.1:30010"
+    data["pd"]["router"].update(router)
+    host = host_of(data)
+    assert routed_url(host, "gpu2") == expected
+    here = routed_url(host, router_target(host))
+    assert here is not None and urlsplit(here).hostname in ("127.0.0.1", "10.0.0.1")
+    refused = [r for r in check(host).refusals if "[pd.router] url" in r]
+    if expected is None:
+        assert refused and all("\n" not in r for r in refused), refused
+        with pytest.raises(InventoryError):
+            pdapply.refused_first(host, 32768)
+    else:
+        assert refused == []
 
 
 # ---- one routed completion per unit does not prove that unit served it

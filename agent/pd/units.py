@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from agent.inventory import HostConfig
 from agent.pd.spec import Pd, PdRouter, RoleUnit
+from agent.plan.effective import at_layout
 
 BOOTSTRAP_DEFAULT = 8998  # --disaggregation-bootstrap-port's default (srt/arg_groups/fields/disagg.py)
 
@@ -147,4 +148,6 @@ def _unit(host: HostConfig, pd: Pd, role: Role, index: int, unit: RoleUnit) -> P
         }
     )
     url = unit.url or f"http://127.0.0.1:{unit.port}"
-    return PdUnit(role, index, target, url, bootstrap, served)
+    # model.weights_gib_per_gpu is written for the file's [sglang.flags] TP x PP: restated at the role's own,
+    # as `plan --set tp-size=` restates a plain service's
+    return PdUnit(role, index, target, url, bootstrap, at_layout(served, host))

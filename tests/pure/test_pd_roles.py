@@ -35,3 +35,52 @@ def test_each_role_gets_its_weights_per_gpu_at_its_own_tp(base_tp: int) -> None:
     for unit, tp in ((prefill, 4), (decode, 8)):
         plain = effective(host, (("tp-size", tp),)).host.model.weights_gib_per_gpu
         assert unit.host.model.weights_gib_per_gpu == pytest.approx(plain)
+
+
+@pytest.mark.parametrize(
+    ("unit", "why"),
+    [
+        (
+            {"url": "http://10.0.0.1:30010"},
+            "the router reaches it at http://10.0.0.1:30010",
+        ),  # the router reaches it at another address
+        ({"target": "gpu2", "url": "http://gpu2:30010"}, "reaches it at"),
+        (
+            {"target": "gpu2", "url": "http://127.0.0.1:30010"},
+            "the router runs on",
+        ),  # refused for its url too
+    ],
+)
+@pytest.mark.parametrize("bind", ["127.0.0.1", "localhost", "::1"])
+def test_a_unit_reached_from_another_host_that_listens_on_loopback_is_refused(
+    unit: dict[str, str], why: str, bind: str
+) -> None:
+    """[sglang] host (127.0.0.1 unless set) is every role's --host, and SGLang binds its bootstrap server
+    there too (srt/managers/disagg_service.py): the router and a decode elsewhere cannot reach it. Refused in
+    one line naming [sglang] host, before any host is asked; 0.0.0.0 or the host's address is not."""
+    from agent.errors import InventoryError
+    from agent.group.pdapply import refused_first
+    from agent.pd.refusals import check
+
+    data = example()
+    data["sglang"]["host"] = bind
+    data["pd"]["prefill"][0].update(unit)
+    said = [r for r in check(host_of(data)).refusals if "[sglang] host" in r]
+    assert said and said[0].startswith("pd.prefill.0: ") and why in said[0] and "\n" not in said[0], said
+    with pytest.raises(InventoryError):
+        refused_first(host_of(data), 32768)
+    for reachable in ("0.0.0.0", "10.0.0.1"):
+        data["sglang"]["host"] = reachable
+        assert not [r for r in check(host_of(data)).refusals if "[sglang] host" in r]
+
+
+def test_units_of_one_host_on_loopback_with_the_router_there_are_not_refused() -> None:
+    data = example()
+    data["sglang"]["host"] = "127.0.0.1"
+    assert check_refusals(data) == []
+
+
+def check_refusals(data: dict[str, Any]) -> list[str]:
+    from agent.pd.refusals import check
+
+    return list(check(host_of(data)).refusals)

@@ -54,8 +54,9 @@ def refused_first(host: HostConfig, context: int) -> list[pd_plan.RolePlan]:
     said = check(host).refusals
     plans = pd_plan.role_plans(host, context)
     said = said or check(host, decodes=pd_plan.decode_needs(plans, context)).refusals
-    short = [f"{p.unit.label} plans a pool of ~{p.plan.predicted_pool_low_tokens} tokens, short of "
-             f"its need {p.need_tokens} ({p.need})" for p in plans if not p.holds]  # fmt: skip
+    short = [f"{p.unit.label}: {p.verdict}" if not p.plan.feasible else
+             f"{p.unit.label} plans a pool of ~{p.plan.predicted_pool_low_tokens} tokens, short of "
+             f"its need {p.need_tokens} ({p.need})" for p in plans if not p.feasible]  # fmt: skip
     said = said or tuple(short)
     if said:
         more = f" (and {len(said) - 1} more)" if len(said) > 1 else ""
@@ -111,6 +112,11 @@ def request_of(unit: Planned, installed: str, context: int) -> Request:
 
 
 def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> int:
+    from agent.apply import allow_context
+
+    # a context above the model's own is refused first, as for one host (exit 2); --allow-longer-context
+    # sets SGLang's override in every role's unit (they inherit [unit] environment)
+    host = allow_context(host, change)
     units = planned_units(host, change.context)  # every refusal before any connection
     hosts = [u.host for u in units]
     with clients(hosts, conn) as agents:

@@ -238,7 +238,6 @@ def test_every_restarted_decode_serves_a_routed_completion_before_the_commit(tmp
 # ---- a context SGLang refuses to start reaches no host
 
 
-@pytest.mark.xfail(strict=True, reason="NOT BUILT: the context check of a [pd] apply")
 def test_a_context_above_the_models_own_is_refused_before_any_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """A one-host apply refuses --context above the model's max_context (agent/apply.py allow_context, exit
     2); the [pd] apply never calls it (agent/group/pdapply.py:51-63): 200k on a 131,072-token model passes
@@ -258,6 +257,38 @@ def test_a_context_above_the_models_own_is_refused_before_any_host(monkeypatch: 
     monkeypatch.setattr(pdapply, "clients", no_host)
     with pytest.raises((UsageError, InventoryError)):
         pdapply.apply(host, Connection("pd"), Change(200_000, yes=True), Output())
+
+
+def test_allow_longer_context_sets_sglangs_override_in_every_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--allow-longer-context: the same 200k passes the refusals and every role's unit carries SGLang's
+    override (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1), as a one-host apply's unit does."""
+    import agent.group.pdapply as pdapply
+    from tests.pure.test_pd import example, host_of
+
+    data = example()
+    data["pd"]["decode"][0]["flags"]["max-running-requests"] = 1
+    data["pd"]["prefill_in_flight"] = 1
+    host = host_of(data)
+    sent: list[list[str]] = []
+
+    def stop_at_the_hosts(hosts: list[HostConfig], conn: object) -> None:
+        sent.append([h.name for h in hosts])
+        raise ConnectError("stopped here: every refusal passed")
+
+    monkeypatch.setattr(pdapply, "clients", stop_at_the_hosts)
+    planned: list[list[str]] = []
+    real = pdapply.planned_units
+
+    def keep(h: HostConfig, context: int) -> list[pdapply.Planned]:
+        units = real(h, context)
+        planned.append([u.text for u in units if u.part is not R])
+        return units
+
+    monkeypatch.setattr(pdapply, "planned_units", keep)
+    with pytest.raises(ConnectError):
+        pdapply.apply(host, Connection("pd"), Change(200_000, yes=True, allow_longer_context=True), Output())
+    assert sent and planned and len(planned[0]) == 2
+    assert all("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in text for text in planned[0])
 
 
 # ---- a router is known by its command, whichever of sglang-router's commands starts it

@@ -3,6 +3,7 @@ reaches that binds loopback refused, and a role's plan that is not feasible said
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,3 +85,49 @@ def check_refusals(data: dict[str, Any]) -> list[str]:
     from agent.pd.refusals import check
 
     return list(check(host_of(data)).refusals)
+
+
+def plan_in(tmp_path: Path, tp4: bool, *more: str) -> tuple[int, str]:
+    """`deployctl plan` of the example (its prefill at TP 4 on its one GPU when tp4), offline: its exit
+    code and text."""
+    import io
+
+    from agent.cli.main import main
+    from agent.output import Output
+    from tests.pure.test_pd import EXAMPLE
+
+    text = EXAMPLE.read_text(encoding="utf-8")
+    given = "flags = { tp-size = 1, chunked-prefill-size = 8192 }"
+    assert given in text
+    text = text.replace(given, given.replace("tp-size = 1", "tp-size = 4")) if tp4 else text
+    (tmp_path / "pd-x.toml").write_text(text, encoding="utf-8")
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    code = main(["plan", "pd-x", "--offline", "--context", "32768", *more, "--units", str(tmp_path)], out)
+    assert isinstance(out.stdout, io.StringIO)
+    return code, out.stdout.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("edit", "more", "roles", "why"),
+    [
+        (True, (), ["prefill[0]"], "tensor parallel 4"),
+        (False, ("--mem-fraction-static", "0.99"), ["prefill[0]", "decode[0]"], "floor"),
+    ],
+)
+def test_a_role_whose_plan_is_not_feasible_says_so_with_its_reason_and_exits_8(
+    tmp_path: Path, edit: bool, more: tuple[str, ...], roles: list[str], why: str
+) -> None:
+    """A role's own plan not feasible (TP 4 on one GPU; a fraction above the memory floor): its line says
+    NOT FEASIBLE with the planner's reason, never "holds", and plan exits 8, as a plain service's plan does;
+    a role that is feasible still says holds."""
+    code, text = plan_in(tmp_path, edit, *more)
+    assert code == 8, text
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")}
+    for label, line in lines.items():
+        if label in roles:
+            assert "NOT FEASIBLE: " in line and why in line.partition("NOT FEASIBLE: ")[2], line
+            assert not line.endswith("holds"), line
+        else:
+            assert line.endswith(": holds"), line
+    code, text = plan_in(tmp_path, False)
+    assert code == 0 and "NOT FEASIBLE" not in text

@@ -299,7 +299,6 @@ ROUTER_WORDS = (
 )
 
 
-@pytest.mark.xfail(strict=False, reason="NOT BUILT: the router known by its ExecStart's words")
 @pytest.mark.parametrize(
     "executable",
     [
@@ -330,7 +329,6 @@ def test_a_router_is_known_without_a_kind_whatever_command_starts_it(tmp_path: P
 # ---- an engine unit stays an engine whatever a later line names
 
 
-@pytest.mark.xfail(strict=True, reason="NOT BUILT: the router known by its ExecStart's words")
 def test_an_engine_unit_whose_later_line_names_the_router_is_still_gated_on_its_pool(tmp_path: Path) -> None:
     """runs_router reads everything after the first `ExecStart=` (text.partition), not the command: an
     engine unit with a later line naming the router (an adopted unit's verbatim [Service] line or comment,
@@ -344,6 +342,37 @@ def test_an_engine_unit_whose_later_line_names_the_router_is_still_gated_on_its_
     req = host.request(NEW, unit_text=unit_text(NEW, later))  # target 200,000
     result = host.transaction(req).apply()
     assert result.outcome is not Outcome.APPLIED, result.message
+
+
+ENGINE = "/usr/bin/python3 -m sglang.launch_server --port 30000"
+
+
+@pytest.mark.parametrize(
+    ("service", "router"),
+    [
+        (f"ExecStart=/usr/bin/python3 -m sglang_router.launch_router {ROUTER_WORDS}", True),
+        (f"ExecStart=-/opt/v/bin/sglang-router launch {ROUTER_WORDS}", True),  # systemd's prefix
+        (f"ExecStart=/opt/v/bin/smg launch {ROUTER_WORDS}", True),
+        (f"ExecStart=/usr/bin/env PYTHONPATH=/x python3 -m sglang_router launch {ROUTER_WORDS}", True),
+        (
+            f"ExecStart=/usr/bin/python3 \\\n  -m sglang_router.launch_router {ROUTER_WORDS}",
+            True,
+        ),  # continued
+        (f"ExecStart={ENGINE}", False),
+        (f"ExecStart=/opt/v/bin/sglang-router server {ROUTER_WORDS}", False),  # launches an engine too
+        (f"ExecStart={ENGINE}\nEnvironment=NOTE=python3 -m sglang_router.launch_router", False),
+        (f"ExecStart={ENGINE}\n# then: sglang-router launch --worker-urls x", False),
+        (f"ExecStart={ENGINE} --served-model-name sglang_router.launch_router", False),  # a value, not -m
+        (f"Environment=X=1\nExecStart={ENGINE}\nExecStartPost=/opt/v/bin/sglang-router launch", False),
+    ],
+)
+def test_a_unit_runs_the_router_by_its_execstart_command_alone(service: str, router: bool) -> None:
+    """The [Service] ExecStart= as systemd reads it (continuations joined, comments and other keys
+    skipped): sglang-router's module, package or console script with `launch` is a router; anything else,
+    whatever a later line names, is an engine gated on its pool."""
+    from agent.host.roles.pdrouter import runs_router
+
+    assert runs_router(f"[Unit]\nDescription=x\n\n[Service]\n{service}\n") is router
 
 
 # ---- a prefill (re)started by the recovery that opens an apply restarts its decodes

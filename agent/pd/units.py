@@ -12,7 +12,7 @@ from enum import Enum
 from urllib.parse import urlsplit
 
 from agent.inventory import HostConfig
-from agent.pd.spec import Pd, PdRouter, RoleUnit
+from agent.pd.spec import Pd, PdRouter, PrefillUnit, RoleUnit
 from agent.plan.effective import at_layout
 
 BOOTSTRAP_DEFAULT = 8998  # --disaggregation-bootstrap-port's default (srt/arg_groups/fields/disagg.py)
@@ -118,7 +118,7 @@ def routed_url(host: HostConfig, target: str) -> str | None:
 
 def _unit(host: HostConfig, pd: Pd, role: Role, index: int, unit: RoleUnit) -> PdUnit:
     target = unit.target or host.ssh.target
-    bootstrap = (unit.bootstrap_port or BOOTSTRAP_DEFAULT) if role is Role.PREFILL else None
+    bootstrap = (unit.bootstrap_port or BOOTSTRAP_DEFAULT) if isinstance(unit, PrefillUnit) else None
     disagg: dict[str, str | int | float | bool] = {
         "disaggregation-mode": role.value,
         "disaggregation-transfer-backend": pd.transfer_backend,

@@ -24,7 +24,7 @@ from agent.pd import plan as pd_plan
 from agent.pd.group import Member, Part, Seen, members, waves
 from agent.pd.refusals import check
 from agent.pd.router import render_router_unit
-from agent.pd.units import router_target, router_unit_name, spec
+from agent.pd.units import routed_url, router_target, router_unit_name, spec
 from agent.protocol.answers import as_facts
 from agent.protocol.common import new_txn_id
 from agent.protocol.events import Event
@@ -54,8 +54,9 @@ def refused_first(host: HostConfig, context: int) -> list[pd_plan.RolePlan]:
     said = check(host).refusals
     plans = pd_plan.role_plans(host, context)
     said = said or check(host, decodes=pd_plan.decode_needs(plans, context)).refusals
-    short = [f"{p.unit.label} plans a pool of ~{p.plan.predicted_pool_low_tokens} tokens, short of "
-             f"its need {p.need_tokens} ({p.need})" for p in plans if not p.holds]  # fmt: skip
+    short = [f"{p.unit.label}: {p.verdict}" if not p.plan.feasible else
+             f"{p.unit.label} plans a pool of ~{p.plan.predicted_pool_low_tokens} tokens, short of "
+             f"its need {p.need_tokens} ({p.need})" for p in plans if not p.feasible]  # fmt: skip
     said = said or tuple(short)
     if said:
         more = f" (and {len(said) - 1} more)" if len(said) > 1 else ""
@@ -110,13 +111,12 @@ def request_of(unit: Planned, installed: str, context: int) -> Request:
     return replace(req, smoke=replace(req.smoke, enabled=False, load=0))
 
 
-def routed_url(host: HostConfig) -> str:
-    router = spec(host).router
-    where = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(router.host, router.host)
-    return f"http://{where}:{router.port}"
-
-
 def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> int:
+    from agent.apply import allow_context
+
+    # a context above the model's own is refused first, as for one host (exit 2); --allow-longer-context
+    # sets SGLang's override in every role's unit (they inherit [unit] environment)
+    host = allow_context(host, change)
     units = planned_units(host, change.context)  # every refusal before any connection
     hosts = [u.host for u in units]
     with clients(hosts, conn) as agents:
@@ -160,10 +160,11 @@ def _nodes(
 ) -> list[Node]:  # fmt: skip
     """One group member per unit that restarts, each with its own transaction (units of one host each
     keep their own folder and signals)."""
-    n, url = len(chosen), routed_url(host)
-    nodes = []
+    n, nodes = len(chosen), []
     for rank, m in enumerate(chosen):
-        req = replace(requests[m.index], txn=new_txn_id(), group=Group(rank, n, PD_WAIT_S))
+        req = replace(requests[m.index], txn=new_txn_id(), group=Group(rank, n, PD_WAIT_S, collective=False))
+        # from its own host: the router's loopback there, else its reachable address (refused when none)
+        url = routed_url(host, units[m.index].host.ssh.target)
         req = replace(req, routed_url=url) if m.routed else req
         nodes.append(Node(rank, units[m.index].host, agents[m.index], req))
     return nodes

@@ -39,6 +39,20 @@ class RolePlan:
     def holds(self) -> bool:
         return self.plan.predicted_pool_low_tokens >= self.need_tokens
 
+    @property
+    def feasible(self) -> bool:
+        """Its own plan feasible (the planner's verdict, as a plain service's) and its pool holds its need."""
+        return self.plan.feasible and self.holds
+
+    @property
+    def verdict(self) -> str:
+        """What the text plan says of the role: NOT FEASIBLE with the planner's reason, as a plain service's
+        plan says it, SHORT of its need, or holds."""
+        if not self.plan.feasible:
+            why = self.plan.binding or next(iter(self.plan.refusals), None) or "see plan --json"
+            return f"NOT FEASIBLE: {why}"
+        return "holds" if self.holds else "SHORT of its need"
+
     def to_dict(self) -> dict[str, object]:
         u = self.unit
         return {
@@ -51,6 +65,7 @@ class RolePlan:
             "need_tokens": self.need_tokens,
             "need": self.need,
             "holds": self.holds,
+            "feasible": self.feasible,
             "plan": self.plan.to_dict(),
         }
 
@@ -109,12 +124,11 @@ def text(host: HostConfig, plans: Sequence[RolePlan]) -> str:
     lines = [f"{host.name}: prefill-decode service, {spec(host).transfer_backend} transfer"]
     for p in plans:
         u, plan = p.unit, p.plan
-        mark = "holds" if p.holds else "SHORT"
         gpus = ",".join(map(str, u.host.gpus.indices or ()))
         lines.append(
             f"  {u.label:<11} {u.target}:{u.host.sglang.port} GPUs {gpus}"
             f"  --mem-fraction-static {plan.mem_fraction_static:.3f}: pool ~{plan.predicted_pool_low_tokens} "
-            f"tokens, needs {p.need_tokens} ({p.need}): {mark}"
+            f"tokens, needs {p.need_tokens} ({p.need}): {p.verdict}"
         )
     lines.append(f"note: {TRADE}")
     return "\n".join(lines)

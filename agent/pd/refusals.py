@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from agent.inventory import HostConfig
 from agent.pd.router import router_words, unnamed_bootstraps
-from agent.pd.units import PdUnit, Role, pd_units, router_target, spec
+from agent.pd.units import PdUnit, Role, loopback, pd_units, routed_url, router_target, spec
 
 # The module a backend's transfer engine imports (srt/disaggregation/<backend>/conn.py); fake needs none.
 BACKEND_MODULES = {
@@ -106,6 +107,8 @@ def check(
         *_placement(host, units),
         *_transfer(host, units, facts or {}),
         *_routing(host, units),
+        *_reach(host, units),
+        *_binds(host, units),
         *_releases(host, units, facts or {}),
         *_decode_targets(units),
         *_pools(decodes),
@@ -221,6 +224,41 @@ def _transfer(host: HostConfig, units: Sequence[PdUnit], facts: Mapping[str, PdH
                     f"{len(seen.rdma_devices)} ({', '.join(seen.rdma_devices)}) hangs each transfer to the "
                     "300 s timeout: set ib_device or UCX_NET_DEVICES"
                 )
+    return found
+
+
+def _reach(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    """A unit on another host than the router sends its routed check to the router's reachable address."""
+    return [
+        f"{u.where}: it runs on {u.target!r}, the router on {router_target(host)!r}, which no other host "
+        "can reach (it binds loopback, or runs on 'local'): set [pd.router] url to an address this unit "
+        "reaches it at (its routed check goes there)"
+        for u in units
+        if u.target != router_target(host) and routed_url(host, u.target) is None
+    ]
+
+
+def _binds(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    """A unit another host reaches (the router, by its url; a peer role, at its bootstrap server) must
+    listen beyond loopback: SGLang binds its HTTP and bootstrap servers on --host (srt/managers/
+    disagg_service.py), rendered from [sglang] host, 127.0.0.1 unless set."""
+    found = []
+    targets = {u.target for u in units}
+    for u in units:
+        if not loopback(u.host.sglang.host):
+            continue
+        url_host = urlsplit(u.url).hostname or ""
+        why = (
+            f"the router reaches it at {u.url}" if not loopback(url_host)
+            else f"the router runs on {router_target(host)!r}" if u.target != router_target(host)
+            else "its peer roles run on other hosts" if len(targets) > 1
+            else None
+        )  # fmt: skip
+        if why is not None:
+            found.append(
+                f"{u.where}: it listens on [sglang] host {u.host.sglang.host} (loopback only), but {why}: "
+                "set [sglang] host = \"0.0.0.0\" (or each host's address; a role's flags may not set --host)"
+            )
     return found
 
 

@@ -79,9 +79,6 @@ class RoleUnit(_Model):
         "router's host",
     )
     unit: UnitName | None = Field(default=None, description="unset: <[unit] name>-<role>-<n>.service")
-    bootstrap_port: Port | None = Field(
-        default=None, description="--disaggregation-bootstrap-port (a prefill's; SGLang's default 8998)"
-    )
     ib_device: Device | None = Field(default=None, description="--disaggregation-ib-device; unset: [pd]'s")
     flags: dict[Text, FlagValue] = Field(default_factory=dict, description="this unit's own flags, no --")
     environment: dict[Text, Text] = Field(default_factory=dict, description="e.g. UCX_NET_DEVICES")
@@ -98,12 +95,26 @@ class RoleUnit(_Model):
         return self
 
 
+class PrefillUnit(RoleUnit):
+    """A prefill: a role unit with the port of its bootstrap server, which its decodes learn from the
+    router (a decode has none: [[pd.decode]] refuses the key)."""
+
+    bootstrap_port: Port | None = Field(
+        default=None, description="--disaggregation-bootstrap-port (SGLang's default 8998)"
+    )
+
+
 class PdRouter(_Model):
     """sglang-router in PD mode (`python -m sglang_router.launch_router --pd-disaggregation`)."""
 
     port: Port = Field(description="the router's HTTP port, where clients send requests")
     host: Text = Field(default="0.0.0.0", description="the address the router binds (--host)")
     target: Text | None = Field(default=None, description="its host's SSH target; unset: [ssh] target")
+    url: Url | None = Field(
+        default=None,
+        description="the URL units on other hosts reach the router at (their routed check); unset: its bind "
+        "address, or for 0.0.0.0 its SSH target's host name",
+    )
     executable: list[Text] = Field(
         default_factory=lambda: ["/usr/bin/python3", "-m", "sglang_router.launch_router"],
         min_length=1,
@@ -131,7 +142,7 @@ class Pd(_Model):
         default=1, ge=1, le=4096,
         description="prompts a prefill holds at the target context while the decode pulls their KV",
     )  # fmt: skip
-    prefill: list[RoleUnit] = Field(
+    prefill: list[PrefillUnit] = Field(
         min_length=1, max_length=64, description="[[pd.prefill]]: the prefill units, one table each"
     )
     decode: list[RoleUnit] = Field(
@@ -139,11 +150,14 @@ class Pd(_Model):
     )
     router: PdRouter = Field(description="sglang-router in PD mode, in front of every unit")
 
-    @model_validator(mode="after")
-    def _bootstrap_on_prefill(self) -> Pd:
-        for i, unit in enumerate(self.decode):
-            if unit.bootstrap_port is not None:
+    @model_validator(mode="before")
+    @classmethod
+    def _bootstrap_on_prefill(cls, data: object) -> object:
+        """A decode's bootstrap_port, refused with what it is rather than as an unknown key."""
+        decodes = data.get("decode") if isinstance(data, dict) else None
+        for i, unit in enumerate(decodes if isinstance(decodes, list) else []):
+            if isinstance(unit, dict) and "bootstrap_port" in unit:
                 raise ValueError(
                     f"decode.{i}.bootstrap_port: a prefill's port; a decode learns it from the router"
                 )
-        return self
+        return data

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from urllib.parse import urlsplit
 
 from agent.inventory import HostConfig
-from agent.pd.spec import Pd, PdRouter, RoleUnit
+from agent.pd.spec import Pd, PdRouter, PrefillUnit, RoleUnit
+from agent.plan.effective import at_layout
 
 BOOTSTRAP_DEFAULT = 8998  # --disaggregation-bootstrap-port's default (srt/arg_groups/fields/disagg.py)
 
@@ -69,9 +71,54 @@ def router_target(host: HostConfig) -> str:
     return spec(host).router.target or host.ssh.target
 
 
+LOOPBACK = ("127.", "localhost", "::1", "[::1]")
+WILDCARD = ("0.0.0.0", "::")
+
+
+def _url_host(url: str) -> str:
+    return urlsplit(url).hostname or ""
+
+
+def loopback(address: str) -> bool:
+    return address.startswith(LOOPBACK)
+
+
+def router_reach(host: HostConfig) -> str | None:
+    """The URL a unit on another host reaches the router at (its routed check goes there): [pd.router] url;
+    else the address the router binds, where it names one; else, bound to every address, its SSH target's
+    host name (user@ and :port dropped). None: nothing another host can reach (a loopback bind or URL, or a
+    router on 'local')."""
+    router = spec(host).router
+    if router.url is not None:
+        return None if loopback(_url_host(router.url)) else router.url.rstrip("/")
+    if loopback(router.host):
+        return None
+    if router.host not in WILDCARD:
+        return f"http://{_bracket(router.host)}:{router.port}"
+    target = router_target(host).rpartition("@")[2]
+    name = target if target.count(":") > 1 else target.partition(":")[0]  # an IPv6 address keeps its colons
+    if name in ("", "local") or loopback(name):
+        return None
+    return f"http://{_bracket(name)}:{router.port}"
+
+
+def _bracket(address: str) -> str:
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def routed_url(host: HostConfig, target: str) -> str | None:
+    """Where a unit on `target` sends the routed check: the router's loopback on its own host, else
+    router_reach (None: the router cannot be reached from there)."""
+    router = spec(host).router
+    if target == router_target(host):
+        where = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(router.host, _bracket(router.host))
+        return f"http://{where}:{router.port}"
+    return router_reach(host)
+
+
 def _unit(host: HostConfig, pd: Pd, role: Role, index: int, unit: RoleUnit) -> PdUnit:
     target = unit.target or host.ssh.target
-    bootstrap = (unit.bootstrap_port or BOOTSTRAP_DEFAULT) if role is Role.PREFILL else None
+    bootstrap = (unit.bootstrap_port or BOOTSTRAP_DEFAULT) if isinstance(unit, PrefillUnit) else None
     disagg: dict[str, str | int | float | bool] = {
         "disaggregation-mode": role.value,
         "disaggregation-transfer-backend": pd.transfer_backend,
@@ -101,4 +148,6 @@ def _unit(host: HostConfig, pd: Pd, role: Role, index: int, unit: RoleUnit) -> P
         }
     )
     url = unit.url or f"http://127.0.0.1:{unit.port}"
-    return PdUnit(role, index, target, url, bootstrap, served)
+    # model.weights_gib_per_gpu is written for the file's [sglang.flags] TP x PP: restated at the role's own,
+    # as `plan --set tp-size=` restates a plain service's
+    return PdUnit(role, index, target, url, bootstrap, at_layout(served, host))

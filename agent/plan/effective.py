@@ -72,6 +72,26 @@ def effective_of(host: HostConfig, given: SetFlags) -> Effective:
     return effective(host, given)
 
 
+def at_layout(host: HostConfig, written: HostConfig) -> HostConfig:
+    """`host` (its own flags) with the weights per GPU that `written` states at its own TP x PP restated at
+    host's: TP 4 of a checkpoint written for TP 8 doubles them; a draft is split over TP alone. Used by
+    --set and by each [pd] role's own flags (agent/pd/units.py)."""
+    before, after = world(written.sglang.flags), world(host.sglang.flags)
+    if before == after:
+        return host
+    update: dict[str, object] = {}
+    ratio = before[0] * before[1] / (after[0] * after[1])
+    w = written.model.weights_gib_per_gpu
+    if w is not None:
+        update["model"] = host.model.model_copy(update={"weights_gib_per_gpu": w * ratio})
+    d = written.draft
+    if d is not None and d.weights_gib_per_gpu is not None and host.draft is not None:
+        update["draft"] = host.draft.model_copy(
+            update={"weights_gib_per_gpu": d.weights_gib_per_gpu * before[0] / after[0]}
+        )
+    return host.model_copy(update=update)
+
+
 def effective(host: HostConfig, given: SetFlags) -> Effective:
     """The inventory with --set over its flags and its weights restated at the effective TP x PP."""
     if not given:
@@ -81,19 +101,10 @@ def effective(host: HostConfig, given: SetFlags) -> Effective:
     names = {canonical(k, version) for k in extra}
     kept = {k: v for k, v in host.sglang.flags.items() if canonical(k, version) not in names}
     flags = {**kept, **extra}
-    before, after = world(host.sglang.flags), world(flags)
-    update: dict[str, object] = {"sglang": host.sglang.model_copy(update={"flags": flags})}
-    if before != after:
-        ratio = before[0] * before[1] / (after[0] * after[1])
-        w = host.model.weights_gib_per_gpu
-        if w is not None:
-            update["model"] = host.model.model_copy(update={"weights_gib_per_gpu": w * ratio})
-        d = host.draft
-        if d is not None and d.weights_gib_per_gpu is not None:  # a draft is split over TP alone
-            update["draft"] = d.model_copy(
-                update={"weights_gib_per_gpu": d.weights_gib_per_gpu * before[0] / after[0]}
-            )
-    return Effective(host.model_copy(update=update), tuple(given), host.sglang.flags)
+    moved = at_layout(
+        host.model_copy(update={"sglang": host.sglang.model_copy(update={"flags": flags})}), host
+    )
+    return Effective(moved, tuple(given), host.sglang.flags)
 
 
 # A context below this is a typo, not a plan (--context 128 for 128k): no chat turn fits in it.

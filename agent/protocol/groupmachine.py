@@ -13,6 +13,10 @@ The rule that keeps a group on one generation whatever is lost:
   aborted, it would have stopped its new server by then and this rank's server with it), so it keeps the
   new unit. When its server stopped before any word, it stops its unit and ends in doubt, stopped, if no
   word comes: the next run reads rank 0's decision and takes it there.
+- **Without a collective the deadline proves nothing.** The late commit above rests on a collective (a
+  rank's server exits when a peer's stops: a [nodes] group). The members of a [pd] group share none (a
+  decode keeps running when its prefill stops), so such a member (`collective` false) at its deadline stops
+  and waits for the word like a held rank, and ends in doubt without one: it never commits alone.
 - **No old start may meet a new one.** A node starts its old unit only on "go-back" (every rank said it
   stopped its new server, or ended), or, rank 0 only, when no "go" was ever taken. Otherwise it ends in
   doubt, stopped.
@@ -89,6 +93,7 @@ class Node:
     rank: int
     phase: Phase = Phase.STOPPING
     files: Files = Files()
+    collective: bool = True  # a rank's server exits when a peer's stops ([nodes]); false for [pd]
 
 
 Step = tuple[Node, tuple[Do, ...]]
@@ -156,6 +161,8 @@ def _deciding(node: Node, saw: Saw) -> Step:
     if files.decision is None and saw is Saw.DEADLINE:
         if held:  # stopped, no word: never start either generation alone
             return replace(node, phase=Phase.IN_DOUBT), ()
+        if node.rank >= 1 and not node.collective:  # its running server is no evidence of rank 0's commit
+            return replace(node, phase=Phase.HELD), (Do.STOP,)
         # rank 0 decides alone; a rank >= 1 whose server outlived rank 0's decision keeps it (see above)
         files = files.claim(Decision.ABORT if node.rank == 0 else Decision.COMMIT, by_node=True)
     elif files.decision is None and saw is Saw.GONE and not held:
@@ -183,11 +190,12 @@ def _recover(node: Node, late: bool) -> Step:
     """A new agent found the record of a change whose agent died: keep what was committed; otherwise stop
     and wait for "go-back" like any rank that rolls back (never start the old unit alone). Rank 0 whose
     decision deadline passed while no agent could abort keeps the new unit: its peers take a server that
-    outlived that deadline for rank 0's commit."""
+    outlived that deadline for rank 0's commit (a collective only)."""
     if node.phase.ended:
         return node, ()
     going = node.phase in (Phase.STARTING, Phase.DECIDING)
-    claim = Decision.COMMIT if late and going and node.rank == 0 else Decision.ABORT
+    # without a collective no peer took rank 0's running server for a commit: nothing to keep
+    claim = Decision.COMMIT if late and going and node.rank == 0 and node.collective else Decision.ABORT
     files = node.files.claim(claim, by_node=True)
     if files.decision is Decision.COMMIT:
         return replace(node, phase=Phase.COMMITTED, files=files), (Do.START_NEW,)

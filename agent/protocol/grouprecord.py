@@ -47,13 +47,15 @@ class GroupRecord:
     rank: int
     wait_s: float
     start_bound_s: float
+    collective: bool = True  # false for a [pd] group: no late commit (protocol/groupmachine.py)
 
     @classmethod
     def of(cls, req: Request) -> GroupRecord | None:
         if req.group is None:
             return None
         stop_s = stop_timeout_s(req.drain_timeout_s, req.drain_stop_allowance_s)
-        return cls(req.group.rank, req.group.wait_s, start_bound_s(req, stop_s + RESTART_JOB_TIMEOUT_S))
+        bound = start_bound_s(req, stop_s + RESTART_JOB_TIMEOUT_S)
+        return cls(req.group.rank, req.group.wait_s, bound, req.group.collective)
 
     def to_json(self) -> str:
         body = {
@@ -62,13 +64,17 @@ class GroupRecord:
             "wait_s": self.wait_s,
             "start_bound_s": self.start_bound_s,
         }
+        if not self.collective:  # written only when false: a [nodes] record reads as before
+            body["collective"] = False
         return json.dumps(body, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> GroupRecord:
-        """Strict: this version, exactly these fields, a rank >= 0 and positive finite bounds (ValueError)."""
+        """Strict: this version, exactly these fields (`collective` optional, a bool), a rank >= 0 and
+        positive finite bounds (ValueError)."""
         body = json.loads(text)
-        if not isinstance(body, dict) or set(body) != {"version", "rank", "wait_s", "start_bound_s"}:
+        fields = {"version", "rank", "wait_s", "start_bound_s"}
+        if not isinstance(body, dict) or set(body) - {"collective"} != fields:
             raise ValueError(f"fields {sorted(body) if isinstance(body, dict) else type(body).__name__}")
         if body["version"] != VERSION or isinstance(body["version"], bool):
             raise ValueError(f"version {body['version']!r}, this agent reads {VERSION}")
@@ -78,7 +84,10 @@ class GroupRecord:
         for name, value in (("wait_s", wait_s), ("start_bound_s", bound_s)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
                 raise ValueError(f"{name} {value!r}")
-        return cls(rank, float(wait_s), float(bound_s))
+        collective = body.get("collective", True)
+        if not isinstance(collective, bool):
+            raise ValueError(f"collective {collective!r}")
+        return cls(rank, float(wait_s), float(bound_s), collective)
 
     @classmethod
     def read(cls, txn_dir: Path) -> GroupRecord | None:

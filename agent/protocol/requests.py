@@ -82,6 +82,9 @@ class Group:
     rank: int
     nnodes: int
     wait_s: float = 3600.0
+    # a rank's server exits when a peer's stops (a [nodes] group's collective); a [pd] group has none, so a
+    # member's server outliving rank 0's deadline proves nothing (protocol/groupmachine.py)
+    collective: bool = True
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,7 @@ class Request:
         if g is not None:
             _check(_is_int(g.rank) and _is_int(g.nnodes) and 0 <= g.rank < g.nnodes <= 64, "bad group rank")
             _check(_is_number(g.wait_s) and 0 < g.wait_s <= 7 * 86400, "bad group wait_s")
+            _check(isinstance(g.collective, bool), "bad group collective")
             _check(self.verb == "apply", "only apply runs as a node of a group")
         if self.verb == "signal":
             _check(

@@ -314,12 +314,16 @@ def test_different_tp_sizes_warn_for_a_non_mla_model(attention: str, warned: boo
     [
         ["status", "pd-1p1d"],
         ["rollback", "pd-1p1d", "--yes"],
+        ["backups", "pd-1p1d"],
+        ["facts", "pd-1p1d"],
     ],
 )
-def test_a_pd_service_never_reaches_a_host_before_its_apply_is_built(argv: list[str]) -> None:
+def test_a_pd_service_never_reaches_a_host_with_a_command_not_built_for_it(argv: list[str]) -> None:
+    """One line says which commands are built for a [pd] file, and that this one is not."""
     code, _, err = run(argv)
     assert code == ExitCode.USAGE
-    assert "prefill-decode service ([pd]): plan, render and apply" in err
+    line = next(x for x in err.splitlines() if x.startswith("deployctl: error:"))
+    assert "([pd]): for a [pd] file only plan, render and apply are built so far, not this command" in line
 
 
 def test_a_unit_outside_the_files_gpus_is_refused() -> None:

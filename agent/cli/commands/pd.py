@@ -56,7 +56,7 @@ def plan(args: argparse.Namespace, out: Output, host: HostConfig) -> int:
         out.print(json.dumps(doc, indent=2))
     else:
         out.print(pd_plan.text(host, plans))
-    feasible = all(p.holds and p.plan.feasible for p in plans)
+    feasible = all(p.feasible for p in plans)
     return 0 if feasible else int(ExitCode.NOT_FEASIBLE)
 
 

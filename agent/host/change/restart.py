@@ -154,7 +154,8 @@ def waits(p: Ports, run: Run, signals: Signals) -> NodeWaits:
     assert p.req.group is not None
     stop_s = stop_timeout_s(p.req.drain_timeout_s, p.req.drain_stop_allowance_s)
     bound = run.group_start_bound_s or start_bound_s(p.req, stop_s + RESTART_JOB_TIMEOUT_S)
-    return NodeWaits(signals, p.req.group.rank, p.req.group.wait_s, bound)
+    g = p.req.group
+    return NodeWaits(signals, g.rank, g.wait_s, bound, collective=g.collective)
 
 
 def stop_then_start(p: Ports, run: Run, barrier: Signals, timeout: float) -> JobResult:

@@ -20,15 +20,16 @@ class NodeWaits:
     wait_s: float
     start_bound_s: float
     wait: Wait = wait_until
+    collective: bool = True  # false for a [pd] group: its deadline is no commit (protocol/groupmachine.py)
 
     def step(self, phase: Phase, saw: Saw, reason: str) -> tuple[Node, tuple[Do, ...]]:
         """The machine's step; a decision it claims is claimed on disk, where the first writer wins."""
         files = files_of(self.signals)
-        node, done = node_step(Node(self.rank, phase, files), saw)
+        node, done = node_step(Node(self.rank, phase, files, self.collective), saw)
         if node.files.decision is not None and files.decision is None:
             stands = self.signals.claim(node.files.decision, reason, "node")
             if stands.decision is not node.files.decision:  # the coordinator's word came first
-                return node_step(Node(self.rank, phase, files_of(self.signals)), Saw.SIGNAL)
+                return node_step(Node(self.rank, phase, files_of(self.signals), self.collective), Saw.SIGNAL)
         return node, done
 
     def decision(self, gone: Callable[[], bool]) -> tuple[Node, tuple[Do, ...]]:
@@ -42,10 +43,16 @@ class NodeWaits:
         reason = {
             Saw.SIGNAL: "",
             Saw.GONE: "its server stopped while it waited for the decision",
-            Saw.DEADLINE: f"no decision from deployctl within {limit:.0f} s"
-            + ("" if self.rank == 0 else ": its server outlived rank 0's own deadline, so rank 0 committed"),
+            Saw.DEADLINE: f"no decision from deployctl within {limit:.0f} s" + self._late(),
         }[saw]
         return self.step(Phase.DECIDING, saw, reason)
+
+    def _late(self) -> str:
+        if self.rank == 0:
+            return ""
+        if not self.collective:
+            return ": no collective, so its running server proves nothing: it stops and waits for the word"
+        return ": its server outlived rank 0's own deadline, so rank 0 committed"
 
     def held(self) -> tuple[Node, tuple[Do, ...]]:
         """Stopped before any word: wait for the word once more, then end in doubt."""

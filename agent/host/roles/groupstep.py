@@ -76,8 +76,9 @@ def decided(p: Ports, run: Run, signals: Signals, started: WatchResult, change: 
 
 def wait_for_decision(p: Ports, run: Run, signals: Signals) -> tuple[GroupNode, tuple[Do, ...]]:
     """The group's decision, or what the group machine says without one (protocol/groupmachine.py): rank 0
-    aborts alone; a rank >= 1 keeps the new unit when its server outlived rank 0's deadline, and stops
-    (systemd's Restart= must not bring it back to join another generation) when it did not."""
+    aborts alone; a rank >= 1 of a collective keeps the new unit when its server outlived rank 0's deadline,
+    and stops (systemd's Restart= must not bring it back to join another generation) when it did not; a
+    member without a collective ([pd]) stops at its deadline too."""
     started = p.systemd.unit_state(p.unit)
     node_waits = waits(p, run, signals)
 
@@ -88,7 +89,7 @@ def wait_for_decision(p: Ports, run: Run, signals: Signals) -> tuple[GroupNode, 
     node, done = node_waits.decision(gone)
     if node.phase is Phase.HELD:
         stop_clean(p, RESTART_JOB_TIMEOUT_S)
-        p.log.emit(Stage.GROUP, "warning", f"rank {node.rank}'s server stopped before any word: "
-                   "stopped, waiting for rank 0's decision")  # fmt: skip
+        p.log.emit(Stage.GROUP, "warning", f"rank {node.rank} has no word (its server stopped, or "
+                   "no collective): stopped, waiting for rank 0's decision")  # fmt: skip
         node, done = node_waits.held()
     return node, done

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from agent.host.change.decide import Action, Failure, Verdict, fail
@@ -19,8 +20,11 @@ from agent.host.watch.poll import wait_until
 from agent.host.watch.start import WatchResult
 from agent.protocol.events import Stage
 from agent.protocol.requests import ROUTER_KIND, Smoke
+from agent.sglang.flags import FlagsError, unit_lines
 
 ROUTER_MODULE = "sglang_router.launch_router"
+ROUTER_PACKAGE = "sglang_router"  # python -m sglang_router: its __main__ is the console script's cli.main
+ROUTER_SCRIPTS = ("sglang-router", "smg", "amg")  # sglang-router 0.3.2's console scripts (entry_points.txt)
 ROUTED_PROMPT_TOKENS = 2000  # one short routed completion: it crosses the KV transfer, not the context
 # sglang-router 0.3.2 answers 503 `server_selection_failed` while it counts no worker of a role healthy (its
 # health checks come every few seconds): asked again, not failed. A 502 (a decode that died) fails at once.
@@ -35,8 +39,28 @@ def is_router(p: Ports) -> bool:
 
 
 def runs_router(text: str) -> bool:
-    """The unit's command is sglang-router's (`python -m sglang_router.launch_router`)."""
-    return ROUTER_MODULE in text.partition("ExecStart=")[2]
+    """The command of the unit's [Service] ExecStart= (systemd's own reading: continued lines joined, comments
+    and other keys skipped) is sglang-router's: `python -m sglang_router.launch_router`, `python -m
+    sglang_router launch`, or its console script (`sglang-router launch`, also `smg`/`amg`: the 0.3.2
+    package's entry points, sglang_router/cli.py). An engine unit whose later line or comment names the
+    router is still an engine."""
+    try:
+        execs = [
+            v for section, key, v in unit_lines(text) if (section, key) == ("Service", "ExecStart") and v
+        ]
+    except FlagsError:
+        return False
+    if not execs:
+        return False
+    words = execs[-1].lstrip("-@:+!").split()  # systemd's special prefixes; the last ExecStart= runs
+    return any(_router_at(words, i) for i in range(len(words)))
+
+
+def _router_at(words: list[str], i: int) -> bool:
+    after = words[i + 1 : i + 3]
+    if words[i] == "-m":
+        return after[:1] == [ROUTER_MODULE] or after == [ROUTER_PACKAGE, "launch"]
+    return PurePosixPath(words[i]).name in ROUTER_SCRIPTS and after[:1] == ["launch"]
 
 
 def watch_router(p: Ports, invocation: str) -> WatchResult:

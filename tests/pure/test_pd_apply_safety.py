@@ -1,0 +1,427 @@
+"""`deployctl apply` of a [pd] service stays safe when the laptop, a link or a guess fails: no member commits
+alone, each unit's routed check reaches the router, a context SGLang refuses reaches no host, and a router
+unit is known by its command. Fakes as in test_pd_group.py: one fake host per unit."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from agent.errors import ConnectError, InventoryError, UsageError
+from agent.group.run import Coordinator, Node
+from agent.inventory import HostConfig
+from agent.orchestrate.asked import Change, Connection
+from agent.output import Output
+from agent.pd.group import Part, Seen, members
+from agent.protocol.answers import SignalAnswer
+from agent.protocol.events import Outcome
+from agent.protocol.requests import ROUTER_KIND, Group, Smoke
+from tests.pure.test_group_change import FakeNode, fake_deliver, fake_follow
+from tests.pure.test_pd_group import NEW, OLD, WAIT_S, role_unit
+from tests.pure.txnfakes import TXN, Host, Script, unit_text
+
+P, D, R = Part.PREFILL, Part.DECODE, Part.ROUTER
+
+
+def pd_nodes(tmp_path: Path, roles: list[str]) -> tuple[list[Node], list[FakeNode]]:
+    """One fake host per role's unit (no router member: its unit is unchanged), each on its old unit, all
+    changing to NEW; waves as members() gives them (prefills 0, decodes 1)."""
+    fakes, nodes = [], []
+    for rank, role in enumerate(roles):
+        host = Host(tmp_path / f"{rank}-{role}", Script(pools={"100000": 110_000, "200000": 210_000}))
+        host.install(host.etc, role_unit(OLD, role))
+        req = host.request(NEW, unit_text=role_unit(NEW, role))
+        req = replace(req, txn=TXN, group=Group(rank, len(roles), WAIT_S, collective=False), drain=False)
+        fakes.append(FakeNode(host))
+        nodes.append(Node(rank, HostConfig.model_construct(name=f"{role}{rank}"), None, req))
+    return nodes, fakes
+
+
+def runs(fake: FakeNode) -> str | None:
+    return fake.host.systemd.loaded if fake.host.systemd.active == "active" else None
+
+
+# ---- the laptop gone after the votes: no member commits alone (a [pd] group has no collective)
+
+
+def test_laptop_gone_after_the_votes_never_leaves_the_decode_new_and_the_prefill_old(tmp_path: Path) -> None:
+    """1P1D, both units change, the router's unit unchanged. The laptop goes away once both voted ready
+    (no commit, no abort, no go-back reaches anyone). Rank 0 (the prefill) aborts alone at its deadline. The
+    multi-node rule "my server outlived rank 0's deadline, so rank 0 committed" holds only for a collective
+    (a rank's server dies with its peer's); PD roles share none, so the decode (collective false) stops at
+    its deadline and waits for the word, then ends in doubt: never the decode new and the prefill old."""
+    nodes, fakes = pd_nodes(tmp_path, ["prefill", "decode"])
+    plain = fake_deliver(fakes)
+
+    def laptop(node: Node, word: str, reason: str) -> SignalAnswer:
+        if word == "go":
+            return plain(node, word, reason)
+        raise ConnectError(f"{node.host.name}: the laptop is gone")  # nothing after the last "go"
+
+    Coordinator(nodes, lambda n, e: None, deliver=laptop, follow=fake_follow(fakes), waves=(0, 1)).run()
+    prefill, decode = (n.view.outcome for n in nodes)
+    said = f"prefill {prefill} runs {runs(fakes[0])!r}; decode {decode} runs {runs(fakes[1])!r}"
+    # all old or all new: never the decode committed on its new unit while the prefill did not commit
+    assert not (decode is Outcome.APPLIED and prefill is not Outcome.APPLIED), said
+
+
+def test_a_member_without_a_collective_never_commits_without_rank_0s_word() -> None:
+    """Every phase, every sight and every word short of a commit: a member of a [pd] group (collective
+    false) never ends committed, nor starts its new unit, on its own deadline or recovery."""
+    from itertools import product
+
+    from agent.protocol.groupmachine import Decision, Do, Files, Node, Phase, Saw, node_step
+
+    for rank, phase, saw, go, go_back in product(
+        (0, 1, 2), list(Phase), list(Saw), (False, True), (False, True)
+    ):
+        for decision in (None, Decision.ABORT):
+            node = Node(rank, phase, Files(go, go_back, decision), collective=False)
+            after, _ = node_step(node, saw)
+            assert after.files.decision is not Decision.COMMIT, (node, saw, after)
+            assert after.phase is not Phase.COMMITTED or phase is Phase.COMMITTED, (node, saw, after)
+    late = node_step(Node(1, Phase.DECIDING, collective=False), Saw.DEADLINE)
+    assert late == (Node(1, Phase.HELD, collective=False), (Do.STOP,))
+    # a [nodes] rank keeps its rule: its server outlived rank 0's deadline
+    assert node_step(Node(1, Phase.DECIDING), Saw.DEADLINE)[0].phase is Phase.COMMITTED
+
+
+def test_the_pd_group_is_sent_and_recorded_without_a_collective() -> None:
+    """Each [pd] member's request says collective false, its group record keeps it (a recovery reads it),
+    and a [nodes] record reads as before (collective true, the field absent)."""
+    import agent.group.pdapply as pdapply
+    from agent.protocol.grouprecord import GroupRecord
+    from agent.protocol.requests import Request
+    from tests.pure.test_pd import example, host_of
+
+    host = host_of(example())
+    units = pdapply.planned_units(host, 32768)
+    requests = [pdapply.request_of(u, "absent", 32768) for u in units]
+    chosen = members([Seen(u.part, u.label, True) for u in units])
+    nodes = pdapply._nodes(host, units, [None] * len(units), requests, chosen)  # type: ignore[list-item]
+    for node in nodes:
+        assert node.request.group is not None and node.request.group.collective is False
+        back = Request.from_json(node.request.to_json())
+        record = GroupRecord.of(back)
+        assert record is not None and record.collective is False
+        assert GroupRecord.from_json(record.to_json()) == record
+    nodes_record = GroupRecord(1, 60.0, 600.0)
+    assert "collective" not in nodes_record.to_json()
+    assert GroupRecord.from_json(nodes_record.to_json()).collective is True
+    with pytest.raises(ValueError):
+        GroupRecord.from_json(nodes_record.to_json().replace("{", '{"collective": 0, ', 1))
+
+
+# ---- the routed check of a unit on another host reaches the router, not that host's loopback
+
+
+def two_host_example() -> HostConfig:
+    from tests.pure.test_pd import example, host_of
+
+    data = example()
+    data["pd"]["decode"][0]["target"] = "gpu2"  # the decode on a second host, reached by the router at
+    data["pd"]["decode"][0]["url"] = "http://10.0.0.2:30020"  # its own address (docs/pd.md: `url`)
+    data["pd"]["prefill"][0]["url"] = "http://10.0.0.1:30010"
+    return host_of(data)
+
+
+def test_the_routed_check_of_a_decode_on_another_host_reaches_the_router(tmp_path: Path) -> None:
+    """The decode (on gpu2) sends the routed check when the router's unit is unchanged; its agent runs on
+    gpu2, but routed_url is the router's bind address turned into loopback (http://127.0.0.1:30000,
+    agent/group/pdapply.py:113-116, sent at :167): on gpu2 that is no router. The check then fails for
+    ever (every change
+    of such a service rolls back), or it passes against whatever else listens there (SGLang's default port
+    is 30000: another service of gpu2), with the new decode never proven."""
+    import agent.group.pdapply as pdapply
+
+    host = two_host_example()
+    units = pdapply.planned_units(host, 32768)
+    requests = [pdapply.request_of(u, "absent", 32768) for u in units]
+    chosen = members([Seen(u.part, u.label, u.part is not R) for u in units])  # the roles change
+    nodes = pdapply._nodes(host, units, [None] * len(units), requests, chosen)  # type: ignore[list-item]
+    router_at = pdapply.router_host(host).ssh.target
+    for node in nodes:
+        if node.request.routed_url is None or node.host.ssh.target == router_at:
+            continue
+        where = urlsplit(node.request.routed_url).hostname
+        assert where not in ("127.0.0.1", "::1", "localhost"), (
+            f"{node.host.name} on {node.host.ssh.target} checks the router at {node.request.routed_url}, "
+            f"its own loopback; the router runs on {router_at}"
+        )
+
+
+@pytest.mark.parametrize(
+    ("router", "expected"),
+    [
+        ({}, "http://gpu-pd:30000"),  # bound to every address: its SSH target's host name
+        ({"target": "ops@10.0.0.9:2222"}, "http://10.0.0.9:30000"),
+        ({"host": "10.0.0.1"}, "http://10.0.0.1:30000"),  # its bind address
+        ({"url": "http://router.lan:8080/"}, "http://router.lan:8080"),
+        ({"host": "127.0.0.1"}, None),  # loopback only: refused
+        ({"url": "http://127.0.0.1:30000"}, None),
+        ({"target": "local"}, None),
+    ],
+)
+def test_a_unit_on_another_host_checks_the_router_at_its_reachable_address(
+    router: dict[str, str], expected: str | None
+) -> None:
+    """The decode on gpu2 sends its routed check to the router's reachable URL ([pd.router] url, its bind
+    address, or its SSH target's host); a router no other host can reach is refused in one line, before
+    any host is asked; a unit on the router's own host checks its loopback."""
+    import agent.group.pdapply as pdapply
+    from agent.pd.refusals import check
+    from agent.pd.units import routed_url, router_target
+    from tests.pure.test_pd import example, host_of
+
+    data = example()
+    data["pd"]["decode"][0].update(target="gpu2", url="http://10.0.0.2:30020")
+    data["pd"]["prefill"][0]["url"] = "http://10.0.0.1:30010"
+    data["pd"]["router"].update(router)
+    host = host_of(data)
+    assert routed_url(host, "gpu2") == expected
+    here = routed_url(host, router_target(host))
+    assert here is not None and urlsplit(here).hostname in ("127.0.0.1", "10.0.0.1")
+    refused = [r for r in check(host).refusals if "[pd.router] url" in r]
+    if expected is None:
+        assert refused and all("\n" not in r for r in refused), refused
+        with pytest.raises(InventoryError):
+            pdapply.refused_first(host, 32768)
+    else:
+        assert refused == []
+
+
+# ---- one routed completion per unit does not prove that unit served it
+
+
+class CacheAwareRouter:
+    """sglang-router's cache_aware policy (the example's `policy`): a prompt goes to the worker whose tree
+    holds its prefix; identical prompts go to the worker that served the first one."""
+
+    def __init__(self) -> None:
+        self.tree: dict[tuple[str, int], str] = {}
+        self.served: list[str] = []
+
+    def probe_of(self, me: str, fake: FakeNode) -> None:
+        from agent.host.watch.probe import SmokeResult
+
+        def smoke(s: Smoke) -> SmokeResult:
+            worker = self.tree.setdefault((s.sentence, s.prompt_tokens), me)  # the first asker's pair wins
+            self.served.append(worker)
+            return SmokeResult(s.prompt_tokens, 0.1, "dog", True)
+
+        fake.host.probe.smoke = smoke  # type: ignore[method-assign]
+
+
+@pytest.mark.xfail(strict=True, reason="NOT BUILT: a routed check that proves which decode served it")
+def test_every_restarted_decode_serves_a_routed_completion_before_the_commit(tmp_path: Path) -> None:
+    """1P2D, the prefill changes: both decodes restart (wave 1), each sends one routed completion through
+    the unchanged router (agent/host/roles/pdrouter.py:61-89). Both send the same prompt, and the router's
+    cache_aware policy sends it to the same decode both times (as it does while it still counts a restarted
+    decode unhealthy): decode[1] commits without ever serving one. A decode whose new unit fails at its first
+    transfer (a wrong ib_device / UCX_NET_DEVICES) is committed, and half the service's requests hang."""
+    nodes, fakes = pd_nodes(tmp_path, ["prefill", "decode", "decode"])
+    router = CacheAwareRouter()
+    for rank in (1, 2):
+        nodes[rank].request = replace(nodes[rank].request, routed_url="http://127.0.0.1:30000")
+        router.probe_of(f"decode{rank}", fakes[rank])
+    Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
+                waves=(0, 1, 1)).run()  # fmt: skip
+    committed = all(n.view.outcome is Outcome.APPLIED for n in nodes)
+    assert not committed or set(router.served) == {"decode1", "decode2"}, (
+        f"committed; routed completions served by {router.served}"
+    )
+
+
+# ---- a context SGLang refuses to start reaches no host
+
+
+def test_a_context_above_the_models_own_is_refused_before_any_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-host apply refuses --context above the model's max_context (agent/apply.py allow_context, exit
+    2); the [pd] apply never calls it (agent/group/pdapply.py:51-63): 200k on a 131,072-token model passes
+    every refusal, reaches the hosts, and every unit restarts into SGLang's own refusal, then rolls back."""
+    import agent.group.pdapply as pdapply
+    from tests.pure.test_pd import example, host_of
+
+    data = example()
+    data["pd"]["decode"][0]["flags"]["max-running-requests"] = 1  # pools that hold 200k: only the context
+    data["pd"]["prefill_in_flight"] = 1  # is wrong
+    host = host_of(data)
+    assert host.model.max_context == 131072
+
+    def no_host(*_: object) -> None:
+        raise AssertionError("a context SGLang refuses reached a host")
+
+    monkeypatch.setattr(pdapply, "clients", no_host)
+    with pytest.raises((UsageError, InventoryError)):
+        pdapply.apply(host, Connection("pd"), Change(200_000, yes=True), Output())
+
+
+def test_allow_longer_context_sets_sglangs_override_in_every_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--allow-longer-context: the same 200k passes the refusals and every role's unit carries SGLang's
+    override (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1), as a one-host apply's unit does."""
+    import agent.group.pdapply as pdapply
+    from tests.pure.test_pd import example, host_of
+
+    data = example()
+    data["pd"]["decode"][0]["flags"]["max-running-requests"] = 1
+    data["pd"]["prefill_in_flight"] = 1
+    host = host_of(data)
+    sent: list[list[str]] = []
+
+    def stop_at_the_hosts(hosts: list[HostConfig], conn: object) -> None:
+        sent.append([h.name for h in hosts])
+        raise ConnectError("stopped here: every refusal passed")
+
+    monkeypatch.setattr(pdapply, "clients", stop_at_the_hosts)
+    planned: list[list[str]] = []
+    real = pdapply.planned_units
+
+    def keep(h: HostConfig, context: int) -> list[pdapply.Planned]:
+        units = real(h, context)
+        planned.append([u.text for u in units if u.part is not R])
+        return units
+
+    monkeypatch.setattr(pdapply, "planned_units", keep)
+    with pytest.raises(ConnectError):
+        pdapply.apply(host, Connection("pd"), Change(200_000, yes=True, allow_longer_context=True), Output())
+    assert sent and planned and len(planned[0]) == 2
+    assert all("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in text for text in planned[0])
+
+
+# ---- a router is known by its command, whichever of sglang-router's commands starts it
+
+
+ROUTER_WORDS = (
+    "--port 30000 --pd-disaggregation --prefill http://127.0.0.1:30010 8998 --decode http://127.0.0.1:30020"
+)
+
+
+@pytest.mark.parametrize(
+    "executable",
+    [
+        "/usr/bin/python3 -m sglang_router.launch_router",  # the default: known
+        "/opt/sglang/.venv/bin/sglang-router launch",  # the package's own console script (sglang_router.cli)
+        "/opt/sglang/.venv/bin/python -m sglang_router launch",  # its __main__
+    ],
+)
+def test_a_router_is_known_without_a_kind_whatever_command_starts_it(tmp_path: Path, executable: str) -> None:
+    """[pd.router] executable is free (agent/pd/spec.py:107); runs_router (agent/host/roles/pdrouter.py:37-39)
+    knows only `sglang_router.launch_router`. A rollback or a recovery sent without the kind (the laptop's
+    `recover`, recover_orphan, a by-hand `deployctl rollback`) then watches the router's start for a KV pool
+    it never logs: the rollback fails (exit 5) with the router stopped. (The shipped test of this,
+    test_pd_group.py::test_a_router_is_known_by_its_command..., passes either way: its fake router logs a
+    pool, since the fake Script reads `--request-timeout-secs 100000` as a context.)"""
+    host = Host(tmp_path, Script())  # a real router logs no KV pool and no "fired up" line
+    old = f"[Unit]\nDescription=router\n\n[Service]\nExecStart={executable} {ROUTER_WORDS}\n"
+    host.install(host.etc, old)
+    new = old.replace("--port 30000", "--port 30000 --policy round_robin")
+    applied = host.transaction(replace(host.request(NEW, unit_text=new), kind=ROUTER_KIND)).apply()
+    assert applied.outcome is Outcome.APPLIED, applied.message
+    back = replace(host.request(OLD), verb="rollback")  # no kind, as recover and rollback send it
+    result = host.transaction(back, txn="20261203T130000Z-abcdef").rollback()
+    assert result.outcome is Outcome.APPLIED, result.message
+    assert runs(FakeNode(host)) == old
+
+
+# ---- an engine unit stays an engine whatever a later line names
+
+
+def test_an_engine_unit_whose_later_line_names_the_router_is_still_gated_on_its_pool(tmp_path: Path) -> None:
+    """runs_router reads everything after the first `ExecStart=` (text.partition), not the command: an
+    engine unit with a later line naming the router (an adopted unit's verbatim [Service] line or comment,
+    templates/sglang-adopted.service.j2:35) is judged a router: no pool gate, no /server_info, and compare
+    calls it up to date whenever it runs. Here a pool far below the target commits."""
+    later = (
+        "# behind the gateway: python3 -m sglang_router.launch_router --worker-urls http://127.0.0.1:30000\n"
+    )
+    host = Host(tmp_path, Script(pools={"100000": 110_000, "200000": 50_000}))  # the new start: 50k tokens
+    host.install(host.etc, unit_text(OLD, later))
+    req = host.request(NEW, unit_text=unit_text(NEW, later))  # target 200,000
+    result = host.transaction(req).apply()
+    assert result.outcome is not Outcome.APPLIED, result.message
+
+
+ENGINE = "/usr/bin/python3 -m sglang.launch_server --port 30000"
+
+
+@pytest.mark.parametrize(
+    ("service", "router"),
+    [
+        (f"ExecStart=/usr/bin/python3 -m sglang_router.launch_router {ROUTER_WORDS}", True),
+        (f"ExecStart=-/opt/v/bin/sglang-router launch {ROUTER_WORDS}", True),  # systemd's prefix
+        (f"ExecStart=/opt/v/bin/smg launch {ROUTER_WORDS}", True),
+        (f"ExecStart=/usr/bin/env PYTHONPATH=/x python3 -m sglang_router launch {ROUTER_WORDS}", True),
+        (
+            f"ExecStart=/usr/bin/python3 \\\n  -m sglang_router.launch_router {ROUTER_WORDS}",
+            True,
+        ),  # continued
+        (f"ExecStart={ENGINE}", False),
+        (f"ExecStart=/opt/v/bin/sglang-router server {ROUTER_WORDS}", False),  # launches an engine too
+        (f"ExecStart={ENGINE}\nEnvironment=NOTE=python3 -m sglang_router.launch_router", False),
+        (f"ExecStart={ENGINE}\n# then: sglang-router launch --worker-urls x", False),
+        (f"ExecStart={ENGINE} --served-model-name sglang_router.launch_router", False),  # a value, not -m
+        (f"Environment=X=1\nExecStart={ENGINE}\nExecStartPost=/opt/v/bin/sglang-router launch", False),
+    ],
+)
+def test_a_unit_runs_the_router_by_its_execstart_command_alone(service: str, router: bool) -> None:
+    """The [Service] ExecStart= as systemd reads it (continuations joined, comments and other keys
+    skipped): sglang-router's module, package or console script with `launch` is a router; anything else,
+    whatever a later line names, is an engine gated on its pool."""
+    from agent.host.roles.pdrouter import runs_router
+
+    assert runs_router(f"[Unit]\nDescription=x\n\n[Service]\n{service}\n") is router
+
+
+# ---- a prefill (re)started by the recovery that opens an apply restarts its decodes
+
+
+@pytest.mark.xfail(strict=True, reason="NOT BUILT: a recovered prefill restarts its decodes")
+def test_a_prefill_started_by_the_recovery_before_the_compare_restarts_every_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """_asked (agent/group/pdapply.py:140-148) first finishes an earlier change whose agent died
+    (recover_orphan: the prefill's old unit put back and started, or its kept unit started). Then every unit
+    compares up to date, members() sees no change (pdapply.py:124-133) and the decodes, registered with the
+    prefill's previous process, keep running: the failed pair of sglang#13054, with "nothing to do"."""
+    from contextlib import contextmanager
+
+    import agent.group.pdapply as pdapply
+    from tests.pure.test_pd import example, host_of
+
+    host = host_of(example())
+    recovered: list[str] = []
+    ran: list[list[str]] = []
+
+    class Agent:
+        def __init__(self, label: str) -> None:
+            self.label = label
+
+        def call(self, req: object) -> dict[str, object]:
+            if getattr(req, "verb", "") == "compare":
+                return {"up_to_date": True}
+            return {"orphan": self.label == "prefill[0]" and not recovered, "unit_sha256": "a" * 64}
+
+    @contextmanager
+    def clients(hosts: list[HostConfig], conn: object):  # type: ignore[no-untyped-def]
+        labels = [u.label for u in pdapply.planned_units(host, 32768)]
+        yield [Agent(label) for label in labels]
+
+    def recover_orphan(out: object, s: object, answer: dict[str, object]) -> bool:
+        if answer.get("orphan"):
+            recovered.append("prefill[0]")  # its recovery started the prefill's unit again
+            return True
+        return False
+
+    def run(out: object, h: object, nodes: list[Node], order: object) -> int:
+        ran.append([n.host.name for n in nodes])
+        return 0
+
+    monkeypatch.setattr(pdapply, "clients", clients)
+    monkeypatch.setattr(pdapply, "recover_orphan", recover_orphan)
+    monkeypatch.setattr(pdapply, "_run", run)
+    pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output())
+    assert recovered == ["prefill[0]"]
+    assert ran and any("decode" in name for name in ran[0]), "the prefill restarted; its decode did not"

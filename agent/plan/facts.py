@@ -148,6 +148,7 @@ class PlanInput:
     decode: tuple[float, int | None] | None = None  # the last load check's decode ms/token, at its context
     host_memory: HostMemoryData | None = None  # the host's RAM and the unit's cgroup (HiCache's host pool)
     neighbours: tuple[ServiceNeed, ...] = ()  # the other services of the host, for the host's memory budget
+    weight_cache: bool = False  # the service runs SGLang's weight-cache daemon ([weight_cache] enabled)
 
     @property
     def gpu(self) -> Gpu:

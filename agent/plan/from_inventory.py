@@ -208,4 +208,5 @@ def plan_input_from_host(
         sources=sources,
         device=facts.device,
         planning=host.planning,
+        weight_cache=host.weight_cache.enabled,
     )

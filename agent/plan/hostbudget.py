@@ -30,6 +30,7 @@ class ServiceNeed:
     process_bytes: int = 0  # its processes' own memory on the host (tokenizer, schedulers, staging)
     checkpoint_bytes: int = 0  # the page cache its pre-warm needs: the checkpoint on disk
     memory_max: int | None = None  # its unit's MemoryMax=, if any
+    daemon_bytes: int = 0  # its weight-cache daemon's processes (plan/hostplan.py daemon_bytes), own unit
 
     @property
     def pool_bytes(self) -> int:
@@ -37,12 +38,14 @@ class ServiceNeed:
 
     @property
     def pinned(self) -> int:
-        return self.pool_bytes + self.process_bytes
+        return self.pool_bytes + self.process_bytes + self.daemon_bytes
 
     @property
     def memory_max_needed(self) -> int:
-        """The smallest MemoryMax= under which SGLang still finds its pools' room and its reserve."""
-        return self.pinned + (RESERVE_BYTES if self.host_pool is not None else 0)
+        """The smallest MemoryMax= under which SGLang still finds its pools' room and its reserve; the
+        daemon runs in a unit (a cgroup) of its own, outside it."""
+        own = self.pool_bytes + self.process_bytes
+        return own + (RESERVE_BYTES if self.host_pool is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: 
     """Refused at `service`; the fix is the largest pool per rank that meets every bound on it at once:
     the host beside the services started before it, SGLang's own check, and its MemoryMax=."""
     ranks = max(service.ranks, 1)
-    room = (host.capacity - others - service.process_bytes) // ranks
+    room = (host.capacity - others - service.process_bytes - service.daemon_bytes) // ranks
     if service.host_pool is not None:  # SGLang's own check, per rank (base.py:248-257)
         room = min(room, service.host_pool.allowance)
     if service.memory_max is not None:
@@ -111,7 +114,8 @@ def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: 
 def plan_budget(
     host: HostRam, services: tuple[ServiceNeed, ...], daemon_bytes: int = 0, headroom: int = DEFAULT_HEADROOM
 ) -> HostBudget:
-    """The verdict for the services in their start order."""
+    """The verdict for the services in their start order; `daemon_bytes`: a daemon no service owns (each
+    service's own daemon is in its `pinned`)."""
     pinned = daemon_bytes + headroom
     for i, service in enumerate(services):
         if service.host_pool is not None and not service.host_pool.fits:

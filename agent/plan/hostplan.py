@@ -43,6 +43,15 @@ PROCESS_PER_RANK = 4 * GIB
 PROCESS_BASE = 2 * GIB
 POOL_PAD = 256 * 2**20  # the padding page a pool adds beyond its size (page x bytes per token), bounded
 MIB = 2**20
+# SGLang 0.5.23's weight-cache daemon holds the weights in GPU memory, not host RAM: the model is loaded onto
+# the GPU and every tensor exported as a CUDA IPC handle (srt/weight_cache/daemon.py:146-147, the weights
+# measured as GPU memory reserved, daemon.py:358,392; transport.py: torch_ipc, the vmm_fd backend never
+# exports, transport.py:139-163), and no shared memory is made. The checkpoint it reads goes through the
+# page cache (safetensors mmap, srt/model_loader/weight_utils.py:1146-1182): reclaimable, not pinned. Its
+# host side is its processes: the standalone launcher and one spawned interpreter per local PP x TP rank
+# (daemon.py:681-695, 765-790), each with torch and a CUDA context. An estimate, stated, as the engine's.
+DAEMON_BASE = 1 * GIB
+DAEMON_PER_RANK = 2 * GIB
 UNLIMITED = 1 << 62  # no facts: the host's memory is not checked, the pool is sized from the flags alone
 
 
@@ -72,6 +81,18 @@ def hicache_flags(flags: Mapping[str, FlagValue]) -> HiCacheFlags:
 
 def process_bytes(ranks: int) -> int:
     return PROCESS_BASE + PROCESS_PER_RANK * ranks
+
+
+def daemon_bytes(ranks: int, runs_daemon: bool) -> int:
+    """The host RAM of a service's weight-cache daemon (its unit runs one launcher and a process per local
+    rank); 0 without one."""
+    return DAEMON_BASE + DAEMON_PER_RANK * ranks if runs_daemon else 0
+
+
+def runs_daemon(flags: Mapping[str, FlagValue], weight_cache: bool = False) -> bool:
+    """The service's engine maps a daemon's weights: [weight_cache] enabled, or a unit already in
+    `--weight-cache-mode client` (a facts file's flags)."""
+    return weight_cache or value_of(flags, "weight-cache-mode") == "client"
 
 
 def memory_max_of(flags: Mapping[str, FlagValue]) -> int | None:
@@ -132,6 +153,7 @@ class HostPlan:
     memory_max: int | None  # the MemoryMax= rendered, bytes
     budget: HostBudget
     checked: bool  # the host's memory was read (facts); False: the sizes are unchecked against the host
+    daemon_bytes: int = 0  # its weight-cache daemon's processes, counted in the budget (in their own unit)
 
     @property
     def fits(self) -> bool:
@@ -168,6 +190,7 @@ class HostPlan:
             "verdict": self.budget.verdict.value,
             "capacity": self.budget.capacity if self.checked else None,
             "pinned": self.budget.pinned,
+            "weight_cache_daemon": self.daemon_bytes,
             "page_cache": self.budget.page_cache,
             "over": self.budget.over,
             "fitting_size_gb": self.budget.fitting_size_gb,
@@ -192,8 +215,11 @@ class HostPlan:
             else f"HiCache: no host pool fits ({self.given.message()})"
         ]
         if self.checked:
+            daemon = (
+                f", its weight-cache daemon {self.daemon_bytes / GIB:.0f} GiB" if self.daemon_bytes else ""
+            )
             out.append(
-                f"host memory: {self.budget.pinned / GIB:.1f} GiB pinned of "
+                f"host memory: {self.budget.pinned / GIB:.1f} GiB pinned{daemon} of "
                 f"{self.budget.capacity / GIB:.1f} GiB "
                 f"({self.budget.verdict.value})" + (f": {self.budget.reason}" if self.budget.reason else "")
             )
@@ -229,6 +255,7 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     data: HostMemoryData | None,
     neighbours: Sequence[ServiceNeed] = (),
     checkpoint_bytes: int = 0,
+    weight_cache: bool = False,
 ) -> HostPlan:
     """The service's host plan; the budget counts the neighbours (services of the same host) before it."""
     ranks = ranks_of(flags)
@@ -245,20 +272,25 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
         planned = plan_host_pool(
             pool, HiCacheFlags(size_gb=size), memory_at_start(data, ranks, memory_max), ranks
         )
-    need = ServiceNeed(name, ranks, pool, planned, process_bytes(ranks), checkpoint_bytes, memory_max)
+    daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
+    need = ServiceNeed(name, ranks, pool, planned, process_bytes(ranks), checkpoint_bytes, memory_max, daemon)
     budget = plan_budget(host_ram(data), (*neighbours, need))
     if data is None and budget.verdict is not Verdict.REFUSED:
         budget = HostBudget(Verdict.FITS, budget.capacity, budget.pinned, 0)
     return HostPlan(ranks, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
-                    size if planned.fits else None, memory_max, budget, data is not None)  # fmt: skip
+                    size if planned.fits else None, memory_max, budget, data is not None, daemon)  # fmt: skip
 
 
-def neighbour(name: str, flags: Mapping[str, FlagValue], memory_max: int | None = None) -> ServiceNeed | None:
+def neighbour(
+    name: str, flags: Mapping[str, FlagValue], memory_max: int | None = None, weight_cache: bool = False
+) -> ServiceNeed | None:
     """Another service of the host, as the budget counts it: its explicit --hicache-size per rank (a ratio's
-    pool depends on its own device plan: plan it to count it). None without HiCache."""
+    pool depends on its own device plan: plan it to count it) and its weight-cache daemon. None without
+    HiCache."""
     if not enabled(flags):
         return None
     ranks = ranks_of(flags)
     size = float_of(flags, "hicache-size") or 0.0
     pool = None if size <= 0 else HostPool(Mode.SIZE, 0, int(size * 1e9), UNLIMITED)
-    return ServiceNeed(name, ranks, None, pool, process_bytes(ranks), 0, memory_max)
+    daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
+    return ServiceNeed(name, ranks, None, pool, process_bytes(ranks), 0, memory_max, daemon)

@@ -68,22 +68,27 @@ def summary_line(rows: Sequence[HostRow]) -> str:
     )
 
 
+INTRO = (
+    "The host pool per rank (agent/plan/hostpool.py) against SGLang 0.5.23's own HiCache sizing run in the "
+    "oracle venv ({fixture}, `python -m tests.oracle.hostpool_cases`): ratios, sizes, auto fractions and a "
+    "decode's retraction backup, 1-16 ranks per host, cgroup limits at two levels. A pool agrees when its "
+    "tokens and bytes are SGLang's exactly; a refusal when it is SGLang's, in SGLang's words (`Not enough "
+    "host memory available ...`, `No host memory is left ...`); a decode that SGLang backs up without a "
+    "host pool when the planner plans none."
+)
+
+
 def section() -> list[str]:
     rows = host_rows()
     out = [
         "## HiCache host pool against SGLang's own code",
         "",
-        f"The host pool per rank (agent/plan/hostpool.py) against SGLang 0.5.23's own HiCache sizing run in the "
-        f"oracle venv ({FIXTURE.relative_to(ROOT)}, `python -m tests.oracle.hostpool_cases`): ratios, sizes, "
-        "auto fractions and a decode's retraction backup, 1-16 ranks per host, cgroup limits at two levels. "
-        "A pool agrees when its tokens and bytes are SGLang's exactly; a refusal when it is SGLang's, in "
-        "SGLang's words (`Not enough host memory available ...`, `No host memory is left ...`); a decode "
-        "that SGLang backs up without a host pool when the planner plans none.",
+        INTRO.format(fixture=FIXTURE.relative_to(ROOT)),
         "",
         summary_line(rows),
         "",
-        "| mode | layout | cases | pools equal | refusals equal | no host pool | differ | largest error (tokens) "
-        "| largest error (bytes) |",
+        "| mode | layout | cases | pools equal | refusals equal | no host pool | differ "
+        "| largest error (tokens) | largest error (bytes) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, layout in sorted({(r.mode, r.layout) for r in rows}):

@@ -149,6 +149,7 @@ class PlanInput:
     host_memory: HostMemoryData | None = None  # the host's RAM and the unit's cgroup (HiCache's host pool)
     neighbours: tuple[ServiceNeed, ...] = ()  # the other services of the host, for the host's memory budget
     weight_cache: bool = False  # the service runs SGLang's weight-cache daemon ([weight_cache] enabled)
+    unit_memory_limit: int | None = None  # a MemoryMax=/MemoryHigh= of the unit's own [Service] lines
 
     @property
     def gpu(self) -> Gpu:

@@ -4,8 +4,9 @@ each service's own process memory, a stated headroom, and the page cache a pre-w
 Pinned memory must fit, or the plan is refused, naming the first service (in start order) that does not fit
 and the `--hicache-size` per rank that would. The page cache is reclaimable: a pre-warm that cannot keep its
 checkpoint cached beside the pinned memory is skipped (the verdict says which), it never refuses the plan.
-Each service with a cgroup limit (`MemoryMax=`) must hold its own pools, process and SGLang's 10 GiB reserve
-inside it, since SGLang sizes against the cgroup's headroom (srt/mem_cache/host_memory.py:136-162).
+Each service with a cgroup limit (`MemoryMax=`) must hold its own pools (one more per rank beyond the first:
+sglang#38156), process and SGLang's 10 GiB reserve inside it, since SGLang sizes against the cgroup's headroom
+(srt/mem_cache/host_memory.py:136-162).
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ class ServiceNeed:
 
     @property
     def memory_max_needed(self) -> int:
-        """The smallest MemoryMax= under which SGLang still finds its pools' room and its reserve; the
-        daemon runs in a unit (a cgroup) of its own, outside it."""
-        own = self.pool_bytes + self.process_bytes
-        return own + (RESERVE_BYTES if self.host_pool is not None else 0)
+        """The smallest MemoryMax= under which SGLang still finds its pools' room and its reserve: its ranks
+        check the cgroup one by one as they pin, the last seeing the others' pools as used (sglang#38156),
+        so 2 x ranks - 1 pools; the daemon runs in a unit (a cgroup) of its own, outside it."""
+        if self.host_pool is None:
+            return self.process_bytes
+        pools = self.host_pool.bytes * (2 * max(self.ranks, 1) - 1)
+        return pools + self.process_bytes + RESERVE_BYTES
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,7 @@ def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: 
     if service.host_pool is not None:  # SGLang's own check, per rank (base.py:248-257)
         room = min(room, service.host_pool.allowance)
     if service.memory_max is not None:
-        room = min(room, (service.memory_max - RESERVE_BYTES - service.process_bytes) // ranks)
+        room = min(room, (service.memory_max - RESERVE_BYTES - service.process_bytes) // (2 * ranks - 1))
     size = fitting_size_gb(service.pool, room) if service.pool and service.host_pool else None
     if size:
         fix = f"--hicache-size {size:g} per rank would fit"
@@ -107,6 +111,8 @@ def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: 
         fix = "no host pool fits: turn HiCache off for it"
     else:
         fix = "it has no host pool to shrink: give it more memory or move it to another host"
+    if service.memory_max is not None and service.host_pool is not None and service.host_pool.bytes:
+        fix += f", or a MemoryMax= of at least {service.memory_max_needed / GIB:.1f} GiB holds this one"
     reason = f"{service.name}: {why}; {fix}"
     return HostBudget(Verdict.REFUSED, host.capacity, pinned, 0, service.name, size, (), reason)
 

@@ -107,15 +107,41 @@ def memory_max_of(flags: Mapping[str, FlagValue]) -> int | None:
     return math.ceil(need / MIB) * MIB
 
 
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
+
+
+def unit_memory_limit(service_lines: Sequence[str]) -> int | None:
+    """The memory limit a unit's own [Service] lines set (the smallest of its last MemoryMax= and
+    MemoryHigh=, systemd.resource-control(5): bytes with K/M/G/T base 1024; `infinity` or empty none), which
+    systemd applies over the rendered MemoryMax= since it comes after it. A percentage (of the host's RAM)
+    is not read: None."""
+    found: dict[str, int | None] = {}
+    for line in service_lines:
+        key, sep, value = (x.strip() for x in line.partition("="))
+        if not sep or key not in ("MemoryMax", "MemoryHigh", "MemoryLimit"):
+            continue
+        text = value.upper()
+        if text in ("", "INFINITY") or text.endswith("%"):
+            found[key] = None
+            continue
+        number, unit = (text[:-1], text[-1]) if text[-1] in _UNITS else (text, "")
+        try:
+            found[key] = int(float(number) * _UNITS[unit])
+        except ValueError:
+            found[key] = None
+    limits = [v for v in found.values() if v is not None]
+    return min(limits) if limits else None
+
+
 def memory_at_start(data: HostMemoryData | None, ranks: int, memory_max: int | None = None) -> HostMemory:
     """The host as the service's new start sees it when it sizes the pool: what the running service holds
     (its cgroup's usage less page cache) is freed, its new processes hold process_bytes; the unit's own
     level takes `memory_max` (the rendered MemoryMax=) where one is given."""
-    if data is None:
-        return HostMemory(UNLIMITED)
+    new = process_bytes(ranks)
+    if data is None:  # no facts: the host unchecked, the unit's own limit still SGLang's bound
+        return HostMemory(UNLIMITED, () if memory_max is None else (CgroupLevel((memory_max,), new, 0),))
     levels = data["cgroup"]
     old = max(0, levels[0]["current"] - levels[0]["file"]) if levels else 0
-    new = process_bytes(ranks)
     cgroup = []
     for i, lv in enumerate(levels):
         limits = [v for v in (lv["max"], lv["high"]) if v is not None]
@@ -256,10 +282,13 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     neighbours: Sequence[ServiceNeed] = (),
     checkpoint_bytes: int = 0,
     weight_cache: bool = False,
+    unit_limit: int | None = None,
 ) -> HostPlan:
-    """The service's host plan; the budget counts the neighbours (services of the same host) before it."""
+    """The service's host plan; the budget counts the neighbours (services of the same host) before it.
+    `unit_limit`: a MemoryMax=/MemoryHigh= the unit's own lines set (unit_memory_limit), which systemd
+    applies instead of the rendered one: the pool is sized under it, and a limit too small is refused."""
     ranks = ranks_of(flags)
-    given = plan_host_pool(pool, hicache_flags(flags), memory_at_start(data, ranks), ranks)
+    given = plan_host_pool(pool, hicache_flags(flags), memory_at_start(data, ranks, unit_limit), ranks)
     explicit = float_of(flags, "hicache-size") or 0.0
     # a pool under 1 GB has no whole-GB size: the flags as given stay (and no MemoryMax=, no exact gate)
     size = explicit if explicit > 0 else floor_gb(given.bytes) if given.fits else None
@@ -268,7 +297,7 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     memory_max = None
     planned = given
     if size is not None:
-        memory_max = memory_max_of({**flags, "hicache-size": size})
+        memory_max = unit_limit or memory_max_of({**flags, "hicache-size": size})
         planned = plan_host_pool(
             pool, HiCacheFlags(size_gb=size), memory_at_start(data, ranks, memory_max), ranks
         )

@@ -36,7 +36,8 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
         said = why or "no whole-byte cell or no device pool"
         return replace(plan, notes=(*plan.notes, f"HiCache host pool not planned: {said}"))
     weights = inp.model.weights_bytes or 0
-    host = plan_host(inp.name, pool, inp.flags, inp.host_memory, inp.neighbours, weights, inp.weight_cache)
+    host = plan_host(inp.name, pool, inp.flags, inp.host_memory, inp.neighbours, weights, inp.weight_cache,
+                     inp.unit_memory_limit)  # fmt: skip
     lines = tuple(host.lines(plan.predicted_pool_tokens, plan.context_length))
     if not host.fits:
         reason = host.budget.reason or lines[0]

@@ -110,7 +110,24 @@ def collect(
         return None
     count = sum(1 for n in _listdir(nodes) if re.fullmatch(r"node[0-9]+", n))
     relative = unit_cgroup(unit, root)
-    return host_memory(text, count, cgroup_levels(relative, root) if relative else [])
+    found = host_memory(text, count, cgroup_levels(relative, root) if relative else [])
+    if found is not None:
+        parent = relative.rpartition("/")[0] if relative else "system.slice"
+        found["siblings"] = siblings(parent, unit, root)
+    return found
+
+
+def siblings(parent: str, unit: str, root: str = CGROUP_ROOT) -> dict[str, int]:
+    """What each other service under the same slice holds now: memory.current less its page cache."""
+    out: dict[str, int] = {}
+    for name in sorted(_listdir(os.path.join(root, parent))):
+        if name == unit or not name.endswith(".service"):
+            continue
+        files = {f: _read(os.path.join(root, parent, name, f)) for f in ("memory.current", "memory.stat")}
+        found = level(f"{parent}/{name}", files)
+        if found is not None:
+            out[name] = max(0, found["current"] - found["file"])
+    return out
 
 
 def _read(path: str) -> str | None:

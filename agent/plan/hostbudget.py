@@ -32,6 +32,7 @@ class ServiceNeed:
     checkpoint_bytes: int = 0  # the page cache its pre-warm needs: the checkpoint on disk
     memory_max: int | None = None  # its unit's MemoryMax=, if any
     daemon_bytes: int = 0  # its weight-cache daemon's processes (plan/hostplan.py daemon_bytes), own unit
+    unit: str = ""  # its systemd unit (a neighbour's: what the host's facts say it holds now)
 
     @property
     def pool_bytes(self) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.inventory import FlagValue
 from agent.plan.hostbudget import HostBudget, HostRam, ServiceNeed, Verdict, plan_budget
@@ -35,6 +35,7 @@ from agent.plan.hostpool import (
 )
 from agent.plan.inputs import float_of, int_of, is_on, value_of
 from agent.protocol.answers import HostMemoryData
+from agent.sglang import weight_cache as wc
 
 # What SGLang's processes hold in host RAM besides the host pools: per rank a scheduler (torch, CUDA
 # context, pinned staging), and the tokenizer and detokenizer once. An estimate, stated: MemoryMax= and the
@@ -165,6 +166,34 @@ def host_ram(data: HostMemoryData | None) -> HostRam:
     return HostRam(total, min(total, data["available"] + old))
 
 
+def held_now(n: ServiceNeed, data: HostMemoryData | None) -> int:
+    """What the facts say a neighbour's unit and its weight-cache daemon hold now (0: stopped, or unsaid)."""
+    now: Mapping[str, int] = (data.get("siblings") if data is not None else None) or {}
+    units = (n.unit, wc.daemon_unit_name(n.unit)) if n.unit else ()
+    return sum(now.get(u, 0) for u in units)
+
+
+def as_running(neighbours: Sequence[ServiceNeed], data: HostMemoryData | None) -> tuple[ServiceNeed, ...]:
+    """The neighbours as the budget counts them: at least what each holds now (a HiCache pool its
+    inventory does not size is in what it holds)."""
+    return tuple(
+        replace(n, process_bytes=n.process_bytes + held_now(n, data) - n.pinned)
+        if held_now(n, data) > n.pinned
+        else n
+        for n in neighbours
+    )
+
+
+def with_neighbours_stopped(
+    host: HostRam, neighbours: Sequence[ServiceNeed], data: HostMemoryData | None
+) -> HostRam:
+    """The host with its other services stopped too: the budget counts what they pin, which MemAvailable
+    lacks while they run, so what they hold now is given back (bounded by MemTotal) rather than counted
+    twice; a neighbour stopped holds nothing."""
+    held = sum(held_now(n, data) for n in neighbours)
+    return HostRam(host.total, min(host.total, host.available + held), host.cgroup_limit)
+
+
 @dataclass(frozen=True)
 class HostPlan:
     """One service's host side: its pool per rank as rendered, and the host's budget."""
@@ -274,6 +303,35 @@ def floor_gb(nbytes: int) -> float:
     return float(math.floor(nbytes / 1e9))
 
 
+def waiting(neighbours: Sequence[ServiceNeed], data: HostMemoryData | None) -> tuple[ServiceNeed, ...]:
+    """The neighbours that hold nothing now (the facts name their unit as holding nothing, or not at all):
+    they start after this one. None from facts that do not say what neighbours hold (an older agent)."""
+    now = None if data is None else data.get("siblings")
+    if now is None:
+        return ()
+    return tuple(n for n in neighbours if not now.get(n.unit, 0))
+
+
+def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the host, the ranks, the others
+    pool: RankPool,
+    flags: Mapping[str, FlagValue],
+    given: HostPool,
+    seen: HostMemory,
+    ranks: int,
+    later: Sequence[ServiceNeed],
+) -> HostPool:
+    """SGLang's auto size (its default) takes 0.8 of what the process sees, split by its own ranks alone
+    (hicache_auto_size.py): the first of two services started with it leaves the second nothing. With
+    services of the host still to start, the auto pool is sized as SGLang's rule would size it for all of
+    their ranks, over the memory they leave (an explicit size's pool and every one's processes)."""
+    if given.mode is not Mode.AUTO or not later:
+        return given
+    held = sum(n.pinned if n.host_pool is not None else n.process_bytes + n.daemon_bytes for n in later)
+    everyone = ranks + sum(n.ranks for n in later if n.host_pool is None)
+    left = HostMemory(max(0, seen.available - held), seen.cgroup)
+    return plan_host_pool(pool, hicache_flags(flags), left, everyone)
+
+
 def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     name: str,
     pool: RankPool,
@@ -289,9 +347,12 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     applies instead of the rendered one: the pool is sized under it, and a limit too small is refused."""
     ranks = ranks_of(flags)
     given = plan_host_pool(pool, hicache_flags(flags), memory_at_start(data, ranks, unit_limit), ranks)
+    share = shared(
+        pool, flags, given, memory_at_start(data, ranks, unit_limit), ranks, waiting(neighbours, data)
+    )
     explicit = float_of(flags, "hicache-size") or 0.0
     # a pool under 1 GB has no whole-GB size: the flags as given stay (and no MemoryMax=, no exact gate)
-    size = explicit if explicit > 0 else floor_gb(given.bytes) if given.fits else None
+    size = explicit if explicit > 0 else floor_gb(share.bytes) if share.fits else None
     if size is not None and size < 1:
         size = None
     memory_max = None
@@ -303,7 +364,8 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
         )
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
     need = ServiceNeed(name, ranks, pool, planned, process_bytes(ranks), checkpoint_bytes, memory_max, daemon)
-    budget = plan_budget(host_ram(data), (*neighbours, need))
+    counted = as_running(neighbours, data)
+    budget = plan_budget(with_neighbours_stopped(host_ram(data), counted, data), (*counted, need))
     if data is None and budget.verdict is not Verdict.REFUSED:
         budget = HostBudget(Verdict.FITS, budget.capacity, budget.pinned, 0)
     return HostPlan(ranks, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
@@ -311,7 +373,11 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
 
 
 def neighbour(
-    name: str, flags: Mapping[str, FlagValue], memory_max: int | None = None, weight_cache: bool = False
+    name: str,
+    flags: Mapping[str, FlagValue],
+    memory_max: int | None = None,
+    weight_cache: bool = False,
+    unit: str = "",
 ) -> ServiceNeed | None:
     """Another service of the host, as the budget counts it: its explicit --hicache-size per rank (a ratio's
     pool depends on its own device plan: plan it to count it) and its weight-cache daemon. None without
@@ -322,4 +388,4 @@ def neighbour(
     size = float_of(flags, "hicache-size") or 0.0
     pool = None if size <= 0 else HostPool(Mode.SIZE, 0, int(size * 1e9), UNLIMITED)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
-    return ServiceNeed(name, ranks, None, pool, process_bytes(ranks), 0, memory_max, daemon)
+    return ServiceNeed(name, ranks, None, pool, process_bytes(ranks), 0, memory_max, daemon, unit)

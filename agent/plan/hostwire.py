@@ -55,7 +55,9 @@ def neighbours(host: HostConfig, directory: Path) -> tuple[ServiceNeed, ...]:
     found = []
     for s in load_services(directory, skip_broken=True):
         if s.config.name != host.name and mine & set(s.config.node_targets):
-            need = neighbour(s.config.name, s.config.sglang.flags, None, s.config.weight_cache.enabled)
+            need = neighbour(
+                s.config.name, s.config.sglang.flags, None, s.config.weight_cache.enabled, s.config.unit.name
+            )
             if need is not None:
                 found.append(need)
     return tuple(found)

@@ -233,7 +233,7 @@ class CgroupLevelData(TypedDict):
     file: int  # memory.stat's file: the page cache, which SGLang does not count as used
 
 
-class HostMemoryData(TypedDict):
+class _HostMemoryBase(TypedDict):
     """The host's RAM and the service's memory cgroup, as SGLang's host-pool rule reads them
     (host/hostmem.py; plan/hostplan.py reads them back)."""
 
@@ -243,6 +243,14 @@ class HostMemoryData(TypedDict):
     hugepages_free: int
     numa_nodes: int
     cgroup: list[CgroupLevelData]  # the unit's levels, innermost first; [] when it has none (not running)
+
+
+class HostMemoryData(_HostMemoryBase, total=False):
+    """The facts' host_memory; `siblings`: what each other service of the unit's slice holds now (its
+    cgroup's memory.current less page cache, bytes, by unit name), so the host's budget gives back what a
+    running neighbour holds instead of counting it twice (plan/hostplan.py)."""
+
+    siblings: dict[str, int]
 
 
 class HostFacts(TypedDict, total=False):

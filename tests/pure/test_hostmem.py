@@ -56,3 +56,17 @@ def test_every_level_of_the_units_cgroup_innermost_first(tmp_path: Path) -> None
     other = hostmem.collect("sglang-b.service", str(tmp_path), str(tmp_path / "meminfo"), str(nodes))
     assert other is not None and other["cgroup"] == []
     assert hostmem.collect("x.service", str(tmp_path), str(tmp_path / "none")) is None
+
+
+def test_what_each_other_service_of_the_slice_holds_now(tmp_path: Path) -> None:
+    """The budget gives back what a running neighbour holds (plan/hostplan.py with_neighbours_stopped)."""
+    _cgroup(tmp_path, "system.slice", memory_max="max", memory_current="900", memory_stat="")
+    _cgroup(tmp_path, "system.slice/sglang-a.service", memory_current="5000", memory_stat="file 3000\n")
+    _cgroup(tmp_path, "system.slice/sglang-b.service", memory_current="70000", memory_stat="file 1000\n")
+    _cgroup(tmp_path, "system.slice/sshd.socket", memory_current="1", memory_stat="")  # not a service
+    _cgroup(tmp_path, "system.slice/x.service", memory_stat="")  # no memory controller: left out
+    (tmp_path / "meminfo").write_text(MEMINFO)
+    data = hostmem.collect("sglang-a.service", str(tmp_path), str(tmp_path / "meminfo"), str(tmp_path))
+    assert data is not None and data["siblings"] == {"sglang-b.service": 69000}
+    stopped = hostmem.collect("sglang-c.service", str(tmp_path), str(tmp_path / "meminfo"), str(tmp_path))
+    assert stopped is not None and set(stopped["siblings"]) == {"sglang-a.service", "sglang-b.service"}

@@ -42,3 +42,35 @@ def test_the_plans_host_pool_is_the_real_line_to_the_token(real: RealHost) -> No
     assert real.unit_text() == old_unit
     real.wait_ready()
     assert real.pool() == old_pool
+
+
+def test_a_memory_max_too_small_is_refused_by_the_plan_and_by_sglang_in_its_own_words(real: RealHost) -> None:
+    """A MemoryMax= of the unit's own (a verbatim line, which systemd applies over the rendered one) that
+    cannot hold SGLang's 10 GiB reserve and the pool: the plan refuses it before any start; forced past the
+    plan, the real SGLang refuses it itself under that cgroup, the report names host_memory_short, and
+    deployctl rolls back to the running unit."""
+    if not real.healthy():
+        real.ensure_hand()
+    old_unit, old_pool = real.unit_text(), real.pool()
+    path = real.inventory(flags="enable-hierarchical-cache = true\nhicache-size = 1")
+    text = path.read_text()
+    assert '"Nice=10"' in text, text  # the hand-written unit's own line, kept verbatim by the adoption
+    path.write_text(text.replace('"Nice=10"', '"Nice=10", "MemoryMax=6G"', 1))
+    planned = real.deployctl("plan", HOST, "--context", CONTEXT, "--json")
+    assert planned.returncode == ExitCode.NOT_FEASIBLE, planned.stdout + planned.stderr
+    budget = json.loads(planned.stdout)["host_budget"]
+    assert budget["verdict"] == "refused" and "Not enough host memory available" in budget["reason"]
+    refused = real.deployctl("apply", HOST, "--context", CONTEXT, "--yes")
+    assert refused.returncode == ExitCode.USAGE, refused.stdout + refused.stderr
+    assert real.unit_text() == old_unit  # refused before anything changed
+    forced = real.deployctl("apply", HOST, "--context", CONTEXT, "--yes", "--force")
+    out = forced.stdout + forced.stderr
+    assert forced.returncode == ExitCode.ROLLED_BACK, out
+    lines = real.journal(2000)
+    assert re.search(
+        r"Not enough host memory available\. Requesting 1\.00 GB but only have -?[\d.]+ GB free", lines
+    )
+    assert "host_memory_short" in out or "MemoryMax=" in out, out  # the failure kind, with its fix
+    assert real.unit_text() == old_unit
+    real.wait_ready()
+    assert real.pool() == old_pool

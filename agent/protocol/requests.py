@@ -28,10 +28,21 @@ SLACK_S = 600.0  # the agent's own steps between the timed phases (files, reload
 
 def conversation_bound_s(req: Request) -> float:
     """The longest one agent conversation can take: an answer, then a change whose every phase ran to its
-    timeout (pre-warm, a recovery's restore first, the new start, the rollback's start, the smoke test)."""
+    timeout (pre-warm, a recovery's restore first, the wait for another service's start on the host
+    (host_start_wait_s), the new start, the rollback's start, the smoke test)."""
     t = req.timeouts
     one_start = RESTART_JOB_TIMEOUT_S + t.weights_s + t.pool_s + t.ready_s
-    return ANSWER_TIMEOUT_S + t.weights_s + 3 * one_start + req.smoke.timeout_s + SLACK_S
+    waited = host_start_wait_s(t)
+    return ANSWER_TIMEOUT_S + t.weights_s + waited + 3 * one_start + req.smoke.timeout_s + SLACK_S
+
+
+HOST_START_WAIT_MIN_S = 60.0  # a change with short timeouts still waits a minute for another's start
+
+
+def host_start_wait_s(t: Timeouts) -> float:
+    """How long a change whose unit pins host memory waits for another service's start on the same host
+    (host/change/pinning.py): as long as its own start may take, at least a minute."""
+    return max(HOST_START_WAIT_MIN_S, t.weights_s + t.pool_s + t.ready_s)
 
 
 VERBS = (

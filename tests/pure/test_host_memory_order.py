@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.host.change.pinning import LOCK_NAME, MIN_WAIT_S, bound_s, pins_host_memory
+from agent.host.change.pinning import LOCK_NAME, bound_s, pins_host_memory
 from agent.host.lock import UnitLock
 from agent.protocol.events import Outcome
-from agent.protocol.requests import Timeouts
+from agent.protocol.requests import HOST_START_WAIT_MIN_S as MIN_WAIT_S
+from agent.protocol.requests import Timeouts, conversation_bound_s
 from tests.pure.txnfakes import UNIT, Host, Script, unit_text
 
 OLD, NEW, CRASH = 100_000, 200_000, 300_000
@@ -104,6 +105,12 @@ def test_a_first_service_that_outlasts_the_bound_stops_the_second_with_nothing_c
     assert clock[0] >= bound_s(t.ports) == MIN_WAIT_S  # the request's timeouts are 0 here: a minute
     long = replace(t.ports, req=replace(t.ports.req, timeouts=Timeouts()))
     assert bound_s(long) == 1800 + 600 + 900  # otherwise as long as its own start may take
+    # the laptop waits for the agent's answer that long more (its conversation bound counts the wait)
+    assert (
+        conversation_bound_s(long.req)
+        - conversation_bound_s(replace(long.req, timeouts=Timeouts(0, 0, 0, 0)))
+        > 3300
+    )
 
 
 def test_a_change_that_pins_nothing_does_not_wait(tmp_path: Path) -> None:

@@ -22,11 +22,11 @@ from agent.host.change.ports import Ports, Result
 from agent.host.lock import Locked, UnitLock, describe_holder
 from agent.protocol.answers import Holder
 from agent.protocol.events import Outcome, Stage
+from agent.protocol.requests import host_start_wait_s
 from agent.sglang.flags import FlagsError, FlagValue, parse_unit_flags
 
 LOCK_NAME = "host-memory-start"  # <run dir>/host-memory-start.lock: no unit name ends so
 OFF = (False, "false", "False", "0")
-MIN_WAIT_S = 60.0  # a change with short timeouts still waits a minute for another's start
 
 
 def _on(flags: dict[str, FlagValue], *names: str) -> bool:
@@ -49,9 +49,9 @@ def pins_host_memory(unit_text: str | None) -> bool:
 
 
 def bound_s(p: Ports) -> float:
-    """How long a change waits for another's: as long as its own start may take, at least a minute."""
-    t = p.req.timeouts
-    return max(MIN_WAIT_S, t.weights_s + t.pool_s + t.ready_s)
+    """How long a change waits for another's: as long as its own start may take, at least a minute (the
+    laptop's conversation bound counts it: protocol/requests.py)."""
+    return host_start_wait_s(p.req.timeouts)
 
 
 @contextlib.contextmanager

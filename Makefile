@@ -16,7 +16,7 @@ help:
 	@echo "make faults         the fault matrix on the real test host; ends with one JSON line"
 	@echo "make bench          deployctl against Ansible and the manual path; ends with one JSON line"
 	@echo "make oracle         build the SGLang 0.5.23 oracle venv (once per machine, about 1.4 GB)"
-	@echo "make real-sglang    build the real SGLang 0.5.23 venv on CPU torch and its tiny model (once, 1.5 GB)"
+	@echo "make real-sglang    build the real SGLang 0.5.23 venv on CPU torch, its PD add-on and tiny model (once, 1.7 GB)"
 	@echo "make accuracy       write docs/accuracy.md: the planner against public starts and SGLang's own code"
 	@echo "make testhost-up    boot a local test host and print how to reach it"
 	@echo "make testhost-down  stop it"
@@ -39,14 +39,21 @@ oracle: $(ORACLE_VENV)/.oracle-stamp
 # per machine outside the work tree, run by the test host's systemd (tests/realhost.py).
 REAL_SGLANG_VENV ?= $(or $(DEPLOYCTL_REAL_SGLANG_VENV),$(HOME)/.cache/deployctl/real-sglang-0.5.23)
 REAL_SGLANG_MODEL ?= $(or $(DEPLOYCTL_REAL_SGLANG_MODEL),$(HOME)/.cache/deployctl/real-sglang-tiny-model)
+REAL_SGLANG_PD ?= $(or $(DEPLOYCTL_REAL_SGLANG_PD),$(HOME)/.cache/deployctl/real-sglang-pd-0.5.23)
 export DEPLOYCTL_REAL_SGLANG_VENV := $(REAL_SGLANG_VENV)
 export DEPLOYCTL_REAL_SGLANG_MODEL := $(REAL_SGLANG_MODEL)
+export DEPLOYCTL_REAL_SGLANG_PD := $(REAL_SGLANG_PD)
 
 $(REAL_SGLANG_VENV)/.real-stamp: tests/realsglang/requirements.txt tests/realsglang/build-venv.sh
 	sh tests/realsglang/build-venv.sh
 
+# PD's add-on (Mooncake over TCP, libibverbs, sglang-router) in a folder of its own with its own stamp;
+# installed by the venv's pip, but no rebuild when the venv is rebuilt (wheels only, no paths kept).
+$(REAL_SGLANG_PD)/.pd-stamp: tests/realsglang/pd-requirements.txt tests/realsglang/build-pd.sh | $(REAL_SGLANG_VENV)/.real-stamp
+	sh tests/realsglang/build-pd.sh
+
 # make_model.py keeps a folder whose stamp matches its recipe: cheap to run every time.
-real-sglang: $(REAL_SGLANG_VENV)/.real-stamp
+real-sglang: $(REAL_SGLANG_VENV)/.real-stamp $(REAL_SGLANG_PD)/.pd-stamp
 	$(REAL_SGLANG_VENV)/bin/python tests/realsglang/make_model.py $(REAL_SGLANG_MODEL)
 
 .apt-stamp: tests/apt-packages.txt
@@ -71,8 +78,9 @@ accuracy: $(BIN)/.stamp
 quick: $(BIN)/.stamp
 	$(BIN)/pytest -q -m "not integration"
 
+# --durations: CI's log names the slowest tests, so its time limit is watched, not guessed
 test: $(BIN)/.stamp .apt-stamp oracle real-sglang lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 faults: $(BIN)/.stamp .apt-stamp oracle real-sglang
 	$(BIN)/python -m tests.faults

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 def apply(conn: Connection, change: Change, out: Output, host: HostConfig | None = None) -> int:
     """One change of a service: `host` is its inventory entry where the command loaded it already."""
     host = host or load_service(conn.host, units_dir(conn.units))
+    if host.pd is not None:  # a prefill-decode service: one group change over the units that restart
+        from agent.group.pdapply import apply as apply_pd
+
+        return apply_pd(host, conn, _pd_change(change), out)
     if host.nodes is not None:  # one service over several hosts: one coordinated change of every node
         from agent.group.apply import apply as apply_group
 
@@ -43,6 +47,16 @@ def apply(conn: Connection, change: Change, out: Output, host: HostConfig | None
         recover_orphan(out, s, talk.answer)  # rare: finish a dead agent's change, then plan afresh
         with s.client.converse(ask) as talk:
             return _apply(out, s, change, talk, units_dir(conn.units))
+
+
+def _pd_change(change: Change) -> Change:
+    """What a [pd] apply takes: the context; each role's flags are its [pd] unit's."""
+    if change.flags or change.max_running_requests is not None or change.mem_fraction_static is not None:
+        raise UsageError("--set, --max-running-requests, --mem-fraction-static: not for a [pd] service; "
+                         "set each role's flags in its [pd] unit")  # fmt: skip
+    if change.dry_run:
+        raise UsageError("--dry-run: not for a [pd] service yet; deployctl plan and render show its units")
+    return change
 
 
 def _load_planner(host: HostConfig) -> None:

@@ -153,7 +153,7 @@ def validate(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
     """Check every value before anything is rendered; the first bad one raises RenderError."""
     for field, value in _host_fields(host):
         check_text(field, value)
-    _validate_environment(host.unit.environment)
+    validate_environment(host.unit.environment)
     for flag, baseline_value in host.sglang.flags.items():
         check_flag(flag, baseline_value, "sglang.flags")
     for flag, flag_value in flags.items():
@@ -191,12 +191,12 @@ def _validate_cache_directory(host: HostConfig) -> None:
         )
 
 
-def _validate_environment(environment: Mapping[str, str]) -> None:
+def validate_environment(environment: Mapping[str, str], where: str = "unit.environment") -> None:
     for name, env_value in environment.items():
-        check_text(f"unit.environment.{name}", name)
+        check_text(f"{where}.{name}", name)
         if not ENV_NAME.fullmatch(name):
-            raise RenderError(f"unit.environment.{name}: a variable name must match {ENV_NAME.pattern}")
-        check_text(f"unit.environment.{name}", env_value)
+            raise RenderError(f"{where}.{name}: a variable name must match {ENV_NAME.pattern}")
+        check_text(f"{where}.{name}", env_value)
 
 
 _DIRECTIVE_LINE = re.compile(r"[A-Z][A-Za-z0-9]*=.*")
@@ -263,7 +263,7 @@ def _specifiers(text: str) -> str:
     return text.replace("%", "%%")
 
 
-def _env_word(name: str, value: str) -> str:
+def env_word(name: str, value: str) -> str:
     """One Environment= assignment, always quoted; it expands specifiers but never $VAR."""
     text = f"{name}={value}".replace("%", "%%").replace("\\", "\\\\").replace('"', '\\"')
     return f'"{text}"'
@@ -272,7 +272,7 @@ def _env_word(name: str, value: str) -> str:
 def _environment_words(host: HostConfig) -> list[str]:
     """The unit's public Environment= words: GPUs, the weight cache's folder, then the inventory's."""
     env = {**gpu_environment(host), **weight_cache_unit.environment(host), **host.unit.environment}
-    return [_env_word(k, v) for k, v in env.items() if k not in secret_env(host)]
+    return [env_word(k, v) for k, v in env.items() if k not in secret_env(host)]
 
 
 def daemon_environment(host: HostConfig) -> weight_cache_unit.EngineEnvironment:
@@ -297,7 +297,7 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
         "description": _specifiers(host.unit.description),
         "user": _specifiers(host.unit.user) if host.unit.user else None,
         "environment": _environment_words(host),
-        "cache_environment": [_env_word(k, v) for k, v in cache_environment(host).items()],
+        "cache_environment": [env_word(k, v) for k, v in cache_environment(host).items()],
         "cache_directory": _specifiers(cache_directory(host)) if cache_environment(host) else None,
         "environment_file": (
             _specifiers(secret_path(secrets_dir, unit, "env"))

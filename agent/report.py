@@ -22,8 +22,7 @@ from agent.protocol.events import (
     RouterData,
 )
 from agent.sglang.flags import FlagChange, FlagInput, FlagValue, diff_flags, flag_table
-from agent.sglang.logs import hicache
-from agent.sglang.logs.events import HOST_MEMORY_SHORT
+from agent.sglang.logs.fixes import fix_for
 from agent.sglang.logs.summary import StartFigures
 
 TIGHT_RESERVE_GIB = 5.0  # below this, say plainly not to push the fraction higher
@@ -203,8 +202,8 @@ def _way_back(r: ApplyReport) -> list[str]:
         failure: Mapping[str, object] = (r.data.get("summary") or {}).get("failure") or {}
         if r.data.get("failure_kind") == "pool_anomaly":
             lines += _anomaly_lines(r.data.get("summary") or {})
-        elif failure.get("kind") == HOST_MEMORY_SHORT:  # HiCache's host pool refused: SGLang's own figures
-            lines.append(f"what to do:            {hicache.fix(str(failure.get('line') or ''))}")
+        elif fixed := fix_for(str(failure.get("kind")), str(failure.get("line") or "")):
+            lines.append(f"what to do:            {fixed}")  # SGLang's line says what to change
         elif r.next_plan is not None:
             lines.append(f"next recommendation:   {_next(r.next_plan)}")
     if r.outcome == "rollback_failed":

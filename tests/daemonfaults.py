@@ -17,6 +17,7 @@ import time
 from agent.exitcodes import ExitCode
 from agent.inventory import load_host
 from agent.render import render_unit, template_dir
+from agent.sglang.flags import parse_unit_flags
 from tests import faultkit as fk
 from tests import simhost
 from tests.integration.conftest import cli, invocation, popen, variant, wait_pool
@@ -134,11 +135,28 @@ def daemon_crash_case(sim: simhost.SimHost, when: str, notes: list[str]) -> bool
     new = wc.unit_text()
     problems = fk.verified_problems(wc, old) if new == old else fk.verified_problems(wc, old, new)
     daemon_file = wc.host.read(DAEMON_FILE).decode()
-    if not daemon_runs(wc):
+    runs = daemon_runs(wc)
+    if not runs:
         problems.append("the daemon is not running")
-    if (new == old) != (daemon_file == old_daemon):
-        problems.append("the engine and the daemon are on different sides")
+    elif not runs_its_file(runs, daemon_file):
+        problems.append("the daemon runs another unit than its file")
+    # A context change leaves the daemon's unit as it was (the apply may still write back one that drifted):
+    # rolled back, it must be the old one; either way the old one is kept, as the file or a backup.
+    if new == old and daemon_file != old_daemon:
+        problems.append("the engine is back on its old unit but the daemon is not")
+    kept = [p.read_text() for p in (wc.host.root / "etc/systemd/system").glob(f"{DAEMON}*") if p.is_file()]
+    if old_daemon not in kept:
+        problems.append("the daemon's old unit is lost")
     if fk.pending(wc):
         problems.append("a recovery record is left")
     notes += problems or ["new" if new != old else "old"]
     return not problems
+
+
+def runs_its_file(cmdline: str, daemon_file: str) -> bool:
+    """Every flag of the daemon's unit file is on the running daemon's command line."""
+    words = cmdline.split()
+    for flag, value in parse_unit_flags(daemon_file).items():
+        if f"--{flag}" not in words or (isinstance(value, str) and value not in words):
+            return False
+    return True

@@ -73,6 +73,18 @@ def next_step(ranks: Sequence[Rank], went: bool, decided: Step | None, went_back
     return Next(Step.WAIT)
 
 
+def next_wave(ranks: Sequence[Rank], waves: Sequence[int], sent: int) -> int | None:
+    """Started in waves (a [pd] service: its prefills, then its decodes, then its router): the wave whose
+    "go" is due once next_step says GO, or None while a wave before it is still starting. A wave goes only
+    once every rank of the waves before it voted ready: a decode started before its prefill serves would
+    register with the old one, and Mooncake keeps that pair failed until the decode re-registers
+    (sglang#13054)."""
+    if not waves or sent > max(waves):
+        return None
+    earlier = [r for r, w in zip(ranks, waves, strict=True) if w < sent]
+    return sent if all(r.vote is Vote.READY for r in earlier) else None
+
+
 def _why_not(r: Rank) -> str | None:
     """Why this rank stops the group, or None."""
     if r.lost:

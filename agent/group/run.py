@@ -18,7 +18,17 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from agent.errors import ConnectError, RemoteError
-from agent.group.decide import Rank, Step, Vote, may_roll_back, next_step, one_side, to_revoke, to_roll_back
+from agent.group.decide import (
+    Rank,
+    Step,
+    Vote,
+    may_roll_back,
+    next_step,
+    next_wave,
+    one_side,
+    to_revoke,
+    to_roll_back,
+)
 from agent.inventory import HostConfig
 from agent.protocol.answers import SignalAnswer
 from agent.protocol.events import Event, Outcome
@@ -87,6 +97,9 @@ class Coordinator:
     events: queue.Queue[tuple[int, Event | None]] = field(default_factory=queue.Queue)
     clock: Callable[[], float] = time.monotonic
     pause: Callable[[float], None] = time.sleep
+    # each rank's wave ([pd]: prefills 0, decodes 1, the router 2); empty: "go" to every rank at once
+    waves: tuple[int, ...] = ()
+    sent_waves: int = 0
 
     def run(self) -> None:
         """Start every node's transaction, then act on their events until every one has ended."""
@@ -101,7 +114,9 @@ class Coordinator:
             if nxt.step is Step.DONE:
                 self._retell_the_lost()
                 return
-            if nxt.step is not Step.WAIT and not self.held:
+            if nxt.step is Step.GO and self.waves:
+                self._go_wave()
+            elif nxt.step is not Step.WAIT and not self.held:
                 self._send(Word(nxt.step.value), nxt.reason)
 
     def _follow(self, node: Node) -> None:
@@ -144,16 +159,28 @@ class Coordinator:
         elif vote == "failed":
             node.view = replace(node.view, vote=Vote.FAILED, why=event.message)
 
-    def _send(self, word: Word, reason: str) -> None:
+    def _go_wave(self) -> None:
+        """ "go" to the next wave once the waves before it are ready (decide.next_wave); "went" once the last
+        wave has it. A wave that has not had "go" waits stopped, as every rank does before any "go"."""
+        wave = next_wave([n.view for n in self.nodes], self.waves, self.sent_waves)
+        if wave is None or self.held:
+            return
+        self.sent_waves = wave + 1
+        ranks = tuple(r for r, w in enumerate(self.waves) if w == wave)
+        self._send(Word.GO, f"wave {wave}", ranks, last=self.sent_waves > max(self.waves))
+
+    def _send(self, word: Word, reason: str, only: tuple[int, ...] = (), last: bool = True) -> None:
         """Deliver a word rank by rank, rank 0 first (its files are the group's commit point), and do what
         the group machine says after each answer (protocol/groupmachine.py after_answer)."""
         if word is Word.GO:
-            self.went = True
+            self.went = last
         elif word is Word.GO_BACK:
             self.went_back = True
         else:
             self.decided, self.reason = Step(word.value), reason
         for rank in delivery_order(word, len(self.nodes)):
+            if only and rank not in only:
+                continue
             answer, why = self._deliver(self.nodes[rank], word)
             if answer is Answer.UNREACHABLE and rank >= 1 and word in (Word.COMMIT, Word.ABORT):
                 self.untold.add(rank)

@@ -33,6 +33,7 @@ from agent.protocol.requests import Request
 from agent.sglang.flags import FlagsError, FlagValue, diff_flags, parse_unit_flags
 from agent.sglang.logs.summary import StartFigures, start_figures
 from agent.sglang.redact import redact, redact_changes, redact_flags, redact_log_line
+from agent.sglang.weight_cache import daemon_unit_name
 
 CHANGING_VERBS = ("apply", "rollback", "recover")
 
@@ -145,6 +146,7 @@ def status(req: Request) -> StatusAnswer:
     events = _events(state_dir, txn) if txn else []
     answer: StatusAnswer = {
         "state": _state(req.unit),
+        "daemon": _daemon_state(req.unit),
         "running": runner.running(req),
         "last_txn": txn,
         "last_outcome": _outcome(events),
@@ -206,6 +208,15 @@ def _state(unit: str) -> UnitStateData | None:
             return cast(UnitStateData, sd.unit_state(unit).__dict__)
     except SystemdError:
         return None
+
+
+def _daemon_state(engine: str) -> UnitStateData | None:
+    """The weight-cache daemon's state, only where its unit is loaded: an engine stopped beside a running
+    daemon is a dead service that `systemctl is-active` on the daemon alone would hide."""
+    state = _state(daemon_unit_name(engine))
+    if state is None or (state["load_state"] == "not-found" and state["active_state"] == "inactive"):
+        return None  # no such unit; a running one whose file was deleted is still shown
+    return state
 
 
 def _gpus() -> list[GpuRow]:

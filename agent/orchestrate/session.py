@@ -36,7 +36,7 @@ def session(conn: Connection, service: HostConfig | None = None) -> Iterator[Ses
     host = node_host(service or load_service(conn.host, units_dir(conn.units)), 0)
     if host.pd is not None:  # its base sections are no unit of their own: nothing may reach a host
         raise UsageError(
-            f"{host.name} is a prefill-decode service ([pd]): only plan and render of it are built yet; "
+            f"{host.name} is a prefill-decode service ([pd]): plan, render and apply of it are built yet; "
             "nothing was changed",
             hint="see docs/pd.md",
         )
@@ -124,6 +124,17 @@ def status_text(host: str, unit: str, st: StatusAnswer) -> str:
     state = st.get("state")
     active, sub = (state.get("active_state", "?"), state.get("sub_state", "?")) if state else ("?", "?")
     lines = [f"{host} {unit}: {active}/{sub}"]
+    daemon = st.get("daemon")
+    if daemon:
+        d_active = daemon.get("active_state", "?")
+        lines.append(f"  weight-cache daemon {daemon.get('unit')}: {d_active}/{daemon.get('sub_state', '?')}")
+        down = active not in ("active", "activating", "reloading") or sub == "auto-restart"
+        if d_active == "active" and down:
+            said = f"{active}/{sub}" if sub == "auto-restart" else active
+            hint = "" if st.get("running") else f"; start it: systemctl start {unit}"  # not mid-change
+            lines.append(
+                f"  the engine is {said} while its weight-cache daemon runs: the service serves nothing{hint}"
+            )
     r = st.get("running")
     if r:
         lines.append(

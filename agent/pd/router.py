@@ -72,7 +72,10 @@ def router_flags(host: HostConfig) -> dict[str, FlagInput]:
 def render_router_unit(host: HostConfig) -> str:
     """The router's unit: its command in PD mode with every prefill's bootstrap port; after the roles' units
     on its host (Wants= only: a role restarting must not stop the router)."""
+    from agent.render import env_word, validate_environment  # jinja2 loads only for a render
+
     router = spec(host).router
+    validate_environment(router.environment, "pd.router.environment")
     units = pd_units(host)
     local = [u.host.unit.name for u in units if u.target == router_target(host)]
     argv = [*_grouped(exec_start_lines(router.executable, {})[0], router_words(host, units))]
@@ -89,6 +92,7 @@ def render_router_unit(host: HostConfig) -> str:
         "[Service]",
         "Type=simple",
         *([f"User={host.unit.user}"] if host.unit.user else []),
+        *(f"Environment={env_word(k, v)}" for k, v in router.environment.items()),
         "ExecStart=" + " \\\n    ".join(argv),
         "Restart=on-failure",
         "RestartSec=10",

@@ -112,6 +112,9 @@ class PdRouter(_Model):
     unit: UnitName | None = Field(default=None, description="unset: <[unit] name>-router.service")
     version: Text = Field(default="0.3.2", description="the sglang-router release its flags follow")
     flags: dict[Text, FlagValue] = Field(default_factory=dict, description="e.g. policy = 'cache_aware'")
+    environment: dict[Text, Text] = Field(
+        default_factory=dict, description="its unit's Environment= (e.g. RUST_LOG, or PYTHONPATH)"
+    )
 
     @model_validator(mode="after")
     def _no_pd_flags(self) -> PdRouter:

@@ -145,6 +145,7 @@ class StatusAnswer(TypedDict, total=False):
     """The status verb's answer (`deployctl status --json` prints it; followed_outcome after --follow)."""
 
     state: UnitStateData | None
+    daemon: UnitStateData | None  # the engine's weight-cache daemon, when its unit is on the host
     running: Holder | None
     last_txn: str | None
     last_outcome: EventJson | None

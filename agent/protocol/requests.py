@@ -26,14 +26,23 @@ ANSWER_TIMEOUT_S = 300.0  # a read-only verb's answer (facts reads headers, stat
 SLACK_S = 600.0  # the agent's own steps between the timed phases (files, reloads, the smoke's tokenizer)
 
 
+# [weight_cache]: a daemon that crashes while a start is checked is waited for (up to weights_s, its load),
+# and the engine start its return makes is watched and checked again, this many times at most
+# (host/change/settle.py); an engine stopped with its daemon is started by systemd within ENGINE_BACK_S.
+MAX_RESTARTS_UNDER_CHECK = 3
+ENGINE_BACK_S = 60.0
+
+
 def conversation_bound_s(req: Request) -> float:
     """The longest one agent conversation can take: an answer, then a change whose every phase ran to its
     timeout (pre-warm, a recovery's restore first, the wait for another service's start on the host
-    (host_start_wait_s), the new start, the rollback's start, the smoke test)."""
+    (host_start_wait_s), the new start, the rollback's start, the smoke test), and the starts re-checked
+    after a weight-cache daemon's crash, each after the daemon's wait."""
     t = req.timeouts
     one_start = RESTART_JOB_TIMEOUT_S + t.weights_s + t.pool_s + t.ready_s
     waited = host_start_wait_s(t)
-    return ANSWER_TIMEOUT_S + t.weights_s + waited + 3 * one_start + req.smoke.timeout_s + SLACK_S
+    rechecked = MAX_RESTARTS_UNDER_CHECK * (one_start + t.weights_s + ENGINE_BACK_S + req.smoke.timeout_s)
+    return ANSWER_TIMEOUT_S + t.weights_s + waited + 3 * one_start + req.smoke.timeout_s + rechecked + SLACK_S
 
 
 HOST_START_WAIT_MIN_S = 60.0  # a change with short timeouts still waits a minute for another's start
@@ -57,6 +66,9 @@ VERBS = (
     "inspect",
     "signal",
 )
+# What a unit runs: an SGLang server, or a [pd] service's router (host/roles/pdrouter.py: no pool to gate)
+ENGINE_KIND, ROUTER_KIND = "engine", "router"
+KINDS = (ENGINE_KIND, ROUTER_KIND)
 # A multi-node service's coordinator to one node's transaction (agent/host/roles/groupsignal.py).
 SIGNALS = ("go", "go-back", "commit", "abort")
 
@@ -133,6 +145,8 @@ class Request:
     router_worker_url: str | None = None
     router_timeout_s: float = 60.0
     group: Group | None = None  # apply: this node's rank in a multi-node service
+    kind: str = ENGINE_KIND  # apply: an SGLang server, or a [pd] service's router
+    routed_url: str | None = None  # apply, [pd]: once ready, one completion through this router must answer
     start: bool = False  # apply --start: an unchanged unit someone stopped is started (else left stopped)
     # recover: the transaction whose runner died, run by the follower its coordinator still reads (a group
     # node then waits for that coordinator's "go-back"; a later run's recovery does not)
@@ -245,7 +259,8 @@ class Request:
             "bad keep_secret_env",
         )
         _check(isinstance(self.host_name, str) and not find_control(self.host_name), "bad host_name")
-        for url in (self.router_url, self.router_worker_url):
+        _check(self.kind in KINDS, f"kind must be one of {', '.join(KINDS)}")
+        for url in (self.router_url, self.router_worker_url, self.routed_url):
             _check(
                 url is None or (isinstance(url, str) and HTTP_URL.fullmatch(url) is not None),
                 "bad router URL",

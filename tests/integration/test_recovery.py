@@ -154,10 +154,12 @@ def test_a_unit_that_systemd_would_not_run_as_written_is_refused(sim, base, wher
         fk.sh(sim, "mkdir", "-p", "/run/systemd/system.control")
         fk.sh(sim, "cp", f"{UNITS}/sglang.service", path)
     fk.sh(sim, "systemctl", "daemon-reload")
+    backups = sim.backups()
     try:
         r = apply(sim)
         assert r.returncode == ExitCode.REFUSED, r.stdout + r.stderr
         assert path in r.stdout + r.stderr
+        assert sim.backups() == backups  # refused before the backup: nothing of this run is left
         assert sim.unit_text().encode() == old.encode()
         assert invocation(sim) == before and not fk.pending(sim)
     finally:

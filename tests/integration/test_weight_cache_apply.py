@@ -97,6 +97,9 @@ def test_a_resize_restarts_only_the_engine_a_dtype_change_both_and_a_rollback_pu
     assert daemon_text(wc) == kept and daemon_invocation(wc) != changed
     assert "dtype" not in parse_unit_flags(wc.unit_text()) and IPC in engine_log(wc)
     assert wait_pool(wc) > 0
+    st = cli(wc, "status", NAME, timeout=120)  # the daemon's own state is shown beside the engine's
+    assert f"weight-cache daemon {DAEMON}: active/running" in st.stdout, st.stdout + st.stderr
+    assert "serves nothing" not in st.stdout
 
 
 def test_a_runner_killed_after_the_restart_is_recovered_with_the_daemons_unit_of_before(wc: SimHost) -> None:

@@ -67,6 +67,7 @@ def test_json_summary(tmp_path: Path) -> None:
         "mem_fraction_static": 0.86,
         "ready": True,
         "failure": None,
+        "fix": None,
         "stopped": False,
         "startup_timings": None,
         "start": 1,

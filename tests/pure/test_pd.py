@@ -312,7 +312,6 @@ def test_different_tp_sizes_warn_for_a_non_mla_model(attention: str, warned: boo
 @pytest.mark.parametrize(
     "argv",
     [
-        ["apply", "pd-1p1d", "--context", "32768", "--yes"],
         ["status", "pd-1p1d"],
         ["rollback", "pd-1p1d", "--yes"],
     ],
@@ -320,7 +319,7 @@ def test_different_tp_sizes_warn_for_a_non_mla_model(attention: str, warned: boo
 def test_a_pd_service_never_reaches_a_host_before_its_apply_is_built(argv: list[str]) -> None:
     code, _, err = run(argv)
     assert code == ExitCode.USAGE
-    assert "prefill-decode service ([pd]): only plan and render" in err
+    assert "prefill-decode service ([pd]): plan, render and apply" in err
 
 
 def test_a_unit_outside_the_files_gpus_is_refused() -> None:

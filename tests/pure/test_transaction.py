@@ -97,6 +97,26 @@ def test_a_unit_in_a_folder_searched_before_ours_is_refused_before_anything_is_w
     assert host.systemd.reloads == reloads and host.systemd.restarts == 0 and served(host) == unit_text(OLD)
 
 
+@pytest.mark.parametrize("verb", ["apply", "rollback"])
+def test_a_drop_in_that_replaces_exec_start_is_refused_before_any_backup(host: Host, verb: str) -> None:
+    """systemd would run the drop-in's command whatever is written: refused with nothing left behind (no
+    backup, no record, no reload), where a check after the write would leave a backup of this run."""
+    host.install(host.etc, unit_text(OLD))
+    (host.etc / "sglang.service.bak.20261206T000000Z").write_text(unit_text(NEW))
+    drop_in = host.etc / f"{UNIT}.d" / "zz-override.conf"
+    drop_in.parent.mkdir()
+    drop_in.write_text("[Service]\nExecStart=\nExecStart=/usr/bin/other --port 1\n")
+    host.systemd.drop_ins = (str(drop_in),)
+    before = sorted(p.name for p in host.etc.iterdir())
+    reloads = host.systemd.reloads
+    t = host.transaction(host.request(NEW, verb=verb))
+    result = t.apply() if verb == "apply" else t.rollback()
+    assert result.outcome is Outcome.ERROR and str(drop_in) in result.message, result.message
+    assert "nothing changed" in result.message
+    assert sorted(p.name for p in host.etc.iterdir()) == before
+    assert host.systemd.reloads == reloads and host.systemd.restarts == 0 and served(host) == unit_text(OLD)
+
+
 def test_a_rollback_with_no_unit_before_says_it_removed_the_new_one_not_that_the_old_is_healthy(
     host: Host,
 ) -> None:

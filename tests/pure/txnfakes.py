@@ -77,6 +77,7 @@ class FakeSystemd:
         self.left: list[int] = []  # processes a stop leaves behind (a failed final kill)
         self.killed: list[int] = []  # signals sent with kill()
         self.fragment, self.loaded = "", ""
+        self.drop_ins: tuple[str, ...] = ()  # drop-in files systemd reports for the unit
         self._ids = itertools.count(1)
         self.entered_us = 0
         self.on_poll: Callable[[], None] | None = None  # what happens on the host while deployctl looks
@@ -94,7 +95,7 @@ class FakeSystemd:
         return UnitState(
             unit, "masked" if masked else ("loaded" if self.fragment else "not-found"),
             self.active, self.sub, self.invocation, False, self.n_restarts, 0, 0,
-            self.fragment, self.entered_us,
+            self.fragment, self.entered_us, self.drop_ins,
         )  # fmt: skip
 
     def restart(self, unit: str, timeout: float) -> JobResult:

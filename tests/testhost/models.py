@@ -7,6 +7,7 @@ file), so a cold read really goes to the disk and a warm one comes from the page
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -31,7 +32,17 @@ def shard_paths(inside: str) -> list[Path]:
 
 
 def ensure_models() -> dict[str, str]:
-    """Create the folders once (a size that changed is rewritten); {folder here: folder in the host}."""
+    """Create the folders once (a size that changed is rewritten); {folder here: folder in the host}.
+
+    Under a file lock: hosts booted at once (make faults' workers) would write and rename one .part file
+    each from under the other."""
+    MODELS.mkdir(parents=True, exist_ok=True)
+    with open(MODELS / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_models()
+
+
+def _ensure_models() -> dict[str, str]:
     binds = {}
     for inside, (_, shard_mib) in LAYOUT.items():
         mib = shard_mib * scale()

@@ -126,6 +126,7 @@ def as_json(starts: list[LoggedStart], start: LoggedStart | None) -> dict[str, o
     summary = start.summary if start is not None else SummaryBuilder().summary()
     return {
         **summary.to_dict(),
+        "fix": _fix(summary),
         "start": None if start is None or not said_anything(start.summary) else start.number,
         "starts": [
             {
@@ -238,8 +239,15 @@ def render(s: StartSummary) -> list[str]:
         f"ready:         {'yes' if s.ready else 'no'}",
         f"failure:       {'none' if s.failure is None else s.failure.failure_kind}",
         *([f"  {s.failure.line}"] if s.failure is not None else []),
+        *([f"what to do:    {fixed}"] if (fixed := _fix(s)) else []),
         *(["stopped:       yes (SIGTERM)"] if s.stopped else []),
     ]
+
+
+def _fix(s: StartSummary) -> str | None:
+    from agent.sglang.logs.fixes import fix_for
+
+    return None if s.failure is None else fix_for(s.failure.failure_kind, s.failure.line)
 
 
 def _tokens(n: int | None) -> str:

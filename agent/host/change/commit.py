@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agent.host.change.ports import Change, Ports, Result, Run
 from agent.host.change.record import PHASE_VERIFIED
+from agent.host.roles.pdrouter import pool_said
 from agent.host.watch.start import WatchResult
 from agent.host.watch.timeline import downtime
 from agent.protocol.answers import HistoryEntry
@@ -37,8 +38,8 @@ def commit(p: Ports, run: Run, started: WatchResult, change: Change) -> Result:
     }
     _seen(run, data)
     what = f"restored {change.restored_from}" if change.restored_from else "applied"
-    pool = started.summary.get("kv_tokens")
-    return Result(Outcome.APPLIED, f"{p.unit} {what}: KV pool {pool:,} tokens, server ready", data)
+    said = pool_said(dict(started.summary))
+    return Result(Outcome.APPLIED, f"{p.unit} {what}: {said}, server ready", data)
 
 
 def _seen(run: Run, data: OutcomeData) -> None:

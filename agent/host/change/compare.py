@@ -7,6 +7,7 @@ from __future__ import annotations
 from agent.host.adopt import kept_secret_env
 from agent.host.change.decide import Action, Gate
 from agent.host.change.ports import Ports, Result
+from agent.host.roles.pdrouter import is_router
 from agent.host.watch.start import WatchedStart, watch_start
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Outcome, Stage
@@ -57,15 +58,24 @@ def compare(p: Ports, wait: bool = True) -> Result | dict[str, str | None]:
     # A node of a group restarts with the others even when its own unit is unchanged: the laptop asks
     # only when some rank needs it, and one rank cannot restart alone.
     if same and running_as_installed(p) and p.req.group is None:
-        if met_target(p, sha256(new)):
-            msg = f"{p.unit} is already up to date and its pool meets the target: nothing to do"
-            p.log.emit(Stage.COMPARE, "step", msg)
-            return Result(Outcome.UP_TO_DATE, msg)
-        if wait and starting(p):
-            waited = wait_for_start(p)
-            if waited is not None:
-                return waited
+        done = in_place(p, sha256(new), wait)
+        if done is not None:
+            return done
     return secrets
+
+
+def in_place(p: Ports, sha: str, wait: bool) -> Result | None:
+    """The installed unit runs as sent: UP_TO_DATE when it needs nothing (its pool meets the target; a
+    [pd] router, which has none, by running), else None (the change restarts it)."""
+    said = None
+    if is_router(p):
+        said = f"{p.unit} is already up to date and running: nothing to do"
+    elif met_target(p, sha):
+        said = f"{p.unit} is already up to date and its pool meets the target: nothing to do"
+    if said is not None:
+        p.log.emit(Stage.COMPARE, "step", said)
+        return Result(Outcome.UP_TO_DATE, said)
+    return wait_for_start(p) if wait and starting(p) else None
 
 
 def wanted_secrets(p: Ports, current: str | None) -> Result | dict[str, str | None]:

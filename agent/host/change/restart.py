@@ -7,12 +7,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from agent.host.change import settle
 from agent.host.change.decide import Failure, Gate, fail
 from agent.host.change.jobs import Job
 from agent.host.change.ports import Ports, Run, node_rank
 from agent.host.events import utc_now
 from agent.host.roles.groupnode import NodeWaits
 from agent.host.roles.groupsignal import Signals, files_of
+from agent.host.roles.pdrouter import is_router, watch_router
 from agent.host.watch import gpu_at_start
 from agent.host.watch.poll import wait_until
 from agent.host.watch.start import WatchedStart, WatchResult, watch_start
@@ -56,6 +58,8 @@ def restart_and_watch(
     n0 = after.n_restarts
     if after.invocation_id == before.invocation_id and not job.ok:
         n0 = -1  # the job failed before a new invocation: decide() sees a crash at once
+    if is_router(p):  # a [pd] service's router: no pool to gate, its /health is its readiness
+        return watch_router(p, after.invocation_id)
     abandon_if = abandon(p, barrier) if barrier is not None and not barrier.back else None
     held, on_pool = gpu_recorder(p, after.invocation_id)
     start = WatchedStart(
@@ -64,6 +68,32 @@ def restart_and_watch(
     watched = watch_start(start, p.log, stage)
     held.finish(lambda why: p.log.emit(stage, "warning", why))
     return watched
+
+
+def after_check(p: Ports, started: WatchResult, gate: Gate, cursor: str | None) -> WatchResult | str | None:
+    """[weight_cache], before the commit (host/change/settle.py): None when the verified start still runs;
+    the engine's new start, watched, when its daemon's crash restarted it under the checks; why not, when
+    the daemon or the engine stayed down. One look at both units when nothing happened."""
+    if not p.daemon.client_of(p.files.read(p.unit)):  # a client of OUR daemon (not only the flag)
+        return None
+
+    def look() -> settle.Seen:
+        d, e = p.systemd.unit_state(p.daemon.name), p.systemd.unit_state(p.unit)
+        return settle.Seen(d.active_state, d.sub_state, e.active_state, e.invocation_id)
+
+    found = settle.settle(look, started.invocation_id, p.daemon.ready_s)
+    if found is settle.Settled.KEPT:
+        return None
+    if found is settle.Settled.DAEMON_DOWN:
+        return f"the weight-cache daemon {p.daemon.name} went down while the start was checked"
+    if found is settle.Settled.ENGINE_DOWN:
+        return f"{p.unit} was stopped with its weight-cache daemon and not started again"
+    state = p.systemd.unit_state(p.unit)
+    why = "its weight-cache daemon came back from a crash"
+    p.log.emit(Stage.WATCH, "warning", f"{p.unit} was restarted under the checks ({why}): watching and "
+               "checking its new start", invocation=state.invocation_id)  # fmt: skip
+    start = WatchedStart(p.unit, p.journal, p.systemd, gate, cursor, state.invocation_id, state.n_restarts)
+    return watch_start(start, p.log, Stage.WATCH)
 
 
 def gpu_recorder(p: Ports, invocation: str) -> tuple[gpu_at_start.Recorder, Callable[[], None]]:

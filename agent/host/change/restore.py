@@ -10,13 +10,14 @@ from agent.host.change.decide import Action, Gate
 from agent.host.change.jobs import touched
 from agent.host.change.ports import NO_UNIT, Change, Ports, Result, Run, flags_of, node_rank
 from agent.host.change.record import PHASE_ROLLING_BACK, Record
-from agent.host.change.restart import restart_and_watch, stop_clean
+from agent.host.change.restart import after_check, restart_and_watch, stop_clean
 from agent.host.roles.groupsignal import Signals
+from agent.host.roles.pdrouter import pool_said
 from agent.host.units import UnitWriteError
 from agent.host.watch.start import WatchResult
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Outcome, OutcomeData, Stage
-from agent.protocol.requests import RESTART_JOB_TIMEOUT_S
+from agent.protocol.requests import MAX_RESTARTS_UNDER_CHECK, RESTART_JOB_TIMEOUT_S
 from agent.sglang.logs.summary import summarize
 
 if TYPE_CHECKING:
@@ -150,19 +151,35 @@ def verify_old(p: Ports, run: Run) -> tuple[bool, str]:
         p.log.emit(Stage.RECOVER, "step", "stopped: its old unit starts only with its peers")
         return True, ""
     back = Signals(p.state.txn_dir(p.txn), back=True) if p.req.group is not None else None
-    old = restart_and_watch(p, run, Gate(None, None, 0.0, p.req.timeouts), Stage.VERIFY_OLD, back)
-    if old.verdict.action is not Action.READY:
-        return False, old.verdict.reason
-    if node_rank(p.files.read(p.unit) or "") >= 1:  # its /health is a placeholder's
-        p.log.emit(Stage.VERIFY_OLD, "step", "old unit running with its KV pool (node rank >= 1)")
-        return True, ""
-    try:
-        p.http().wait_ready(p.req.timeouts.ready_s)
-    except ProbeError as exc:
-        return False, str(exc)
+    gate = Gate(None, None, 0.0, p.req.timeouts)
+    old: WatchResult | str | None = restart_and_watch(p, run, gate, Stage.VERIFY_OLD, back)
+    for _ in range(MAX_RESTARTS_UNDER_CHECK + 1):
+        assert isinstance(old, WatchResult)
+        if old.verdict.action is not Action.READY:
+            return False, old.verdict.reason
+        if node_rank(p.files.read(p.unit) or "") >= 1:  # its /health is a placeholder's
+            p.log.emit(Stage.VERIFY_OLD, "step", "old unit running with its KV pool (node rank >= 1)")
+            return True, ""
+        cursor = p.journal.cursor()
+        try:
+            p.http().wait_ready(p.req.timeouts.ready_s)
+        except ProbeError as exc:
+            return False, str(exc)
+        # [weight_cache]: a daemon crash under the check restarts the old unit too (host/change/settle.py)
+        again = after_check(p, old, gate, cursor)
+        if again is None:
+            return True, _healthy(p, old)
+        if isinstance(again, str):
+            return False, again
+        old = again
+    return False, "the old unit keeps being restarted under the checks"
+
+
+def _healthy(p: Ports, old: WatchResult) -> str:
     pool = old.summary.get("kv_tokens")
-    p.log.emit(Stage.VERIFY_OLD, "step", f"old unit healthy: KV pool {pool:,} tokens, ready", kv_tokens=pool)
-    return True, ""
+    said = pool_said(dict(old.summary))
+    p.log.emit(Stage.VERIFY_OLD, "step", f"old unit healthy: {said}, ready", kv_tokens=pool)
+    return ""
 
 
 def runs_restored_file(p: Ports, state: UnitState, fragment: str) -> bool:

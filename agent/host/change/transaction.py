@@ -28,19 +28,20 @@ from agent.host.change.ports import (
     SystemdPort,
     http_probe,
 )
-from agent.host.change.restart import restart_and_watch
+from agent.host.change.restart import after_check, restart_and_watch
 from agent.host.change.restore import group_node, roll_back, stop_rank
 from agent.host.change.verify import verify
 from agent.host.events import EventLog
 from agent.host.roles import groupstep, routerstep
 from agent.host.roles.daemon import DaemonUnit
+from agent.host.roles.pdrouter import is_router
 from agent.host.roles.router import RouterPort
 from agent.host.secrets import SecretFiles
 from agent.host.state import StateDir
 from agent.host.units import UnitFiles
 from agent.host.watch.start import JournalPort
 from agent.protocol.events import Event, Outcome, Stage
-from agent.protocol.requests import Request
+from agent.protocol.requests import MAX_RESTARTS_UNDER_CHECK, Request
 
 __all__ = ["ProbeFactory", "ProbePort", "Result", "SystemdPort", "Transaction"]
 
@@ -124,13 +125,13 @@ class Transaction:
     # -- the verbs ------------------------------------------------------------------------------
     def apply(self) -> Result:
         assert self.req.unit_text is not None and self.req.target_context is not None
-        blocked = self._recover_first()
+        blocked = self._recover_first() or write.overridden(self.ports)
         if blocked is not None:
             return blocked
         compared = self.compare()
         if isinstance(compared, Result):
             return compared
-        refused = compare.check_with_sglang(self.ports, self.req.unit_text)
+        refused = None if is_router(self.ports) else compare.check_with_sglang(self.ports, self.req.unit_text)
         if refused is not None:
             return refused
         daemon = self.daemon.refusal(self.req.unit_text, self.req.daemon_text, self.req.group is not None)
@@ -223,7 +224,7 @@ class Transaction:
     def _steps(self, change: Change) -> Result:
         """Restart, watch, gate, verify: commit the new unit, or roll back to the backup; what comes next is
         decided by next_step (host/change/next_step.py) from what the steps observed."""
-        seen, reason, started = Observed(), "", None
+        seen, reason, started, cursor, rechecks = Observed(), "", None, None, 0
         while True:
             step = next_step(seen)
             if step is Step.RESTART:
@@ -232,10 +233,23 @@ class Transaction:
                 continue
             assert started is not None
             if step is Step.VERIFY:
+                cursor = self.ports.journal.cursor()  # a start that replaces this one logs after it
                 failed = verify(self.ports, self.run, started, change)
                 seen, reason = verified(seen, failed), reason if failed is None else failed
             elif step is Step.COMMIT:
-                return commit(self.ports, self.run, started, change)
+                after = after_check(self.ports, started, change.gate, cursor)
+                if after is None:
+                    return commit(self.ports, self.run, started, change)
+                rechecks += 1
+                if isinstance(after, str) or rechecks > MAX_RESTARTS_UNDER_CHECK:
+                    failed = (
+                        after
+                        if isinstance(after, str)
+                        else "the engine keeps being restarted under the checks"
+                    )
+                    seen, reason = verified(seen, failed), failed
+                else:  # its new start, watched: verified again, then here again
+                    started, seen, reason = after, watched(after.verdict.action), after.verdict.reason
             elif self.req.verb == "rollback" and group_node(change.new, self._backup_text(change)):
                 return stop_rank(self.ports, self.run, change, reason, started)  # never the new unit alone
             else:

@@ -4,6 +4,7 @@ rendered (/server_info), a long prompt fits (the smoke test) and, with [smoke] l
 from __future__ import annotations
 
 from agent.host.change.ports import Change, Ports, ProbePort, Run, flags_of, node_rank
+from agent.host.roles.pdrouter import is_router, routed_check
 from agent.host.watch import loadcheck, serverinfo
 from agent.host.watch.start import WatchResult
 from agent.protocol.events import Stage
@@ -13,7 +14,11 @@ from agent.protocol.requests import Smoke
 def verify(p: Ports, run: Run, started: WatchResult, change: Change) -> str | None:
     """After the log said ready: the HTTP API answers, runs what was rendered, and a long prompt fits.
     A node rank >= 1 has a placeholder that answers 200 to anything: rank 0 is checked instead."""
-    return None if node_rank(change.new) >= 1 else verify_http(p, run, started, change)
+    if is_router(p):  # a [pd] router: a routed completion is its whole check
+        return routed_check(p, change.smoke)
+    if node_rank(change.new) >= 1:
+        return None
+    return verify_http(p, run, started, change) or routed_check(p, change.smoke)
 
 
 def verify_http(p: Ports, run: Run, started: WatchResult, change: Change) -> str | None:

@@ -12,7 +12,7 @@ from agent.host.change.record import PHASE_RESTARTED, PHASE_WRITTEN
 from agent.host.units import UnitWriteError
 from agent.protocol.common import unit_sha256 as sha256
 from agent.protocol.events import Outcome, Stage
-from agent.sglang.flags import parse_unit_flags
+from agent.sglang.flags import parse_unit_flags, unit_lines
 
 # systemd's unit folders searched before /etc/systemd/system (systemd.unit(5), "Unit File Load Path")
 SEARCHED_BEFORE_ETC = ("system.control", "transient", "generator.early")
@@ -96,11 +96,15 @@ def undo_write(p: Ports, exc: OSError, current: str | None, live: dict[str, str 
 
 
 def shadowed(p: Ports) -> Result | None:
-    """Where systemd loads the unit from, before the first change: a copy in a folder it searches
+    """Where systemd loads the unit from, before the first change: a drop-in that replaces ExecStart= would
+    run its own command whatever we write (refused, nothing written); a copy in a folder it searches
     before ours would shadow whatever we write (refused, nothing written); one it searches after
     ours (/run/systemd/system, /usr/local/lib, /usr/lib) is overridden, and a rollback removes ours."""
-    loaded = p.systemd.unit_state(p.unit).fragment_path
-    ours = p.files.path(p.unit)
+    refused = overridden(p)
+    if refused is not None:
+        return refused
+    state = p.systemd.unit_state(p.unit)
+    loaded, ours = state.fragment_path, p.files.path(p.unit)
     if not loaded or loaded == str(ours):
         return None
     if Path(loaded).parent.name in SEARCHED_BEFORE_ETC:
@@ -109,6 +113,18 @@ def shadowed(p: Ports) -> Result | None:
         return Result(Outcome.ERROR, f"{msg}; nothing changed: remove that copy first")
     p.log.emit(Stage.COMPARE, "step", f"systemd loads {p.unit} from {loaded}; {ours} will override it")
     return None
+
+
+def overridden(p: Ports) -> Result | None:
+    """A drop-in that replaces ExecStart= runs its own command whatever the unit says: refused before
+    anything (the comparison too: "up to date" would speak of a command systemd does not run)."""
+    state = p.systemd.unit_state(p.unit)
+    overriding = next((path for path in state.drop_in_paths if sets_exec_start(path)), None)
+    if overriding is None:
+        return None
+    msg = f"the drop-in {overriding} sets ExecStart= for {p.unit}, overriding any unit written"
+    p.log.emit(Stage.COMPARE, "warning", f"refusing: {msg}")
+    return Result(Outcome.ERROR, f"{msg}; nothing changed: remove that drop-in's ExecStart= first")
 
 
 def loaded_elsewhere(p: Ports) -> str | None:
@@ -173,4 +189,5 @@ def sets_exec_start(path: str) -> bool:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return False
-    return any(line.strip().replace(" ", "").startswith("ExecStart=") for line in text.splitlines())
+    # Read as systemd reads it: whitespace around "=", continuations, only the [Service] section.
+    return any(section == "Service" and key == "ExecStart" for section, key, _ in unit_lines(text))

@@ -196,6 +196,10 @@ class DaemonUnit:
     def _client(self, engine_text: str | None) -> bool:
         return engine_text is not None and daemon_unit(self.engine, engine_text) is not None
 
+    def client_of(self, engine_text: str | None) -> bool:
+        """Whether the engine's unit runs in client mode of this daemon (the flag and the tie to its name)."""
+        return self._client(engine_text)
+
     def drift(self, wanted: str | None) -> str | None:
         """The daemon's installed unit against the one sent: deleted or edited by hand (repaired by this
         change), or None when it is as sent (or none was sent)."""

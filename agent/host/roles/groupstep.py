@@ -12,6 +12,7 @@ from agent.host.change.restart import restart_and_watch, stop_clean, waits
 from agent.host.change.restore import roll_back
 from agent.host.change.verify import verify
 from agent.host.roles.groupsignal import Signals
+from agent.host.roles.pdrouter import pool_said
 from agent.host.watch.start import WatchResult
 from agent.protocol.events import Outcome, Stage
 from agent.protocol.groupmachine import Decision, Do, Phase
@@ -40,8 +41,8 @@ def start_and_decide(p: Ports, run: Run, change: Change) -> Result:
         seen, reason = verified(seen, failed), failed or ""
     if next_step(seen) is Step.COMMIT:
         pool = started.summary.get("kv_tokens")
-        p.log.emit(Stage.GROUP, "step", f"rank {rank} ready (KV pool {pool:,} tokens): waiting for "
-                   "the group's decision", vote="ready", kv_tokens=pool)  # fmt: skip
+        p.log.emit(Stage.GROUP, "step", f"rank {rank} ready ({pool_said(dict(started.summary))}): "
+                   "waiting for the group's decision", vote="ready", kv_tokens=pool)  # fmt: skip
         return decided(p, run, signals, started, change)
     reason = reason or f"its start ended at {started.verdict.action.value}, not ready"
     stands = signals.claim(Decision.ABORT, f"rank {rank}: {reason}", "node")

@@ -20,6 +20,9 @@ ADDRESS_IN_USE = "address_in_use"
 INIT_FAILED = "init_failed"
 WATCHDOG_TIMEOUT = "watchdog_timeout"
 HOST_MEMORY_SHORT = "host_memory_short"  # HiCache's host pool refused (agent/sglang/logs/hicache.py)
+# A PD decode whose page size or KV dtype text differs from its prefill's (agent/sglang/logs/pd.py)
+PD_PAGE_SIZE_MISMATCH = "pd_page_size_mismatch"
+PD_KV_DTYPE_MISMATCH = "pd_kv_dtype_mismatch"
 
 FAILURE_KINDS = frozenset(
     {
@@ -37,6 +40,8 @@ FAILURE_KINDS = frozenset(
         INIT_FAILED,
         WATCHDOG_TIMEOUT,
         HOST_MEMORY_SHORT,
+        PD_PAGE_SIZE_MISMATCH,
+        PD_KV_DTYPE_MISMATCH,
     }
 )
 # Kinds that say "something died" without saying why; a later line usually names the cause.

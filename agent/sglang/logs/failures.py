@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from agent.sglang.logs import events as ev
-from agent.sglang.logs import hicache
+from agent.sglang.logs import hicache, pd
 
 # Weights of a failure line (see log_events.Failure): the summary keeps the first line of the highest weight.
 HEADER, EXCEPTION, CAUSE = 0, 1, 2
@@ -45,6 +45,7 @@ _CAUSES: tuple[tuple[re.Pattern[str], str, int], ...] = tuple(
         ),
         (r"SWA pool cap \([^)]*\) leaves no room for the full KV pool", ev.NOT_ENOUGH_MEMORY, CAUSE),
         *((refusal, ev.HOST_MEMORY_SHORT, CAUSE) for refusal in hicache.REFUSALS),  # HiCache's host pool
+        *((mismatch, kind, CAUSE) for mismatch, kind in pd.MISMATCHES),  # a PD decode against its prefill
         (r"The memory capacity is unbalanced", ev.MEMORY_UNBALANCED, CAUSE),
         (
             r"Capture [\w ]*?(?:cuda|CUDA) [Gg]raph failed",

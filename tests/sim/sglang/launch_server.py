@@ -11,6 +11,7 @@ import signal
 import sys
 
 from . import sizing as sz
+from .disagg import add_flags as add_disagg
 from .startup import Launch
 from .weightcache import SPECULATIVE_REFUSAL
 
@@ -47,6 +48,7 @@ def build_parser(v: V) -> argparse.ArgumentParser:
     add("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
     add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
     add_nodes(p)
+    add_disagg(p)
     add("--context-length", type=human_readable_int if v >= (0, 5, 10) else int)
     add("--mem-fraction-static", type=float)
     add("--max-running-requests", type=int)

@@ -66,6 +66,8 @@ class State:
     peer_lost: Callable[[], bool] = lambda: False
     peer_timeout_s: float = 5.0  # SGLANG_SIM_PEER_TIMEOUT_S
     error_log: Callable[[str], None] = print
+    # a decode of a prefill-decode pair: why a routed request cannot be served (disagg.py), else None
+    routed: Callable[[dict[str, Any]], str | None] = lambda body: None
 
     def loads(self) -> dict[str, Any]:
         """GET /v1/loads?include=core as SGLang 0.5.23 answers it (v1_loads.py, load_snapshot.py)."""
@@ -244,6 +246,10 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
         except ValueError:
             self.error(400, "Invalid JSON body")
+            return
+        wrong = self.state.routed(body) if isinstance(body, dict) else None
+        if wrong is not None:
+            self.reply(500, {"object": "error", "message": wrong, "type": "InternalServerError", "code": 500})
             return
         try:
             if self.path == "/v1/chat/completions":

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import oracle
+from . import disagg, oracle
 from . import sizing as sz
 from . import weightcache as wc
 from .multinode import Follower, Leader, PeerLost, RendezvousFailed, gloo_error, parse_addr
@@ -654,6 +654,7 @@ class Launch:
         state.oom_over_tokens = int(self.env.get("SGLANG_SIM_OOM_OVER_TOKENS") or 0)
         self.state = state
         self.wire_peers(state)
+        self.disaggregate(state)
         info["max_req_input_len"] = state.max_req_input_len
         for msg in (f"Started server process [{os.getpid()}]", "Waiting for application startup."):
             out.uvicorn(msg)
@@ -677,6 +678,14 @@ class Launch:
         self.arm_die_after()
         while True:
             idle()
+
+    def disaggregate(self, state: State) -> None:
+        """A prefill serves its bootstrap server; a decode checks each routed request against it."""
+        mode = getattr(self.a, "disaggregation_mode", "null")
+        if mode == "prefill":
+            disagg.start_bootstrap(self.a, self.out.log)
+        elif mode == "decode":
+            state.routed = disagg.decode_check(self.a, self.out.log)
 
     def wire_peers(self, state: State) -> None:
         """Node 0 of several: a node whose connection closes is seen by the next request's collective only."""

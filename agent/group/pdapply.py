@@ -1,0 +1,222 @@
+"""`deployctl apply` of a [pd] service: every refusal first, one plan per role, then one group change over
+the units that must restart (agent/pd/group.py), started in waves by the coordinator of a multi-node
+change (group/run.py): prefills, then decodes, then the router, each unit a member of its own (a host
+that runs several keeps a transaction per unit), each gated on its own pool against its role's need, the
+last wave on one completion routed through the router. Any member that fails rolls every member back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from agent.errors import InventoryError
+from agent.exitcodes import ExitCode
+from agent.group.decide import first_cause, group_outcome
+from agent.group.run import Coordinator, Hear, Node, converge
+from agent.inventory import HostConfig
+from agent.orchestrate.asked import Change, Connection
+from agent.orchestrate.session import Session, clients, confirm, recover_orphan
+from agent.output import Output, Style
+from agent.pd import plan as pd_plan
+from agent.pd.group import Member, Part, Seen, members, waves
+from agent.pd.refusals import check
+from agent.pd.router import render_router_unit
+from agent.pd.units import router_target, router_unit_name, spec
+from agent.protocol.answers import as_facts
+from agent.protocol.common import new_txn_id
+from agent.protocol.events import Event
+from agent.protocol.requests import ROUTER_KIND, Group, Request
+from agent.remote.client import AgentClient, base_request
+from agent.remote.follow import Watch
+from agent.remote.follow import follow as follow_transaction
+
+RANK_FAILED = re.compile(r"^rank \d+ failed: ")
+PD_WAIT_S = 3600.0  # a unit waits this long for its wave's "go" and for the decision, as a node does
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One unit of the service, ready to send: its inventory as a plain service, its unit and its gate."""
+
+    part: Part
+    label: str
+    host: HostConfig
+    text: str
+    need: int  # the pool its role must hold: its start's gate
+
+
+def refused_first(host: HostConfig, context: int) -> list[pd_plan.RolePlan]:
+    """Every refusal before anything else (exit 2, nothing touched); a unit short of its need is refused
+    too: its start would fail its gate after the others restarted."""
+    said = check(host).refusals
+    plans = pd_plan.role_plans(host, context)
+    said = said or check(host, decodes=pd_plan.decode_needs(plans, context)).refusals
+    short = [f"{p.unit.label} plans a pool of ~{p.plan.predicted_pool_low_tokens} tokens, short of "
+             f"its need {p.need_tokens} ({p.need})" for p in plans if not p.holds]  # fmt: skip
+    said = said or tuple(short)
+    if said:
+        more = f" (and {len(said) - 1} more)" if len(said) > 1 else ""
+        raise InventoryError(f"{said[0]}{more}", hint="nothing was changed on any host")
+    return plans
+
+
+def planned_units(host: HostConfig, context: int) -> list[Planned]:
+    """Each role's unit rendered with its plan's flags, prefills first, then the router's unit."""
+    from agent.verify import render_checked
+
+    units = []
+    for p in refused_first(host, context):
+        flags = {"context-length": context, **p.plan.flags()}
+        text = render_checked(p.unit.host, flags)
+        part = Part(p.unit.role.value)
+        units.append(Planned(part, p.unit.label, p.unit.host, text, p.need_tokens))
+    units.append(Planned(Part.ROUTER, "router", router_host(host), render_router_unit(host), context))
+    return units
+
+
+def router_host(host: HostConfig) -> HostConfig:
+    """The router's unit as a service of its own: its host, unit name and port; no pre-warm, no drain of
+    its own (its requests are the units')."""
+    router = spec(host).router
+    return host.model_copy(
+        update={
+            "name": f"{host.name}.router",
+            "ssh": host.ssh.model_copy(update={"target": router_target(host)}),
+            "unit": host.unit.model_copy(update={"name": router_unit_name(host, router)}),
+            "sglang": host.sglang.model_copy(update={"port": router.port, "host": router.host}),
+            "prewarm": host.prewarm.model_copy(update={"enabled": False}),
+            "drain": host.drain.model_copy(update={"enabled": False}),
+            "pd": None,
+        }
+    )
+
+
+def request_of(unit: Planned, installed: str, context: int) -> Request:
+    """Its apply: a role's start gated on its role's need, the router's on its /health. A role's own smoke
+    test is off: a prefill or decode alone does not serve a completion (the router pairs them); the
+    routed check through the router (its smoke settings) proves them instead."""
+    if unit.part is Part.ROUTER:
+        return base_request(unit.host, "apply", unit_text=unit.text, target_context=context,
+                            expect_sha256=installed, kind=ROUTER_KIND)  # fmt: skip
+    # The gate is the role's need alone: the plan here is the inventory's (offline), not calibrated on the
+    # host's own starts, so its predicted pool is no bound a start must meet (a one-host apply plans from
+    # the host's facts and sends that).
+    req = base_request(
+        unit.host, "apply", unit_text=unit.text, target_context=unit.need, expect_sha256=installed
+    )  # fmt: skip
+    return replace(req, smoke=replace(req.smoke, enabled=False, load=0))
+
+
+def routed_url(host: HostConfig) -> str:
+    router = spec(host).router
+    where = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(router.host, router.host)
+    return f"http://{where}:{router.port}"
+
+
+def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> int:
+    units = planned_units(host, change.context)  # every refusal before any connection
+    hosts = [u.host for u in units]
+    with clients(hosts, conn) as agents:
+        requests = [_asked(out, u, agent, change.context) for u, agent in zip(units, agents, strict=True)]
+        seen = [
+            Seen(u.part, u.label, _changes(agent, req))
+            for u, agent, req in zip(units, agents, requests, strict=True)
+        ]
+        chosen = members(seen)
+        if not chosen:
+            out.note(
+                f"== every unit of {host.name} is up to date (each one checked): nothing to do, no restart"
+            )
+            return int(ExitCode.OK)
+        _show(out, units, chosen)
+        confirm(out, change.yes, host)
+        nodes = _nodes(host, units, agents, requests, chosen)
+        return _run(out, host, nodes, waves(chosen))
+
+
+def _asked(out: Output, unit: Planned, agent: AgentClient, context: int) -> Request:
+    """Its facts (a dead agent's change finished first: the same recovery as a one-host change), then its
+    request against the unit it has."""
+    answer = agent.call(base_request(unit.host, "facts"))
+    if recover_orphan(out, Session(unit.host, agent), answer):
+        answer = agent.call(base_request(unit.host, "facts"))
+    from agent.apply import installed_sha256
+
+    return request_of(unit, installed_sha256(as_facts(answer)), context)
+
+
+def _changes(agent: AgentClient, req: Request) -> bool:
+    """Whether its agent says an apply would change something (under its lock: the one-host check)."""
+    answer = agent.call(replace(req, verb="compare", group=None, txn=None))
+    return answer.get("up_to_date") is not True
+
+
+def _nodes(
+    host: HostConfig, units: Sequence[Planned], agents: Sequence[AgentClient], requests: Sequence[Request],
+    chosen: Sequence[Member],
+) -> list[Node]:  # fmt: skip
+    """One group member per unit that restarts, each with its own transaction (units of one host each
+    keep their own folder and signals)."""
+    n, url = len(chosen), routed_url(host)
+    nodes = []
+    for rank, m in enumerate(chosen):
+        req = replace(requests[m.index], txn=new_txn_id(), group=Group(rank, n, PD_WAIT_S))
+        req = replace(req, routed_url=url) if m.routed else req
+        nodes.append(Node(rank, units[m.index].host, agents[m.index], req))
+    return nodes
+
+
+def _show(out: Output, units: Sequence[Planned], chosen: Sequence[Member]) -> None:
+    if out.style is Style.JSON:
+        return
+    out.note(f"== {len(chosen)} unit(s) restart as one group, in waves (prefills, decodes, router):")
+    for m in chosen:
+        u = units[m.index]
+        out.note(f"   wave {m.wave}: {u.label} {u.host.ssh.target} {u.host.unit.name}: {m.why}")
+
+
+def _run(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int, ...]) -> int:
+    def hear(node: Node, event: Event) -> None:
+        if event.kind in ("step", "warning") and out.style is not Style.JSON:
+            out.note(f"   [{node.host.name}] {event.stage}: {event.message}")
+
+    Coordinator(nodes, hear, waves=order).run()
+    converged = converge(nodes, lambda node, backup: _rollback(node, backup, hear))
+    outcome = group_outcome([n.view for n in nodes], converged)
+    cause = first_cause([n.view for n in nodes])
+    # a member's vote says "rank N failed: ..."; the report names the unit instead
+    said = RANK_FAILED.sub("", cause[1]) if cause else ""
+    why = f": {nodes[cause[0]].host.name} failed: {said}" if cause else ""
+    if out.style is Style.JSON:
+        out.print(json.dumps(_json(host, nodes, outcome.value, why), sort_keys=True, default=str))
+        return int(outcome.exit_code)
+    out.print(f"== {host.name}: {outcome.headline}{why}")
+    for node in nodes:
+        what = node.view.outcome.value if node.view.outcome else "unknown (no contact)"
+        said = node.outcome.message if node.outcome else node.view.why
+        out.print(f"   {node.host.name} ({node.host.ssh.target} {node.host.unit.name}): {what}: {said}")
+    return int(outcome.exit_code)
+
+
+def _json(host: HostConfig, nodes: Sequence[Node], outcome: str, why: str) -> dict[str, object]:
+    units = [
+        {"unit": n.host.unit.name, "target": n.host.ssh.target, "name": n.host.name,
+         "outcome": n.view.outcome.value if n.view.outcome else None,
+         "message": n.outcome.message if n.outcome else n.view.why}
+        for n in nodes
+    ]  # fmt: skip
+    return {"service": host.name, "outcome": outcome, "reason": why.removeprefix(": "), "units": units}
+
+
+def _rollback(node: Node, backup: str, hear: Hear) -> Event:
+    req = replace(
+        base_request(node.host, "rollback", backup=backup, txn=new_txn_id()), kind=node.request.kind
+    )
+    assert node.client is not None
+    return follow_transaction(node.client, node.host, req, Watch(lambda e: hear(node, e)))
+
+
+__all__ = ["apply", "planned_units", "request_of"]

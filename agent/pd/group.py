@@ -1,0 +1,68 @@
+"""Pure: which units of a [pd] service a change restarts, in which wave, and who sends the routed check.
+
+A unit restarts when its own agent says an apply of its rendered unit would change something (the one
+check every apply makes, under the unit's lock: the text, its secrets, the running process; `compare`).
+Besides that, one rule of order: after a prefill restarts, every decode restarts too, since Mooncake keeps a
+healthy pair failed until the decode re-registers with the new prefill (sglang#13054). The router restarts
+only when its own unit changes: it names the units by URL and finds a restarted one by its health check.
+
+The waves: prefills, then decodes, then the router; a wave starts only once every unit of the waves before
+it is ready (agent/group/decide.py next_wave). The last wave proves the whole with one completion routed
+through the router: the router itself, or, when its unit is unchanged, each unit of the last wave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Part(str, Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    ROUTER = "router"
+
+
+ORDER = (Part.PREFILL, Part.DECODE, Part.ROUTER)  # the waves, in order
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One unit of the service as the change found it."""
+
+    part: Part
+    label: str  # prefill[0], decode[1], router
+    changes: bool  # its agent says an apply would change it
+
+
+@dataclass(frozen=True)
+class Member:
+    index: int  # into the units given
+    wave: int  # 0, 1, ... with no gap: next_wave sends "go" to each in turn
+    why: str
+    routed: bool  # checks the whole with a completion through the router's URL once ready
+
+
+def _why(unit: Seen, prefill_restarts: bool) -> str | None:
+    if unit.changes:
+        return "its unit changes"
+    if unit.part is Part.DECODE and prefill_restarts:
+        return "a prefill restarts: the decode must re-register with it (sglang#13054)"
+    return None
+
+
+def members(units: Sequence[Seen]) -> list[Member]:
+    """The units the change restarts, each with its wave and why; [] when nothing changes."""
+    prefill_restarts = any(u.changes for u in units if u.part is Part.PREFILL)
+    chosen = [(i, u, why) for i, u in enumerate(units) if (why := _why(u, prefill_restarts)) is not None]
+    parts = [p for p in ORDER if any(u.part is p for _, u, _ in chosen)]
+    router_restarts = Part.ROUTER in parts
+    return [
+        Member(i, parts.index(u.part), why, not router_restarts and u.part is parts[-1])
+        for i, u, why in chosen
+    ]
+
+
+def waves(chosen: Sequence[Member]) -> tuple[int, ...]:
+    return tuple(m.wave for m in chosen)

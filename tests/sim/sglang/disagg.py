@@ -1,0 +1,124 @@
+"""Prefill-decode disaggregation in the simulated server, what deployctl's [pd] apply meets on a test host.
+
+A prefill (`--disaggregation-mode prefill`) runs SGLang's bootstrap server on --disaggregation-bootstrap-port
+(8998 by default): `GET /health` -> OK, `GET /route` with its four rank parameters -> what the prefill
+publishes, its page size and its KV dtype as the flags' text (measured on the real 0.5.23,
+/work/shared/sglang/PD-AND-HICACHE-ON-CPU.md). A decode, at a routed request (one that carries
+`bootstrap_host`/`bootstrap_port`, as sglang-router in PD mode adds), fetches that from the prefill and
+compares: a different page size or KV dtype text kills the decode with SGLang's own words
+(srt/disaggregation/common/conn.py), and the server exits. No KV moves: each side answers as the plain sim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's own warmup and health requests (srt/disaggregation/utils.py)
+RANKS = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """srt/arg_groups/fields/disagg.py, the flags deployctl renders."""
+    add = p.add_argument
+    add("--disaggregation-mode", default="null", choices=["null", "prefill", "decode"])
+    add("--disaggregation-transfer-backend", default="mooncake",
+        choices=["mooncake", "mooncake_tcp", "nixl", "mori", "ascend", "fake"])  # fmt: skip
+    add("--disaggregation-bootstrap-port", type=int, default=8998)
+    add("--disaggregation-ib-device")
+
+
+def published(args: argparse.Namespace) -> dict[str, Any]:
+    """What a prefill's bootstrap server answers at /route: the flags' own text, as the real one."""
+    return {
+        "attn_tp_size": args.tp_size, "attn_cp_size": 1, "dp_size": args.dp_size, "pp_size": 1,
+        "page_size": args.page_size or 1, "kv_cache_dtype": args.kv_cache_dtype,
+        "follow_bootstrap_room": True, "prefill_http_port": args.port,
+    }  # fmt: skip
+
+
+def start_bootstrap(args: argparse.Namespace, log: Callable[[str], None]) -> None:
+    """The prefill's bootstrap server, in a thread of the server process (it dies with it)."""
+    info = published(args)
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *a: Any) -> None:
+            pass
+
+        def send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            if url.path == "/health":
+                self.send(200, b"OK", "text/plain")
+            elif url.path == "/route" and all(k in parse_qs(url.query) for k in RANKS):
+                self.send(200, json.dumps(info).encode())
+            elif url.path == "/route":
+                self.send(400, b"Missing inputs for bootstrap server.", "text/plain")
+            else:
+                self.send(404, b"Not Found", "text/plain")
+
+    httpd = ThreadingHTTPServer((args.host, args.disaggregation_bootstrap_port), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    log(f"CommonKVBootstrapServer started successfully on {args.host}:{args.disaggregation_bootstrap_port}")
+
+
+def mismatch(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    """SGLang's handshake check on the decode (srt/disaggregation/common/conn.py), its words."""
+    if theirs.get("page_size") != mine["page_size"]:
+        return (f"RuntimeError: Page size mismatch: prefill server has page_size={theirs.get('page_size')}, "
+                f"but decode server has page_size={mine['page_size']}. Both servers must use the same "
+                "--page-size value.")  # fmt: skip
+    if theirs.get("kv_cache_dtype") != mine["kv_cache_dtype"]:
+        theirs_dtype, mine_dtype = theirs.get("kv_cache_dtype"), mine["kv_cache_dtype"]
+        return (f"RuntimeError: KV cache dtype mismatch: prefill server has kv_cache_dtype={theirs_dtype}, "
+                f"but decode server has kv_cache_dtype={mine_dtype}. Both servers must use the same "
+                "--kv-cache-dtype value.")  # fmt: skip
+    return None
+
+
+def prefill_info(host: str, port: int) -> dict[str, Any] | None:
+    query = "&".join(f"{k}=-1" for k in RANKS)
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/route?{query}", timeout=5) as r:
+            answer = json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def decode_check(
+    args: argparse.Namespace, log: Callable[[str], None]
+) -> Callable[[dict[str, Any]], str | None]:
+    """A decode's check of each routed request: None to serve it, or why it cannot (the server then exits
+    on a mismatch, as the real decode does)."""
+    mine = published(args)
+
+    def check(body: dict[str, Any]) -> str | None:
+        host, port = body.get("bootstrap_host"), body.get("bootstrap_port")
+        if not host or host == FAKE_BOOTSTRAP_HOST or not isinstance(port, int):
+            return None
+        theirs = prefill_info(str(host), port)
+        if theirs is None:
+            return f"Could not fetch prefill parallel info from {host}:{port}"
+        wrong = mismatch(mine, theirs)
+        if wrong is not None:
+            log(wrong)
+            threading.Timer(0.2, lambda: os._exit(1)).start()  # "the decode server exits"
+        return wrong
+
+    return check

@@ -209,6 +209,9 @@ class HostPlan:
     budget: HostBudget
     checked: bool  # the host's memory was read (facts); False: the sizes are unchecked against the host
     daemon_bytes: int = 0  # its weight-cache daemon's processes, counted in the budget (in their own unit)
+    # the rendered size was cut to (free - 10 GiB) / (2 x ranks - 1): SGLang checks an explicit size rank by
+    # rank against free memory read afresh, where its auto mode booked every rank against one snapshot
+    last_rank_cap: bool = False
 
     @property
     def fits(self) -> bool:
@@ -240,6 +243,7 @@ class HostPlan:
             },
             "memory_max": self.memory_max,
             "checked": self.checked,
+            "sized_for_last_rank": self.last_rank_cap,
         }
         budget = {
             "verdict": self.budget.verdict.value,
@@ -269,6 +273,12 @@ class HostPlan:
             if self.pool.fits
             else f"HiCache: no host pool fits ({self.given.message()})"
         ]
+        if self.last_rank_cap:
+            out.append(
+                f"HiCache: --hicache-size cut to {self.size_gb:g} GB per rank, (free - 10 GiB) / "
+                f"{2 * self.ranks - 1}: SGLang checks an explicit size rank by rank against free memory read "
+                "afresh, the last rank seeing the others' pools as used (pool_host/base.py:248-257)"
+            )
         if self.checked:
             daemon = (
                 f", its weight-cache daemon {self.daemon_bytes / GIB:.0f} GiB" if self.daemon_bytes else ""
@@ -296,6 +306,24 @@ def ranks_of(flags: Mapping[str, FlagValue]) -> int:
     tp = int_of(flags, "tp-size", "tp", "tensor-parallel-size") or 1
     pp = int_of(flags, "pp-size", "pp", "pipeline-parallel-size") or 1
     return ranks_per_host(tp * pp, int_of(flags, "nnodes") or 1)
+
+
+def last_rank_sees(seen: HostMemory, ranks: int, pool_bytes: int) -> HostMemory:
+    """The host as the last of the service's ranks to pin sees it: an explicit size (and a ratio) is checked
+    per rank against free memory read afresh (pool_host/base.py:248-257 via host_memory_budget_bytes,
+    base.py:98-108), so the others' pools are used by then (sglang#38156). Only the auto mode books every
+    rank against one snapshot (host_memory_budget_scope, hicache_auto_size.py:124-125)."""
+    used = (ranks - 1) * pool_bytes
+    levels = tuple(CgroupLevel(lv.limits, lv.usage + used, lv.page_cache) for lv in seen.cgroup)
+    return HostMemory(max(0, seen.available - used), levels)
+
+
+def last_rank_size(pool: RankPool, seen: HostMemory, ranks: int) -> float:
+    """The largest whole-GB --hicache-size whose pool, padding page included, passes SGLang's check at every
+    rank: the last sees (free - k pools - 10 GiB) // ranks with k = ranks - 1, so a pool of at most
+    (free - 10 GiB) / (2 x ranks - 1)."""
+    room = (seen.usable - RESERVE_BYTES) // (2 * ranks - 1) - pool.page_size * pool.bytes_per_token
+    return floor_gb(max(0, room))
 
 
 def floor_gb(nbytes: int) -> float:
@@ -332,6 +360,32 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
     return plan_host_pool(pool, hicache_flags(flags), left, everyone)
 
 
+def rendered_size(
+    pool: RankPool, flags: Mapping[str, FlagValue], share: HostPool, seen: HostMemory, ranks: int
+) -> tuple[float | None, bool]:
+    """The --hicache-size the unit gets (None: the flags as given stay; a pool under 1 GB has no whole-GB
+    size), and whether it was cut for the last rank to pin: a size rendered in place of the auto mode (which
+    books every rank against one snapshot) is checked by SGLang rank by rank, each reading free memory
+    afresh, so it is kept at most (free - 10 GiB) / (2 x ranks - 1)."""
+    explicit = float_of(flags, "hicache-size") or 0.0
+    size = explicit if explicit > 0 else floor_gb(share.bytes) if share.fits else None
+    capped = False
+    if explicit <= 0 and size is not None and ranks > 1:
+        cap = last_rank_size(pool, seen, ranks)
+        size, capped = (cap, True) if cap < size else (size, False)
+    return (size if size is not None and size >= 1 else None), capped
+
+
+def size_pool(pool: RankPool, size: float, start: HostMemory, ranks: int) -> HostPool:
+    """The pool an explicit size builds, checked as SGLang checks it: by the first rank, then by the last to
+    pin, which sees the others' pools as used (last_rank_sees)."""
+    planned = plan_host_pool(pool, HiCacheFlags(size_gb=size), start, ranks)
+    if planned.fits and ranks > 1:
+        last = last_rank_sees(start, ranks, planned.bytes)
+        planned = plan_host_pool(pool, HiCacheFlags(size_gb=size), last, ranks)
+    return planned
+
+
 def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     name: str,
     pool: RankPool,
@@ -346,22 +400,15 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     `unit_limit`: a MemoryMax=/MemoryHigh= the unit's own lines set (unit_memory_limit), which systemd
     applies instead of the rendered one: the pool is sized under it, and a limit too small is refused."""
     ranks = ranks_of(flags)
-    given = plan_host_pool(pool, hicache_flags(flags), memory_at_start(data, ranks, unit_limit), ranks)
-    share = shared(
-        pool, flags, given, memory_at_start(data, ranks, unit_limit), ranks, waiting(neighbours, data)
-    )
-    explicit = float_of(flags, "hicache-size") or 0.0
-    # a pool under 1 GB has no whole-GB size: the flags as given stay (and no MemoryMax=, no exact gate)
-    size = explicit if explicit > 0 else floor_gb(share.bytes) if share.fits else None
-    if size is not None and size < 1:
-        size = None
+    seen = memory_at_start(data, ranks, unit_limit)
+    given = plan_host_pool(pool, hicache_flags(flags), seen, ranks)
+    share = shared(pool, flags, given, seen, ranks, waiting(neighbours, data))
+    size, capped = rendered_size(pool, flags, share, seen, ranks)
     memory_max = None
     planned = given
     if size is not None:
         memory_max = unit_limit or memory_max_of({**flags, "hicache-size": size})
-        planned = plan_host_pool(
-            pool, HiCacheFlags(size_gb=size), memory_at_start(data, ranks, memory_max), ranks
-        )
+        planned = size_pool(pool, size, memory_at_start(data, ranks, memory_max), ranks)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
     need = ServiceNeed(name, ranks, pool, planned, process_bytes(ranks), checkpoint_bytes, memory_max, daemon)
     counted = as_running(neighbours, data)
@@ -369,7 +416,8 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     if data is None and budget.verdict is not Verdict.REFUSED:
         budget = HostBudget(Verdict.FITS, budget.capacity, budget.pinned, 0)
     return HostPlan(ranks, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
-                    size if planned.fits else None, memory_max, budget, data is not None, daemon)  # fmt: skip
+                    size if planned.fits else None, memory_max, budget, data is not None, daemon,
+                    capped)  # fmt: skip
 
 
 def neighbour(

@@ -137,7 +137,9 @@ def unit_memory_limit(service_lines: Sequence[str]) -> int | None:
 def memory_at_start(data: HostMemoryData | None, ranks: int, memory_max: int | None = None) -> HostMemory:
     """The host as the service's new start sees it when it sizes the pool: what the running service holds
     (its cgroup's usage less page cache) is freed, its new processes hold process_bytes; the unit's own
-    level takes `memory_max` (the rendered MemoryMax=) where one is given."""
+    level takes `memory_max` (the unit's own limit, or the MemoryMax= rendered now) and nothing else: the
+    running unit's memory.max is the MemoryMax= the last apply rendered, which the new unit replaces (kept,
+    an auto pool re-planned under it would shrink on every apply)."""
     new = process_bytes(ranks)
     if data is None:  # no facts: the host unchecked, the unit's own limit still SGLang's bound
         return HostMemory(UNLIMITED, () if memory_max is None else (CgroupLevel((memory_max,), new, 0),))
@@ -146,8 +148,8 @@ def memory_at_start(data: HostMemoryData | None, ranks: int, memory_max: int | N
     cgroup = []
     for i, lv in enumerate(levels):
         limits = [v for v in (lv["max"], lv["high"]) if v is not None]
-        if i == 0 and memory_max is not None:
-            limits = [memory_max]
+        if i == 0 and lv["path"].endswith(".service"):  # the unit's own level: the new unit's limit
+            limits = [] if memory_max is None else [memory_max]
         usage = max(0, lv["current"] - old) + new
         cgroup.append(CgroupLevel(tuple(limits), usage, lv["file"]))
     if not levels and memory_max is not None:

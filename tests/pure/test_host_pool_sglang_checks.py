@@ -85,7 +85,6 @@ def test_the_rendered_auto_size_passes_sglangs_check_for_the_last_rank_to_pin(tp
     assert refused == [], f"TP {tp}: --hicache-size {host.size_gb:g} refused at ranks {refused}"
 
 
-@NOT_YET
 def test_replanning_a_running_auto_service_does_not_shrink_its_host_pool() -> None:
     """HIGH. memory_at_start keeps the running unit's memory.max (the MemoryMax= the last apply rendered)
     as the new start's limit when the unit sets none of its own; the inventory still says auto, so every

@@ -33,6 +33,14 @@ class ServiceNeed:
     memory_max: int | None = None  # its unit's MemoryMax=, if any
     daemon_bytes: int = 0  # its weight-cache daemon's processes (plan/hostplan.py daemon_bytes), own unit
     unit: str = ""  # its systemd unit (a neighbour's: what the host's facts say it holds now)
+    sglang_ranks: int = 0  # SGLang's ranks per host, its pool divisor (0: `ranks`; fewer with data parallel)
+
+    @property
+    def pools_seen_by_last(self) -> int:
+        """The pools the last rank to pin must find room for: the others' as used, and its divisor's
+        share (2 x ranks - 1 without data parallelism)."""
+        ranks = max(self.ranks, 1)
+        return ranks + (self.sglang_ranks or ranks) - 1
 
     @property
     def pool_bytes(self) -> int:
@@ -49,7 +57,7 @@ class ServiceNeed:
         so 2 x ranks - 1 pools; the daemon runs in a unit (a cgroup) of its own, outside it."""
         if self.host_pool is None:
             return self.process_bytes
-        pools = self.host_pool.bytes * (2 * max(self.ranks, 1) - 1)
+        pools = self.host_pool.bytes * self.pools_seen_by_last
         return pools + self.process_bytes + RESERVE_BYTES
 
 
@@ -104,7 +112,9 @@ def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: 
     if service.host_pool is not None:  # SGLang's own check, per rank (base.py:248-257)
         room = min(room, service.host_pool.allowance)
     if service.memory_max is not None:
-        room = min(room, (service.memory_max - RESERVE_BYTES - service.process_bytes) // (2 * ranks - 1))
+        room = min(
+            room, (service.memory_max - RESERVE_BYTES - service.process_bytes) // service.pools_seen_by_last
+        )
     size = fitting_size_gb(service.pool, room) if service.pool and service.host_pool else None
     if size:
         fix = f"--hicache-size {size:g} per rank would fit"

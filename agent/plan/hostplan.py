@@ -98,13 +98,14 @@ def runs_daemon(flags: Mapping[str, FlagValue], weight_cache: bool = False) -> b
 
 def memory_max_of(flags: Mapping[str, FlagValue]) -> int | None:
     """The MemoryMax= (bytes, whole MiB) of a unit whose flags enable HiCache with an explicit size: the
-    processes, SGLang's 10 GiB reserve, and 2 x ranks - 1 pools (each at most size + one padding page), so
-    that the last rank to check the cgroup still finds its pool's room (pool_host/base.py:248-257)."""
+    processes, SGLang's 10 GiB reserve, and pools + ranks - 1 pools (each at most size + one padding page;
+    2 x ranks - 1 without data parallelism), so that the last rank to check the cgroup still finds its pool's
+    room (pool_host/base.py:248-257)."""
     size = float_of(flags, "hicache-size") or 0.0
     if not enabled(flags) or size <= 0:
         return None
-    ranks = ranks_of(flags)
-    need = process_bytes(ranks) + RESERVE_BYTES + (math.ceil(size * 1e9) + POOL_PAD) * (2 * ranks - 1)
+    ranks, pools = ranks_of(flags), pools_of(flags)
+    need = process_bytes(pools) + RESERVE_BYTES + (math.ceil(size * 1e9) + POOL_PAD) * (pools + ranks - 1)
     return math.ceil(need / MIB) * MIB
 
 
@@ -200,7 +201,7 @@ def with_neighbours_stopped(
 class HostPlan:
     """One service's host side: its pool per rank as rendered, and the host's budget."""
 
-    ranks: int  # ranks on this host, each with one host pool
+    ranks: int  # ranks on this host, each with one host pool (every data-parallel replica's)
     device_tokens: int  # the device pool per rank the host pool mirrors (ratio and auto modes)
     bytes_per_token: int
     page_size: int
@@ -213,7 +214,7 @@ class HostPlan:
     daemon_bytes: int = 0  # its weight-cache daemon's processes, counted in the budget (in their own unit)
     # the rendered size was cut to (free - 10 GiB) / (2 x ranks - 1): SGLang checks an explicit size rank by
     # rank against free memory read afresh, where its auto mode booked every rank against one snapshot
-    last_rank_cap: bool = False
+    last_rank_cap: int = 0  # the pools + ranks - 1 the size was divided by; 0: not cut
 
     @property
     def fits(self) -> bool:
@@ -245,7 +246,7 @@ class HostPlan:
             },
             "memory_max": self.memory_max,
             "checked": self.checked,
-            "sized_for_last_rank": self.last_rank_cap,
+            "sized_for_last_rank": bool(self.last_rank_cap),
         }
         budget = {
             "verdict": self.budget.verdict.value,
@@ -278,7 +279,7 @@ class HostPlan:
         if self.last_rank_cap:
             out.append(
                 f"HiCache: --hicache-size cut to {self.size_gb:g} GB per rank, (free - 10 GiB) / "
-                f"{2 * self.ranks - 1}: SGLang checks an explicit size rank by rank against free memory read "
+                f"{self.last_rank_cap}: SGLang checks an explicit size rank by rank against free memory read "
                 "afresh, the last rank seeing the others' pools as used (pool_host/base.py:248-257)"
             )
         if self.checked:
@@ -310,6 +311,19 @@ def ranks_of(flags: Mapping[str, FlagValue]) -> int:
     return ranks_per_host(tp * pp, int_of(flags, "nnodes") or 1)
 
 
+def pools_of(flags: Mapping[str, FlagValue]) -> int:
+    """The host pools the service pins on one host: one per rank of every data-parallel replica. `--dp-size`
+    without attention DP launches dp TP groups (srt/managers/data_parallel_controller.py
+    launch_dp_schedulers), each rank pinning a pool sized by SGLang's divisor (ranks_of, unchanged); with
+    `--enable-dp-attention` the DP ranks are the TP ranks."""
+    dp = int_of(flags, "dp-size", "dp", "data-parallel-size") or 1
+    if "enable-dp-attention" in flags and is_on(flags, "enable-dp-attention"):
+        dp = 1
+    tp = int_of(flags, "tp-size", "tp", "tensor-parallel-size") or 1
+    pp = int_of(flags, "pp-size", "pp", "pipeline-parallel-size") or 1
+    return max(ranks_of(flags), ranks_per_host(dp * tp * pp, int_of(flags, "nnodes") or 1))
+
+
 def last_rank_sees(seen: HostMemory, ranks: int, pool_bytes: int) -> HostMemory:
     """The host as the last of the service's ranks to pin sees it: an explicit size (and a ratio) is checked
     per rank against free memory read afresh (pool_host/base.py:248-257 via host_memory_budget_bytes,
@@ -320,11 +334,11 @@ def last_rank_sees(seen: HostMemory, ranks: int, pool_bytes: int) -> HostMemory:
     return HostMemory(max(0, seen.available - used), levels)
 
 
-def last_rank_size(pool: RankPool, seen: HostMemory, ranks: int) -> float:
+def last_rank_size(pool: RankPool, seen: HostMemory, ranks: int, pools: int) -> float:
     """The largest whole-GB --hicache-size whose pool, padding page included, passes SGLang's check at every
-    rank: the last sees (free - k pools - 10 GiB) // ranks with k = ranks - 1, so a pool of at most
-    (free - 10 GiB) / (2 x ranks - 1)."""
-    room = (seen.usable - RESERVE_BYTES) // (2 * ranks - 1) - pool.page_size * pool.bytes_per_token
+    rank: the last sees (free - k pools - 10 GiB) // ranks with k = pools - 1, so a pool of at most
+    (free - 10 GiB) / (pools + ranks - 1) (2 x ranks - 1 without data parallelism)."""
+    room = (seen.usable - RESERVE_BYTES) // (pools + ranks - 1) - pool.page_size * pool.bytes_per_token
     return floor_gb(max(0, room))
 
 
@@ -363,27 +377,28 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
 
 
 def rendered_size(
-    pool: RankPool, flags: Mapping[str, FlagValue], share: HostPool, seen: HostMemory, ranks: int
-) -> tuple[float | None, bool]:
+    pool: RankPool, flags: Mapping[str, FlagValue], share: HostPool, seen: HostMemory
+) -> tuple[float | None, int]:
     """The --hicache-size the unit gets (None: the flags as given stay; a pool under 1 GB has no whole-GB
-    size), and whether it was cut for the last rank to pin: a size rendered in place of the auto mode (which
-    books every rank against one snapshot) is checked by SGLang rank by rank, each reading free memory
-    afresh, so it is kept at most (free - 10 GiB) / (2 x ranks - 1)."""
+    size), and the pools it was divided by for the last rank to pin (0: not cut): a size rendered in place
+    of the auto mode (which books every rank against one snapshot) is checked by SGLang rank by rank, each
+    reading free memory afresh, so it is kept at most (free - 10 GiB) / (pools + ranks - 1)."""
     explicit = float_of(flags, "hicache-size") or 0.0
     size = explicit if explicit > 0 else floor_gb(share.bytes) if share.fits else None
-    capped = False
-    if explicit <= 0 and size is not None and ranks > 1:
-        cap = last_rank_size(pool, seen, ranks)
-        size, capped = (cap, True) if cap < size else (size, False)
+    ranks, pools = ranks_of(flags), pools_of(flags)
+    capped = 0
+    if explicit <= 0 and size is not None and pools > 1:
+        cap = last_rank_size(pool, seen, ranks, pools)
+        size, capped = (cap, pools + ranks - 1) if cap < size else (size, 0)
     return (size if size is not None and size >= 1 else None), capped
 
 
-def size_pool(pool: RankPool, size: float, start: HostMemory, ranks: int) -> HostPool:
+def size_pool(pool: RankPool, size: float, start: HostMemory, ranks: int, pools: int) -> HostPool:
     """The pool an explicit size builds, checked as SGLang checks it: by the first rank, then by the last to
     pin, which sees the others' pools as used (last_rank_sees)."""
     planned = plan_host_pool(pool, HiCacheFlags(size_gb=size), start, ranks)
-    if planned.fits and ranks > 1:
-        last = last_rank_sees(start, ranks, planned.bytes)
+    if planned.fits and pools > 1:
+        last = last_rank_sees(start, pools, planned.bytes)
         planned = plan_host_pool(pool, HiCacheFlags(size_gb=size), last, ranks)
     return planned
 
@@ -401,23 +416,24 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     """The service's host plan; the budget counts the neighbours (services of the same host) before it.
     `unit_limit`: a MemoryMax=/MemoryHigh= the unit's own lines set (unit_memory_limit), which systemd
     applies instead of the rendered one: the pool is sized under it, and a limit too small is refused."""
-    ranks = ranks_of(flags)
-    seen = memory_at_start(data, ranks, unit_limit)
+    ranks, pools = ranks_of(flags), pools_of(flags)  # SGLang's divisor; the pools pinned (data parallel)
+    seen = memory_at_start(data, pools, unit_limit)
     given = plan_host_pool(pool, hicache_flags(flags), seen, ranks)
-    share = shared(pool, flags, given, seen, ranks, waiting(neighbours, data))
-    size, capped = rendered_size(pool, flags, share, seen, ranks)
+    share = shared(pool, flags, given, seen, pools, waiting(neighbours, data))
+    size, capped = rendered_size(pool, flags, share, seen)
     memory_max = None
     planned = given
     if size is not None:
         memory_max = unit_limit or memory_max_of({**flags, "hicache-size": size})
-        planned = size_pool(pool, size, memory_at_start(data, ranks, memory_max), ranks)
+        planned = size_pool(pool, size, memory_at_start(data, pools, memory_max), ranks, pools)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
-    need = ServiceNeed(name, ranks, pool, planned, process_bytes(ranks), checkpoint_bytes, memory_max, daemon)
+    need = ServiceNeed(name, pools, pool, planned, process_bytes(pools), checkpoint_bytes, memory_max, daemon,
+                       sglang_ranks=ranks)  # fmt: skip
     counted = as_running(neighbours, data)
     budget = plan_budget(with_neighbours_stopped(host_ram(data), counted, data), (*counted, need))
     if data is None and budget.verdict is not Verdict.REFUSED:
         budget = HostBudget(Verdict.FITS, budget.capacity, budget.pinned, 0)
-    return HostPlan(ranks, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
+    return HostPlan(pools, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
                     size if planned.fits else None, memory_max, budget, data is not None, daemon,
                     capped)  # fmt: skip
 
@@ -434,8 +450,8 @@ def neighbour(
     HiCache."""
     if not enabled(flags):
         return None
-    ranks = ranks_of(flags)
+    ranks, pools = ranks_of(flags), pools_of(flags)
     size = float_of(flags, "hicache-size") or 0.0
     pool = None if size <= 0 else HostPool(Mode.SIZE, 0, int(size * 1e9), UNLIMITED)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
-    return ServiceNeed(name, ranks, None, pool, process_bytes(ranks), 0, memory_max, daemon, unit)
+    return ServiceNeed(name, pools, None, pool, process_bytes(pools), 0, memory_max, daemon, unit, ranks)

@@ -49,14 +49,14 @@ def memory(
     return data
 
 
-def sglang_checks_rank_by_rank(
-    pool: RankPool, size_gb: float, start: HostMemory, ranks: int, per: int
+def sglang_checks_rank_by_rank(  # noqa: PLR0913 - the pool, size, host, divisor, pool bytes, pools
+    pool: RankPool, size_gb: float, start: HostMemory, ranks: int, per: int, pools: int = 0
 ) -> list[int]:
     """SGLang's explicit-size check (base.py:248-257 via host_memory_budget_bytes, re-sampled per rank, no
     budget scope): a rank that checks after k others pinned sees MemAvailable and the cgroup k pools lower
     (sglang#38156, the model the branch itself renders MemoryMax= by). The ranks that are refused."""
     refused = []
-    for k in range(ranks):
+    for k in range(pools or ranks):
         seen = HostMemory(
             start.available - k * per,
             tuple(CgroupLevel(lv.limits, lv.usage + k * per, lv.page_cache) for lv in start.cgroup),
@@ -104,7 +104,6 @@ def test_replanning_a_running_auto_service_does_not_shrink_its_host_pool() -> No
     assert sizes[0] == sizes[1] == sizes[2], f"the same host and flags re-planned: {sizes}"
 
 
-@NOT_YET
 def test_data_parallel_replicas_each_pin_a_pool_per_rank() -> None:
     """HIGH. --dp-size 2 without attention DP launches two TP groups (data_parallel_controller.py
     launch_dp_schedulers; compute_world_size = dp x tp x pp GPUs, which the plan accepts). Each of the four
@@ -115,6 +114,18 @@ def test_data_parallel_replicas_each_pin_a_pool_per_rank() -> None:
     pools_on_host = 2 * 2
     assert host.budget.pinned >= pools_on_host * 50 * GB + process_bytes(pools_on_host)
     assert not host.fits  # four 50 GB pools and their processes do not fit in 240 GiB with 8 GiB headroom
+
+
+@pytest.mark.parametrize(("dp", "tp"), [(2, 1), (2, 2), (4, 2)])
+def test_data_parallel_pools_pass_sglangs_check_and_the_units_memory_max(dp: int, tp: int) -> None:
+    """Every rank of every replica passes SGLang's per-rank check (divisor tp, the others' pools used), on
+    the host and under the rendered MemoryMax=."""
+    total, avail = 512 * GIB, 500 * GIB
+    host = plan_host("chat", BIG, {**ON, "tp-size": tp, "dp-size": dp}, memory(total, avail, siblings={}))
+    assert host.fits and host.size_gb is not None and host.ranks == dp * tp
+    start = memory_at_start(memory(total, avail), dp * tp, host.memory_max)
+    assert sglang_checks_rank_by_rank(BIG, host.size_gb, start, tp, host.pool.bytes, dp * tp) == []
+    assert host.budget.pinned >= dp * tp * host.pool.bytes + process_bytes(dp * tp)
 
 
 @NOT_YET

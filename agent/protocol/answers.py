@@ -231,7 +231,7 @@ class CgroupLevelData(TypedDict):
     max: int | None  # memory.max; None: "max" (no limit)
     high: int | None  # memory.high; None: "max"
     current: int  # memory.current
-    file: int  # memory.stat's file: the page cache, which SGLang does not count as used
+    file: int  # memory.stat's active_file + inactive_file: the page cache SGLang does not count as used
 
 
 class _HostMemoryBase(TypedDict):

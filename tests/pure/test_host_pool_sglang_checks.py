@@ -128,7 +128,6 @@ def test_data_parallel_pools_pass_sglangs_check_and_the_units_memory_max(dp: int
     assert host.budget.pinned >= dp * tp * host.pool.bytes + process_bytes(dp * tp)
 
 
-@NOT_YET
 def test_page_cache_is_what_sglang_credits_not_memory_stats_file() -> None:
     """MEDIUM. SGLang takes active_file + inactive_file off memory.current (host_memory.py:108-113: 'shmem
     sits on the anon LRU'); hostmem reads memory.stat's `file`, which counts shmem/tmpfs too (NCCL's
@@ -158,7 +157,6 @@ def test_the_services_own_running_weight_cache_daemon_is_counted_once(tmp_path: 
     assert again.fits, again.budget.reason
 
 
-@NOT_YET
 def test_a_template_instance_finds_its_cgroup_and_its_neighbours(tmp_path: Path) -> None:
     """MEDIUM. systemd puts sglang@chat.service under system.slice/system-sglang.slice/ (the usual way to run
     two services of one host); unit_cgroup looks only at <slice>/<unit> one level down: no levels (its own

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Valid
 
 from agent.errors import UsageError
 from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
-from agent.plan.hostbudget import ServiceNeed
+from agent.plan.hostbudget import RamShare, ServiceNeed
 from agent.plan.model import StartFigures
 from agent.plan.overhead import GpuProcess
 from agent.plan.startcheck import StartIdentity, identity
@@ -149,7 +149,9 @@ class PlanInput:
     host_memory: HostMemoryData | None = None  # the host's RAM and the unit's cgroup (HiCache's host pool)
     neighbours: tuple[ServiceNeed, ...] = ()  # the other services of the host, for the host's memory budget
     weight_cache: bool = False  # the service runs SGLang's weight-cache daemon ([weight_cache] enabled)
-    unit_memory_limit: int | None = None  # a MemoryMax=/MemoryHigh= of the unit's own [Service] lines
+    unit_memory_limit: int | RamShare | None = (
+        None  # a MemoryMax=/MemoryHigh= of the unit's own [Service] lines
+    )
 
     @property
     def gpu(self) -> Gpu:

@@ -74,9 +74,23 @@ class HostRam:
         return min(self.total, self.available, self.cgroup_limit or self.total)
 
 
+@dataclass(frozen=True)
+class RamShare:
+    """A unit's MemoryMax=N% (systemd.resource-control(5): N% of the host's physical memory), with its
+    other byte limits; the plan resolves it against the facts' MemTotal."""
+
+    percent: float
+    bytes_limit: int | None = None  # a MemoryMax=/MemoryHigh= in bytes beside it: the smallest applies
+
+    def of(self, total: int) -> int:
+        share = int(total * self.percent / 100)
+        return share if self.bytes_limit is None else min(share, self.bytes_limit)
+
+
 class Verdict(Enum):
     FITS = "fits"
     PREWARM_SKIPPED = "fits, pre-warm skipped"
+    UNCHECKED = "unchecked"  # no host facts: the pool is sized from the flags, the host not read
     REFUSED = "refused"
 
 

@@ -16,11 +16,12 @@ pin, and a rank that checks after another pinned sees that pool as used (sglang#
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from agent.inventory import FlagValue
-from agent.plan.hostbudget import HostBudget, HostRam, ServiceNeed, Verdict, plan_budget
+from agent.plan.hostbudget import HostBudget, HostRam, RamShare, ServiceNeed, Verdict, plan_budget
 from agent.plan.hostpool import (
     GIB,
     RESERVE_BYTES,
@@ -109,30 +110,51 @@ def memory_max_of(flags: Mapping[str, FlagValue]) -> int | None:
     return math.ceil(need / MIB) * MIB
 
 
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
+# systemd's parse_size (base 1024): case-sensitive suffixes, B for bytes, parts concatenated (1G512M)
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([BKMGTPE]?)")
+_PERCENT = re.compile(r"([0-9]+(?:\.[0-9])?)%")  # parse_permyriad: N% or N.M%
 
 
-def unit_memory_limit(service_lines: Sequence[str]) -> int | None:
+def _systemd_size(text: str) -> int | RamShare | None:
+    """One MemoryMax= value as systemd reads it: bytes, a RamShare, None (no limit: `infinity`, empty);
+    ValueError for one systemd rejects, and ignores with a warning (the earlier assignment stays)."""
+    if text in ("", "infinity"):
+        return None
+    percent = _PERCENT.fullmatch(text)
+    if percent:
+        return RamShare(float(percent.group(1)))
+    parts = _PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(text)
+    return int(sum(float(n) * _UNITS[u] for n, u in parts))
+
+
+def unit_memory_limit(service_lines: Sequence[str]) -> int | RamShare | None:
     """The memory limit a unit's own [Service] lines set (the smallest of its last MemoryMax= and
-    MemoryHigh=, systemd.resource-control(5): bytes with K/M/G/T base 1024; `infinity` or empty none), which
-    systemd applies over the rendered MemoryMax= since it comes after it. A percentage (of the host's RAM)
-    is not read: None."""
-    found: dict[str, int | None] = {}
+    MemoryHigh=, systemd.resource-control(5)), which systemd applies over the rendered MemoryMax= since it
+    comes after it; a percentage comes back as a RamShare (of MemTotal, resolve_limit), a value systemd
+    rejects (MemoryMax=64g: its suffixes are case-sensitive) is ignored as systemd ignores it."""
+    found: dict[str, int | RamShare | None] = {}
     for line in service_lines:
         key, sep, value = (x.strip() for x in line.partition("="))
         if not sep or key not in ("MemoryMax", "MemoryHigh", "MemoryLimit"):
             continue
-        text = value.upper()
-        if text in ("", "INFINITY") or text.endswith("%"):
-            found[key] = None
-            continue
-        number, unit = (text[:-1], text[-1]) if text[-1] in _UNITS else (text, "")
         try:
-            found[key] = int(float(number) * _UNITS[unit])
+            found[key] = _systemd_size(value)
         except ValueError:
-            found[key] = None
-    limits = [v for v in found.values() if v is not None]
-    return min(limits) if limits else None
+            continue
+    limits = [v for v in found.values() if isinstance(v, int)]
+    low = min(limits) if limits else None
+    shares = [v.percent for v in found.values() if isinstance(v, RamShare)]
+    return RamShare(min(shares), low) if shares else low
+
+
+def resolve_limit(limit: int | RamShare | None, data: HostMemoryData | None) -> int | None:
+    """The unit's own limit in bytes: a percentage of MemTotal (None without facts: unchecked)."""
+    if isinstance(limit, RamShare):
+        return None if data is None else limit.of(data["total"])
+    return limit
 
 
 def memory_at_start(data: HostMemoryData | None, ranks: int, memory_max: int | None = None) -> HostMemory:
@@ -158,13 +180,24 @@ def memory_at_start(data: HostMemoryData | None, ranks: int, memory_max: int | N
     return HostMemory(max(0, data["available"] + old - new), tuple(cgroup))
 
 
-def host_ram(data: HostMemoryData | None) -> HostRam:
-    """The host with this service stopped: its usage (less page cache) back in MemAvailable; huge pages
-    reserved by the kernel are not RAM a pool can take."""
+def own_daemon_held(data: HostMemoryData | None) -> int:
+    """What the service's own running weight-cache daemon holds now (the facts' siblings, by the engine
+    unit's name from its cgroup; 0 when the engine does not run: then it is not known, and counted anew)."""
+    levels = data["cgroup"] if data is not None else []
+    unit = levels[0]["path"].rpartition("/")[2] if levels else ""
+    now: Mapping[str, int] = (data.get("siblings") if data is not None else None) or {}
+    return now.get(wc.daemon_unit_name(unit), 0) if unit.endswith(".service") else 0
+
+
+def host_ram(data: HostMemoryData | None, daemon_counted: bool = False) -> HostRam:
+    """The host with this service stopped: its usage (less page cache) back in MemAvailable, and its own
+    weight-cache daemon's when the budget counts the daemon anew (it runs across an engine restart, its
+    memory already out of MemAvailable); huge pages reserved by the kernel are not RAM a pool can take."""
     if data is None:
         return HostRam(UNLIMITED, UNLIMITED)
     levels = data["cgroup"]
     old = max(0, levels[0]["current"] - levels[0]["file"]) if levels else 0
+    old += own_daemon_held(data) if daemon_counted else 0
     total = data["total"] - data["hugepages_total"]
     return HostRam(total, min(total, data["available"] + old))
 
@@ -264,10 +297,13 @@ class HostPlan:
     def lines(self, device_tokens: int, context: int) -> list[str]:
         """What the device and host tiers hold against the target context, and the budget's verdict."""
         held = device_tokens + self.pool.tokens
+        unread = not self.checked and self.given.mode is Mode.AUTO
         how = (
-            "under 1 GB: the flags as given"
-            if self.size_gb is None
-            else f"--hicache-size {self.size_gb:g} GB"
+            f"--hicache-size {self.size_gb:g} GB"
+            if self.size_gb is not None
+            else "SGLang's auto size, at most"
+            if unread
+            else "under 1 GB: the flags as given"
         )
         out = [
             f"HiCache: device pool {device_tokens:,} + host pool {self.pool.tokens:,} tokens per rank "
@@ -411,28 +447,32 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     neighbours: Sequence[ServiceNeed] = (),
     checkpoint_bytes: int = 0,
     weight_cache: bool = False,
-    unit_limit: int | None = None,
+    unit_limit: int | RamShare | None = None,
 ) -> HostPlan:
     """The service's host plan; the budget counts the neighbours (services of the same host) before it.
     `unit_limit`: a MemoryMax=/MemoryHigh= the unit's own lines set (unit_memory_limit), which systemd
     applies instead of the rendered one: the pool is sized under it, and a limit too small is refused."""
     ranks, pools = ranks_of(flags), pools_of(flags)  # SGLang's divisor; the pools pinned (data parallel)
-    seen = memory_at_start(data, pools, unit_limit)
+    limit = resolve_limit(unit_limit, data)
+    seen = memory_at_start(data, pools, limit)
     given = plan_host_pool(pool, hicache_flags(flags), seen, ranks)
     share = shared(pool, flags, given, seen, pools, waiting(neighbours, data))
     size, capped = rendered_size(pool, flags, share, seen)
+    if data is None and given.mode is Mode.AUTO:  # SGLang's auto size shrinks to the host at start: kept
+        size, capped = None, 0
     memory_max = None
     planned = given
     if size is not None:
-        memory_max = unit_limit or memory_max_of({**flags, "hicache-size": size})
+        memory_max = limit or memory_max_of({**flags, "hicache-size": size})
         planned = size_pool(pool, size, memory_at_start(data, pools, memory_max), ranks, pools)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
     need = ServiceNeed(name, pools, pool, planned, process_bytes(pools), checkpoint_bytes, memory_max, daemon,
                        sglang_ranks=ranks)  # fmt: skip
     counted = as_running(neighbours, data)
-    budget = plan_budget(with_neighbours_stopped(host_ram(data), counted, data), (*counted, need))
+    ram = with_neighbours_stopped(host_ram(data, daemon > 0), counted, data)
+    budget = plan_budget(ram, (*counted, need))
     if data is None and budget.verdict is not Verdict.REFUSED:
-        budget = HostBudget(Verdict.FITS, budget.capacity, budget.pinned, 0)
+        budget = HostBudget(Verdict.UNCHECKED, budget.capacity, budget.pinned, 0)
     return HostPlan(pools, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
                     size if planned.fits else None, memory_max, budget, data is not None, daemon,
                     capped)  # fmt: skip

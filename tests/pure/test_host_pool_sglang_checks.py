@@ -137,7 +137,6 @@ def test_page_cache_is_what_sglang_credits_not_memory_stats_file() -> None:
     assert hostmem.parse_file_cache(stat) == 3000
 
 
-@NOT_YET
 def test_the_services_own_running_weight_cache_daemon_is_counted_once(tmp_path: Path) -> None:
     """MEDIUM. host_ram gives back only the engine unit's usage; the service's own daemon keeps running
     across an engine-only restart (its memory already out of MemAvailable) and is counted again in its
@@ -176,7 +175,6 @@ def test_a_template_instance_finds_its_cgroup_and_its_neighbours(tmp_path: Path)
     assert data.get("siblings", {}).get("sglang@code.service") == 70 * GIB
 
 
-@NOT_YET
 def test_a_percent_memory_max_bounds_the_pool() -> None:
     """MEDIUM (documented as 'not read', but the plan then calls feasible what SGLang refuses). systemd
     applies MemoryMax=25% as a quarter of physical RAM; unit_memory_limit returns None, so the plan sizes
@@ -189,7 +187,6 @@ def test_a_percent_memory_max_bounds_the_pool() -> None:
     assert not host.fits, "a 100 GB pool passed under MemoryMax=25% of 256 GiB"
 
 
-@NOT_YET
 def test_a_limit_systemd_rejects_is_not_read_as_one() -> None:
     """LOW. systemd's parse_size (base 1024) matches suffixes case-sensitively (K M G T P E, and B): it
     ignores MemoryMax=64g with a warning and the rendered MemoryMax= stays in force; the plan reads 64 GiB.
@@ -303,7 +300,6 @@ def test_the_wait_outlasts_a_first_change_that_stays_within_its_own_bounds() -> 
     assert host_start_wait_s(t) >= holder_longest
 
 
-@NOT_YET
 def test_without_host_facts_the_auto_default_is_not_replaced_by_an_unchecked_size() -> None:
     """MEDIUM. With no host_memory (a --facts file, the inventory-only plan, an older agent) the host is
     UNLIMITED, so SGLang's auto size (which shrinks to the host at start) becomes the full ratio 2.0 and

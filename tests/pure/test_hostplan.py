@@ -49,7 +49,7 @@ def test_the_rendered_size_and_memory_max_are_the_plans(pool: RankPool, tp: int,
     """The unit gets the plan's --hicache-size and MemoryMax=, and that size builds the planned pool to the
     token in SGLang's own rule; under that MemoryMax= SGLang's check passes for every rank."""
     flags = {**ON, "tp-size": tp, **({"hicache-ratio": ratio} if ratio else {})}
-    host = plan_host("svc", pool, flags, None)
+    host = plan_host("svc", pool, flags, memory(2**20, 2**20))  # a host no pool here reaches
     if host.size_gb is None:  # a pool under 1 GB: no whole-GB size holds it
         assert host.given.bytes < 1e9
         return

@@ -16,6 +16,7 @@ from agent.plan.choose import Target
 from agent.plan.facts import load_facts
 from agent.plan.from_facts import plan_from_facts
 from agent.plan.from_inventory import plan_input_from_host
+from agent.plan.hostbudget import RamShare
 from agent.plan.hostplan import process_bytes, unit_memory_limit
 from agent.plan.hostpool import (
     GIB,
@@ -39,7 +40,8 @@ def test_the_units_own_limit_is_read_as_systemd_reads_it(a: int, ua: str, b: int
     lines = [f"MemoryMax={a}{ua}", "Nice=5", f"MemoryHigh={b}{ub}"]
     assert unit_memory_limit(lines) == min(a * UNITS[ua], b * UNITS[ub])
     assert unit_memory_limit([f"MemoryMax={a}{ua}", "MemoryMax=infinity"]) is None  # the last one counts
-    assert unit_memory_limit(["MemoryMax=80%"]) is None and unit_memory_limit(["LimitNOFILE=65536"]) is None
+    assert unit_memory_limit(["MemoryMax=80%"]) == RamShare(80.0)  # of MemTotal, resolved by the plan
+    assert unit_memory_limit(["LimitNOFILE=65536"]) is None
 
 
 def _plan(limit: int | None, size: int, host_gib: int = 1024):  # type: ignore[no-untyped-def]

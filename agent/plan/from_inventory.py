@@ -125,6 +125,10 @@ def plan_input_from_inventory(
         device=None if device is None else str(device).lower(),
         planning=host.planning,
         gaps=gaps,
+        weight_cache=host.weight_cache.enabled,
+        unit_memory_limit=unit_memory_limit(
+            host.unit.verbatim.get("Service", [])
+        ),  # applied with no facts too
     )
 
 

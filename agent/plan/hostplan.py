@@ -150,6 +150,20 @@ def unit_memory_limit(service_lines: Sequence[str]) -> int | RamShare | None:
     return RamShare(min(shares), low) if shares else low
 
 
+def sets_memory_max(service_lines: Sequence[str]) -> bool:
+    """The unit's own [Service] lines set a MemoryMax= systemd accepts: the rendered one is then left out
+    (two lines, the last winning, say one limit twice), and the plan sizes under the unit's own."""
+    for line in service_lines:
+        key, sep, value = (x.strip() for x in line.partition("="))
+        if sep and key == "MemoryMax":
+            try:
+                _systemd_size(value)
+            except ValueError:
+                continue
+            return True
+    return False
+
+
 def resolve_limit(limit: int | RamShare | None, data: HostMemoryData | None) -> int | None:
     """The unit's own limit in bytes: a percentage of MemTotal (None without facts: unchecked)."""
     if isinstance(limit, RamShare):

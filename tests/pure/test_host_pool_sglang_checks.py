@@ -15,7 +15,8 @@ import pytest
 from agent.host import hostmem
 from agent.host.change.pinning import LOCK_NAME, pins_host_memory
 from agent.host.lock import UnitLock
-from agent.inventory import FlagValue
+from agent.inventory import FlagValue, load_host
+from agent.plan.from_inventory import plan_input_from_inventory
 from agent.plan.hostplan import (
     daemon_bytes,
     memory_at_start,
@@ -26,6 +27,7 @@ from agent.plan.hostplan import (
 )
 from agent.plan.hostpool import GIB, CgroupLevel, HiCacheFlags, HostMemory, RankPool, plan_host_pool
 from agent.protocol.answers import CgroupLevelData, HostMemoryData
+from agent.render import render_unit, template_dir
 from agent.sglang import weight_cache as wc
 from tests.pure.txnfakes import UNIT, Host, Script, unit_text
 
@@ -359,3 +361,38 @@ def test_a_refusal_for_the_hosts_ram_names_only_fixes_that_fix_it() -> None:
     host = plan_host("chat", POOL, {**ON, "hicache-size": 5}, data, (near,))
     assert not host.fits and "cannot pin" in host.budget.reason
     assert "MemoryMax=" not in host.budget.reason, host.budget.reason
+
+
+# -- the unit's own MemoryMax= -------------------------------------------------------------------------
+
+
+def adopted(*service: str):  # type: ignore[no-untyped-def]
+    """ct200 as an adopted unit whose [Service] keeps `service` lines of its own."""
+    host = load_host("ct200", Path(__file__).resolve().parents[2] / "units")
+    unit = host.unit.model_copy(
+        update={"template": "sglang-adopted.service.j2", "verbatim": {"Service": list(service)}}
+    )
+    return host.model_copy(update={"unit": unit})
+
+
+def memory_max_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith("MemoryMax=")]
+
+
+def test_a_units_own_memory_max_is_rendered_once_and_planned_under() -> None:
+    """An adopted unit's hand-kept MemoryMax= is the limit: the unit gets it once (not the rendered one
+    too), and the plan, with or without the host's facts, sizes the pool under it."""
+    host = adopted("MemoryMax=64G")
+    flags = {**ON, "tp-size": 1, "hicache-size": 200}
+    assert memory_max_lines(render_unit(host, flags, template_dir())) == ["MemoryMax=64G"]
+    inp = plan_input_from_inventory(host, {})
+    assert inp.unit_memory_limit == 64 * GIB  # the offline plan's input too
+    assert not plan_host("chat", POOL, flags, None, unit_limit=inp.unit_memory_limit).fits
+
+
+def test_a_memory_max_systemd_rejects_leaves_the_rendered_one() -> None:
+    """systemd ignores MemoryMax=64g (its suffixes are case-sensitive): the rendered limit stays first."""
+    lines = memory_max_lines(
+        render_unit(adopted("MemoryMax=64g"), {**ON, "hicache-size": 20}, template_dir())
+    )
+    assert len(lines) == 2 and lines[0] != "MemoryMax=64g" and lines[1] == "MemoryMax=64g"

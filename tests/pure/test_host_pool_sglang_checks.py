@@ -8,14 +8,19 @@ does not meet yet (strict: it fails the tier once it passes, so the mark goes wi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from agent.errors import UsageError
 from agent.host import hostmem
 from agent.host.change.pinning import LOCK_NAME, pins_host_memory
 from agent.host.lock import UnitLock
 from agent.inventory import FlagValue, load_host
+from agent.plan.choose import Target
+from agent.plan.facts import parse_facts
+from agent.plan.from_facts import plan_from_facts
 from agent.plan.from_inventory import plan_input_from_inventory
 from agent.plan.hostplan import (
     daemon_bytes,
@@ -396,3 +401,35 @@ def test_a_memory_max_systemd_rejects_leaves_the_rendered_one() -> None:
         render_unit(adopted("MemoryMax=64g"), {**ON, "hicache-size": 20}, template_dir())
     )
     assert len(lines) == 2 and lines[0] != "MemoryMax=64g" and lines[1] == "MemoryMax=64g"
+
+
+# -- a facts file's host_memory ------------------------------------------------------------------------
+
+
+def facts_with(host_memory: object) -> dict[str, object]:
+    root = Path(__file__).resolve().parents[2]
+    data = json.loads((root / "examples/llama-3.1-8b-h100.json").read_text())
+    data["flags"] = {**data.get("flags", {}), **ON, "hicache-size": 100}
+    data["host_memory"] = host_memory
+    return data  # type: ignore[no-any-return]
+
+
+def test_a_facts_files_host_memory_is_read() -> None:
+    """`deployctl plan --facts` with the host_memory the facts verb prints plans against that host: a
+    100 GB pool on a 64 GiB host is refused in SGLang's words, not called feasible unchecked."""
+    low = {"total": 64 * GIB, "available": 40 * GIB, "hugepages_total": 0, "hugepages_free": 0,
+           "numa_nodes": 1, "cgroup": []}  # fmt: skip
+    inp = parse_facts(facts_with(low))
+    assert inp.host_memory is not None and inp.host_memory["available"] == 40 * GIB
+    plan = plan_from_facts(inp, Target(32_000))
+    assert not plan.feasible and plan.host is not None and plan.host.checked
+    assert "Not enough host memory available" in plan.binding
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"total": "64G", "available": 1}, {"total": 1, "available": 1, "memroy": 5}, {"available": 1}, [1]],
+)
+def test_a_bad_host_memory_is_one_line_naming_the_key(bad: object) -> None:
+    with pytest.raises(UsageError, match=r"^facts: host_memory"):
+        parse_facts(facts_with(bad))

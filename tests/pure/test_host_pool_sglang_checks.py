@@ -277,20 +277,21 @@ def test_a_recoverys_restart_of_a_pinning_unit_waits_for_the_hosts_lock(tmp_path
     assert seen and "code.service" not in seen, f"starts made while code.service pinned: {seen}"
 
 
-@NOT_YET
 @pytest.mark.parametrize(
-    "extra",
-    ["--disaggregation-decode-enable-radix-cache", "--disaggregation-decode-enable-offload-kvcache",
-     "--enable-priority-scheduling"],
+    ("extra", "pins"),
+    [("--disaggregation-decode-enable-radix-cache", False), ("--enable-priority-scheduling", False),
+     ("--enable-priority-scheduling --disable-priority-preemption", True),
+     ("--disaggregation-decode-enable-offload-kvcache", True), ("", True)],
 )  # fmt: skip
-def test_a_decode_sglang_backs_up_to_cpu_tensors_does_not_take_the_lock(extra: str) -> None:
-    """LOW. kv_cache_builder.py:226-237 resolves the default backup to cpu_tensor (no host pool) under these
-    flags (and for MLA/ROCm); pins_host_memory still says it pins, so such a decode waits for, and can
-    be LOCKED by, another service's start for nothing."""
+def test_a_decode_takes_the_lock_only_where_sglang_pins_a_host_pool(extra: str, pins: bool) -> None:
+    """kv_cache_builder.py:226-241 resolves the default backup to cpu_tensor (no host pool) under the decode
+    radix cache and priority preemption: such a decode does not wait for, nor can be LOCKED by, another
+    service's start. The decode's KV offload builds a host pool of its own
+    (decode_kvcache_offload_manager.py:116): it pins."""
     text = unit_text(1000).replace(
         "--context-length", f"--disaggregation-mode decode {extra} --context-length"
     )
-    assert not pins_host_memory(text)
+    assert pins_host_memory(text) is pins
 
 
 @NOT_YET

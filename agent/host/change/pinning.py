@@ -34,8 +34,10 @@ def _on(flags: dict[str, FlagValue], *names: str) -> bool:
 
 
 def pins_host_memory(unit_text: str | None) -> bool:
-    """The unit's server pins a host pool at start: HiCache on, or a decode whose retraction backup is
-    SGLang's default host pool (not cpu_tensor or none)."""
+    """The unit's server pins a host pool at start: HiCache on, a decode's KV offload (its own host pool,
+    srt/disaggregation/decode_kvcache_offload_manager.py:116), or a decode whose retraction backup is a host
+    pool: asked for, or SGLang's default where it resolves so (kv_cache_builder.py:226-241: cpu_tensor under
+    the decode radix cache or priority preemption; an MLA model's, not told by the unit, is taken to pin)."""
     if not unit_text:
         return False
     try:
@@ -44,8 +46,15 @@ def pins_host_memory(unit_text: str | None) -> bool:
         return False
     if _on(flags, "enable-hierarchical-cache", "enable-hicache"):
         return True
+    if flags.get("disaggregation-mode") != "decode":
+        return False
+    if _on(flags, "disaggregation-decode-enable-offload-kvcache"):
+        return True
     backup = flags.get("disaggregation-decode-retraction-backup")
-    return flags.get("disaggregation-mode") == "decode" and backup not in ("cpu_tensor", "none")
+    if backup is not None:
+        return backup not in ("cpu_tensor", "none")
+    preempts = _on(flags, "enable-priority-scheduling") and not _on(flags, "disable-priority-preemption")
+    return not (preempts or _on(flags, "disaggregation-decode-enable-radix-cache"))
 
 
 def bound_s(p: Ports) -> float:

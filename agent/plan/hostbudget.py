@@ -118,9 +118,12 @@ def fitting_size_gb(pool: RankPool, room: int) -> float | None:
     return float(size) if size >= 1 else None
 
 
-def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: str) -> HostBudget:
+def _refuse(  # noqa: PLR0913 - the host, what is pinned, the service, the others, why, and whose bound
+    host: HostRam, pinned: int, service: ServiceNeed, others: int, why: str, ram: bool = False
+) -> HostBudget:
     """Refused at `service`; the fix is the largest pool per rank that meets every bound on it at once:
-    the host beside the services started before it, SGLang's own check, and its MemoryMax=."""
+    the host beside the services started before it, SGLang's own check, and its MemoryMax=. `ram`: the
+    host's RAM refused it, which a larger MemoryMax= cannot add to (not offered then)."""
     ranks = max(service.ranks, 1)
     room = (host.capacity - others - service.process_bytes - service.daemon_bytes) // ranks
     if service.host_pool is not None:  # SGLang's own check, per rank (base.py:248-257)
@@ -136,7 +139,12 @@ def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: 
         fix = "no host pool fits: turn HiCache off for it"
     else:
         fix = "it has no host pool to shrink: give it more memory or move it to another host"
-    if service.memory_max is not None and service.host_pool is not None and service.host_pool.bytes:
+    if (
+        service.memory_max is not None
+        and service.host_pool is not None
+        and service.host_pool.bytes
+        and not ram
+    ):
         fix += f", or a MemoryMax= of at least {service.memory_max_needed / GIB:.1f} GiB holds this one"
     reason = f"{service.name}: {why}; {fix}"
     return HostBudget(Verdict.REFUSED, host.capacity, pinned, 0, service.name, size, (), reason)
@@ -163,7 +171,7 @@ def plan_budget(
                 f"the host's {host.capacity / GIB:.1f} GiB cannot pin {total / GIB:.1f} GiB "
                 f"(host pools, processes, the weight-cache daemon and {headroom / GIB:.1f} GiB headroom)"
             )
-            return _refuse(host, total, service, pinned, why)
+            return _refuse(host, total, service, pinned, why, ram=True)
         pinned += service.pinned
     cache, skipped = 0, []
     for service in services:

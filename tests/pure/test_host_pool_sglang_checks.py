@@ -356,7 +356,6 @@ def test_a_decode_with_hicache_asks_sglangs_decode_ratio() -> None:
     assert host.given.tokens == int(POOL.device_tokens * 2.0) + 1
 
 
-@NOT_YET
 def test_a_refusal_for_the_hosts_ram_names_only_fixes_that_fix_it() -> None:
     """LOW-MEDIUM. hostbudget._refuse appends 'or a MemoryMax= of at least X GiB holds this one' whenever the
     service has a MemoryMax= (always, once a size is rendered), also when the host's RAM is what refused:

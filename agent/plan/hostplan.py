@@ -73,7 +73,9 @@ def hicache_flags(flags: Mapping[str, FlagValue]) -> HiCacheFlags:
             ratio=float_of(flags, "hicache-ratio"),
             size_gb=float_of(flags, "hicache-size") or 0.0,
             fraction=0.8 if fraction is None else fraction,
-            buffer_only=mode == "buffer_only",
+            # a decode server leaves the ratio to kv_cache_builder.py:245-258, which sets 2.0 with HiCache on
+            # whatever the memory mode (hicache_hook.py:118-121 skips decode)
+            buffer_only=mode == "buffer_only" and value_of(flags, "disaggregation-mode") != "decode",
         )
     except ValueError as e:
         from agent.errors import UsageError

@@ -342,7 +342,6 @@ def test_a_slice_limit_over_both_services_holds_both() -> None:
     assert plan_host_pool(BIG, HiCacheFlags(size_gb=80), seen, 1).fits
 
 
-@NOT_YET
 def test_a_decode_with_hicache_asks_sglangs_decode_ratio() -> None:
     """LOW. For a decode server hicache_hook leaves the ratio unset and kv_cache_builder.py:245-258 sets 2.0
     when HiCache is on, whatever --hicache-host-memory-mode; hicache_flags gives buffer_only 1.2."""

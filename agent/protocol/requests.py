@@ -40,7 +40,7 @@ def conversation_bound_s(req: Request) -> float:
     after a weight-cache daemon's crash, each after the daemon's wait."""
     t = req.timeouts
     one_start = RESTART_JOB_TIMEOUT_S + t.weights_s + t.pool_s + t.ready_s
-    waited = host_start_wait_s(t)
+    waited = host_start_wait_s(t, req.smoke.timeout_s)
     rechecked = MAX_RESTARTS_UNDER_CHECK * (one_start + t.weights_s + ENGINE_BACK_S + req.smoke.timeout_s)
     return ANSWER_TIMEOUT_S + t.weights_s + waited + 3 * one_start + req.smoke.timeout_s + rechecked + SLACK_S
 
@@ -48,10 +48,14 @@ def conversation_bound_s(req: Request) -> float:
 HOST_START_WAIT_MIN_S = 60.0  # a change with short timeouts still waits a minute for another's start
 
 
-def host_start_wait_s(t: Timeouts) -> float:
-    """How long a change whose unit pins host memory waits for another service's start on the same host
-    (host/change/pinning.py): as long as its own start may take, at least a minute."""
-    return max(HOST_START_WAIT_MIN_S, t.weights_s + t.pool_s + t.ready_s)
+def host_start_wait_s(t: Timeouts, smoke_s: float | None = None) -> float:
+    """How long a change whose unit pins host memory waits for another service's change on the same host
+    (host/change/pinning.py): as long as that change may hold the host's lock within the same bounds, its
+    pre-warm, its new start, the rollback's start of the old unit and its smoke test (a first change that
+    rolls back or pre-warms does not fail the second), at least a minute."""
+    one_start = RESTART_JOB_TIMEOUT_S + t.weights_s + t.pool_s + t.ready_s
+    smoke = Smoke().timeout_s if smoke_s is None else smoke_s
+    return max(HOST_START_WAIT_MIN_S, t.weights_s + 2 * one_start + smoke)
 
 
 VERBS = (

@@ -16,7 +16,7 @@ from agent.host.change.pinning import LOCK_NAME, bound_s, pins_host_memory
 from agent.host.lock import UnitLock
 from agent.protocol.events import Outcome
 from agent.protocol.requests import HOST_START_WAIT_MIN_S as MIN_WAIT_S
-from agent.protocol.requests import Timeouts, conversation_bound_s
+from agent.protocol.requests import RESTART_JOB_TIMEOUT_S, Timeouts, conversation_bound_s
 from tests.pure.txnfakes import UNIT, Host, Script, unit_text
 
 OLD, NEW, CRASH = 100_000, 200_000, 300_000
@@ -102,9 +102,13 @@ def test_a_first_service_that_outlasts_the_bound_stops_the_second_with_nothing_c
     assert "nothing changed" in result.message
     assert host.systemd.restarts == 0 and (host.etc / UNIT).read_text() == hicache(OLD)
     assert not list(host.etc.glob(f"{UNIT}.bak.*"))  # not even a backup: it stopped before the first write
-    assert clock[0] >= bound_s(t.ports) == MIN_WAIT_S  # the request's timeouts are 0 here: a minute
+    # the request's timeouts are 0 here: the other's two restart jobs and its smoke test, at least a minute
+    smoke = t.ports.req.smoke.timeout_s
+    assert clock[0] >= bound_s(t.ports) == max(MIN_WAIT_S, 2 * RESTART_JOB_TIMEOUT_S + smoke)
     long = replace(t.ports, req=replace(t.ports.req, timeouts=Timeouts()))
-    assert bound_s(long) == 1800 + 600 + 900  # otherwise as long as its own start may take
+    one_start = RESTART_JOB_TIMEOUT_S + 1800 + 600 + 900
+    # otherwise as long as the other may hold the lock: its pre-warm, its start, the rollback's, its smoke
+    assert bound_s(long) == 1800 + 2 * one_start + smoke
     # the laptop waits for the agent's answer that long more (its conversation bound counts the wait)
     assert (
         conversation_bound_s(long.req)

@@ -294,7 +294,6 @@ def test_a_decode_takes_the_lock_only_where_sglang_pins_a_host_pool(extra: str, 
     assert pins_host_memory(text) is pins
 
 
-@NOT_YET
 def test_the_wait_outlasts_a_first_change_that_stays_within_its_own_bounds() -> None:
     """LOW-MEDIUM. The holder keeps the host's lock through its pre-warm, its start, its smoke test and, when
     it fails, the rollback's start of the old unit: up to about two starts and a pre-warm. The second

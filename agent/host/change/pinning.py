@@ -58,9 +58,9 @@ def pins_host_memory(unit_text: str | None) -> bool:
 
 
 def bound_s(p: Ports) -> float:
-    """How long a change waits for another's: as long as its own start may take, at least a minute (the
-    laptop's conversation bound counts it: protocol/requests.py)."""
-    return host_start_wait_s(p.req.timeouts)
+    """How long a change waits for another's: as long as that one may hold the host's lock within these
+    bounds, at least a minute (the laptop's conversation bound counts it: protocol/requests.py)."""
+    return host_start_wait_s(p.req.timeouts, p.req.smoke.timeout_s)
 
 
 @contextlib.contextmanager

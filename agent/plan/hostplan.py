@@ -424,7 +424,10 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
         return given
     held = sum(n.pinned if n.host_pool is not None else n.process_bytes + n.daemon_bytes for n in later)
     everyone = ranks + sum(n.ranks for n in later if n.host_pool is None)
-    left = HostMemory(max(0, seen.available - held), seen.cgroup)
+    # their memory leaves the host, and the slices above this unit (its levels but the first), which a
+    # neighbour of the same slice draws on too (a slice's MemoryMax= over both holds both)
+    above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
+    left = HostMemory(max(0, seen.available - held), above)
     return plan_host_pool(pool, hicache_flags(flags), left, everyone)
 
 

@@ -317,7 +317,6 @@ def test_without_host_facts_the_auto_default_is_not_replaced_by_an_unchecked_siz
     assert host.to_dict()["host_budget"]["verdict"] != "fits"  # type: ignore[index]
 
 
-@NOT_YET
 def test_a_slice_limit_over_both_services_holds_both() -> None:
     """MEDIUM. docs/planning.md: the budget must fit in min(MemTotal, MemAvailable, the slice's limit), but
     HostRam.cgroup_limit is never set (hostplan.host_ram), and the shared auto size takes the later

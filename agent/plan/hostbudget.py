@@ -34,6 +34,7 @@ class ServiceNeed:
     daemon_bytes: int = 0  # its weight-cache daemon's processes (plan/hostplan.py daemon_bytes), own unit
     unit: str = ""  # its systemd unit (a neighbour's: what the host's facts say it holds now)
     sglang_ranks: int = 0  # SGLang's ranks per host, its pool divisor (0: `ranks`; fewer with data parallel)
+    pins_pool: bool = True  # it pins a host pool (HiCache, a decode's backup); False: processes only
 
     @property
     def pools_seen_by_last(self) -> int:

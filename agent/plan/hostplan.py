@@ -423,7 +423,7 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
     if given.mode is not Mode.AUTO or not later:
         return given
     held = sum(n.pinned if n.host_pool is not None else n.process_bytes + n.daemon_bytes for n in later)
-    everyone = ranks + sum(n.ranks for n in later if n.host_pool is None)
+    everyone = ranks + sum(n.ranks for n in later if n.host_pool is None and n.pins_pool)
     # their memory leaves the host, and the slices above this unit (its levels but the first), which a
     # neighbour of the same slice draws on too (a slice's MemoryMax= over both holds both)
     above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
@@ -503,14 +503,17 @@ def neighbour(
     memory_max: int | None = None,
     weight_cache: bool = False,
     unit: str = "",
-) -> ServiceNeed | None:
+) -> ServiceNeed:
     """Another service of the host, as the budget counts it: its explicit --hicache-size per rank (a ratio's
-    pool depends on its own device plan: plan it to count it) and its weight-cache daemon. None without
-    HiCache."""
-    if not enabled(flags):
-        return None
+    pool depends on its own device plan: plan it to count it), its processes and its weight-cache daemon.
+    A service without HiCache counts its processes: a PD decode's default retraction backup pins a pool
+    SGLang sizes at its start (kv_cache_builder.py:244-258), counted like an auto HiCache pool."""
+    auto_pool = enabled(flags) or value_of(flags, "disaggregation-mode") == "decode"
     ranks, pools = ranks_of(flags), pools_of(flags)
     size = float_of(flags, "hicache-size") or 0.0
     pool = None if size <= 0 else HostPool(Mode.SIZE, 0, int(size * 1e9), UNLIMITED)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
-    return ServiceNeed(name, pools, None, pool, process_bytes(pools), 0, memory_max, daemon, unit, ranks)
+    if not enabled(flags):
+        pool = None
+    return ServiceNeed(name, pools, None, pool, process_bytes(pools), 0, memory_max, daemon, unit, ranks,
+                       auto_pool)  # fmt: skip

@@ -49,15 +49,20 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
 
 def neighbours(host: HostConfig, directory: Path) -> tuple[ServiceNeed, ...]:
     """The other services of the inventory on the same host (the same ssh target: docs/topologies.md), as
-    the host's budget counts them: their explicit --hicache-size pools, their processes and daemons. A file
-    that does not load is left out (its own commands say why)."""
+        the host's budget counts them: their explicit --hicache-size pools, their processes and daemons (a
+    service without HiCache, its processes). A file
+        that does not load is left out (its own commands say why)."""
     mine = set(host.node_targets)
     found = []
     for s in load_services(directory, skip_broken=True):
         if s.config.name != host.name and mine & set(s.config.node_targets):
-            need = neighbour(
-                s.config.name, s.config.sglang.flags, None, s.config.weight_cache.enabled, s.config.unit.name
+            found.append(
+                neighbour(
+                    s.config.name,
+                    s.config.sglang.flags,
+                    None,
+                    s.config.weight_cache.enabled,
+                    s.config.unit.name,
+                )
             )
-            if need is not None:
-                found.append(need)
     return tuple(found)

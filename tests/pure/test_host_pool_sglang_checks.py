@@ -202,7 +202,6 @@ def test_a_limit_systemd_rejects_is_not_read_as_one() -> None:
     assert unit_memory_limit(["MemoryMax=1G512M"]) == 1536 * 2**20
 
 
-@NOT_YET
 def test_a_decode_neighbours_backup_pool_is_in_the_budget() -> None:
     """MEDIUM. A PD decode's default retraction backup pins a host pool (the branch takes the host lock for
     it: pinning.py), but neighbour() returns None for any service without HiCache: a stopped decode (or any

@@ -15,7 +15,7 @@ from agent.errors import RenderError
 from agent.inventory import VISIBLE, HostConfig
 from agent.plan import weight_cache_unit
 from agent.plan.effective import check_table
-from agent.plan.hostplan import memory_max_of
+from agent.plan.hostplan import memory_max_of, sets_memory_max
 from agent.protocol.common import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.protocol.requests import stop_timeout_s
 from agent.sglang import version_flags
@@ -315,7 +315,11 @@ def template_context(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[s
         "start_timeout_s": host.unit.start_timeout_s,
         "stop_timeout_s": stop_timeout_s(host.drain.timeout_s, host.drain.stop_allowance_s),
         "drain_timeout_s": f"{host.drain.timeout_s:g}",
-        "memory_max": _memory_max(effective_flags(host, flags)),
+        "memory_max": (
+            None  # the unit's own MemoryMax= holds (the plan sized the pool under it): one line, not two
+            if sets_memory_max(host.unit.verbatim.get("Service", []))
+            else _memory_max(effective_flags(host, flags))
+        ),
     }
 
 

@@ -10,6 +10,8 @@ Inputs are data committed here, so the report is reproducible without SGLang or 
   (tests/accuracy_floor.py).
 - tests/data/oracle/*.json: SGLang 0.5.23's own sizing code run on the CPU (tests/oracle) for each stored
   config under a few flag sets; the planner is given the same memory figures and must agree within 0.5 %.
+- tests/data/oracle/hostpool-cases.json: SGLang 0.5.23's own HiCache host-pool sizing on the same footing;
+  the planner's host pool must be its own to the token (tests/accuracy_hostpool.py).
 
 `python -m tests.accuracy --check` exits 1 when the committed report differs from what the data gives
 (tests/pure/test_accuracy_report.py runs the same comparison).
@@ -31,6 +33,8 @@ from agent.plan.overhead import AMD_MARGIN_GIB, NVIDIA_MARGIN_GIB
 from agent.plan.predict import pool_model
 from agent.sglang.kvlayout import Unsupported, read_layout
 from tests.accuracy_floor import section as floor_section
+from tests.accuracy_hostpool import host_rows, summary_line
+from tests.accuracy_hostpool import section as hostpool_section
 from tests.pure import test_oracle_pools as oracle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,6 +260,9 @@ What is checked, and what counts as a hit:
   stored configs under several flag sets and cards; the planner is given the same memory figures and must
   agree within 0.5 %, or refuse where SGLang refuses. A case the harness cannot build is shown as set aside,
   with why; a kind the planner does not follow is shown as refused, with its one-line reason.
+- **HiCache host pool** (tests/data/oracle/hostpool-cases.json): SGLang 0.5.23's own host-pool sizing run on
+  the CPU for ratios, sizes, auto fractions and decode backups under cgroup limits; the planner's pool per
+  rank must equal it to the token and byte, or refuse in SGLang's words where SGLang refuses.
 """
 
 
@@ -311,11 +318,13 @@ def render() -> str:
     lines.append(summary("public starts (cold pool)", [r for r in public if "(cold)" in r.expected]))
     lines.append(summary("public starts (cell)", [r for r in public if "(cell)" in r.expected]))
     lines.append(summary("oracle cases (SGLang 0.5.23)", cases))
+    lines.append(summary_line(host_rows()))
     misses = [r for r in public + cases if r.verdict.startswith(("miss", "refused", "set aside"))]
     lines += ["", "## Known misses, refusals and cases set aside", ""]
     lines += table(misses, link=False) if misses else ["None."]
     lines += ["", MARGINS.rstrip("\n")]
     lines += ["", *floor_section()]
+    lines += ["", *hostpool_section()]
     lines += ["", "## Public starts", "", "Grouped by family, card and the SGLang version that ran."]
     lines += grouped(public, link=True)
     lines += ["", "## Oracle cases", "", "Grouped by family and card; SGLang 0.5.23's code on the CPU."]

@@ -52,12 +52,15 @@ def parse_limit(text: str | None) -> int | None:
 
 
 def parse_file_cache(stat: str | None) -> int:
-    """memory.stat's `file`: the page cache SGLang takes off memory.current (host_memory.py:98-110)."""
+    """The page cache SGLang takes off memory.current: memory.stat's active_file + inactive_file
+    (host_memory.py:98-113), not `file`, which counts shmem and tmpfs too (they sit on the anon LRU and
+    cannot be reclaimed as cache: NCCL's /dev/shm segments, for one)."""
+    total = 0
     for line in (stat or "").splitlines():
         name, _, value = line.partition(" ")
-        if name == "file" and value.strip().isdigit():
-            return int(value)
-    return 0
+        if name in ("active_file", "inactive_file") and value.strip().isdigit():
+            total += int(value)
+    return total
 
 
 def level(path: str, files: dict[str, str | None]) -> CgroupLevelData | None:
@@ -75,14 +78,22 @@ def level(path: str, files: dict[str, str | None]) -> CgroupLevelData | None:
 
 
 def unit_cgroup(unit: str, root: str = CGROUP_ROOT) -> str | None:
-    """The unit's cgroup under the root: system.slice/<unit>, or <slice>/<unit> for a Slice= of its own."""
+    """The unit's cgroup under the root: system.slice/<unit>, <slice>/<unit> for a Slice= of its own, or one
+    slice deeper: systemd puts a template's instance (sglang@chat.service) in system-sglang.slice under its
+    slice."""
     if not re.fullmatch(r"[A-Za-z0-9@._:-]+", unit):
         return None
-    candidates = ["system.slice", *sorted(n for n in _listdir(root) if n.endswith(".slice"))]
-    for parent in candidates:
+    for parent in _slices(root):
         if os.path.isdir(os.path.join(root, parent, unit)):
             return f"{parent}/{unit}"
     return None
+
+
+def _slices(root: str) -> list[str]:
+    """system.slice and the root's other slices, then the slices one level inside each."""
+    top = ["system.slice", *sorted(n for n in _listdir(root) if n.endswith(".slice") and n != "system.slice")]
+    inner = [f"{t}/{n}" for t in top for n in sorted(_listdir(os.path.join(root, t))) if n.endswith(".slice")]
+    return top + inner
 
 
 def cgroup_levels(relative: str, root: str = CGROUP_ROOT) -> list[CgroupLevelData]:
@@ -110,7 +121,30 @@ def collect(
         return None
     count = sum(1 for n in _listdir(nodes) if re.fullmatch(r"node[0-9]+", n))
     relative = unit_cgroup(unit, root)
-    return host_memory(text, count, cgroup_levels(relative, root) if relative else [])
+    found = host_memory(text, count, cgroup_levels(relative, root) if relative else [])
+    if found is not None:
+        parent = relative.partition("/")[0] if relative else "system.slice"
+        found["siblings"] = siblings(parent, unit, root)
+    return found
+
+
+def siblings(parent: str, unit: str, root: str = CGROUP_ROOT) -> dict[str, int]:
+    """What each other service under the same top slice holds now, its template instances' slices one level
+    down included: memory.current less its page cache."""
+    out: dict[str, int] = {}
+    places = [
+        parent,
+        *(f"{parent}/{n}" for n in _listdir(os.path.join(root, parent)) if n.endswith(".slice")),
+    ]
+    for place in places:
+        for name in sorted(_listdir(os.path.join(root, place))):
+            if name == unit or not name.endswith(".service"):
+                continue
+            files = {f: _read(os.path.join(root, place, name, f)) for f in ("memory.current", "memory.stat")}
+            found = level(f"{place}/{name}", files)
+            if found is not None:
+                out[name] = max(0, found["current"] - found["file"])
+    return out
 
 
 def _read(path: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -48,6 +49,19 @@ class UnitLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder, sort_keys=True).encode(), 0)
         self._fd = fd
+
+    def wait(
+        self, holder: Holder, bound_s: float, sleep: Callable[[float], None], clock: Callable[[], float]
+    ) -> None:
+        """Blocking, up to `bound_s` (by `clock`): Locked when the holder still has it then."""
+        end = clock() + bound_s
+        while True:
+            try:
+                return self.acquire(holder)
+            except Locked:
+                if clock() >= end:
+                    raise
+            sleep(min(1.0, max(0.0, end - clock())))
 
     def holder(self) -> Holder:
         """The details the current holder wrote; {} when free or unreadable."""

@@ -12,17 +12,17 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
 
 from agent.errors import UsageError
 from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
-from agent.plan.hostbudget import ServiceNeed
+from agent.plan.hostbudget import RamShare, ServiceNeed
 from agent.plan.model import StartFigures
 from agent.plan.overhead import GpuProcess
 from agent.plan.startcheck import StartIdentity, identity
-from agent.protocol.answers import HostMemoryData
+from agent.protocol.answers import CgroupLevelData, HostMemoryData
 from agent.sglang import flagrules, server_args
 from agent.sglang.config_json import ModelConfig
 from agent.sglang.logs.decor import split_lines
@@ -78,6 +78,37 @@ class LoadFact(_Open):
     long_prompt_tokens: int | None = Field(default=None, gt=0)
 
 
+class CgroupLevelFact(_Open):
+    """One level of the unit's memory cgroup, as the facts verb reports it (agent/host/hostmem.py)."""
+
+    path: str
+    max: StrictInt | None = Field(ge=0)
+    high: StrictInt | None = Field(ge=0)
+    current: StrictInt = Field(ge=0)
+    file: StrictInt = Field(ge=0)
+
+
+class HostMemoryFact(_Open):
+    """The host's RAM and the unit's cgroup (the facts verb's host_memory): HiCache's host pool is sized
+    and checked against it (plan/hostplan.py). Bytes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    total: StrictInt = Field(gt=0, le=2**50)
+    available: StrictInt = Field(ge=0, le=2**50)
+    hugepages_total: StrictInt = Field(default=0, ge=0)
+    hugepages_free: StrictInt = Field(default=0, ge=0)
+    numa_nodes: StrictInt = Field(default=1, ge=1)
+    cgroup: list[CgroupLevelFact] = Field(default_factory=list)
+    siblings: dict[str, Annotated[int, Field(strict=True, ge=0)]] | None = None
+
+    def data(self) -> HostMemoryData:
+        out = cast(HostMemoryData, self.model_dump(exclude_none=True, exclude={"cgroup", "siblings"}))
+        out["cgroup"] = [cast(CgroupLevelData, lv.model_dump()) for lv in self.cgroup]
+        if self.siblings is not None:
+            out["siblings"] = dict(self.siblings)
+        return out
+
+
 class FactsFile(_Open):
     format: Literal["deployctl-facts/1"]
     gpus: list[GpuFact] = Field(min_length=1)
@@ -92,6 +123,7 @@ class FactsFile(_Open):
     # The flags the host's starts ran under, where --set changed `flags` since (agent/apply.py with_set_flags)
     started_flags: dict[str, FlagValue] | None = None
     planning: Planning | None = None  # the margin and the memory floor, where the person states them
+    host_memory: HostMemoryFact | None = None  # the host's RAM and the unit's cgroup (HiCache's host pool)
 
 
 @dataclass(frozen=True)
@@ -148,6 +180,10 @@ class PlanInput:
     decode: tuple[float, int | None] | None = None  # the last load check's decode ms/token, at its context
     host_memory: HostMemoryData | None = None  # the host's RAM and the unit's cgroup (HiCache's host pool)
     neighbours: tuple[ServiceNeed, ...] = ()  # the other services of the host, for the host's memory budget
+    weight_cache: bool = False  # the service runs SGLang's weight-cache daemon ([weight_cache] enabled)
+    unit_memory_limit: int | RamShare | None = (
+        None  # a MemoryMax=/MemoryHigh= of the unit's own [Service] lines
+    )
 
     @property
     def gpu(self) -> Gpu:
@@ -207,6 +243,7 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         start_flags=dict(facts.started_flags) if facts.started_flags is not None else _ran(facts, ids),
         decode=_decode(facts.load),
         planning=facts.planning or Planning(),
+        host_memory=facts.host_memory.data() if facts.host_memory is not None else None,
     )
 
 

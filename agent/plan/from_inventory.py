@@ -13,6 +13,7 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.effective import world
 from agent.plan.facts import Gpu, ModelInput, PlanInput
+from agent.plan.hostplan import unit_memory_limit
 from agent.plan.model import StartFigures
 from agent.sglang.config_json import ModelConfig
 
@@ -124,6 +125,10 @@ def plan_input_from_inventory(
         device=None if device is None else str(device).lower(),
         planning=host.planning,
         gaps=gaps,
+        weight_cache=host.weight_cache.enabled,
+        unit_memory_limit=unit_memory_limit(
+            host.unit.verbatim.get("Service", [])
+        ),  # applied with no facts too
     )
 
 
@@ -208,4 +213,6 @@ def plan_input_from_host(
         sources=sources,
         device=facts.device,
         planning=host.planning,
+        weight_cache=host.weight_cache.enabled,
+        unit_memory_limit=unit_memory_limit(host.unit.verbatim.get("Service", [])),
     )

@@ -4,8 +4,9 @@ each service's own process memory, a stated headroom, and the page cache a pre-w
 Pinned memory must fit, or the plan is refused, naming the first service (in start order) that does not fit
 and the `--hicache-size` per rank that would. The page cache is reclaimable: a pre-warm that cannot keep its
 checkpoint cached beside the pinned memory is skipped (the verdict says which), it never refuses the plan.
-Each service with a cgroup limit (`MemoryMax=`) must hold its own pools, process and SGLang's 10 GiB reserve
-inside it, since SGLang sizes against the cgroup's headroom (srt/mem_cache/host_memory.py:136-162).
+Each service with a cgroup limit (`MemoryMax=`) must hold its own pools (one more per rank beyond the first:
+sglang#38156), process and SGLang's 10 GiB reserve inside it, since SGLang sizes against the cgroup's headroom
+(srt/mem_cache/host_memory.py:136-162).
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ class ServiceNeed:
     process_bytes: int = 0  # its processes' own memory on the host (tokenizer, schedulers, staging)
     checkpoint_bytes: int = 0  # the page cache its pre-warm needs: the checkpoint on disk
     memory_max: int | None = None  # its unit's MemoryMax=, if any
+    daemon_bytes: int = 0  # its weight-cache daemon's processes (plan/hostplan.py daemon_bytes), own unit
+    unit: str = ""  # its systemd unit (a neighbour's: what the host's facts say it holds now)
+    sglang_ranks: int = 0  # SGLang's ranks per host, its pool divisor (0: `ranks`; fewer with data parallel)
+    pins_pool: bool = True  # it pins a host pool (HiCache, a decode's backup); False: processes only
+
+    @property
+    def pools_seen_by_last(self) -> int:
+        """The pools the last rank to pin must find room for: the others' as used, and its divisor's
+        share (2 x ranks - 1 without data parallelism)."""
+        ranks = max(self.ranks, 1)
+        return ranks + (self.sglang_ranks or ranks) - 1
 
     @property
     def pool_bytes(self) -> int:
@@ -37,12 +49,17 @@ class ServiceNeed:
 
     @property
     def pinned(self) -> int:
-        return self.pool_bytes + self.process_bytes
+        return self.pool_bytes + self.process_bytes + self.daemon_bytes
 
     @property
     def memory_max_needed(self) -> int:
-        """The smallest MemoryMax= under which SGLang still finds its pools' room and its reserve."""
-        return self.pinned + (RESERVE_BYTES if self.host_pool is not None else 0)
+        """The smallest MemoryMax= under which SGLang still finds its pools' room and its reserve: its ranks
+        check the cgroup one by one as they pin, the last seeing the others' pools as used (sglang#38156),
+        so 2 x ranks - 1 pools; the daemon runs in a unit (a cgroup) of its own, outside it."""
+        if self.host_pool is None:
+            return self.process_bytes
+        pools = self.host_pool.bytes * self.pools_seen_by_last
+        return pools + self.process_bytes + RESERVE_BYTES
 
 
 @dataclass(frozen=True)
@@ -58,9 +75,23 @@ class HostRam:
         return min(self.total, self.available, self.cgroup_limit or self.total)
 
 
+@dataclass(frozen=True)
+class RamShare:
+    """A unit's MemoryMax=N% (systemd.resource-control(5): N% of the host's physical memory), with its
+    other byte limits; the plan resolves it against the facts' MemTotal."""
+
+    percent: float
+    bytes_limit: int | None = None  # a MemoryMax=/MemoryHigh= in bytes beside it: the smallest applies
+
+    def of(self, total: int) -> int:
+        share = int(total * self.percent / 100)
+        return share if self.bytes_limit is None else min(share, self.bytes_limit)
+
+
 class Verdict(Enum):
     FITS = "fits"
     PREWARM_SKIPPED = "fits, pre-warm skipped"
+    UNCHECKED = "unchecked"  # no host facts: the pool is sized from the flags, the host not read
     REFUSED = "refused"
 
 
@@ -88,15 +119,20 @@ def fitting_size_gb(pool: RankPool, room: int) -> float | None:
     return float(size) if size >= 1 else None
 
 
-def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: str) -> HostBudget:
+def _refuse(  # noqa: PLR0913 - the host, what is pinned, the service, the others, why, and whose bound
+    host: HostRam, pinned: int, service: ServiceNeed, others: int, why: str, ram: bool = False
+) -> HostBudget:
     """Refused at `service`; the fix is the largest pool per rank that meets every bound on it at once:
-    the host beside the services started before it, SGLang's own check, and its MemoryMax=."""
+    the host beside the services started before it, SGLang's own check, and its MemoryMax=. `ram`: the
+    host's RAM refused it, which a larger MemoryMax= cannot add to (not offered then)."""
     ranks = max(service.ranks, 1)
-    room = (host.capacity - others - service.process_bytes) // ranks
+    room = (host.capacity - others - service.process_bytes - service.daemon_bytes) // ranks
     if service.host_pool is not None:  # SGLang's own check, per rank (base.py:248-257)
         room = min(room, service.host_pool.allowance)
     if service.memory_max is not None:
-        room = min(room, (service.memory_max - RESERVE_BYTES - service.process_bytes) // ranks)
+        room = min(
+            room, (service.memory_max - RESERVE_BYTES - service.process_bytes) // service.pools_seen_by_last
+        )
     size = fitting_size_gb(service.pool, room) if service.pool and service.host_pool else None
     if size:
         fix = f"--hicache-size {size:g} per rank would fit"
@@ -104,6 +140,13 @@ def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: 
         fix = "no host pool fits: turn HiCache off for it"
     else:
         fix = "it has no host pool to shrink: give it more memory or move it to another host"
+    if (
+        service.memory_max is not None
+        and service.host_pool is not None
+        and service.host_pool.bytes
+        and not ram
+    ):
+        fix += f", or a MemoryMax= of at least {service.memory_max_needed / GIB:.1f} GiB holds this one"
     reason = f"{service.name}: {why}; {fix}"
     return HostBudget(Verdict.REFUSED, host.capacity, pinned, 0, service.name, size, (), reason)
 
@@ -111,7 +154,8 @@ def _refuse(host: HostRam, pinned: int, service: ServiceNeed, others: int, why: 
 def plan_budget(
     host: HostRam, services: tuple[ServiceNeed, ...], daemon_bytes: int = 0, headroom: int = DEFAULT_HEADROOM
 ) -> HostBudget:
-    """The verdict for the services in their start order."""
+    """The verdict for the services in their start order; `daemon_bytes`: a daemon no service owns (each
+    service's own daemon is in its `pinned`)."""
     pinned = daemon_bytes + headroom
     for i, service in enumerate(services):
         if service.host_pool is not None and not service.host_pool.fits:
@@ -128,7 +172,7 @@ def plan_budget(
                 f"the host's {host.capacity / GIB:.1f} GiB cannot pin {total / GIB:.1f} GiB "
                 f"(host pools, processes, the weight-cache daemon and {headroom / GIB:.1f} GiB headroom)"
             )
-            return _refuse(host, total, service, pinned, why)
+            return _refuse(host, total, service, pinned, why, ram=True)
         pinned += service.pinned
     cache, skipped = 0, []
     for service in services:

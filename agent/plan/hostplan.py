@@ -16,11 +16,12 @@ pin, and a rank that checks after another pinned sees that pool as used (sglang#
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.inventory import FlagValue
-from agent.plan.hostbudget import HostBudget, HostRam, ServiceNeed, Verdict, plan_budget
+from agent.plan.hostbudget import HostBudget, HostRam, RamShare, ServiceNeed, Verdict, plan_budget
 from agent.plan.hostpool import (
     GIB,
     RESERVE_BYTES,
@@ -35,6 +36,7 @@ from agent.plan.hostpool import (
 )
 from agent.plan.inputs import float_of, int_of, is_on, value_of
 from agent.protocol.answers import HostMemoryData
+from agent.sglang import weight_cache as wc
 
 # What SGLang's processes hold in host RAM besides the host pools: per rank a scheduler (torch, CUDA
 # context, pinned staging), and the tokenizer and detokenizer once. An estimate, stated: MemoryMax= and the
@@ -43,6 +45,15 @@ PROCESS_PER_RANK = 4 * GIB
 PROCESS_BASE = 2 * GIB
 POOL_PAD = 256 * 2**20  # the padding page a pool adds beyond its size (page x bytes per token), bounded
 MIB = 2**20
+# SGLang 0.5.23's weight-cache daemon holds the weights in GPU memory, not host RAM: the model is loaded onto
+# the GPU and every tensor exported as a CUDA IPC handle (srt/weight_cache/daemon.py:146-147, the weights
+# measured as GPU memory reserved, daemon.py:358,392; transport.py: torch_ipc, the vmm_fd backend never
+# exports, transport.py:139-163), and no shared memory is made. The checkpoint it reads goes through the
+# page cache (safetensors mmap, srt/model_loader/weight_utils.py:1146-1182): reclaimable, not pinned. Its
+# host side is its processes: the standalone launcher and one spawned interpreter per local PP x TP rank
+# (daemon.py:681-695, 765-790), each with torch and a CUDA context. An estimate, stated, as the engine's.
+DAEMON_BASE = 1 * GIB
+DAEMON_PER_RANK = 2 * GIB
 UNLIMITED = 1 << 62  # no facts: the host's memory is not checked, the pool is sized from the flags alone
 
 
@@ -62,7 +73,9 @@ def hicache_flags(flags: Mapping[str, FlagValue]) -> HiCacheFlags:
             ratio=float_of(flags, "hicache-ratio"),
             size_gb=float_of(flags, "hicache-size") or 0.0,
             fraction=0.8 if fraction is None else fraction,
-            buffer_only=mode == "buffer_only",
+            # a decode server leaves the ratio to kv_cache_builder.py:245-258, which sets 2.0 with HiCache on
+            # whatever the memory mode (hicache_hook.py:118-121 skips decode)
+            buffer_only=mode == "buffer_only" and value_of(flags, "disaggregation-mode") != "decode",
         )
     except ValueError as e:
         from agent.errors import UsageError
@@ -74,32 +87,108 @@ def process_bytes(ranks: int) -> int:
     return PROCESS_BASE + PROCESS_PER_RANK * ranks
 
 
+def daemon_bytes(ranks: int, runs_daemon: bool) -> int:
+    """The host RAM of a service's weight-cache daemon (its unit runs one launcher and a process per local
+    rank); 0 without one."""
+    return DAEMON_BASE + DAEMON_PER_RANK * ranks if runs_daemon else 0
+
+
+def runs_daemon(flags: Mapping[str, FlagValue], weight_cache: bool = False) -> bool:
+    """The service's engine maps a daemon's weights: [weight_cache] enabled, or a unit already in
+    `--weight-cache-mode client` (a facts file's flags)."""
+    return weight_cache or value_of(flags, "weight-cache-mode") == "client"
+
+
 def memory_max_of(flags: Mapping[str, FlagValue]) -> int | None:
     """The MemoryMax= (bytes, whole MiB) of a unit whose flags enable HiCache with an explicit size: the
-    processes, SGLang's 10 GiB reserve, and 2 x ranks - 1 pools (each at most size + one padding page), so
-    that the last rank to check the cgroup still finds its pool's room (pool_host/base.py:248-257)."""
+    processes, SGLang's 10 GiB reserve, and pools + ranks - 1 pools (each at most size + one padding page;
+    2 x ranks - 1 without data parallelism), so that the last rank to check the cgroup still finds its pool's
+    room (pool_host/base.py:248-257)."""
     size = float_of(flags, "hicache-size") or 0.0
     if not enabled(flags) or size <= 0:
         return None
-    ranks = ranks_of(flags)
-    need = process_bytes(ranks) + RESERVE_BYTES + (math.ceil(size * 1e9) + POOL_PAD) * (2 * ranks - 1)
+    ranks, pools = ranks_of(flags), pools_of(flags)
+    need = process_bytes(pools) + RESERVE_BYTES + (math.ceil(size * 1e9) + POOL_PAD) * (pools + ranks - 1)
     return math.ceil(need / MIB) * MIB
+
+
+# systemd's parse_size (base 1024): case-sensitive suffixes, B for bytes, parts concatenated (1G512M)
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([BKMGTPE]?)")
+_PERCENT = re.compile(r"([0-9]+(?:\.[0-9])?)%")  # parse_permyriad: N% or N.M%
+
+
+def _systemd_size(text: str) -> int | RamShare | None:
+    """One MemoryMax= value as systemd reads it: bytes, a RamShare, None (no limit: `infinity`, empty);
+    ValueError for one systemd rejects, and ignores with a warning (the earlier assignment stays)."""
+    if text in ("", "infinity"):
+        return None
+    percent = _PERCENT.fullmatch(text)
+    if percent:
+        return RamShare(float(percent.group(1)))
+    parts = _PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(text)
+    return int(sum(float(n) * _UNITS[u] for n, u in parts))
+
+
+def unit_memory_limit(service_lines: Sequence[str]) -> int | RamShare | None:
+    """The memory limit a unit's own [Service] lines set (the smallest of its last MemoryMax= and
+    MemoryHigh=, systemd.resource-control(5)), which systemd applies over the rendered MemoryMax= since it
+    comes after it; a percentage comes back as a RamShare (of MemTotal, resolve_limit), a value systemd
+    rejects (MemoryMax=64g: its suffixes are case-sensitive) is ignored as systemd ignores it."""
+    found: dict[str, int | RamShare | None] = {}
+    for line in service_lines:
+        key, sep, value = (x.strip() for x in line.partition("="))
+        if not sep or key not in ("MemoryMax", "MemoryHigh", "MemoryLimit"):
+            continue
+        try:
+            found[key] = _systemd_size(value)
+        except ValueError:
+            continue
+    limits = [v for v in found.values() if isinstance(v, int)]
+    low = min(limits) if limits else None
+    shares = [v.percent for v in found.values() if isinstance(v, RamShare)]
+    return RamShare(min(shares), low) if shares else low
+
+
+def sets_memory_max(service_lines: Sequence[str]) -> bool:
+    """The unit's own [Service] lines set a MemoryMax= systemd accepts: the rendered one is then left out
+    (two lines, the last winning, say one limit twice), and the plan sizes under the unit's own."""
+    for line in service_lines:
+        key, sep, value = (x.strip() for x in line.partition("="))
+        if sep and key == "MemoryMax":
+            try:
+                _systemd_size(value)
+            except ValueError:
+                continue
+            return True
+    return False
+
+
+def resolve_limit(limit: int | RamShare | None, data: HostMemoryData | None) -> int | None:
+    """The unit's own limit in bytes: a percentage of MemTotal (None without facts: unchecked)."""
+    if isinstance(limit, RamShare):
+        return None if data is None else limit.of(data["total"])
+    return limit
 
 
 def memory_at_start(data: HostMemoryData | None, ranks: int, memory_max: int | None = None) -> HostMemory:
     """The host as the service's new start sees it when it sizes the pool: what the running service holds
     (its cgroup's usage less page cache) is freed, its new processes hold process_bytes; the unit's own
-    level takes `memory_max` (the rendered MemoryMax=) where one is given."""
-    if data is None:
-        return HostMemory(UNLIMITED)
+    level takes `memory_max` (the unit's own limit, or the MemoryMax= rendered now) and nothing else: the
+    running unit's memory.max is the MemoryMax= the last apply rendered, which the new unit replaces (kept,
+    an auto pool re-planned under it would shrink on every apply)."""
+    new = process_bytes(ranks)
+    if data is None:  # no facts: the host unchecked, the unit's own limit still SGLang's bound
+        return HostMemory(UNLIMITED, () if memory_max is None else (CgroupLevel((memory_max,), new, 0),))
     levels = data["cgroup"]
     old = max(0, levels[0]["current"] - levels[0]["file"]) if levels else 0
-    new = process_bytes(ranks)
     cgroup = []
     for i, lv in enumerate(levels):
         limits = [v for v in (lv["max"], lv["high"]) if v is not None]
-        if i == 0 and memory_max is not None:
-            limits = [memory_max]
+        if i == 0 and lv["path"].endswith(".service"):  # the unit's own level: the new unit's limit
+            limits = [] if memory_max is None else [memory_max]
         usage = max(0, lv["current"] - old) + new
         cgroup.append(CgroupLevel(tuple(limits), usage, lv["file"]))
     if not levels and memory_max is not None:
@@ -107,22 +196,61 @@ def memory_at_start(data: HostMemoryData | None, ranks: int, memory_max: int | N
     return HostMemory(max(0, data["available"] + old - new), tuple(cgroup))
 
 
-def host_ram(data: HostMemoryData | None) -> HostRam:
-    """The host with this service stopped: its usage (less page cache) back in MemAvailable; huge pages
-    reserved by the kernel are not RAM a pool can take."""
+def own_daemon_held(data: HostMemoryData | None) -> int:
+    """What the service's own running weight-cache daemon holds now (the facts' siblings, by the engine
+    unit's name from its cgroup; 0 when the engine does not run: then it is not known, and counted anew)."""
+    levels = data["cgroup"] if data is not None else []
+    unit = levels[0]["path"].rpartition("/")[2] if levels else ""
+    now: Mapping[str, int] = (data.get("siblings") if data is not None else None) or {}
+    return now.get(wc.daemon_unit_name(unit), 0) if unit.endswith(".service") else 0
+
+
+def host_ram(data: HostMemoryData | None, daemon_counted: bool = False) -> HostRam:
+    """The host with this service stopped: its usage (less page cache) back in MemAvailable, and its own
+    weight-cache daemon's when the budget counts the daemon anew (it runs across an engine restart, its
+    memory already out of MemAvailable); huge pages reserved by the kernel are not RAM a pool can take."""
     if data is None:
         return HostRam(UNLIMITED, UNLIMITED)
     levels = data["cgroup"]
     old = max(0, levels[0]["current"] - levels[0]["file"]) if levels else 0
+    old += own_daemon_held(data) if daemon_counted else 0
     total = data["total"] - data["hugepages_total"]
     return HostRam(total, min(total, data["available"] + old))
+
+
+def held_now(n: ServiceNeed, data: HostMemoryData | None) -> int:
+    """What the facts say a neighbour's unit and its weight-cache daemon hold now (0: stopped, or unsaid)."""
+    now: Mapping[str, int] = (data.get("siblings") if data is not None else None) or {}
+    units = (n.unit, wc.daemon_unit_name(n.unit)) if n.unit else ()
+    return sum(now.get(u, 0) for u in units)
+
+
+def as_running(neighbours: Sequence[ServiceNeed], data: HostMemoryData | None) -> tuple[ServiceNeed, ...]:
+    """The neighbours as the budget counts them: at least what each holds now (a HiCache pool its
+    inventory does not size is in what it holds)."""
+    return tuple(
+        replace(n, process_bytes=n.process_bytes + held_now(n, data) - n.pinned)
+        if held_now(n, data) > n.pinned
+        else n
+        for n in neighbours
+    )
+
+
+def with_neighbours_stopped(
+    host: HostRam, neighbours: Sequence[ServiceNeed], data: HostMemoryData | None
+) -> HostRam:
+    """The host with its other services stopped too: the budget counts what they pin, which MemAvailable
+    lacks while they run, so what they hold now is given back (bounded by MemTotal) rather than counted
+    twice; a neighbour stopped holds nothing."""
+    held = sum(held_now(n, data) for n in neighbours)
+    return HostRam(host.total, min(host.total, host.available + held), host.cgroup_limit)
 
 
 @dataclass(frozen=True)
 class HostPlan:
     """One service's host side: its pool per rank as rendered, and the host's budget."""
 
-    ranks: int  # ranks on this host, each with one host pool
+    ranks: int  # ranks on this host, each with one host pool (every data-parallel replica's)
     device_tokens: int  # the device pool per rank the host pool mirrors (ratio and auto modes)
     bytes_per_token: int
     page_size: int
@@ -132,6 +260,10 @@ class HostPlan:
     memory_max: int | None  # the MemoryMax= rendered, bytes
     budget: HostBudget
     checked: bool  # the host's memory was read (facts); False: the sizes are unchecked against the host
+    daemon_bytes: int = 0  # its weight-cache daemon's processes, counted in the budget (in their own unit)
+    # the rendered size was cut to (free - 10 GiB) / (2 x ranks - 1): SGLang checks an explicit size rank by
+    # rank against free memory read afresh, where its auto mode booked every rank against one snapshot
+    last_rank_cap: int = 0  # the pools + ranks - 1 the size was divided by; 0: not cut
 
     @property
     def fits(self) -> bool:
@@ -163,11 +295,13 @@ class HostPlan:
             },
             "memory_max": self.memory_max,
             "checked": self.checked,
+            "sized_for_last_rank": bool(self.last_rank_cap),
         }
         budget = {
             "verdict": self.budget.verdict.value,
             "capacity": self.budget.capacity if self.checked else None,
             "pinned": self.budget.pinned,
+            "weight_cache_daemon": self.daemon_bytes,
             "page_cache": self.budget.page_cache,
             "over": self.budget.over,
             "fitting_size_gb": self.budget.fitting_size_gb,
@@ -179,10 +313,13 @@ class HostPlan:
     def lines(self, device_tokens: int, context: int) -> list[str]:
         """What the device and host tiers hold against the target context, and the budget's verdict."""
         held = device_tokens + self.pool.tokens
+        unread = not self.checked and self.given.mode is Mode.AUTO
         how = (
-            "under 1 GB: the flags as given"
-            if self.size_gb is None
-            else f"--hicache-size {self.size_gb:g} GB"
+            f"--hicache-size {self.size_gb:g} GB"
+            if self.size_gb is not None
+            else "SGLang's auto size, at most"
+            if unread
+            else "under 1 GB: the flags as given"
         )
         out = [
             f"HiCache: device pool {device_tokens:,} + host pool {self.pool.tokens:,} tokens per rank "
@@ -191,9 +328,18 @@ class HostPlan:
             if self.pool.fits
             else f"HiCache: no host pool fits ({self.given.message()})"
         ]
-        if self.checked:
+        if self.last_rank_cap:
             out.append(
-                f"host memory: {self.budget.pinned / GIB:.1f} GiB pinned of "
+                f"HiCache: --hicache-size cut to {self.size_gb:g} GB per rank, (free - 10 GiB) / "
+                f"{self.last_rank_cap}: SGLang checks an explicit size rank by rank against free memory read "
+                "afresh, the last rank seeing the others' pools as used (pool_host/base.py:248-257)"
+            )
+        if self.checked:
+            daemon = (
+                f", its weight-cache daemon {self.daemon_bytes / GIB:.0f} GiB" if self.daemon_bytes else ""
+            )
+            out.append(
+                f"host memory: {self.budget.pinned / GIB:.1f} GiB pinned{daemon} of "
                 f"{self.budget.capacity / GIB:.1f} GiB "
                 f"({self.budget.verdict.value})" + (f": {self.budget.reason}" if self.budget.reason else "")
             )
@@ -217,9 +363,99 @@ def ranks_of(flags: Mapping[str, FlagValue]) -> int:
     return ranks_per_host(tp * pp, int_of(flags, "nnodes") or 1)
 
 
+def pools_of(flags: Mapping[str, FlagValue]) -> int:
+    """The host pools the service pins on one host: one per rank of every data-parallel replica. `--dp-size`
+    without attention DP launches dp TP groups (srt/managers/data_parallel_controller.py
+    launch_dp_schedulers), each rank pinning a pool sized by SGLang's divisor (ranks_of, unchanged); with
+    `--enable-dp-attention` the DP ranks are the TP ranks."""
+    dp = int_of(flags, "dp-size", "dp", "data-parallel-size") or 1
+    if "enable-dp-attention" in flags and is_on(flags, "enable-dp-attention"):
+        dp = 1
+    tp = int_of(flags, "tp-size", "tp", "tensor-parallel-size") or 1
+    pp = int_of(flags, "pp-size", "pp", "pipeline-parallel-size") or 1
+    return max(ranks_of(flags), ranks_per_host(dp * tp * pp, int_of(flags, "nnodes") or 1))
+
+
+def last_rank_sees(seen: HostMemory, ranks: int, pool_bytes: int) -> HostMemory:
+    """The host as the last of the service's ranks to pin sees it: an explicit size (and a ratio) is checked
+    per rank against free memory read afresh (pool_host/base.py:248-257 via host_memory_budget_bytes,
+    base.py:98-108), so the others' pools are used by then (sglang#38156). Only the auto mode books every
+    rank against one snapshot (host_memory_budget_scope, hicache_auto_size.py:124-125)."""
+    used = (ranks - 1) * pool_bytes
+    levels = tuple(CgroupLevel(lv.limits, lv.usage + used, lv.page_cache) for lv in seen.cgroup)
+    return HostMemory(max(0, seen.available - used), levels)
+
+
+def last_rank_size(pool: RankPool, seen: HostMemory, ranks: int, pools: int) -> float:
+    """The largest whole-GB --hicache-size whose pool, padding page included, passes SGLang's check at every
+    rank: the last sees (free - k pools - 10 GiB) // ranks with k = pools - 1, so a pool of at most
+    (free - 10 GiB) / (pools + ranks - 1) (2 x ranks - 1 without data parallelism)."""
+    room = (seen.usable - RESERVE_BYTES) // (pools + ranks - 1) - pool.page_size * pool.bytes_per_token
+    return floor_gb(max(0, room))
+
+
 def floor_gb(nbytes: int) -> float:
     """Whole GB: SGLang's --hicache-size is an int (srt/arg_groups/fields/memory.py)."""
     return float(math.floor(nbytes / 1e9))
+
+
+def waiting(neighbours: Sequence[ServiceNeed], data: HostMemoryData | None) -> tuple[ServiceNeed, ...]:
+    """The neighbours that hold nothing now (the facts name their unit as holding nothing, or not at all):
+    they start after this one. None from facts that do not say what neighbours hold (an older agent)."""
+    now = None if data is None else data.get("siblings")
+    if now is None:
+        return ()
+    return tuple(n for n in neighbours if not now.get(n.unit, 0))
+
+
+def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the host, the ranks, the others
+    pool: RankPool,
+    flags: Mapping[str, FlagValue],
+    given: HostPool,
+    seen: HostMemory,
+    ranks: int,
+    later: Sequence[ServiceNeed],
+) -> HostPool:
+    """SGLang's auto size (its default) takes 0.8 of what the process sees, split by its own ranks alone
+    (hicache_auto_size.py): the first of two services started with it leaves the second nothing. With
+    services of the host still to start, the auto pool is sized as SGLang's rule would size it for all of
+    their ranks, over the memory they leave (an explicit size's pool and every one's processes)."""
+    if given.mode is not Mode.AUTO or not later:
+        return given
+    held = sum(n.pinned if n.host_pool is not None else n.process_bytes + n.daemon_bytes for n in later)
+    everyone = ranks + sum(n.ranks for n in later if n.host_pool is None and n.pins_pool)
+    # their memory leaves the host, and the slices above this unit (its levels but the first), which a
+    # neighbour of the same slice draws on too (a slice's MemoryMax= over both holds both)
+    above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
+    left = HostMemory(max(0, seen.available - held), above)
+    return plan_host_pool(pool, hicache_flags(flags), left, everyone)
+
+
+def rendered_size(
+    pool: RankPool, flags: Mapping[str, FlagValue], share: HostPool, seen: HostMemory
+) -> tuple[float | None, int]:
+    """The --hicache-size the unit gets (None: the flags as given stay; a pool under 1 GB has no whole-GB
+    size), and the pools it was divided by for the last rank to pin (0: not cut): a size rendered in place
+    of the auto mode (which books every rank against one snapshot) is checked by SGLang rank by rank, each
+    reading free memory afresh, so it is kept at most (free - 10 GiB) / (pools + ranks - 1)."""
+    explicit = float_of(flags, "hicache-size") or 0.0
+    size = explicit if explicit > 0 else floor_gb(share.bytes) if share.fits else None
+    ranks, pools = ranks_of(flags), pools_of(flags)
+    capped = 0
+    if explicit <= 0 and size is not None and pools > 1:
+        cap = last_rank_size(pool, seen, ranks, pools)
+        size, capped = (cap, pools + ranks - 1) if cap < size else (size, 0)
+    return (size if size is not None and size >= 1 else None), capped
+
+
+def size_pool(pool: RankPool, size: float, start: HostMemory, ranks: int, pools: int) -> HostPool:
+    """The pool an explicit size builds, checked as SGLang checks it: by the first rank, then by the last to
+    pin, which sees the others' pools as used (last_rank_sees)."""
+    planned = plan_host_pool(pool, HiCacheFlags(size_gb=size), start, ranks)
+    if planned.fits and pools > 1:
+        last = last_rank_sees(start, pools, planned.bytes)
+        planned = plan_host_pool(pool, HiCacheFlags(size_gb=size), last, ranks)
+    return planned
 
 
 def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
@@ -229,36 +465,55 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     data: HostMemoryData | None,
     neighbours: Sequence[ServiceNeed] = (),
     checkpoint_bytes: int = 0,
+    weight_cache: bool = False,
+    unit_limit: int | RamShare | None = None,
 ) -> HostPlan:
-    """The service's host plan; the budget counts the neighbours (services of the same host) before it."""
-    ranks = ranks_of(flags)
-    given = plan_host_pool(pool, hicache_flags(flags), memory_at_start(data, ranks), ranks)
-    explicit = float_of(flags, "hicache-size") or 0.0
-    # a pool under 1 GB has no whole-GB size: the flags as given stay (and no MemoryMax=, no exact gate)
-    size = explicit if explicit > 0 else floor_gb(given.bytes) if given.fits else None
-    if size is not None and size < 1:
-        size = None
+    """The service's host plan; the budget counts the neighbours (services of the same host) before it.
+    `unit_limit`: a MemoryMax=/MemoryHigh= the unit's own lines set (unit_memory_limit), which systemd
+    applies instead of the rendered one: the pool is sized under it, and a limit too small is refused."""
+    ranks, pools = ranks_of(flags), pools_of(flags)  # SGLang's divisor; the pools pinned (data parallel)
+    limit = resolve_limit(unit_limit, data)
+    seen = memory_at_start(data, pools, limit)
+    given = plan_host_pool(pool, hicache_flags(flags), seen, ranks)
+    share = shared(pool, flags, given, seen, pools, waiting(neighbours, data))
+    size, capped = rendered_size(pool, flags, share, seen)
+    if data is None and given.mode is Mode.AUTO:  # SGLang's auto size shrinks to the host at start: kept
+        size, capped = None, 0
     memory_max = None
     planned = given
     if size is not None:
-        memory_max = memory_max_of({**flags, "hicache-size": size})
-        planned = plan_host_pool(
-            pool, HiCacheFlags(size_gb=size), memory_at_start(data, ranks, memory_max), ranks
-        )
-    need = ServiceNeed(name, ranks, pool, planned, process_bytes(ranks), checkpoint_bytes, memory_max)
-    budget = plan_budget(host_ram(data), (*neighbours, need))
+        memory_max = limit or memory_max_of({**flags, "hicache-size": size})
+        planned = size_pool(pool, size, memory_at_start(data, pools, memory_max), ranks, pools)
+    daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
+    need = ServiceNeed(name, pools, pool, planned, process_bytes(pools), checkpoint_bytes, memory_max, daemon,
+                       sglang_ranks=ranks)  # fmt: skip
+    counted = as_running(neighbours, data)
+    ram = with_neighbours_stopped(host_ram(data, daemon > 0), counted, data)
+    budget = plan_budget(ram, (*counted, need))
     if data is None and budget.verdict is not Verdict.REFUSED:
-        budget = HostBudget(Verdict.FITS, budget.capacity, budget.pinned, 0)
-    return HostPlan(ranks, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
-                    size if planned.fits else None, memory_max, budget, data is not None)  # fmt: skip
+        budget = HostBudget(Verdict.UNCHECKED, budget.capacity, budget.pinned, 0)
+    return HostPlan(pools, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
+                    size if planned.fits else None, memory_max, budget, data is not None, daemon,
+                    capped)  # fmt: skip
 
 
-def neighbour(name: str, flags: Mapping[str, FlagValue], memory_max: int | None = None) -> ServiceNeed | None:
+def neighbour(
+    name: str,
+    flags: Mapping[str, FlagValue],
+    memory_max: int | None = None,
+    weight_cache: bool = False,
+    unit: str = "",
+) -> ServiceNeed:
     """Another service of the host, as the budget counts it: its explicit --hicache-size per rank (a ratio's
-    pool depends on its own device plan: plan it to count it). None without HiCache."""
-    if not enabled(flags):
-        return None
-    ranks = ranks_of(flags)
+    pool depends on its own device plan: plan it to count it), its processes and its weight-cache daemon.
+    A service without HiCache counts its processes: a PD decode's default retraction backup pins a pool
+    SGLang sizes at its start (kv_cache_builder.py:244-258), counted like an auto HiCache pool."""
+    auto_pool = enabled(flags) or value_of(flags, "disaggregation-mode") == "decode"
+    ranks, pools = ranks_of(flags), pools_of(flags)
     size = float_of(flags, "hicache-size") or 0.0
     pool = None if size <= 0 else HostPool(Mode.SIZE, 0, int(size * 1e9), UNLIMITED)
-    return ServiceNeed(name, ranks, None, pool, process_bytes(ranks), 0, memory_max)
+    daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
+    if not enabled(flags):
+        pool = None
+    return ServiceNeed(name, pools, None, pool, process_bytes(pools), 0, memory_max, daemon, unit, ranks,
+                       auto_pool)  # fmt: skip

@@ -36,7 +36,8 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
         said = why or "no whole-byte cell or no device pool"
         return replace(plan, notes=(*plan.notes, f"HiCache host pool not planned: {said}"))
     weights = inp.model.weights_bytes or 0
-    host = plan_host(inp.name, pool, inp.flags, inp.host_memory, inp.neighbours, weights)
+    host = plan_host(inp.name, pool, inp.flags, inp.host_memory, inp.neighbours, weights, inp.weight_cache,
+                     inp.unit_memory_limit)  # fmt: skip
     lines = tuple(host.lines(plan.predicted_pool_tokens, plan.context_length))
     if not host.fits:
         reason = host.budget.reason or lines[0]
@@ -48,13 +49,20 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
 
 def neighbours(host: HostConfig, directory: Path) -> tuple[ServiceNeed, ...]:
     """The other services of the inventory on the same host (the same ssh target: docs/topologies.md), as
-    the host's budget counts them: their explicit --hicache-size pools and their processes. A file that
-    does not load is left out (its own commands say why)."""
+        the host's budget counts them: their explicit --hicache-size pools, their processes and daemons (a
+    service without HiCache, its processes). A file
+        that does not load is left out (its own commands say why)."""
     mine = set(host.node_targets)
     found = []
     for s in load_services(directory, skip_broken=True):
         if s.config.name != host.name and mine & set(s.config.node_targets):
-            need = neighbour(s.config.name, s.config.sglang.flags)
-            if need is not None:
-                found.append(need)
+            found.append(
+                neighbour(
+                    s.config.name,
+                    s.config.sglang.flags,
+                    None,
+                    s.config.weight_cache.enabled,
+                    s.config.unit.name,
+                )
+            )
     return tuple(found)

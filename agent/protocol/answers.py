@@ -231,10 +231,10 @@ class CgroupLevelData(TypedDict):
     max: int | None  # memory.max; None: "max" (no limit)
     high: int | None  # memory.high; None: "max"
     current: int  # memory.current
-    file: int  # memory.stat's file: the page cache, which SGLang does not count as used
+    file: int  # memory.stat's active_file + inactive_file: the page cache SGLang does not count as used
 
 
-class HostMemoryData(TypedDict):
+class _HostMemoryBase(TypedDict):
     """The host's RAM and the service's memory cgroup, as SGLang's host-pool rule reads them
     (host/hostmem.py; plan/hostplan.py reads them back)."""
 
@@ -244,6 +244,14 @@ class HostMemoryData(TypedDict):
     hugepages_free: int
     numa_nodes: int
     cgroup: list[CgroupLevelData]  # the unit's levels, innermost first; [] when it has none (not running)
+
+
+class HostMemoryData(_HostMemoryBase, total=False):
+    """The facts' host_memory; `siblings`: what each other service of the unit's slice holds now (its
+    cgroup's memory.current less page cache, bytes, by unit name), so the host's budget gives back what a
+    running neighbour holds instead of counting it twice (plan/hostplan.py)."""
+
+    siblings: dict[str, int]
 
 
 class HostFacts(TypedDict, total=False):

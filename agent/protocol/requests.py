@@ -35,12 +35,27 @@ ENGINE_BACK_S = 60.0
 
 def conversation_bound_s(req: Request) -> float:
     """The longest one agent conversation can take: an answer, then a change whose every phase ran to its
-    timeout (pre-warm, a recovery's restore first, the new start, the rollback's start, the smoke test),
-    and the starts re-checked after a weight-cache daemon's crash, each after the daemon's wait."""
+    timeout (pre-warm, a recovery's restore first, the wait for another service's start on the host
+    (host_start_wait_s), the new start, the rollback's start, the smoke test), and the starts re-checked
+    after a weight-cache daemon's crash, each after the daemon's wait."""
     t = req.timeouts
     one_start = RESTART_JOB_TIMEOUT_S + t.weights_s + t.pool_s + t.ready_s
+    waited = host_start_wait_s(t, req.smoke.timeout_s)
     rechecked = MAX_RESTARTS_UNDER_CHECK * (one_start + t.weights_s + ENGINE_BACK_S + req.smoke.timeout_s)
-    return ANSWER_TIMEOUT_S + t.weights_s + 3 * one_start + req.smoke.timeout_s + rechecked + SLACK_S
+    return ANSWER_TIMEOUT_S + t.weights_s + waited + 3 * one_start + req.smoke.timeout_s + rechecked + SLACK_S
+
+
+HOST_START_WAIT_MIN_S = 60.0  # a change with short timeouts still waits a minute for another's start
+
+
+def host_start_wait_s(t: Timeouts, smoke_s: float | None = None) -> float:
+    """How long a change whose unit pins host memory waits for another service's change on the same host
+    (host/change/pinning.py): as long as that change may hold the host's lock within the same bounds, its
+    pre-warm, its new start, the rollback's start of the old unit and its smoke test (a first change that
+    rolls back or pre-warms does not fail the second), at least a minute."""
+    one_start = RESTART_JOB_TIMEOUT_S + t.weights_s + t.pool_s + t.ready_s
+    smoke = Smoke().timeout_s if smoke_s is None else smoke_s
+    return max(HOST_START_WAIT_MIN_S, t.weights_s + 2 * one_start + smoke)
 
 
 VERBS = (

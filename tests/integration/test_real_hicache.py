@@ -42,3 +42,37 @@ def test_the_plans_host_pool_is_the_real_line_to_the_token(real: RealHost) -> No
     assert real.unit_text() == old_unit
     real.wait_ready()
     assert real.pool() == old_pool
+
+
+def test_a_memory_max_too_small_is_refused_by_the_plan_and_by_sglang_in_its_own_words(real: RealHost) -> None:
+    """A MemoryMax= of the unit's own (a verbatim line, which systemd applies over the rendered one) that
+    cannot hold SGLang's 10 GiB reserve and the pool: the plan and apply refuse it before any start, on the
+    real host's facts. Forced past the plan, the real SGLang refuses the pool itself, in its own words, the
+    report names host_memory_short and deployctl rolls back to the running unit. The test host's systemd
+    (nspawn) does not enforce a unit's memory.max (SGLang logs `cgroup 8589934590.6 GiB` under
+    MemoryMax=6G), so the size asked is one the host's RAM cannot hold either: SGLang's refusal comes from
+    the host's memory here, from the cgroup on a host that enforces it (the same check, base.py:247-257)."""
+    if not real.healthy():
+        real.ensure_hand()
+    old_unit, old_pool = real.unit_text(), real.pool()
+    path = real.inventory(flags="enable-hierarchical-cache = true\nhicache-size = 100")
+    text = path.read_text()
+    assert '"Nice=10"' in text, text  # the hand-written unit's own line, kept verbatim by the adoption
+    path.write_text(text.replace('"Nice=10"', '"Nice=10", "MemoryMax=6G"', 1))
+    planned = real.deployctl("plan", HOST, "--context", CONTEXT, "--json")
+    assert planned.returncode == ExitCode.NOT_FEASIBLE, planned.stdout + planned.stderr
+    budget = json.loads(planned.stdout)["host_budget"]
+    assert budget["verdict"] == "refused" and "Not enough host memory available" in budget["reason"]
+    assert "MemoryMax=" in budget["reason"]  # the limit that would hold it, beside the size that fits
+    refused = real.deployctl("apply", HOST, "--context", CONTEXT, "--yes")
+    assert refused.returncode == ExitCode.USAGE, refused.stdout + refused.stderr
+    assert real.unit_text() == old_unit  # refused before anything changed
+    forced = real.deployctl("apply", HOST, "--context", CONTEXT, "--yes", "--force")
+    out = forced.stdout + forced.stderr
+    assert forced.returncode == ExitCode.ROLLED_BACK, out
+    said = r"Not enough host memory available\. Requesting 100\.00 GB but only have -?[\d.]+ GB free"
+    assert re.search(said, real.journal(2000))
+    assert "host_memory_short" in out and re.search(said, out), out  # parsed: the failure kind, its words
+    assert real.unit_text() == old_unit
+    real.wait_ready()
+    assert real.pool() == old_pool

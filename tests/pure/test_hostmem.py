@@ -33,7 +33,10 @@ def test_meminfo_in_bytes_and_huge_pages_as_bytes() -> None:
 
 def test_limits_read_as_sglang_does() -> None:
     assert hostmem.parse_limit("max\n") is None and hostmem.parse_limit("68719476736\n") == 68719476736
-    assert hostmem.parse_file_cache("anon 5\nfile 4096\nfile_mapped 7\n") == 4096
+    assert (
+        hostmem.parse_file_cache("anon 5\nfile 5000\nactive_file 1000\ninactive_file 3096\nfile_mapped 7\n")
+        == 4096
+    )
     assert hostmem.level("x", {"memory.max": "10"}) is None  # no memory.current: no memory controller
 
 
@@ -41,8 +44,9 @@ def test_every_level_of_the_units_cgroup_innermost_first(tmp_path: Path) -> None
     _cgroup(
         tmp_path, "system.slice", memory_max="max", memory_high="max", memory_current="900", memory_stat=""
     )
+    stat = "anon 1000\nactive_file 1000\ninactive_file 2000\n"
     _cgroup(tmp_path, "system.slice/sglang-a.service", memory_max="68719476736", memory_high="max",
-            memory_current="5000", memory_stat="anon 1000\nfile 3000\n")  # fmt: skip
+            memory_current="5000", memory_stat=stat)  # fmt: skip
     (tmp_path / "meminfo").write_text(MEMINFO)
     nodes = tmp_path / "node"
     for n in ("node0", "node1", "possible"):
@@ -56,3 +60,21 @@ def test_every_level_of_the_units_cgroup_innermost_first(tmp_path: Path) -> None
     other = hostmem.collect("sglang-b.service", str(tmp_path), str(tmp_path / "meminfo"), str(nodes))
     assert other is not None and other["cgroup"] == []
     assert hostmem.collect("x.service", str(tmp_path), str(tmp_path / "none")) is None
+
+
+def test_what_each_other_service_of_the_slice_holds_now(tmp_path: Path) -> None:
+    """The budget gives back what a running neighbour holds (plan/hostplan.py with_neighbours_stopped)."""
+    _cgroup(tmp_path, "system.slice", memory_max="max", memory_current="900", memory_stat="")
+    _cgroup(
+        tmp_path, "system.slice/sglang-a.service", memory_current="5000", memory_stat="active_file 3000\n"
+    )
+    _cgroup(
+        tmp_path, "system.slice/sglang-b.service", memory_current="70000", memory_stat="inactive_file 1000\n"
+    )
+    _cgroup(tmp_path, "system.slice/sshd.socket", memory_current="1", memory_stat="")  # not a service
+    _cgroup(tmp_path, "system.slice/x.service", memory_stat="")  # no memory controller: left out
+    (tmp_path / "meminfo").write_text(MEMINFO)
+    data = hostmem.collect("sglang-a.service", str(tmp_path), str(tmp_path / "meminfo"), str(tmp_path))
+    assert data is not None and data["siblings"] == {"sglang-b.service": 69000}
+    stopped = hostmem.collect("sglang-c.service", str(tmp_path), str(tmp_path / "meminfo"), str(tmp_path))
+    assert stopped is not None and set(stopped["siblings"]) == {"sglang-a.service", "sglang-b.service"}

@@ -15,7 +15,7 @@ from agent.plan.choose import Target
 from agent.plan.facts import load_facts
 from agent.plan.from_facts import plan_from_facts
 from agent.plan.hostbudget import Verdict
-from agent.plan.hostplan import memory_max_of, neighbour, plan_host
+from agent.plan.hostplan import memory_max_of, neighbour, plan_host, process_bytes
 from agent.plan.hostpool import GIB, HiCacheFlags, HostMemory, RankPool, plan_host_pool
 from agent.protocol.answers import HostMemoryData
 from agent.render import render_unit, template_dir
@@ -49,7 +49,7 @@ def test_the_rendered_size_and_memory_max_are_the_plans(pool: RankPool, tp: int,
     """The unit gets the plan's --hicache-size and MemoryMax=, and that size builds the planned pool to the
     token in SGLang's own rule; under that MemoryMax= SGLang's check passes for every rank."""
     flags = {**ON, "tp-size": tp, **({"hicache-ratio": ratio} if ratio else {})}
-    host = plan_host("svc", pool, flags, None)
+    host = plan_host("svc", pool, flags, memory(2**20, 2**20))  # a host no pool here reaches
     if host.size_gb is None:  # a pool under 1 GB: no whole-GB size holds it
         assert host.given.bytes < 1e9
         return
@@ -125,7 +125,8 @@ def test_a_neighbours_pools_count_on_the_same_host() -> None:
     inp = replace(inp, flags={**inp.flags, **ON, "hicache-size": 100}, host_memory=mem, neighbours=(other,))
     shared = plan_from_facts(inp, Target(32_000))
     assert not shared.feasible and shared.host is not None and shared.host.budget.over == inp.name
-    assert neighbour("x", {"tp-size": 2}) is None  # no HiCache: no host pool to count
+    plain = neighbour("x", {"tp-size": 2})  # no HiCache: no host pool, its processes count
+    assert plain.pool_bytes == 0 and plain.pinned == process_bytes(2) and not plain.pins_pool
 
 
 def test_a_checkpoint_that_cannot_stay_cached_is_a_warning_not_a_refusal() -> None:
@@ -154,7 +155,8 @@ def test_the_neighbours_are_the_inventorys_services_of_the_same_host(tmp_path: P
 
     _service(tmp_path, "a", "gpu7", 0, "enable-hierarchical-cache = true")
     _service(tmp_path, "b", "gpu7", 1, "enable-hierarchical-cache = true\nhicache-size = 30")
-    _service(tmp_path, "c", "gpu7", 2, "")  # no HiCache: nothing to count
+    _service(tmp_path, "c", "gpu7", 2, "")  # no HiCache: its processes only
     _service(tmp_path, "d", "gpu8", 0, "enable-hierarchical-cache = true\nhicache-size = 50")  # another host
     near = neighbours(load_service("a", tmp_path), tmp_path)
-    assert [(n.name, n.pool_bytes) for n in near] == [("b", 30 * 10**9)]
+    assert [(n.name, n.pool_bytes) for n in near] == [("b", 30 * 10**9), ("c", 0)]
+    assert near[1].pinned == process_bytes(1)

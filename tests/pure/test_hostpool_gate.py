@@ -75,4 +75,4 @@ def test_a_host_memory_short_rollback_says_what_to_set() -> None:
     data = {"outcome": "rolled_back", "reason": "SGLang failed", "summary": {"failure": failure}}
     report = ApplyReport("ct200", "u", 32000, None, {}, {}, "rolled_back", "rolled back", data)  # type: ignore[arg-type]
     text = render_report(report)
-    assert "what to do:" in text and "--hicache-size to at most 41.20 GB per rank" in text
+    assert "what to do:" in text and "--hicache-size to at most 40 (GB per rank)" in text

@@ -4,6 +4,7 @@ has seen so far, the change being made, and the Result a verb comes to."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -104,6 +105,9 @@ class Ports:
     # The GPU processes by card (nvidia-smi; None without it), the unit's own marked (a fake, too).
     gpu_procs: Callable[[str | None], Mapping[int, Sequence[GpuProcess]] | None] = processes
     run_dir: Path = RUN_DIR  # the boot guard's marker folder (host/change/bootguard.py): a tmpfs
+    # waiting for another service's start on the host (host/change/pinning.py): fakes in the pure tests
+    wait: Callable[[float], None] = time.sleep
+    monotonic: Callable[[], float] = time.monotonic
 
     @property
     def unit(self) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from agent.host.change import compare, recover, write
+from agent.host.change import compare, pinning, recover, write
 from agent.host.change.commit import commit
 from agent.host.change.decide import Gate
 from agent.host.change.next_step import Observed, Step, next_step, verified, watched
@@ -142,9 +142,7 @@ class Transaction:
                     calibrated=self.req.pool_calibrated,
                     planned_host_pool=self.req.planned_host_pool)  # fmt: skip
         change = Change(self.req.unit_text, gate, self.req.smoke)
-        return write.shadowed(self.ports) or routerstep.out_of_router(
-            self.ports, lambda: self._change(change, compared)
-        )
+        return self._one_at_a_time(change, compared)
 
     def compare(self, wait: bool = True) -> Result | dict[str, str | None]:
         """The installed unit against the request, changing nothing (host/change/compare.py)."""
@@ -165,9 +163,7 @@ class Transaction:
             return Result(Outcome.ERROR, f"no backup {name or 'that differs from the installed unit'}")
         text = self.files.read(name) or ""
         change = Change(text, Gate(None, None, 0.0, self.req.timeouts), None, restored_from=name)
-        result = write.shadowed(self.ports) or routerstep.out_of_router(
-            self.ports, lambda: self._change(change, self.secrets.of_backup(name))
-        )
+        result = self._one_at_a_time(change, self.secrets.of_backup(name))
         result.data["restored_from"] = name
         return result
 
@@ -198,6 +194,16 @@ class Transaction:
         return recover.blocked(self.ports, self.run, found, explicit)
 
     # -- the change ------------------------------------------------------------------------------
+    def _one_at_a_time(self, change: Change, secrets: dict[str, str | None]) -> Result:
+        """The change, out of its router, and (when its units pin host memory) alone among the host's
+        services from its first write to its end (host/change/pinning.py)."""
+        with pinning.one_start_at_a_time(self.ports, self.files.read(self.unit), change.new) as waited:
+            if waited is not None:
+                return waited
+            return write.shadowed(self.ports) or routerstep.out_of_router(
+                self.ports, lambda: self._change(change, secrets)
+            )
+
     def _change(self, change: Change, secrets: dict[str, str | None]) -> Result:
         """Back up, write (secrets, then the unit), reload, restart, watch, gate: commit or roll back."""
         written = write.write(self.ports, self.run, change, secrets)

@@ -7,9 +7,12 @@ shared/sglang/PD-AND-HICACHE-ON-CPU.md. Anchored at the message position like ev
 
 from __future__ import annotations
 
+import math
 import re
 
 from agent.sglang.logs import events as ev
+
+PAD_GB = 2**28 / 1e9  # the padding page a pool adds beyond its size, bounded (plan/hostplan.py POOL_PAD)
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _HOST_POOL = re.compile(
@@ -47,10 +50,16 @@ def fix(line: str) -> str:
     """What to change after a host_memory_short failure, from SGLang's own line."""
     m = _SHORT.search(line)
     if m and float(m[2]) > 0:
+        # --hicache-size is an int (srt/arg_groups/fields/memory.py) and its pool adds a padding page (at
+        # most 256 MiB) to the size; the figure SGLang prints is rounded to 10 MB
+        whole = math.floor(float(m[2]) - 0.005 - PAD_GB)
+        size = (
+            f"set --hicache-size to at most {whole} (GB per rank)" if whole >= 1 else "no whole-GB size fits"
+        )
         return (
             f"the host pool asked {m[1]} GB per rank where SGLang allows {m[2]} GB (memory available within "
             "the service's cgroup limit, less a 10 GiB reserve, divided among the ranks on the host): "
-            f"set --hicache-size to at most {m[2]} GB per rank, or raise MemoryMax= or free host memory"
+            f"{size}, or raise MemoryMax= or free host memory"
         )
     if m or re.search(NONE_LEFT, line):
         return (

@@ -78,9 +78,10 @@ accuracy: $(BIN)/.stamp
 quick: $(BIN)/.stamp
 	$(BIN)/pytest -q -m "not integration"
 
-# --durations: CI's log names the slowest tests, so its time limit is watched, not guessed
+# Two workers (tests/conftest.py groups each integration module, and the real-SGLang tests, on one);
+# --durations: CI's log names the slowest tests, so its time limit is watched, not guessed.
 test: $(BIN)/.stamp .apt-stamp oracle real-sglang lint
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q -n 2 --dist loadgroup --durations=25
 
 faults: $(BIN)/.stamp .apt-stamp oracle real-sglang
 	$(BIN)/python -m tests.faults

@@ -78,10 +78,13 @@ accuracy: $(BIN)/.stamp
 quick: $(BIN)/.stamp
 	$(BIN)/pytest -q -m "not integration"
 
-# Two workers (tests/conftest.py groups each integration module, and the real-SGLang tests, on one);
-# --durations: CI's log names the slowest tests, so its time limit is watched, not guessed.
+# Two workers, a test file each (an integration module keeps its test host on one), then the real-SGLang
+# tests alone (one real server starting at a time on a 2-core machine); --durations: CI's log names the
+# slowest tests, so its time limit is watched, not guessed.
 test: $(BIN)/.stamp .apt-stamp oracle real-sglang lint
-	$(BIN)/pytest -q -n 2 --dist loadgroup --durations=25
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not real_sglang" --durations=25; tiers=$$?; \
+	$(BIN)/pytest -q -m real_sglang --durations=10; real=$$?; \
+	test $$tiers -eq 0 && test $$real -eq 0
 
 faults: $(BIN)/.stamp .apt-stamp oracle real-sglang
 	$(BIN)/python -m tests.faults

@@ -28,17 +28,6 @@ def _own_state_home(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Te
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-state"))
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's loadgroup (`make test`): an integration module runs on one worker, so its
-    module-scoped test host is booted once; every real-SGLang test runs on one worker, so one real server
-    starts at a time on a 2-core machine. Pure tests go wherever a worker is free."""
-    for item in items:
-        if item.get_closest_marker("real_sglang"):
-            item.add_marker(pytest.mark.xdist_group("real-sglang"))
-        elif item.get_closest_marker("integration"):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden", action="store_true", default=False, help="rewrite golden files from the output"

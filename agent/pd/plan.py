@@ -79,10 +79,16 @@ def decode_running(unit: PdUnit) -> int | None:
     return _int_flag(unit, "max-running-requests")
 
 
+def reserved_tokens(unit: PdUnit) -> int:
+    """--num-reserved-decode-tokens, SGLang's 512 when unset (0 is a value, not unset)."""
+    value = _int_flag(unit, "num-reserved-decode-tokens")
+    return DEFAULT_RESERVED if value is None else value
+
+
 def need_of(host: HostConfig, unit: PdUnit, context: int) -> tuple[int, str]:
     if unit.role is Role.DECODE:
         running = decode_running(unit) or 1
-        reserved = _int_flag(unit, "num-reserved-decode-tokens") or DEFAULT_RESERVED
+        reserved = reserved_tokens(unit)
         return running * (context + reserved), (
             f"--max-running-requests {running} x ({context} context + {reserved} reserved)"
         )
@@ -111,7 +117,7 @@ def decode_needs(plans: Sequence[RolePlan], context: int) -> list[DecodeNeed]:
             p.unit.label,
             decode_running(p.unit) or 1,
             context,
-            _int_flag(p.unit, "num-reserved-decode-tokens") or DEFAULT_RESERVED,
+            reserved_tokens(p.unit),
             p.plan.predicted_pool_low_tokens,
         )
         for p in plans

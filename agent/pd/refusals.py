@@ -121,7 +121,8 @@ def _parity(units: Sequence[PdUnit]) -> list[str]:
     first = units[0]
     for name, of, how in (
         ("--page-size", page_size, "set the same --page-size on every prefill and decode"),
-        ("--kv-cache-dtype", kv_dtype, "write one --kv-cache-dtype text on every unit (auto is not bf16)"),
+        ("--kv-cache-dtype", kv_dtype,
+         "write one --kv-cache-dtype text on every unit (SGLang compares the words: auto is not bf16)"),
         ("--disaggregation-decode-allocation-policy",
          lambda u: _text(u.host.sglang.flags, "disaggregation-decode-allocation-policy", default="early"),
          "set the same policy on both roles"),

@@ -352,6 +352,24 @@ def test_a_decode_is_refused_exactly_when_its_plan_cannot_hold_its_need(running:
     assert bool(refused) is (decode.plan.predicted_pool_low_tokens < decode.need_tokens)
 
 
+@pytest.mark.parametrize(("reserved", "counted"), [(None, 512), (0, 0), (64, 64)])
+def test_a_decode_reserves_what_its_flag_says_and_512_only_when_unset(
+    reserved: int | None, counted: int
+) -> None:
+    """SGLang 0.5.23 reserves --num-reserved-decode-tokens per running request (512 by default): an explicit
+    0 is 0, not the default."""
+    from agent.pd.plan import need_of
+
+    data = example()
+    decode = data["pd"]["decode"][0]
+    if reserved is not None:
+        decode["flags"]["num-reserved-decode-tokens"] = reserved
+    host = host_of(data)
+    unit = next(u for u in pd_units(host) if u.role is Role.DECODE)
+    running = decode["flags"]["max-running-requests"]
+    assert need_of(host, unit, 32768)[0] == running * (32768 + counted)
+
+
 def test_an_unset_chunk_counts_a_whole_prompt() -> None:
     from agent.pd.plan import need_of
 

@@ -42,6 +42,9 @@ def inventory(ports: list[int], policy: str = "round_robin") -> str:
     text = re.sub(
         r"(?ms)^\[gpus\]\n.*?\n\n", "[gpus]\nindices = [0, 1, 2, 3, 4, 5, 6, 7]\nmemory_gib = 95.6\n\n", text
     )
+    # the file's figure is per GPU at its TP 8; each role runs TP 4 on a 96 GB card: a model of half
+    # Kimi's weights, so that each role holds its pool (the plan scales the weights to the role's TP)
+    text = re.sub(r"(?m)^weights_gib_per_gpu = .*$", "weights_gib_per_gpu = 35.24", text, count=1)
     text = re.sub(r"(?m)^port = \d+$", f"port = {router}", text)
     text = re.sub(r"(?m)^max-running-requests = \d+\n", "", text)
     return (

@@ -283,11 +283,7 @@ def boot(pool: int = POOL, trace: bool = False) -> RealHost:
         units = work / "units"
         units.mkdir()
         ssh_config = work / "ssh_config"
-        ssh_config.write_text(
-            f"Host {NAME}\n  HostName 127.0.0.1\n  Port {host.ssh_port}\n  User root\n"
-            f"  IdentityFile {host.ssh_key_path}\n  UserKnownHostsFile {host.known_hosts_path}\n"
-            "  IdentitiesOnly yes\n"
-        )
+        ssh_config.write_text(host.ssh_config_entry(NAME))
         env = {"DEPLOYCTL_UNITS": str(units), "DEPLOYCTL_SSH_CONFIG": str(ssh_config)}
         real = RealHost(host, work, units, ssh_config, hand, port, env=env)
         real.first_start_s = time.monotonic() - started

@@ -83,11 +83,7 @@ def boot(sim_env: Mapping[str, str] | None = None) -> SimHost:
         }
         host = TestHost.create(HostSetup(files, ["sglang.service"], mount_agent=False))
         ssh_config = work / "ssh_config"
-        ssh_config.write_text(
-            f"Host {NAME}\n  HostName 127.0.0.1\n  Port {host.ssh_port}\n  User root\n"
-            f"  IdentityFile {host.ssh_key_path}\n  UserKnownHostsFile {host.known_hosts_path}\n"
-            "  IdentitiesOnly yes\n"
-        )
+        ssh_config.write_text(host.ssh_config_entry(NAME))
         env = {"DEPLOYCTL_UNITS": str(units), "DEPLOYCTL_SSH_CONFIG": str(ssh_config)}
         return SimHost(host, work, units, ssh_config, env=env)
     except BaseException:

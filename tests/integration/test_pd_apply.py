@@ -129,11 +129,7 @@ def _boot(work: Path) -> Pd:
     setup = HostSetup(files, list(UNITS), mount_agent=False, binds_ro={site: ROUTER_SITE})
     host = TestHost.create(setup)
     ssh_config = work / "ssh_config"
-    ssh_config.write_text(
-        f"Host {TARGET}\n  HostName 127.0.0.1\n  Port {host.ssh_port}\n  User root\n"
-        f"  IdentityFile {host.ssh_key_path}\n  UserKnownHostsFile {host.known_hosts_path}\n"
-        "  IdentitiesOnly yes\n"
-    )
+    ssh_config.write_text(host.ssh_config_entry(TARGET))
     env = {"DEPLOYCTL_UNITS": str(units), "DEPLOYCTL_SSH_CONFIG": str(ssh_config)}
     return Pd(host, work, units, env, ports)
 

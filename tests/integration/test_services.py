@@ -99,11 +99,7 @@ def _boot(work: Path) -> Shared:
         files[f"/etc/systemd/system/sglang-{name}.service.d/sim.conf"] = (dropin.encode(), 0o644)
     host = TestHost.create(HostSetup(files, ["sglang-a.service", "sglang-b.service"], mount_agent=False))
     ssh_config = work / "ssh_config"
-    ssh_config.write_text(
-        f"Host {TARGET}\n  HostName 127.0.0.1\n  Port {host.ssh_port}\n  User root\n"
-        f"  IdentityFile {host.ssh_key_path}\n  UserKnownHostsFile {host.known_hosts_path}\n"
-        "  IdentitiesOnly yes\n"
-    )
+    ssh_config.write_text(host.ssh_config_entry(TARGET))
     env = {"DEPLOYCTL_UNITS": str(units), "DEPLOYCTL_SSH_CONFIG": str(ssh_config)}
     return Shared(host, work, units, env, ports)
 

@@ -149,6 +149,14 @@ class TestHost:
     def known_hosts_path(self) -> Path:
         return self.dir / "client/known_hosts"
 
+    def ssh_config_entry(self, alias: str) -> str:
+        """An ssh_config `Host` block that reaches this host as root with its own key and known host."""
+        return (
+            f"Host {alias}\n  HostName 127.0.0.1\n  Port {self.ssh_port}\n  User root\n"
+            f"  IdentityFile {self.ssh_key_path}\n  UserKnownHostsFile {self.known_hosts_path}\n"
+            "  IdentitiesOnly yes\n"
+        )
+
     @property
     def host_key_fingerprint(self) -> str:
         out = subprocess.run(

@@ -241,7 +241,6 @@ class Killed(BaseException):
     """The agent dies here."""
 
 
-@NOT_YET
 def test_a_recoverys_restart_of_a_pinning_unit_waits_for_the_hosts_lock(tmp_path: Path) -> None:
     """MEDIUM (listed under 'Not yet', but it is the crash path the lock exists for). An apply killed at its
     restart leaves a record; the next run's recovery restores the HiCache unit and restarts it in

@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterator
 
 from agent.host.change.ports import Ports, Result
+from agent.host.change.record import CorruptRecord
 from agent.host.lock import Locked, UnitLock, describe_holder
 from agent.protocol.answers import Holder
 from agent.protocol.events import Outcome, Stage
@@ -70,6 +71,40 @@ def one_start_at_a_time(p: Ports, installed: str | None, new: str) -> Iterator[R
     if p.req.group is not None or not (pins_host_memory(new) or pins_host_memory(installed)):
         yield None
         return
+    with _held(p, "starts") as waited:
+        yield waited
+
+
+def recovery_pins(p: Ports) -> bool:
+    """An earlier run's change left a record whose recovery may restart a unit that pins host memory (the
+    installed unit, kept and started again, or its backup, restored and restarted); a group's node is
+    ordered by its group's own machine."""
+    if p.req.group is not None:
+        return False
+    try:
+        record = p.state.load_record(p.unit)
+    except CorruptRecord:
+        return False  # nothing restarts: the verb stops on it
+    if record is None:
+        return False
+    backup = p.files.read(record.backup) if record.backup else None
+    return pins_host_memory(p.files.read(p.unit)) or pins_host_memory(backup)
+
+
+@contextlib.contextmanager
+def recovering(p: Ports) -> Iterator[Result | None]:
+    """Held around a recovery that may restart a unit that pins host memory: the crash path's start waits
+    for another service's start on the host as a change's does (LOCKED past the bound: nothing changed)."""
+    if not recovery_pins(p):
+        yield None
+        return
+    with _held(p, "is recovered") as waited:
+        yield waited
+
+
+@contextlib.contextmanager
+def _held(p: Ports, doing: str) -> Iterator[Result | None]:
+    """The host's lock, waited for at most bound_s; a LOCKED result when another kept it past that."""
     lock = UnitLock(p.run_dir, LOCK_NAME)
     me: Holder = {
         "pid": os.getpid(),
@@ -92,7 +127,7 @@ def one_start_at_a_time(p: Ports, installed: str | None, new: str) -> Iterator[R
         yield Result(Outcome.LOCKED, msg)
         return
     p.log.emit(
-        Stage.LOCK, "step", f"holding the host's memory lock while {p.unit} starts", lock=str(lock.path)
+        Stage.LOCK, "step", f"holding the host's memory lock while {p.unit} {doing}", lock=str(lock.path)
     )
     try:
         yield None

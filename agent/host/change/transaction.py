@@ -188,7 +188,10 @@ class Transaction:
     def _recover_first(self, explicit: bool = False) -> Result | None:
         """Finish an earlier run's change; a failed or impossible recovery stops everything here."""
         self.log.emit(Stage.RECOVER, "step", "checking for an unfinished earlier run")
-        found = self.run.recovered = self.recover()
+        with pinning.recovering(self.ports) as waited:  # its restart waits for another's start too
+            if waited is not None:
+                return waited
+            found = self.run.recovered = self.recover()
         if found not in ("corrupt", "group-unreadable", "failed"):
             routerstep.rejoin_left_out(self.ports)
         return recover.blocked(self.ports, self.run, found, explicit)

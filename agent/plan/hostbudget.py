@@ -35,6 +35,7 @@ class ServiceNeed:
     unit: str = ""  # its systemd unit (a neighbour's: what the host's facts say it holds now)
     sglang_ranks: int = 0  # SGLang's ranks per host, its pool divisor (0: `ranks`; fewer with data parallel)
     pins_pool: bool = True  # it pins a host pool (HiCache, a decode's backup); False: processes only
+    auto_fraction: float | None = None  # its --hicache-host-memory-fraction where SGLang auto-sizes its pool
 
     @property
     def pools_seen_by_last(self) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from agent.inventory import FlagValue
 from agent.plan.hostbudget import HostBudget, HostRam, RamShare, ServiceNeed, Verdict, plan_budget
 from agent.plan.hostpool import (
+    AUTO_SLACK,
     GIB,
     RESERVE_BYTES,
     CgroupLevel,
@@ -31,6 +32,7 @@ from agent.plan.hostpool import (
     HostPool,
     Mode,
     RankPool,
+    allowance,
     plan_host_pool,
     ranks_per_host,
 )
@@ -399,13 +401,36 @@ def floor_gb(nbytes: int) -> float:
     return float(math.floor(nbytes / 1e9))
 
 
+def mid_start(n: ServiceNeed, data: HostMemoryData | None) -> bool:
+    """A neighbour caught loading: it pins a host pool, and its unit holds something but no more than its
+    processes (and its daemon) are estimated at: its pool is not pinned yet (SGLang pins it after the
+    weights, pool_host/base.py:247-281), so it is still to pin, not running. A unit of Type=simple is
+    `active` while it loads: its memory, not its state, tells."""
+    held = held_now(n, data)
+    return n.pins_pool and 0 < held <= n.process_bytes + n.daemon_bytes
+
+
+def at_most_pinned(n: ServiceNeed, data: HostMemoryData | None) -> ServiceNeed:
+    """A neighbour caught mid-start whose pool its inventory does not size (auto, a ratio, a decode's
+    backup) with the most SGLang lets it pin on the host as it is now: per rank its allowance
+    ((MemAvailable - 10 GiB) // its ranks, base.py:104-108), x the fraction x 0.95 in auto mode
+    (hicache_auto_size.py:94-97), plus the padding page; a pool over the allowance SGLang refuses."""
+    if n.host_pool is not None or not mid_start(n, data) or data is None:
+        return n
+    room = allowance(HostMemory(data["available"]), n.sglang_ranks or n.ranks)
+    per_rank = int(room * n.auto_fraction * (1 - AUTO_SLACK)) if n.auto_fraction else room
+    pool = HostPool(Mode.AUTO if n.auto_fraction else Mode.RATIO, 0, max(0, per_rank) + POOL_PAD, room)
+    return replace(n, host_pool=pool)
+
+
 def waiting(neighbours: Sequence[ServiceNeed], data: HostMemoryData | None) -> tuple[ServiceNeed, ...]:
-    """The neighbours that hold nothing now (the facts name their unit as holding nothing, or not at all):
-    they start after this one. None from facts that do not say what neighbours hold (an older agent)."""
+    """The neighbours still to pin: those that hold nothing now (the facts name their unit as holding
+    nothing, or not at all), they start after this one, and those caught mid-start. None from facts that do
+    not say what neighbours hold (an older agent)."""
     now = None if data is None else data.get("siblings")
     if now is None:
         return ()
-    return tuple(n for n in neighbours if not now.get(n.unit, 0))
+    return tuple(n for n in neighbours if not now.get(n.unit, 0) or mid_start(n, data))
 
 
 def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the host, the ranks, the others
@@ -415,6 +440,7 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
     seen: HostMemory,
     ranks: int,
     later: Sequence[ServiceNeed],
+    data: HostMemoryData | None = None,
 ) -> HostPool:
     """SGLang's auto size (its default) takes 0.8 of what the process sees, split by its own ranks alone
     (hicache_auto_size.py): the first of two services started with it leaves the second nothing. With
@@ -422,13 +448,20 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
     their ranks, over the memory they leave (an explicit size's pool and every one's processes)."""
     if given.mode is not Mode.AUTO or not later:
         return given
-    held = sum(n.pinned if n.host_pool is not None else n.process_bytes + n.daemon_bytes for n in later)
+    # what they are still to take: a neighbour caught mid-start holds its processes already
+    held = sum(max(0, _still(n) - held_now(n, data)) for n in later)
     everyone = ranks + sum(n.ranks for n in later if n.host_pool is None and n.pins_pool)
     # their memory leaves the host, and the slices above this unit (its levels but the first), which a
     # neighbour of the same slice draws on too (a slice's MemoryMax= over both holds both)
     above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
     left = HostMemory(max(0, seen.available - held), above)
     return plan_host_pool(pool, hicache_flags(flags), left, everyone)
+
+
+def _still(n: ServiceNeed) -> int:
+    """What a neighbour still to start takes: all it pins (its processes only, an unsized pool being
+    shared out by the auto rule)."""
+    return n.pinned if n.host_pool is not None else n.process_bytes + n.daemon_bytes
 
 
 def rendered_size(
@@ -475,7 +508,8 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     limit = resolve_limit(unit_limit, data)
     seen = memory_at_start(data, pools, limit)
     given = plan_host_pool(pool, hicache_flags(flags), seen, ranks)
-    share = shared(pool, flags, given, seen, pools, waiting(neighbours, data))
+    neighbours = tuple(at_most_pinned(n, data) for n in neighbours)
+    share = shared(pool, flags, given, seen, pools, waiting(neighbours, data), data)
     size, capped = rendered_size(pool, flags, share, seen)
     if data is None and given.mode is Mode.AUTO:  # SGLang's auto size shrinks to the host at start: kept
         size, capped = None, 0
@@ -515,5 +549,6 @@ def neighbour(
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
     if not enabled(flags):
         pool = None
+    fraction = hicache_flags(flags).effective_fraction if auto_pool else None
     return ServiceNeed(name, pools, None, pool, process_bytes(pools), 0, memory_max, daemon, unit, ranks,
-                       auto_pool)  # fmt: skip
+                       auto_pool, fraction)  # fmt: skip

@@ -210,7 +210,6 @@ def test_a_decode_neighbours_backup_pool_is_in_the_budget() -> None:
     assert decode is not None and decode.pinned >= process_bytes(4)
 
 
-@NOT_YET
 def test_a_neighbour_caught_mid_start_is_not_taken_for_one_that_has_pinned() -> None:
     """MEDIUM. The plan is made on the laptop before the host's lock is waited for. A neighbour (auto, as the
     inventory says) caught loading its weights holds its processes only: not 'still to start' (it holds

@@ -73,7 +73,16 @@ class HostRam:
 
     @property
     def capacity(self) -> int:
-        return min(self.total, self.available, self.cgroup_limit or self.total)
+        return min(self.total, self.available, self.total if self.cgroup_limit is None else self.cgroup_limit)
+
+    @property
+    def bound(self) -> str:
+        """Whose memory the capacity is: the host's, or its slice's limit where that binds."""
+        return (
+            "the slice's"
+            if self.cgroup_limit is not None and self.cgroup_limit < min(self.total, self.available)
+            else "the host's"
+        )
 
 
 @dataclass(frozen=True)
@@ -170,7 +179,7 @@ def plan_budget(
         if pinned + service.pinned > host.capacity:
             total = pinned + sum(s.pinned for s in services[i:])
             why = (
-                f"the host's {host.capacity / GIB:.1f} GiB cannot pin {total / GIB:.1f} GiB "
+                f"{host.bound} {host.capacity / GIB:.1f} GiB cannot pin {total / GIB:.1f} GiB "
                 f"(host pools, processes, the weight-cache daemon and {headroom / GIB:.1f} GiB headroom)"
             )
             return _refuse(host, total, service, pinned, why, ram=True)

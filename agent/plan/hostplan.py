@@ -37,7 +37,7 @@ from agent.plan.hostpool import (
     ranks_per_host,
 )
 from agent.plan.inputs import float_of, int_of, is_on, value_of
-from agent.protocol.answers import HostMemoryData
+from agent.protocol.answers import CgroupLevelData, HostMemoryData
 from agent.sglang import weight_cache as wc
 
 # What SGLang's processes hold in host RAM besides the host pools: per rank a scheduler (torch, CUDA
@@ -217,7 +217,21 @@ def host_ram(data: HostMemoryData | None, daemon_counted: bool = False) -> HostR
     old = max(0, levels[0]["current"] - levels[0]["file"]) if levels else 0
     old += own_daemon_held(data) if daemon_counted else 0
     total = data["total"] - data["hugepages_total"]
-    return HostRam(total, min(total, data["available"] + old))
+    return HostRam(total, min(total, data["available"] + old), slice_room(levels, old))
+
+
+def slice_room(levels: Sequence[CgroupLevelData], old: int) -> int | None:
+    """The room of the slices above the unit (their memory.max / memory.high: system.slice, a Slice= of its
+    own, a template's system-x.slice), as SGLang counts a level's use (usage less page cache,
+    host_memory.py:98-125), with what this service holds now given back; None: no slice limit."""
+    above = levels[1:] if levels and levels[0]["path"].endswith(".service") else levels
+    room = [
+        limit - max(0, lv["current"] - lv["file"]) + old
+        for lv in above
+        for limit in (lv["max"], lv["high"])
+        if limit is not None
+    ]
+    return max(0, min(room)) if room else None
 
 
 def held_now(n: ServiceNeed, data: HostMemoryData | None) -> int:
@@ -245,7 +259,9 @@ def with_neighbours_stopped(
     lacks while they run, so what they hold now is given back (bounded by MemTotal) rather than counted
     twice; a neighbour stopped holds nothing."""
     held = sum(held_now(n, data) for n in neighbours)
-    return HostRam(host.total, min(host.total, host.available + held), host.cgroup_limit)
+    # the facts' siblings are the services of the unit's top slice: what they hold is in its usage too
+    limit = None if host.cgroup_limit is None else host.cgroup_limit + held
+    return HostRam(host.total, min(host.total, host.available + held), limit)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,46 @@
+"""The host plan's inputs and outputs at its edges: the slice's limit over every service of the host, the
+PD decode's default retraction-backup pool, the HiCache lines of a start's log, what the plan text says it
+used without facts, and the draft / hybrid models whose host pools are not sized."""
+
+from __future__ import annotations
+
+from agent.plan.hostplan import neighbour, plan_host, process_bytes
+from agent.plan.hostpool import GIB, RankPool
+from agent.protocol.answers import CgroupLevelData, HostMemoryData
+
+GB = 10**9
+ON = {"enable-hierarchical-cache": True}
+POOL = RankPool(400_000, 131_072, 1)  # 52 GB of device KV per rank
+
+
+def host(levels: list[CgroupLevelData], siblings: dict[str, int]) -> HostMemoryData:
+    return {"total": 1024 * GIB, "available": 1000 * GIB, "hugepages_total": 0, "hugepages_free": 0,
+            "numa_nodes": 1, "cgroup": levels, "siblings": siblings}  # fmt: skip
+
+
+def level(path: str, limit: int | None, current: int = 0) -> CgroupLevelData:
+    return {"path": path, "max": limit, "high": None, "current": current, "file": 0}
+
+
+def test_the_slices_limit_bounds_the_budget_of_every_service_in_it() -> None:
+    """system.slice's memory.max holds every service of the host: each 80 GB pool passes SGLang's own check
+    in the slice alone, but the two together (with their processes) do not fit its 150 GiB."""
+    levels = [level("system.slice/chat.service", None), level("system.slice", 150 * GIB)]
+    later = neighbour("code", {**ON, "hicache-size": 80}, unit="code.service")
+    plan = plan_host("chat", POOL, {**ON, "hicache-size": 80}, host(levels, {}), (later,))
+    assert plan.pool.fits  # SGLang's check of this service alone
+    assert not plan.fits and plan.budget.capacity <= 150 * GIB, plan.budget.reason
+    assert "the slice's 150.0 GiB" in plan.budget.reason
+
+
+def test_a_running_neighbour_in_the_slice_is_given_back_to_the_slice_once() -> None:
+    """The slice's usage holds a running neighbour's pool: the budget counts it as the neighbour's need, so
+    it is given back to the slice's room rather than counted twice."""
+    held = 40 * GB + process_bytes(1)
+    levels = [level("system.slice/chat.service", None), level("system.slice", 150 * GIB, held)]
+    running = neighbour("code", {**ON, "hicache-size": 40}, unit="code.service")
+    plan = plan_host(
+        "chat", POOL, {**ON, "hicache-size": 40}, host(levels, {"code.service": held}), (running,)
+    )
+    assert plan.fits, plan.budget.reason
+    assert plan.budget.capacity == 150 * GIB

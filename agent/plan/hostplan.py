@@ -282,6 +282,7 @@ class HostPlan:
     # the rendered size was cut to (free - 10 GiB) / (2 x ranks - 1): SGLang checks an explicit size rank by
     # rank against free memory read afresh, where its auto mode booked every rank against one snapshot
     last_rank_cap: int = 0  # the pools + ranks - 1 the size was divided by; 0: not cut
+    unit_limit: int | None = None  # the unit's own MemoryMax= (bytes) the pool was sized under, if any
 
     @property
     def fits(self) -> bool:
@@ -314,6 +315,7 @@ class HostPlan:
             "memory_max": self.memory_max,
             "checked": self.checked,
             "sized_for_last_rank": bool(self.last_rank_cap),
+            "unit_memory_max": self.unit_limit,
         }
         budget = {
             "verdict": self.budget.verdict.value,
@@ -360,6 +362,12 @@ class HostPlan:
                 f"host memory: {self.budget.pinned / GIB:.1f} GiB pinned{daemon} of "
                 f"{self.budget.capacity / GIB:.1f} GiB "
                 f"({self.budget.verdict.value})" + (f": {self.budget.reason}" if self.budget.reason else "")
+            )
+        elif self.unit_limit is not None:
+            out.append(
+                f"host memory: the pool checked under the unit's own MemoryMax={self.unit_limit / GIB:.1f}G "
+                "as SGLang checks it; the host's RAM and its other services unchecked (no host facts)"
+                + (f": {self.budget.reason}" if self.budget.reason else "")
             )
         else:
             out.append("host memory: not read (no facts): the host pool is sized from the flags, unchecked")
@@ -544,7 +552,7 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
         budget = HostBudget(Verdict.UNCHECKED, budget.capacity, budget.pinned, 0)
     return HostPlan(pools, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
                     size if planned.fits else None, memory_max, budget, data is not None, daemon,
-                    capped)  # fmt: skip
+                    capped, limit)  # fmt: skip
 
 
 def neighbour(

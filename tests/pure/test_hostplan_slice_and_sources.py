@@ -44,3 +44,13 @@ def test_a_running_neighbour_in_the_slice_is_given_back_to_the_slice_once() -> N
     )
     assert plan.fits, plan.budget.reason
     assert plan.budget.capacity == 150 * GIB
+
+
+def test_without_facts_the_text_says_the_units_own_limit_was_used() -> None:
+    """No facts, but the unit's own MemoryMax=64G is SGLang's bound and the plan checked the pool under it:
+    the text says so, not 'not read (no facts)'."""
+    plan = plan_host("chat", POOL, {**ON, "hicache-size": 20}, None, unit_limit=64 * GIB)
+    text = "\n".join(plan.lines(POOL.device_tokens, 32_000))
+    assert "not read (no facts)" not in text
+    assert "the unit's own MemoryMax=64.0G" in text, text
+    assert plan.to_dict()["host_pool"]["unit_memory_max"] == 64 * GIB  # type: ignore[index]

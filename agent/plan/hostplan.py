@@ -283,6 +283,7 @@ class HostPlan:
     # rank against free memory read afresh, where its auto mode booked every rank against one snapshot
     last_rank_cap: int = 0  # the pools + ranks - 1 the size was divided by; 0: not cut
     unit_limit: int | None = None  # the unit's own MemoryMax= (bytes) the pool was sized under, if any
+    backup: bool = False  # a PD decode's default retraction backup (no HiCache), SGLang's auto size kept
 
     @property
     def fits(self) -> bool:
@@ -316,6 +317,7 @@ class HostPlan:
             "checked": self.checked,
             "sized_for_last_rank": bool(self.last_rank_cap),
             "unit_memory_max": self.unit_limit,
+            "backup": "decode-retraction" if self.backup else None,
         }
         budget = {
             "verdict": self.budget.verdict.value,
@@ -333,7 +335,8 @@ class HostPlan:
     def lines(self, device_tokens: int, context: int) -> list[str]:
         """What the device and host tiers hold against the target context, and the budget's verdict."""
         held = device_tokens + self.pool.tokens
-        unread = not self.checked and self.given.mode is Mode.AUTO
+        unread = (not self.checked and self.given.mode is Mode.AUTO) or self.backup
+        tier = "decode retraction backup" if self.backup else "HiCache"
         how = (
             f"--hicache-size {self.size_gb:g} GB"
             if self.size_gb is not None
@@ -342,11 +345,11 @@ class HostPlan:
             else "under 1 GB: the flags as given"
         )
         out = [
-            f"HiCache: device pool {device_tokens:,} + host pool {self.pool.tokens:,} tokens per rank "
+            f"{tier}: device pool {device_tokens:,} + host pool {self.pool.tokens:,} tokens per rank "
             f"({how} x {self.ranks} rank(s), {self.pool.gb * self.ranks:.1f} GB) "
             f"= {held:,} tokens, {held / max(context, 1):.1f}x the {context:,}-token context"
             if self.pool.fits
-            else f"HiCache: no host pool fits ({self.given.message()})"
+            else f"{tier}: no host pool fits ({self.given.message()})"
         ]
         if self.last_rank_cap:
             out.append(
@@ -354,24 +357,27 @@ class HostPlan:
                 f"{self.last_rank_cap}: SGLang checks an explicit size rank by rank against free memory read "
                 "afresh, the last rank seeing the others' pools as used (pool_host/base.py:248-257)"
             )
+        out.append(self._memory_line())
+        return out
+
+    def _memory_line(self) -> str:
+        """The budget's verdict, or what was checked without host facts."""
+        reason = f": {self.budget.reason}" if self.budget.reason else ""
         if self.checked:
             daemon = (
                 f", its weight-cache daemon {self.daemon_bytes / GIB:.0f} GiB" if self.daemon_bytes else ""
             )
-            out.append(
+            return (
                 f"host memory: {self.budget.pinned / GIB:.1f} GiB pinned{daemon} of "
-                f"{self.budget.capacity / GIB:.1f} GiB "
-                f"({self.budget.verdict.value})" + (f": {self.budget.reason}" if self.budget.reason else "")
+                f"{self.budget.capacity / GIB:.1f} GiB ({self.budget.verdict.value})" + reason
             )
-        elif self.unit_limit is not None:
-            out.append(
+        if self.unit_limit is not None:
+            return (
                 f"host memory: the pool checked under the unit's own MemoryMax={self.unit_limit / GIB:.1f}G "
                 "as SGLang checks it; the host's RAM and its other services unchecked (no host facts)"
-                + (f": {self.budget.reason}" if self.budget.reason else "")
+                + reason
             )
-        else:
-            out.append("host memory: not read (no facts): the host pool is sized from the flags, unchecked")
-        return out
+        return "host memory: not read (no facts): the host pool is sized from the flags, unchecked"
 
 
 def rank_pool(device_tokens: int, bytes_per_token: float, page_size: int) -> RankPool | None:
@@ -465,6 +471,7 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
     ranks: int,
     later: Sequence[ServiceNeed],
     data: HostMemoryData | None = None,
+    decode_backup: float | None = None,
 ) -> HostPool:
     """SGLang's auto size (its default) takes 0.8 of what the process sees, split by its own ranks alone
     (hicache_auto_size.py): the first of two services started with it leaves the second nothing. With
@@ -479,7 +486,7 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
     # neighbour of the same slice draws on too (a slice's MemoryMax= over both holds both)
     above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
     left = HostMemory(max(0, seen.available - held), above)
-    return plan_host_pool(pool, hicache_flags(flags), left, everyone)
+    return plan_host_pool(pool, hicache_flags(flags), left, everyone, decode_backup=decode_backup)
 
 
 def _still(n: ServiceNeed) -> int:
@@ -524,6 +531,7 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     checkpoint_bytes: int = 0,
     weight_cache: bool = False,
     unit_limit: int | RamShare | None = None,
+    decode_backup: float | None = None,
 ) -> HostPlan:
     """The service's host plan; the budget counts the neighbours (services of the same host) before it.
     `unit_limit`: a MemoryMax=/MemoryHigh= the unit's own lines set (unit_memory_limit), which systemd
@@ -531,28 +539,39 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     ranks, pools = ranks_of(flags), pools_of(flags)  # SGLang's divisor; the pools pinned (data parallel)
     limit = resolve_limit(unit_limit, data)
     seen = memory_at_start(data, pools, limit)
-    given = plan_host_pool(pool, hicache_flags(flags), seen, ranks)
+    given = plan_host_pool(pool, hicache_flags(flags), seen, ranks, decode_backup=decode_backup)
     neighbours = tuple(at_most_pinned(n, data) for n in neighbours)
-    share = shared(pool, flags, given, seen, pools, waiting(neighbours, data), data)
+    share = shared(pool, flags, given, seen, pools, waiting(neighbours, data), data, decode_backup)
     size, capped = rendered_size(pool, flags, share, seen)
-    if data is None and given.mode is Mode.AUTO:  # SGLang's auto size shrinks to the host at start: kept
+    # SGLang's auto size shrinks to the host at start: kept without facts, and for a decode's backup-only
+    # pool (the unit keeps SGLang's default; the plan says what it pins)
+    if (data is None and given.mode is Mode.AUTO) or decode_backup is not None:
         size, capped = None, 0
     memory_max = None
-    planned = given
+    planned = share if decode_backup is not None else given
     if size is not None:
         memory_max = limit or memory_max_of({**flags, "hicache-size": size})
         planned = size_pool(pool, size, memory_at_start(data, pools, memory_max), ranks, pools)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
     need = ServiceNeed(name, pools, pool, planned, process_bytes(pools), checkpoint_bytes, memory_max, daemon,
                        sglang_ranks=ranks)  # fmt: skip
+    budget = host_budget(need, neighbours, data)
+    return HostPlan(pools, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
+                    size if planned.fits else None, memory_max, budget, data is not None, daemon,
+                    capped, limit, decode_backup is not None)  # fmt: skip
+
+
+def host_budget(
+    need: ServiceNeed, neighbours: Sequence[ServiceNeed], data: HostMemoryData | None
+) -> HostBudget:
+    """The host's budget with this service's need last, the neighbours at least at what they hold now;
+    UNCHECKED without facts (unless refused on what is known)."""
     counted = as_running(neighbours, data)
-    ram = with_neighbours_stopped(host_ram(data, daemon > 0), counted, data)
+    ram = with_neighbours_stopped(host_ram(data, need.daemon_bytes > 0), counted, data)
     budget = plan_budget(ram, (*counted, need))
     if data is None and budget.verdict is not Verdict.REFUSED:
         budget = HostBudget(Verdict.UNCHECKED, budget.capacity, budget.pinned, 0)
-    return HostPlan(pools, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
-                    size if planned.fits else None, memory_max, budget, data is not None, daemon,
-                    capped, limit)  # fmt: skip
+    return budget
 
 
 def neighbour(

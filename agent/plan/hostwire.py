@@ -5,22 +5,50 @@ restart, naming the service and the `--hicache-size` that fits), a pre-warm that
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from agent.inventory import HostConfig, load_services
+from agent.inventory import FlagValue, HostConfig, load_services
 from agent.plan.choose import Plan
 from agent.plan.facts import PlanInput
 from agent.plan.hostbudget import ServiceNeed, Verdict
 from agent.plan.hostplan import enabled, neighbour, plan_host, rank_pool
-from agent.plan.inputs import draft_model
+from agent.plan.hostpool import DecodeServer, decode_backup_ratio
+from agent.plan.inputs import draft_model, float_of, int_of, is_on, value_of
 from agent.sglang.pools import PoolSizer
 
 
+def backup_server(inp: PlanInput, sizer: PoolSizer | None) -> DecodeServer | None:
+    """A PD decode without HiCache, as its retraction backup resolves (kv_cache_builder.py:199-241); None
+    for any other server, or a decode whose backup is named (host_pool: kept as HiCache's pool is not,
+    cpu_tensor / none: no host pool)."""
+    flags = inp.flags
+    if value_of(flags, "disaggregation-mode") != "decode" or enabled(flags):
+        return None
+    if value_of(flags, "disaggregation-decode-retraction-backup") is not None:
+        return None
+    preempts = _on(flags, "enable-priority-scheduling") and not _on(flags, "disable-priority-preemption")
+    mla = bool(inp.model.config.integer("kv_lora_rank"))
+    return DecodeServer(
+        mha=not mla and (sizer is None or sizer.mamba is None),  # a recurrent state: cpu_tensor (line 210)
+        dcp=(int_of(flags, "dcp-size", "decode-context-parallel-size") or 1) > 1,
+        decode_radix_cache=_on(flags, "disaggregation-decode-enable-radix-cache"),
+        decode_offload=_on(flags, "disaggregation-decode-enable-offload-kvcache"),
+        priority_preemption=preempts,
+    )
+
+
+def _on(flags: Mapping[str, FlagValue], name: str) -> bool:
+    return name in flags and is_on(flags, name)
+
+
 def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
-    """The plan with `host` set where HiCache is on and its pool is one deployctl follows; else unchanged
-    (with a note saying why the host pool is not planned)."""
-    if not enabled(inp.flags):
+    """The plan with `host` set where HiCache is on (or a PD decode's default retraction backup builds a
+    host pool) and its pool is one deployctl follows; else unchanged (with a note saying why the host pool
+    is not planned)."""
+    server = backup_server(inp, sizer)
+    if not enabled(inp.flags) and not (server and server.builds_backup_pool):
         return plan
     why = None
     if sizer is None or sizer.mamba is not None or sizer.swa_ratio is not None:
@@ -36,8 +64,13 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
         said = why or "no whole-byte cell or no device pool"
         return replace(plan, notes=(*plan.notes, f"HiCache host pool not planned: {said}"))
     weights = inp.model.weights_bytes or 0
+    backup = None
+    if server is not None:  # a decode's backup-only pool: SGLang's ratio rule, its auto size kept
+        threshold = float_of(inp.flags, "disaggregation-decode-host-receive-threshold")
+        backup = decode_backup_ratio(pool, plan.context_length, receive_threshold=1.0 if threshold is None
+                                     else threshold)  # fmt: skip
     host = plan_host(inp.name, pool, inp.flags, inp.host_memory, inp.neighbours, weights, inp.weight_cache,
-                     inp.unit_memory_limit)  # fmt: skip
+                     inp.unit_memory_limit, backup)  # fmt: skip
     lines = tuple(host.lines(plan.predicted_pool_tokens, plan.context_length))
     if not host.fits:
         reason = host.budget.reason or lines[0]

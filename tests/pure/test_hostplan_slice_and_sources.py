@@ -4,6 +4,12 @@ used without facts, and the draft / hybrid models whose host pools are not sized
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from agent.plan.choose import Target
+from agent.plan.facts import parse_facts
+from agent.plan.from_facts import plan_from_facts
 from agent.plan.hostplan import neighbour, plan_host, process_bytes
 from agent.plan.hostpool import GIB, RankPool
 from agent.protocol.answers import CgroupLevelData, HostMemoryData
@@ -54,3 +60,36 @@ def test_without_facts_the_text_says_the_units_own_limit_was_used() -> None:
     assert "not read (no facts)" not in text
     assert "the unit's own MemoryMax=64.0G" in text, text
     assert plan.to_dict()["host_pool"]["unit_memory_max"] == 64 * GIB  # type: ignore[index]
+
+
+def decode_facts(**flags: object) -> dict[str, object]:
+    root = Path(__file__).resolve().parents[2]
+    data = json.loads((root / "examples/llama-3.1-8b-h100.json").read_text())
+    data["flags"] = {**data.get("flags", {}), "disaggregation-mode": "decode", **flags}
+    data["host_memory"] = {"total": 512 * GIB, "available": 500 * GIB, "hugepages_total": 0,
+                           "hugepages_free": 0, "numa_nodes": 1, "cgroup": [], "siblings": {}}  # fmt: skip
+    return data
+
+
+def test_a_decodes_default_retraction_backup_pool_is_in_plan_json_and_text() -> None:
+    """A PD decode without HiCache builds a host pool by default as its retraction backup
+    (kv_cache_builder.py:199-258: host_pool for an MHA pool; ratio max(0.2, one request's tokens / device
+    tokens), auto-sized): `plan --json` carries it in host_pool / host_budget, as the text says it."""
+    plan = plan_from_facts(parse_facts(decode_facts()), Target(32_000))
+    data = plan.to_dict()
+    pool = data["host_pool"]
+    assert isinstance(pool, dict) and pool["tokens"] > 0 and pool["backup"] == "decode-retraction"
+    assert pool["hicache_size_gb"] is None  # SGLang's own auto size stays: nothing rendered, nothing gated
+    device = plan.predicted_pool_tokens
+    assert pool["tokens"] == int(device * max(0.2, (32_000 + 3) / device)) + 1
+    budget = data["host_budget"]
+    assert isinstance(budget, dict) and budget["verdict"] == "fits" and budget["pinned"] > pool["bytes"]
+    assert any("retraction backup" in n for n in plan.notes), plan.notes
+    assert not plan.host or not plan.host.flags()  # the unit keeps SGLang's default
+
+
+def test_a_decode_that_backs_up_to_a_cpu_tensor_plans_no_host_pool() -> None:
+    """The decode radix cache resolves the default backup to cpu_tensor (kv_cache_builder.py:233): no pool."""
+    plan = plan_from_facts(parse_facts(decode_facts(**{"disaggregation-decode-enable-radix-cache": True})),
+                           Target(32_000))  # fmt: skip
+    assert "host_pool" not in plan.to_dict()

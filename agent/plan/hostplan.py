@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from agent.inventory import FlagValue
 from agent.plan.hostbudget import HostBudget, HostRam, RamShare, ServiceNeed, Verdict, plan_budget
+from agent.plan.hostlog import LoggedPool
 from agent.plan.hostpool import (
     AUTO_SLACK,
     GIB,
@@ -284,6 +285,7 @@ class HostPlan:
     last_rank_cap: int = 0  # the pools + ranks - 1 the size was divided by; 0: not cut
     unit_limit: int | None = None  # the unit's own MemoryMax= (bytes) the pool was sized under, if any
     backup: bool = False  # a PD decode's default retraction backup (no HiCache), SGLang's auto size kept
+    logged: LoggedPool | None = None  # the host pool a start's log says it pinned (plan --from-log, history)
 
     @property
     def fits(self) -> bool:
@@ -318,6 +320,7 @@ class HostPlan:
             "sized_for_last_rank": bool(self.last_rank_cap),
             "unit_memory_max": self.unit_limit,
             "backup": "decode-retraction" if self.backup else None,
+            "logged": None if self.logged is None else self.logged.to_dict(),
         }
         budget = {
             "verdict": self.budget.verdict.value,

@@ -5,7 +5,7 @@ restart, naming the service and the `--hicache-size` that fits), a pre-warm that
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,9 +13,11 @@ from agent.inventory import FlagValue, HostConfig, load_services
 from agent.plan.choose import Plan
 from agent.plan.facts import PlanInput
 from agent.plan.hostbudget import ServiceNeed, Verdict
+from agent.plan.hostlog import LoggedPool
 from agent.plan.hostplan import enabled, neighbour, plan_host, rank_pool
-from agent.plan.hostpool import DecodeServer, decode_backup_ratio
+from agent.plan.hostpool import DecodeServer, RankPool, decode_backup_ratio
 from agent.plan.inputs import draft_model, float_of, int_of, is_on, value_of
+from agent.sglang.logs.summary import StartFigures
 from agent.sglang.pools import PoolSizer
 
 
@@ -64,20 +66,41 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
         said = why or "no whole-byte cell or no device pool"
         return replace(plan, notes=(*plan.notes, f"HiCache host pool not planned: {said}"))
     weights = inp.model.weights_bytes or 0
-    backup = None
-    if server is not None:  # a decode's backup-only pool: SGLang's ratio rule, its auto size kept
-        threshold = float_of(inp.flags, "disaggregation-decode-host-receive-threshold")
-        backup = decode_backup_ratio(pool, plan.context_length, receive_threshold=1.0 if threshold is None
-                                     else threshold)  # fmt: skip
+    backup = None if server is None else _backup_ratio(inp, pool, plan.context_length)
     host = plan_host(inp.name, pool, inp.flags, inp.host_memory, inp.neighbours, weights, inp.weight_cache,
                      inp.unit_memory_limit, backup)  # fmt: skip
+    host = replace(host, logged=logged_pool(inp.starts))
     lines = tuple(host.lines(plan.predicted_pool_tokens, plan.context_length))
+    if host.logged is not None:  # what that start pinned: the plan's evidence, as the device pool's line is
+        said = host.logged.line(host.pool, host.bytes_per_token)
+        if host.logged.tokens == host.pool.tokens:
+            lines = (*lines, said)
+        else:
+            plan = replace(plan, warnings=(*plan.warnings, said))
     if not host.fits:
         reason = host.budget.reason or lines[0]
         return replace(plan, host=host, feasible=False, binding=reason, refusals=(*plan.refusals, reason),
                        notes=(*plan.notes, *lines))  # fmt: skip
     warnings = (host.budget.reason,) if host.budget.verdict is Verdict.PREWARM_SKIPPED else ()
     return replace(plan, host=host, notes=(*plan.notes, *lines), warnings=(*plan.warnings, *warnings))
+
+
+def _backup_ratio(inp: PlanInput, pool: RankPool, context: int) -> float:
+    """A decode's backup-only ratio (kv_cache_builder.py:248-258), its host-receive threshold as given."""
+    threshold = float_of(inp.flags, "disaggregation-decode-host-receive-threshold")
+    return decode_backup_ratio(pool, context, receive_threshold=1.0 if threshold is None else threshold)
+
+
+def logged_pool(starts: Sequence[StartFigures]) -> LoggedPool | None:
+    """The host pool the newest start that logged one pinned (its smallest rank's `Allocating kv
+    hierarchical KV host pool` line), with its auto-size line's ratios; None where no start logged one."""
+    for figures in reversed(starts):
+        tokens = figures.get("host_pool_tokens")
+        if tokens:
+            gb = figures.get("host_pool_gb") or 0.0
+            ratios = figures.get("host_pool_requested_ratio"), figures.get("host_pool_auto_ratio")
+            return LoggedPool(tokens, gb, *ratios)
+    return None
 
 
 def neighbours(host: HostConfig, directory: Path) -> tuple[ServiceNeed, ...]:

@@ -5,6 +5,7 @@ used without facts, and the draft / hybrid models whose host pools are not sized
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from agent.plan.choose import Target
@@ -93,3 +94,39 @@ def test_a_decode_that_backs_up_to_a_cpu_tensor_plans_no_host_pool() -> None:
     plan = plan_from_facts(parse_facts(decode_facts(**{"disaggregation-decode-enable-radix-cache": True})),
                            Target(32_000))  # fmt: skip
     assert "host_pool" not in plan.to_dict()
+
+
+RATIO_2 = "[2026-12-06 02:09:32] Allocating kv hierarchical KV host pool: 32769 tokens, 0.02 GB host memory."
+SIZE_1 = "[2026-12-06 02:10:48] Allocating kv hierarchical KV host pool: 1953126 tokens, 1.00 GB host memory."
+AUTO = (
+    "[2026-12-06 02:09:31] HiCache auto-sizing: ratio 2.000 -> 1.500; 3.0 GiB host memory per rank "
+    "(fraction 0.80, 1 ranks on this host), host pools 0.0 GiB."
+)
+
+
+def logged_plan(*lines: str):  # type: ignore[no-untyped-def]
+    from agent.sglang.logs.summary import SummaryBuilder
+    from tests.pure.test_cpu_plan import cpu_facts
+
+    b = SummaryBuilder()
+    for line in lines:
+        b.feed(line)
+    inp = parse_facts(cpu_facts(), name="tiny")
+    inp = replace(inp, flags={**inp.flags, **ON, "hicache-ratio": 2.0}, starts=(b.summary().to_dict(),))
+    return plan_from_facts(inp, Target(4096))
+
+
+def test_the_logged_host_pool_is_the_plans_evidence() -> None:
+    """`plan --from-log`: the start's `Allocating ... host pool` line is what that start pinned; the plan
+    carries it (JSON host_pool.logged) and says whether its own pool is the same, and the auto-size line's
+    ratio where logged."""
+    plan = logged_plan(AUTO, RATIO_2)
+    pool = plan.to_dict()["host_pool"]
+    assert isinstance(pool, dict)
+    assert pool["logged"] == {"tokens": 32769, "gb": 0.02, "auto_ratio": 1.5, "requested_ratio": 2.0}
+    assert any("the logged start pinned 32,769 host-pool tokens" in n and "the same" in n for n in plan.notes)
+
+
+def test_a_logged_host_pool_that_differs_is_said() -> None:
+    plan = logged_plan(SIZE_1)
+    assert any("the logged start pinned 1,953,126" in n and "this plan's 32,769" in n for n in plan.warnings)

@@ -75,6 +75,9 @@ class StartFigures(TypedDict, total=False):
     # HiCache's host pool (the smallest rank's `Allocating kv hierarchical KV host pool` line), where logged
     host_pool_tokens: int | None
     host_pool_gb: float | None
+    # its auto-size line (hicache_auto_size.py:114-123), where logged: the ratio asked and the ratio cut to
+    host_pool_requested_ratio: float
+    host_pool_auto_ratio: float
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class StartSummary:
     stopped: bool = False  # the main process logged a SIGTERM: the end of this start was asked for
     startup_timings: ev.EngineTimings | None = None
     host_pool: ev.HostPool | None = None  # the smallest rank's HiCache host pool (its "kv" pool)
+    host_pool_auto: ev.HostPoolAutoSize | None = None  # the first rank's HiCache auto-size line
 
     def to_dict(self) -> StartFigures:
         """The machine form (the keys are a contract); k/v sizes stay out of it."""
@@ -125,6 +129,14 @@ class StartSummary:
                 if self.host_pool is None
                 else {"host_pool_tokens": self.host_pool.tokens, "host_pool_gb": self.host_pool.gb}
             ),
+            **(
+                {}
+                if self.host_pool_auto is None
+                else {
+                    "host_pool_requested_ratio": self.host_pool_auto.requested_ratio,
+                    "host_pool_auto_ratio": self.host_pool_auto.ratio,
+                }
+            ),
         )
 
 
@@ -138,6 +150,7 @@ class SummaryBuilder:
         self._draft_weights: set[str | None] = set()
         self._pools: dict[str | None, list[ev.KvPool]] = {}
         self._host_pools: dict[str | None, ev.HostPool] = {}
+        self._host_auto: ev.HostPoolAutoSize | None = None
         self._swa = False
         self._scheduler: ev.Scheduler | None = None
         self._gpu_free: list[float] = []
@@ -208,8 +221,8 @@ class SummaryBuilder:
             self._pools.setdefault(e.rank, []).append(e)
         elif isinstance(e, ev.SwaPool):
             self._swa = True
-        elif isinstance(e, ev.HostPool) and e.label == "kv":
-            self._host_pools.setdefault(e.rank, e)
+        elif isinstance(e, (ev.HostPool, ev.HostPoolAutoSize)):
+            self._apply_host(e)
         elif isinstance(e, ev.Scheduler):
             self._scheduler = self._scheduler or e
             if e.available_gpu_mem_gb is not None:
@@ -224,6 +237,13 @@ class SummaryBuilder:
             self._timings = self._timings or e
         elif isinstance(e, ev.Failure):
             self._apply_failure(e)
+
+    def _apply_host(self, e: ev.HostPool | ev.HostPoolAutoSize) -> None:
+        """HiCache's host pool (the "kv" pool, per rank) and its auto-size line (the first rank's)."""
+        if isinstance(e, ev.HostPoolAutoSize):
+            self._host_auto = self._host_auto or e
+        elif e.label == "kv":
+            self._host_pools.setdefault(e.rank, e)
 
     def _apply_args(self, e: ev.ServerArgs) -> None:
         rank = ev.SOURCE_RANK[e.source]
@@ -270,6 +290,7 @@ class SummaryBuilder:
             stopped=self._stopped,
             startup_timings=self._timings,
             host_pool=min(self._host_pools.values(), key=lambda p: p.tokens) if self._host_pools else None,
+            host_pool_auto=self._host_auto,
         )
 
     def _split_pools(self) -> tuple[list[ev.KvPool], list[ev.KvPool]]:

@@ -45,6 +45,30 @@ def _on(flags: Mapping[str, FlagValue], name: str) -> bool:
     return name in flags and is_on(flags, name)
 
 
+HYBRID = (
+    "HiCache with a hybrid model ({kind}): SGLang 0.5.23 adds host pools deployctl does not size "
+    "(a host state pool, srt/mem_cache/pool_host/mamba.py:75; the state and sliding-window device pools "
+    "counted in its auto size, srt/mem_cache/hicache_auto_size.py:44-52,75): turn HiCache off for it, or "
+    "size it by hand (--hicache-size, a MemoryMax= of the unit's own) and start it outside a host plan"
+)
+DRAFT = (
+    "HiCache with a speculative draft model ({algorithm}): SGLang 0.5.23 backs the draft's KV up fused, "
+    "packed into the target's host pages or as a sidecar host pool "
+    "(srt/speculative/base_spec_worker.py:269-341, counted in its auto size, "
+    "srt/mem_cache/hicache_auto_size.py:55-79), which deployctl does not size: turn HiCache off for it, "
+    "or the draft"
+)
+
+
+def unsized(inp: PlanInput, sizer: PoolSizer | None) -> str | None:
+    """The one-line refusal of HiCache whose host pools deployctl does not size: a hybrid model's (state or
+    sliding-window pools) or a speculative draft's; None when it sizes them."""
+    if sizer is not None and (sizer.mamba is not None or sizer.swa_ratio is not None):
+        return HYBRID.format(kind="linear-attention state" if sizer.mamba is not None else "sliding window")
+    algorithm = draft_model(inp.flags)
+    return None if algorithm is None else DRAFT.format(algorithm=algorithm)
+
+
 def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
     """The plan with `host` set where HiCache is on (or a PD decode's default retraction backup builds a
     host pool) and its pool is one deployctl follows; else unchanged (with a note saying why the host pool
@@ -52,6 +76,9 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
     server = backup_server(inp, sizer)
     if not enabled(inp.flags) and not (server and server.builds_backup_pool):
         return plan
+    refused = unsized(inp, sizer) if enabled(inp.flags) else None
+    if refused is not None:
+        return replace(plan, feasible=False, binding=refused, refusals=(*plan.refusals, refused))
     why = None
     if sizer is None or sizer.mamba is not None or sizer.swa_ratio is not None:
         why = "a hybrid pool (state cache or sliding window)"

@@ -130,3 +130,30 @@ def test_the_logged_host_pool_is_the_plans_evidence() -> None:
 def test_a_logged_host_pool_that_differs_is_said() -> None:
     plan = logged_plan(SIZE_1)
     assert any("the logged start pinned 1,953,126" in n and "this plan's 32,769" in n for n in plan.warnings)
+
+
+def example(name: str, **flags: object) -> dict[str, object]:
+    data = json.loads((Path(__file__).resolve().parents[2] / "examples" / name).read_text())
+    data["flags"] = {**data.get("flags", {}), **ON, **flags}
+    return data
+
+
+def test_hicache_with_a_draft_model_is_refused_in_one_line() -> None:
+    """A speculative draft's host KV is fused, packed into the target's pages or a sidecar pool
+    (speculative/base_spec_worker.py:269-341), counted in SGLang's auto size (hicache_auto_size.py:62-79):
+    deployctl does not size it, so HiCache with a draft model is refused, not left unplanned."""
+    plan = plan_from_facts(parse_facts(example("ct200.json")), Target(32_000))
+    assert not plan.feasible
+    assert plan.binding.startswith("HiCache with a speculative draft model"), plan.binding
+    assert "base_spec_worker.py" in plan.binding and "\n" not in plan.binding
+
+
+def test_hicache_with_a_linear_attention_model_is_refused_in_one_line() -> None:
+    from tests.pure.facts_fixtures import QWEN3_NEXT
+
+    data = example("llama-3.1-8b-h100.json")
+    data["model"] = {**data["model"], "config": QWEN3_NEXT}  # type: ignore[dict-item]
+    plan = plan_from_facts(parse_facts(data), Target(32_000))
+    assert not plan.feasible
+    assert plan.binding.startswith("HiCache with a hybrid model"), plan.binding
+    assert "pool_host/mamba.py" in plan.binding

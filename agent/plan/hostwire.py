@@ -79,19 +79,9 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
     refused = unsized(inp, sizer) if enabled(inp.flags) else None
     if refused is not None:
         return replace(plan, feasible=False, binding=refused, refusals=(*plan.refusals, refused))
-    why = None
-    if sizer is None or sizer.mamba is not None or sizer.swa_ratio is not None:
-        why = "a hybrid pool (state cache or sliding window)"
-    elif draft_model(inp.flags) is not None:
-        why = "a speculative draft's pool"
-    pool = (
-        None
-        if why or sizer is None
-        else rank_pool(plan.predicted_pool_tokens, sizer.cell_bytes, sizer.page_size)
-    )
-    if pool is None:
-        said = why or "no whole-byte cell or no device pool"
-        return replace(plan, notes=(*plan.notes, f"HiCache host pool not planned: {said}"))
+    pool = _rank_pool(inp, sizer, plan)
+    if isinstance(pool, str):
+        return replace(plan, notes=(*plan.notes, f"HiCache host pool not planned: {pool}"))
     weights = inp.model.weights_bytes or 0
     backup = None if server is None else _backup_ratio(inp, pool, plan.context_length)
     host = plan_host(inp.name, pool, inp.flags, inp.host_memory, inp.neighbours, weights, inp.weight_cache,
@@ -110,6 +100,17 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
                        notes=(*plan.notes, *lines))  # fmt: skip
     warnings = (host.budget.reason,) if host.budget.verdict is Verdict.PREWARM_SKIPPED else ()
     return replace(plan, host=host, notes=(*plan.notes, *lines), warnings=(*plan.warnings, *warnings))
+
+
+def _rank_pool(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> RankPool | str:
+    """The rank's device pool the host pool mirrors, or why it is not planned (a decode's backup beside a
+    hybrid pool or a draft, a cell that is not whole bytes)."""
+    if sizer is None or sizer.mamba is not None or sizer.swa_ratio is not None:
+        return "a hybrid pool (state cache or sliding window)"
+    if draft_model(inp.flags) is not None:
+        return "a speculative draft's pool"
+    pool = rank_pool(plan.predicted_pool_tokens, sizer.cell_bytes, sizer.page_size)
+    return "no whole-byte cell or no device pool" if pool is None else pool
 
 
 def _backup_ratio(inp: PlanInput, pool: RankPool, context: int) -> float:

@@ -120,10 +120,11 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
     units = planned_units(host, change.context)  # every refusal before any connection
     hosts = [u.host for u in units]
     with clients(hosts, conn) as agents:
-        requests = [_asked(out, u, agent, change.context) for u, agent in zip(units, agents, strict=True)]
+        asked = [_asked(out, u, agent, change.context) for u, agent in zip(units, agents, strict=True)]
+        requests = [req for req, _ in asked]
         seen = [
-            Seen(u.part, u.label, _changes(agent, req))
-            for u, agent, req in zip(units, agents, requests, strict=True)
+            Seen(u.part, u.label, _changes(agent, req), recovered)
+            for u, agent, (req, recovered) in zip(units, agents, asked, strict=True)
         ]
         chosen = members(seen)
         if not chosen:
@@ -137,15 +138,16 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
         return _run(out, host, nodes, waves(chosen))
 
 
-def _asked(out: Output, unit: Planned, agent: AgentClient, context: int) -> Request:
+def _asked(out: Output, unit: Planned, agent: AgentClient, context: int) -> tuple[Request, bool]:
     """Its facts (a dead agent's change finished first: the same recovery as a one-host change), then its
-    request against the unit it has."""
+    request against the unit it has; and whether that recovery ran (it started the unit again)."""
     answer = agent.call(base_request(unit.host, "facts"))
-    if recover_orphan(out, Session(unit.host, agent), answer):
+    recovered = recover_orphan(out, Session(unit.host, agent), answer)
+    if recovered:
         answer = agent.call(base_request(unit.host, "facts"))
     from agent.apply import installed_sha256
 
-    return request_of(unit, installed_sha256(as_facts(answer)), context)
+    return request_of(unit, installed_sha256(as_facts(answer)), context), recovered
 
 
 def _changes(agent: AgentClient, req: Request) -> bool:

@@ -378,7 +378,6 @@ def test_a_unit_runs_the_router_by_its_execstart_command_alone(service: str, rou
 # ---- a prefill (re)started by the recovery that opens an apply restarts its decodes
 
 
-@pytest.mark.xfail(strict=True, reason="NOT BUILT: a recovered prefill restarts its decodes")
 def test_a_prefill_started_by_the_recovery_before_the_compare_restarts_every_decode(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -425,3 +424,14 @@ def test_a_prefill_started_by_the_recovery_before_the_compare_restarts_every_dec
     pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output())
     assert recovered == ["prefill[0]"]
     assert ran and any("decode" in name for name in ran[0]), "the prefill restarted; its decode did not"
+
+
+def test_a_recovered_prefill_restarts_only_the_decodes_and_a_recovered_decode_nothing() -> None:
+    """members(): a prefill the opening recovery started again is no member (its unit is up to date), but
+    every decode is, with the reason; a decode recovered alone asks nothing of the others."""
+    units = [Seen(P, "prefill[0]", False, recovered=True), Seen(D, "decode[0]", False),
+             Seen(D, "decode[1]", False), Seen(R, "router", False)]  # fmt: skip
+    chosen = members(units)
+    assert [m.index for m in chosen] == [1, 2] and all(m.wave == 0 and m.routed for m in chosen)
+    assert all("prefill[0] was started again by the recovery" in m.why for m in chosen), chosen
+    assert members([Seen(P, "prefill[0]", False), Seen(D, "decode[0]", False, recovered=True)]) == []

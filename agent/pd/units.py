@@ -16,6 +16,9 @@ from agent.pd.spec import Pd, PdRouter, PrefillUnit, RoleUnit
 from agent.plan.effective import at_layout
 
 BOOTSTRAP_DEFAULT = 8998  # --disaggregation-bootstrap-port's default (srt/arg_groups/fields/disagg.py)
+# each role's /metrics counts the requests it finished (sglang:num_requests_total): the routed check of a
+# change proves by it which unit served (agent/host/roles/pdrouter.py served_here); a file may set it off
+METRICS: dict[str, str | int | float | bool] = {"enable-metrics": True}
 
 
 class Role(str, Enum):
@@ -142,7 +145,7 @@ def _unit(host: HostConfig, pd: Pd, role: Role, index: int, unit: RoleUnit) -> P
                 }
             ),
             "sglang": host.sglang.model_copy(
-                update={"port": unit.port, "flags": {**host.sglang.flags, **unit.flags, **disagg}}
+                update={"port": unit.port, "flags": {**METRICS, **host.sglang.flags, **unit.flags, **disagg}}
             ),
             "pd": None,
         }

@@ -198,41 +198,69 @@ def test_a_unit_on_another_host_checks_the_router_at_its_reachable_address(
 
 class CacheAwareRouter:
     """sglang-router's cache_aware policy (the example's `policy`): a prompt goes to the worker whose tree
-    holds its prefix; identical prompts go to the worker that served the first one."""
+    holds its prefix; identical prompts go to the worker that served the first one. The worker that serves
+    one counts it in its own /metrics (sglang:num_requests_total), as SGLang 0.5.23 does."""
 
-    def __init__(self) -> None:
+    def __init__(self, sticky: str | None = None) -> None:
         self.tree: dict[tuple[str, int], str] = {}
         self.served: list[str] = []
+        self.workers: dict[str, FakeNode] = {}
+        self.sticky = sticky  # every prompt to this worker (one the router still counts unhealthy)
 
     def probe_of(self, me: str, fake: FakeNode) -> None:
         from agent.host.watch.probe import SmokeResult
 
+        self.workers[me] = fake
+        fake.host.probe.served = 0
+
         def smoke(s: Smoke) -> SmokeResult:
-            worker = self.tree.setdefault((s.sentence, s.prompt_tokens), me)  # the first asker's pair wins
+            worker = self.sticky or self.tree.setdefault((s.sentence, s.prompt_tokens), me)  # the first wins
             self.served.append(worker)
+            probe = self.workers[worker].host.probe
+            probe.served = (probe.served or 0) + 1
             return SmokeResult(s.prompt_tokens, 0.1, "dog", True)
 
         fake.host.probe.smoke = smoke  # type: ignore[method-assign]
 
 
-@pytest.mark.xfail(strict=True, reason="NOT BUILT: a routed check that proves which decode served it")
+def one_p_two_d(tmp_path: Path, router: CacheAwareRouter) -> tuple[list[Node], list[FakeNode]]:
+    nodes, fakes = pd_nodes(tmp_path, ["prefill", "decode", "decode"])
+    for rank in (1, 2):
+        nodes[rank].request = replace(nodes[rank].request, routed_url="http://127.0.0.1:30000")
+        router.probe_of(f"decode{rank}", fakes[rank])
+    Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
+                waves=(0, 1, 1)).run()  # fmt: skip
+    return nodes, fakes
+
+
 def test_every_restarted_decode_serves_a_routed_completion_before_the_commit(tmp_path: Path) -> None:
     """1P2D, the prefill changes: both decodes restart (wave 1), each sends one routed completion through
     the unchanged router (agent/host/roles/pdrouter.py:61-89). Both send the same prompt, and the router's
     cache_aware policy sends it to the same decode both times (as it does while it still counts a restarted
     decode unhealthy): decode[1] commits without ever serving one. A decode whose new unit fails at its first
     transfer (a wrong ib_device / UCX_NET_DEVICES) is committed, and half the service's requests hang."""
-    nodes, fakes = pd_nodes(tmp_path, ["prefill", "decode", "decode"])
     router = CacheAwareRouter()
-    for rank in (1, 2):
-        nodes[rank].request = replace(nodes[rank].request, routed_url="http://127.0.0.1:30000")
-        router.probe_of(f"decode{rank}", fakes[rank])
-    Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
-                waves=(0, 1, 1)).run()  # fmt: skip
+    nodes, _ = one_p_two_d(tmp_path, router)
     committed = all(n.view.outcome is Outcome.APPLIED for n in nodes)
     assert not committed or set(router.served) == {"decode1", "decode2"}, (
         f"committed; routed completions served by {router.served}"
     )
+    assert committed, [n.view.why for n in nodes]
+
+
+def test_a_restarted_decode_the_router_never_sends_to_rolls_the_group_back(tmp_path: Path) -> None:
+    """The router sends every routed completion to decode1, whatever the prompt: decode2's count never
+    grows, its routed check fails after its tries, and every unit goes back to its old unit."""
+    from agent.host.roles.pdrouter import ROUTED_TRIES
+
+    router = CacheAwareRouter(sticky="decode1")
+    nodes, fakes = one_p_two_d(tmp_path, router)
+    assert all(n.view.outcome is Outcome.ROLLED_BACK for n in nodes), [n.view for n in nodes]
+    assert router.served.count("decode1") == 1 + ROUTED_TRIES  # decode1's first; every one of decode2's
+    roles = ["prefill", "decode", "decode"]
+    assert all(runs(f) == role_unit(OLD, role) for f, role in zip(fakes, roles, strict=True))
+    said = " ".join(str(n.view.why) for n in nodes)
+    assert "none of 12 routed completions" in said, said
 
 
 # ---- a context SGLang refuses to start reaches no host

@@ -181,6 +181,7 @@ class FakeProbe:
     unit: Callable[[], str] | None = None
     load_fails: str | None = None
     load_spec: LoadSpec | None = None
+    served: int | None = None  # its sglang:num_requests_total; None: no /metrics counter
 
     def __call__(self, host: str, port: int, api_key: str | None) -> ProbePort:
         return self
@@ -193,6 +194,9 @@ class FakeProbe:
     def smoke(self, smoke: Smoke) -> SmokeResult:
         self.asked.append("smoke")
         return SmokeResult(smoke.prompt_tokens, 0.1, self.answer, smoke.expect in self.answer)
+
+    def requests_served(self) -> int | None:
+        return self.served
 
     def load(self, smoke: Smoke, spec: LoadSpec) -> LoadResult:
         """The load check: every reply fine, unless `load_fails` names what went wrong."""

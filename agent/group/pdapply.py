@@ -46,6 +46,8 @@ class Planned:
     host: HostConfig
     text: str
     need: int  # the pool its role must hold: its start's gate
+    url: str | None = None  # the router's name for it (a role's unit; None for the router)
+    bootstrap_port: int | None = None  # a prefill's
 
 
 def refused_first(host: HostConfig, context: int) -> list[pd_plan.RolePlan]:
@@ -73,7 +75,8 @@ def planned_units(host: HostConfig, context: int) -> list[Planned]:
         flags = {"context-length": context, **p.plan.flags()}
         text = render_checked(p.unit.host, flags)
         part = Part(p.unit.role.value)
-        units.append(Planned(part, p.unit.label, p.unit.host, text, p.need_tokens))
+        u = p.unit
+        units.append(Planned(part, u.label, u.host, text, p.need_tokens, u.url, u.bootstrap_port))
     units.append(Planned(Part.ROUTER, "router", router_host(host), render_router_unit(host), context))
     return units
 
@@ -163,13 +166,28 @@ def _nodes(
     """One group member per unit that restarts, each with its own transaction (units of one host each
     keep their own folder and signals)."""
     n, nodes = len(chosen), []
+    router_stays = all(units[m.index].part is not Part.ROUTER for m in chosen)
     for rank, m in enumerate(chosen):
         req = replace(requests[m.index], txn=new_txn_id(), group=Group(rank, n, PD_WAIT_S, collective=False))
         # from its own host: the router's loopback there, else its reachable address (refused when none)
         url = routed_url(host, units[m.index].host.ssh.target)
         req = replace(req, routed_url=url) if m.routed else req
+        req = through_router(req, units[m.index], url) if router_stays else req
         nodes.append(Node(rank, units[m.index].host, agents[m.index], req))
     return nodes
+
+
+def through_router(req: Request, unit: Planned, router: str | None) -> Request:
+    """A role's unit is drained through the running router: taken out of it before its stop (no new
+    request reaches it; the drain waits for those it has), put back with its role once its new server
+    passed its checks (host/roles/routerstep.py). Only while the router's own unit stays: a router that
+    restarts registers every unit anew from its command line."""
+    if unit.part is Part.ROUTER or unit.url is None or router is None:
+        return req
+    return replace(
+        req, router_url=router, router_worker_url=unit.url, router_worker_type=unit.part.value,
+        router_bootstrap_port=unit.bootstrap_port,
+    )  # fmt: skip
 
 
 def _show(out: Output, units: Sequence[Planned], chosen: Sequence[Member]) -> None:
@@ -222,4 +240,4 @@ def _rollback(node: Node, backup: str, hear: Hear) -> Event:
     return follow_transaction(node.client, node.host, req, Watch(lambda e: hear(node, e)))
 
 
-__all__ = ["apply", "planned_units", "request_of"]
+__all__ = ["apply", "planned_units", "request_of", "through_router"]

@@ -463,3 +463,68 @@ def test_a_recovered_prefill_restarts_only_the_decodes_and_a_recovered_decode_no
     assert [m.index for m in chosen] == [1, 2] and all(m.wave == 0 and m.routed for m in chosen)
     assert all("prefill[0] was started again by the recovery" in m.why for m in chosen), chosen
     assert members([Seen(P, "prefill[0]", False), Seen(D, "decode[0]", False, recovered=True)]) == []
+
+
+# ---- drained through the router: out before the stop, back with its role before the routed check
+
+
+def test_each_unit_leaves_the_router_before_its_stop_and_is_back_with_its_role_before_the_routed_check(
+    tmp_path: Path,
+) -> None:
+    """1P1D, the router's unit unchanged: each unit is taken out of sglang-router before its stop (no new
+    request reaches it), and put back with its role (a prefill with its bootstrap port) once its new server
+    passed its checks: the decode's routed completion finds both listed, with their roles."""
+    from agent.host.roles.router import Registration
+    from tests.pure.test_router import ROUTER, FakeRouter
+
+    urls = {"prefill": "http://127.0.0.1:30010", "decode": "http://127.0.0.1:30020"}
+    nodes, fakes = pd_nodes(tmp_path, ["prefill", "decode"])
+    router = FakeRouter()
+    for url in urls.values():
+        router.add(url)
+    seen_at_the_check: list[dict[str, Registration]] = []
+    for node, fake, (role, url) in zip(nodes, fakes, urls.items(), strict=True):
+        fake.host.router = router
+        port = 8998 if role == "prefill" else None
+        node.request = replace(node.request, router_url=ROUTER, router_worker_url=url,
+                               router_worker_type=role, router_bootstrap_port=port)  # fmt: skip
+    nodes[1].request = replace(nodes[1].request, routed_url=ROUTER)
+    fakes[1].host.probe.served = 0
+
+    def smoke(s: Smoke) -> object:
+        from agent.host.watch.probe import SmokeResult
+
+        seen_at_the_check.append({u: router.regs[u] for u in router.urls()})
+        fakes[1].host.probe.served = (fakes[1].host.probe.served or 0) + 1
+        return SmokeResult(s.prompt_tokens, 0.1, "dog", True)
+
+    fakes[1].host.probe.smoke = smoke  # type: ignore[method-assign]
+    router.calls.clear()
+    Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
+                waves=(0, 1)).run()  # fmt: skip
+    assert all(n.view.outcome is Outcome.APPLIED for n in nodes), [n.view.why for n in nodes]
+    assert [c for c, _ in router.changes()][:2] == ["remove", "remove"]  # both out before any start
+    want = {urls["prefill"]: Registration("prefill", 8998), urls["decode"]: Registration("decode")}
+    assert seen_at_the_check and seen_at_the_check[0] == want
+    assert {u: router.regs[u] for u in router.urls()} == want
+
+
+def test_the_units_of_a_pd_change_are_drained_through_the_router_only_while_it_stays() -> None:
+    """_nodes: each role's unit carries the router's URL (from its host), its own URL as the router knows
+    it, its role and a prefill's bootstrap port; none when the router's own unit restarts too."""
+    import agent.group.pdapply as pdapply
+    from tests.pure.test_pd import example, host_of
+
+    host = host_of(example())
+    units = pdapply.planned_units(host, 32768)
+    requests = [pdapply.request_of(u, "absent", 32768) for u in units]
+    for router_changes in (False, True):
+        chosen = members([Seen(u.part, u.label, u.part is not R or router_changes) for u in units])
+        nodes = pdapply._nodes(host, units, [None] * len(units), requests, chosen)  # type: ignore[list-item]
+        roles = [(n.request.router_worker_type, n.request.router_bootstrap_port) for n in nodes]
+        if router_changes:
+            assert all(n.request.router_url is None for n in nodes), roles
+            continue
+        assert roles == [("prefill", units[0].bootstrap_port), ("decode", None)]
+        assert all(n.request.router_url == "http://127.0.0.1:30000" for n in nodes)
+        assert [n.request.router_worker_url for n in nodes] == [u.url for u in units[:2]]

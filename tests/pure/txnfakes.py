@@ -222,6 +222,7 @@ class Host:
     root: Path
     script: Script
     probe: FakeProbe = field(default_factory=FakeProbe)
+    router: Callable[[str], Any] | None = None  # the model gateway's API, where a test gives one
 
     def __post_init__(self) -> None:
         self.control = self.root / "etc/systemd/system.control"
@@ -259,5 +260,7 @@ class Host:
         log = EventLog(txn, Path(req.state_dir) / "txn" / txn / "events.jsonl")
         t = Transaction(req, txn, self.systemd, self.journal, log)
         t.probe = self.probe
+        if self.router is not None:
+            t.router = self.router
         t.ports.run_dir = self.root / "run/deployctl"  # the boot guard's marker (a tmpfs on a host)
         return t

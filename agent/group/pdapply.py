@@ -135,7 +135,7 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
                 f"== every unit of {host.name} is up to date (each one checked): nothing to do, no restart"
             )
             return int(ExitCode.OK)
-        _show(out, units, chosen)
+        _show(out, host, units, chosen)
         confirm(out, change.yes, host)
         nodes = _nodes(host, units, agents, requests, chosen)
         return _run(out, host, nodes, waves(chosen))
@@ -190,10 +190,11 @@ def through_router(req: Request, unit: Planned, router: str | None) -> Request:
     )  # fmt: skip
 
 
-def _show(out: Output, units: Sequence[Planned], chosen: Sequence[Member]) -> None:
+def _show(out: Output, host: HostConfig, units: Sequence[Planned], chosen: Sequence[Member]) -> None:
     if out.style is Style.JSON:
         return
     out.note(f"== {len(chosen)} unit(s) restart as one group, in waves (prefills, decodes, router):")
+    out.note(f"   {pd_plan.checksum_line(host)}")
     for m in chosen:
         u = units[m.index]
         out.note(f"   wave {m.wave}: {u.label} {u.host.ssh.target} {u.host.unit.name}: {m.why}")

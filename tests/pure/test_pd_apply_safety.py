@@ -528,3 +528,59 @@ def test_the_units_of_a_pd_change_are_drained_through_the_router_only_while_it_s
         assert roles == [("prefill", units[0].bootstrap_port), ("decode", None)]
         assert all(n.request.router_url == "http://127.0.0.1:30000" for n in nodes)
         assert [n.request.router_worker_url for n in nodes] == [u.url for u in units[:2]]
+
+
+# ---- the KV checksum: on where the cards compute it, and a mismatch fails the change
+
+
+def test_the_kv_checksum_is_rendered_in_every_role_on_cuda_and_skipped_with_its_reason_otherwise() -> None:
+    import agent.group.pdapply as pdapply
+    from agent.pd.plan import checksum_line
+    from agent.pd.units import kv_checksum_skipped
+    from tests.pure.test_pd import example, host_of
+
+    host = host_of(example())
+    assert kv_checksum_skipped(host) is None
+    texts = [u.text for u in pdapply.planned_units(host, 32768) if u.part is not R]
+    assert texts and all("--disaggregation-enable-kv-checksum" in t for t in texts)
+    assert checksum_line(host).startswith("KV checksum: on in every role")
+    for change, why in (({"kv_checksum": False}, "[pd] kv_checksum = false"), (None, "--device cpu")):
+        data = example()
+        if change:
+            data["pd"].update(change)
+        else:
+            data["pd"]["decode"][0]["flags"]["device"] = "cpu"  # one role off the card: both go without it
+        other = host_of(data)
+        assert why in (kv_checksum_skipped(other) or ""), kv_checksum_skipped(other)
+        assert checksum_line(other).startswith("KV checksum: skipped")
+        texts = [u.text for u in pdapply.planned_units(other, 32768) if u.part is not R] if change else []
+        assert all("kv-checksum" not in t for t in texts)
+
+
+def test_a_kv_checksum_mismatch_the_decode_logged_rolls_the_group_back(tmp_path: Path) -> None:
+    """1P1D with the checksum on: the routed completion is answered (the router retried it through another
+    transfer), but the decode's journal has SGLang's `KV checksum mismatch req=...` line: the change fails
+    and every unit goes back."""
+    from agent.host.watch.probe import SmokeResult
+
+    nodes, fakes = pd_nodes(tmp_path, ["prefill", "decode"])
+    flag = "--disaggregation-mode decode --disaggregation-enable-kv-checksum"
+    for node in nodes[1:]:
+        text = node.request.unit_text or ""
+        node.request = replace(node.request, unit_text=text.replace("--disaggregation-mode decode", flag),
+                               routed_url="http://127.0.0.1:30000")  # fmt: skip
+    decode = fakes[1].host
+    decode.probe.served = 0
+
+    def smoke(s: Smoke) -> SmokeResult:
+        decode.probe.served = (decode.probe.served or 0) + 1
+        decode.systemd.lines[decode.systemd.invocation].append(
+            "[2026-12-06 10:00:00] KV checksum mismatch req=abc bootstrap_room=7 expected=0x1 got=0x0"
+        )
+        return SmokeResult(s.prompt_tokens, 0.1, "dog", True)
+
+    decode.probe.smoke = smoke  # type: ignore[method-assign]
+    Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
+                waves=(0, 1)).run()  # fmt: skip
+    assert all(n.view.outcome is Outcome.ROLLED_BACK for n in nodes), [n.view for n in nodes]
+    assert "KV checksum mismatch" in " ".join(str(n.view.why) for n in nodes)

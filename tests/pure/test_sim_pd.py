@@ -154,3 +154,23 @@ def test_the_served_count_is_summed_over_label_sets_and_none_without_it() -> Non
     )
     assert served_total(text) == 5
     assert served_total("sglang:num_running_reqs 0.0\n") is None
+
+
+def test_a_decode_with_the_kv_checksum_aborts_a_request_whose_digest_sglangs_switch_flips(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    disagg.start_bootstrap(
+        args("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port)), lambda m: None
+    )  # type: ignore[arg-type]
+    routed = {"bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": 7}
+    logged: list[str] = []
+    on = disagg.decode_check(
+        args("--disaggregation-mode", "decode", "--disaggregation-enable-kv-checksum"), logged.append
+    )  # type: ignore[arg-type]
+    assert on(routed) is None  # no switch: the digests match
+    monkeypatch.setenv("SGLANG_TEST_DISAGG_KV_CHECKSUM_MISMATCH_PROB", "1")
+    assert on(routed) == "KV checksum mismatch"
+    assert logged and logged[0].startswith("KV checksum mismatch req=") and "bootstrap_room=7" in logged[0]
+    off = disagg.decode_check(args("--disaggregation-mode", "decode"), logged.append)  # type: ignore[arg-type]
+    assert off(routed) is None  # without the flag nothing is verified

@@ -10,6 +10,7 @@ through itself; the decodes, when the router's own unit is unchanged, through th
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
@@ -142,6 +143,22 @@ def served_here(p: Ports, router: ProbePort, routed: Smoke) -> str | None:
             return None
     return (f"routed check: the router sent this unit none of {ROUTED_TRIES} routed completions (its "
             f"sglang:num_requests_total stayed {before}): it does not serve through the router")  # fmt: skip
+
+
+CHECKSUM_MISMATCH = "KV checksum mismatch req="  # srt/disaggregation/decode.py _verify_kv_checksums
+
+
+def checksum_said(p: Ports, invocation_id: str, flags: Mapping[str, object]) -> str | None:
+    """After the routed check of a unit started with --disaggregation-enable-kv-checksum: a mismatch its
+    journal logged fails the change, though the router's retry (another transfer) answered the client."""
+    if is_router(p) or p.req.routed_url is None or not flags.get("disaggregation-enable-kv-checksum"):
+        return None
+    lines = p.journal.invocation_tail(p.unit, invocation_id, 2000) if invocation_id else []
+    bad = next((line for line in lines if CHECKSUM_MISMATCH in line), None)
+    if bad is None:
+        p.log.emit(Stage.SMOKE, "step", "routed check: the KV checksum matched (no mismatch logged)")
+        return None
+    return f"KV checksum mismatch: the KV this unit received is not what the prefill sent ({bad.strip()})"
 
 
 def pool_said(summary: dict[str, object]) -> str:

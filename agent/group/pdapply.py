@@ -22,10 +22,10 @@ from agent.orchestrate.session import Session, clients, confirm, recover_orphan
 from agent.output import Output, Style
 from agent.pd import plan as pd_plan
 from agent.pd.group import Member, Part, Seen, members, waves
-from agent.pd.refusals import check
+from agent.pd.refusals import PdHostFacts, check
 from agent.pd.router import render_router_unit
 from agent.pd.units import routed_url, router_target, router_unit_name, spec
-from agent.protocol.answers import as_facts
+from agent.protocol.answers import HostFacts, as_facts
 from agent.protocol.common import new_txn_id
 from agent.protocol.events import Event
 from agent.protocol.requests import ROUTER_KIND, Group, Request
@@ -124,10 +124,11 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
     hosts = [u.host for u in units]
     with clients(hosts, conn) as agents:
         asked = [_asked(out, u, agent, change.context) for u, agent in zip(units, agents, strict=True)]
-        requests = [req for req, _ in asked]
+        refused_by_facts(host, units, [facts for _, _, facts in asked])  # before any compare or restart
+        requests = [req for req, _, _ in asked]
         seen = [
             Seen(u.part, u.label, _changes(agent, req), recovered)
-            for u, agent, (req, recovered) in zip(units, agents, asked, strict=True)
+            for u, agent, (req, recovered, _) in zip(units, agents, asked, strict=True)
         ]
         chosen = members(seen)
         if not chosen:
@@ -141,16 +142,61 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
         return _run(out, host, nodes, waves(chosen))
 
 
-def _asked(out: Output, unit: Planned, agent: AgentClient, context: int) -> tuple[Request, bool]:
+def _asked(out: Output, unit: Planned, agent: AgentClient, context: int) -> tuple[Request, bool, HostFacts]:
     """Its facts (a dead agent's change finished first: the same recovery as a one-host change), then its
-    request against the unit it has; and whether that recovery ran (it started the unit again)."""
-    answer = agent.call(base_request(unit.host, "facts"))
+    request against the unit it has; whether that recovery ran (it started the unit again); and the
+    facts, read for the unit about to be written (its Python's transfer modules)."""
+    ask = replace(base_request(unit.host, "facts"), unit_text=unit.text)
+    answer = agent.call(ask)
     recovered = recover_orphan(out, Session(unit.host, agent), answer)
     if recovered:
-        answer = agent.call(base_request(unit.host, "facts"))
+        answer = agent.call(ask)
     from agent.apply import installed_sha256
 
-    return request_of(unit, installed_sha256(as_facts(answer)), context), recovered
+    facts = as_facts(answer)
+    return request_of(unit, installed_sha256(facts), context), recovered, facts
+
+
+def host_facts(units: Sequence[Planned], answers: Sequence[HostFacts]) -> dict[str, PdHostFacts]:
+    """Each role host's PD facts (its units' answers together: a module counts when every unit's Python
+    has it); a field no answer gives stays unknown, and its check is not made."""
+    found: dict[str, PdHostFacts] = {}
+    for unit, answer in zip(units, answers, strict=True):
+        seen = _pd_facts(answer)
+        if unit.part is Part.ROUTER or seen is None:
+            continue
+        was = found.get(unit.host.ssh.target)
+        found[unit.host.ssh.target] = seen if was is None else _merge(was, seen)
+    return found
+
+
+def _pd_facts(answer: HostFacts) -> PdHostFacts | None:
+    pd = answer.get("pd")
+    if not pd:
+        return None
+    version = ((answer.get("model_facts") or {}).get("sglang") or {}).get("version")
+    mods, rdma = pd.get("importable"), pd.get("rdma_devices")
+    return PdHostFacts(
+        version, frozenset(mods) if mods is not None else None, tuple(rdma) if rdma is not None else None
+    )
+
+
+def _merge(a: PdHostFacts, b: PdHostFacts) -> PdHostFacts:
+    mods = a.importable & b.importable if a.importable is not None and b.importable is not None else None
+    return PdHostFacts(
+        a.sglang_version or b.sglang_version,
+        mods if mods is not None else a.importable or b.importable,
+        a.rdma_devices if a.rdma_devices is not None else b.rdma_devices,
+    )
+
+
+def refused_by_facts(host: HostConfig, units: Sequence[Planned], answers: Sequence[HostFacts]) -> None:
+    """The refusals the hosts' facts decide (a transfer backend not installed for a unit's Python, NIXL with
+    no RDMA device chosen on a host with several, different SGLang releases): exit 2, nothing changed."""
+    said = check(host, host_facts(units, answers)).refusals
+    if said:
+        more = f" (and {len(said) - 1} more)" if len(said) > 1 else ""
+        raise InventoryError(f"{said[0]}{more}", hint="nothing was changed on any host")
 
 
 def _changes(agent: AgentClient, req: Request) -> bool:

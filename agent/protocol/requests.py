@@ -208,7 +208,8 @@ class Request:
             _check(value is None or (isinstance(value, int) and value > 0), "token counts must be positive")
         if self.verb in ("apply", "compare"):
             _check(isinstance(self.unit_text, str) and self.target_context is not None, "apply needs a unit")
-            assert self.unit_text is not None
+        if self.unit_text is not None:  # apply's unit, or the one a [pd] unit's facts are read for
+            _check(isinstance(self.unit_text, str), "unit text must be text")
             _check(not find_control(self.unit_text, "\t\n"), "unit text contains a control character")
             _check(not SURROGATE.search(self.unit_text), "unit text is not valid UTF-8 (a lone surrogate)")
             _check("ExecStart=" in self.unit_text, "unit text has no ExecStart=")

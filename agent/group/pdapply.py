@@ -22,10 +22,10 @@ from agent.orchestrate.session import Session, clients, confirm, recover_orphan
 from agent.output import Output, Style
 from agent.pd import plan as pd_plan
 from agent.pd.group import Member, Part, Seen, members, waves
-from agent.pd.refusals import check
+from agent.pd.refusals import PdHostFacts, check
 from agent.pd.router import render_router_unit
 from agent.pd.units import routed_url, router_target, router_unit_name, spec
-from agent.protocol.answers import as_facts
+from agent.protocol.answers import HostFacts, as_facts
 from agent.protocol.common import new_txn_id
 from agent.protocol.events import Event
 from agent.protocol.requests import ROUTER_KIND, Group, Request
@@ -46,6 +46,8 @@ class Planned:
     host: HostConfig
     text: str
     need: int  # the pool its role must hold: its start's gate
+    url: str | None = None  # the router's name for it (a role's unit; None for the router)
+    bootstrap_port: int | None = None  # a prefill's
 
 
 def refused_first(host: HostConfig, context: int) -> list[pd_plan.RolePlan]:
@@ -73,7 +75,8 @@ def planned_units(host: HostConfig, context: int) -> list[Planned]:
         flags = {"context-length": context, **p.plan.flags()}
         text = render_checked(p.unit.host, flags)
         part = Part(p.unit.role.value)
-        units.append(Planned(part, p.unit.label, p.unit.host, text, p.need_tokens))
+        u = p.unit
+        units.append(Planned(part, u.label, u.host, text, p.need_tokens, u.url, u.bootstrap_port))
     units.append(Planned(Part.ROUTER, "router", router_host(host), render_router_unit(host), context))
     return units
 
@@ -120,10 +123,12 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
     units = planned_units(host, change.context)  # every refusal before any connection
     hosts = [u.host for u in units]
     with clients(hosts, conn) as agents:
-        requests = [_asked(out, u, agent, change.context) for u, agent in zip(units, agents, strict=True)]
+        asked = [_asked(out, u, agent, change.context) for u, agent in zip(units, agents, strict=True)]
+        refused_by_facts(host, units, [facts for _, _, facts in asked])  # before any compare or restart
+        requests = [req for req, _, _ in asked]
         seen = [
-            Seen(u.part, u.label, _changes(agent, req))
-            for u, agent, req in zip(units, agents, requests, strict=True)
+            Seen(u.part, u.label, _changes(agent, req), recovered)
+            for u, agent, (req, recovered, _) in zip(units, agents, asked, strict=True)
         ]
         chosen = members(seen)
         if not chosen:
@@ -131,21 +136,67 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
                 f"== every unit of {host.name} is up to date (each one checked): nothing to do, no restart"
             )
             return int(ExitCode.OK)
-        _show(out, units, chosen)
+        _show(out, host, units, chosen)
         confirm(out, change.yes, host)
         nodes = _nodes(host, units, agents, requests, chosen)
         return _run(out, host, nodes, waves(chosen))
 
 
-def _asked(out: Output, unit: Planned, agent: AgentClient, context: int) -> Request:
+def _asked(out: Output, unit: Planned, agent: AgentClient, context: int) -> tuple[Request, bool, HostFacts]:
     """Its facts (a dead agent's change finished first: the same recovery as a one-host change), then its
-    request against the unit it has."""
-    answer = agent.call(base_request(unit.host, "facts"))
-    if recover_orphan(out, Session(unit.host, agent), answer):
-        answer = agent.call(base_request(unit.host, "facts"))
+    request against the unit it has; whether that recovery ran (it started the unit again); and the
+    facts, read for the unit about to be written (its Python's transfer modules)."""
+    ask = replace(base_request(unit.host, "facts"), unit_text=unit.text)
+    answer = agent.call(ask)
+    recovered = recover_orphan(out, Session(unit.host, agent), answer)
+    if recovered:
+        answer = agent.call(ask)
     from agent.apply import installed_sha256
 
-    return request_of(unit, installed_sha256(as_facts(answer)), context)
+    facts = as_facts(answer)
+    return request_of(unit, installed_sha256(facts), context), recovered, facts
+
+
+def host_facts(units: Sequence[Planned], answers: Sequence[HostFacts]) -> dict[str, PdHostFacts]:
+    """Each role host's PD facts (its units' answers together: a module counts when every unit's Python
+    has it); a field no answer gives stays unknown, and its check is not made."""
+    found: dict[str, PdHostFacts] = {}
+    for unit, answer in zip(units, answers, strict=True):
+        seen = _pd_facts(answer)
+        if unit.part is Part.ROUTER or seen is None:
+            continue
+        was = found.get(unit.host.ssh.target)
+        found[unit.host.ssh.target] = seen if was is None else _merge(was, seen)
+    return found
+
+
+def _pd_facts(answer: HostFacts) -> PdHostFacts | None:
+    pd = answer.get("pd")
+    if not pd:
+        return None
+    version = ((answer.get("model_facts") or {}).get("sglang") or {}).get("version")
+    mods, rdma = pd.get("importable"), pd.get("rdma_devices")
+    return PdHostFacts(
+        version, frozenset(mods) if mods is not None else None, tuple(rdma) if rdma is not None else None
+    )
+
+
+def _merge(a: PdHostFacts, b: PdHostFacts) -> PdHostFacts:
+    mods = a.importable & b.importable if a.importable is not None and b.importable is not None else None
+    return PdHostFacts(
+        a.sglang_version or b.sglang_version,
+        mods if mods is not None else a.importable or b.importable,
+        a.rdma_devices if a.rdma_devices is not None else b.rdma_devices,
+    )
+
+
+def refused_by_facts(host: HostConfig, units: Sequence[Planned], answers: Sequence[HostFacts]) -> None:
+    """The refusals the hosts' facts decide (a transfer backend not installed for a unit's Python, NIXL with
+    no RDMA device chosen on a host with several, different SGLang releases): exit 2, nothing changed."""
+    said = check(host, host_facts(units, answers)).refusals
+    if said:
+        more = f" (and {len(said) - 1} more)" if len(said) > 1 else ""
+        raise InventoryError(f"{said[0]}{more}", hint="nothing was changed on any host")
 
 
 def _changes(agent: AgentClient, req: Request) -> bool:
@@ -161,19 +212,35 @@ def _nodes(
     """One group member per unit that restarts, each with its own transaction (units of one host each
     keep their own folder and signals)."""
     n, nodes = len(chosen), []
+    router_stays = all(units[m.index].part is not Part.ROUTER for m in chosen)
     for rank, m in enumerate(chosen):
         req = replace(requests[m.index], txn=new_txn_id(), group=Group(rank, n, PD_WAIT_S, collective=False))
         # from its own host: the router's loopback there, else its reachable address (refused when none)
         url = routed_url(host, units[m.index].host.ssh.target)
         req = replace(req, routed_url=url) if m.routed else req
+        req = through_router(req, units[m.index], url) if router_stays else req
         nodes.append(Node(rank, units[m.index].host, agents[m.index], req))
     return nodes
 
 
-def _show(out: Output, units: Sequence[Planned], chosen: Sequence[Member]) -> None:
+def through_router(req: Request, unit: Planned, router: str | None) -> Request:
+    """A role's unit is drained through the running router: taken out of it before its stop (no new
+    request reaches it; the drain waits for those it has), put back with its role once its new server
+    passed its checks (host/roles/routerstep.py). Only while the router's own unit stays: a router that
+    restarts registers every unit anew from its command line."""
+    if unit.part is Part.ROUTER or unit.url is None or router is None:
+        return req
+    return replace(
+        req, router_url=router, router_worker_url=unit.url, router_worker_type=unit.part.value,
+        router_bootstrap_port=unit.bootstrap_port,
+    )  # fmt: skip
+
+
+def _show(out: Output, host: HostConfig, units: Sequence[Planned], chosen: Sequence[Member]) -> None:
     if out.style is Style.JSON:
         return
     out.note(f"== {len(chosen)} unit(s) restart as one group, in waves (prefills, decodes, router):")
+    out.note(f"   {pd_plan.checksum_line(host)}")
     for m in chosen:
         u = units[m.index]
         out.note(f"   wave {m.wave}: {u.label} {u.host.ssh.target} {u.host.unit.name}: {m.why}")
@@ -220,4 +287,4 @@ def _rollback(node: Node, backup: str, hear: Hear) -> Event:
     return follow_transaction(node.client, node.host, req, Watch(lambda e: hear(node, e)))
 
 
-__all__ = ["apply", "planned_units", "request_of"]
+__all__ = ["apply", "planned_units", "request_of", "through_router"]

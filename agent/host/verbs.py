@@ -12,6 +12,7 @@ from typing import TextIO, cast
 from agent import __version__
 from agent.host import adopt, hostmem, model_facts, runner
 from agent.host.change import orphans
+from agent.host.roles import pdfacts
 from agent.host.state import StateDir
 from agent.host.systemd import Systemd, SystemdError
 from agent.host.units import UnitFiles
@@ -81,6 +82,8 @@ def facts(req: Request) -> HostFacts:
         "model_facts": model_facts.collect(text, lines, req.secret_names, req.unit, at_start),
         "mem_available_bytes": _mem_available(),
         "host_memory": hostmem.collect(req.unit),
+        # the unit about to be written (a [pd] apply sends it), else the installed one
+        "pd": pdfacts.collect(req.unit_text or text, req.secret_names),
     }
 
 

@@ -3,7 +3,8 @@
 A unit restarts when its own agent says an apply of its rendered unit would change something (the one
 check every apply makes, under the unit's lock: the text, its secrets, the running process; `compare`).
 Besides that, one rule of order: after a prefill restarts, every decode restarts too, since Mooncake keeps a
-healthy pair failed until the decode re-registers with the new prefill (sglang#13054). The router restarts
+healthy pair failed until the decode re-registers with the new prefill (sglang#13054); so does a prefill
+that the recovery opening the change started again (an earlier change's agent died). The router restarts
 only when its own unit changes: it names the units by URL and finds a restarted one by its health check.
 
 The waves: prefills, then decodes, then the router; a wave starts only once every unit of the waves before
@@ -34,6 +35,7 @@ class Seen:
     part: Part
     label: str  # prefill[0], decode[1], router
     changes: bool  # its agent says an apply would change it
+    recovered: bool = False  # the recovery that opened this change (re)started its unit
 
 
 @dataclass(frozen=True)
@@ -44,17 +46,27 @@ class Member:
     routed: bool  # checks the whole with a completion through the router's URL once ready
 
 
-def _why(unit: Seen, prefill_restarts: bool) -> str | None:
+def _why(unit: Seen, prefill_restarts: str | None) -> str | None:
     if unit.changes:
         return "its unit changes"
     if unit.part is Part.DECODE and prefill_restarts:
-        return "a prefill restarts: the decode must re-register with it (sglang#13054)"
+        return f"{prefill_restarts}: the decode must re-register with it (sglang#13054)"
     return None
+
+
+def _prefill_restarts(units: Sequence[Seen]) -> str | None:
+    """Why the decodes re-register: a prefill restarts now, or the recovery that opened the change
+    started one again (its earlier change finished: a new process, which Mooncake pairs afresh)."""
+    prefills = [u for u in units if u.part is Part.PREFILL]
+    if any(u.changes for u in prefills):
+        return "a prefill restarts"
+    recovered = [u.label for u in prefills if u.recovered]
+    return f"{recovered[0]} was started again by the recovery of an earlier change" if recovered else None
 
 
 def members(units: Sequence[Seen]) -> list[Member]:
     """The units the change restarts, each with its wave and why; [] when nothing changes."""
-    prefill_restarts = any(u.changes for u in units if u.part is Part.PREFILL)
+    prefill_restarts = _prefill_restarts(units)
     chosen = [(i, u, why) for i, u in enumerate(units) if (why := _why(u, prefill_restarts)) is not None]
     parts = [p for p in ORDER if any(u.part is p for _, u, _ in chosen)]
     router_restarts = Part.ROUTER in parts

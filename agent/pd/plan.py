@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from agent.inventory import HostConfig
 from agent.pd.refusals import DEFAULT_RESERVED, DecodeNeed
-from agent.pd.units import PdUnit, Role, pd_units, spec
+from agent.pd.units import PdUnit, Role, kv_checksum_skipped, pd_units, spec
 from agent.plan.choose import Plan, Target
 from agent.plan.from_facts import plan_for_host
 
@@ -125,6 +125,15 @@ def decode_needs(plans: Sequence[RolePlan], context: int) -> list[DecodeNeed]:
     ]
 
 
+def checksum_line(host: HostConfig) -> str:
+    """Whether the routed checks run with SGLang's KV checksum, in one line."""
+    skipped = kv_checksum_skipped(host)
+    if skipped is None:
+        return ("KV checksum: on in every role (--disaggregation-enable-kv-checksum): a routed check whose "
+                "KV arrives corrupted fails the change")  # fmt: skip
+    return f"KV checksum: skipped ({skipped}); the routed check proves the transfer without it"
+
+
 def text(host: HostConfig, plans: Sequence[RolePlan]) -> str:
     """The per-role summary plan prints: each unit's pool against its need, and the trade."""
     lines = [f"{host.name}: prefill-decode service, {spec(host).transfer_backend} transfer"]
@@ -136,5 +145,6 @@ def text(host: HostConfig, plans: Sequence[RolePlan]) -> str:
             f"  --mem-fraction-static {plan.mem_fraction_static:.3f}: pool ~{plan.predicted_pool_low_tokens} "
             f"tokens, needs {p.need_tokens} ({p.need}): {p.verdict}"
         )
+    lines.append(checksum_line(host))
     lines.append(f"note: {TRADE}")
     return "\n".join(lines)

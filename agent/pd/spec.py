@@ -142,6 +142,11 @@ class Pd(_Model):
         default=1, ge=1, le=4096,
         description="prompts a prefill holds at the target context while the decode pulls their KV",
     )  # fmt: skip
+    kv_checksum: bool = Field(
+        default=True,
+        description="--disaggregation-enable-kv-checksum on every role where the cards compute it (CUDA; "
+        "skipped for a --device other than cuda): a routed request whose KV arrives corrupted is aborted",
+    )
     prefill: list[PrefillUnit] = Field(
         min_length=1, max_length=64, description="[[pd.prefill]]: the prefill units, one table each"
     )

@@ -16,6 +16,9 @@ from agent.pd.spec import Pd, PdRouter, PrefillUnit, RoleUnit
 from agent.plan.effective import at_layout
 
 BOOTSTRAP_DEFAULT = 8998  # --disaggregation-bootstrap-port's default (srt/arg_groups/fields/disagg.py)
+# each role's /metrics counts the requests it finished (sglang:num_requests_total): the routed check of a
+# change proves by it which unit served (agent/host/roles/pdrouter.py served_here); a file may set it off
+METRICS: dict[str, str | int | float | bool] = {"enable-metrics": True}
 
 
 class Role(str, Enum):
@@ -41,6 +44,25 @@ class PdUnit:
     @property
     def where(self) -> str:
         return f"pd.{self.role.value}.{self.index}"
+
+
+CHECKSUM_FLAG = "disaggregation-enable-kv-checksum"
+
+
+def kv_checksum_skipped(host: HostConfig) -> str | None:
+    """None: every role runs with SGLang's KV checksum (an Adler-32 over each request's KV pages on the
+    prefill, verified on the decode; a mismatch aborts the request: srt/disaggregation/decode.py
+    _verify_kv_checksums, its `KV checksum mismatch req=...` line). Else why not. Both roles or neither:
+    with it on one engine only the metadata buffers misalign (srt/disaggregation/common/conn.py
+    check_peer_aux_buffer_count). The digest is computed on CUDA tensors only (checksum.py
+    KvChecksumComputer.compute asserts is_cuda; a CPU prefill dies at its warmup)."""
+    pd = spec(host)
+    if not pd.kv_checksum:
+        return "[pd] kv_checksum = false"
+    units = (*pd.prefill, *pd.decode)
+    devices = {str({**host.sglang.flags, **u.flags}.get("device") or "cuda").lower() for u in units}
+    other = sorted(devices - {"cuda"})
+    return f"--device {other[0]}: SGLang computes the KV checksum on CUDA only" if other else None
 
 
 def spec(host: HostConfig) -> Pd:
@@ -125,6 +147,8 @@ def _unit(host: HostConfig, pd: Pd, role: Role, index: int, unit: RoleUnit) -> P
     }
     if bootstrap is not None:
         disagg["disaggregation-bootstrap-port"] = bootstrap
+    if kv_checksum_skipped(host) is None:
+        disagg[CHECKSUM_FLAG] = True
     device = unit.ib_device or pd.ib_device
     if device:
         disagg["disaggregation-ib-device"] = device
@@ -142,7 +166,7 @@ def _unit(host: HostConfig, pd: Pd, role: Role, index: int, unit: RoleUnit) -> P
                 }
             ),
             "sglang": host.sglang.model_copy(
-                update={"port": unit.port, "flags": {**host.sglang.flags, **unit.flags, **disagg}}
+                update={"port": unit.port, "flags": {**METRICS, **host.sglang.flags, **unit.flags, **disagg}}
             ),
             "pd": None,
         }

@@ -254,6 +254,14 @@ class HostMemoryData(_HostMemoryBase, total=False):
     siblings: dict[str, int]
 
 
+class PdFactsData(TypedDict):
+    """A [pd] unit's host: the transfer modules installed for the unit's Python (None: its Python is not
+    known), and the RDMA devices of /sys/class/infiniband (None: unreadable)."""
+
+    importable: list[str] | None
+    rdma_devices: list[str] | None
+
+
 class HostFacts(TypedDict, total=False):
     """The facts verb's answer: what the laptop plans from (deployctl's --set flags go over `flags`)."""
 
@@ -274,6 +282,7 @@ class HostFacts(TypedDict, total=False):
         HostMemoryData | None
     )  # the RAM and the unit's cgroup: the host pool's plan (plan/hostplan.py)
     orphan: bool
+    pd: PdFactsData | None  # a prefill's or decode's unit (host/roles/pdfacts.py)
 
 
 def as_facts(answer: Mapping[str, Any]) -> HostFacts:

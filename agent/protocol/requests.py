@@ -151,6 +151,9 @@ class Request:
     router_url: str | None = None
     router_worker_url: str | None = None
     router_timeout_s: float = 60.0
+    # [pd]: the unit's role as the router (sglang-router in PD mode) registers it again after its restart
+    router_worker_type: str | None = None  # "prefill" or "decode"
+    router_bootstrap_port: int | None = None  # a prefill's --disaggregation-bootstrap-port
     group: Group | None = None  # apply: this node's rank in a multi-node service
     kind: str = ENGINE_KIND  # apply: an SGLang server, or a [pd] service's router
     routed_url: str | None = None  # apply, [pd]: once ready, one completion through this router must answer
@@ -205,7 +208,8 @@ class Request:
             _check(value is None or (isinstance(value, int) and value > 0), "token counts must be positive")
         if self.verb in ("apply", "compare"):
             _check(isinstance(self.unit_text, str) and self.target_context is not None, "apply needs a unit")
-            assert self.unit_text is not None
+        if self.unit_text is not None:  # apply's unit, or the one a [pd] unit's facts are read for
+            _check(isinstance(self.unit_text, str), "unit text must be text")
             _check(not find_control(self.unit_text, "\t\n"), "unit text contains a control character")
             _check(not SURROGATE.search(self.unit_text), "unit text is not valid UTF-8 (a lone surrogate)")
             _check("ExecStart=" in self.unit_text, "unit text has no ExecStart=")
@@ -268,18 +272,25 @@ class Request:
         )
         _check(isinstance(self.host_name, str) and not find_control(self.host_name), "bad host_name")
         _check(self.kind in KINDS, f"kind must be one of {', '.join(KINDS)}")
-        for url in (self.router_url, self.router_worker_url, self.routed_url):
-            _check(
-                url is None or (isinstance(url, str) and HTTP_URL.fullmatch(url) is not None),
-                "bad router URL",
-            )
-        _check((self.router_url is None) == (self.router_worker_url is None), "router needs both URLs")
+        self._check_router()
         _check(_is_number(self.router_timeout_s) and 0 < self.router_timeout_s <= 3600, "bad router timeout")
         if self.metrics_file is not None:
             ok = isinstance(self.metrics_file, str) and "/../" not in self.metrics_file
             ok = ok and re.fullmatch(r"/[A-Za-z0-9_./@+-]*\.prom", self.metrics_file) is not None
             _check(ok, "metrics_file must be an absolute path ending in .prom")
         self._check_nested_types()
+
+    def _check_router(self) -> None:
+        """The router's URLs, and a [pd] unit's role and bootstrap port in it."""
+        for url in (self.router_url, self.router_worker_url, self.routed_url):
+            _check(
+                url is None or (isinstance(url, str) and HTTP_URL.fullmatch(url) is not None),
+                "bad router URL",
+            )
+        _check((self.router_url is None) == (self.router_worker_url is None), "router needs both URLs")
+        _check(self.router_worker_type in (None, "prefill", "decode"), "bad router worker type")
+        port = self.router_bootstrap_port
+        _check(port is None or (_is_int(port) and 0 < port < 65536), "bad router bootstrap port")
 
     def _check_nested_types(self) -> None:
         """The secrets' names and values, the smoke test's settings and the timeouts."""

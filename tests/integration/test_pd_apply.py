@@ -91,6 +91,11 @@ class Pd:
     def texts(self) -> dict[str, bytes]:
         return {u: self.host.read(f"/etc/systemd/system/{u}") for u in UNITS}
 
+    def workers(self) -> list[dict[str, object]]:
+        """The router's GET /workers list."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[3]}/workers", timeout=10) as r:
+            return list(json.load(r)["workers"])
+
     def routed(self, timeout: float = 120.0) -> str:
         """One completion through the router (prefill, then decode), retried while the router starts."""
         body = {"model": "kimi-k2.6", "max_tokens": 8,
@@ -162,6 +167,14 @@ def test_a_1p1d_apply_commits_prefill_then_decode_and_leaves_the_router_running(
     said = r.stdout + r.stderr
     assert said.index("wave 0: prefill[0]") < said.index("wave 1: decode[0]"), said
     assert "routed check" in said, said
+    # drained through the real sglang-router 0.3.2: each unit out before its stop, back with its role
+    prefill_url, decode_url = (f"http://127.0.0.1:{port}" for port in (pd.ports[0], pd.ports[2]))
+    for url in (prefill_url, decode_url):
+        assert f"took {url} out of the router" in said and f"put {url} back in the router" in said, said
+    assert "this unit served one" in said, said  # the decode's own request count grew
+    assert "KV checksum: on in every role" in said, said
+    kinds = {w["url"]: (w.get("worker_type"), w.get("bootstrap_port")) for w in pd.workers()}
+    assert kinds == {prefill_url: ("prefill", pd.ports[1]), decode_url: ("decode", None)}, kinds
     texts = pd.texts()
     assert b"--context-length 16000" in texts[UNITS[0]] and b"--context-length 16000" in texts[UNITS[1]]
     assert pd.show(UNITS[2], "InvocationID") == router  # its unit is unchanged: not restarted

@@ -198,41 +198,69 @@ def test_a_unit_on_another_host_checks_the_router_at_its_reachable_address(
 
 class CacheAwareRouter:
     """sglang-router's cache_aware policy (the example's `policy`): a prompt goes to the worker whose tree
-    holds its prefix; identical prompts go to the worker that served the first one."""
+    holds its prefix; identical prompts go to the worker that served the first one. The worker that serves
+    one counts it in its own /metrics (sglang:num_requests_total), as SGLang 0.5.23 does."""
 
-    def __init__(self) -> None:
+    def __init__(self, sticky: str | None = None) -> None:
         self.tree: dict[tuple[str, int], str] = {}
         self.served: list[str] = []
+        self.workers: dict[str, FakeNode] = {}
+        self.sticky = sticky  # every prompt to this worker (one the router still counts unhealthy)
 
     def probe_of(self, me: str, fake: FakeNode) -> None:
         from agent.host.watch.probe import SmokeResult
 
+        self.workers[me] = fake
+        fake.host.probe.served = 0
+
         def smoke(s: Smoke) -> SmokeResult:
-            worker = self.tree.setdefault((s.sentence, s.prompt_tokens), me)  # the first asker's pair wins
+            worker = self.sticky or self.tree.setdefault((s.sentence, s.prompt_tokens), me)  # the first wins
             self.served.append(worker)
+            probe = self.workers[worker].host.probe
+            probe.served = (probe.served or 0) + 1
             return SmokeResult(s.prompt_tokens, 0.1, "dog", True)
 
         fake.host.probe.smoke = smoke  # type: ignore[method-assign]
 
 
-@pytest.mark.xfail(strict=True, reason="NOT BUILT: a routed check that proves which decode served it")
+def one_p_two_d(tmp_path: Path, router: CacheAwareRouter) -> tuple[list[Node], list[FakeNode]]:
+    nodes, fakes = pd_nodes(tmp_path, ["prefill", "decode", "decode"])
+    for rank in (1, 2):
+        nodes[rank].request = replace(nodes[rank].request, routed_url="http://127.0.0.1:30000")
+        router.probe_of(f"decode{rank}", fakes[rank])
+    Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
+                waves=(0, 1, 1)).run()  # fmt: skip
+    return nodes, fakes
+
+
 def test_every_restarted_decode_serves_a_routed_completion_before_the_commit(tmp_path: Path) -> None:
     """1P2D, the prefill changes: both decodes restart (wave 1), each sends one routed completion through
     the unchanged router (agent/host/roles/pdrouter.py:61-89). Both send the same prompt, and the router's
     cache_aware policy sends it to the same decode both times (as it does while it still counts a restarted
     decode unhealthy): decode[1] commits without ever serving one. A decode whose new unit fails at its first
     transfer (a wrong ib_device / UCX_NET_DEVICES) is committed, and half the service's requests hang."""
-    nodes, fakes = pd_nodes(tmp_path, ["prefill", "decode", "decode"])
     router = CacheAwareRouter()
-    for rank in (1, 2):
-        nodes[rank].request = replace(nodes[rank].request, routed_url="http://127.0.0.1:30000")
-        router.probe_of(f"decode{rank}", fakes[rank])
-    Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
-                waves=(0, 1, 1)).run()  # fmt: skip
+    nodes, _ = one_p_two_d(tmp_path, router)
     committed = all(n.view.outcome is Outcome.APPLIED for n in nodes)
     assert not committed or set(router.served) == {"decode1", "decode2"}, (
         f"committed; routed completions served by {router.served}"
     )
+    assert committed, [n.view.why for n in nodes]
+
+
+def test_a_restarted_decode_the_router_never_sends_to_rolls_the_group_back(tmp_path: Path) -> None:
+    """The router sends every routed completion to decode1, whatever the prompt: decode2's count never
+    grows, its routed check fails after its tries, and every unit goes back to its old unit."""
+    from agent.host.roles.pdrouter import ROUTED_TRIES
+
+    router = CacheAwareRouter(sticky="decode1")
+    nodes, fakes = one_p_two_d(tmp_path, router)
+    assert all(n.view.outcome is Outcome.ROLLED_BACK for n in nodes), [n.view for n in nodes]
+    assert router.served.count("decode1") == 1 + ROUTED_TRIES  # decode1's first; every one of decode2's
+    roles = ["prefill", "decode", "decode"]
+    assert all(runs(f) == role_unit(OLD, role) for f, role in zip(fakes, roles, strict=True))
+    said = " ".join(str(n.view.why) for n in nodes)
+    assert "none of 12 routed completions" in said, said
 
 
 # ---- a context SGLang refuses to start reaches no host
@@ -378,7 +406,6 @@ def test_a_unit_runs_the_router_by_its_execstart_command_alone(service: str, rou
 # ---- a prefill (re)started by the recovery that opens an apply restarts its decodes
 
 
-@pytest.mark.xfail(strict=True, reason="NOT BUILT: a recovered prefill restarts its decodes")
 def test_a_prefill_started_by_the_recovery_before_the_compare_restarts_every_decode(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -425,3 +452,135 @@ def test_a_prefill_started_by_the_recovery_before_the_compare_restarts_every_dec
     pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output())
     assert recovered == ["prefill[0]"]
     assert ran and any("decode" in name for name in ran[0]), "the prefill restarted; its decode did not"
+
+
+def test_a_recovered_prefill_restarts_only_the_decodes_and_a_recovered_decode_nothing() -> None:
+    """members(): a prefill the opening recovery started again is no member (its unit is up to date), but
+    every decode is, with the reason; a decode recovered alone asks nothing of the others."""
+    units = [Seen(P, "prefill[0]", False, recovered=True), Seen(D, "decode[0]", False),
+             Seen(D, "decode[1]", False), Seen(R, "router", False)]  # fmt: skip
+    chosen = members(units)
+    assert [m.index for m in chosen] == [1, 2] and all(m.wave == 0 and m.routed for m in chosen)
+    assert all("prefill[0] was started again by the recovery" in m.why for m in chosen), chosen
+    assert members([Seen(P, "prefill[0]", False), Seen(D, "decode[0]", False, recovered=True)]) == []
+
+
+# ---- drained through the router: out before the stop, back with its role before the routed check
+
+
+def test_each_unit_leaves_the_router_before_its_stop_and_is_back_with_its_role_before_the_routed_check(
+    tmp_path: Path,
+) -> None:
+    """1P1D, the router's unit unchanged: each unit is taken out of sglang-router before its stop (no new
+    request reaches it), and put back with its role (a prefill with its bootstrap port) once its new server
+    passed its checks: the decode's routed completion finds both listed, with their roles."""
+    from agent.host.roles.router import Registration
+    from tests.pure.test_router import ROUTER, FakeRouter
+
+    urls = {"prefill": "http://127.0.0.1:30010", "decode": "http://127.0.0.1:30020"}
+    nodes, fakes = pd_nodes(tmp_path, ["prefill", "decode"])
+    router = FakeRouter()
+    for url in urls.values():
+        router.add(url)
+    seen_at_the_check: list[dict[str, Registration]] = []
+    for node, fake, (role, url) in zip(nodes, fakes, urls.items(), strict=True):
+        fake.host.router = router
+        port = 8998 if role == "prefill" else None
+        node.request = replace(node.request, router_url=ROUTER, router_worker_url=url,
+                               router_worker_type=role, router_bootstrap_port=port)  # fmt: skip
+    nodes[1].request = replace(nodes[1].request, routed_url=ROUTER)
+    fakes[1].host.probe.served = 0
+
+    def smoke(s: Smoke) -> object:
+        from agent.host.watch.probe import SmokeResult
+
+        seen_at_the_check.append({u: router.regs[u] for u in router.urls()})
+        fakes[1].host.probe.served = (fakes[1].host.probe.served or 0) + 1
+        return SmokeResult(s.prompt_tokens, 0.1, "dog", True)
+
+    fakes[1].host.probe.smoke = smoke  # type: ignore[method-assign]
+    router.calls.clear()
+    Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
+                waves=(0, 1)).run()  # fmt: skip
+    assert all(n.view.outcome is Outcome.APPLIED for n in nodes), [n.view.why for n in nodes]
+    assert [c for c, _ in router.changes()][:2] == ["remove", "remove"]  # both out before any start
+    want = {urls["prefill"]: Registration("prefill", 8998), urls["decode"]: Registration("decode")}
+    assert seen_at_the_check and seen_at_the_check[0] == want
+    assert {u: router.regs[u] for u in router.urls()} == want
+
+
+def test_the_units_of_a_pd_change_are_drained_through_the_router_only_while_it_stays() -> None:
+    """_nodes: each role's unit carries the router's URL (from its host), its own URL as the router knows
+    it, its role and a prefill's bootstrap port; none when the router's own unit restarts too."""
+    import agent.group.pdapply as pdapply
+    from tests.pure.test_pd import example, host_of
+
+    host = host_of(example())
+    units = pdapply.planned_units(host, 32768)
+    requests = [pdapply.request_of(u, "absent", 32768) for u in units]
+    for router_changes in (False, True):
+        chosen = members([Seen(u.part, u.label, u.part is not R or router_changes) for u in units])
+        nodes = pdapply._nodes(host, units, [None] * len(units), requests, chosen)  # type: ignore[list-item]
+        roles = [(n.request.router_worker_type, n.request.router_bootstrap_port) for n in nodes]
+        if router_changes:
+            assert all(n.request.router_url is None for n in nodes), roles
+            continue
+        assert roles == [("prefill", units[0].bootstrap_port), ("decode", None)]
+        assert all(n.request.router_url == "http://127.0.0.1:30000" for n in nodes)
+        assert [n.request.router_worker_url for n in nodes] == [u.url for u in units[:2]]
+
+
+# ---- the KV checksum: on where the cards compute it, and a mismatch fails the change
+
+
+def test_the_kv_checksum_is_rendered_in_every_role_on_cuda_and_skipped_with_its_reason_otherwise() -> None:
+    import agent.group.pdapply as pdapply
+    from agent.pd.plan import checksum_line
+    from agent.pd.units import kv_checksum_skipped
+    from tests.pure.test_pd import example, host_of
+
+    host = host_of(example())
+    assert kv_checksum_skipped(host) is None
+    texts = [u.text for u in pdapply.planned_units(host, 32768) if u.part is not R]
+    assert texts and all("--disaggregation-enable-kv-checksum" in t for t in texts)
+    assert checksum_line(host).startswith("KV checksum: on in every role")
+    for change, why in (({"kv_checksum": False}, "[pd] kv_checksum = false"), (None, "--device cpu")):
+        data = example()
+        if change:
+            data["pd"].update(change)
+        else:
+            data["pd"]["decode"][0]["flags"]["device"] = "cpu"  # one role off the card: both go without it
+        other = host_of(data)
+        assert why in (kv_checksum_skipped(other) or ""), kv_checksum_skipped(other)
+        assert checksum_line(other).startswith("KV checksum: skipped")
+        texts = [u.text for u in pdapply.planned_units(other, 32768) if u.part is not R] if change else []
+        assert all("kv-checksum" not in t for t in texts)
+
+
+def test_a_kv_checksum_mismatch_the_decode_logged_rolls_the_group_back(tmp_path: Path) -> None:
+    """1P1D with the checksum on: the routed completion is answered (the router retried it through another
+    transfer), but the decode's journal has SGLang's `KV checksum mismatch req=...` line: the change fails
+    and every unit goes back."""
+    from agent.host.watch.probe import SmokeResult
+
+    nodes, fakes = pd_nodes(tmp_path, ["prefill", "decode"])
+    flag = "--disaggregation-mode decode --disaggregation-enable-kv-checksum"
+    for node in nodes[1:]:
+        text = node.request.unit_text or ""
+        node.request = replace(node.request, unit_text=text.replace("--disaggregation-mode decode", flag),
+                               routed_url="http://127.0.0.1:30000")  # fmt: skip
+    decode = fakes[1].host
+    decode.probe.served = 0
+
+    def smoke(s: Smoke) -> SmokeResult:
+        decode.probe.served = (decode.probe.served or 0) + 1
+        decode.systemd.lines[decode.systemd.invocation].append(
+            "[2026-12-06 10:00:00] KV checksum mismatch req=abc bootstrap_room=7 expected=0x1 got=0x0"
+        )
+        return SmokeResult(s.prompt_tokens, 0.1, "dog", True)
+
+    decode.probe.smoke = smoke  # type: ignore[method-assign]
+    Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
+                waves=(0, 1)).run()  # fmt: skip
+    assert all(n.view.outcome is Outcome.ROLLED_BACK for n in nodes), [n.view for n in nodes]
+    assert "KV checksum mismatch" in " ".join(str(n.view.why) for n in nodes)

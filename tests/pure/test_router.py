@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 import agent.host.roles.router as router_mod
-from agent.host.roles.router import RouterError, Worker, parse_workers, put_back, take_out
+from agent.host.roles.router import (
+    PLAIN,
+    Registration,
+    RouterError,
+    Worker,
+    parse_workers,
+    put_back,
+    take_out,
+)
 from agent.host.state import StateDir
 from agent.host.watch.poll import wait_until
 from agent.protocol.common import ProtocolError
@@ -72,10 +80,13 @@ class FakeRouter:
                 raise RouterError(f"GET {ROUTER}/workers failed: read timed out")
         return list(self.workers_.values())
 
-    def add(self, url: str) -> None:
+    regs: dict[str, Registration] = field(default_factory=dict)  # url -> how it was last added
+
+    def add(self, url: str, reg: Registration = PLAIN) -> None:
         self._note("add")
         wid = str(uuid.uuid4())
         self.workers_[wid] = Worker(wid, url, healthy=True)
+        self.regs[url] = reg
 
     def remove(self, worker_id: str) -> None:
         self._note("remove")
@@ -305,3 +316,24 @@ def test_no_removal_timing_and_no_failed_get_keeps_the_worker_out_for_good(
     gateway.later(60.0)
     assert [w.url for w in gateway.workers_.values()].count(ME) == 1
     assert StateDir(req.state_dir).router_left_out(req.unit) is None
+
+
+def test_a_pd_worker_is_put_back_with_its_role_and_bootstrap_port() -> None:
+    """sglang-router 0.3.2 in PD mode lists a worker re-added by its URL alone as `regular` (measured):
+    a [pd] unit goes back with its `worker_type` and a prefill with its `bootstrap_port`."""
+    router = FakeRouter()
+    put_back(router, ME, 0.1, Registration("prefill", 8998))
+    assert router.regs[ME] == Registration("prefill", 8998)
+    assert Registration("prefill", 8998).body(ME) == {
+        "url": ME,
+        "worker_type": "prefill",
+        "bootstrap_port": 8998,
+    }
+    assert Registration("decode").body(ME) == {"url": ME, "worker_type": "decode"}
+    assert PLAIN.body(ME) == {"url": ME}
+
+
+@pytest.mark.parametrize(("kind", "port"), [("regular", None), ("decode", 0), ("decode", 70000)])
+def test_a_request_refuses_a_role_or_port_the_router_does_not_take(kind: str, port: int | None) -> None:
+    with pytest.raises(ProtocolError):
+        replace(Request(verb="apply"), router_worker_type=kind, router_bootstrap_port=port).validate()

@@ -116,3 +116,61 @@ def test_the_routers_http2_preface_is_logged_and_the_server_lives_on() -> None:
         server.shutdown()
     assert errors == []
     assert any("PRI * HTTP/2.0" in line for line in logged), logged
+
+
+def test_each_answered_request_counts_in_metrics_as_sglangs_num_requests_total() -> None:
+    """--enable-metrics: /metrics carries sglang:num_requests_total, one more per answered request (not
+    per health check), read back by the probe's parser as the routed check reads a decode's."""
+    import threading
+
+    from sglang.serve import State, make_server
+
+    from agent.host.watch.probe import Probe
+
+    state = State((0, 5, 23), "m", 4096, 100000, 1e6, False, True, {}, {}, lambda line: None)
+    state.ready.set()
+    server = make_server("127.0.0.1", 0, state)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        probe = Probe("127.0.0.1", server.server_address[1])
+        assert probe.requests_served() == 0
+        probe.wait_ready(5)
+        body = json.dumps({"text": "the dog", "sampling_params": {"max_new_tokens": 2}}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{server.server_address[1]}/generate", data=body)
+        urllib.request.urlopen(req, timeout=5).read()
+        assert probe.requests_served() == 1
+    finally:
+        server.shutdown()
+
+
+def test_the_served_count_is_summed_over_label_sets_and_none_without_it() -> None:
+    from agent.host.watch.probe import served_total
+
+    text = (
+        "# TYPE sglang:num_requests_total counter\n"
+        'sglang:num_requests_total{model_name="m",is_streaming="false"} 3.0\n'
+        'sglang:num_requests_total{model_name="m",is_streaming="true"} 2.0\n'
+        'sglang:num_requests_total_created{model_name="m"} 1.7e9\n'
+    )
+    assert served_total(text) == 5
+    assert served_total("sglang:num_running_reqs 0.0\n") is None
+
+
+def test_a_decode_with_the_kv_checksum_aborts_a_request_whose_digest_sglangs_switch_flips(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    disagg.start_bootstrap(
+        args("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port)), lambda m: None
+    )  # type: ignore[arg-type]
+    routed = {"bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": 7}
+    logged: list[str] = []
+    on = disagg.decode_check(
+        args("--disaggregation-mode", "decode", "--disaggregation-enable-kv-checksum"), logged.append
+    )  # type: ignore[arg-type]
+    assert on(routed) is None  # no switch: the digests match
+    monkeypatch.setenv("SGLANG_TEST_DISAGG_KV_CHECKSUM_MISMATCH_PROB", "1")
+    assert on(routed) == "KV checksum mismatch"
+    assert logged and logged[0].startswith("KV checksum mismatch req=") and "bootstrap_room=7" in logged[0]
+    off = disagg.decode_check(args("--disaggregation-mode", "decode"), logged.append)  # type: ignore[arg-type]
+    assert off(routed) is None  # without the flag nothing is verified

@@ -181,6 +181,7 @@ class FakeProbe:
     unit: Callable[[], str] | None = None
     load_fails: str | None = None
     load_spec: LoadSpec | None = None
+    served: int | None = None  # its sglang:num_requests_total; None: no /metrics counter
 
     def __call__(self, host: str, port: int, api_key: str | None) -> ProbePort:
         return self
@@ -193,6 +194,9 @@ class FakeProbe:
     def smoke(self, smoke: Smoke) -> SmokeResult:
         self.asked.append("smoke")
         return SmokeResult(smoke.prompt_tokens, 0.1, self.answer, smoke.expect in self.answer)
+
+    def requests_served(self) -> int | None:
+        return self.served
 
     def load(self, smoke: Smoke, spec: LoadSpec) -> LoadResult:
         """The load check: every reply fine, unless `load_fails` names what went wrong."""
@@ -218,6 +222,7 @@ class Host:
     root: Path
     script: Script
     probe: FakeProbe = field(default_factory=FakeProbe)
+    router: Callable[[str], Any] | None = None  # the model gateway's API, where a test gives one
 
     def __post_init__(self) -> None:
         self.control = self.root / "etc/systemd/system.control"
@@ -255,5 +260,7 @@ class Host:
         log = EventLog(txn, Path(req.state_dir) / "txn" / txn / "events.jsonl")
         t = Transaction(req, txn, self.systemd, self.journal, log)
         t.probe = self.probe
+        if self.router is not None:
+            t.router = self.router
         t.ports.run_dir = self.root / "run/deployctl"  # the boot guard's marker (a tmpfs on a host)
         return t

@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 INSTANCES = STATE_DIR / "instances"
 SIM_SGLANG = REPO / "tests/sim/sglang"
 SIM_TARGET = "/usr/local/lib/python3.11/dist-packages/sglang"
+SIM_MOONCAKE = REPO / "tests/sim/mooncake"  # the transfer backend a [pd] apply's facts look for
 AGENT_ROOT = "/opt/deployctl"  # PYTHONPATH inside the host for the bound agent/ and jeepney/
 READY_STATES = ("running", "degraded")
 ORACLE_DIR = REPO / "tests/oracle"
@@ -291,6 +292,7 @@ class TestHost:
         }
         if SIM_SGLANG.is_dir():
             binds[str(SIM_SGLANG)] = SIM_TARGET
+            binds[str(SIM_MOONCAKE)] = SIM_TARGET.replace("/sglang", "/mooncake")
             binds.update(ensure_models())  # the weights the simulated server reads
         if setup.mount_agent:
             import jeepney

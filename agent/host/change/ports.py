@@ -65,6 +65,8 @@ class ProbePort(Protocol):
 
     def load(self, smoke: Smoke, spec: LoadSpec) -> LoadResult: ...
 
+    def requests_served(self) -> int | None: ...
+
 
 ProbeFactory = Callable[[str, int, "str | None"], ProbePort]  # (host, port, api key) -> probe
 

@@ -4,7 +4,8 @@ rendered (/server_info), a long prompt fits (the smoke test) and, with [smoke] l
 from __future__ import annotations
 
 from agent.host.change.ports import Change, Ports, ProbePort, Run, flags_of, node_rank
-from agent.host.roles.pdrouter import is_router, routed_check
+from agent.host.roles.pdrouter import checksum_said, is_router, routed_check
+from agent.host.roles.routerstep import rejoin_verified
 from agent.host.watch import loadcheck, serverinfo
 from agent.host.watch.start import WatchResult
 from agent.protocol.events import Stage
@@ -18,7 +19,10 @@ def verify(p: Ports, run: Run, started: WatchResult, change: Change) -> str | No
         return routed_check(p, change.smoke)
     if node_rank(change.new) >= 1:
         return None
-    return verify_http(p, run, started, change) or routed_check(p, change.smoke)
+    return (
+        verify_http(p, run, started, change) or rejoin_verified(p) or routed_check(p, change.smoke)
+        or checksum_said(p, started.invocation_id, flags_of(change.new))
+    )  # fmt: skip
 
 
 def verify_http(p: Ports, run: Run, started: WatchResult, change: Change) -> str | None:

@@ -10,12 +10,13 @@ through itself; the decodes, when the router's own unit is unchanged, through th
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from agent.host.change.decide import Action, Failure, Verdict, fail
-from agent.host.change.ports import Ports
+from agent.host.change.ports import Ports, ProbePort
 from agent.host.watch.poll import wait_until
 from agent.host.watch.start import WatchResult
 from agent.protocol.events import Stage
@@ -30,6 +31,8 @@ ROUTED_PROMPT_TOKENS = 2000  # one short routed completion: it crosses the KV tr
 # health checks come every few seconds): asked again, not failed. A 502 (a decode that died) fails at once.
 UNSELECTED = "HTTP 503"
 UNSELECTED_PAUSE_S = 2.0
+ROUTED_TRIES = 12  # routed completions, each its own prompt, until one reaches the unit that sends them
+SERVED_SETTLE_S = 2.0  # how long its count may lag its answer
 
 
 def is_router(p: Ports) -> bool:
@@ -85,7 +88,8 @@ def watch_router(p: Ports, invocation: str) -> WatchResult:
 def routed_check(p: Ports, smoke: Smoke | None) -> str | None:
     """One completion through the router (this unit's own port for the router, else the request's
     routed_url): the reason it failed, or None. SGLang's own failure (a decode's `Page size mismatch`,
-    a prefill that is gone) comes back in the answer."""
+    a prefill that is gone) comes back in the answer. A unit that sends it through the router proves it
+    served one itself (served_here): a completion another decode served proves nothing of it."""
     from agent.host.watch.probe import ProbeError
 
     if not is_router(p) and p.req.routed_url is None:
@@ -100,17 +104,61 @@ def routed_check(p: Ports, smoke: Smoke | None) -> str | None:
     try:
         probe = p.probe(host, port, p.secrets.api_key())
         probe.wait_ready(p.req.timeouts.ready_s)
-        res = probe.smoke(routed)
-        deadline = time.monotonic() + p.req.timeouts.ready_s
-        while not res.passed and res.detail.startswith(UNSELECTED) and time.monotonic() < deadline:
-            time.sleep(UNSELECTED_PAUSE_S)  # the router has not seen the restarted units healthy yet
-            res = probe.smoke(routed)
+        return routed_once(p, probe, routed) if is_router(p) else served_here(p, probe, routed)
     except ProbeError as exc:
         return f"routed check through the router failed: {exc}"
+
+
+def routed_once(p: Ports, router: ProbePort, routed: Smoke) -> str | None:
+    """One routed completion, asked again while the router selects no worker of a role (503)."""
+    res = router.smoke(routed)
+    deadline = time.monotonic() + p.req.timeouts.ready_s
+    while not res.passed and res.detail.startswith(UNSELECTED) and time.monotonic() < deadline:
+        time.sleep(UNSELECTED_PAUSE_S)  # the router has not seen the restarted units healthy yet
+        res = router.smoke(routed)
     if not res.passed:
         return f"routed check through the router failed: {res.detail or res.answer}"
     p.log.emit(Stage.SMOKE, "step", f"routed check: answer {res.answer!r} after {res.seconds:.1f} s")
     return None
+
+
+def served_here(p: Ports, router: ProbePort, routed: Smoke) -> str | None:
+    """Routed completions, each with a prompt of its own (a cache-aware router sends a repeated one where
+    it went before), until this unit's own count of finished requests grows: the router sent it one and
+    it answered. Other traffic counted meanwhile proves the same: it serves through the router. A unit
+    that never does within ROUTED_TRIES fails the change."""
+    own = p.http()
+    before = own.requests_served()
+    if before is None:
+        why = "its /metrics has no sglang:num_requests_total (no --enable-metrics)"
+        p.log.emit(Stage.SMOKE, "warning", f"routed check: which unit served it is not proven: {why}")
+        return routed_once(p, router, routed)
+    settle = min(SERVED_SETTLE_S, p.req.timeouts.ready_s)  # SGLang counts it just after it answers
+    for n in range(1, ROUTED_TRIES + 1):
+        failed = routed_once(p, router, replace(routed, sentence=f"Routed check {n}. {routed.sentence}"))
+        if failed is not None:
+            return failed
+        if wait_until(lambda: (own.requests_served() or 0) > before, settle):
+            p.log.emit(Stage.SMOKE, "step", f"routed check: this unit served one (try {n})")
+            return None
+    return (f"routed check: the router sent this unit none of {ROUTED_TRIES} routed completions (its "
+            f"sglang:num_requests_total stayed {before}): it does not serve through the router")  # fmt: skip
+
+
+CHECKSUM_MISMATCH = "KV checksum mismatch req="  # srt/disaggregation/decode.py _verify_kv_checksums
+
+
+def checksum_said(p: Ports, invocation_id: str, flags: Mapping[str, object]) -> str | None:
+    """After the routed check of a unit started with --disaggregation-enable-kv-checksum: a mismatch its
+    journal logged fails the change, though the router's retry (another transfer) answered the client."""
+    if is_router(p) or p.req.routed_url is None or not flags.get("disaggregation-enable-kv-checksum"):
+        return None
+    lines = p.journal.invocation_tail(p.unit, invocation_id, 2000) if invocation_id else []
+    bad = next((line for line in lines if CHECKSUM_MISMATCH in line), None)
+    if bad is None:
+        p.log.emit(Stage.SMOKE, "step", "routed check: the KV checksum matched (no mismatch logged)")
+        return None
+    return f"KV checksum mismatch: the KV this unit received is not what the prefill sent ({bad.strip()})"
 
 
 def pool_said(summary: dict[str, object]) -> str:

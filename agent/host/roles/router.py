@@ -55,6 +55,28 @@ def parse_workers(body: object) -> list[Worker]:
     return out
 
 
+@dataclass(frozen=True)
+class Registration:
+    """How the router is to know a worker it adds again. sglang-router 0.3.2 in PD mode takes its role in
+    POST /workers (`worker_type` "prefill" with the prefill's `bootstrap_port`, or "decode"; its
+    WorkerConfigRequest); by its URL alone a worker comes back `"worker_type": "regular"` and serves
+    neither role (measured against the release in PD mode)."""
+
+    worker_type: str | None = None  # None: a plain worker (the router in its regular mode)
+    bootstrap_port: int | None = None
+
+    def body(self, url: str) -> dict[str, object]:
+        body: dict[str, object] = {"url": url}
+        if self.worker_type is not None:
+            body["worker_type"] = self.worker_type
+        if self.bootstrap_port is not None:
+            body["bootstrap_port"] = self.bootstrap_port
+        return body
+
+
+PLAIN = Registration()
+
+
 def find(workers: list[Worker], url: str) -> Worker | None:
     return next((w for w in workers if same_url(w.url, url)), None)
 
@@ -62,7 +84,7 @@ def find(workers: list[Worker], url: str) -> Worker | None:
 class RouterPort(Protocol):
     def workers(self) -> list[Worker]: ...
 
-    def add(self, url: str) -> None: ...
+    def add(self, url: str, reg: Registration = PLAIN) -> None: ...
 
     def remove(self, worker_id: str) -> None: ...
 
@@ -116,10 +138,11 @@ def take_out(router: RouterPort, url: str, timeout_s: float, mark: Callable[[], 
     return Taken(True, True, f"took {url} out of the router: it sends it no new requests")
 
 
-def put_back(router: RouterPort, url: str, timeout_s: float) -> str:
-    """Add the worker again and wait until the router lists it healthy; RouterError otherwise."""
+def put_back(router: RouterPort, url: str, timeout_s: float, reg: Registration = PLAIN) -> str:
+    """Add the worker again (as `reg` says) and wait until the router lists it healthy; RouterError
+    otherwise."""
     if find(router.workers(), url) is None:
-        router.add(url)
+        router.add(url, reg)
     if not wait_until(healthy(router, url), timeout_s):
         raise RouterError(f"the router does not list {url} as healthy {timeout_s:g} s after adding it")
     return f"put {url} back in the router: it serves again"
@@ -133,13 +156,13 @@ class Undone:
     message: str
 
 
-def undo_removal(router: RouterPort, url: str, timeout_s: float) -> Undone:
+def undo_removal(router: RouterPort, url: str, timeout_s: float, reg: Registration = PLAIN) -> Undone:
     """After a DELETE whose removal did not show in time: the gateway may still run it (it is queued), so
     wait for it once more, then put the worker back (or check it is listed). When the removal never showed,
     a worker still listed may yet be removed: the caller keeps the mark, and the next run checks again.
     RouterError when the worker cannot be put back."""
     landed = wait_until(gone(router, url), timeout_s)
-    said = put_back(router, url, timeout_s)
+    said = put_back(router, url, timeout_s, reg)
     if landed:
         return Undone(True, f"the router removed {url} late; {said}")
     return Undone(False, f"the router still lists {url} after its removal was asked: it is kept listed, and "
@@ -170,8 +193,8 @@ class HttpRouter:
     def workers(self) -> list[Worker]:
         return parse_workers(self._call("GET", "/workers", (200,)))
 
-    def add(self, url: str) -> None:
-        self._call("POST", "/workers", (200, 201, 202), json={"url": url})
+    def add(self, url: str, reg: Registration = PLAIN) -> None:
+        self._call("POST", "/workers", (200, 201, 202), json=reg.body(url))
 
     def remove(self, worker_id: str) -> None:
         self._call("DELETE", f"/workers/{quote(worker_id, safe='')}", (200, 202, 204))

@@ -7,8 +7,21 @@ import time
 from collections.abc import Callable
 
 from agent.host.change.ports import Ports, Result
-from agent.host.roles.router import RouterError, RouterPort, put_back, take_out, undo_removal
+from agent.host.roles.router import (
+    Registration,
+    RouterError,
+    RouterPort,
+    put_back,
+    take_out,
+    undo_removal,
+)
 from agent.protocol.events import Outcome, RouterData, Stage
+from agent.protocol.requests import Request
+
+
+def registration(req: Request) -> Registration:
+    """A [pd] unit's role in the router (its worker type and a prefill's bootstrap port); else plain."""
+    return Registration(req.router_worker_type, req.router_bootstrap_port)
 
 
 def out_of_router(p: Ports, change: Callable[[], Result]) -> Result:
@@ -45,7 +58,7 @@ def router_refused(p: Ports, router: RouterPort, worker: str, exc: RouterError) 
     (or found listed) before the run reports; the mark stays unless that is sure."""
     if p.state.router_left_out(p.unit) == worker:
         try:
-            undone = undo_removal(router, worker, p.req.router_timeout_s)
+            undone = undo_removal(router, worker, p.req.router_timeout_s, registration(p.req))
             p.log.emit(Stage.ROUTER, "step" if undone.sure else "warning", undone.message)
             if undone.sure:
                 p.state.clear_router_out(p.unit)
@@ -67,7 +80,9 @@ def back_in_router(p: Ports, router: RouterPort, worker: str) -> bool:
                    f"serve ({exc})")  # fmt: skip
         return False
     try:
-        p.log.emit(Stage.ROUTER, "step", put_back(router, worker, p.req.router_timeout_s))
+        p.log.emit(
+            Stage.ROUTER, "step", put_back(router, worker, p.req.router_timeout_s, registration(p.req))
+        )
     except RouterError as exc:
         p.log.emit(Stage.ROUTER, "warning", f"putting {worker} back in the router failed: {exc}")
         return False
@@ -83,3 +98,18 @@ def rejoin_left_out(p: Ports) -> None:
         return
     p.log.emit(Stage.ROUTER, "step", f"an earlier run left {worker} out of the router")
     back_in_router(p, p.router(p.req.router_url), worker)
+
+
+def rejoin_verified(p: Ports) -> str | None:
+    """A [pd] member, once its new server passed its own checks: back in the router before the routed
+    check (its own, or its peers': a decode's needs the prefill listed, and the group decides only after
+    it). A one-host change puts its server back after the decision instead. The reason it failed, or
+    None."""
+    worker = p.req.router_worker_url
+    if p.req.router_worker_type is None or p.req.router_url is None or worker is None:
+        return None
+    if p.state.router_left_out(p.unit) != worker:
+        return None
+    if back_in_router(p, p.router(p.req.router_url), worker):
+        return None
+    return f"the router at {p.req.router_url} did not take {worker} back"

@@ -160,6 +160,17 @@ class Probe:
             raise ProbeError(f"{self.base}/server_info answered HTTP {r.status_code}, not a JSON object")
         return data
 
+    def requests_served(self) -> int | None:
+        """The requests this server finished (`sglang:num_requests_total` of /metrics, summed over its
+        label sets; SGLang 0.5.23 counts them in the tokenizer manager, srt/managers/tokenizer_manager.py
+        collect_metrics, and not its own health checks: they are sent with log_metrics=False,
+        srt/entrypoints/http_server.py:761). None when it does not say (no --enable-metrics)."""
+        try:
+            r = self.session.get(f"{self.base}/metrics", timeout=5)
+        except requests.RequestException:
+            return None
+        return served_total(r.text) if r.status_code == 200 else None
+
     def smoke(self, smoke: Smoke, model: str | None = None) -> SmokeResult:
         """A long prompt with a known answer: proves a request that needs the new context really fits.
         With an empty `expect` (a random-weight model) any answer passes, once usage shows the prompt whole.
@@ -248,6 +259,18 @@ class Probe:
             200, None, usage_count(usage), usage_count(usage, "completion_tokens"), first,
             time.monotonic() - sent,
         )  # fmt: skip
+
+
+_SERVED = re.compile(r"^sglang:num_requests_total(?:\{[^}]*\})?\s+(\S+)\s*$", re.M)
+
+
+def served_total(metrics: str) -> int | None:
+    """Prometheus text -> sglang:num_requests_total summed over its label sets; None without it."""
+    values = _SERVED.findall(metrics)
+    try:
+        return int(sum(float(v) for v in values)) if values else None
+    except ValueError:
+        return None
 
 
 def long_prompt(smoke: Smoke, tokens: int) -> str:

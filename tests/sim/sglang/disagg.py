@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import threading
 import urllib.error
 import urllib.request
@@ -34,6 +35,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         choices=["mooncake", "mooncake_tcp", "nixl", "mori", "ascend", "fake"])  # fmt: skip
     add("--disaggregation-bootstrap-port", type=int, default=8998)
     add("--disaggregation-ib-device")
+    add("--disaggregation-enable-kv-checksum", action="store_true")
 
 
 def published(args: argparse.Namespace) -> dict[str, Any]:
@@ -119,6 +121,21 @@ def decode_check(
         if wrong is not None:
             log(wrong)
             threading.Timer(0.2, lambda: os._exit(1)).start()  # "the decode server exits"
-        return wrong
+            return wrong
+        return checksum(args, body, log)
 
     return check
+
+
+def checksum(args: argparse.Namespace, body: dict[str, Any], log: Callable[[str], None]) -> str | None:
+    """--disaggregation-enable-kv-checksum on a decode: SGLang's own test switch
+    SGLANG_TEST_DISAGG_KV_CHECKSUM_MISMATCH_PROB flips the digest of that share of requests (as a corrupted
+    transfer would); the decode logs the mismatch and aborts the request with a 500, and serves on
+    (srt/disaggregation/decode.py _verify_kv_checksums, _handle_kv_checksum_mismatch)."""
+    prob = float(os.environ.get("SGLANG_TEST_DISAGG_KV_CHECKSUM_MISMATCH_PROB") or 0)
+    if not args.disaggregation_enable_kv_checksum or prob <= 0 or random.random() >= prob:
+        return None
+    room = body.get("bootstrap_room")
+    log(f"KV checksum mismatch req={body.get('rid') or 'sim'} bootstrap_room={room} "
+        "expected=0x5d2f01c3 got=0x5d2f01c2")  # fmt: skip
+    return "KV checksum mismatch"

@@ -68,6 +68,7 @@ class State:
     error_log: Callable[[str], None] = print
     # a decode of a prefill-decode pair: why a routed request cannot be served (disagg.py), else None
     routed: Callable[[dict[str, Any]], str | None] = lambda body: None
+    finished: int = 0  # requests answered: /metrics sglang:num_requests_total (not health checks)
 
     def loads(self) -> dict[str, Any]:
         """GET /v1/loads?include=core as SGLang 0.5.23 answers it (v1_loads.py, load_snapshot.py)."""
@@ -147,6 +148,7 @@ def generate(state: State, prompt: str, prompt_tokens: int, max_new: int | None)
     finally:
         with state.lock:
             del state.in_flight[rid]
+            state.finished += 1
     words = WORD.findall(answer(prompt))
     if max_new is not None:
         words = words[:max_new]
@@ -229,6 +231,8 @@ class Handler(BaseHTTPRequestHandler):
             text = "# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV pool.\n"
             text += "# TYPE sglang:max_total_num_tokens gauge\n"
             text += f'sglang:max_total_num_tokens{{model_name="{name}"}} {s.pool}.0\n'
+            text += "# TYPE sglang:num_requests_total counter\n"
+            text += f'sglang:num_requests_total{{model_name="{name}",is_streaming="false"}} {s.finished}.0\n'
             running = s.loads()["loads"][0]
             for metric, key in (
                 ("num_running_reqs", "num_running_reqs"),
@@ -329,6 +333,7 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             with s.lock:
                 del s.in_flight[rid]
+                s.finished += 1
                 if not prefilled:
                     s.prefilling -= n
 

@@ -1,0 +1,102 @@
+"""A [pd] unit's host facts: the transfer backends installed for the unit's Python (read from its
+site-packages and PYTHONPATH, never run) and the host's RDMA devices, used by the refusals before any
+restart: a backend the host does not have, NIXL with no device chosen on a host with several."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.host.roles import pdfacts
+
+
+def venv(tmp_path: Path, *modules: str) -> str:
+    site = tmp_path / "venv/lib/python3.11/site-packages"
+    site.mkdir(parents=True)
+    for m in modules:
+        (site / m).mkdir()
+        (site / m / "__init__.py").write_text("")
+    (tmp_path / "venv/bin").mkdir(parents=True)
+    return str(tmp_path / "venv/bin/python")
+
+
+def test_the_backends_installed_beside_the_units_python_or_on_its_pythonpath(tmp_path: Path) -> None:
+    python = venv(tmp_path, "mooncake", "numpy")
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "nixl._bindings.cpython-311-x86_64-linux-gnu.so").write_text("")
+    (extra / "nixl.cpython-311-x86_64-linux-gnu.so").write_text("")
+    assert pdfacts.installed(python, [], system=()) == ["mooncake"]
+    assert pdfacts.installed(python, [str(extra)], system=()) == ["mooncake", "nixl"]
+    assert pdfacts.installed(None) is None  # its Python unknown: the check is not made
+
+
+def test_the_rdma_devices_are_the_kernels_list_and_none_without_the_folder(tmp_path: Path) -> None:
+    for name in ("mlx5_1", "mlx5_0"):
+        (tmp_path / name).mkdir()
+    assert pdfacts.rdma_devices(str(tmp_path)) == ["mlx5_0", "mlx5_1"]
+    assert pdfacts.rdma_devices(str(tmp_path / "absent")) == []
+
+
+def test_the_facts_are_read_for_a_role_unit_only(tmp_path: Path) -> None:
+    python = venv(tmp_path, "mooncake")
+    argv = f"{python} -m sglang.launch_server --model-path /m --disaggregation-mode decode"
+    role = f"[Service]\nExecStart={argv}\n"
+    got = pdfacts.collect(role, ())
+    assert got is not None and "mooncake" in (got["importable"] or [])
+    assert pdfacts.collect(role.replace(" --disaggregation-mode decode", ""), ()) is None
+    assert pdfacts.collect(None, ()) is None
+
+
+def facts_answer(importable: list[str] | None, rdma: list[str] | None) -> dict[str, Any]:
+    return {"unit_sha256": None, "pd": {"importable": importable, "rdma_devices": rdma}}
+
+
+@pytest.mark.parametrize(
+    ("backend", "importable", "rdma", "said"),
+    [
+        ("mooncake", [], [], "cannot import 'mooncake'"),
+        ("nixl", ["nixl"], ["mlx5_0", "mlx5_1"], "NIXL with no RDMA device chosen"),
+        ("mooncake", ["mooncake"], ["mlx5_0", "mlx5_1"], None),
+        ("nixl", ["nixl"], ["mlx5_0"], None),  # one device: UCX's own choice is that one
+    ],
+)
+def test_the_hosts_facts_refuse_before_any_compare(
+    monkeypatch: pytest.MonkeyPatch, backend: str, importable: list[str], rdma: list[str], said: str | None
+) -> None:
+    from contextlib import contextmanager
+
+    import agent.group.pdapply as pdapply
+    from agent.errors import InventoryError
+    from agent.orchestrate.asked import Change, Connection
+    from agent.output import Output
+    from tests.pure.test_pd import example, host_of
+
+    data = example()
+    data["pd"]["transfer_backend"] = backend
+    host = host_of(data)
+    verbs: list[str] = []
+
+    class Agent:
+        def call(self, req: Any) -> dict[str, Any]:
+            verbs.append(req.verb)
+            if req.verb == "facts":
+                assert req.unit_text  # read for the unit about to be written
+                return facts_answer(importable, rdma) if "--disaggregation-mode" in req.unit_text else {}
+            return {"up_to_date": True}
+
+    @contextmanager
+    def clients(hosts: list[Any], conn: object):  # type: ignore[no-untyped-def]
+        yield [Agent() for _ in hosts]
+
+    monkeypatch.setattr(pdapply, "clients", clients)
+    monkeypatch.setattr(pdapply, "recover_orphan", lambda *a: False)
+    if said is None:
+        assert pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output()) == 0
+        assert "compare" in verbs
+        return
+    with pytest.raises(InventoryError, match=said):
+        pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output())
+    assert "compare" not in verbs, verbs

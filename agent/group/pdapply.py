@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from agent.errors import InventoryError
 from agent.exitcodes import ExitCode
 from agent.group.decide import first_cause, group_outcome
+from agent.group.pddry import Planned, show_dry_run
 from agent.group.run import Coordinator, Hear, Node, converge
 from agent.inventory import HostConfig
 from agent.orchestrate.asked import Change, Connection
@@ -35,17 +36,6 @@ from agent.remote.follow import follow as follow_transaction
 
 RANK_FAILED = re.compile(r"^rank \d+ failed: ")
 PD_WAIT_S = 3600.0  # a unit waits this long for its wave's "go" and for the decision, as a node does
-
-
-@dataclass(frozen=True)
-class Planned:
-    """One unit of the service, ready to send: its inventory as a plain service, its unit and its gate."""
-
-    part: Part
-    label: str
-    host: HostConfig
-    text: str
-    need: int  # the pool its role must hold: its start's gate
 
 
 def refused_first(host: HostConfig, context: int) -> list[pd_plan.RolePlan]:
@@ -120,12 +110,16 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
     units = planned_units(host, change.context)  # every refusal before any connection
     hosts = [u.host for u in units]
     with clients(hosts, conn) as agents:
-        requests = [_asked(out, u, agent, change.context) for u, agent in zip(units, agents, strict=True)]
+        asked = [_asked(out, u, agent, change.context) for u, agent in zip(units, agents, strict=True)]
+        requests = [req for req, _ in asked]
         seen = [
             Seen(u.part, u.label, _changes(agent, req))
             for u, agent, req in zip(units, agents, requests, strict=True)
         ]
         chosen = members(seen)
+        if change.dry_run:  # every unit's flag changes and diff; nothing sent but facts and compare
+            show_dry_run(out, units, [installed for _, installed in asked], chosen)
+            return int(ExitCode.OK)
         if not chosen:
             out.note(
                 f"== every unit of {host.name} is up to date (each one checked): nothing to do, no restart"
@@ -134,18 +128,19 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
         _show(out, units, chosen)
         confirm(out, change.yes, host)
         nodes = _nodes(host, units, agents, requests, chosen)
-        return _run(out, host, nodes, waves(chosen))
+        return run_group(out, host, nodes, waves(chosen))
 
 
-def _asked(out: Output, unit: Planned, agent: AgentClient, context: int) -> Request:
+def _asked(out: Output, unit: Planned, agent: AgentClient, context: int) -> tuple[Request, str]:
     """Its facts (a dead agent's change finished first: the same recovery as a one-host change), then its
-    request against the unit it has."""
+    request against the unit it has, and that unit's text ("" where it has none)."""
     answer = agent.call(base_request(unit.host, "facts"))
     if recover_orphan(out, Session(unit.host, agent), answer):
         answer = agent.call(base_request(unit.host, "facts"))
     from agent.apply import installed_sha256
 
-    return request_of(unit, installed_sha256(as_facts(answer)), context)
+    facts = as_facts(answer)
+    return request_of(unit, installed_sha256(facts), context), facts.get("unit_text") or ""
 
 
 def _changes(agent: AgentClient, req: Request) -> bool:
@@ -179,7 +174,9 @@ def _show(out: Output, units: Sequence[Planned], chosen: Sequence[Member]) -> No
         out.note(f"   wave {m.wave}: {u.label} {u.host.ssh.target} {u.host.unit.name}: {m.why}")
 
 
-def _run(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int, ...]) -> int:
+def run_group(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int, ...]) -> int:
+    """The coordinator over the members in waves, converge, and one report (an apply's or a rollback's)."""
+
     def hear(node: Node, event: Event) -> None:
         if event.kind in ("step", "warning") and out.style is not Style.JSON:
             out.note(f"   [{node.host.name}] {event.stage}: {event.message}")
@@ -220,4 +217,4 @@ def _rollback(node: Node, backup: str, hear: Hear) -> Event:
     return follow_transaction(node.client, node.host, req, Watch(lambda e: hear(node, e)))
 
 
-__all__ = ["apply", "planned_units", "request_of"]
+__all__ = ["Planned", "apply", "planned_units", "request_of", "run_group"]

@@ -79,6 +79,22 @@ def decode_running(unit: PdUnit) -> int | None:
     return _int_flag(unit, "max-running-requests")
 
 
+def attn_dp(unit: PdUnit) -> int:
+    """Its attention DP size: --attn-dp-size, or the deprecated --enable-dp-attention with --dp-size."""
+    size = _int_flag(unit, "attn-dp-size")
+    on = unit.host.sglang.flags.get("enable-dp-attention")
+    if size is None and on not in (None, False) and str(on).lower() not in ("false", "0"):
+        size = _int_flag(unit, "dp-size")
+    return max(1, size or 1)
+
+
+def running_per_rank(unit: PdUnit) -> int:
+    """What one of its pools holds at once: under attention DP each rank has its own pool and takes
+    --max-running-requests // its DP size (SGLang 0.5.23 model_executor/pool_configurator.py
+    `num_reqs = max(1, max_running_requests // attn_dp_size)`)."""
+    return max(1, (decode_running(unit) or 1) // attn_dp(unit))
+
+
 def reserved_tokens(unit: PdUnit) -> int:
     """--num-reserved-decode-tokens, SGLang's 512 when unset (0 is a value, not unset)."""
     value = _int_flag(unit, "num-reserved-decode-tokens")
@@ -87,10 +103,14 @@ def reserved_tokens(unit: PdUnit) -> int:
 
 def need_of(host: HostConfig, unit: PdUnit, context: int) -> tuple[int, str]:
     if unit.role is Role.DECODE:
-        running = decode_running(unit) or 1
+        running, dp = running_per_rank(unit), attn_dp(unit)
         reserved = reserved_tokens(unit)
+        per_rank = f" / {dp} DP ranks" if dp > 1 else ""
         return running * (context + reserved), (
-            f"--max-running-requests {running} x ({context} context + {reserved} reserved)"
+            f"--max-running-requests {decode_running(unit) or 1}{per_rank} = {running} x "
+            f"({context} context + {reserved} reserved)"
+            if per_rank
+            else f"--max-running-requests {running} x ({context} context + {reserved} reserved)"
         )
     chunk = _int_flag(unit, "chunked-prefill-size")
     counted = chunk if chunk and 0 < chunk < context else context
@@ -115,10 +135,11 @@ def decode_needs(plans: Sequence[RolePlan], context: int) -> list[DecodeNeed]:
     return [
         DecodeNeed(
             p.unit.label,
-            decode_running(p.unit) or 1,
+            running_per_rank(p.unit),
             context,
             reserved_tokens(p.unit),
             p.plan.predicted_pool_low_tokens,
+            attn_dp(p.unit),
         )
         for p in plans
         if p.unit.role is Role.DECODE

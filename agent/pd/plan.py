@@ -12,13 +12,14 @@ plan per unit.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.inventory import HostConfig
 from agent.pd.refusals import DEFAULT_RESERVED, DecodeNeed
 from agent.pd.units import PdUnit, Role, pd_units, spec
 from agent.plan.choose import Plan, Target
-from agent.plan.from_facts import plan_for_host
+from agent.plan.from_facts import plan_for_host, plan_from_facts
+from agent.plan.from_inventory import plan_input_from_inventory
 
 # Published results cut both ways; plan says so each time (docs/pd.md cites them).
 TRADE = (
@@ -120,12 +121,36 @@ def need_of(host: HostConfig, unit: PdUnit, context: int) -> tuple[int, str]:
     )
 
 
+def is_cpu_unit(unit: PdUnit) -> bool:
+    return str(unit.host.sglang.flags.get("device") or "").lower() == "cpu"
+
+
+def plan_unit(unit: PdUnit, asked: Target, sharing: int) -> Plan:
+    """The planner's plan of one unit from the inventory. A CPU unit's pool is sized from the free RAM its
+    start sees (plan/cpu.py), which a [pd] plan, asking no host, does not know: it is planned cold from
+    [gpus] memory_gib as the host's RAM, split evenly among the `sharing` CPU units of its host (each
+    starts beside the others)."""
+    if not is_cpu_unit(unit):
+        return plan_for_host(unit.host, asked, None, unit.host.sglang.flags)
+    inp = plan_input_from_inventory(unit.host, unit.host.sglang.flags)
+    free_mib = unit.host.gpus.memory_gib * 1024 / sharing
+    inp = replace(inp, gpus=tuple(replace(g, memory_free_mib=free_mib) for g in inp.gpus))
+    plan = plan_from_facts(inp, asked)
+    said = (
+        f"offline: [gpus] memory_gib {unit.host.gpus.memory_gib:g} GiB taken as the host's free RAM, "
+        f"{free_mib / 1024:.2f} GiB for each of its {sharing} units on it"
+    )
+    return replace(plan, notes=(said, *plan.notes))
+
+
 def role_plans(host: HostConfig, context: int, fraction: float | None = None) -> list[RolePlan]:
     """One plan per unit, from the inventory (offline), prefills first."""
+    units = pd_units(host)
     plans = []
-    for unit in pd_units(host):
+    for unit in units:
         running = decode_running(unit) if unit.role is Role.DECODE else None
-        plan = plan_for_host(unit.host, Target(context, fraction, running), None, unit.host.sglang.flags)
+        sharing = sum(1 for u in units if u.target == unit.target and is_cpu_unit(u))
+        plan = plan_unit(unit, Target(context, fraction, running), sharing)
         tokens, rule = need_of(host, unit, context)
         plans.append(RolePlan(unit, plan, tokens, rule))
     return plans

@@ -54,8 +54,6 @@ def _pd_change(change: Change) -> Change:
     if change.flags or change.max_running_requests is not None or change.mem_fraction_static is not None:
         raise UsageError("--set, --max-running-requests, --mem-fraction-static: not for a [pd] service; "
                          "set each role's flags in its [pd] unit")  # fmt: skip
-    if change.dry_run:
-        raise UsageError("--dry-run: not for a [pd] service yet; deployctl plan and render show its units")
     return change
 
 
@@ -96,6 +94,10 @@ def backup_listing(s: Session) -> BackupsAnswer:
 
 def rollback(conn: Connection, to: str | None, out: Output, *, yes: bool) -> int:
     host = load_service(conn.host, units_dir(conn.units))
+    if host.pd is not None:  # every unit with a previous unit back to it, as one group change
+        from agent.group.pdrollback import rollback as pd_rollback
+
+        return pd_rollback(host, conn, to, out, yes=yes)
     if host.nodes is not None:
         raise UsageError(
             f"{host.name} is one service over {len(host.node_targets)} nodes: a rollback of one node would "
@@ -163,6 +165,13 @@ def backups(conn: Connection, out: Output) -> int:
 
 def status(conn: Connection, out: Output, *, follow_running: bool) -> int:
     host = load_service(conn.host, units_dir(conn.units))
+    if host.pd is not None:  # each role's units and the router, each its own unit
+        from agent.group.pdstatus import status as pd_status
+
+        if follow_running:
+            raise UsageError("--follow: not for a [pd] service; its status shows each unit's running change")
+
+        return pd_status(host, conn, out)
     if host.nodes is not None:  # every node's state; a rank down while rank 0 still answers is said
         from agent.group.status import status as group_status
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from agent.errors import InventoryError
 from agent.exitcodes import ExitCode
 from agent.group.decide import first_cause, group_outcome
+from agent.group.pddry import Planned, show_dry_run
 from agent.group.run import Coordinator, Hear, Node, converge
 from agent.inventory import HostConfig
 from agent.orchestrate.asked import Change, Connection
@@ -35,19 +36,6 @@ from agent.remote.follow import follow as follow_transaction
 
 RANK_FAILED = re.compile(r"^rank \d+ failed: ")
 PD_WAIT_S = 3600.0  # a unit waits this long for its wave's "go" and for the decision, as a node does
-
-
-@dataclass(frozen=True)
-class Planned:
-    """One unit of the service, ready to send: its inventory as a plain service, its unit and its gate."""
-
-    part: Part
-    label: str
-    host: HostConfig
-    text: str
-    need: int  # the pool its role must hold: its start's gate
-    url: str | None = None  # the router's name for it (a role's unit; None for the router)
-    bootstrap_port: int | None = None  # a prefill's
 
 
 def refused_first(host: HostConfig, context: int) -> list[pd_plan.RolePlan]:
@@ -124,13 +112,16 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
     hosts = [u.host for u in units]
     with clients(hosts, conn) as agents:
         asked = [_asked(out, u, agent, change.context) for u, agent in zip(units, agents, strict=True)]
-        refused_by_facts(host, units, [facts for _, _, facts in asked])  # before any compare or restart
-        requests = [req for req, _, _ in asked]
+        refused_by_facts(host, units, [facts for _, _, facts, _ in asked])  # before any compare or restart
+        requests = [req for req, _, _, _ in asked]
         seen = [
             Seen(u.part, u.label, _changes(agent, req), recovered)
-            for u, agent, (req, recovered, _) in zip(units, agents, asked, strict=True)
+            for u, agent, (req, recovered, _, _) in zip(units, agents, asked, strict=True)
         ]
         chosen = members(seen)
+        if change.dry_run:  # every unit's flag changes and diff; nothing sent but facts and compare
+            show_dry_run(out, units, [installed for _, _, _, installed in asked], chosen)
+            return int(ExitCode.OK)
         if not chosen:
             out.note(
                 f"== every unit of {host.name} is up to date (each one checked): nothing to do, no restart"
@@ -139,13 +130,16 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
         _show(out, host, units, chosen)
         confirm(out, change.yes, host)
         nodes = _nodes(host, units, agents, requests, chosen)
-        return _run(out, host, nodes, waves(chosen))
+        return run_group(out, host, nodes, waves(chosen))
 
 
-def _asked(out: Output, unit: Planned, agent: AgentClient, context: int) -> tuple[Request, bool, HostFacts]:
+def _asked(
+    out: Output, unit: Planned, agent: AgentClient, context: int
+) -> tuple[Request, bool, HostFacts, str]:
     """Its facts (a dead agent's change finished first: the same recovery as a one-host change), then its
-    request against the unit it has; whether that recovery ran (it started the unit again); and the
-    facts, read for the unit about to be written (its Python's transfer modules)."""
+    request against the unit it has; whether that recovery ran (it started the unit again); the facts,
+    read for the unit about to be written (its Python's transfer modules); and the installed unit's text
+    ("" where it has none)."""
     ask = replace(base_request(unit.host, "facts"), unit_text=unit.text)
     answer = agent.call(ask)
     recovered = recover_orphan(out, Session(unit.host, agent), answer)
@@ -154,7 +148,8 @@ def _asked(out: Output, unit: Planned, agent: AgentClient, context: int) -> tupl
     from agent.apply import installed_sha256
 
     facts = as_facts(answer)
-    return request_of(unit, installed_sha256(facts), context), recovered, facts
+    installed = facts.get("unit_text") or ""
+    return request_of(unit, installed_sha256(facts), context), recovered, facts, installed
 
 
 def host_facts(units: Sequence[Planned], answers: Sequence[HostFacts]) -> dict[str, PdHostFacts]:
@@ -246,7 +241,9 @@ def _show(out: Output, host: HostConfig, units: Sequence[Planned], chosen: Seque
         out.note(f"   wave {m.wave}: {u.label} {u.host.ssh.target} {u.host.unit.name}: {m.why}")
 
 
-def _run(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int, ...]) -> int:
+def run_group(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int, ...]) -> int:
+    """The coordinator over the members in waves, converge, and one report (an apply's or a rollback's)."""
+
     def hear(node: Node, event: Event) -> None:
         if event.kind in ("step", "warning") and out.style is not Style.JSON:
             out.note(f"   [{node.host.name}] {event.stage}: {event.message}")
@@ -287,4 +284,4 @@ def _rollback(node: Node, backup: str, hear: Hear) -> Event:
     return follow_transaction(node.client, node.host, req, Watch(lambda e: hear(node, e)))
 
 
-__all__ = ["apply", "planned_units", "request_of", "through_router"]
+__all__ = ["Planned", "apply", "planned_units", "request_of", "run_group", "through_router"]

@@ -36,8 +36,8 @@ def session(conn: Connection, service: HostConfig | None = None) -> Iterator[Ses
     host = node_host(service or load_service(conn.host, units_dir(conn.units)), 0)
     if host.pd is not None:  # its base sections are no unit of their own: nothing may reach a host
         raise UsageError(
-            f"{host.name} is a prefill-decode service ([pd]): for a [pd] file only plan, render and apply "
-            "are built so far, not this command; nothing was changed",
+            f"{host.name} is a prefill-decode service ([pd]): for a [pd] file only plan, render, apply, "
+            "status and rollback are built so far, not this command; nothing was changed",
             hint="see docs/pd.md",
         )
     if conn.local:

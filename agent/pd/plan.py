@@ -12,13 +12,14 @@ plan per unit.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.inventory import HostConfig
 from agent.pd.refusals import DEFAULT_RESERVED, DecodeNeed
 from agent.pd.units import PdUnit, Role, kv_checksum_skipped, pd_units, spec
 from agent.plan.choose import Plan, Target
-from agent.plan.from_facts import plan_for_host
+from agent.plan.from_facts import plan_for_host, plan_from_facts
+from agent.plan.from_inventory import plan_input_from_inventory
 
 # Published results cut both ways; plan says so each time (docs/pd.md cites them).
 TRADE = (
@@ -79,6 +80,22 @@ def decode_running(unit: PdUnit) -> int | None:
     return _int_flag(unit, "max-running-requests")
 
 
+def attn_dp(unit: PdUnit) -> int:
+    """Its attention DP size: --attn-dp-size, or the deprecated --enable-dp-attention with --dp-size."""
+    size = _int_flag(unit, "attn-dp-size")
+    on = unit.host.sglang.flags.get("enable-dp-attention")
+    if size is None and on not in (None, False) and str(on).lower() not in ("false", "0"):
+        size = _int_flag(unit, "dp-size")
+    return max(1, size or 1)
+
+
+def running_per_rank(unit: PdUnit) -> int:
+    """What one of its pools holds at once: under attention DP each rank has its own pool and takes
+    --max-running-requests // its DP size (SGLang 0.5.23 model_executor/pool_configurator.py
+    `num_reqs = max(1, max_running_requests // attn_dp_size)`)."""
+    return max(1, (decode_running(unit) or 1) // attn_dp(unit))
+
+
 def reserved_tokens(unit: PdUnit) -> int:
     """--num-reserved-decode-tokens, SGLang's 512 when unset (0 is a value, not unset)."""
     value = _int_flag(unit, "num-reserved-decode-tokens")
@@ -87,10 +104,14 @@ def reserved_tokens(unit: PdUnit) -> int:
 
 def need_of(host: HostConfig, unit: PdUnit, context: int) -> tuple[int, str]:
     if unit.role is Role.DECODE:
-        running = decode_running(unit) or 1
+        running, dp = running_per_rank(unit), attn_dp(unit)
         reserved = reserved_tokens(unit)
+        per_rank = f" / {dp} DP ranks" if dp > 1 else ""
         return running * (context + reserved), (
-            f"--max-running-requests {running} x ({context} context + {reserved} reserved)"
+            f"--max-running-requests {decode_running(unit) or 1}{per_rank} = {running} x "
+            f"({context} context + {reserved} reserved)"
+            if per_rank
+            else f"--max-running-requests {running} x ({context} context + {reserved} reserved)"
         )
     chunk = _int_flag(unit, "chunked-prefill-size")
     counted = chunk if chunk and 0 < chunk < context else context
@@ -100,12 +121,36 @@ def need_of(host: HostConfig, unit: PdUnit, context: int) -> tuple[int, str]:
     )
 
 
+def is_cpu_unit(unit: PdUnit) -> bool:
+    return str(unit.host.sglang.flags.get("device") or "").lower() == "cpu"
+
+
+def plan_unit(unit: PdUnit, asked: Target, sharing: int) -> Plan:
+    """The planner's plan of one unit from the inventory. A CPU unit's pool is sized from the free RAM its
+    start sees (plan/cpu.py), which a [pd] plan, asking no host, does not know: it is planned cold from
+    [gpus] memory_gib as the host's RAM, split evenly among the `sharing` CPU units of its host (each
+    starts beside the others)."""
+    if not is_cpu_unit(unit):
+        return plan_for_host(unit.host, asked, None, unit.host.sglang.flags)
+    inp = plan_input_from_inventory(unit.host, unit.host.sglang.flags)
+    free_mib = unit.host.gpus.memory_gib * 1024 / sharing
+    inp = replace(inp, gpus=tuple(replace(g, memory_free_mib=free_mib) for g in inp.gpus))
+    plan = plan_from_facts(inp, asked)
+    said = (
+        f"offline: [gpus] memory_gib {unit.host.gpus.memory_gib:g} GiB taken as the host's free RAM, "
+        f"{free_mib / 1024:.2f} GiB for each of its {sharing} units on it"
+    )
+    return replace(plan, notes=(said, *plan.notes))
+
+
 def role_plans(host: HostConfig, context: int, fraction: float | None = None) -> list[RolePlan]:
     """One plan per unit, from the inventory (offline), prefills first."""
+    units = pd_units(host)
     plans = []
-    for unit in pd_units(host):
+    for unit in units:
         running = decode_running(unit) if unit.role is Role.DECODE else None
-        plan = plan_for_host(unit.host, Target(context, fraction, running), None, unit.host.sglang.flags)
+        sharing = sum(1 for u in units if u.target == unit.target and is_cpu_unit(u))
+        plan = plan_unit(unit, Target(context, fraction, running), sharing)
         tokens, rule = need_of(host, unit, context)
         plans.append(RolePlan(unit, plan, tokens, rule))
     return plans
@@ -115,10 +160,11 @@ def decode_needs(plans: Sequence[RolePlan], context: int) -> list[DecodeNeed]:
     return [
         DecodeNeed(
             p.unit.label,
-            decode_running(p.unit) or 1,
+            running_per_rank(p.unit),
             context,
             reserved_tokens(p.unit),
             p.plan.predicted_pool_low_tokens,
+            attn_dp(p.unit),
         )
         for p in plans
         if p.unit.role is Role.DECODE

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from agent.inventory import HostConfig
+from agent.pd.pagesize import effective_page_size, said_page_size
 from agent.pd.router import router_words, unnamed_bootstraps
+from agent.pd.routerflags import router_flag_problems
 from agent.pd.units import PdUnit, Role, loopback, pd_units, routed_url, router_target, spec
 
 # The module a backend's transfer engine imports (srt/disaggregation/<backend>/conn.py); fake needs none.
@@ -51,7 +53,8 @@ class DecodeNeed:
     running: int
     context: int
     reserved: int
-    pool_tokens: int  # the plan's low end of the predicted pool
+    pool_tokens: int  # the plan's low end of the predicted pool (one DP rank's)
+    dp: int = 1  # its attention DP ranks: `running` is one rank's share of --max-running-requests
 
     @property
     def need(self) -> int:
@@ -72,7 +75,12 @@ def _text(flags: Mapping[str, object], *names: str, default: str) -> str:
 
 
 def page_size(unit: PdUnit) -> str:
-    return _text(unit.host.sglang.flags, "page-size", default="unset")
+    """Its page size as SGLang resolves it: an attention backend that supports only some sizes forces one."""
+    return effective_page_size(unit.host.sglang.flags)
+
+
+def _page_said(unit: PdUnit) -> str:
+    return said_page_size(unit.host.sglang.flags)
 
 
 def kv_dtype(unit: PdUnit) -> str:
@@ -105,8 +113,10 @@ def check(
     found = [
         *_parity(units),
         *_placement(host, units),
+        *_platform(host, units),
         *_transfer(host, units, facts or {}),
         *_routing(host, units),
+        *router_flag_problems(host),
         *_reach(host, units),
         *_binds(host, units),
         *_releases(host, units, facts or {}),
@@ -120,7 +130,8 @@ def _parity(units: Sequence[PdUnit]) -> list[str]:
     found = []
     first = units[0]
     for name, of, how in (
-        ("--page-size", page_size, "set the same --page-size on every prefill and decode"),
+        ("--page-size", page_size, "set the same --page-size on every prefill and decode (what its "
+         "attention backend takes, where one forces it)"),
         ("--kv-cache-dtype", kv_dtype,
          "write one --kv-cache-dtype text on every unit (SGLang compares the words: auto is not bf16)"),
         ("--disaggregation-decode-allocation-policy",
@@ -129,8 +140,9 @@ def _parity(units: Sequence[PdUnit]) -> list[str]:
     ):  # fmt: skip
         for unit in units[1:]:
             if of(unit) != of(first):
+                shown = _page_said if of is page_size else of
                 found.append(
-                    f"{name} differs: {first.label} has {of(first)}, {unit.label} has {of(unit)} "
+                    f"{name} differs: {first.label} has {shown(first)}, {unit.label} has {shown(unit)} "
                     f"(SGLang refuses the transfer at the first request): {how}"
                 )
                 break
@@ -194,6 +206,31 @@ def _clashes(a: PdUnit, b: PdUnit) -> list[str]:
         ),
     }
     return [said for said, clash in same.items() if clash]
+
+
+# Ascend NPU only (srt/arg_groups/choices.py "Other platforms"; srt/disaggregation/ascend imports
+# AscendTransferEngine from memfabric_hybrid)
+NPU_ONLY = "ascend"
+BACKEND_FLAGS = ("attention-backend", "prefill-attention-backend", "decode-attention-backend")
+
+
+def _platform(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    """An Ascend NPU backend on a unit whose [gpus] card is NVIDIA's: SGLang fails at its start."""
+    found = []
+    if spec(host).transfer_backend == NPU_ONLY and "NVIDIA" in host.gpus.name.upper():
+        found.append(
+            f"[pd] transfer_backend ascend runs on Ascend NPUs only, and the card is {host.gpus.name!r} "
+            "(NVIDIA): choose mooncake (or nixl)"
+        )
+    for unit in units:
+        named = [f for f in BACKEND_FLAGS if str(unit.host.sglang.flags.get(f, "")) == NPU_ONLY]
+        if named and "NVIDIA" in unit.host.gpus.name.upper():
+            found.append(
+                f"{unit.label}: --{named[0]} ascend runs on Ascend NPUs only, and its card is "
+                f"{unit.host.gpus.name!r} (NVIDIA): leave it out (SGLang picks the card's) or name a CUDA "
+                "backend (fa3, flashinfer, triton)"
+            )
+    return found
 
 
 def _transfer(host: HostConfig, units: Sequence[PdUnit], facts: Mapping[str, PdHostFacts]) -> list[str]:
@@ -293,14 +330,21 @@ def _decode_targets(units: Sequence[PdUnit]) -> list[str]:
 
 
 def _pools(decodes: Sequence[DecodeNeed]) -> list[str]:
-    return [
-        f"{d.label}: its pool holds about {d.pool_tokens:,} tokens, below --max-running-requests {d.running} "
-        f"x ({d.context:,} context + {d.reserved:,} reserved) = {d.need:,}: lower its max-running-requests "
-        f"to "
-        f"{max(d.pool_tokens // (d.context + d.reserved), 0)}, the context, or add a decode"
-        for d in decodes
-        if d.pool_tokens < d.need
-    ]
+    return [_short(d) for d in decodes if d.pool_tokens < d.need]
+
+
+def _short(d: DecodeNeed) -> str:
+    held = (
+        f"--max-running-requests {d.running}"
+        if d.dp == 1
+        else f"{d.running} requests per DP rank (of {d.dp})"
+    )
+    fits = max(d.pool_tokens // (d.context + d.reserved), 0) * d.dp
+    return (
+        f"{d.label}: its pool holds about {d.pool_tokens:,} tokens, below {held} x ({d.context:,} context + "
+        f"{d.reserved:,} reserved) = {d.need:,}: lower its max-running-requests to {fits}, the context, "
+        "or add a decode"
+    )
 
 
 def _tp_warning(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:

@@ -237,7 +237,7 @@ class Request:
             _check(_is_int(g.rank) and _is_int(g.nnodes) and 0 <= g.rank < g.nnodes <= 64, "bad group rank")
             _check(_is_number(g.wait_s) and 0 < g.wait_s <= 7 * 86400, "bad group wait_s")
             _check(isinstance(g.collective, bool), "bad group collective")
-            _check(self.verb == "apply", "only apply runs as a node of a group")
+            _check(self.verb in ("apply", "rollback"), "only apply and rollback run as a node of a group")
         if self.verb == "signal":
             _check(
                 self.signal in SIGNALS and self.txn is not None,

@@ -199,3 +199,24 @@ def test_a_failed_decode_start_rolls_back_every_role_and_the_router(pd: Pd) -> N
         assert pd.show(unit, "ActiveState") == "active", unit
     assert pd.routed()
     print(f"\nfailed 1P1D apply rolled back in {time.monotonic() - t0:.1f} s")
+
+
+def test_rollback_takes_every_role_back_to_its_previous_unit_as_one_group(pd: Pd) -> None:
+    """After the rolled-back apply above, each role's newest backup that differs is its unit before the
+    first apply (32k): both go back as one group, prefill first, the router's unchanged unit left alone."""
+    t0 = time.monotonic()
+    pd.host.ssh(["rm", "-f", f"/etc/systemd/system/{UNITS[1]}.d/fault.conf"])
+    pd.host.ssh(["systemctl", "daemon-reload"])
+    router = pd.show(UNITS[2], "InvocationID")
+    r = pd.run("rollback", "pd", "--yes")
+    said = r.stdout + r.stderr
+    assert r.returncode == ExitCode.OK, said
+    assert said.index("wave 0: prefill[0]") < said.index("wave 1: decode[0]"), said
+    assert not re.search(r"wave \d: router", said), said
+    texts = pd.texts()
+    assert b"--context-length 32768" in texts[UNITS[0]] and b"--context-length 32768" in texts[UNITS[1]]
+    assert pd.show(UNITS[2], "InvocationID") == router  # its unit has no earlier text: not restarted
+    status = pd.run("status", "pd")
+    assert status.returncode == ExitCode.OK and status.stdout.count("active/running") == 3, status.stdout
+    assert pd.routed()
+    print(f"\n1P1D rollback in {time.monotonic() - t0:.1f} s")

@@ -448,7 +448,7 @@ def test_a_prefill_started_by_the_recovery_before_the_compare_restarts_every_dec
 
     monkeypatch.setattr(pdapply, "clients", clients)
     monkeypatch.setattr(pdapply, "recover_orphan", recover_orphan)
-    monkeypatch.setattr(pdapply, "_run", run)
+    monkeypatch.setattr(pdapply, "run_group", run)
     pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output())
     assert recovered == ["prefill[0]"]
     assert ran and any("decode" in name for name in ran[0]), "the prefill restarted; its decode did not"

@@ -95,3 +95,31 @@ def test_a_router_environment_is_quoted_like_the_servers(tmp_path: Path) -> None
     )
     units = rendered(tmp_path, text)
     assert 'Environment="RUST_LOG=info,smg=debug %%h \\"q\\""' in units[ROUTER].splitlines()
+
+
+def test_plan_of_the_real_pairs_file_plans_each_cpu_unit_from_the_files_ram(tmp_path: Path) -> None:
+    """It stopped at the CPU planner's refusal (no start, no MemAvailable: a [pd] plan asks no host):
+    offline, each CPU unit is planned cold from [gpus] memory_gib as the host's RAM, shared by the units
+    of that host."""
+    (tmp_path / f"{realpd.SERVICE}.toml").write_text(realpd.inventory(PORTS))
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    argv = [
+        "plan",
+        realpd.SERVICE,
+        "--offline",
+        "--context",
+        realpd.CONTEXT,
+        "--json",
+        "--units",
+        str(tmp_path),
+    ]
+    code = main(argv, out)
+    assert isinstance(out.stdout, io.StringIO) and isinstance(out.stderr, io.StringIO)
+    assert code == 0, out.stderr.getvalue()
+    roles = json.loads(out.stdout.getvalue())["roles"]
+    assert [r["role"] for r in roles] == ["prefill", "decode"]
+    assert all(r["holds"] and r["feasible"] for r in roles), roles
+    decode = roles[1]
+    assert decode["need_tokens"] == 2 * (4096 + 512)
+    assert decode["plan"]["basis"] == "architecture"  # cold: no start of its own yet
+    assert any("8.00 GiB" in n and "2 units" in n for n in decode["plan"]["notes"]), decode["plan"]["notes"]

@@ -10,10 +10,14 @@ from agent.cli.options import change_of
 from agent.errors import InventoryError, RenderError, UsageError
 from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig
+from agent.orchestrate.asked import Change
 from agent.output import Output
+from agent.sglang.flags import FlagInput
 
 
-def _only_context(args: argparse.Namespace) -> int:
+def _only_context(args: argparse.Namespace) -> Change:
+    """The context and the fraction (--mem-fraction-static or --set mem-fraction-static, for every role):
+    the rest of each role's flags are its [pd] unit's."""
     change = change_of(args)
     if change.flags or change.max_running_requests is not None:
         raise UsageError(
@@ -21,7 +25,7 @@ def _only_context(args: argparse.Namespace) -> int:
         )
     if getattr(args, "from_log", None):
         raise UsageError("--from-log: not for a [pd] service yet; plan it from the inventory (--offline)")
-    return change.context
+    return change
 
 
 def _refuse(said: tuple[str, ...]) -> None:
@@ -40,9 +44,10 @@ def plan(args: argparse.Namespace, out: Output, host: HostConfig) -> int:
     from agent.pd import plan as pd_plan
     from agent.pd.refusals import check
 
-    context = _only_context(args)
+    change = _only_context(args)
+    context = change.context
     _refuse(check(host).refusals)  # the inventory's own refusals before any planning
-    plans = pd_plan.role_plans(host, context, args.mem_fraction_static)
+    plans = pd_plan.role_plans(host, context, change.mem_fraction_static)
     verdict = check(host, decodes=pd_plan.decode_needs(plans, context))
     _refuse(verdict.refusals)
     _warn(out, verdict.warnings)
@@ -69,13 +74,13 @@ def render(args: argparse.Namespace, out: Output, host: HostConfig) -> int:
 
     if args.diff:
         raise UsageError("--diff: not for a [pd] service yet; render prints each unit")
-    context = _only_context(args)
+    change = _only_context(args)
     verdict = check(host)
     _refuse(verdict.refusals)
     _warn(out, verdict.warnings)
-    flags = {"context-length": context}
-    if args.mem_fraction_static is not None:
-        flags["mem-fraction-static"] = args.mem_fraction_static
+    flags: dict[str, FlagInput] = {"context-length": change.context}
+    if change.mem_fraction_static is not None:
+        flags["mem-fraction-static"] = change.mem_fraction_static
     units = [(u.target, u.host.unit.name, render_checked(u.host, flags)) for u in pd_units(host)]
     router = router_unit_name(host, spec(host).router)
     units.append((router_target(host), router, render_router_unit(host)))

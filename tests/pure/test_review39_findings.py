@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,23 @@ def test_ngram_set_flag_request_cap_is_sglangs_48_cli(tmp_path: Path) -> None:
     assert json.loads(stdout)["max_running_requests"] == 48
 
 
+# MEDIUM: a hybrid (mamba) model's unset cap is also bounded by its state cache in SGLang 0.5.23
+# (mem_cache/kv_cache_configurator.py:3134-3151 resolve_max_num_reqs: min(estimate, max_mamba_cache_size //
+# ratio)). The plan's own note says "SGLang caps --max-running-requests at 22", yet the plan sizes, prints and
+# JSONs 4,096 (plan/requests.py ignores the cap) and claims 73 full-context requests at once at 8k, above the
+# cap it states: concurrency_at_full_context is not bounded by the cap that runs.
+@pytest.mark.parametrize("context", [8192, 32768])
+def test_a_hybrid_models_unset_cap_is_bounded_by_its_state_cache(context: int) -> None:
+    plan = plan_from_facts(
+        parse_facts(facts("nemotron-3-nano-30b-a3b", H100, 1, 63), name="x"), Target(context)
+    )
+    said = [m for n in plan.notes if (m := re.search(r"caps --max-running-requests at ([\d,]+)", n))]
+    assert said, plan.notes
+    cap = int(said[0][1].replace(",", ""))
+    assert plan.max_running_requests <= cap, (plan.max_running_requests, cap)
+    assert plan.concurrency_at_full_context <= cap, (plan.concurrency_at_full_context, cap)
+
+
 # --- A failed start is bound to its own fraction --------------------------------------------------------------
 
 
@@ -144,3 +162,26 @@ def test_two_servers_interleaved_are_never_read_as_one_start(a: str, b: str) -> 
     assert start is not None
     pair = (start.summary.mem_fraction_static, start.figures().get("kv_tokens"))
     assert pair in ((0.85, 101134), (0.7, 555555)), pair
+
+
+# --- Decoration taken off before parsing ----------------------------------------------------------------------
+
+SGLANG_LINE = "[2026-12-01 10:09:41.205 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 101134, KV size: 6.62 GB"
+
+
+# LOW (no start read, refused): journalctl -o short-full / with-unit print the zone as strftime's %Z, which for
+# the many tzdata zones without a letter abbreviation is numeric: "+04" (Asia/Dubai), "-03" (America/Sao_Paulo),
+# "+08" (Asia/Singapore). decor.py's short-full stamp requires a capital letter first, so every line keeps its
+# prefix and the log yields no start at all.
+@pytest.mark.parametrize("zone", ["+04", "-03"])
+def test_short_full_with_a_numeric_zone_is_undecorated(zone: str) -> None:
+    line = f"Tue 2026-12-01 10:09:41 {zone} gpu-host python3[4800]: {SGLANG_LINE}"
+    assert undecorated(line).text == SGLANG_LINE
+    assert split([f"Tue 2026-12-01 10:00:00 {zone} gpu-host python3[4800]: {g}" for g in GOOD])
+
+
+# LOW (no start read): the container runtime's own log file (/var/log/pods/<pod>/<container>/0.log, what
+# `kubectl logs` reads; CRI format: RFC 3339 time, stream, P/F tag) keeps "stdout F " before SGLang's prefix,
+# so no line parses: the start comes back "cut" with no pool.
+def test_a_cri_log_file_is_undecorated() -> None:
+    assert undecorated(f"2026-12-01T10:09:41.205123456Z stdout F {SGLANG_LINE}").text == SGLANG_LINE

@@ -185,3 +185,32 @@ def test_short_full_with_a_numeric_zone_is_undecorated(zone: str) -> None:
 # so no line parses: the start comes back "cut" with no pool.
 def test_a_cri_log_file_is_undecorated() -> None:
     assert undecorated(f"2026-12-01T10:09:41.205123456Z stdout F {SGLANG_LINE}").text == SGLANG_LINE
+
+
+# --- plan --from-log states the restart time from the start it reads ----------------------------------------
+
+# MEDIUM (the restart estimate is off by hours): `journalctl -u sglang.service --since -3h` (or `-n 5000`) begins
+# in the previous server's serving lines, whose own start is not in the log. They hold no start-up event, so
+# starts.py keeps them in the first start (systemd's Started line does not open a start after lines with no
+# event in them), and restart_time.from_log times "init" from the first timestamped line: 10,669 s of
+# yesterday's traffic become the next restart's init (plain start: ~650 s in all).
+def test_the_restart_estimate_ignores_the_previous_servers_tail(tmp_path: Path) -> None:
+    host = "Dec 01 {t} ct200 {who}: "
+    tail = [
+        host.format(t="07:02:11", who="python3[4700]")
+        + "[2026-12-01 07:02:11.001 TP0] Decode batch, #running-req: 3, #token: 5210, token usage: 0.05, cuda graph: True, gen throughput (token/s): 95.31, #queue-req: 0",
+        host.format(t="07:02:12", who="python3[4700]")
+        + '[2026-12-01 07:02:12.410] INFO:     127.0.0.1:50000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+        host.format(t="09:59:50", who="systemd[1]") + "Stopping sglang.service - SGLang...",
+        host.format(t="09:59:55", who="systemd[1]") + "sglang.service: Deactivated successfully.",
+        host.format(t="09:59:55", who="systemd[1]") + "Stopped sglang.service - SGLang.",
+        host.format(t="09:59:56", who="systemd[1]") + "Started sglang.service - SGLang.",
+    ]
+    start = [host.format(t="10:00:00", who="python3[4800]") + line for line in GOOD]
+    log = write(tmp_path, "\n".join([*tail, *start]) + "\n")
+    code, stdout, stderr = run(
+        tmp_path, "plan", "ct200", "--offline", "--context", "32k", "--json", "--from-log", log
+    )
+    assert code in (0, 5), stderr
+    parts = json.loads(stdout)["restart_estimate_parts"]
+    assert parts["init"] < 60, parts

@@ -189,6 +189,7 @@ def test_a_cri_log_file_is_undecorated() -> None:
 
 # --- plan --from-log states the restart time from the start it reads ----------------------------------------
 
+
 # MEDIUM (the restart estimate is off by hours): `journalctl -u sglang.service --since -3h` (or `-n 5000`) begins
 # in the previous server's serving lines, whose own start is not in the log. They hold no start-up event, so
 # starts.py keeps them in the first start (systemd's Started line does not open a start after lines with no
@@ -214,3 +215,26 @@ def test_the_restart_estimate_ignores_the_previous_servers_tail(tmp_path: Path) 
     assert code in (0, 5), stderr
     parts = json.loads(stdout)["restart_estimate_parts"]
     assert parts["init"] < 60, parts
+
+
+# --- The effective configuration is what is sized --------------------------------------------------------------
+
+
+# HIGH (OOM under load at the planned ceiling): --set enable-symm-mem=true makes SGLang 0.5.23 set
+# SGLANG_SYMM_MEM_PREALLOC_GB_SIZE=4 (arg_groups/memory_hook.py:349-354) and pre-allocate 4 GiB per GPU after the
+# pool and the CUDA graphs (model_executor/model_runner_components/cuda_graph_setup.py:461 ->
+# distributed/device_communicators/pynccl_allocator.py:510-536), out of the (1 - f) the floor is meant to keep
+# free. The plan sizes the flag as if it cost nothing: same "memory left per GPU" (9.54 GiB) and the same
+# ceiling (0.922, where the 4.0 GiB floor is exactly what the prealloc takes).
+def test_symmetric_memory_prealloc_is_sized(tmp_path: Path) -> None:
+    (tmp_path / "l70.toml").write_text(LLAMA70_TOML, encoding="utf-8")
+
+    def planned(*argv: str) -> dict[str, object]:
+        code, stdout, stderr = cli(tmp_path, "plan", "l70", "--context", "128k", "--offline", "--json", *argv)
+        assert code in (0, 5), stderr
+        return dict(json.loads(stdout))
+
+    plain, symm = planned(), planned("--set", "enable-symm-mem=true")
+    assert plain["mem_fraction_static"] == symm["mem_fraction_static"] == 0.85
+    left = (float(str(plain["reserve_gib_per_gpu"])), float(str(symm["reserve_gib_per_gpu"])))
+    assert left[1] <= left[0] - 4.0 + 0.01, left

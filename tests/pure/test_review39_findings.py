@@ -238,3 +238,21 @@ def test_symmetric_memory_prealloc_is_sized(tmp_path: Path) -> None:
     assert plain["mem_fraction_static"] == symm["mem_fraction_static"] == 0.85
     left = (float(str(plain["reserve_gib_per_gpu"])), float(str(symm["reserve_gib_per_gpu"])))
     assert left[1] <= left[0] - 4.0 + 0.01, left
+
+
+# HIGH (wrong verdict, then a wasted restart on apply): a TP size that does not divide the model's heads is
+# planned "feasible" and rendered, but SGLang 0.5.23 asserts in the model's constructor and never starts
+# (models/llama.py:183 `total_num_heads % tp_size == 0`, :189 `total_num_kv_heads % tp_size == 0` when there
+# are at least as many KV heads as ranks; Qwen2/Qwen3 the same). Llama-3.1-70B: 64 heads, 8 KV heads; TP 6.
+def test_a_tp_size_that_does_not_divide_the_heads_is_not_feasible_facts() -> None:
+    doc = facts("llama-3.1-70b", H100, 8, 141, tp_size=6)
+    plan = plan_from_facts(parse_facts(doc, name="x"), Target(32768))
+    assert not plan.feasible or plan.refusals
+
+
+def test_a_set_tp_size_that_does_not_divide_the_kv_heads_is_not_feasible_cli(tmp_path: Path) -> None:
+    (tmp_path / "l70.toml").write_text(LLAMA70_TOML, encoding="utf-8")
+    code, stdout, _ = cli(
+        tmp_path, "plan", "l70", "--context", "128k", "--offline", "--json", "--set", "tp-size=6"
+    )
+    assert code != 0 or not json.loads(stdout)["feasible"]

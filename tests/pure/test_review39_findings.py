@@ -311,3 +311,35 @@ def test_plan_json_types_max_total_tokens_like_the_other_numeric_flags(tmp_path:
     flags = json.loads(stdout)["flags"]
     assert flags["chunked-prefill-size"] == 4096
     assert flags["max-total-tokens"] == 900000, flags
+
+
+# --- Nothing rendered that was not sized ----------------------------------------------------------------------
+
+
+# MEDIUM: the planner drops every spelling of a flag a --set replaces (plan/effective.py), but the renderer
+# merges by the literal key (render.py effective_flags), so a unit whose inventory says
+# `tensor-parallel-size = 8` and a `--set tp-size=4` renders BOTH `--tensor-parallel-size 8` and `--tp-size 4`
+# (apply too: apply.prepare renders plan.flags() over the unmerged host). The unit runs TP 4 only because
+# argparse keeps the last one; flagrules.canonical_flags refuses exactly this ("SGLang would run whichever
+# comes last") when a person writes it.
+def test_a_set_flag_replaces_every_spelling_in_the_rendered_unit(tmp_path: Path) -> None:
+    toml = LLAMA70_TOML.replace("tp-size = 8", "tensor-parallel-size = 8")
+    (tmp_path / "l70.toml").write_text(toml, encoding="utf-8")
+    code, stdout, stderr = cli(tmp_path, "render", "l70", "--context", "128k", "--set", "tp-size=4")
+    assert code == 0, stderr
+    assert "--tp-size 4" in stdout
+    assert "--tensor-parallel-size" not in stdout, [
+        ln for ln in stdout.splitlines() if "parallel" in ln or "tp" in ln
+    ]
+
+
+# LOW (a valid unit refused): SGLang 0.5.23 reads --max-total-tokens with human_readable_int
+# (srt/arg_groups/fields/schedule.py:39-50; deployctl's own table says human_int), so `100k` is 100,000 tokens;
+# the planner refuses it: "--max-total-tokens '100k' is not an integer".
+def test_max_total_tokens_is_read_as_sglang_reads_it(tmp_path: Path) -> None:
+    (tmp_path / "l70.toml").write_text(LLAMA70_TOML, encoding="utf-8")
+    code, stdout, stderr = cli(
+        tmp_path, "plan", "l70", "--context", "32k", "--offline", "--json", "--set", "max-total-tokens=100k"
+    )
+    assert code in (0, 5), stderr
+    assert json.loads(stdout)["predicted_pool_tokens"] == 100_000

@@ -240,3 +240,22 @@ def test_json_flags_keep_max_total_tokens_an_integer() -> None:
 def test_context_accepts_the_spelling_the_plan_prints() -> None:
     code, _, err = run_cli("plan", "ct200", "--offline", "--context", "170,000")
     assert code in (ExitCode.OK, ExitCode.NOT_FEASIBLE), err
+
+
+# 7. After the YaRN override the plan itself suggested (Qwen3 from its trained 32,768 to 131,072), a larger
+#    context is answered with YaRN over 131,072 as if that were the trained length (factor 2.0, original
+#    131,072): RoPE unscaled up to 131,072, which Qwen3 was never trained at. docs/planning.md: the override
+#    scales "from the length the model was trained at (Qwen3's 32,768)".
+
+QWEN3_YARN_4X = (
+    'json-model-override-args={"rope_scaling": {"rope_type": "yarn", "factor": 4.0, '
+    '"original_max_position_embeddings": 32768}, "max_position_embeddings": 131072}'
+)
+
+
+def test_yarn_suggestion_over_an_override_scales_from_the_trained_length(tmp_path: Path) -> None:
+    config = json.loads((ROOT / "tests/data/models/qwen3-8b/config.json").read_text())
+    facts = write_facts(tmp_path, "Qwen3-8B", config, (H100, 1), {})
+    _, out, _ = run_cli("plan", "--facts", facts, "--context", "200k", "--set", QWEN3_YARN_4X)
+    because = next(line for line in out.splitlines() if line.strip().startswith("because"))
+    assert '"original_max_position_embeddings": 131072' not in because, because

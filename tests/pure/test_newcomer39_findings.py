@@ -259,3 +259,22 @@ def test_yarn_suggestion_over_an_override_scales_from_the_trained_length(tmp_pat
     _, out, _ = run_cli("plan", "--facts", facts, "--context", "200k", "--set", QWEN3_YARN_4X)
     because = next(line for line in out.splitlines() if line.strip().startswith("because"))
     assert '"original_max_position_embeddings": 131072' not in because, because
+
+
+# 8. Attention DP adds memory SGLang itself reserves for (arg_groups/memory_hook.py reserve_for_graph_mb:
+#    cuda-graph max bs x attention DP x 3 MB, 1.5 more above bs 300: 18 GiB at bs 512, DP 8), and its default
+#    fraction drops from 0.886 to 0.758 on 8 x H200 for DeepSeek V3; the plan's floor is the same with or
+#    without it, so the plan keeps 0.886 at DP 8 with 0.25 GiB over its floor.
+
+DEEPSEEK_V3 = ROOT / "tests/data/models/deepseek-v3/config.json"
+H200 = {"name": "NVIDIA H200", "memory_total_mib": 143771, "compute_capability": "9.0"}
+
+
+def test_attention_dp_raises_the_memory_floor(tmp_path: Path) -> None:
+    facts = write_facts(
+        tmp_path, "DeepSeek-R1", json.loads(DEEPSEEK_V3.read_text()), (H200, 8), {"tp-size": 8}
+    )
+    _, alone = plan_json("--facts", facts, "--context", "128k")
+    dp = ("--set", "enable-dp-attention=true", "--set", "dp-size=8")
+    _, with_dp = plan_json("--facts", facts, "--context", "128k", *dp)
+    assert with_dp["reserve_floor_gib"] > alone["reserve_floor_gib"], (alone["reserve_floor_gib"], dp)

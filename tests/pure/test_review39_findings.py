@@ -119,7 +119,7 @@ def test_a_graph_capture_oom_in_other_words_bounds_the_fraction(tmp_path: Path, 
     code, stdout, stderr = run(
         tmp_path, "plan", "ct200", "--offline", "--context", "128k", "--json", "--from-log", log
     )
-    assert code in (0, 5), stderr
+    assert code in (0, 8), stderr  # 8: NOT_FEASIBLE, the bounded fraction misses 128k (printed either way)
     p = json.loads(stdout)
     assert p["mem_fraction_static"] < 0.86, p["mem_fraction_static"]
 

@@ -21,7 +21,12 @@ _MIN_VIABLE = re.compile(r"minimum viable = [^=]*= ?(\d+(?:\.\d+)?)")
 _RAISE_ABOVE = re.compile(r"above (\d+(?:\.\d+)?)")
 # What leads the cause in a line: uvicorn's level word, then exception class names ("Exception: Capture...")
 _LEAD = re.compile(r"(?:(?:ERROR|CRITICAL):\s+)?(?:(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception): )*")
-_OOM = re.compile(r"(?:(?:CUDA|HIP|NPU|XPU|GPU) out of memory|CUDA error: out of memory)")
+# Also torch's driver-API wording under expandable segments (c10/cuda/driver_api.h:
+# "CUDA driver error: out of memory") and NCCL's in a captured all-reduce ("Cuda failure 'out of memory'").
+_OOM = re.compile(
+    r"(?:(?:CUDA|HIP|NPU|XPU|GPU) out of memory|CUDA (?:driver )?error: out of memory"
+    r"|(?:.*NCCL WARN )?Cuda failure '?out of memory)"
+)
 _ARGPARSE = re.compile(r"(?:[\w./-]+ ){0,2}[\w./-]+: error: ")
 _FRAME = re.compile(r'\s+File "[^"]*", line \d+')
 # The last line of a Python traceback: a dotted exception class name, then ": message" or nothing.

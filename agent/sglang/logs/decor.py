@@ -23,7 +23,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;:]*[mK]")
 _STAMP = (
     r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?"  # short, short-precise
     r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?[+-]\d\d:?\d\d"  # short-iso(-precise): always an offset
-    r"|[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? [A-Z][\w/+-]*"  # short-full, with-unit
+    # short-full, with-unit: the zone is strftime's %Z, numeric ("+04") where tzdata has no letters for it
+    r"|[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (?:[A-Z][\w/+-]*|[+-]\d\d(?::?\d\d)?)"
     r"|\[ *\d+\.\d+(?: < *\d+\.\d+>)?\]"  # short-monotonic, short-delta
     r"|\d{9,}\.\d+)"  # short-unix
 )
@@ -32,8 +33,9 @@ _JOURNAL = re.compile(_STAMP + r" [\w.-]+ ([^\s\[:]+)(?:\[\d+\])?: ")
 # `docker compose logs`' "service-1  | ", `kubectl logs --prefix`'s "[pod/name/container] "
 _COMPOSE = re.compile(r"[\w.-]+ +\| |\[pod/[^\]\s]+\] ")
 # docker and kubectl print UTC, RFC 3339 with nanoseconds: a "Z", never an offset (journald's ISO forms are
-# the other way round), so a message after it is never read as a journal's host and identifier
-_DOCKER = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z ")
+# the other way round), so a message after it is never read as a journal's host and identifier. The CRI log
+# file (/var/log/pods/.../0.log) adds the stream and the partial/full tag: "stdout F ".
+_DOCKER = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z (?:std(?:out|err) [PF] )?")
 
 
 class Line(NamedTuple):

@@ -29,7 +29,7 @@ _STAMP = (
     r"|\d{9,}\.\d+)"  # short-unix
 )
 # The host name (letters, digits, dots, dashes: never a colon), then the syslog identifier and its PID.
-_JOURNAL = re.compile(_STAMP + r" [\w.-]+ ([^\s\[:]+)(?:\[\d+\])?: ")
+_JOURNAL = re.compile(_STAMP + r" [\w.-]+ ([^\s\[:]+)(?:\[(\d+)\])?: ")
 # `docker compose logs`' "service-1  | ", `kubectl logs --prefix`'s "[pod/name/container] "
 _COMPOSE = re.compile(r"[\w.-]+ +\| |\[pod/[^\]\s]+\] ")
 # docker and kubectl print UTC, RFC 3339 with nanoseconds: a "Z", never an offset (journald's ISO forms are
@@ -44,6 +44,9 @@ class Line(NamedTuple):
 
     text: str
     ident: str | None = None
+    # the process that wrote it where the prefix says (journald's PID, compose's service, kubectl's pod):
+    # two servers in one log are told apart by it
+    source: str | None = None
 
 
 def undecorated(raw: str) -> Line:
@@ -54,14 +57,17 @@ def undecorated(raw: str) -> Line:
     head = text[:1]  # each prefix starts with a letter or digit, or "[" and a number not SGLang's date
     if not head.isalnum() and (head != "[" or text[5:6] == "-"):
         return Line(text)  # most lines: SGLang's own, a traceback's
+    source = None
     m = _COMPOSE.match(text)
     if m:
-        text = text[m.end() :]
+        text, source = text[m.end() :], m[0].strip(" |")
     m = _DOCKER.match(text)
     if m:
-        return Line(text[m.end() :])
+        return Line(text[m.end() :], None, source)
     m = _JOURNAL.match(text)
-    return Line(text[m.end() :], m[1]) if m else Line(text)
+    if m is None:
+        return Line(text, None, source)
+    return Line(text[m.end() :], m[1], source or (f"{m[1]}[{m[2]}]" if m[2] and m[1] != "systemd" else None))
 
 
 def clean(raw: str) -> str:

@@ -184,25 +184,57 @@ def split(raw: Iterable[str], unit: str | None = None) -> list[LoggedStart]:
     the service's own name (sglang.service) when the caller knows it."""
     if unit is not None and not unit.endswith(".service"):
         unit += ".service"
-    cuts: list[_Cut] = []
-    current = _Cut(1)
-    number = 0
-    for item in raw:
-        for piece in split_lines(item) if ("\n" in item or "\r" in item) else (item,):
-            number += 1
-            line = undecorated(piece)
-            events = parse_line(line.text)
-            mark = _mark(line, events, unit)
-            if not events and mark < 0:  # most lines: serving traffic, tracebacks' text
-                current.lines.append(line.text)
-                continue
-            if current.opens_with(mark, line, events):
-                cuts.append(current)
-                current = _Cut(number)
-            current.add(line.text, mark, events)
-    cuts.append(current)
+    lines = [
+        undecorated(p)
+        for item in raw
+        for p in (split_lines(item) if ("\n" in item or "\r" in item) else (item,))
+    ]
+    numbered = list(enumerate(lines, 1))
+    sources = {line.source for line in lines if line.source is not None}
+    if len(sources) < 2:
+        cuts = _cuts(numbered, unit)
+    else:  # several processes in one log: a start is one process's lines (the others' never mix into it)
+        owner = _owners(lines)
+        cuts = [c for s in sources for c in _cuts([(n, ln) for n, ln in numbered if owner[n - 1] == s], unit)]
+        cuts.sort(key=lambda c: c.first_line)
     kept = [c for c in cuts if c.sglang]
     return [c.done(i) for i, c in enumerate(kept, 1)]
+
+
+def _owners(lines: Sequence[Line]) -> list[str | None]:
+    """Each line's process: a line with none (systemd's, a header) belongs to the process before it, a
+    systemd Start line (and one before any process) to the process after it."""
+    after: list[str | None] = [None] * len(lines)
+    nxt: str | None = None
+    for i in range(len(lines) - 1, -1, -1):
+        nxt = lines[i].source or nxt
+        after[i] = nxt
+    owner: list[str | None] = []
+    prev: str | None = None
+    for i, line in enumerate(lines):
+        opens = line.text[:5] == "Start" or line.text[:3] == "-- "
+        owner.append(line.source or (after[i] if opens or prev is None else prev))
+        prev = line.source or prev
+    return owner
+
+
+def _cuts(numbered: Iterable[tuple[int, Line]], unit: str | None) -> list[_Cut]:
+    """One process's (or one log's) lines cut into starts."""
+    cuts: list[_Cut] = []
+    numbered = list(numbered)
+    current = _Cut(numbered[0][0] if numbered else 1)
+    for number, line in numbered:
+        events = parse_line(line.text)
+        mark = _mark(line, events, unit)
+        if not events and mark < 0:  # most lines: serving traffic, tracebacks' text
+            current.lines.append(line.text)
+            continue
+        if current.opens_with(mark, line, events):
+            cuts.append(current)
+            current = _Cut(number)
+        current.add(line.text, mark, events)
+    cuts.append(current)
+    return cuts
 
 
 def evidence(starts: Sequence[LoggedStart], number: int | None = None) -> LoggedStart | None:

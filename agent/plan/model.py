@@ -52,6 +52,8 @@ class PoolModel:
     margin_gib: float = 0.0
     # SGLang's own change to the fraction given (AMD aiter above 8k context: x 0.85); 1 = as given.
     fraction_scale: float = 1.0
+    # The checkpoint's attention and KV heads (0: unknown), for SGLang's TP divisibility asserts.
+    heads: tuple[int, int] = (0, 0)
     partial: str | None = None  # calibrated on a start that was cut short: what it did not show
     # What the verdict line says of the evidence besides its basis: a cell scaled from a start under other
     # flags, memory other processes hold since the start (plan/predict.py)

@@ -139,6 +139,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     shape = PoolModel(
         0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,
         max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
+        heads=_heads(inp),
     )  # fmt: skip
     model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
     # a draft added since the start brings graphs its measured figures do not hold
@@ -146,6 +147,18 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     measured = model.runtime_measured and added_draft(inp, then) is None and removed_draft(inp, then) is None
     floor = floor_of(inp, layout, par, context, measured=measured)
     return FactsModel(model, layout, dtype, fraction, (*notes, floor.said()), aside, floor)
+
+
+def _heads(inp: PlanInput) -> tuple[int, int]:
+    """The text config's attention and KV heads (0: not stated): what SGLang's attention layers divide."""
+    try:
+        text = text_config(with_override(inp.model.config, value_of(inp.flags, "json-model-override-args")))
+    except (ValueError, Unsupported):
+        return (0, 0)
+    heads = int(text.number("num_attention_heads") or 0)
+    kv = int(text.number("num_key_value_heads") or heads)
+    # the inventory states KV heads only; its stand-in config repeats them as attention heads
+    return (0, kv) if origin(inp) == "the inventory" else (heads, kv)
 
 
 def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, measured: bool) -> Floor:

@@ -142,11 +142,24 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
         heads=_heads(inp),
     )  # fmt: skip
     model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
+    model = replace(model, prealloc_gib=symm_prealloc_gib(inp))
     # a draft added since the start brings graphs its measured figures do not hold
     then = as_started(inp) if inp.starts else None
     measured = model.runtime_measured and added_draft(inp, then) is None and removed_draft(inp, then) is None
     floor = floor_of(inp, layout, par, context, measured=measured)
     return FactsModel(model, layout, dtype, fraction, (*notes, floor.said()), aside, floor)
+
+
+def symm_prealloc_gib(inp: PlanInput) -> float:
+    """--enable-symm-mem pre-allocates SGLANG_SYMM_MEM_PREALLOC_GB_SIZE GiB per GPU (4 when unset,
+    arg_groups/memory_hook.py:349-354) after the pool and the graphs (cuda_graph_setup.py:461,
+    pynccl_allocator.py:510-536): out of the slack the floor keeps free."""
+    if not is_on(inp.flags, "enable-symm-mem"):
+        return 0.0
+    try:
+        return float(inp.env.get("SGLANG_SYMM_MEM_PREALLOC_GB_SIZE", 4))
+    except ValueError:
+        return 4.0
 
 
 def _heads(inp: PlanInput) -> tuple[int, int]:

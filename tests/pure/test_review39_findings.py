@@ -223,10 +223,6 @@ def test_the_restart_estimate_ignores_the_previous_servers_tail(tmp_path: Path) 
 # --- The effective configuration is what is sized --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: --enable-symm-mem's 4 GiB per GPU pre-allocation is not sized yet (no time)",
-)
 # HIGH (OOM under load at the planned ceiling): --set enable-symm-mem=true makes SGLang 0.5.23 set
 # SGLANG_SYMM_MEM_PREALLOC_GB_SIZE=4 (arg_groups/memory_hook.py:349-354) and pre-allocate 4 GiB per GPU after the
 # pool and the CUDA graphs (model_executor/model_runner_components/cuda_graph_setup.py:461 ->

@@ -232,7 +232,6 @@ def test_gemma3_at_128k_is_not_called_a_forgotten_k(tmp_path: Path) -> None:
 # 5. plan --json's flags: every integer flag an integer, as tp-size and page-size are.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: --json types --max-total-tokens as a string (no time)")
 def test_json_flags_keep_max_total_tokens_an_integer() -> None:
     _, plan = plan_json("ct200", "--offline", "--context", "200k", "--set", "max-total-tokens=300000")
     assert plan["flags"]["max-total-tokens"] == 300000, plan["flags"]

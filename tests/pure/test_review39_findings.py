@@ -302,7 +302,6 @@ def test_a_pool_that_ran_bigger_than_the_inventory_says_is_not_shrunk_silently(t
     )
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: --json types --max-total-tokens as a string (no time)")
 # LOW (one typed object): plan --json prints a --set max-total-tokens as the string "900000" while every other
 # numeric --set flag (chunked-prefill-size, page-size, tp-size) is printed as a number.
 def test_plan_json_types_max_total_tokens_like_the_other_numeric_flags(tmp_path: Path) -> None:
@@ -337,9 +336,6 @@ def test_a_set_flag_replaces_every_spelling_in_the_rendered_unit(tmp_path: Path)
     ]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="NOT FIXED: human-readable --max-total-tokens (100k) not parsed yet (no time)"
-)
 # LOW (a valid unit refused): SGLang 0.5.23 reads --max-total-tokens with human_readable_int
 # (srt/arg_groups/fields/schedule.py:39-50; deployctl's own table says human_int), so `100k` is 100,000 tokens;
 # the planner refuses it: "--max-total-tokens '100k' is not an integer".

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.model import Flags, PoolModel, architecture_cell, flag, parallelism, version
+from agent.plan.refusals import head_refusals
 from agent.plan.verdict import Reading, decide
 from agent.sglang import kvpool
 
@@ -163,6 +164,8 @@ def _more_gpus(
     host: HostConfig, flags: Flags, model: PoolModel, need: Need, requests: int
 ) -> Alternative | None:
     tp, _ = parallelism(host, flags)
+    if head_refusals(model.heads, 2 * tp):  # SGLang would assert at model init: no alternative
+        return None
     wider = {**flags, "tp-size": 2 * tp}
     spec = host.draft is not None and version(host) >= (0, 5, 14, 0)
     weights = host.model.weights_gib_per_gpu

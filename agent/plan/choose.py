@@ -142,7 +142,7 @@ def _choose_all(
     notes: Sequence[str],
 ) -> Plan:
     flags = host.sglang.flags
-    spec = host.draft is not None and host.draft.algorithm != "NGRAM"
+    spec = _speculative(host, flags)
     if asked.max_running or flag(flags, "max-running-requests") or spec:
         return _choose(host, asked, model, starts, notes, None)
     # Left unset, SGLang sizes the cap (and its req_to_token table) from the pool it gets: resolved at
@@ -313,7 +313,7 @@ def _request_options(host: HostConfig, flags: Flags, resolved: int | None) -> li
     """The running --max-running-requests (or SGLang's own for an unset one), then halvings: lowering it
     shrinks graph and activation memory."""
     running = flag(flags, "max-running-requests")
-    spec = host.draft is not None and host.draft.algorithm != "NGRAM"
+    spec = _speculative(host, flags)
     start = int(running) if running else SPEC_DEFAULT_REQUESTS if spec else resolved or PLAIN_DEFAULT_REQUESTS
     options = [start]
     while options[-1] > 1:
@@ -461,3 +461,9 @@ def _requests_note(plan: Plan, flags: Flags, resolved: int | None) -> str:
         "short prompts at once (lower throughput)"
     )
     return f"{change}: its req_to_token table is {table_mb:.1f} MB at this context{lower}"
+
+
+def _speculative(host: HostConfig, flags: Flags) -> bool:
+    """Speculative decoding of any algorithm, NGRAM included, resets an unset --max-running-requests to 48
+    in SGLang 0.5.23 (arg_groups/speculative_hook.py:1294-1302 _handle_ngram, as the draft-model ones)."""
+    return host.draft is not None or bool(flag(flags, "speculative-algorithm"))

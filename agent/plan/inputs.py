@@ -11,6 +11,7 @@ from agent.inventory import FlagValue
 from agent.plan.facts import PlanInput
 from agent.sglang import kvpool
 from agent.sglang.flagrules import AT_LEAST_ONE
+from agent.sglang.server_args import human_int
 
 OFF = ("0", "false", "False", "no")
 
@@ -22,12 +23,17 @@ def value_of(flags: Mapping[str, FlagValue], *names: str) -> FlagValue | None:
     return None
 
 
+HUMAN_INT = frozenset({"max-total-tokens"})
+
+
 def int_of(flags: Mapping[str, FlagValue], *names: str) -> int | None:
     value = value_of(flags, *names)
     if value is None or isinstance(value, bool):
         return None
+    # SGLang reads --max-total-tokens with human_readable_int (arg_groups/fields/schedule.py:39-50): 100k
+    read = human_int if names[0] in HUMAN_INT else int
     try:
-        number = int(str(value))
+        number = read(str(value))
     except ValueError:
         raise UsageError(f"flags: --{names[0]} {value!r} is not an integer") from None
     if number < 1 and names[0] in AT_LEAST_ONE:  # the planner refuses what the flag table refuses

@@ -52,6 +52,10 @@ class PoolModel:
     margin_gib: float = 0.0
     # SGLang's own change to the fraction given (AMD aiter above 8k context: x 0.85); 1 = as given.
     fraction_scale: float = 1.0
+    # The checkpoint's attention and KV heads (0: unknown), for SGLang's TP divisibility asserts.
+    heads: tuple[int, int] = (0, 0)
+    # Taken after the pool and the graphs, out of the slack (--enable-symm-mem's pre-allocation).
+    prealloc_gib: float = 0.0
     partial: str | None = None  # calibrated on a start that was cut short: what it did not show
     # What the verdict line says of the evidence besides its basis: a cell scaled from a start under other
     # flags, memory other processes hold since the start (plan/predict.py)
@@ -97,7 +101,7 @@ class PoolModel:
     def need_gib(self, requests: int, context: int) -> float:
         """Memory the runtime takes from the slack: the measured part plus req_to_token for this plan."""
         table = kvpool.req_to_token_bytes(req_rows(requests, self.dp), context) / GIB
-        return self.runtime_gib - self.graph_credit_gib(requests) + table
+        return self.runtime_gib + self.prealloc_gib - self.graph_credit_gib(requests) + table
 
     def graph_credit_gib(self, requests: int) -> float:
         """CUDA-graph memory freed (or, above the calibration start's count, taken) by this request count."""

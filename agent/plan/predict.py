@@ -139,13 +139,39 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     shape = PoolModel(
         0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,
         max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
+        heads=_heads(inp),
     )  # fmt: skip
     model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
+    model = replace(model, prealloc_gib=symm_prealloc_gib(inp))
     # a draft added since the start brings graphs its measured figures do not hold
     then = as_started(inp) if inp.starts else None
     measured = model.runtime_measured and added_draft(inp, then) is None and removed_draft(inp, then) is None
     floor = floor_of(inp, layout, par, context, measured=measured)
     return FactsModel(model, layout, dtype, fraction, (*notes, floor.said()), aside, floor)
+
+
+def symm_prealloc_gib(inp: PlanInput) -> float:
+    """--enable-symm-mem pre-allocates SGLANG_SYMM_MEM_PREALLOC_GB_SIZE GiB per GPU (4 when unset,
+    arg_groups/memory_hook.py:349-354) after the pool and the graphs (cuda_graph_setup.py:461,
+    pynccl_allocator.py:510-536): out of the slack the floor keeps free."""
+    if not is_on(inp.flags, "enable-symm-mem"):
+        return 0.0
+    try:
+        return float(inp.env.get("SGLANG_SYMM_MEM_PREALLOC_GB_SIZE", 4))
+    except ValueError:
+        return 4.0
+
+
+def _heads(inp: PlanInput) -> tuple[int, int]:
+    """The text config's attention and KV heads (0: not stated): what SGLang's attention layers divide."""
+    try:
+        text = text_config(with_override(inp.model.config, value_of(inp.flags, "json-model-override-args")))
+    except (ValueError, Unsupported):
+        return (0, 0)
+    heads = int(text.number("num_attention_heads") or 0)
+    kv = int(text.number("num_key_value_heads") or heads)
+    # the inventory states KV heads only; its stand-in config repeats them as attention heads
+    return (0, kv) if origin(inp) == "the inventory" else (heads, kv)
 
 
 def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, measured: bool) -> Floor:

@@ -17,7 +17,7 @@ def refusals(host: HostConfig, context: int, model: PoolModel) -> list[str]:
     """The reasons SGLang (or the host) would refuse the unit rendered from `host` at `context`."""
     flags: Flags = host.sglang.flags
     found = [*_context(host, context), *version_flags.refused(host.sglang.version, flags)]
-    found += _layout(flags, host.gpus.count)
+    found += _layout(flags, host.gpus.count) or head_refusals(model.heads, world(flags)[0])
     if model.post_gib <= 0:
         weights = model.pre_gib - model.post_gib
         found.append(
@@ -61,4 +61,15 @@ def _layout(flags: Flags, gpus: int) -> list[str]:
         if pp > 1 or dp == 1:
             parts.append(f"pipeline parallel {pp}")
         return [f"{' × '.join(parts)} needs {dp * tp * pp} GPUs; the service has {gpus} ([gpus])"]
+    return []
+
+
+def head_refusals(heads: tuple[int, int], tp: int) -> list[str]:
+    """models/llama.py:183-193 (qwen2.py:167 and the others alike): TP must divide the attention heads, and
+    the KV heads must divide by TP, or (fewer KV heads than TP: replicated) divide TP; SGLang asserts."""
+    q, kv = heads
+    if q and q % tp:
+        return [f"tensor parallel {tp} does not divide the {q} attention heads: SGLang asserts at model init"]
+    if kv and (kv % tp if kv >= tp else tp % kv):
+        return [f"tensor parallel {tp} and the {kv} KV heads do not divide: SGLang asserts at model init"]
     return []

@@ -170,10 +170,12 @@ def typed(version: str, name: str, value: Value) -> Value | int | float:
     does not read, a list, a switch and a flag the table lacks are returned as given."""
     table = table_for(version)
     spec = table.by_name.get(name) if table is not None else None
-    if spec is None or not isinstance(value, str) or spec.kind not in ("int", "float"):
+    if spec is None or not isinstance(value, str) or spec.kind not in ("int", "float", "human_int"):
         return value
     try:
-        return int(value) if spec.kind == "int" else _float(value)
+        if spec.kind == "float":
+            return _float(value)
+        return human_int(value) if spec.kind == "human_int" else int(value)
     except ValueError:
         return value
 

@@ -26,10 +26,19 @@ class ArgError(ValueError):
     """A bad value; its text is the one-line message (the flag is named in it)."""
 
 
+def _ungroup(text: str) -> str:
+    """'170,000' -> '170000'; a malformed grouping ('17,00') is left to be refused."""
+    return text.replace(",", "") if _GROUPED.fullmatch(text) else text
+
+
+_GROUPED = re.compile(r"\d{1,3}(,\d{3})+(\.\d+)?[A-Za-z]*")
+
+
 def parse_context(text: str, flag: str = "--context") -> int:
     """'200000', '200k'/'200K' (x1000), '128Ki'/'128ki' (x1024), '1M'/'1m', '0.5M', '1.5k' -> tokens; else
-    refused (a decimal that is no whole number of tokens too)."""
-    m = _CONTEXT.fullmatch(text.strip())
+    refused (a decimal that is no whole number of tokens too). '170,000', as plans print counts, is accepted:
+    correctly grouped thousands separators are dropped."""
+    m = _CONTEXT.fullmatch(_ungroup(text.strip()))
     if m is None:
         raise ArgError(f"{flag} {text!r} is not a token count (try 200k, 128Ki or 131072)")
     whole, _, frac = m["num"].partition(".")

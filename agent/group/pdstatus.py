@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import cast
 
 from agent.exitcodes import ExitCode
+from agent.group.status import running, statuses
 from agent.inventory import HostConfig
 from agent.orchestrate.asked import Connection
-from agent.orchestrate.session import Session, clients, recover_orphan, status_text
+from agent.orchestrate.session import status_text
 from agent.output import Output, Style
 from agent.protocol.answers import StatusAnswer
-from agent.remote.client import base_request
 
 
 def parts(host: HostConfig) -> list[tuple[str, HostConfig]]:
@@ -23,11 +22,6 @@ def parts(host: HostConfig) -> list[tuple[str, HostConfig]]:
     from agent.pd.units import pd_units
 
     return [(u.label, u.host) for u in pd_units(host)] + [("router", router_host(host))]
-
-
-def running(answer: StatusAnswer) -> bool:
-    state = answer.get("state")
-    return state is not None and (state["active_state"], state["sub_state"]) == ("active", "running")
 
 
 def pool_of(answer: StatusAnswer) -> int | None:
@@ -46,7 +40,7 @@ def line(label: str, unit: HostConfig, answer: StatusAnswer) -> str:
 
 
 def warning(labels: Sequence[str], answers: Sequence[StatusAnswer]) -> str | None:
-    down = [label for label, a in zip(labels, answers, strict=True) if not running(a)]
+    down = [label for label, a in zip(labels, answers, strict=True) if not running(a.get("state"))]
     if not down:
         return None
     return (f"{', '.join(down)} not running: the service serves no request that needs "
@@ -55,13 +49,7 @@ def warning(labels: Sequence[str], answers: Sequence[StatusAnswer]) -> str | Non
 
 def status(host: HostConfig, conn: Connection, out: Output) -> int:
     units = parts(host)
-    answers: list[StatusAnswer] = []
-    with clients([u for _, u in units], conn) as agents:
-        for (_, unit), agent in zip(units, agents, strict=True):
-            answer = cast(StatusAnswer, agent.call(base_request(unit, "status")))
-            if recover_orphan(out, Session(unit, agent), answer):
-                answer = cast(StatusAnswer, agent.call(base_request(unit, "status")))
-            answers.append(answer)
+    answers = statuses([u for _, u in units], conn, out)
     labels = [label for label, _ in units]
     said = warning(labels, answers)
     if out.style is Style.JSON:

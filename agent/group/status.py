@@ -21,12 +21,12 @@ from agent.protocol.answers import StatusAnswer, UnitStateData
 from agent.remote.client import base_request
 
 
+def running(state: UnitStateData | None) -> bool:
+    return state is not None and (state["active_state"], state["sub_state"]) == ("active", "running")
+
+
 def down_ranks(states: Sequence[UnitStateData | None]) -> list[int]:
     """The ranks whose unit is not running, when node 0's is (else the whole service is just down)."""
-
-    def running(state: UnitStateData | None) -> bool:
-        return state is not None and (state["active_state"], state["sub_state"]) == ("active", "running")
-
     if not states or not running(states[0]):
         return []
     return [rank for rank, state in enumerate(states) if not running(state)]
@@ -43,17 +43,25 @@ def warning(host: HostConfig, states: Sequence[UnitStateData | None]) -> str | N
     )
 
 
-def status(host: HostConfig, conn: Connection, out: Output) -> int:
-    from agent.orchestrate.session import Session, recover_orphan, status_text
+def statuses(hosts: Sequence[HostConfig], conn: Connection, out: Output) -> list[StatusAnswer]:
+    """Each unit's status, a dead agent's change on it recovered first (the one-host rule)."""
+    from agent.orchestrate.session import Session, recover_orphan
 
-    hosts = node_hosts(host)
     answers: list[StatusAnswer] = []
-    with clients(hosts, conn) as agents:
+    with clients(list(hosts), conn) as agents:
         for node, agent in zip(hosts, agents, strict=True):
             answer = cast(StatusAnswer, agent.call(base_request(node, "status")))
             if recover_orphan(out, Session(node, agent), answer):
                 answer = cast(StatusAnswer, agent.call(base_request(node, "status")))
             answers.append(answer)
+    return answers
+
+
+def status(host: HostConfig, conn: Connection, out: Output) -> int:
+    from agent.orchestrate.session import status_text
+
+    hosts = node_hosts(host)
+    answers = statuses(hosts, conn, out)
     said = warning(host, [a.get("state") for a in answers])
     if out.style is Style.JSON:
         out.print(json.dumps({"ranks": answers, "warning": said}, sort_keys=True, default=str))

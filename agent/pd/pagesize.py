@@ -58,18 +58,21 @@ def _page(flags: Mapping[str, object]) -> int | None:
     return int(str(raw)) if raw not in (None, False) and str(raw).lstrip("-").isdigit() else None
 
 
-def effective_page_size(flags: Mapping[str, object]) -> str:
-    """The page size the unit runs with, as text: the flag's ("unset" where none is set and no backend
-    forces one), or the value a named backend forces."""
+def _effective(flags: Mapping[str, object]) -> tuple[str, str | None]:
+    """The page size the unit runs with, as text (the flag's, "unset" where none is set and no backend
+    forces one, or the value a named backend forces), and the backend that forced it."""
     raw = flags.get("page-size")
     after, why = forced(flags, _page(flags))
     if why is None:
-        return "unset" if raw in (None, False) else str(raw)
-    return str(after)
+        return ("unset" if raw in (None, False) else str(raw)), None
+    return str(after), why
+
+
+def effective_page_size(flags: Mapping[str, object]) -> str:
+    return _effective(flags)[0]
 
 
 def said_page_size(flags: Mapping[str, object]) -> str:
     """The effective page size in words: with the backend that forces it."""
-    _, why = forced(flags, _page(flags))
-    page = effective_page_size(flags)
+    page, why = _effective(flags)
     return f"{page} (its attention backend {why} forces {page})" if why else page

@@ -106,12 +106,9 @@ def need_of(host: HostConfig, unit: PdUnit, context: int) -> tuple[int, str]:
     if unit.role is Role.DECODE:
         running, dp = running_per_rank(unit), attn_dp(unit)
         reserved = reserved_tokens(unit)
-        per_rank = f" / {dp} DP ranks" if dp > 1 else ""
+        cap = f"{decode_running(unit) or 1} / {dp} DP ranks = {running}" if dp > 1 else f"{running}"
         return running * (context + reserved), (
-            f"--max-running-requests {decode_running(unit) or 1}{per_rank} = {running} x "
-            f"({context} context + {reserved} reserved)"
-            if per_rank
-            else f"--max-running-requests {running} x ({context} context + {reserved} reserved)"
+            f"--max-running-requests {cap} x ({context} context + {reserved} reserved)"
         )
     chunk = _int_flag(unit, "chunked-prefill-size")
     counted = chunk if chunk and 0 < chunk < context else context

@@ -112,7 +112,7 @@ def status_of(active: str, sub: str, pool: int | None = None) -> dict[str, Any]:
 
 
 def test_status_shows_each_roles_unit_its_pool_and_the_router(monkeypatch: pytest.MonkeyPatch) -> None:
-    import agent.group.pdstatus as pdstatus
+    import agent.group.status as group_status
     from agent.deploy import status
 
     host = host_of(example())
@@ -121,7 +121,7 @@ def test_status_shows_each_roles_unit_its_pool_and_the_router(monkeypatch: pytes
         FakeAgent("", {"status": status_of("failed", "failed", 280_000)}),
         FakeAgent("", {"status": status_of("active", "running")}),
     ]
-    monkeypatch.setattr(pdstatus, "clients", fake_clients(agents))
+    monkeypatch.setattr(group_status, "clients", fake_clients(agents))
     monkeypatch.setattr("agent.deploy.load_service", lambda *_: host)
     out = output()
     assert status(Connection("pd"), out, follow_running=False) == 0

@@ -79,11 +79,12 @@ quick: $(BIN)/.stamp
 	$(BIN)/pytest -q -m "not integration"
 
 # Two workers, a test file each (an integration module keeps its test host on one), then the real-SGLang
-# tests alone (one real server starting at a time on a 2-core machine); --durations: CI's log names the
-# slowest tests, so its time limit is watched, not guessed.
+# tests and those that measure the machine's page cache alone (one real server starting at a time on a
+# 2-core machine; no other worker's test host reading the shared weight files); --durations: CI's log names
+# the slowest tests, so its time limit is watched, not guessed.
 test: $(BIN)/.stamp .apt-stamp oracle real-sglang lint
-	$(BIN)/pytest -q -n 2 --dist loadfile -m "not real_sglang" --durations=25; tiers=$$?; \
-	$(BIN)/pytest -q -m real_sglang --durations=10; real=$$?; \
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not real_sglang and not alone" --durations=25; tiers=$$?; \
+	$(BIN)/pytest -q -m "real_sglang or alone" --durations=10; real=$$?; \
 	test $$tiers -eq 0 && test $$real -eq 0
 
 faults: $(BIN)/.stamp .apt-stamp oracle real-sglang

@@ -64,6 +64,7 @@ def _load_weight_begin_us(real: RealHost) -> int:
 def test_no_stand_in_is_used_once_the_weights_load(real: RealHost) -> None:
     """The four import stand-ins only answer imports: after "Load weight begin" nothing but module bodies
     (definitions of a module imported late) touches one, so every step that serves runs real torch."""
+    real.ensure_hand()  # serving, whatever the test before left
     begin = _load_weight_begin_us(real) / 1e6
     records = [line.split(" ", 5) for line in real.host.read(realhost.TRACE).decode().splitlines()]
     assert len(records) > 1000  # the trace works: triton's decorators alone are used ~2,000 times

@@ -191,31 +191,65 @@ def split(raw: Iterable[str], unit: str | None = None) -> list[LoggedStart]:
     ]
     numbered = list(enumerate(lines, 1))
     sources = {line.source for line in lines if line.source is not None}
-    if len(sources) < 2:
+    owner = _owners(lines) if len(sources) > 1 else []
+    servers = set(owner) - {None}
+    if len(servers) < 2:
         cuts = _cuts(numbered, unit)
-    else:  # several processes in one log: a start is one process's lines (the others' never mix into it)
-        owner = _owners(lines)
-        cuts = [c for s in sources for c in _cuts([(n, ln) for n, ln in numbered if owner[n - 1] == s], unit)]
+    else:  # several servers in one log: a start is one server's lines (the others' never mix into it)
+        cuts = [c for s in servers for c in _cuts([(n, ln) for n, ln in numbered if owner[n - 1] == s], unit)]
         cuts.sort(key=lambda c: c.first_line)
     kept = [c for c in cuts if c.sglang]
     return [c.done(i) for i, c in enumerate(kept, 1)]
 
 
 def _owners(lines: Sequence[Line]) -> list[str | None]:
-    """Each line's process: a line with none (systemd's, a header) belongs to the process before it, a
-    systemd Start line (and one before any process) to the process after it."""
+    """Each line's server: a line with no process (systemd's, a header) belongs to the server before it, a
+    systemd Start line (and one before any process) to the server after it."""
+    server = _servers(lines)
     after: list[str | None] = [None] * len(lines)
     nxt: str | None = None
     for i in range(len(lines) - 1, -1, -1):
-        nxt = lines[i].source or nxt
+        nxt = server.get(lines[i].source) or nxt
         after[i] = nxt
     owner: list[str | None] = []
     prev: str | None = None
     for i, line in enumerate(lines):
+        mine = server.get(line.source)
         opens = line.text[:5] == "Start" or line.text[:3] == "-- "
-        owner.append(line.source or (after[i] if opens or prev is None else prev))
-        prev = line.source or prev
+        owner.append(mine or (after[i] if opens or prev is None else prev))
+        prev = mine or prev
     return owner
+
+
+_JOURNAL_PID = re.compile(r"([^\[\s]+)\[\d+\]$")
+
+
+def _servers(lines: Sequence[Line]) -> dict[str | None, str]:
+    """Each process's server. SGLang runs as several processes (the main one logs server_args, then spawns
+    its scheduler and detokenizer, srt/entrypoints/engine.py), and journald names each by its own PID: a PID
+    that never logs server_args is a child of the server whose server_args line came last before its first
+    line (of the same identifier), or, before any, of the log's earlier server. A compose service or a pod is
+    one server with all its processes."""
+    first: dict[str, int] = {}
+    mains: list[tuple[int, str]] = []  # (line, PID) of each server_args line
+    for i, line in enumerate(lines):
+        if line.source is None:
+            continue
+        first.setdefault(line.source, i)
+        if ("server_args=" in line.text or "ServerArgs(" in line.text) and any(
+            isinstance(e, ev.ServerArgs) and e.source == "server_args" for e in parse_line(line.text)
+        ):
+            mains.append((i, line.source))
+    main_pids = {pid for _, pid in mains}
+    server: dict[str | None, str] = {}
+    for source, at in first.items():
+        m = _JOURNAL_PID.match(source)
+        if m is None or source in main_pids:
+            server[source] = source
+            continue
+        parents = [pid for i, pid in mains if i < at and pid.startswith(m[1] + "[")]
+        server[source] = parents[-1] if parents else f"{m[1]}[]"
+    return server
 
 
 def _cuts(numbered: Iterable[tuple[int, Line]], unit: str | None) -> list[_Cut]:

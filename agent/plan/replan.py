@@ -28,8 +28,20 @@ def replanned(inp: PlanInput, plan: Plan, asked: Target, planner: Planner) -> Pl
             continue
         if "context-length" in alt.flags and not again.feasible:
             continue  # a smaller context is offered only where it plans feasible
+        if "context-length" not in alt.flags and not _closes_half(again, plan):
+            continue
         kept.append(_as_replanned(alt, again, asked))
     return replace(plan, alternatives=tuple(kept))
+
+
+def _closes_half(again: Plan, plan: Plan) -> bool:
+    """An alternative worth a line: re-planned, it reaches the target, or its pool's low end closes at least
+    half of the gap the plan leaves to the target's pool (docs/planning.md). A change that frees 50 MB, or
+    one a --max-total-tokens cap makes moot, closes none of it and is not offered."""
+    if again.feasible and again.context_length == plan.context_length:
+        return True
+    have = plan.predicted_pool_low_tokens
+    return again.predicted_pool_low_tokens - have >= (plan.target_pool_tokens - have) / 2
 
 
 def _with(inp: PlanInput, alt: Alternative, asked: Target) -> tuple[PlanInput, Target]:

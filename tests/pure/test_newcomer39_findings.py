@@ -209,7 +209,6 @@ def test_fewer_requests_alternative_closing_six_percent_is_not_listed(tmp_path: 
 # 3. "a smaller context: 1,816,000 tokens is the largest that fits", while 4,400,000 plans feasible.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_the_smaller_context_offered_is_near_the_largest_that_plans_feasible(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, "Qwen2.5-7B-1M", QWEN25_7B_1M, (A100, 4), {"tp-size": 4})
     override = 'json-model-override-args={"max_position_embeddings": 8000000}'

@@ -224,7 +224,6 @@ def test_the_smaller_context_offered_is_near_the_largest_that_plans_feasible(tmp
 #    refused as "a forgotten k?": 128,000 x 1,000 is 128M, which no model serves.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_gemma3_at_128k_is_not_called_a_forgotten_k(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, "gemma-3-27b-it", GEMMA3_27B, (L40S, 2), {"tp-size": 2})
     _, _, err = run_cli("plan", "--facts", facts, "--context", "128k")

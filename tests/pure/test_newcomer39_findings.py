@@ -258,7 +258,6 @@ QWEN3_YARN_4X = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_yarn_suggestion_over_an_override_scales_from_the_trained_length(tmp_path: Path) -> None:
     config = json.loads((ROOT / "tests/data/models/qwen3-8b/config.json").read_text())
     facts = write_facts(tmp_path, "Qwen3-8B", config, (H100, 1), {})

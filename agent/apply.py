@@ -343,7 +343,9 @@ def allow_context(host: HostConfig, change: Change) -> HostConfig:
     if limit is None or change.context <= limit:
         return host
     if not change.allow_longer_context:
-        yarn = yarn_override(limit, change.context) if yarn_allowed(host) else None
+        yarn = (
+            yarn_override(limit, change.context, host.model.trained_context) if yarn_allowed(host) else None
+        )
         raise UsageError(
             f"--context {change.context:,} is above the model's own context of {limit:,}: "
             "SGLang would refuse to start; nothing was changed",

@@ -167,6 +167,13 @@ class Model(_Model):
     max_context: int | None = Field(
         default=None, ge=1, le=MAX_TOKENS, description="the model's derived context length"
     )
+    trained_context: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="the length the model was trained at, from which a YaRN override scales (its "
+        "original_max_position_embeddings); null: max_context's (Qwen3's 40,960 is 32,768)",
+    )
     rope_scaled: bool = Field(
         default=False,
         description="config.json scales RoPE itself (rope_scaling / rope_parameters beyond `default`): "

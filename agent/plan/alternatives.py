@@ -134,11 +134,16 @@ def _smaller_context(host: HostConfig, model: PoolModel, need: Need, requests: i
         return None
     goal = math.ceil(fits * (1 + host.planning.margin))
     return _made(
-        f"a smaller context: {fits:,} tokens is the largest that fits with the margin",
+        smaller_context_change(fits),
         {"context-length": fits},
         best_fraction(model, goal, requests, fits, floor),
         f"{fits:,}",
     )
+
+
+def smaller_context_change(context: int) -> str:
+    """The smaller-context alternative's words (plan/replan.py searches the largest that plans feasible)."""
+    return f"a smaller context: {context:,} tokens is the largest that fits with the margin"
 
 
 def _fewer_requests(model: PoolModel, need: Need, requests: int) -> Alternative | None:

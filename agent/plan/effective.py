@@ -126,10 +126,17 @@ def context_refusal(target: int, served: int | None, shrink: bool) -> str | None
         )
     if served is not None and target * SHRINK_FACTOR <= served and not shrink:
         return (
-            f"--context {target:,} is an eighth or less of the {served:,} tokens the unit serves now (a "
-            "forgotten k?); pass --shrink-context to mean it"
+            f"--context {target:,} is an eighth or less of the {served:,} tokens the unit serves now"
+            f"{_forgotten_k(target, served)}; pass --shrink-context to mean it"
         )
     return None
+
+
+def _forgotten_k(target: int, served: int) -> str:
+    """The hint, where a "k" forgotten is a likely slip: the context meant (x 1,000) is within a shrink
+    factor of the one served. Gemma 3's 128,000 under SGLang's 1,048,576 (131,072 x its linear RoPE
+    factor 8, utils/hf_transformers/common.py:677-694 get_context_length) would mean 128M: no slip."""
+    return " (a forgotten k?)" if target * 1000 <= served * SHRINK_FACTOR else ""
 
 
 def context_shrink(target: int, served: int | None) -> str | None:

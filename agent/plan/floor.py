@@ -98,6 +98,8 @@ class Sizes:
     graph_bs: int  # the largest decode batch size captured (0: CUDA graphs off)
     chunk: int  # the chunked-prefill size
     graphs_measured: bool  # the calibrating start's free memory was logged after capture
+    attn_dp: int = 1  # attention-DP ranks (1: off, or a prefill role, which SGLang reserves none for)
+    decode_bs: int = 0  # the decode graphs' max batch size SGLang's DP padding scales with (graphs off too)
 
 
 def _per_gpu(n: int | None, tp: int) -> int:
@@ -163,6 +165,16 @@ def graph_gib(s: Shapes, bs: int, fit: GraphFit = GRAPH_FIT) -> float:
     return fit.fixed_gib + bs * s.layers * (fit.moe_kib if s.moe else fit.dense_kib) * 1024 / GIB
 
 
+def dp_padding_gib(sizes: Sizes) -> float:
+    """SGLang 0.5.23's reserve for attention DP (arg_groups/memory_hook.py:371-378 reserve_for_graph_mb: "DP
+    attention needs more padding for some operations, and much more for large cuda graph max bs"): max bs x
+    DP x 3 MB, 1.5 more above bs 300; 18 GiB at bs 512 and DP 8. Its default fraction keeps it free."""
+    if sizes.attn_dp <= 1:
+        return 0.0
+    per = 3 + (1.5 if sizes.decode_bs > 300 else 0)
+    return sizes.decode_bs * sizes.attn_dp * per / 1024
+
+
 def derive(s: Shapes | None, sizes: Sizes) -> Floor:
     """The floor from its parts, rounded up to 0.1 GiB (the figure the plan shows is the one it compares)."""
     if s is None:
@@ -172,6 +184,9 @@ def derive(s: Shapes | None, sizes: Sizes) -> Floor:
     if sizes.graph_bs and not sizes.graphs_measured:
         parts.insert(0, Part("CUDA graphs", graph_gib(s, sizes.graph_bs), f"batch sizes up to "
                              f"{sizes.graph_bs}, fitted to public capture lines"))  # fmt: skip
+    if dp_padding_gib(sizes) and not sizes.graphs_measured:
+        parts.append(Part("attention-DP padding", dp_padding_gib(sizes), f"batch sizes up to "
+                          f"{sizes.decode_bs} x DP {sizes.attn_dp}, SGLang's own reserve"))  # fmt: skip
     parts.append(Part("allocator slack", SLACK_GIB, "deployctl's allowance"))
     total = math.ceil(round(sum(p.gib for p in parts), 6) * 10) / 10
     return Floor(total, tuple(parts))

@@ -19,7 +19,7 @@ from agent.plan.facts import PlanInput, parse_facts, service_gpus
 from agent.plan.from_inventory import plan_input_from_host, plan_input_from_inventory
 from agent.plan.hostbudget import ServiceNeed
 from agent.plan.hostwire import with_host_plan
-from agent.plan.inputs import is_on, origin, sglang_version
+from agent.plan.inputs import origin, sglang_version
 from agent.plan.model import Flags, PoolModel, StartFigures
 from agent.plan.predict import FactsModel, pool_model
 from agent.plan.replan import replanned
@@ -101,9 +101,7 @@ def _state_notes(inp: PlanInput, fm: FactsModel, plan: Plan) -> list[str]:
     sizer = fm.pool.sizer
     if sizer is not None and sizer.mamba is not None and plan.mem_fraction_static:
         rest = fm.pool.post_gib - fm.pool.pre_gib * (1 - plan.mem_fraction_static * fm.pool.fraction_scale)
-        slots = sizer.mamba.slots(rest - sizer.reserve_gib)
-        # kv_cache_configurator.resolve_max_num_reqs: 3 state slots per request (1 without radix cache).
-        per = 1 if is_on(inp.flags, "disable-radix-cache") and "disable-radix-cache" in inp.flags else 3
+        slots, per = sizer.mamba.slots(rest - sizer.reserve_gib), sizer.mamba.per_request
         notes.append(
             f"the state cache holds {slots:,} slots: SGLang caps --max-running-requests at {slots // per:,} "
             f"({per} slot(s) per request)"

@@ -72,6 +72,14 @@ class PoolModel:
         paging = kvpool.Paging(self.page_size, self.max_total_tokens)
         return kvpool.pool_tokens(self.pre_gib, self.post_gib, fraction, self.cell_bytes, paging)
 
+    def state_cap(self, fraction: float) -> int | None:
+        """The request cap a hybrid model's state cache sets at this fraction (per attention-DP worker);
+        None without one (sglang/pools.py MambaShare.request_cap)."""
+        if self.sizer is None or self.sizer.mamba is None:
+            return None
+        rest = self.post_gib - self.pre_gib * (1.0 - fraction * self.fraction_scale)
+        return self.sizer.mamba.request_cap(rest - self.sizer.reserve_gib)
+
     def low(self) -> PoolModel:
         """The interval's low end: pre and post lower by the margin (the weights stay what they are); a
         calibrated model has no margin, so it is its own low end."""

@@ -189,7 +189,9 @@ def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, meas
     spec = draft_model(inp.flags) is not None
     requests = int_of(inp.flags, "max-running-requests") or (SPEC_DEFAULT_REQUESTS if spec else bs)
     graphs = 0 if decode_graphs_off(inp.flags) else min(bs, requests)
-    sizes = Sizes(graphs, chunk, graphs_measured=measured)
+    # a prefill role reserves no attention-DP padding (memory_hook.py:371-372)
+    dp = 1 if _mode(inp.flags) == "prefill" else par.attn_dp
+    sizes = Sizes(graphs, chunk, graphs_measured=measured, attn_dp=dp, decode_bs=min(bs, requests))
     try:
         text = text_config(with_override(inp.model.config, value_of(inp.flags, "json-model-override-args")))
         found = shapes(text, par.tp, layout.dtype_bytes, par.pp)

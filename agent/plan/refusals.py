@@ -34,7 +34,7 @@ def _context(host: HostConfig, context: int) -> list[str]:
     allowed = host.unit.environment.get(_ALLOW_LONGER, "").lower() in ("1", "true", "yes")
     if limit is None or context <= limit or allowed or version(host) < (0, 5, 3, 0):
         return []
-    return [long_context.refusal(limit, context, scalable=yarn_allowed(host))]
+    return [long_context.refusal(limit, context, yarn_allowed(host), host.model.trained_context)]
 
 
 def yarn_allowed(host: HostConfig) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from agent.errors import UsageError
-from agent.plan.alternatives import Alternative, Best, outcome
+from agent.plan.alternatives import Alternative, Best, outcome, smaller_context_change
 from agent.plan.choose import Plan, Target
 from agent.plan.facts import PlanInput
 
@@ -28,8 +28,54 @@ def replanned(inp: PlanInput, plan: Plan, asked: Target, planner: Planner) -> Pl
             continue
         if "context-length" in alt.flags and not again.feasible:
             continue  # a smaller context is offered only where it plans feasible
+        if "context-length" in alt.flags:
+            alt, again = _largest_context(inp, alt, again, asked, planner)
+        if "context-length" not in alt.flags and not _closes_half(again, plan):
+            continue
         kept.append(_as_replanned(alt, again, asked))
     return replace(plan, alternatives=tuple(kept))
+
+
+def _largest_context(
+    inp: PlanInput, alt: Alternative, fits: Plan, asked: Target, planner: Planner
+) -> tuple[Alternative, Plan]:
+    """The smaller context raised to (within 1% of) the largest the planner itself plans feasible: the
+    estimate (plan/alternatives.py) holds the pool at the target's highest safe fraction, while a smaller
+    context also shrinks the req_to_token table and lets the plan lower the request cap, so more fits. A
+    first probe one step up settles the usual case, else a bisection up to the target (which does not fit)."""
+    low, high = fits.context_length, asked.context
+    found = (alt, fits)
+    probe = low + max(1000, low // 100)
+    while low < probe < high:
+        tried = _tried(inp, alt, asked, planner, probe)
+        if tried is None:
+            high = probe
+        else:
+            low, found = probe, tried
+        probe = (low + high) // 2 // 1000 * 1000 if high - low > max(1000, low // 100) else low
+    return found
+
+
+def _tried(
+    inp: PlanInput, alt: Alternative, asked: Target, planner: Planner, context: int
+) -> tuple[Alternative, Plan] | None:
+    """The smaller-context alternative at this context and its plan, where it plans feasible."""
+    at = replace(alt, change=smaller_context_change(context), flags={**alt.flags, "context-length": context})
+    try:
+        again = planner(*_with(inp, at, asked))
+    except UsageError:
+        return None
+    return (at, again) if again.feasible else None
+
+
+def _closes_half(again: Plan, plan: Plan) -> bool:
+    """An alternative worth a line: re-planned, it reaches the target, or its pool's low end closes at least
+    half of the gap the plan leaves to the target's pool (docs/planning.md). A change that frees 50 MB, or
+    one a --max-total-tokens cap makes moot, closes none of it and is not offered."""
+    if again.feasible and again.context_length == plan.context_length:
+        return True
+    have = plan.predicted_pool_low_tokens
+    return again.predicted_pool_low_tokens - have >= (plan.target_pool_tokens - have) / 2
 
 
 def _with(inp: PlanInput, alt: Alternative, asked: Target) -> tuple[PlanInput, Target]:

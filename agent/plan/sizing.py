@@ -279,7 +279,8 @@ def _mamba(
             else f"the state cache takes {ratio:g}/(1+{ratio:g}) of the budget"
         )
     )
-    return pools.MambaShare(per_slot_bytes=per_req, ratio=ratio, cache_size=size)
+    per = 1 if "disable-radix-cache" in f and is_on(f, "disable-radix-cache") else 3
+    return pools.MambaShare(per_slot_bytes=per_req, ratio=ratio, cache_size=size, per_request=per)
 
 
 def _multimodal(inp: PlanInput, layout: KVLayout, notes: list[str]) -> KVLayout:

@@ -8,9 +8,9 @@ from pydantic import ValidationError
 from agent.errors import UsageError
 from agent.inventory import HostConfig
 from agent.plan.facts import PlanInput
-from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
+from agent.sglang.kvlayout import KVLayout, Unsupported, context_length, read_layout, text_config
 from agent.sglang.kvpool import GIB
-from agent.sglang.long_context import own_rope_scaling
+from agent.sglang.long_context import own_rope_scaling, trained_length
 from agent.sglang.pools import Parallel
 
 ALLOW_LONGER_CONTEXT = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
@@ -48,6 +48,7 @@ def _model_view(inp: PlanInput, layout: KVLayout, par: Parallel) -> dict[str, ob
         "max_context": layout.context_len if inp.model.context_known else None,
         "attention": "mla" if layout.kv_lora_rank else "gqa",
         "rope_scaled": _rope_scaled(inp),
+        "trained_context": _trained(inp) if inp.model.context_known else None,
     }
     if layout.family in ("mla", "mha") and not layout.linear:
         model["layers"] = len(layout.kv_layers)
@@ -77,6 +78,13 @@ def _draft_view(inp: PlanInput, par: Parallel) -> dict[str, object] | None:
     if inp.draft.weights_bytes is not None:
         draft["weights_gib_per_gpu"] = inp.draft.weights_bytes / par.tp / GIB
     return draft
+
+
+def _trained(inp: PlanInput) -> int:
+    """The length the model was trained at: config.json's own as shipped, before any
+    --json-model-override-args (utils/hf_transformers/config.py get_config applies the override; a YaRN
+    override already there, or a longer max_position_embeddings, is no new trained length)."""
+    return trained_length(context_length(text_config(inp.model.config)))
 
 
 def _rope_scaled(inp: PlanInput) -> bool:

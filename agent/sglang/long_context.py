@@ -42,17 +42,19 @@ def trained_length(own: int) -> int:
     return _TRAINED.get(own, own)
 
 
-def yarn_override(own: int, context: int) -> str | None:
+def yarn_override(own: int, context: int, trained: int | None = None) -> str | None:
     """The --json-model-override-args that lets SGLang derive `context` by scaling RoPE with YaRN, or None
     when the model's own context already holds it.
 
     utils/hf_transformers/common.py get_context_length counts the factor as 1 when the override names
     original_max_position_embeddings, so the length key is raised with it: the model is then scaled, not run
-    past its trained length. The factor is the next whole multiple of the trained length (trained_length).
+    past its trained length. The factor is the next whole multiple of the trained length: `trained` where
+    the model's own context is itself an override (a YaRN or a longer max_position_embeddings already set),
+    else trained_length(own).
     """
     if context <= own:
         return None
-    trained = trained_length(own)
+    trained = trained or trained_length(own)
     factor = math.ceil(context / trained)
     rope = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": trained}
     return json.dumps({"rope_scaling": rope, "max_position_embeddings": trained * factor})
@@ -63,10 +65,11 @@ def yarn_hint(yarn: str) -> str:
     return f"--set json-model-override-args={shlex.quote(yarn)}"
 
 
-def refusal(own: int, context: int, scalable: bool = True) -> str:
+def refusal(own: int, context: int, scalable: bool = True, trained: int | None = None) -> str:
     """SGLang's refusal of `context`, with the ways past it and what each risks. `scalable`: a YaRN override
-    is named (not for MLA models, which ship their own YaRN rope_scaling: another would replace it)."""
-    yarn = yarn_override(own, context) if scalable else None
+    is named (not for MLA models, which ship their own YaRN rope_scaling: another would replace it), scaled
+    from `trained` (yarn_override)."""
+    yarn = yarn_override(own, context, trained) if scalable else None
     scale = f"; or scale RoPE with YaRN: {yarn_hint(yarn)}" if yarn else ""
     return (
         f"SGLang refuses a context of {context:,} above the model's own {own:,} unless {ALLOW_LONGER}=1 is "

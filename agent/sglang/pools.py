@@ -176,12 +176,20 @@ class MambaShare:
     per_slot_bytes: int
     ratio: float = MAMBA_FULL_MEMORY_RATIO
     cache_size: int | None = None  # --max-mamba-cache-size (per attention-DP shard already)
+    # State slots a request holds (_calculate_mamba_ratio: MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = 3,
+    # l. 227; 1 with --disable-radix-cache, l. 3063)
+    per_request: int = 3
 
     def slots(self, rest_gib: float) -> int:
         if self.cache_size is not None:
             return self.cache_size
         budget = rest_gib * self.ratio / (1 + self.ratio) * GIB
         return int((budget - self.per_slot_bytes) // self.per_slot_bytes)
+
+    def request_cap(self, rest_gib: float) -> int:
+        """resolve_max_num_reqs (kv_cache_configurator.py:3134-3151): the state cache caps the requests at
+        max_mamba_cache_size // slots per request, per attention-DP worker."""
+        return self.slots(rest_gib) // self.per_request
 
     def taken_gib(self, rest_gib: float) -> float:
         """+1 for each pool's padding slot."""

@@ -103,6 +103,8 @@ def test_a_forgotten_k_is_refused() -> None:
     assert context_refusal(4_000, 32768, shrink=True) is None
     assert context_refusal(16_000, 32768, shrink=False) is None
     assert context_refusal(MIN_CONTEXT, None, shrink=False) is None
+    assert "forgotten k" in str(context_refusal(1_000, 1_048_576, shrink=False))  # 1,000 meant 1M
+    assert "forgotten k" not in str(context_refusal(4_000, 32768, shrink=False))  # 4M: no slip of a k
     units = str(ROOT / "units")
     code, stdout, stderr = run("--units", units, "plan", "ct200", "--context", "128", "--offline")
     assert code == 2 and stdout == "" and "128k" in stderr.splitlines()[0]

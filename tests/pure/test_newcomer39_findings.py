@@ -189,7 +189,6 @@ def test_a_max_total_tokens_cap_is_named_as_what_binds() -> None:
     assert "max-total-tokens" in because, because
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_no_alternative_that_closes_none_of_the_gap() -> None:
     _, plan = plan_json("ct200", "--offline", "--context", "200k", "--set", "max-total-tokens=150000")
     need, have = plan["target_pool_tokens"], plan["predicted_pool_tokens"]
@@ -201,7 +200,6 @@ def test_no_alternative_that_closes_none_of_the_gap() -> None:
         assert pool - have >= (need - have) / 2, text
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_fewer_requests_alternative_closing_six_percent_is_not_listed(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, "gemma-3-27b-it", GEMMA3_27B, (L40S, 2), {"tp-size": 2})
     _, out, _ = run_cli("plan", "--facts", facts, "--context", "128k", "--shrink-context")
@@ -211,7 +209,6 @@ def test_fewer_requests_alternative_closing_six_percent_is_not_listed(tmp_path: 
 # 3. "a smaller context: 1,816,000 tokens is the largest that fits", while 4,400,000 plans feasible.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_the_smaller_context_offered_is_near_the_largest_that_plans_feasible(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, "Qwen2.5-7B-1M", QWEN25_7B_1M, (A100, 4), {"tp-size": 4})
     override = 'json-model-override-args={"max_position_embeddings": 8000000}'
@@ -227,7 +224,6 @@ def test_the_smaller_context_offered_is_near_the_largest_that_plans_feasible(tmp
 #    refused as "a forgotten k?": 128,000 x 1,000 is 128M, which no model serves.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_gemma3_at_128k_is_not_called_a_forgotten_k(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, "gemma-3-27b-it", GEMMA3_27B, (L40S, 2), {"tp-size": 2})
     _, _, err = run_cli("plan", "--facts", facts, "--context", "128k")
@@ -262,7 +258,6 @@ QWEN3_YARN_4X = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_yarn_suggestion_over_an_override_scales_from_the_trained_length(tmp_path: Path) -> None:
     config = json.loads((ROOT / "tests/data/models/qwen3-8b/config.json").read_text())
     facts = write_facts(tmp_path, "Qwen3-8B", config, (H100, 1), {})
@@ -280,10 +275,6 @@ DEEPSEEK_V3 = ROOT / "tests/data/models/deepseek-v3/config.json"
 H200 = {"name": "NVIDIA H200", "memory_total_mib": 143771, "compute_capability": "9.0"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: attention-DP padding reserve not checked nor sized",
-)
 def test_attention_dp_raises_the_memory_floor(tmp_path: Path) -> None:
     facts = write_facts(
         tmp_path, "DeepSeek-R1", json.loads(DEEPSEEK_V3.read_text()), (H200, 8), {"tp-size": 8}

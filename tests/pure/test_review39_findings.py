@@ -82,7 +82,6 @@ def test_ngram_set_flag_request_cap_is_sglangs_48_cli(tmp_path: Path) -> None:
     assert json.loads(stdout)["max_running_requests"] == 48
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the hybrid state cache does not bound the unset cap yet")
 # MEDIUM: a hybrid (mamba) model's unset cap is also bounded by its state cache in SGLang 0.5.23
 # (mem_cache/kv_cache_configurator.py:3134-3151 resolve_max_num_reqs: min(estimate, max_mamba_cache_size //
 # ratio)). The plan's own note says "SGLang caps --max-running-requests at 22", yet the plan sizes, prints and

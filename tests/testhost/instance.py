@@ -43,6 +43,7 @@ class HostSetup:
     enable_units: Sequence[str] = ()
     mount_agent: bool = True
     binds_ro: Mapping[str, str] = field(default_factory=dict)
+    binds_rw: Mapping[str, str] = field(default_factory=dict)  # writable binds (a simulated meminfo's folder)
 
 
 class BootError(RuntimeError):
@@ -301,7 +302,8 @@ class TestHost:
             binds[str(Path(jeepney.__file__).parent)] = f"{AGENT_ROOT}/jeepney"
         binds.update(oracle_binds())
         binds.update(setup.binds_ro)
-        self._binds = [f"--bind-ro={src}:{dst}" for src, dst in binds.items()]
+        self._binds = [f"--bind={src}:{dst}" for src, dst in setup.binds_rw.items()]
+        self._binds += [f"--bind-ro={src}:{dst}" for src, dst in binds.items()]
         cache = oracle_client.cache_dir()
         with contextlib.suppress(OSError):
             cache.mkdir(parents=True, exist_ok=True)

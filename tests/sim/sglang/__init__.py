@@ -33,6 +33,10 @@ Environment knobs (a systemd drop-in can set them), all prefixed SGLANG_SIM_:
     SLOW_FACTOR          delay multiplier for slow_start (10)
     DIE_AFTER_S          seconds of serving before die_after_ready dies (5); set alone, it is that fault
                          (a rank that dies later; a node >= 1 counts from node 0's warmup)
+    MEMINFO              HiCache: a simulated /proc/meminfo (a test host binds it over its own): MemAvailable
+                         is read from it and the host pools pinned leave it until the process ends
+    MEMORY_MAX           HiCache: the unit's MemoryMax= in bytes (default: systemd's, for the sim's own unit)
+    HOST_PROCESS_GIB     HiCache: what the unit holds besides its pools, taken off MemoryMax= (0)
     ORACLE               "auto" (default: SGLang's own sizing where the oracle is available) or "require"
     RENDEZVOUS_TIMEOUT_S multi-node: how long the rendezvous at --dist-init-addr waits (300); then torch's
                          DistStoreError (node 0) or DistNetworkError (a node >= 1) and the scheduler's death

@@ -12,6 +12,7 @@ import sys
 
 from . import sizing as sz
 from .disagg import add_flags as add_disagg
+from .hicache import add_flags as add_hicache
 from .startup import Launch
 from .weightcache import SPECULATIVE_REFUSAL
 
@@ -49,6 +50,7 @@ def build_parser(v: V) -> argparse.ArgumentParser:
     add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
     add_nodes(p)
     add_disagg(p)
+    add_hicache(p)
     add("--context-length", type=human_readable_int if v >= (0, 5, 10) else int)
     add("--mem-fraction-static", type=float)
     add("--max-running-requests", type=int)
@@ -148,6 +150,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.speculative_algorithm == "DFLASH" and not args.speculative_draft_model_path:
         parser.error("--speculative-algorithm DFLASH requires --speculative-draft-model-path")
     check_nodes(parser, args)
+    fraction = args.hicache_host_memory_fraction
+    if args.enable_hierarchical_cache and fraction is not None and not 0 < fraction <= 1:
+        print("ValueError: --hicache-host-memory-fraction must be in (0, 1].", file=sys.stderr)
+        raise SystemExit(1)  # hicache_hook.py:116, at resolution
     if getattr(args, "weight_cache_mode", "off") != "off" and args.speculative_algorithm:
         print(SPECULATIVE_REFUSAL, file=sys.stderr, flush=True)  # model_path_hook.py, before any load
         raise SystemExit(1)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import disagg, oracle
+from . import hicache as hc
 from . import sizing as sz
 from . import weightcache as wc
 from .multinode import Follower, Leader, PeerLost, RendezvousFailed, gloo_error, parse_addr
@@ -141,6 +142,7 @@ class Launch:
         self.first = self.node_rank * self.per_node
         self.group: Leader | Follower | None = None
         self.sigterm_wait = False  # a node >= 1 got SIGTERM and waits for node 0's ShutdownReq
+        self.pinned = 0  # HiCache host pools pinned, bytes (given back to the simulated host at exit)
 
     def pause(self, seconds: float) -> None:
         time.sleep(seconds * self.slow)
@@ -251,6 +253,7 @@ class Launch:
             self.out.log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
         else:
             self.out.log("Received sigquit from a child process. It usually means the child failed.")
+        hc.charge(self.env, -self.pinned)  # the killed process's pinned pages go back to the host
         os.kill(os.getpid(), signal.SIGKILL)
         raise SystemExit(137)
 
@@ -494,6 +497,24 @@ class Launch:
         for r in self.order():
             self.out.log(f"Memory pool end. avail mem={avail[r]:.2f} GB", r)
 
+    def host_pool(self, tokens: int, cell: int) -> None:
+        """HiCache's host pool per local rank (hicache.py: SGLang 0.5.23's sizing and check), pinned out of
+        the simulated host's MemAvailable; SGLang's refusal kills the start as its scheduler's error does."""
+        held = int(float(self.env.get("SGLANG_SIM_HOST_PROCESS_GIB") or 0) * sz.GIB)
+        ranks = max(self.a.tp_size // self.nnodes, 1)  # launch world size per host (base.py:68-81)
+        host = hc.host_now(self.env, held)
+        pool = hc.size_pool(tokens, cell, self.a.page_size, hc.resolve(self.a), host, ranks, self.per_node)
+        local = list(range(self.first, self.first + self.per_node))
+        for r, line in pool.lines:
+            self.out.log(line, local[r])
+        if pool.error is not None:
+            frames: list[Frame] = [
+                ("mem_cache/pool_host/base.py", 252, "_allocate_host_buffer", "raise ValueError(")
+            ]
+            self.die(traceback_lines(SITE, SCHEDULER + frames, pool.error))
+        self.pinned = pool.bytes * self.per_node
+        hc.charge(self.env, self.pinned)
+
     def size(self, used: float) -> int:
         """The pool, as the version sizes it; dies as SGLang does when nothing is left."""
         a, spec = self.a, self.spec if self.has_draft else None
@@ -591,6 +612,8 @@ class Launch:
         kv_t, kv_d = ((tokens + a.page_size) * c / sz.GIB for c in (cell_t, cell_d))
         avail = [self.pre(r) - used - kv_t - r2t for r in range(self.ranks)]
         self.pools(self.target, tokens, cell_t, avail)
+        if a.enable_hierarchical_cache:
+            self.host_pool(tokens, cell_t)
         if early:
             avail = [x - kv_d for x in avail]
             self.pools(self.draft, tokens, cell_d, avail)
@@ -669,6 +692,7 @@ class Launch:
                         "address already in use", level="ERROR")  # fmt: skip
             out.uvicorn("Waiting for application shutdown.")
             out.uvicorn("Application shutdown complete.")
+            hc.charge(self.env, -self.pinned)
             os._exit(1)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         self.start_scheduler()
@@ -803,6 +827,7 @@ class Launch:
             return
         if self.serving:
             self.drain()
+        hc.charge(self.env, -self.pinned)
         os._exit(0)
 
     def drain(self) -> None:

@@ -408,3 +408,40 @@ def test_the_metrics_carry_the_host_budget_used() -> None:
               planned_host_pool=781_251)  # fmt: skip
     text = prom_text(run, 0, None)
     assert re.search(r"^deployctl_host_(memory|budget)\w*", text, re.M), text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT FIXED: the refusal's fix ('--hicache-size N per rank would fit') is the first rank's "
+    "allowance; re-planned with N, the last rank to pin is refused (it sees the others' pools as used)",
+)
+def test_the_size_a_refusal_offers_is_accepted_when_given() -> None:
+    """TP 2, --hicache-size 54 on a 128 GiB host (120 GiB available): refused, offering 53, the first
+    rank's (free - 10 GiB) // 2 (pool_host/base.py:104-108). SGLang checks each rank against free memory
+    read afresh (base.py:248-257), so with 53 the second rank sees 27.19 GB and the plan refuses 53 too,
+    offering 27: the fix must already be divided by pools + ranks - 1, as the rendered size is."""
+    pool = RankPool(400_000, 40_960, 1)
+    flags = {**ON, "hicache-size": 54, "tp-size": 2}
+    refused = plan_host("a", pool, flags, memory(128 * GIB, 120 * GIB, {}))
+    assert not refused.fits and refused.budget.fitting_size_gb is not None
+    fix = int(refused.budget.fitting_size_gb)
+    again = plan_host("a", pool, {**flags, "hicache-size": fix}, memory(128 * GIB, 120 * GIB, {}))
+    assert again.fits, again.budget.reason
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT FIXED: a refusal by SGLang's own check under the host's RAM offers 'a MemoryMax= of at "
+    "least X GiB' larger than the host",
+)
+def test_a_refusal_does_not_offer_a_memory_max_beyond_the_host() -> None:
+    """TP 2, --hicache-size 54 on a 128 GiB host: the pool is refused by the host's free memory (SGLang's
+    check, not the unit's limit), and the fix adds 'or a MemoryMax= of at least 170.9 GiB', which no limit
+    on a 128 GiB host can be: raising MemoryMax= does not add RAM."""
+    import re
+
+    pool = RankPool(400_000, 40_960, 1)
+    refused = plan_host("a", pool, {**ON, "hicache-size": 54, "tp-size": 2}, memory(128 * GIB, 120 * GIB, {}))
+    assert not refused.fits
+    offered = re.search(r"MemoryMax= of at least ([\d.]+) GiB", refused.budget.reason)
+    assert offered is None or float(offered[1]) <= 128

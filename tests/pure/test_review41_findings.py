@@ -445,3 +445,23 @@ def test_a_refusal_does_not_offer_a_memory_max_beyond_the_host() -> None:
     assert not refused.fits
     offered = re.search(r"MemoryMax= of at least ([\d.]+) GiB", refused.budget.reason)
     assert offered is None or float(offered[1]) <= 128
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT FIXED: a PD decode on ROCm is planned (and budgeted) with a retraction backup host pool "
+    "SGLang does not build there (cpu_tensor on HIP)",
+)
+def test_a_rocm_decode_builds_no_retraction_backup_pool() -> None:
+    """SGLang resolves the decode's default backup to host_pool only `and not is_hip()`
+    (srt/mem_cache/kv_cache_builder.py:228-241): on an MI300X it is cpu_tensor, no host pool, no
+    auto-size line. hostwire.backup_server never sets DecodeServer.rocm, so the plan says a host pool of
+    228,230 tokens per rank and the budget counts it."""
+    config = json.loads((ROOT / "tests/data/models/llama-3.1-8b/config.json").read_text())
+    mi300x = {"name": "AMD Instinct MI300X", "memory_total_mib": 196592}
+    doc = {"format": "deployctl-facts/1", "gpus": [mi300x], "sglang": {"version": "0.5.23"},
+           "model": {"config": config, "weights_bytes": int(16e9)},
+           "flags": {"tp-size": 1, "disaggregation-mode": "decode"}}  # fmt: skip
+    inp = replace(parse_facts(doc, name="rocm"), host_memory=memory(1024 * GIB, 1000 * GIB, {}))
+    plan = plan_from_facts(inp, Target(32768))
+    assert plan.host is None or plan.host.pool.tokens == 0

@@ -465,3 +465,28 @@ def test_a_rocm_decode_builds_no_retraction_backup_pool() -> None:
     inp = replace(parse_facts(doc, name="rocm"), host_memory=memory(1024 * GIB, 1000 * GIB, {}))
     plan = plan_from_facts(inp, Target(32768))
     assert plan.host is None or plan.host.pool.tokens == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT FIXED: a [pd] group's roles are planned offline (plan_for_host): HiCache on two prefills of "
+    "one host keeps SGLang's auto size, no MemoryMax=, no budget, and both start in the same wave",
+)
+def test_hicache_prefills_of_one_pd_host_are_sized_not_left_to_auto(tmp_path: Path) -> None:
+    """Two prefills (GPUs 0 and 2) and a decode of one host, HiCache on both prefills. The group starts
+    every prefill at once (group/run.py waves: prefills 0), each SGLang auto-sizes 0.8 of the same free
+    memory (hicache_auto_size.py:90-97, per process: its own ranks only) and pins it: 1.6x what the host
+    has free, the double booking the issue cites (sglang#38156). Each prefill needs an explicit
+    --hicache-size budgeted with the other (or the plan refuses)."""
+    from agent.inventory import load_service
+    from agent.pd.plan import role_plans
+
+    pd = (ROOT / "units/pd-1p1d.toml").read_text().replace("indices = [0, 1]", "indices = [0, 1, 2]")
+    one = "flags = { tp-size = 1, chunked-prefill-size = 8192 }"
+    on = "flags = { tp-size = 1, chunked-prefill-size = 8192, enable-hierarchical-cache = true }"
+    second = f"\n\n[[pd.prefill]]\ngpus = [2]\nport = 30011\nbootstrap_port = 8999\n{on}"
+    (tmp_path / "pd-1p1d.toml").write_text(pd.replace(one, on + second))
+    plans = role_plans(load_service("pd-1p1d", tmp_path), 32768)
+    prefills = [r.plan for r in plans if "prefill" in r.unit.host.unit.name]
+    assert len(prefills) == 2
+    assert all(p.host is not None and (p.host.size_gb is not None or not p.feasible) for p in prefills)

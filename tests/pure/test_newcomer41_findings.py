@@ -257,3 +257,192 @@ def test_the_docs_show_a_facts_files_host_memory_keys() -> None:
     shown = docs + examples
     for key in ('"available"', '"cgroup"', '"siblings"', '"current"'):
         assert key in shown, key
+
+
+# -- inventories, offline ------------------------------------------------------------------------------
+
+QWEN_TOML = """
+[ssh]
+target = "gpu7"
+[gpus]
+memory_gib = 79.6
+name = "NVIDIA H100 80GB HBM3"
+indices = [0, 1, 2, 3]
+[model]
+path = "/models/Qwen3-32B"
+attention = "gqa"
+layers = 64
+kv_heads = 8
+head_dim = 128
+weights_gib_per_gpu = 15.3
+max_context = 131072
+[unit]
+name = "sglang-qwen.service"
+{unit_extra}
+[sglang]
+port = 30000
+[sglang.flags]
+tp-size = 4
+enable-hierarchical-cache = true
+{hicache}
+"""
+
+DSV2_TOML = """
+[ssh]
+target = "gpu7"
+[gpus]
+memory_gib = 79.6
+name = "NVIDIA H100 80GB HBM3"
+indices = [4, 5, 6, 7]
+[model]
+path = "/models/DeepSeek-V2-Lite-Chat"
+attention = "mla"
+layers = 27
+kv_lora_rank = 512
+qk_rope_head_dim = 64
+weights_gib_per_gpu = 8.0
+max_context = 163840
+[unit]
+name = "sglang-dsv2.service"
+[sglang]
+port = 30001
+[sglang.flags]
+tp-size = 4
+trust-remote-code = true
+enable-hierarchical-cache = true
+hicache-size = 20
+"""
+
+
+def write_units(tmp_path: Path, **files: str) -> Path:
+    units = tmp_path / "units"
+    units.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (units / f"{name}.toml").write_text(text)
+    return units
+
+
+def qwen_toml(hicache: str = "hicache-size = 40", unit_extra: str = "") -> str:
+    return QWEN_TOML.format(hicache=hicache, unit_extra=unit_extra)
+
+
+def cli(units: Path, *argv: str) -> tuple[int, str, str]:
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    code = main(["--units", str(units), *argv], out)
+    assert isinstance(out.stdout, io.StringIO) and isinstance(out.stderr, io.StringIO)
+    return code, out.stdout.getvalue(), out.stderr.getvalue()
+
+
+def offline_json(units: Path, name: str, *argv: str) -> dict[str, Any]:
+    code, stdout, stderr = cli(units, "plan", name, "--offline", "--context", "64k", "--json", *argv)
+    assert code in (0, 8), stderr
+    return json.loads(stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT FIXED: offline, the unit's --hicache-ratio 2 becomes --hicache-size 103 without a word",
+)
+def test_a_ratio_the_plan_turns_into_a_size_is_named(tmp_path: Path) -> None:
+    """[sglang.flags] hicache-ratio = 2 at TP 4, no host facts: the plan renders --hicache-size 103
+    (412 GB of host pools on a host it never read) and drops the ratio; the text reads '--hicache-size 103
+    GB x 4 rank(s)' as if the unit had it. Only `host_pool.as_given` in JSON says 'ratio'."""
+    units = write_units(tmp_path, qwen=qwen_toml("hicache-ratio = 2"))
+    plan = offline_json(units, "qwen")
+    assert plan["host_pool"]["as_given"]["mode"] == "ratio"  # holds today
+    assert plan["flags"]["hicache-size"] == 103 and plan["flags"]["hicache-ratio"] is False  # holds today
+    said = " ".join(plan["warnings"] + plan["notes"])
+    assert "hicache-ratio" in said, said
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT FIXED: offline, a same-host neighbour's explicit pools are left out of 'pinned', unnamed",
+)
+def test_an_offline_plan_counts_or_names_a_neighbours_explicit_pools(tmp_path: Path) -> None:
+    """Two services on one host ([ssh] target gpu7), each TP 4: qwen --hicache-size 40, dsv2 --hicache-size
+    20. planning.md: 'The budget counts the inventory's other services of the same host ... with their
+    explicit --hicache-size pools'. Offline, qwen's host_budget.pinned is the same with or without dsv2,
+    and nothing names dsv2: 'pinned 175 GiB' reads as all the host must hold (with dsv2: about 268 GiB)."""
+    alone = offline_json(write_units(tmp_path / "a", qwen=qwen_toml()), "qwen")
+    both = offline_json(write_units(tmp_path / "b", qwen=qwen_toml(), dsv2=DSV2_TOML), "qwen")
+    said = " ".join(both["warnings"] + both["notes"])
+    grew = both["host_budget"]["pinned"] >= alone["host_budget"]["pinned"] + 4 * 20 * 10**9
+    assert grew or "dsv2" in said, said
+
+
+ADOPTED = 'template = "sglang-adopted.service.j2"\nverbatim = {{ Service = ["MemoryMax={limit}"] }}'
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT FIXED: plan calls MemoryMax=0 'checked', feasible; systemd ignores it, render refuses it",
+)
+def test_a_memory_max_systemd_ignores_is_not_called_checked(tmp_path: Path) -> None:
+    """An adopted unit with MemoryMax=0 (systemd: 'Memory limit '0' out of range, ignoring.'; render
+    refuses the unit through systemd-analyze verify). The plan says 'the pool checked under the unit's own
+    MemoryMax=0.0G as SGLang checks it' and calls 160 GB of pools feasible under a zero limit."""
+    units = write_units(tmp_path, qwen=qwen_toml(unit_extra=ADOPTED.format(limit="0")))
+    code, stdout, _ = cli(units, "plan", "qwen", "--offline", "--context", "64k")
+    assert "MemoryMax=0.0G as SGLang checks it" not in stdout, stdout
+    assert code != 0 or "MemoryMax=0" in stdout, stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT FIXED: plan is silent on MemoryMax=64g, which systemd rejects and render refuses",
+)
+def test_a_memory_max_systemd_rejects_is_named_by_plan(tmp_path: Path) -> None:
+    """planning.md: '64g is rejected by systemd and not read'. render refuses the unit ('Invalid memory
+    limit '64g''); plan says only 'host memory: not read (no facts)', feasible, exit 0."""
+    units = write_units(tmp_path, qwen=qwen_toml(unit_extra=ADOPTED.format(limit="64g")))
+    _, stdout, stderr = cli(units, "plan", "qwen", "--offline", "--context", "64k")
+    assert "64g" in stdout + stderr, stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT FIXED: plan sizes HiCache under a verbatim MemoryMax= that render refuses (not adopted)",
+)
+def test_plan_and_render_agree_on_a_verbatim_memory_max(tmp_path: Path) -> None:
+    """[unit] verbatim without the adopted template: render exits 2 ('only
+    templates/sglang-adopted.service.j2 renders it'), but plan reads its MemoryMax=64G and refuses the
+    pool under it, as if that limit would be in the unit."""
+    extra = 'verbatim = { Service = ["MemoryMax=64G"] }'
+    units = write_units(tmp_path, qwen=qwen_toml(unit_extra=extra))
+    assert cli(units, "render", "qwen", "--context", "64k")[0] == 2  # holds today
+    code, _, stderr = cli(units, "plan", "qwen", "--offline", "--context", "64k")
+    assert code == 2, stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT FIXED: a PD plan's text never says the decode pins a retraction host pool (11.4 GB here)",
+)
+def test_a_pd_plans_text_names_the_decodes_retraction_pool() -> None:
+    """units/pd-1p1d.toml: the decode's JSON plan carries host_pool (backup 'decode-retraction', 87,326
+    tokens, 11.4 GB), but `plan pd-1p1d` prints one line per role, with no word of host memory."""
+    code, stdout, _ = cli(ROOT / "units", "plan", "pd-1p1d", "--offline", "--context", "32k")
+    assert code == 0  # holds today
+    code, js, _ = cli(ROOT / "units", "plan", "pd-1p1d", "--offline", "--context", "32k", "--json")
+    decode = json.loads(js)["roles"][1]["plan"]["host_pool"]
+    assert decode["backup"] == "decode-retraction"  # holds today
+    assert "retraction" in stdout or "host pool" in stdout, stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT FIXED: a decode's explicit --hicache-ratio backup is called 'SGLang's auto size'",
+)
+def test_a_decodes_explicit_ratio_is_not_called_auto(tmp_path: Path) -> None:
+    """A PD decode with --hicache-ratio 0.5 and no HiCache: its retraction pool is 0.5 x the device pool,
+    and an explicit ratio turns SGLang's auto sizing off (arg_groups/hicache_hook.py:123-124); JSON says
+    as_given.mode 'ratio', the text says '(SGLang's auto size, at most x 4 rank(s), ...)'."""
+    data = qwen()
+    data["flags"] = {"tp-size": 4, "disaggregation-mode": "decode", "max-running-requests": 64,
+                     "hicache-ratio": 0.5}  # fmt: skip
+    code, stdout, _ = run(tmp_path, data)
+    assert code == 0 and "decode retraction backup" in stdout  # holds today
+    assert plan_json(tmp_path, data)["host_pool"]["as_given"]["mode"] == "ratio"  # holds today
+    line = next(x for x in stdout.splitlines() if "decode retraction backup" in x)
+    assert "auto size" not in line, line

@@ -309,3 +309,36 @@ def test_a_bad_override_value_is_blamed_on_the_override(tmp_path: Path) -> None:
     code, _, err = run_cli("plan", "--facts", facts, "--context", "32k", "--set", bad)
     assert code == ExitCode.USAGE
     assert "json-model-override-args" in err, err
+
+
+# 13. A facts file with three H100 80GB and one A100 40GB: the plan sizes from the 40 GiB card (as SGLang
+#     takes the minimum over ranks), yet its sources note says "gpus (4 x NVIDIA H100 80GB HBM3)" and nothing
+#     warns that the cards differ: the user cannot tell why an H100 plan holds 13,039 tokens.
+
+A100_40 = {"name": "NVIDIA A100-SXM4-40GB", "memory_total_mib": 40960, "compute_capability": "8.0"}
+
+
+@pytest.mark.xfail(strict=True, reason="NOT FIXED: mixed cards are reported as four of the first card")
+def test_mixed_cards_are_not_reported_as_four_of_the_first(tmp_path: Path) -> None:
+    facts = write_facts(tmp_path, model_config("llama-3.1-70b"), (H100, 3), 141_107_412_992, {"tp-size": 4})
+    data = json.loads(Path(facts).read_text())
+    data["gpus"].append(A100_40)
+    Path(facts).write_text(json.dumps(data))
+    _, out, _ = run_cli("plan", "--facts", facts, "--context", "100k")
+    assert "4 x NVIDIA H100" not in out, [ln for ln in out.splitlines() if "gpus" in ln]
+    assert "A100" in out
+
+
+# 14. A facts file whose flags keep their dashes ({"--tp-size": 4}, as a unit's ExecStart= spells them) is
+#     refused with "SGLang 0.5.23 has no flag ----tp-size; did you mean --tp-size ...?": the user wrote
+#     --tp-size, is told it does not exist, and is offered what they wrote.
+
+
+@pytest.mark.xfail(
+    strict=True, reason="NOT FIXED: a dashed facts flag reads '----tp-size; did you mean --tp-size?'"
+)
+def test_a_dashed_flag_name_in_facts_is_explained(tmp_path: Path) -> None:
+    facts = write_facts(tmp_path, model_config("llama-3.1-70b"), (H100, 4), 141_107_412_992, {"--tp-size": 4})
+    code, _, err = run_cli("plan", "--facts", facts, "--context", "100k")
+    assert code == ExitCode.USAGE
+    assert "----tp-size" not in err, err

@@ -342,3 +342,18 @@ def test_a_dashed_flag_name_in_facts_is_explained(tmp_path: Path) -> None:
     code, _, err = run_cli("plan", "--facts", facts, "--context", "100k")
     assert code == ExitCode.USAGE
     assert "----tp-size" not in err, err
+
+
+# 15. `--set kv-cache-dtype=nvfp4` on 8 x H200 (compute capability 9.0) for DeepSeek V3 plans "feasible"
+#     with a pool of 2,262,916 tokens; SGLang 0.5.23 raises before any pool is sized on a CUDA GPU that is
+#     neither SM100 nor SM120 (arg_groups/kv_cache_hook.py:125-131: "--kv-cache-dtype=nvfp4 requires
+#     Blackwell SM100 or SM120"). The planner refuses mxfp8 on the same card ("requires an SM100+ GPU").
+
+H200 = {"name": "NVIDIA H200", "memory_total_mib": 143771, "compute_capability": "9.0"}
+
+
+@pytest.mark.xfail(strict=True, reason="NOT FIXED: nvfp4 KV planned feasible on a Hopper card SGLang refuses")
+def test_nvfp4_kv_on_hopper_is_not_feasible(tmp_path: Path) -> None:
+    facts = write_facts(tmp_path, model_config("deepseek-v3"), (H200, 8), 688_586_727_424, {"tp-size": 8})
+    code, out, _ = run_cli("plan", "--facts", facts, "--context", "128k", "--set", "kv-cache-dtype=nvfp4")
+    assert code in (ExitCode.USAGE, ExitCode.NOT_FEASIBLE), out.splitlines()[:3]

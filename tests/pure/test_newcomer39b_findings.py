@@ -406,3 +406,15 @@ def test_the_more_gpus_alternative_states_what_the_set_plan_says(tmp_path: Path)
     )
     got = (replanned["mem_fraction_static"], replanned["predicted_pool_tokens"])
     assert (more["mem_fraction_static"], more["predicted_pool_tokens"]) == got
+
+
+# 18. `--set page-size=16` on Llama 3.1 70B puts "SHRINKS the pool from 403,870 tokens ... to 403,856" in the
+#     headline, in capitals, for 14 tokens of page rounding (0.003 %); the same word warns of a fraction
+#     lowered by tens of thousands of tokens, and the user cannot tell the two apart at a glance.
+
+
+@pytest.mark.xfail(strict=True, reason="NOT FIXED: page rounding of a few tokens is headlined as SHRINKS")
+def test_page_rounding_is_not_headlined_as_a_shrunk_pool(tmp_path: Path) -> None:
+    facts = write_facts(tmp_path, model_config("llama-3.1-70b"), (H100, 4), 141_107_412_992, {"tp-size": 4})
+    _, out, _ = run_cli("plan", "--facts", facts, "--context", "100k", "--set", "page-size=16")
+    assert "SHRINKS" not in out.splitlines()[0], out.splitlines()[0]

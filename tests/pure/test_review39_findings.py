@@ -286,7 +286,6 @@ def ran_at_093() -> list[str]:
 # (it holds the 100k target) and plans the inventory's 0.85: 111,559 tokens, half the pool that ran, with no
 # SHRINKS headline and no word that the start ran at another fraction than the inventory's. choose._shrinks
 # compares against the inventory's fraction, not the one the evidence start ran at.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_a_pool_that_ran_bigger_than_the_inventory_says_is_not_shrunk_silently(tmp_path: Path) -> None:
     log = write(tmp_path, "\n".join(ran_at_093()) + "\n")
     code, stdout, stderr = run(

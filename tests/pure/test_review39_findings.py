@@ -323,7 +323,6 @@ def test_plan_json_types_max_total_tokens_like_the_other_numeric_flags(tmp_path:
 # (apply too: apply.prepare renders plan.flags() over the unmerged host). The unit runs TP 4 only because
 # argparse keeps the last one; flagrules.canonical_flags refuses exactly this ("SGLang would run whichever
 # comes last") when a person writes it.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_a_set_flag_replaces_every_spelling_in_the_rendered_unit(tmp_path: Path) -> None:
     toml = LLAMA70_TOML.replace("tp-size = 8", "tensor-parallel-size = 8")
     (tmp_path / "l70.toml").write_text(toml, encoding="utf-8")

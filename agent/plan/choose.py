@@ -13,7 +13,7 @@ from agent.plan.hostplan import HostPlan
 from agent.plan.model import SPEC_DEFAULT_REQUESTS, Flags, PoolModel, StartFigures, flag, version
 from agent.plan.refusals import refusals
 from agent.plan.requests import sglang_requests
-from agent.plan.verdict import Reading, decide, no_fraction
+from agent.plan.verdict import Reading, capped, decide, no_fraction
 from agent.sglang import kvpool
 from agent.sglang.flagrules import TABLE_VERSION
 from agent.sglang.flags import FlagInput
@@ -295,6 +295,7 @@ def _reading(model: PoolModel, need: Need, fraction: float, requests: int, highe
         goal=need.goal,
         floor_gib=need.floor,
         highest_safe=highest_safe,
+        cap=capped(model.max_total_tokens, model.page_size, model.pool_low(fraction)),
     )
 
 

@@ -19,6 +19,7 @@ from agent.plan.hostplan import memory_max_of, sets_memory_max
 from agent.protocol.common import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.protocol.requests import stop_timeout_s
 from agent.sglang import version_flags
+from agent.sglang.flagrules import canonical
 from agent.sglang.flags import FlagInput, FlagsError, exec_start_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env
 from agent.sglang.redact import redact as redact  # re-exported: the laptop's callers redact from here
@@ -115,14 +116,16 @@ def secrets_line(host: HostConfig, env: Mapping[str, str], flags: Mapping[str, s
 def effective_flags(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[str, FlagInput]:
     """The inventory's baseline flags updated by `flags`, with the model, draft and listen address added."""
     merged: dict[str, FlagInput] = {}
-    # An adopted baseline lists --model-path where the hand-written unit had it: keep that order.
-    if "model-path" not in host.sglang.flags:
+    version = host.sglang.version
+    # An adopted baseline lists --model-path (or its alias --model) where the hand-written unit had it: keep
+    # that order.
+    if "model-path" not in {canonical(k, version) for k in host.sglang.flags}:
         merged["model-path"] = host.model.path
     if host.model.served_name and "served-model-name" not in host.sglang.flags:
         merged["served-model-name"] = host.model.served_name
     merged.update(host.sglang.flags)
-    merged.update(weight_cache_unit.engine_flags(host))  # [weight_cache]: client mode
-    merged.update(flags)
+    _over(merged, weight_cache_unit.engine_flags(host), version)  # [weight_cache]: client mode
+    _over(merged, flags, version)
     tail: dict[str, FlagInput] = {}
     if host.draft:
         tail["speculative-algorithm"] = host.draft.algorithm
@@ -131,6 +134,16 @@ def effective_flags(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[st
     for name, value in tail.items():
         merged.setdefault(name, value)
     return {k: v for k, v in merged.items() if v is not False}  # False: leave the flag out
+
+
+def _over(merged: dict[str, FlagInput], flags: Mapping[str, FlagInput], version: str) -> None:
+    """`flags` over `merged`, each replacing every spelling of its flag (--tp-size drops a baseline's
+    --tensor-parallel-size, its alias in SGLang's argparse: srt/arg_groups/fields/parallel.py:49) as the
+    planner does (plan/effective.py): both rendered, SGLang would run whichever comes last."""
+    names = {canonical(k, version) for k in flags}
+    for key in [k for k in merged if k not in flags and canonical(k, version) in names]:
+        del merged[key]
+    merged.update(flags)
 
 
 def _host_fields(host: HostConfig) -> Iterator[tuple[str, str]]:
@@ -216,8 +229,9 @@ def _validate_adopted(host: HostConfig) -> None:
                 raise RenderError(f"{field}: {line!r} is not a Key=value directive")
             if (len(line) - len(line.rstrip("\\"))) % 2:
                 raise RenderError(f"{field}: must not end with a backslash (it would continue the line)")
-    if host.sglang.flags.get("model-path", host.model.path) != host.model.path:
-        raise RenderError("sglang.flags.model-path: must be the same as model.path")
+    for name, value in host.sglang.flags.items():  # --model is its alias (server_args.py)
+        if canonical(name, host.sglang.version) == "model-path" and value != host.model.path:
+            raise RenderError(f"sglang.flags.{name}: must be the same as model.path")
     for name in host.unit.secret_environment_on_host:
         if not ENV_NAME.fullmatch(name) or name in host.unit.environment:
             raise RenderError(

@@ -21,7 +21,7 @@ from agent.protocol.events import (
     PrewarmData,
     RouterData,
 )
-from agent.sglang.flags import FlagChange, FlagInput, FlagValue, diff_flags, flag_table
+from agent.sglang.flags import FlagChange, FlagInput, FlagValue, diff_flags, flag_table, flag_words
 from agent.sglang.logs.fixes import fix_for
 from agent.sglang.logs.summary import StartFigures
 
@@ -301,12 +301,7 @@ def render_plan(host: str, plan: Plan) -> str:
             else ""
         )
         + f" (target {plan.context_length:,}, with margin {plan.target_pool_tokens:,})",
-        "  flags           "
-        + " ".join(
-            f"--{k}" if v is True else f"--{k} {_flag_text(v)}"  # a switch is written bare, as rendered
-            for k, v in plan.printed_flags().items()
-            if v is not False  # left out
-        ),
+        "  flags           " + flags_line(plan.printed_flags()),
         f"  full-context requests at once  {full_context_at_once(plan)}",
         f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
     ]
@@ -322,6 +317,15 @@ def render_plan(host: str, plan: Plan) -> str:
     lines.extend(f"  warning: {w}" for w in plan.warnings)
     lines.extend(f"  note: {n}" for n in plan.notes)
     return "\n".join(lines)
+
+
+def flags_line(flags: Mapping[str, FlagInput]) -> str:
+    """The flags as one shell line a person can paste: each word quoted where the shell would split or
+    expand it (a JSON override's braces and spaces), a switch bare and a false one left out, as rendered."""
+    words: list[str] = []
+    for name, value in flags.items():
+        words += flag_words(name, _flag_text(value) if isinstance(value, float) else value)
+    return shlex.join(words)
 
 
 def _flag_text(value: Any) -> str:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.model import Flags, PoolModel, architecture_cell, flag, parallelism, version
 from agent.plan.refusals import head_refusals
-from agent.plan.verdict import Reading, decide
+from agent.plan.verdict import Reading, capped, decide
 from agent.sglang import kvpool
 
 
@@ -57,7 +57,11 @@ def best_fraction(model: PoolModel, goal: int, requests: int, context: int, floo
     if fraction is None:
         return Best(None, 0, 0, False)
     pool, pool_low = model.pool(fraction), model.pool_low(fraction)
-    reading = Reading(fraction, pool_low, pool, model.reserve_gib(fraction, requests, context), goal, floor)
+    reserve, cap = (
+        model.reserve_gib(fraction, requests, context),
+        capped(model.max_total_tokens, model.page_size, pool_low),
+    )
+    reading = Reading(fraction, pool_low, pool, reserve, goal, floor, cap=cap)
     return Best(fraction, pool, pool_low, decide(reading).feasible)
 
 

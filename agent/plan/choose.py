@@ -13,7 +13,7 @@ from agent.plan.hostplan import HostPlan
 from agent.plan.model import SPEC_DEFAULT_REQUESTS, Flags, PoolModel, StartFigures, flag, version
 from agent.plan.refusals import refusals
 from agent.plan.requests import sglang_requests
-from agent.plan.verdict import Reading, decide, no_fraction
+from agent.plan.verdict import Reading, capped, decide, no_fraction
 from agent.sglang import kvpool
 from agent.sglang.flagrules import TABLE_VERSION
 from agent.sglang.flags import FlagInput
@@ -130,8 +130,8 @@ def choose(  # noqa: PLR0913 - the host, the target, the model, its evidence, an
     ran out of memory bound the model. `running_model`: the pool of the flags the unit runs now, where they
     differ from the planned ones (a --set); the shrink headline compares against it."""
     plan = _choose_all(host, asked, model, starts, notes)
-    running = _as_float(flag(host.sglang.flags, "mem-fraction-static"))
-    return replace(plan, shrinks=_shrinks(plan, running_model or model, running))
+    running = _ran_at(host.sglang.flags, starts, model)
+    return replace(plan, shrinks=_shrinks(plan, (running_model or model, model), running))
 
 
 def _choose_all(
@@ -206,20 +206,41 @@ def _kept_note(plan: Plan, smallest: float | None, running: float | None) -> lis
     return [f"{said}: {smallest:.3f} would reach it too, with fewer tokens for concurrent requests"]
 
 
-def _shrinks(plan: Plan, model: PoolModel, running: float | None) -> str | None:
-    """What the headline says when the plan's pool is smaller than the one the unit runs now (`model`: the
-    running flags' pool at the running fraction) and that one already holds the target; None otherwise."""
+def _ran_at(flags: Flags, starts: Sequence[StartFigures], model: PoolModel) -> tuple[float, str] | None:
+    """The fraction the unit runs at, and why: the newest calibrating start that came up ran at the
+    fraction its server_args line logs (SGLang's own scaling in it: plan/calibrate.py), which a unit started
+    by hand or before the inventory changed may not share with the inventory's flag; else the flag."""
+    given = _as_float(flag(flags, "mem-fraction-static"))
+    ready = [s for s in starts if s.get("ready") and s.get("kv_tokens") and s.get("mem_fraction_static")]
+    if model.basis != "calibrated" or not ready:
+        return None if given is None else (given, "")
+    ran = float(ready[-1].get("mem_fraction_static") or 0.0) / model.fraction_scale
+    if given is not None and abs(ran - given) < kvpool.FRACTION_STEP / 2:
+        return given, ""
+    return ran, "the last start's" + ("" if given is None else f", not the {given:.3f} the flags give")
+
+
+def _shrinks(
+    plan: Plan, models: tuple[PoolModel, PoolModel], running: tuple[float, str] | None
+) -> str | None:
+    """What the headline says when the plan's pool is smaller than the one the unit runs now (models: the
+    running flags' pool, and the planned one) and that one already holds the target; None otherwise. A
+    difference within a page is the page size's rounding (kvpool.Paging), not a shrink."""
     if running is None:
         return None
-    before = model.pool(running)
-    if model.pool_low(running) < plan.target_pool_tokens or plan.predicted_pool_tokens >= before:
+    model, fraction = models[0], running[0]
+    before = model.pool(fraction)
+    page = max(model.page_size, models[1].page_size)
+    if model.pool_low(fraction) < plan.target_pool_tokens or plan.predicted_pool_tokens > before - page:
         return None
-    if plan.given:  # a --set changed what a token costs, or capped the pool
+    if running[1]:  # the start ran at another fraction than the one planned from
+        why = running[1]
+    elif plan.given:  # a --set changed what a token costs, or capped the pool
         why = "the flags set change it"
     else:
         why = "above the memory floor's ceiling" if not plan.user_fraction else "the fraction asked is lower"
     return (
-        f"SHRINKS the pool from {before:,} tokens (at the fraction it runs now, {running:.3f}: {why}) "
+        f"SHRINKS the pool from {before:,} tokens (at the fraction it runs now, {fraction:.3f}: {why}) "
         f"to {plan.predicted_pool_tokens:,}"
     )
 
@@ -274,6 +295,7 @@ def _reading(model: PoolModel, need: Need, fraction: float, requests: int, highe
         goal=need.goal,
         floor_gib=need.floor,
         highest_safe=highest_safe,
+        cap=capped(model.max_total_tokens, model.page_size, model.pool_low(fraction)),
     )
 
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from enum import Enum
 
 from agent.protocol.answers import HostFacts
+from agent.sglang.logs.events import LogEvent, ServerArgs
 from agent.sglang.logs.summary import SummaryBuilder
 from agent.sglang.unitfile import AdoptError, HandUnit, read_unit
 
@@ -192,15 +193,7 @@ def from_log(lines: Iterable[str], where: str = "the log") -> RestartEstimate:
     timeline measures, agent/host/watch/timeline.py), by SGLang's own logger timestamps. A log does not hold
     the old server's stop nor the answer to /health: they are left out, and said so."""
     builder = SummaryBuilder()
-    began: dict[str, float] = {}
-    first: float | None = None
-    for line in lines:
-        at = _logged_at(line)
-        first = at if first is None else first
-        builder.feed(line)
-        phase = builder.phase
-        if at is not None and phase in _PHASE_PART and phase not in began:
-            began[phase] = at
+    first, began = _read_phases(lines, builder)
     summary = builder.summary()
     if not summary.ready:
         return RestartEstimate(None, {}, none_why=f"the start in {where} never became ready")
@@ -213,6 +206,30 @@ def from_log(lines: Iterable[str], where: str = "the log") -> RestartEstimate:
     return replace(
         estimate(last, PageCache(None, None)), notes=(f"from the start in {where} ({said}); {left_out}",)
     )
+
+
+def _read_phases(lines: Iterable[str], builder: SummaryBuilder) -> tuple[float | None, dict[str, float]]:
+    """Feed the start's lines to `builder`: when its init began, and when each phase did. Init begins at the
+    launch (the command or its server_args line, srt/entrypoints/engine.py), not at a line before it: a
+    restarted compose service's log, or one cut mid-run, puts the old process's last lines, hours older,
+    ahead of the launch in the same start."""
+    began: dict[str, float] = {}
+    first: float | None = None
+    launched = False
+    for line in lines:
+        at = _logged_at(line)
+        events = builder.feed(line)
+        if not launched and not began and any(_launch(e) for e in events):
+            launched, first = True, None  # timed from here (or the next stamped line: a paste has none)
+        first = at if first is None else first
+        phase = builder.phase
+        if at is not None and phase in _PHASE_PART and phase not in began:
+            began[phase] = at
+    return first, began
+
+
+def _launch(event: LogEvent) -> bool:
+    return isinstance(event, ServerArgs) and event.source in ("command", "server_args")
 
 
 def from_start(figures: Mapping[str, object] | None, where: str) -> RestartEstimate:

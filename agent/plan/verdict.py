@@ -27,6 +27,7 @@ class Reading:
     highest_safe: bool = (
         False  # the fraction is the highest that keeps the floor (the target is out of reach)
     )
+    cap: int | None = None  # --max-total-tokens where it holds the pool to itself (capped(): it binds)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ def decide(r: Reading, refused: Sequence[str] = ()) -> Verdict:
             f"the memory floor: at --mem-fraction-static {r.fraction:.3f}, {r.reserve_gib:.2f} GiB stays "
             f"free per GPU, under the {r.floor_gib:.1f} GiB floor",
         )
+    if r.pool_low < r.goal and r.cap is not None:
+        return Verdict(
+            False, f"--max-total-tokens {r.cap:,} caps the pool: it holds {_held(r)} of the {r.goal:,} needed"
+        )
     if r.pool_low < r.goal:
         where = (
             f"the memory floor: {r.fraction:.3f}, the highest fraction that leaves {r.floor_gib:.1f} GiB "
@@ -54,6 +59,12 @@ def decide(r: Reading, refused: Sequence[str] = ()) -> Verdict:
         )
         return Verdict(False, f"{where} holds {_held(r)} of the {r.goal:,} needed")
     return Verdict(True)
+
+
+def capped(cap: int | None, page_size: int, pool_low: int) -> int | None:
+    """The --max-total-tokens cap when the pool is at it, else None: SGLang takes min(profiled, cap) and
+    floors it to the page (mem_cache/kv_cache_configurator.py:3096-3105): more memory gives no more tokens."""
+    return cap if cap is not None and pool_low >= cap // page_size * page_size else None
 
 
 def _held(r: Reading) -> str:

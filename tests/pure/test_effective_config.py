@@ -154,7 +154,7 @@ def test_a_secret_set_flag_is_sized_and_rendered_but_never_printed() -> None:
             "--units", str(ROOT / "units"), "plan", "ct200", "--context", "200k", "--offline",
             "--set", "api-key=hunter2", *extra,
         )  # fmt: skip
-        shown = "--api-key ***" in stdout or '"api-key": "***"' in stdout
+        shown = "--api-key '***'" in stdout or '"api-key": "***"' in stdout  # quoted: a shell globs ***
         assert code == 0 and "hunter2" not in stdout and shown
     plan = plan_from_facts(
         parse_facts(facts("llama-3.1-8b", H100, 1, 16), name="x"),

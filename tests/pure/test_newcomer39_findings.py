@@ -180,7 +180,6 @@ def test_more_gpus_alternative_never_offers_a_tp_that_does_not_divide_the_heads(
 #    or close at least half of the gap").
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_a_max_total_tokens_cap_is_named_as_what_binds() -> None:
     cap = "max-total-tokens=150000"
     code, out, _ = run_cli("plan", "ct200", "--offline", "--context", "200k", "--set", cap)

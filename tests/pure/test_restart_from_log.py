@@ -110,3 +110,24 @@ def test_a_log_of_two_starts_times_the_start_the_plan_reads(tmp_path: Path) -> N
     for extra, want in (((), fast_parts), (("--start", "1"), slow_parts)):
         doc = plan_json("ct200-sim", "--offline", "--from-log", str(log), *extra)
         assert doc["restart_estimate_s"] == round(sum(want.values()), 1), extra
+
+
+def test_init_is_timed_from_the_launch_not_from_older_lines_before_it() -> None:
+    """A restarted compose service's log (or one cut mid-run) puts the old process's last lines ahead of
+    the launch, in the same start: an hour-old request line is not an hour of init."""
+    lines, want = stamped([1_000] * 25)
+    old = [
+        '[2026-12-01 08:00:00.000] INFO:     127.0.0.1:51236 - "POST /generate HTTP/1.1" 200 OK',
+        "[2026-12-01 08:00:01.000 TP0] Decode batch. #running-req: 1, #token: 100, token usage: 0.00, "
+        "cuda graph: True, gen throughput (token/s): 50.00, #queue-req: 0",
+    ]
+    log = [f"sglang-1  | {line}" for line in [*old, *lines]]
+    got = from_log(log)
+    assert got.parts == want, got.parts
+
+
+def test_a_launch_line_without_a_stamp_times_init_from_the_next_stamped_line() -> None:
+    lines, want = stamped([1_000] * 25)
+    command = "python3 -m sglang.launch_server --model-path /models/Kimi-K2.6 --tp-size 8"
+    older = "[2026-12-01 08:00:00.000] WARNING: an hour before the launch"
+    assert from_log([older, command, *lines]).parts == want

@@ -285,7 +285,6 @@ def ran_at_093() -> list[str]:
 # (it holds the 100k target) and plans the inventory's 0.85: 111,559 tokens, half the pool that ran, with no
 # SHRINKS headline and no word that the start ran at another fraction than the inventory's. choose._shrinks
 # compares against the inventory's fraction, not the one the evidence start ran at.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_a_pool_that_ran_bigger_than_the_inventory_says_is_not_shrunk_silently(tmp_path: Path) -> None:
     log = write(tmp_path, "\n".join(ran_at_093()) + "\n")
     code, stdout, stderr = run(
@@ -323,7 +322,6 @@ def test_plan_json_types_max_total_tokens_like_the_other_numeric_flags(tmp_path:
 # (apply too: apply.prepare renders plan.flags() over the unmerged host). The unit runs TP 4 only because
 # argparse keeps the last one; flagrules.canonical_flags refuses exactly this ("SGLang would run whichever
 # comes last") when a person writes it.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: not built yet")
 def test_a_set_flag_replaces_every_spelling_in_the_rendered_unit(tmp_path: Path) -> None:
     toml = LLAMA70_TOML.replace("tp-size = 8", "tensor-parallel-size = 8")
     (tmp_path / "l70.toml").write_text(toml, encoding="utf-8")

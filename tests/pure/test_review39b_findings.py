@@ -267,3 +267,45 @@ def test_the_evidence_is_the_latest_start_by_its_timestamps() -> None:
     start = evidence(split([*newest, *ran_at_093()]))
     assert start is not None
     assert start.summary.mem_fraction_static == 0.85, start.summary.mem_fraction_static
+
+
+def ran_at_0851_without_server_args() -> list[str]:
+    """The shipped ct200 start run at 0.851 (a hand-edited unit) and cut by `journalctl --since` / `-n` after
+    its server_args line: 0.001 x 92.80 GiB more pool (1,304 tokens of 76,416 B), that much less after it."""
+    swap = {
+        "#tokens: 101134": "#tokens: 102438",
+        "max_total_num_tokens=101134": "max_total_num_tokens=102438",
+        "KV size: 6.62 GB": "KV size: 6.71 GB",
+        "Memory pool end. avail mem=13.90": "Memory pool end. avail mem=13.81",
+        "avail mem=12.50": "avail mem=12.41",
+        "available_gpu_mem=12.50": "available_gpu_mem=12.41",
+    }
+    out = []
+    for line in GOOD:
+        if "server_args" in line:
+            continue
+        for old, new in swap.items():
+            line = line.replace(old, new)
+        out.append(line)
+    return out
+
+
+# MEDIUM (over-prediction, silent): a start whose log lost its server_args line (`journalctl --since`, `-n
+# 500`, a paste from "Load weight begin") does not say its fraction; plan/model.py start_of takes the plan's
+# own (the inventory's 0.85), and calibrate.calibrated then "moves post by what the logged token count says"
+# under that assumption, so the pool the start logged at its real fraction is predicted at 0.85: 102,438
+# tokens where SGLang allocates 101,134 (the shipped start at 0.85 itself). Within CELL_AGREEMENT the error
+# stays, and grows with the pool: 0.01 of fraction on an 80 GB card is ~0.8 GiB of pool. Nothing says the
+# fraction was assumed. The memory lines (pre and post are measured whatever the fraction) are the evidence
+# here, not the token count against a guessed fraction.
+@pytest.mark.xfail(
+    strict=True, reason="NOT FIXED: a start's unknown fraction is silently taken as the plan's"
+)
+def test_a_start_whose_log_lost_its_fraction_is_not_fitted_at_the_plans(tmp_path: Path) -> None:
+    log = write(tmp_path, "\n".join(ran_at_0851_without_server_args()) + "\n")
+    code, stdout, stderr = run(
+        tmp_path, "plan", "ct200", "--offline", "--context", "32k", "--json",
+        "--mem-fraction-static", "0.85", "--from-log", log,
+    )  # fmt: skip
+    assert code in (0, 5), stderr
+    assert json.loads(stdout)["predicted_pool_tokens"] <= 101_134 + 150  # 2-decimal logs: ~70 tokens each

@@ -347,3 +347,19 @@ def test_a_failed_start_of_another_configuration_does_not_bound_the_plan(
 @pytest.mark.parametrize(("model", "weights"), [("llama-3.1-70b", 141), ("deepseek-v3", 600)])
 def test_pipeline_parallel_default_fraction_reserves_no_prefill_graph(model: str, weights: float) -> None:
     assert default_fraction(facts(model, weights, tp_size=4, pp_size=2)) == 0.817
+
+
+# MEDIUM (over-prediction of a defaulted fraction, and of the graphs' memory): on a Hopper card of 60 GiB or
+# more, a Qwen3-VL whose --max-running-requests is set above the card class's decode max bs (256 below TP 4)
+# and at most 512 has its decode CUDA graphs captured up to that cap (arg_groups/model_overrides/qwen3_vl.py:
+# 34-62 expand_multimodal_decode_graph_to_running_limit, called from memory_hook.py:195-197), so SGLang
+# reserves 2 MiB per batch size more: 0.766 at a cap of 512 and 0.768 at 400 on H100 (the oracle); the planner
+# keeps the class's 256 (memory_defaults.default_fraction) and says 0.771 for both, above SGLang's. The floor
+# (predict.floor_of) sizes graphs to 256 the same way, where SGLang captures to the cap.
+@pytest.mark.xfail(
+    strict=True, reason="NOT FIXED: Qwen3-VL's decode-graph expansion on Hopper is not modelled"
+)
+@pytest.mark.parametrize(("cap", "sglang"), [(512, 0.766), (400, 0.768)])
+def test_qwen3_vl_on_hopper_captures_decode_graphs_to_its_cap(cap: int, sglang: float) -> None:
+    fraction = default_fraction(facts("qwen3-vl-8b-instruct", 17.5, tp_size=1, max_running_requests=cap))
+    assert round(fraction, 3) == sglang, fraction

@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from agent.cli.main import main
 from agent.exitcodes import ExitCode
 from agent.output import Output

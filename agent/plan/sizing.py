@@ -210,11 +210,18 @@ def _dflash_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, par: 
     return cell + int(heads * (draft.head_dim + draft.v_head_dim) * draft.layers * elem) * par.dcp
 
 
-def _refusals(layout: KVLayout, flags: Mapping[str, FlagValue], dtype: str, sm: int | None) -> None:
+def _refusals(layout: KVLayout, inp: PlanInput, dtype: str) -> None:
     """KV dtypes SGLang 0.5.23 refuses at start on this hardware (ValueError, as SGLang raises)."""
+    flags, sm = inp.flags, inp.sm_major
     if value_of(flags, "kv-cache-dtype") == "mxfp8" and (sm or 0) < 10:
         # arg_groups/kv_cache_hook.py handle_mxfp8_kv_cache_compatibility
         raise ValueError("--kv-cache-dtype mxfp8 requires an SM100+ (Blackwell) GPU (SGLang refuses it)")
+    if dtype == "nvfp4" and sm is not None and sm not in (10, 12) and not is_amd(inp.gpu.name):
+        # arg_groups/kv_cache_hook.py:125-131 handle_kv4_compatibility (CUDA only; fp4_mx_block16 is not)
+        raise ValueError(
+            f"--kv-cache-dtype nvfp4 requires Blackwell SM100 or SM120, not compute capability {sm}.x "
+            "(SGLang refuses it and points to --kv-cache-dtype fp4_mx_block16)"
+        )
     backend = value_of(flags, "decode-attention-backend", "attention-backend")
     trtllm_mla = backend == "trtllm_mla" or (backend is None and sm == 10 and layout.family == "mla")
     if trtllm_mla and dtype not in ("fp8_e4m3", "bf16", "bfloat16", "auto"):
@@ -360,7 +367,7 @@ def sizing(inp: PlanInput) -> Sizing:
                 "does not follow yet"
             )
         dtype = pools.kv_dtype(str(value_of(inp.flags, "kv-cache-dtype") or "auto"), layout, inp.sm_major)
-        _refusals(layout, inp.flags, dtype, inp.sm_major)
+        _refusals(layout, inp, dtype)
         sizer = _cells(inp, layout, dtype, par, notes)
     except Unsupported as exc:
         raise UsageError(f"cannot plan this model: {exc}") from None

@@ -352,7 +352,6 @@ def test_a_dashed_flag_name_in_facts_is_explained(tmp_path: Path) -> None:
 H200 = {"name": "NVIDIA H200", "memory_total_mib": 143771, "compute_capability": "9.0"}
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: nvfp4 KV planned feasible on a Hopper card SGLang refuses")
 def test_nvfp4_kv_on_hopper_is_not_feasible(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("deepseek-v3"), (H200, 8), 688_586_727_424, {"tp-size": 8})
     code, out, _ = run_cli("plan", "--facts", facts, "--context", "128k", "--set", "kv-cache-dtype=nvfp4")

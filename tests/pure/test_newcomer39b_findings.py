@@ -139,14 +139,12 @@ def test_weights_that_cannot_load_are_what_binds_before_the_context(tmp_path: Pa
 #    back (post 21.12 -> 22.32), as docs/planning.md says a dropped draft does.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a cold plan keeps a dropped draft's weights")
 def test_a_cold_plan_gives_a_dropped_drafts_weights_back() -> None:
     base = plan_json("ct200", "--offline", "--context", "200k")
     dropped = plan_json("ct200", "--offline", "--context", "200k", *NO_DRAFT)
     assert dropped["post_gib"] == pytest.approx(base["post_gib"] + 1.20, abs=0.01), base["post_gib"]
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the cold note still counts a dropped draft's weights")
 def test_a_cold_plan_without_the_draft_does_not_count_its_weights() -> None:
     _, out, _ = run_cli("plan", "ct200", "--offline", "--context", "200k", *NO_DRAFT)
     cold = next(line for line in out.splitlines() if "cold estimate" in line)

@@ -125,7 +125,6 @@ def test_the_note_and_the_chart_name_the_same_highest_safe_fraction(tmp_path: Pa
 #    the same plan on four H100s of Kimi K2 does name it ("the weights do not fit: about 239.8 GiB per GPU").
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: weights that cannot load lose `because` to the context")
 def test_weights_that_cannot_load_are_what_binds_before_the_context(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("qwen3-32b"), (RTX4090, 1), 65_524_246_528, {})
     code, out, _ = run_cli("plan", "--facts", facts, "--context", "128k")

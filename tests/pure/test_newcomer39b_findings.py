@@ -109,7 +109,6 @@ def because(text: str) -> str:
 #    Qwen3-32B, DeepSeek V3, Mixtral, gpt-oss, ...); ct200's own example happens to agree.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the note's and the chart's floor ceilings differ by 0.001")
 def test_the_note_and_the_chart_name_the_same_highest_safe_fraction(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("llama-3.1-70b"), (H100, 4), 141_107_412_992, {"tp-size": 4})
     _, out, _ = run_cli("plan", "--facts", facts, "--context", "32k", "--shrink-context")

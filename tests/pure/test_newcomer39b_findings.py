@@ -314,7 +314,6 @@ def test_a_bad_override_value_is_blamed_on_the_override(tmp_path: Path) -> None:
 A100_40 = {"name": "NVIDIA A100-SXM4-40GB", "memory_total_mib": 40960, "compute_capability": "8.0"}
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: mixed cards are reported as four of the first card")
 def test_mixed_cards_are_not_reported_as_four_of_the_first(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("llama-3.1-70b"), (H100, 3), 141_107_412_992, {"tp-size": 4})
     data = json.loads(Path(facts).read_text())

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from agent.errors import UsageError
 from agent.plan.calibrate import Fit, calibrated
-from agent.plan.evidence import CELL_FLAGS, NotEvidence, admitted, as_started, changed_since, partial
+from agent.plan.evidence import NotEvidence, admitted, as_started, changed_names, changed_since, partial
 from agent.plan.facts import PlanInput
 from agent.plan.floor import FIXED_GIB, Floor, Sizes, derive, shapes
 from agent.plan.inputs import (
@@ -313,7 +313,7 @@ def _calibrated_as_started(
     ratio = now.cell_bytes / was.cell_bytes
     measured = model.sizer.cell_bytes if model.sizer is not None else model.cell_bytes
     sizer = replace(now, cell_bytes=measured * ratio)
-    changed = ", ".join(f"--{k}" for k in CELL_FLAGS if then.flags.get(k) != inp.flags.get(k))
+    changed = ", ".join(f"--{k}" for k in changed_names(then.flags, inp.flags))
     notes.append(
         f"the start ran before {changed} changed: its cell times the architecture's ratio {ratio:.3f} "
         f"({was.cell_bytes:,.0f} to {now.cell_bytes:,.0f} B per token), its memory kept"

@@ -165,7 +165,6 @@ def test_the_text_flags_line_shows_the_draft_removed() -> None:
 #    --kv-cache-dtype, --speculative-algorithm changed": the KV dtype did not change (auto, bf16 both).
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the scaling note names an unchanged --kv-cache-dtype")
 def test_the_scaling_note_names_only_the_flag_that_changed() -> None:
     argv = ("--context", "200k", "--from-log", str(CT200_LOG), *NO_DRAFT)
     _, out, _ = run_cli("plan", "ct200", *argv)

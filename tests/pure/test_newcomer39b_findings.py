@@ -176,7 +176,6 @@ def test_the_scaling_note_names_only_the_flag_that_changed() -> None:
 #    becomes 70272.0: a consumer comparing or formatting it as an int breaks on one path only.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: cell_bytes turns float when the cell is scaled")
 def test_json_cell_bytes_stays_an_integer_when_scaled() -> None:
     argv = ("--context", "200k", "--from-log", str(CT200_LOG), *NO_DRAFT)
     plan = plan_json("ct200", *argv)

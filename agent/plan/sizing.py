@@ -72,7 +72,7 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
         cell = _full_cell(inp, layout, (dtype, par, algorithm), stage_kv)
     if algorithm not in (None, "NGRAM", *EAGLE_STYLE, *DFLASH_FAMILY):
         raise Unsupported(f"--speculative-algorithm {algorithm}: its pool is not followed by deployctl")
-    page = int_of(f, "page-size") or _default_page(layout, f, sm)
+    page = _page(layout, f, sm)
     env, transport = _mm_transport(inp, layout)
     reserve = pools.mm_reservation_gib(layout, env, transport)
     if reserve:
@@ -231,23 +231,48 @@ def _refusals(layout: KVLayout, inp: PlanInput, dtype: str) -> None:
         )
 
 
-def _default_page(layout: KVLayout, flags: Mapping[str, FlagValue], sm: int | None) -> int:
-    """The page size SGLang resolves.
+# arg_groups/overrides.py:1143-1199 _mla_backend_page_constraints: the page sizes each backend keeps; any
+# other, a given --page-size included, becomes 64 (FlashMLA keeps 64 only).
+_KEPT_PAGES: Mapping[str, tuple[int, ...]] = {
+    "flashmla": (64,),
+    "trtllm_mla": (32, 64),
+    "cutedsl_mla": (32, 64),
+    "trtllm_mha": (16, 32, 64, 128),
+}
 
-    arg_groups/overrides.py _mla_backend_page_constraints and _page_size_default, model_override_base.py
-    get_default_attn_backend: DSA pages by 64; flashmla, trtllm_mla, cutedsl_mla and trtllm_mha need 32/64
-    (64 when unset); SM100 defaults MHA to trtllm_mha (fa4 for unequal K/V widths) and DeepSeek/Kimi MLA
-    to trtllm_mla; otherwise 1.
+
+def _page(layout: KVLayout, flags: Mapping[str, FlagValue], sm: int | None) -> int:
+    """The page size SGLang resolves: --page-size within what the backend keeps (_KEPT_PAGES), else the
+    default (_default_page)."""
+    given = int_of(flags, "page-size")
+    if given is None:
+        return _default_page(layout, flags, sm)
+    kept = _KEPT_PAGES.get(_page_backend(layout, flags, sm) or "")
+    return 64 if kept is not None and given not in kept else given
+
+
+def _default_page(layout: KVLayout, flags: Mapping[str, FlagValue], sm: int | None) -> int:
+    """The page size SGLang resolves when --page-size is unset.
+
+    arg_groups/overrides.py _mla_backend_page_constraints and _page_size_default: DSA pages by 64; flashmla,
+    trtllm_mla, cutedsl_mla and trtllm_mha need 32/64 (64 when unset); otherwise 1.
     """
     if layout.family == "dsa":
         return pools.DSA_PAGE
+    return 64 if _page_backend(layout, flags, sm) in _KEPT_PAGES else 1
+
+
+def _page_backend(layout: KVLayout, flags: Mapping[str, FlagValue], sm: int | None) -> str | None:
+    """The decode attention backend the page size follows: the flags', else SGLang's default where it
+    constrains pages (model_override_base.py get_default_attn_backend: SM100 defaults MHA to trtllm_mha,
+    fa4 for unequal K/V widths, and DeepSeek/Kimi MLA to trtllm_mla)."""
     backend = value_of(flags, "decode-attention-backend", "attention-backend")
     if backend is None and sm == 10:
         if layout.kv_lora_rank:
-            backend = "trtllm_mla"
-        elif layout.head_dim == layout.v_head_dim:
-            backend = "trtllm_mha"
-    return 64 if backend in ("flashmla", "trtllm_mla", "cutedsl_mla", "trtllm_mha") else 1
+            return "trtllm_mla"
+        if layout.head_dim == layout.v_head_dim:
+            return "trtllm_mha"
+    return None if backend is None else str(backend)
 
 
 def _mamba(

@@ -358,7 +358,6 @@ def test_nvfp4_kv_on_hopper_is_not_feasible(tmp_path: Path) -> None:
 #     will not use.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: an explicit page size is kept under FlashMLA's page 64")
 def test_flashmla_sizes_page_64_whatever_page_size_is_given(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("deepseek-v3"), (H200, 8), 688_586_727_424, {"tp-size": 8})
     flashmla = ("--set", "attention-backend=flashmla", "--set", "page-size=16")

@@ -55,7 +55,12 @@ def from_plan(plan: Plan, current: float | None) -> PoolChart:
     else (a hybrid or capped pool, whose bytes per token are not the plain cell's) the line through the
     chosen point with the plan's own tokens per 0.01, so the curve always passes through the chosen point."""
     need = plan.pre_gib * (1 - plan.mem_fraction_static) - plan.reserve_gib_per_gpu  # graphs, activations
-    top = 1 - (need + plan.reserve_floor_gib) / plan.pre_gib if plan.pre_gib > 0 else None
+    # rounded down to 0.001, as the plan's note says it (PoolModel.max_fraction): one ceiling, not two
+    top = (
+        kvpool.floor_fraction(1 - (need + plan.reserve_floor_gib) / plan.pre_gib)
+        if plan.pre_gib > 0
+        else None
+    )
     # A pinned pool (the CPU backend's --max-total-tokens) is the curve's ceiling, and the fraction then
     # bounds no memory: no floor to draw.
     paging = kvpool.Paging(1, plan.max_total_tokens)

@@ -103,7 +103,8 @@ class Plan:
             del data["evidence"]
         data["reserve_gib_per_gpu"] = round(self.reserve_gib_per_gpu, 3)
         data["pre_gib"], data["post_gib"] = round(self.pre_gib, 4), round(self.post_gib, 4)
-        data["cell_bytes"] = round(self.cell_bytes, 1)
+        # whole bytes, one type on every path: a cell scaled or measured from a start is a float inside
+        data["cell_bytes"] = round(self.cell_bytes)
         # --set words as the flag table types them (`--set tp-size=4` prints 4, not "4")
         data["flags"] = {k: typed(TABLE_VERSION, k, v) for k, v in self.printed_flags().items()}
         del data["requests_set"], data["given"]  # the flags say them

@@ -88,7 +88,12 @@ def as_started(inp: PlanInput) -> PlanInput | None:
 
 def changed_since(then: Mapping[str, FlagValue], now: Mapping[str, FlagValue]) -> tuple[str, ...]:
     """The cell-changing flags a start ran with that the plan changes, as the start had them."""
-    return tuple(f"--{n} {_value(then, n) or 'unset'}" for n in CELL_FLAGS if not _same(then, now, n))
+    return tuple(f"--{n} {_value(then, n) or 'unset'}" for n in changed_names(then, now))
+
+
+def changed_names(then: Mapping[str, FlagValue], now: Mapping[str, FlagValue]) -> tuple[str, ...]:
+    """The cell-changing flags whose value differs, an unset KV dtype being auto (as SGLang's default)."""
+    return tuple(n for n in CELL_FLAGS if not _same(then, now, n))
 
 
 def _same(a: Mapping[str, FlagValue], b: Mapping[str, FlagValue], name: str) -> bool:

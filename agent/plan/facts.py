@@ -9,6 +9,7 @@ plans both.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,7 +293,7 @@ def _model(m: ModelFact, where: str) -> ModelInput:
 def _sources(facts: FactsFile, name: str) -> dict[str, str]:
     """Where each figure of a facts file came from, for the plan's notes."""
     sources = {
-        "gpus": f"{name}: gpus ({len(facts.gpus)} x {facts.gpus[0].name})",
+        "gpus": f"{name}: gpus ({_cards(facts.gpus)})",
         "architecture": f"{name}: model.config",
         "weights": f"{name}: model.weights_bytes" if facts.model.weights_bytes is not None else "absent",
         "flags": f"{name}: flags",
@@ -300,6 +301,17 @@ def _sources(facts: FactsFile, name: str) -> dict[str, str]:
     if facts.last_start:
         sources["calibration"] = f"{name}: last_start"
     return sources
+
+
+def _cards(gpus: Sequence[GpuFact]) -> str:
+    """The cards by kind; mixed kinds name the smallest, which sizes the plan (SGLang's figures are minima
+    over ranks, get_available_gpu_memory)."""
+    counts = Counter(g.name for g in gpus)
+    kinds = " + ".join(f"{n} x {kind}" for kind, n in counts.items())
+    if len(counts) == 1:
+        return kinds
+    smallest = min(gpus, key=lambda g: g.memory_total_mib)
+    return f"{kinds}: mixed cards, sized from the smallest, {smallest.name} (SGLang takes the minimum)"
 
 
 def service_gpus(rows: Sequence[object], host: HostConfig) -> list[object]:

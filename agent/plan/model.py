@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -125,8 +124,7 @@ class PoolModel:
     def max_fraction(self, requests: int, context: int, floor_gib: float) -> float | None:
         """The highest fraction (0.001 steps) that still leaves floor_gib free per GPU."""
         top = (1.0 - (self.need_gib(requests, context) + floor_gib) / self.pre_gib) / self.fraction_scale
-        steps = math.floor(round(top / kvpool.FRACTION_STEP, 6))
-        fraction = round(min(steps, 999) * kvpool.FRACTION_STEP, 3)
+        fraction = min(kvpool.floor_fraction(top), 0.999)
         return fraction if fraction > 0 else None
 
     def tokens_per_step(self) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from agent.errors import UsageError
 from agent.plan.calibrate import Fit, calibrated
-from agent.plan.evidence import CELL_FLAGS, NotEvidence, admitted, as_started, changed_since, partial
+from agent.plan.evidence import NotEvidence, admitted, as_started, changed_names, changed_since, partial
 from agent.plan.facts import PlanInput
 from agent.plan.floor import FIXED_GIB, Floor, Sizes, derive, shapes
 from agent.plan.inputs import (
@@ -313,7 +313,7 @@ def _calibrated_as_started(
     ratio = now.cell_bytes / was.cell_bytes
     measured = model.sizer.cell_bytes if model.sizer is not None else model.cell_bytes
     sizer = replace(now, cell_bytes=measured * ratio)
-    changed = ", ".join(f"--{k}" for k in CELL_FLAGS if then.flags.get(k) != inp.flags.get(k))
+    changed = ", ".join(f"--{k}" for k in changed_names(then.flags, inp.flags))
     notes.append(
         f"the start ran before {changed} changed: its cell times the architecture's ratio {ratio:.3f} "
         f"({was.cell_bytes:,.0f} to {now.cell_bytes:,.0f} B per token), its memory kept"
@@ -391,8 +391,8 @@ def _post(figures: StartFigures) -> float | None:
 
 
 def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> PoolModel:
-    """No start yet: pre = card - overhead (overhead.py), post = pre - weights per GPU (target + draft:
-    0.5.14+ loads the draft before sizing, Scheduler.init_model_worker)."""
+    """No start yet: pre = card - overhead (overhead.py), post = pre - weights per GPU (target + draft when
+    the flags run one: 0.5.14+ loads the draft before sizing, Scheduler.init_model_worker)."""
     if inp.model.weights_bytes is None:
         raise UsageError(
             f"cannot plan {inp.name} without an earlier start: the facts lack model.weights_bytes",
@@ -403,7 +403,9 @@ def _cold(inp: PlanInput, par: Parallel, shape: PoolModel, notes: list[str]) -> 
     pre = inp.gpu.memory_gib - over.gib - others.gib
     shards = par.tp * par.pp
     weights = inp.model.weights_bytes / shards / GIB
-    draft = (inp.draft.weights_bytes or 0) / par.tp / GIB if inp.draft is not None else 0.0
+    # a draft the flags drop (--set speculative-algorithm=false) loads no weights
+    loaded = inp.draft if draft_model(inp.flags) is not None else None
+    draft = (loaded.weights_bytes or 0) / par.tp / GIB if loaded is not None else 0.0
     notes.append(
         f"cold estimate: {over.why}; weights {weights:.2f} GiB per GPU"
         + (f" + draft {draft:.2f} GiB" if draft else "")

@@ -14,9 +14,12 @@ _ALLOW_LONGER = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
 
 def refusals(host: HostConfig, context: int, model: PoolModel) -> list[str]:
-    """The reasons SGLang (or the host) would refuse the unit rendered from `host` at `context`."""
+    """The reasons SGLang (or the host) would refuse the unit rendered from `host` at `context`.
+
+    Weights that cannot load come before the context: no context or YaRN override makes them fit, so the
+    first reason (the verdict's `because`) is the one to fix first."""
     flags: Flags = host.sglang.flags
-    found = [*_context(host, context), *version_flags.refused(host.sglang.version, flags)]
+    found = [*version_flags.refused(host.sglang.version, flags)]
     found += _layout(flags, host.gpus.count) or head_refusals(model.heads, world(flags)[0])
     if model.post_gib <= 0:
         weights = model.pre_gib - model.post_gib
@@ -24,7 +27,7 @@ def refusals(host: HostConfig, context: int, model: PoolModel) -> list[str]:
             f"the weights do not fit: about {weights:.1f} GiB per GPU against {model.pre_gib:.1f} GiB free "
             "before they load"
         )
-    return found
+    return [*found, *_context(host, context)]
 
 
 def _context(host: HostConfig, context: int) -> list[str]:

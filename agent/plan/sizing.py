@@ -72,7 +72,7 @@ def _cells(inp: PlanInput, layout: KVLayout, dtype: str, par: Parallel, notes: l
         cell = _full_cell(inp, layout, (dtype, par, algorithm), stage_kv)
     if algorithm not in (None, "NGRAM", *EAGLE_STYLE, *DFLASH_FAMILY):
         raise Unsupported(f"--speculative-algorithm {algorithm}: its pool is not followed by deployctl")
-    page = int_of(f, "page-size") or _default_page(layout, f, sm)
+    page = _page(layout, f, sm)
     env, transport = _mm_transport(inp, layout)
     reserve = pools.mm_reservation_gib(layout, env, transport)
     if reserve:
@@ -210,11 +210,18 @@ def _dflash_cell(inp: PlanInput, layout: KVLayout, cell: int, layers: int, par: 
     return cell + int(heads * (draft.head_dim + draft.v_head_dim) * draft.layers * elem) * par.dcp
 
 
-def _refusals(layout: KVLayout, flags: Mapping[str, FlagValue], dtype: str, sm: int | None) -> None:
+def _refusals(layout: KVLayout, inp: PlanInput, dtype: str) -> None:
     """KV dtypes SGLang 0.5.23 refuses at start on this hardware (ValueError, as SGLang raises)."""
+    flags, sm = inp.flags, inp.sm_major
     if value_of(flags, "kv-cache-dtype") == "mxfp8" and (sm or 0) < 10:
         # arg_groups/kv_cache_hook.py handle_mxfp8_kv_cache_compatibility
         raise ValueError("--kv-cache-dtype mxfp8 requires an SM100+ (Blackwell) GPU (SGLang refuses it)")
+    if dtype == "nvfp4" and sm is not None and sm not in (10, 12) and not is_amd(inp.gpu.name):
+        # arg_groups/kv_cache_hook.py:125-131 handle_kv4_compatibility (CUDA only; fp4_mx_block16 is not)
+        raise ValueError(
+            f"--kv-cache-dtype nvfp4 requires Blackwell SM100 or SM120, not compute capability {sm}.x "
+            "(SGLang refuses it and points to --kv-cache-dtype fp4_mx_block16)"
+        )
     backend = value_of(flags, "decode-attention-backend", "attention-backend")
     trtllm_mla = backend == "trtllm_mla" or (backend is None and sm == 10 and layout.family == "mla")
     if trtllm_mla and dtype not in ("fp8_e4m3", "bf16", "bfloat16", "auto"):
@@ -224,23 +231,48 @@ def _refusals(layout: KVLayout, flags: Mapping[str, FlagValue], dtype: str, sm: 
         )
 
 
-def _default_page(layout: KVLayout, flags: Mapping[str, FlagValue], sm: int | None) -> int:
-    """The page size SGLang resolves.
+# arg_groups/overrides.py:1143-1199 _mla_backend_page_constraints: the page sizes each backend keeps; any
+# other, a given --page-size included, becomes 64 (FlashMLA keeps 64 only).
+_KEPT_PAGES: Mapping[str, tuple[int, ...]] = {
+    "flashmla": (64,),
+    "trtllm_mla": (32, 64),
+    "cutedsl_mla": (32, 64),
+    "trtllm_mha": (16, 32, 64, 128),
+}
 
-    arg_groups/overrides.py _mla_backend_page_constraints and _page_size_default, model_override_base.py
-    get_default_attn_backend: DSA pages by 64; flashmla, trtllm_mla, cutedsl_mla and trtllm_mha need 32/64
-    (64 when unset); SM100 defaults MHA to trtllm_mha (fa4 for unequal K/V widths) and DeepSeek/Kimi MLA
-    to trtllm_mla; otherwise 1.
+
+def _page(layout: KVLayout, flags: Mapping[str, FlagValue], sm: int | None) -> int:
+    """The page size SGLang resolves: --page-size within what the backend keeps (_KEPT_PAGES), else the
+    default (_default_page)."""
+    given = int_of(flags, "page-size")
+    if given is None:
+        return _default_page(layout, flags, sm)
+    kept = _KEPT_PAGES.get(_page_backend(layout, flags, sm) or "")
+    return 64 if kept is not None and given not in kept else given
+
+
+def _default_page(layout: KVLayout, flags: Mapping[str, FlagValue], sm: int | None) -> int:
+    """The page size SGLang resolves when --page-size is unset.
+
+    arg_groups/overrides.py _mla_backend_page_constraints and _page_size_default: DSA pages by 64; flashmla,
+    trtllm_mla, cutedsl_mla and trtllm_mha need 32/64 (64 when unset); otherwise 1.
     """
     if layout.family == "dsa":
         return pools.DSA_PAGE
+    return 64 if _page_backend(layout, flags, sm) in _KEPT_PAGES else 1
+
+
+def _page_backend(layout: KVLayout, flags: Mapping[str, FlagValue], sm: int | None) -> str | None:
+    """The decode attention backend the page size follows: the flags', else SGLang's default where it
+    constrains pages (model_override_base.py get_default_attn_backend: SM100 defaults MHA to trtllm_mha,
+    fa4 for unequal K/V widths, and DeepSeek/Kimi MLA to trtllm_mla)."""
     backend = value_of(flags, "decode-attention-backend", "attention-backend")
     if backend is None and sm == 10:
         if layout.kv_lora_rank:
-            backend = "trtllm_mla"
-        elif layout.head_dim == layout.v_head_dim:
-            backend = "trtllm_mha"
-    return 64 if backend in ("flashmla", "trtllm_mla", "cutedsl_mla", "trtllm_mha") else 1
+            return "trtllm_mla"
+        if layout.head_dim == layout.v_head_dim:
+            return "trtllm_mha"
+    return None if backend is None else str(backend)
 
 
 def _mamba(
@@ -360,7 +392,7 @@ def sizing(inp: PlanInput) -> Sizing:
                 "does not follow yet"
             )
         dtype = pools.kv_dtype(str(value_of(inp.flags, "kv-cache-dtype") or "auto"), layout, inp.sm_major)
-        _refusals(layout, inp.flags, dtype, inp.sm_major)
+        _refusals(layout, inp, dtype)
         sizer = _cells(inp, layout, dtype, par, notes)
     except Unsupported as exc:
         raise UsageError(f"cannot plan this model: {exc}") from None

@@ -168,6 +168,11 @@ def _floor_page(tokens: int, page_size: int) -> int:
     return tokens // page_size * page_size
 
 
+def floor_fraction(top: float) -> float:
+    """A fraction rounded down to 0.001: the highest the planner would emit at or under `top`."""
+    return round(math.floor(round(top / FRACTION_STEP, 6)) * FRACTION_STEP, 3)
+
+
 def min_fraction(
     pre_gib: float, post_gib: float, cell_bytes: int | float, target_tokens: int, paging: Paging = Paging()
 ) -> float | None:

@@ -109,7 +109,6 @@ def because(text: str) -> str:
 #    Qwen3-32B, DeepSeek V3, Mixtral, gpt-oss, ...); ct200's own example happens to agree.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the note's and the chart's floor ceilings differ by 0.001")
 def test_the_note_and_the_chart_name_the_same_highest_safe_fraction(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("llama-3.1-70b"), (H100, 4), 141_107_412_992, {"tp-size": 4})
     _, out, _ = run_cli("plan", "--facts", facts, "--context", "32k", "--shrink-context")
@@ -125,7 +124,6 @@ def test_the_note_and_the_chart_name_the_same_highest_safe_fraction(tmp_path: Pa
 #    the same plan on four H100s of Kimi K2 does name it ("the weights do not fit: about 239.8 GiB per GPU").
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: weights that cannot load lose `because` to the context")
 def test_weights_that_cannot_load_are_what_binds_before_the_context(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("qwen3-32b"), (RTX4090, 1), 65_524_246_528, {})
     code, out, _ = run_cli("plan", "--facts", facts, "--context", "128k")
@@ -139,14 +137,12 @@ def test_weights_that_cannot_load_are_what_binds_before_the_context(tmp_path: Pa
 #    back (post 21.12 -> 22.32), as docs/planning.md says a dropped draft does.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a cold plan keeps a dropped draft's weights")
 def test_a_cold_plan_gives_a_dropped_drafts_weights_back() -> None:
     base = plan_json("ct200", "--offline", "--context", "200k")
     dropped = plan_json("ct200", "--offline", "--context", "200k", *NO_DRAFT)
     assert dropped["post_gib"] == pytest.approx(base["post_gib"] + 1.20, abs=0.01), base["post_gib"]
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the cold note still counts a dropped draft's weights")
 def test_a_cold_plan_without_the_draft_does_not_count_its_weights() -> None:
     _, out, _ = run_cli("plan", "ct200", "--offline", "--context", "200k", *NO_DRAFT)
     cold = next(line for line in out.splitlines() if "cold estimate" in line)
@@ -169,7 +165,6 @@ def test_the_text_flags_line_shows_the_draft_removed() -> None:
 #    --kv-cache-dtype, --speculative-algorithm changed": the KV dtype did not change (auto, bf16 both).
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the scaling note names an unchanged --kv-cache-dtype")
 def test_the_scaling_note_names_only_the_flag_that_changed() -> None:
     argv = ("--context", "200k", "--from-log", str(CT200_LOG), *NO_DRAFT)
     _, out, _ = run_cli("plan", "ct200", *argv)
@@ -181,7 +176,6 @@ def test_the_scaling_note_names_only_the_flag_that_changed() -> None:
 #    becomes 70272.0: a consumer comparing or formatting it as an int breaks on one path only.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: cell_bytes turns float when the cell is scaled")
 def test_json_cell_bytes_stays_an_integer_when_scaled() -> None:
     argv = ("--context", "200k", "--from-log", str(CT200_LOG), *NO_DRAFT)
     plan = plan_json("ct200", *argv)
@@ -257,7 +251,6 @@ def test_a_start_systemd_saw_exit_is_not_listed_as_cut(tmp_path: Path) -> None:
 #    reach the target or close at least half of the gap").
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: an fp8 alternative holding 0 tokens is still listed")
 def test_no_fp8_alternative_that_holds_no_pool(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, QWEN3_NEXT, (H100, 2), 163_000_000_000, {"tp-size": 2})
     plan = plan_json("--facts", facts, "--context", "128k")
@@ -318,7 +311,6 @@ def test_a_bad_override_value_is_blamed_on_the_override(tmp_path: Path) -> None:
 A100_40 = {"name": "NVIDIA A100-SXM4-40GB", "memory_total_mib": 40960, "compute_capability": "8.0"}
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: mixed cards are reported as four of the first card")
 def test_mixed_cards_are_not_reported_as_four_of_the_first(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("llama-3.1-70b"), (H100, 3), 141_107_412_992, {"tp-size": 4})
     data = json.loads(Path(facts).read_text())
@@ -352,7 +344,6 @@ def test_a_dashed_flag_name_in_facts_is_explained(tmp_path: Path) -> None:
 H200 = {"name": "NVIDIA H200", "memory_total_mib": 143771, "compute_capability": "9.0"}
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: nvfp4 KV planned feasible on a Hopper card SGLang refuses")
 def test_nvfp4_kv_on_hopper_is_not_feasible(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("deepseek-v3"), (H200, 8), 688_586_727_424, {"tp-size": 8})
     code, out, _ = run_cli("plan", "--facts", facts, "--context", "128k", "--set", "kv-cache-dtype=nvfp4")
@@ -366,7 +357,6 @@ def test_nvfp4_kv_on_hopper_is_not_feasible(tmp_path: Path) -> None:
 #     will not use.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: an explicit page size is kept under FlashMLA's page 64")
 def test_flashmla_sizes_page_64_whatever_page_size_is_given(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("deepseek-v3"), (H200, 8), 688_586_727_424, {"tp-size": 8})
     flashmla = ("--set", "attention-backend=flashmla", "--set", "page-size=16")

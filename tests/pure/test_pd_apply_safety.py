@@ -262,7 +262,9 @@ def test_a_restarted_decode_the_router_never_sends_to_rolls_the_group_back(
     nodes, fakes = one_p_two_d(tmp_path, router)
     assert all(n.view.outcome is Outcome.ROLLED_BACK for n in nodes), [n.view for n in nodes]
     assert "decode2" not in router.served
-    assert router.served.count("decode1") >= 1 + ROUTED_TRIES  # decode1's first; every one of decode2's
+    # every one of decode2's tries went to decode1 (decode1's own check may not run: the group can abort
+    # on decode2's failure before decode1 reaches it)
+    assert router.served.count("decode1") >= ROUTED_TRIES
     roles = ["prefill", "decode", "decode"]
     assert all(runs(f) == role_unit(OLD, role) for f, role in zip(fakes, roles, strict=True))
     said = " ".join(str(n.view.why) for n in nodes)

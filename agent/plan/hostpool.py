@@ -225,6 +225,11 @@ class HostPool:
         )
 
 
+def floor_gb(nbytes: int) -> float:
+    """Whole GB: SGLang's --hicache-size is an int (srt/arg_groups/fields/memory.py)."""
+    return float(math.floor(nbytes / 1e9))
+
+
 def ranks_per_host(world_size: int, nnodes: int = 1) -> int:
     """Ranks sharing one host's RAM: launch world size / nodes (base.py:68-81)."""
     return max(world_size // max(nnodes, 1), 1)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import ParamSpec, Protocol, TypeVar
 
+from agent.errors import UsageError
 from agent.inventory import FlagValue
 from agent.plan.hostbudget import HostBudget, RamShare
 from agent.plan.hostpool import GIB
@@ -101,7 +102,8 @@ def binding_slice(data: HostMemoryData | None) -> str | None:
 
 def offers_fix(plan_host: Callable[P, T]) -> Callable[P, T]:
     """plan_host whose refusal of the service's own pool offers a fix it re-planned (a neighbour's refusal,
-    or a decode's backup pool, which no size replaces, keeps its words)."""
+    or a decode's backup pool, which no size replaces, keeps its words); a ratio too large to count is
+    refused in one line."""
     signature = inspect.signature(plan_host)
 
     @functools.wraps(plan_host)
@@ -114,7 +116,10 @@ def offers_fix(plan_host: Callable[P, T]) -> Callable[P, T]:
             return plan_host(**{**given, "flags": flags, "unit_limit": limit})  # type: ignore[call-arg]
 
         flags: Mapping[str, FlagValue] = given["flags"]
-        plan = again(flags, given["unit_limit"])
+        try:
+            plan = again(flags, given["unit_limit"])
+        except OverflowError as e:
+            raise UsageError(f"flags: {e}") from None
         if plan.budget.fits or plan.budget.over != given["name"] or plan.backup:
             return plan
         budget = _fix(plan.budget, flags, given["data"], given["unit_limit"], again)

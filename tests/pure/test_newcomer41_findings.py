@@ -212,10 +212,6 @@ def test_a_ratio_the_size_overrides_is_named_when_it_is_dropped(tmp_path: Path) 
 # -- odd input -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: --hicache-ratio 0 is refused as '--hicache-size and --hicache-ratio must be positive'",
-)
 def test_a_zero_ratio_is_refused_naming_that_flag_alone(tmp_path: Path) -> None:
     """Only the ratio was given (0); the error names both flags, and says the size must be positive
     although --hicache-size 0 is SGLang's default and is accepted (it means: use the ratio)."""

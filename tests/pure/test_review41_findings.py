@@ -335,11 +335,6 @@ def test_a_pd_neighbour_counts_its_roles(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------------- low
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a finite but huge --hicache-ratio (1e308) is an internal OverflowError, not a "
-    "one-line refusal",
-)
 def test_a_huge_ratio_is_refused_in_one_line() -> None:
     """`deployctl plan --facts ... --set hicache-ratio=1e308` prints 'internal error: OverflowError'; the
     table accepts the number (finite), so the planner must refuse it (or call the pool unfit)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import ParamSpec, Protocol, TypeVar
@@ -23,6 +24,7 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue
 from agent.plan.hostbudget import HostBudget, RamShare
 from agent.plan.hostpool import GIB
+from agent.plan.inputs import float_of
 from agent.protocol.answers import HostMemoryData
 
 MAX_GB = 1 << 40  # a bound on the searches: no host has a petabyte of RAM per rank
@@ -143,7 +145,9 @@ def _fix(
         top, low = MAX_GB * GIB if data is None else data["total"], limit
         raised = smallest_fitting_limit(lambda b: b > low and again(flags, b).fits, top)
 
+    asked = float_of(flags, "hicache-size") or math.inf  # refused: no larger size is offered for it
+
     def fits(size: int) -> bool:
-        return again({**flags, "hicache-size": size}, limit).fits
+        return size < asked and again({**flags, "hicache-size": size}, limit).fits
 
     return offered(budget, fits, raised, binding_slice(data))

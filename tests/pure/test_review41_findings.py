@@ -348,8 +348,9 @@ def test_a_huge_ratio_is_refused_in_one_line() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="NOT FIXED: MemoryMax= bounds a pool's padding page at 256 MiB (POOL_PAD); with a larger page "
-    "the plan refuses its own MemoryMax= and every --hicache-size it offers as the fix",
+    reason="NOT FIXED: MemoryMax= bounds a pool's padding page at 256 MiB (POOL_PAD: the unit renderer knows "
+    "no bytes per token); with a larger page the plan refuses its own MemoryMax= for most sizes (the size "
+    "it offers is one it accepts)",
 )
 def test_a_large_page_does_not_make_the_plan_refuse_its_own_memory_max() -> None:
     """A pool is size * 1e9 // bytes per token tokens plus one page (pool_host/base.py:221-229): with

@@ -202,7 +202,11 @@ def _way_back(r: ApplyReport) -> list[str]:
         failure: Mapping[str, object] = (r.data.get("summary") or {}).get("failure") or {}
         if r.data.get("failure_kind") == "pool_anomaly":
             lines += _anomaly_lines(r.data.get("summary") or {})
-        elif fixed := fix_for(str(failure.get("kind")), str(failure.get("line") or "")):
+        elif fixed := fix_for(
+            str(failure.get("kind")),
+            str(failure.get("line") or ""),
+            (r.data.get("summary") or {}).get("host_ranks"),
+        ):
             lines.append(f"what to do:            {fixed}")  # SGLang's line says what to change
         elif r.next_plan is not None:
             lines.append(f"next recommendation:   {_next(r.next_plan)}")

@@ -115,6 +115,7 @@ class HostBudget:
     fitting_size_gb: float | None = None  # the --hicache-size per rank that would fit it (None: none does)
     prewarm_skipped: tuple[str, ...] = ()
     reason: str = ""
+    why: str = ""  # a refusal's cause alone, without its fix (the planner re-words the fix: hostplan.offer)
 
     @property
     def fits(self) -> bool:
@@ -158,7 +159,7 @@ def _refuse(  # noqa: PLR0913 - the host, what is pinned, the service, the other
     ):
         fix += f", or a MemoryMax= of at least {service.memory_max_needed / GIB:.1f} GiB holds this one"
     reason = f"{service.name}: {why}; {fix}"
-    return HostBudget(Verdict.REFUSED, host.capacity, pinned, 0, service.name, size, (), reason)
+    return HostBudget(Verdict.REFUSED, host.capacity, pinned, 0, service.name, size, (), reason, why)
 
 
 def plan_budget(

@@ -20,9 +20,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from agent.errors import UsageError
 from agent.inventory import FlagValue
 from agent.plan.hostbudget import HostBudget, HostRam, RamShare, ServiceNeed, Verdict, plan_budget
 from agent.plan.hostlog import LoggedPool
+from agent.plan.hostoffer import offers_fix
 from agent.plan.hostpool import (
     AUTO_SLACK,
     GIB,
@@ -34,6 +36,7 @@ from agent.plan.hostpool import (
     Mode,
     RankPool,
     allowance,
+    floor_gb,
     plan_host_pool,
     ranks_per_host,
 )
@@ -81,8 +84,6 @@ def hicache_flags(flags: Mapping[str, FlagValue]) -> HiCacheFlags:
             buffer_only=mode == "buffer_only" and value_of(flags, "disaggregation-mode") != "decode",
         )
     except ValueError as e:
-        from agent.errors import UsageError
-
         raise UsageError(f"flags: {e}") from None
 
 
@@ -429,11 +430,6 @@ def last_rank_size(pool: RankPool, seen: HostMemory, ranks: int, pools: int) -> 
     return floor_gb(max(0, room))
 
 
-def floor_gb(nbytes: int) -> float:
-    """Whole GB: SGLang's --hicache-size is an int (srt/arg_groups/fields/memory.py)."""
-    return float(math.floor(nbytes / 1e9))
-
-
 def mid_start(n: ServiceNeed, data: HostMemoryData | None) -> bool:
     """A neighbour caught loading: it pins a host pool, and its unit holds something but no more than its
     processes (and its daemon) are estimated at: its pool is not pinned yet (SGLang pins it after the
@@ -525,6 +521,7 @@ def size_pool(pool: RankPool, size: float, start: HostMemory, ranks: int, pools:
     return planned
 
 
+@offers_fix
 def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     name: str,
     pool: RankPool,

@@ -86,8 +86,10 @@ class HiCacheFlags:
     def __post_init__(self) -> None:
         if self.fraction is not None and not 0 < self.fraction <= 1:
             raise ValueError("--hicache-host-memory-fraction must be in (0, 1].")  # hicache_hook.py:116
-        if self.size_gb < 0 or (self.ratio is not None and self.ratio <= 0):
-            raise ValueError("--hicache-size and --hicache-ratio must be positive")
+        if self.size_gb < 0:  # 0 is SGLang's default: the ratio (or the auto size) decides
+            raise ValueError("--hicache-size must not be negative")
+        if self.ratio is not None and not 0 < self.ratio < math.inf:
+            raise ValueError("--hicache-ratio must be a positive number")
 
     @property
     def mode(self) -> Mode:
@@ -225,6 +227,11 @@ class HostPool:
         )
 
 
+def floor_gb(nbytes: int) -> float:
+    """Whole GB: SGLang's --hicache-size is an int (srt/arg_groups/fields/memory.py)."""
+    return float(math.floor(nbytes / 1e9))
+
+
 def ranks_per_host(world_size: int, nnodes: int = 1) -> int:
     """Ranks sharing one host's RAM: launch world size / nodes (base.py:68-81)."""
     return max(world_size // max(nnodes, 1), 1)
@@ -236,6 +243,8 @@ def allowance(memory: HostMemory, ranks_per_host: int) -> int:
 
 
 def _tokens(pool: RankPool, size_gb: float, ratio: float) -> int:
+    if not math.isfinite(pool.device_tokens * ratio):  # int() of it would be SGLang's OverflowError too
+        raise OverflowError(f"--hicache-ratio {ratio:g} asks more host pool tokens than can be counted")
     size = int(size_gb * 1e9 // pool.bytes_per_token) if size_gb > 0 else int(pool.device_tokens * ratio)
     return (size // pool.page_size + 1) * pool.page_size
 

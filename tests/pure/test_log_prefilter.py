@@ -47,6 +47,8 @@ FIELD_PATTERNS = {
     "_SWA_FULL": "after the SWA guard",
     "_SWA_SWA": "after the SWA guard",
     "_PAIR": "after max_total_num_tokens=",
+    "_ARG_NODES": "inside a server_args line",
+    "_ARG_DPA": "inside a server_args line",
     "_MIN_VIABLE": "after 'Loaded weights leave no GPU memory'",
     "_RAISE_ABOVE": "after 'Loaded weights leave no GPU memory'",
 }

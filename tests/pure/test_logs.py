@@ -273,7 +273,7 @@ def test_server_args_repr_and_dict() -> None:
         "[2026-10-30 12:00:00] server_args={'model_path': '/m', 'mem_fraction_static': 0.826, "
         "'context_length': None, 'max_running_requests': 64}"
     )
-    assert repr_form == ev.ServerArgs(None, 0.85, 200000, None, "server_args")
+    assert repr_form == ev.ServerArgs(None, 0.85, 200000, None, "server_args", (8, 8))  # tp_size=8: 8 ranks
     assert dict_form == ev.ServerArgs(None, 0.826, None, 64, "server_args")
 
 

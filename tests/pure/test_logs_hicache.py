@@ -125,3 +125,62 @@ def test_the_gate_reads_back_what_the_plan_says_sglang_logs(
             assert again.fits
         else:
             assert planned.allowance < 1.3e9  # no whole GB with its padding page fits
+
+
+def _all_ranks_pin(pool: RankPool, size: int, first: HostMemory, ranks: int, pools: int) -> bool:
+    """SGLang's check at every rank of the host, each reading free memory after the earlier ranks pinned
+    (pool_host/base.py:98-108, 247-257): the last sees pools - 1 pools used."""
+    asked = plan_host_pool(pool, HiCacheFlags(size_gb=size), first, ranks)
+    used = (pools - 1) * asked.bytes
+    return plan_host_pool(pool, HiCacheFlags(size_gb=size), HostMemory(first.available - used), ranks).fits
+
+
+@given(
+    pool=POOLS.filter(lambda p: p.page_size * p.bytes_per_token <= 2**28),
+    gib=st.integers(11, 4096),
+    ranks=st.sampled_from([1, 2, 4, 8]),
+    dp=st.sampled_from([1, 2]),
+    known=st.booleans(),
+)
+def test_the_fix_names_a_size_every_rank_of_the_host_accepts(
+    pool: RankPool, gib: int, ranks: int, dp: int, known: bool
+) -> None:
+    """The first rank's refusal says Y GB free, Y = (free - 10 GiB) // ranks: floor(Y) fits that rank but
+    not the later ones, which see the earlier pools as used. With the ranks known (the server_args line) the
+    size named fits them all; without, the size named for several ranks does (no data parallelism)."""
+    first = HostMemory(gib * 2**30)
+    planned = plan_host_pool(pool, HiCacheFlags(size_gb=100_000), first, ranks)
+    assert not planned.fits
+    pools = ranks * dp
+    line = "ValueError: " + planned.message()
+    said = hicache.fix(line, ranks, pools) if known else hicache.fix(line)
+    sizes = [int(n) for n in re.findall(r"at most (\d+)", said)]
+    if not sizes:
+        return
+    if known:
+        assert _all_ranks_pin(pool, sizes[0], first, ranks, pools), said
+    else:
+        assert _all_ranks_pin(pool, sizes[0], first, 1, 1), said
+        if dp == 1 and len(sizes) > 1:
+            assert _all_ranks_pin(pool, sizes[1], first, ranks, ranks), said
+
+
+def test_a_tp4_refusal_advises_the_size_the_fourth_rank_accepts() -> None:
+    """TP 4 on 240 GiB free: each rank may claim (240 - 10) GiB / 4 = 61.74 GB, so --hicache-size 80 is
+    refused saying 61.74 GB free; 61 fits the first rank, but the fourth sees three pools of 61 GB pinned.
+    (4 x 61.74) / 7 = 35.28 GB: 35 with its padding page fits all four."""
+    line = (
+        "ValueError: Not enough host memory available. Requesting 80.00 GB but only have 61.74 GB free. "
+        "Please reduce the size of the hierarchical cache."
+    )
+    args = "server_args=ServerArgs(model_path='/m', tp_size=4, pp_size=1, dp_size=1, nnodes=1, x=1)"
+    summary = summarize([args, line])
+    assert summary.host_ranks == (4, 4) and summary.to_dict()["host_ranks"] == [4, 4]
+    assert summary.failure is not None
+    from agent.sglang.logs.fixes import fix_for
+
+    said = fix_for(summary.failure.failure_kind, summary.failure.line, summary.host_ranks)
+    assert said is not None and "--hicache-size to at most 35 (GB per rank" in said, said
+    assert "at most 61 (GB per rank) if the service has one rank on the host, else at most 30" in hicache.fix(
+        line
+    )

@@ -118,10 +118,6 @@ def plan_json(tmp_path: Path, data: dict[str, Any], *argv: str) -> dict[str, Any
 # -- the size a refusal offers -------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a refused ratio's 'would fit' size is one rank's free; the next plan refuses it",
-)
 def test_the_size_a_ratio_refusal_offers_is_accepted_by_the_next_plan(tmp_path: Path) -> None:
     """MLA at ratio 2 on 240 GiB is refused with '--hicache-size 56 per rank would fit'; planning with
     56 is refused again ('14 per rank would fit'): four ranks pin 56 GB each, and the last one to check
@@ -135,10 +131,6 @@ def test_the_size_a_ratio_refusal_offers_is_accepted_by_the_next_plan(tmp_path: 
     assert again["feasible"] is True, again["binding"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a refused --hicache-size 40 offers 26 per rank, but 32 fits (the plan's own auto cut)",
-)
 def test_the_size_a_refusal_offers_is_the_largest_that_fits(tmp_path: Path) -> None:
     """Qwen3-32B TP 4, --hicache-size 40 on 240 GiB: refused with '26 per rank would fit'. Yet
     --hicache-size 32 plans feasible, 33 is refused, and the auto mode cuts to 32 itself ((free - 10 GiB)
@@ -158,10 +150,6 @@ def _memory_max_offered_gib(reason: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a refusal bound by the host's RAM offers a MemoryMax= larger than the host (6547 GiB)",
-)
 def test_a_refusal_bound_by_host_ram_offers_no_memory_max_above_the_host(tmp_path: Path) -> None:
     """No cgroup limit anywhere, 256 GiB of RAM, --hicache-size 1000: the refusal says 'or a MemoryMax=
     of at least 6547.3 GiB holds this one'. A MemoryMax= never adds RAM; what binds is MemAvailable, so a
@@ -172,10 +160,6 @@ def test_a_refusal_bound_by_host_ram_offers_no_memory_max_above_the_host(tmp_pat
         assert offered is None or offered <= 256, reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a refusal bound by system.slice's memory.max offers a unit MemoryMax= above the slice",
-)
 def test_a_refusal_bound_by_the_slice_names_the_slice(tmp_path: Path) -> None:
     """system.slice has memory.max = 128 GiB; --hicache-size 20 at TP 4 is refused (right), but the
     refusal offers 'a MemoryMax= of at least 158.4 GiB': the unit's limit cannot raise its slice's, and
@@ -228,10 +212,6 @@ def test_a_ratio_the_size_overrides_is_named_when_it_is_dropped(tmp_path: Path) 
 # -- odd input -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: --hicache-ratio 0 is refused as '--hicache-size and --hicache-ratio must be positive'",
-)
 def test_a_zero_ratio_is_refused_naming_that_flag_alone(tmp_path: Path) -> None:
     """Only the ratio was given (0); the error names both flags, and says the size must be positive
     although --hicache-size 0 is SGLang's default and is accepted (it means: use the ratio)."""

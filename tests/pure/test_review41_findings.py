@@ -335,11 +335,6 @@ def test_a_pd_neighbour_counts_its_roles(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------------- low
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a finite but huge --hicache-ratio (1e308) is an internal OverflowError, not a "
-    "one-line refusal",
-)
 def test_a_huge_ratio_is_refused_in_one_line() -> None:
     """`deployctl plan --facts ... --set hicache-ratio=1e308` prints 'internal error: OverflowError'; the
     table accepts the number (finite), so the planner must refuse it (or call the pool unfit)."""
@@ -353,8 +348,9 @@ def test_a_huge_ratio_is_refused_in_one_line() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="NOT FIXED: MemoryMax= bounds a pool's padding page at 256 MiB (POOL_PAD); with a larger page "
-    "the plan refuses its own MemoryMax= and every --hicache-size it offers as the fix",
+    reason="NOT FIXED: MemoryMax= bounds a pool's padding page at 256 MiB (POOL_PAD: the unit renderer knows "
+    "no bytes per token); with a larger page the plan refuses its own MemoryMax= for most sizes (the size "
+    "it offers is one it accepts)",
 )
 def test_a_large_page_does_not_make_the_plan_refuse_its_own_memory_max() -> None:
     """A pool is size * 1e9 // bytes per token tokens plus one page (pool_host/base.py:221-229): with
@@ -410,11 +406,6 @@ def test_the_metrics_carry_the_host_budget_used() -> None:
     assert re.search(r"^deployctl_host_(memory|budget)\w*", text, re.M), text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the refusal's fix ('--hicache-size N per rank would fit') is the first rank's "
-    "allowance; re-planned with N, the last rank to pin is refused (it sees the others' pools as used)",
-)
 def test_the_size_a_refusal_offers_is_accepted_when_given() -> None:
     """TP 2, --hicache-size 54 on a 128 GiB host (120 GiB available): refused, offering 53, the first
     rank's (free - 10 GiB) // 2 (pool_host/base.py:104-108). SGLang checks each rank against free memory
@@ -429,11 +420,6 @@ def test_the_size_a_refusal_offers_is_accepted_when_given() -> None:
     assert again.fits, again.budget.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a refusal by SGLang's own check under the host's RAM offers 'a MemoryMax= of at "
-    "least X GiB' larger than the host",
-)
 def test_a_refusal_does_not_offer_a_memory_max_beyond_the_host() -> None:
     """TP 2, --hicache-size 54 on a 128 GiB host: the pool is refused by the host's free memory (SGLang's
     check, not the unit's limit), and the fix adds 'or a MemoryMax= of at least 170.9 GiB', which no limit

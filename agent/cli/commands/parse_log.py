@@ -247,7 +247,7 @@ def render(s: StartSummary) -> list[str]:
 def _fix(s: StartSummary) -> str | None:
     from agent.sglang.logs.fixes import fix_for
 
-    return None if s.failure is None else fix_for(s.failure.failure_kind, s.failure.line)
+    return None if s.failure is None else fix_for(s.failure.failure_kind, s.failure.line, s.host_ranks)
 
 
 def _tokens(n: int | None) -> str:

@@ -142,6 +142,8 @@ class ServerArgs:
     context_length: int | None
     max_running_requests: int | None
     source: str  # "command", "server_args", "error", "auto_reduce"
+    # SGLang's ranks per host (its host-pool divisor) and the host pools pinned there (x DP replicas)
+    host_ranks: tuple[int, int] | None = None
 
 
 # A later-resolved value beats an earlier one: flags < printed ServerArgs < value quoted by an error

@@ -46,20 +46,43 @@ def parse(msg: str, rank: str | None) -> ev.LogEvent | None:
     return None
 
 
-def fix(line: str) -> str:
-    """What to change after a host_memory_short failure, from SGLang's own line."""
+def _whole(gb: float) -> int:
+    """The largest whole --hicache-size (an int, srt/arg_groups/fields/memory.py) whose pool, padding page
+    included (at most 256 MiB), takes at most `gb`."""
+    return math.floor(gb - PAD_GB)
+
+
+def _size(allowed: float, ranks: int | None, pools: int | None) -> str:
+    """The size every rank accepts: each checks against free memory read afresh, the pools the ranks before
+    it pinned already used (pool_host/base.py:98-108, 247-257), so with R ranks (the divisor) and P pools on
+    the host the last finds R x Y / (P + R - 1) of an allowance Y the first saw (a later rank's Y is less)."""
+    room = allowed - 0.005  # SGLang prints the allowance rounded to 10 MB
+    if ranks and pools:
+        each = _whole(room * ranks / (pools + ranks - 1))
+        if each < 1:
+            return "no whole-GB size fits"
+        return (
+            f"set --hicache-size to at most {each} (GB per rank; {pools} pool(s) on the host, pinned in turn)"
+        )
+    one, several = _whole(room), _whole(room / 2)
+    if one < 1:
+        return "no whole-GB size fits"
+    return (
+        f"set --hicache-size to at most {one} (GB per rank) if the service has one rank on the host, else at "
+        f"most {several if several >= 1 else 'none'}: its ranks pin in turn, each checked against the memory "
+        "the ones before it pinned, so R ranks fit allowance x R / (2R - 1) each"
+    )
+
+
+def fix(line: str, ranks: int | None = None, pools: int | None = None) -> str:
+    """What to change after a host_memory_short failure, from SGLang's own line; `ranks`: SGLang's ranks
+    per host (its divisor), `pools`: the pools pinned there (more with data parallelism), where known."""
     m = _SHORT.search(line)
     if m and float(m[2]) > 0:
-        # --hicache-size is an int (srt/arg_groups/fields/memory.py) and its pool adds a padding page (at
-        # most 256 MiB) to the size; the figure SGLang prints is rounded to 10 MB
-        whole = math.floor(float(m[2]) - 0.005 - PAD_GB)
-        size = (
-            f"set --hicache-size to at most {whole} (GB per rank)" if whole >= 1 else "no whole-GB size fits"
-        )
         return (
             f"the host pool asked {m[1]} GB per rank where SGLang allows {m[2]} GB (memory available within "
             "the service's cgroup limit, less a 10 GiB reserve, divided among the ranks on the host): "
-            f"{size}, or raise MemoryMax= or free host memory"
+            f"{_size(float(m[2]), ranks, pools or ranks)}, or raise MemoryMax= or free host memory"
         )
     if m or re.search(NONE_LEFT, line):
         return (

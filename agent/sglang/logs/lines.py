@@ -50,6 +50,11 @@ _PAIR = re.compile(r"(\w+)=(-?\d+(?:\.\d+)?|None)")
 _ARG_MFS = re.compile(r"[(,{]\s*'?mem_fraction_static'?\s*[=:]\s*" + _NUM)
 _ARG_CTX = re.compile(r"[(,{]\s*'?context_length'?\s*[=:]\s*(\d+)")
 _ARG_MRR = re.compile(r"[(,{]\s*'?max_running_requests'?\s*[=:]\s*(\d+)")
+_ARG_TP = re.compile(r"[(,{]\s*'?tp_size'?\s*[=:]\s*(\d+)")
+_ARG_PP = re.compile(r"[(,{]\s*'?pp_size'?\s*[=:]\s*(\d+)")
+_ARG_DP = re.compile(r"[(,{]\s*'?dp_size'?\s*[=:]\s*(\d+)")
+_ARG_NODES = re.compile(r"[(,{]\s*'?nnodes'?\s*[=:]\s*(\d+)")
+_ARG_DPA = re.compile(r"[(,{]\s*'?enable_dp_attention'?\s*[=:]\s*True")
 _FLAG_MFS = re.compile(r"--mem[-_]fraction[-_]static[= ]+" + _NUM)
 _FLAG_CTX = re.compile(r"--context[-_]length[= ]+(\d+)")
 _FLAG_MRR = re.compile(r"--max[-_]running[-_]requests[= ]+(\d+)")
@@ -297,7 +302,20 @@ def _timings(m: re.Match[str], rank: str | None) -> ev.EngineTimings:
 def _server_args(
     msg: str, source: str, mfs: re.Pattern[str], ctx: re.Pattern[str], mrr: re.Pattern[str]
 ) -> ev.ServerArgs:
-    return ev.ServerArgs(None, _float(mfs, msg), _int(ctx, msg), _int(mrr, msg), source)
+    ranks = _host_ranks(msg) if source == "server_args" else None
+    return ev.ServerArgs(None, _float(mfs, msg), _int(ctx, msg), _int(mrr, msg), source, ranks)
+
+
+def _host_ranks(msg: str) -> tuple[int, int] | None:
+    """SGLang's ranks per host, TP x PP over the nodes (srt/mem_cache/pool_host/base.py:68-81), and the host
+    pools pinned there: one per rank of every DP replica (attention DP: the DP ranks are the TP ranks)."""
+    tp = _int(_ARG_TP, msg)
+    if tp is None:
+        return None
+    pp, dp, nodes = (_int(p, msg) or 1 for p in (_ARG_PP, _ARG_DP, _ARG_NODES))
+    ranks = max(tp * pp // max(nodes, 1), 1)
+    replicas = 1 if _ARG_DPA.search(msg) else dp
+    return ranks, max(ranks, tp * pp * replicas // max(nodes, 1))
 
 
 def _float(pattern: re.Pattern[str], msg: str) -> float | None:

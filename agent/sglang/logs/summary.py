@@ -78,6 +78,8 @@ class StartFigures(TypedDict, total=False):
     # its auto-size line (hicache_auto_size.py:114-123), where logged: the ratio asked and the ratio cut to
     host_pool_requested_ratio: float
     host_pool_auto_ratio: float
+    # SGLang's ranks per host and the host pools pinned there (its server_args line), where logged
+    host_ranks: list[int]
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class StartSummary:
     startup_timings: ev.EngineTimings | None = None
     host_pool: ev.HostPool | None = None  # the smallest rank's HiCache host pool (its "kv" pool)
     host_pool_auto: ev.HostPoolAutoSize | None = None  # the first rank's HiCache auto-size line
+    host_ranks: tuple[int, int] | None = None  # SGLang's ranks per host, and the host pools pinned there
 
     def to_dict(self) -> StartFigures:
         """The machine form (the keys are a contract); k/v sizes stay out of it."""
@@ -137,6 +140,7 @@ class StartSummary:
                     "host_pool_auto_ratio": self.host_pool_auto.ratio,
                 }
             ),
+            **({} if self.host_ranks is None else {"host_ranks": list(self.host_ranks)}),
         )
 
 
@@ -151,6 +155,7 @@ class SummaryBuilder:
         self._pools: dict[str | None, list[ev.KvPool]] = {}
         self._host_pools: dict[str | None, ev.HostPool] = {}
         self._host_auto: ev.HostPoolAutoSize | None = None
+        self._host_ranks: tuple[int, int] | None = None
         self._swa = False
         self._scheduler: ev.Scheduler | None = None
         self._gpu_free: list[float] = []
@@ -247,6 +252,7 @@ class SummaryBuilder:
 
     def _apply_args(self, e: ev.ServerArgs) -> None:
         rank = ev.SOURCE_RANK[e.source]
+        self._host_ranks = self._host_ranks or e.host_ranks
         for key, value in (
             ("mem_fraction_static", e.mem_fraction_static),
             ("context_length", e.context_length),
@@ -291,6 +297,7 @@ class SummaryBuilder:
             startup_timings=self._timings,
             host_pool=min(self._host_pools.values(), key=lambda p: p.tokens) if self._host_pools else None,
             host_pool_auto=self._host_auto,
+            host_ranks=self._host_ranks,
         )
 
     def _split_pools(self) -> tuple[list[ev.KvPool], list[ev.KvPool]]:

@@ -282,7 +282,6 @@ YARN_7X = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the flags line prints a JSON value unquoted")
 def test_the_flags_line_quotes_a_json_value(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("qwen3-32b"), (H100, 2), 65_524_246_528, {"tp-size": 2})
     _, out, _ = run_cli("plan", "--facts", facts, "--context", "200k", "--set", YARN_7X)
@@ -403,7 +402,6 @@ def test_the_more_gpus_alternative_states_what_the_set_plan_says(tmp_path: Path)
 #     lowered by tens of thousands of tokens, and the user cannot tell the two apart at a glance.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: page rounding of a few tokens is headlined as SHRINKS")
 def test_page_rounding_is_not_headlined_as_a_shrunk_pool(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("llama-3.1-70b"), (H100, 4), 141_107_412_992, {"tp-size": 4})
     _, out, _ = run_cli("plan", "--facts", facts, "--context", "100k", "--set", "page-size=16")

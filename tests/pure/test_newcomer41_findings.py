@@ -244,10 +244,6 @@ def test_a_zero_ratio_is_refused_naming_that_flag_alone(tmp_path: Path) -> None:
 # -- docs ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the docs never show a facts file's host_memory keys, so a hand-written one is a guess",
-)
 def test_the_docs_show_a_facts_files_host_memory_keys() -> None:
     """planning.md says a `--facts` file with host_memory 'is read and checked, a bad one refused', but
     no page names its keys (total, available, cgroup with path/max/high/current/file, siblings) or their
@@ -257,6 +253,28 @@ def test_the_docs_show_a_facts_files_host_memory_keys() -> None:
     shown = docs + examples
     for key in ('"available"', '"cgroup"', '"siblings"', '"current"'):
         assert key in shown, key
+
+
+def test_the_documented_host_memory_keys_are_the_facts_files_own(tmp_path: Path) -> None:
+    """planning.md's host_memory table names exactly the keys a facts file's check reads (and the facts verb
+    writes), and the example file carries every one of them and plans."""
+    from agent.plan.facts import CgroupLevelFact, HostMemoryFact
+    from agent.protocol.answers import CgroupLevelData, HostMemoryData
+
+    rows = re.findall(
+        r"^\| `host_memory\.([a-z_]+)(?:\[\]\.([a-z_]+))?` \|", (ROOT / "docs/planning.md").read_text(), re.M
+    )
+    top = {key for key, sub in rows if not sub}
+    level = {sub for key, sub in rows if sub and key == "cgroup"}
+    assert top == set(HostMemoryFact.model_fields) == set(HostMemoryData.__annotations__)
+    assert level == set(CgroupLevelFact.model_fields) == set(CgroupLevelData.__annotations__)
+    example = json.loads((ROOT / "examples/qwen3-32b-tp4-hicache.json").read_text())
+    assert set(example["host_memory"]) == top
+    assert (
+        all(set(lv) == level for lv in example["host_memory"]["cgroup"]) and example["host_memory"]["cgroup"]
+    )
+    code, stdout, _ = run(tmp_path, example)
+    assert code == 0 and "host memory:" in stdout and "(fits)" in stdout, stdout
 
 
 # -- inventories, offline ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from agent.plan.hostbudget import ServiceNeed, Verdict
 from agent.plan.hostlog import LoggedPool
 from agent.plan.hostplan import enabled, neighbour, plan_host, rank_pool
 from agent.plan.hostpool import DecodeServer, RankPool, decode_backup_ratio
+from agent.plan.hostsaid import smaller_than_device
 from agent.plan.inputs import draft_model, float_of, int_of, is_on, value_of
 from agent.sglang.logs.summary import StartFigures
 from agent.sglang.pools import PoolSizer
@@ -99,6 +100,8 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
         return replace(plan, host=host, feasible=False, binding=reason, refusals=(*plan.refusals, reason),
                        notes=(*plan.notes, *lines))  # fmt: skip
     warnings = (host.budget.reason,) if host.budget.verdict is Verdict.PREWARM_SKIPPED else ()
+    small = smaller_than_device(host)
+    warnings = (*warnings, small) if small else warnings
     return replace(plan, host=host, notes=(*plan.notes, *lines), warnings=(*plan.warnings, *warnings))
 
 

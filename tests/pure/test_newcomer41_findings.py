@@ -196,10 +196,6 @@ def test_a_refusal_bound_by_the_slice_names_the_slice(tmp_path: Path) -> None:
 # -- what the plan says about the pools it keeps -------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a host pool smaller than the device pool plans silently; SGLang warns about it",
-)
 def test_a_host_pool_smaller_than_the_device_pool_is_a_warning(tmp_path: Path) -> None:
     """--hicache-size 32 gives 488,282 host tokens per rank beside 793,120 device tokens. SGLang 0.5.23
     logs 'HiCache ... host pool (N tokens) is smaller than the device pool ...; L2 cache effectiveness is

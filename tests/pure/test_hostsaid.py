@@ -1,0 +1,75 @@
+"""A HiCache host pool no larger than the device pool is a warning, as SGLang 0.5.23 warns at start
+(agent/plan/hostsaid.py), its test SGLang's own on every recorded pool."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.cli.main import main
+from agent.output import Output
+from agent.plan.hostsaid import sglang_warns_small
+from tests.pure.test_hostpool_oracle import CASES, plan
+from tests.pure.test_newcomer41_findings import GIB, qwen
+
+SMALL = "smaller than the device pool"
+
+
+def plan_json(tmp_path: Path, data: dict[str, Any], *argv: str) -> dict[str, Any]:
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(data))
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    code = main(["plan", "--facts", str(path), "--context", "32k", "--json", *argv], out)
+    assert isinstance(out.stdout, io.StringIO) and isinstance(out.stderr, io.StringIO)
+    assert code in (0, 8), out.stderr.getvalue()
+    return json.loads(out.stdout.getvalue())  # type: ignore[no-any-return]
+
+
+def said(plan: dict[str, Any]) -> str:
+    return "\n".join(plan["warnings"] + plan["notes"])
+
+
+def test_the_small_pool_test_is_sglangs_on_every_recorded_pool() -> None:
+    """Every pool SGLang's own code built in the oracle cases: it logged its warning exactly where the plan's
+    test says it would (base.py:237-245)."""
+    checked = 0
+    for case in CASES:
+        pool, got = plan(case)
+        if got is None or not case["answer"]["ok"]:
+            continue
+        logged = any(SMALL in line for line in case["answer"]["logs"])
+        assert sglang_warns_small(got.tokens, pool.device_tokens) == logged, case["case"]
+        checked += 1
+    assert checked > 100
+
+
+@pytest.mark.parametrize(("size", "warned"), [(51, True), (52, False)])
+def test_the_size_the_small_pool_warning_offers_is_the_smallest_that_clears_it(
+    tmp_path: Path, size: int, warned: bool
+) -> None:
+    """Qwen3-32B TP 4 (793,120 device tokens, 65,536 B each): the warning at 32 offers 52 per rank, which
+    clears it where the host has the room (1 TiB here), and 51 does not."""
+    assert "--hicache-size 52 per rank" in said(plan_json(tmp_path, qwen(**{"hicache-size": 32})))
+    data = qwen(**{"hicache-size": size})
+    data["host_memory"].update(total=1024 * GIB, available=1000 * GIB)
+    got = plan_json(tmp_path, data)
+    assert got["feasible"] is True
+    assert (SMALL in said(got)) is warned
+
+
+def decode(**flags: Any) -> dict[str, Any]:
+    data = qwen()
+    data["flags"] = {"tp-size": 4, "disaggregation-mode": "decode", "max-running-requests": 64, **flags}
+    return data
+
+
+def test_a_decodes_retraction_backup_is_no_small_pool_warning(tmp_path: Path) -> None:
+    """A backup sized at 0.2 of the device pool by design (kv_cache_builder.py:244-258): no cache tier."""
+    got = plan_json(tmp_path, decode())
+    assert got["host_pool"]["backup"] == "decode-retraction"
+    assert got["host_pool"]["tokens"] < got["predicted_pool_tokens"]
+    assert SMALL not in said(got)

@@ -1,5 +1,5 @@
-"""A HiCache host pool no larger than the device pool is a warning, as SGLang 0.5.23 warns at start
-(agent/plan/hostsaid.py), its test SGLang's own on every recorded pool."""
+"""What the HiCache plan says about its sizing flags as given and a host pool no larger than the device pool
+(agent/plan/hostsaid.py), against SGLang 0.5.23's own warning and rules."""
 
 from __future__ import annotations
 
@@ -73,3 +73,20 @@ def test_a_decodes_retraction_backup_is_no_small_pool_warning(tmp_path: Path) ->
     assert got["host_pool"]["backup"] == "decode-retraction"
     assert got["host_pool"]["tokens"] < got["predicted_pool_tokens"]
     assert SMALL not in said(got)
+
+
+def test_a_fraction_an_explicit_ratio_turns_off_is_named(tmp_path: Path) -> None:
+    """hicache_hook.py:122-123: an explicit ratio resolves the fraction to None; the unit leaves both out
+    for the size it renders, and the text says so, and what the ratio became."""
+    got = plan_json(tmp_path, qwen(**{"hicache-ratio": 1, "hicache-host-memory-fraction": 0.5}))
+    assert got["flags"]["hicache-host-memory-fraction"] is False and got["flags"]["hicache-ratio"] is False
+    text = said(got)
+    assert "--hicache-host-memory-fraction 0.5 has no effect" in text and "the unit leaves it out" in text
+    assert f"--hicache-size {got['flags']['hicache-size']} GB per rank in place of --hicache-ratio 1" in text
+
+
+def test_the_auto_size_fixed_as_a_size_is_named_and_a_lone_fraction_is_not_dropped(tmp_path: Path) -> None:
+    got = plan_json(tmp_path, qwen(**{"hicache-host-memory-fraction": 0.5}))
+    text = said(got)
+    assert "in place of SGLang's auto size (--hicache-host-memory-fraction 0.5)" in text
+    assert "has no effect" not in text

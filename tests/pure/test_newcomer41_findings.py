@@ -207,10 +207,6 @@ def test_a_host_pool_smaller_than_the_device_pool_is_a_warning(tmp_path: Path) -
     assert "smaller than the device pool" in said, said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: --set hicache-ratio beside a --hicache-size is dropped from the unit without a word",
-)
 def test_a_ratio_the_size_overrides_is_named_when_it_is_dropped(tmp_path: Path) -> None:
     """`--set hicache-ratio=0.5` over a unit with --hicache-size 32: SGLang lets the size win
     (fields/memory.py: 'Overrides --hicache-ratio'), and the plan removes the ratio (flags:
@@ -353,10 +349,6 @@ def offline_json(units: Path, name: str, *argv: str) -> dict[str, Any]:
     return json.loads(stdout)  # type: ignore[no-any-return]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: offline, the unit's --hicache-ratio 2 becomes --hicache-size 103 without a word",
-)
 def test_a_ratio_the_plan_turns_into_a_size_is_named(tmp_path: Path) -> None:
     """[sglang.flags] hicache-ratio = 2 at TP 4, no host facts: the plan renders --hicache-size 103
     (412 GB of host pools on a host it never read) and drops the ratio; the text reads '--hicache-size 103

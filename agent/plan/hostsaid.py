@@ -65,6 +65,20 @@ def _fixed_as_size(host: HostPlan, ratio: float | None, fraction: float | None) 
     return None
 
 
+def kept_as_given(flags: Mapping[str, FlagValue], host: HostPlan) -> str | None:
+    """How a decode's retraction backup is sized where its unit keeps an explicit ratio or size (SGLang's auto
+    size is then off, hicache_hook.py:122-123, and the backup ratio unused, kv_cache_builder.py:244); None
+    elsewhere."""
+    if not host.backup or host.size_gb is not None:
+        return None
+    ratio, size = float_of(flags, "hicache-ratio"), float_of(flags, "hicache-size") or 0.0
+    if host.given.mode is Mode.SIZE and size > 0:
+        return f"--hicache-size {size:g} GB, as given,"
+    if host.given.mode is Mode.RATIO and ratio is not None:
+        return f"--hicache-ratio {ratio:g} of the device pool, as given,"
+    return None
+
+
 def sglang_warns_small(host_tokens: int, device_tokens: int) -> bool:
     """SGLang's own test before it allocates a host pool (pool_host/base.py:237): `size <= device tokens`."""
     return host_tokens <= device_tokens

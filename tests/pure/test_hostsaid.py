@@ -75,6 +75,12 @@ def test_a_decodes_retraction_backup_is_no_small_pool_warning(tmp_path: Path) ->
     assert SMALL not in said(got)
 
 
+def test_a_decodes_explicit_size_is_named_as_given(tmp_path: Path) -> None:
+    notes = plan_json(tmp_path, decode(**{"hicache-size": 5}))["notes"]
+    line = next(x for x in notes if "retraction" in x)
+    assert "--hicache-size 5 GB, as given" in line and "auto size" not in line, line
+
+
 def test_a_fraction_an_explicit_ratio_turns_off_is_named(tmp_path: Path) -> None:
     """hicache_hook.py:122-123: an explicit ratio resolves the fraction to None; the unit leaves both out
     for the size it renders, and the text says so, and what the ratio became."""

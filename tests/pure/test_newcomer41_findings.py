@@ -436,10 +436,6 @@ def test_a_pd_plans_text_names_the_decodes_retraction_pool() -> None:
     assert "retraction" in stdout or "host pool" in stdout, stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a decode's explicit --hicache-ratio backup is called 'SGLang's auto size'",
-)
 def test_a_decodes_explicit_ratio_is_not_called_auto(tmp_path: Path) -> None:
     """A PD decode with --hicache-ratio 0.5 and no HiCache: its retraction pool is 0.5 x the device pool,
     and an explicit ratio turns SGLang's auto sizing off (arg_groups/hicache_hook.py:123-124); JSON says

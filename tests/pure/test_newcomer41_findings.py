@@ -421,10 +421,6 @@ def test_plan_and_render_agree_on_a_verbatim_memory_max(tmp_path: Path) -> None:
     assert code == 2, stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a PD plan's text never says the decode pins a retraction host pool (11.4 GB here)",
-)
 def test_a_pd_plans_text_names_the_decodes_retraction_pool() -> None:
     """units/pd-1p1d.toml: the decode's JSON plan carries host_pool (backup 'decode-retraction', 87,326
     tokens, 11.4 GB), but `plan pd-1p1d` prints one line per role, with no word of host memory."""

@@ -188,6 +188,10 @@ def text(host: HostConfig, plans: Sequence[RolePlan]) -> str:
             f"  --mem-fraction-static {plan.mem_fraction_static:.3f}: pool ~{plan.predicted_pool_low_tokens} "
             f"tokens, needs {p.need_tokens} ({p.need}): {p.verdict}"
         )
+        if (
+            plan.host is not None
+        ):  # its host pool (HiCache, or a decode's retraction backup): host RAM it pins
+            lines.append(f"    {plan.host.lines(plan.predicted_pool_tokens, plan.context_length)[0]}")
     lines.append(checksum_line(host))
     lines.append(f"note: {TRADE}")
     return "\n".join(lines)

@@ -287,6 +287,7 @@ class HostPlan:
     unit_limit: int | None = None  # the unit's own MemoryMax= (bytes) the pool was sized under, if any
     backup: bool = False  # a PD decode's default retraction backup (no HiCache), SGLang's auto size kept
     logged: LoggedPool | None = None  # the host pool a start's log says it pinned (plan --from-log, history)
+    kept: str | None = None  # a decode backup's explicit ratio or size (its unit keeps it), as the text says
 
     @property
     def fits(self) -> bool:
@@ -339,15 +340,10 @@ class HostPlan:
     def lines(self, device_tokens: int, context: int) -> list[str]:
         """What the device and host tiers hold against the target context, and the budget's verdict."""
         held = device_tokens + self.pool.tokens
-        unread = (not self.checked and self.given.mode is Mode.AUTO) or self.backup
         tier = "decode retraction backup" if self.backup else "HiCache"
-        how = (
-            f"--hicache-size {self.size_gb:g} GB"
-            if self.size_gb is not None
-            else "SGLang's auto size, at most"
-            if unread
-            else "under 1 GB: the flags as given"
-        )
+        auto = self.given.mode is Mode.AUTO and (self.backup or not self.checked)
+        kept = "SGLang's auto size, at most" if auto else self.kept or "under 1 GB: the flags as given"
+        how = f"--hicache-size {self.size_gb:g} GB" if self.size_gb is not None else kept
         out = [
             f"{tier}: device pool {device_tokens:,} + host pool {self.pool.tokens:,} tokens per rank "
             f"({how} x {self.ranks} rank(s), {self.pool.gb * self.ranks:.1f} GB) "

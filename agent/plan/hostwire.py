@@ -16,6 +16,7 @@ from agent.plan.hostbudget import ServiceNeed, Verdict
 from agent.plan.hostlog import LoggedPool
 from agent.plan.hostplan import enabled, neighbour, plan_host, rank_pool
 from agent.plan.hostpool import DecodeServer, RankPool, decode_backup_ratio
+from agent.plan.hostsaid import given_notes, kept_as_given, smaller_than_device
 from agent.plan.inputs import draft_model, float_of, int_of, is_on, value_of
 from agent.sglang.logs.summary import StartFigures
 from agent.sglang.pools import PoolSizer
@@ -86,8 +87,9 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
     backup = None if server is None else _backup_ratio(inp, pool, plan.context_length)
     host = plan_host(inp.name, pool, inp.flags, inp.host_memory, inp.neighbours, weights, inp.weight_cache,
                      inp.unit_memory_limit, backup)  # fmt: skip
-    host = replace(host, logged=logged_pool(inp.starts))
-    lines = tuple(host.lines(plan.predicted_pool_tokens, plan.context_length))
+    host = replace(host, logged=logged_pool(inp.starts), kept=kept_as_given(inp.flags, host))
+    tiers, *rest = host.lines(plan.predicted_pool_tokens, plan.context_length)
+    lines = (tiers, *given_notes(inp.flags, host), *rest)  # the flags as given, next to the size they became
     if host.logged is not None:  # what that start pinned: the plan's evidence, as the device pool's line is
         said = host.logged.line(host.pool, host.bytes_per_token)
         if host.logged.tokens == host.pool.tokens:
@@ -99,6 +101,8 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
         return replace(plan, host=host, feasible=False, binding=reason, refusals=(*plan.refusals, reason),
                        notes=(*plan.notes, *lines))  # fmt: skip
     warnings = (host.budget.reason,) if host.budget.verdict is Verdict.PREWARM_SKIPPED else ()
+    small = smaller_than_device(host)
+    warnings = (*warnings, small) if small else warnings
     return replace(plan, host=host, notes=(*plan.notes, *lines), warnings=(*plan.warnings, *warnings))
 
 

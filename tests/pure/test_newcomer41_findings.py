@@ -180,10 +180,6 @@ def test_a_refusal_bound_by_the_slice_names_the_slice(tmp_path: Path) -> None:
 # -- what the plan says about the pools it keeps -------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a host pool smaller than the device pool plans silently; SGLang warns about it",
-)
 def test_a_host_pool_smaller_than_the_device_pool_is_a_warning(tmp_path: Path) -> None:
     """--hicache-size 32 gives 488,282 host tokens per rank beside 793,120 device tokens. SGLang 0.5.23
     logs 'HiCache ... host pool (N tokens) is smaller than the device pool ...; L2 cache effectiveness is
@@ -195,10 +191,6 @@ def test_a_host_pool_smaller_than_the_device_pool_is_a_warning(tmp_path: Path) -
     assert "smaller than the device pool" in said, said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: --set hicache-ratio beside a --hicache-size is dropped from the unit without a word",
-)
 def test_a_ratio_the_size_overrides_is_named_when_it_is_dropped(tmp_path: Path) -> None:
     """`--set hicache-ratio=0.5` over a unit with --hicache-size 32: SGLang lets the size win
     (fields/memory.py: 'Overrides --hicache-ratio'), and the plan removes the ratio (flags:
@@ -224,10 +216,6 @@ def test_a_zero_ratio_is_refused_naming_that_flag_alone(tmp_path: Path) -> None:
 # -- docs ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the docs never show a facts file's host_memory keys, so a hand-written one is a guess",
-)
 def test_the_docs_show_a_facts_files_host_memory_keys() -> None:
     """planning.md says a `--facts` file with host_memory 'is read and checked, a bad one refused', but
     no page names its keys (total, available, cgroup with path/max/high/current/file, siblings) or their
@@ -237,6 +225,28 @@ def test_the_docs_show_a_facts_files_host_memory_keys() -> None:
     shown = docs + examples
     for key in ('"available"', '"cgroup"', '"siblings"', '"current"'):
         assert key in shown, key
+
+
+def test_the_documented_host_memory_keys_are_the_facts_files_own(tmp_path: Path) -> None:
+    """planning.md's host_memory table names exactly the keys a facts file's check reads (and the facts verb
+    writes), and the example file carries every one of them and plans."""
+    from agent.plan.facts import CgroupLevelFact, HostMemoryFact
+    from agent.protocol.answers import CgroupLevelData, HostMemoryData
+
+    rows = re.findall(
+        r"^\| `host_memory\.([a-z_]+)(?:\[\]\.([a-z_]+))?` \|", (ROOT / "docs/planning.md").read_text(), re.M
+    )
+    top = {key for key, sub in rows if not sub}
+    level = {sub for key, sub in rows if sub and key == "cgroup"}
+    assert top == set(HostMemoryFact.model_fields) == set(HostMemoryData.__annotations__)
+    assert level == set(CgroupLevelFact.model_fields) == set(CgroupLevelData.__annotations__)
+    example = json.loads((ROOT / "examples/qwen3-32b-tp4-hicache.json").read_text())
+    assert set(example["host_memory"]) == top
+    assert (
+        all(set(lv) == level for lv in example["host_memory"]["cgroup"]) and example["host_memory"]["cgroup"]
+    )
+    code, stdout, _ = run(tmp_path, example)
+    assert code == 0 and "host memory:" in stdout and "(fits)" in stdout, stdout
 
 
 # -- inventories, offline ------------------------------------------------------------------------------
@@ -319,10 +329,6 @@ def offline_json(units: Path, name: str, *argv: str) -> dict[str, Any]:
     return json.loads(stdout)  # type: ignore[no-any-return]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: offline, the unit's --hicache-ratio 2 becomes --hicache-size 103 without a word",
-)
 def test_a_ratio_the_plan_turns_into_a_size_is_named(tmp_path: Path) -> None:
     """[sglang.flags] hicache-ratio = 2 at TP 4, no host facts: the plan renders --hicache-size 103
     (412 GB of host pools on a host it never read) and drops the ratio; the text reads '--hicache-size 103
@@ -395,10 +401,6 @@ def test_plan_and_render_agree_on_a_verbatim_memory_max(tmp_path: Path) -> None:
     assert code == 2, stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a PD plan's text never says the decode pins a retraction host pool (11.4 GB here)",
-)
 def test_a_pd_plans_text_names_the_decodes_retraction_pool() -> None:
     """units/pd-1p1d.toml: the decode's JSON plan carries host_pool (backup 'decode-retraction', 87,326
     tokens, 11.4 GB), but `plan pd-1p1d` prints one line per role, with no word of host memory."""
@@ -410,10 +412,6 @@ def test_a_pd_plans_text_names_the_decodes_retraction_pool() -> None:
     assert "retraction" in stdout or "host pool" in stdout, stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a decode's explicit --hicache-ratio backup is called 'SGLang's auto size'",
-)
 def test_a_decodes_explicit_ratio_is_not_called_auto(tmp_path: Path) -> None:
     """A PD decode with --hicache-ratio 0.5 and no HiCache: its retraction pool is 0.5 x the device pool,
     and an explicit ratio turns SGLang's auto sizing off (arg_groups/hicache_hook.py:123-124); JSON says

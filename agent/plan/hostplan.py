@@ -593,7 +593,7 @@ def neighbour(
     size = float_of(flags, "hicache-size") or 0.0
     pool = None if size <= 0 else HostPool(Mode.SIZE, 0, int(size * 1e9), UNLIMITED)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
-    if not enabled(flags):
+    if not auto_pool:  # a decode's explicit size sizes its retraction backup (base.py:221-224): counted
         pool = None
     fraction = hicache_flags(flags).effective_fraction if auto_pool else None
     return ServiceNeed(name, pools, None, pool, process_bytes(pools), 0, memory_max, daemon, unit, ranks,

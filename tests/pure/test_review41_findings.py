@@ -209,11 +209,6 @@ def test_host_memory_is_checked_when_the_host_gave_no_config_json() -> None:
     assert plan.host.checked and not plan.feasible
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a PD decode neighbour with an explicit --hicache-size (its retraction backup pool) "
-    "is counted as processes only: the host budget says fits and the decode cannot pin",
-)
 def test_a_decode_neighbours_explicit_backup_size_is_counted() -> None:
     """A decode without HiCache builds its retraction backup host pool by default (MHA), sized by an explicit
     --hicache-size when given (kv_cache_builder.py:244-258: the ratio is set but the size wins,

@@ -17,6 +17,7 @@ from agent.plan.hostlog import LoggedPool
 from agent.plan.hostplan import enabled, neighbour, plan_host, rank_pool
 from agent.plan.hostpool import DecodeServer, RankPool, decode_backup_ratio
 from agent.plan.inputs import draft_model, float_of, int_of, is_on, value_of
+from agent.plan.overhead import is_amd
 from agent.sglang.logs.summary import StartFigures
 from agent.sglang.pools import PoolSizer
 
@@ -34,6 +35,7 @@ def backup_server(inp: PlanInput, sizer: PoolSizer | None) -> DecodeServer | Non
     mla = bool(inp.model.config.integer("kv_lora_rank"))
     return DecodeServer(
         mha=not mla and (sizer is None or sizer.mamba is None),  # a recurrent state: cpu_tensor (line 210)
+        rocm=any(is_amd(gpu.name) for gpu in inp.gpus),  # `and not is_hip()`: cpu_tensor on ROCm (line 232)
         dcp=(int_of(flags, "dcp-size", "decode-context-parallel-size") or 1) > 1,
         decode_radix_cache=_on(flags, "disaggregation-decode-enable-radix-cache"),
         decode_offload=_on(flags, "disaggregation-decode-enable-offload-kvcache"),

@@ -442,11 +442,6 @@ def test_a_refusal_does_not_offer_a_memory_max_beyond_the_host() -> None:
     assert offered is None or float(offered[1]) <= 128
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a PD decode on ROCm is planned (and budgeted) with a retraction backup host pool "
-    "SGLang does not build there (cpu_tensor on HIP)",
-)
 def test_a_rocm_decode_builds_no_retraction_backup_pool() -> None:
     """SGLang resolves the decode's default backup to host_pool only `and not is_hip()`
     (srt/mem_cache/kv_cache_builder.py:228-241): on an MI300X it is cpu_tensor, no host pool, no

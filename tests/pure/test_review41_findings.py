@@ -138,11 +138,6 @@ def test_a_rendered_size_passes_sglangs_check_whichever_service_of_the_host_star
     assert plan_host_pool(pool, HiCacheFlags(size_gb=a.size_gb), last, 8).fits
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: --force bypasses the host-memory refusal: the unit is restarted with a pool SGLang "
-    "refuses (or that overcommits the host), not refused before the restart",
-)
 def test_force_does_not_bypass_the_host_memory_refusal() -> None:
     """--force is for the device fraction ('try the highest safe fraction anyway'); a plan refused by the
     host's memory (--hicache-size 500 x 8 ranks on a 256 GiB host: SGLang's own 'Not enough host memory'

@@ -482,14 +482,21 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
     their ranks, over the memory they leave (an explicit size's pool and every one's processes)."""
     if given.mode is not Mode.AUTO or not later:
         return given
-    # what they are still to take: a neighbour caught mid-start holds its processes already
-    held = sum(max(0, _still(n) - held_now(n, data)) for n in later)
     everyone = ranks + sum(n.ranks for n in later if n.host_pool is None and n.pins_pool)
-    # their memory leaves the host, and the slices above this unit (its levels but the first), which a
-    # neighbour of the same slice draws on too (a slice's MemoryMax= over both holds both)
-    above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
-    left = HostMemory(max(0, seen.available - held), above)
+    left = after_later(seen, later, data)
     return plan_host_pool(pool, hicache_flags(flags), left, everyone, decode_backup=decode_backup)
+
+
+def after_later(seen: HostMemory, later: Sequence[ServiceNeed], data: HostMemoryData | None) -> HostMemory:
+    """The host as this service sees it when the neighbours still to start have started first (a boot, a
+    crash restart while they run: systemd does not order them): what they still take leaves the host, and
+    the slices above this unit (its levels but the first), which a neighbour of the same slice draws on too
+    (a slice's MemoryMax= over both holds both). A neighbour caught mid-start holds its processes already."""
+    held = sum(max(0, _still(n) - held_now(n, data)) for n in later)
+    if not held:
+        return seen
+    above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
+    return HostMemory(max(0, seen.available - held), above)
 
 
 def _still(n: ServiceNeed) -> int:
@@ -544,8 +551,10 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     seen = memory_at_start(data, pools, limit)
     given = plan_host_pool(pool, hicache_flags(flags), seen, ranks, decode_backup=decode_backup)
     neighbours = tuple(at_most_pinned(n, data) for n in neighbours)
-    share = shared(pool, flags, given, seen, pools, waiting(neighbours, data), data, decode_backup)
-    size, capped = rendered_size(pool, flags, share, seen)
+    later = waiting(neighbours, data)
+    share = shared(pool, flags, given, seen, pools, later, data, decode_backup)
+    # sized and checked as if those still to start had pinned first: it passes SGLang's check in any order
+    size, capped = rendered_size(pool, flags, share, after_later(seen, later, data))
     # SGLang's auto size shrinks to the host at start: kept without facts, and for a decode's backup-only
     # pool (the unit keeps SGLang's default; the plan says what it pins)
     if (data is None and given.mode is Mode.AUTO) or decode_backup is not None:

@@ -135,20 +135,25 @@ def logged_pool(starts: Sequence[StartFigures]) -> LoggedPool | None:
 
 def neighbours(host: HostConfig, directory: Path) -> tuple[ServiceNeed, ...]:
     """The other services of the inventory on the same host (the same ssh target: docs/topologies.md), as
-        the host's budget counts them: their explicit --hicache-size pools, their processes and daemons (a
-    service without HiCache, its processes). A file
-        that does not load is left out (its own commands say why)."""
+    the host's budget counts them: their explicit --hicache-size pools, their processes and daemons (a
+    service without HiCache, its processes); a [pd] service by each of its role units on the host (a
+    decode's retraction backup pool among them). A file that does not load is left out (its own commands
+    say why)."""
     mine = set(host.node_targets)
-    found = []
+    found: list[ServiceNeed] = []
     for s in load_services(directory, skip_broken=True):
         if s.config.name != host.name and mine & set(s.config.node_targets):
-            found.append(
-                neighbour(
-                    s.config.name,
-                    s.config.sglang.flags,
-                    None,
-                    s.config.weight_cache.enabled,
-                    s.config.unit.name,
-                )
-            )
+            found.extend(_needs_of(s.config, mine))
     return tuple(found)
+
+
+def _needs_of(other: HostConfig, mine: set[str]) -> list[ServiceNeed]:
+    """A neighbour service's needs: one, or one per [pd] role unit on one of `mine`'s targets (each runs as
+    an SGLang server of its own, under its own unit, agent/pd/units.py)."""
+    if other.pd is None:
+        units = [(other.name, other)]
+    else:
+        from agent.pd.units import pd_units  # the [pd] layer builds on the planner: imported when used
+
+        units = [(f"{other.name} {u.label}", u.host) for u in pd_units(other) if u.target in mine]
+    return [neighbour(name, c.sglang.flags, None, c.weight_cache.enabled, c.unit.name) for name, c in units]

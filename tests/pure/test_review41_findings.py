@@ -293,11 +293,6 @@ def test_the_running_units_memory_high_stays_in_the_plan() -> None:
     assert not plan.fits
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a [pd] service on the same host is counted as one engine of its baseline flags: its "
-    "roles' ranks, its decode's retraction pool and what its role units hold are missed",
-)
 def test_a_pd_neighbour_counts_its_roles(tmp_path: Path) -> None:
     """pd-1p1d (a prefill and a decode, each TP 1, units llama-pd-prefill-0.service and
     llama-pd-decode-0.service) shares host gpu-pd with a HiCache service. neighbours() gives one

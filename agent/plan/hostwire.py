@@ -14,8 +14,8 @@ from agent.plan.choose import Plan
 from agent.plan.facts import PlanInput
 from agent.plan.hostbudget import ServiceNeed, Verdict
 from agent.plan.hostlog import LoggedPool
-from agent.plan.hostplan import enabled, neighbour, plan_host, rank_pool
-from agent.plan.hostpool import DecodeServer, RankPool, decode_backup_ratio
+from agent.plan.hostplan import HostPlan, enabled, neighbour, plan_host, rank_pool
+from agent.plan.hostpool import GIB, DecodeServer, RankPool, decode_backup_ratio
 from agent.plan.inputs import draft_model, float_of, int_of, is_on, value_of
 from agent.plan.overhead import is_amd
 from agent.sglang.logs.summary import StartFigures
@@ -89,7 +89,7 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
     host = plan_host(inp.name, pool, inp.flags, inp.host_memory, inp.neighbours, weights, inp.weight_cache,
                      inp.unit_memory_limit, backup)  # fmt: skip
     host = replace(host, logged=logged_pool(inp.starts))
-    lines = tuple(host.lines(plan.predicted_pool_tokens, plan.context_length))
+    lines = (*host.lines(plan.predicted_pool_tokens, plan.context_length), *counted_beside(host, inp))
     if host.logged is not None:  # what that start pinned: the plan's evidence, as the device pool's line is
         said = host.logged.line(host.pool, host.bytes_per_token)
         if host.logged.tokens == host.pool.tokens:
@@ -102,6 +102,18 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
                        notes=(*plan.notes, *lines))  # fmt: skip
     warnings = (host.budget.reason,) if host.budget.verdict is Verdict.PREWARM_SKIPPED else ()
     return replace(plan, host=host, notes=(*plan.notes, *lines), warnings=(*plan.warnings, *warnings))
+
+
+def counted_beside(host: HostPlan, inp: PlanInput) -> tuple[str, ...]:
+    """Without host facts, the line naming the host's other services the budget's pinned counts (their
+    explicit pools and processes), so that figure is not read as all this service pins."""
+    if host.checked or not inp.neighbours:
+        return ()
+    names = ", ".join(n.name for n in inp.neighbours)
+    return (
+        f"host memory: host_budget.pinned {host.budget.pinned / GIB:.1f} GiB counts the host's other "
+        f"services too ({names}: their explicit pools and processes)",
+    )
 
 
 def _rank_pool(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> RankPool | str:

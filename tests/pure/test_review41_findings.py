@@ -212,11 +212,6 @@ def test_a_decode_neighbours_explicit_backup_size_is_counted() -> None:
     assert not chat.fits  # 80 + 160 GB of pools, 36 GiB of processes and 8 GiB headroom > 248 GiB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a [pd]/[nodes] group's node skips the host's memory lock: it pins at the same "
-    "moment as another service's change on the host (and as a second decode of its own wave)",
-)
 def test_a_group_node_that_pins_waits_for_the_hosts_memory_lock(tmp_path: Path) -> None:
     """The group's machine orders its own roles (prefills, then decodes), not the host's other services:
     a decode node (default retraction backup pool, kv_cache_builder.py:228-241) or a HiCache node started

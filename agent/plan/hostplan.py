@@ -476,10 +476,8 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
     data: HostMemoryData | None = None,
     decode_backup: float | None = None,
 ) -> HostPool:
-    """SGLang's auto size (its default) takes 0.8 of what the process sees, split by its own ranks alone
-    (hicache_auto_size.py): the first of two services started with it leaves the second nothing. With
-    services of the host still to start, the auto pool is sized as SGLang's rule would size it for all of
-    their ranks, over the memory they leave (an explicit size's pool and every one's processes)."""
+    """SGLang's auto size takes 0.8 of what the process sees, split by its own ranks (hicache_auto_size.py),
+    leaving a second one nothing: with some still to start, sized for all their ranks over what they leave."""
     if given.mode is not Mode.AUTO or not later:
         return given
     everyone = ranks + sum(n.ranks for n in later if n.host_pool is None and n.pins_pool)
@@ -488,20 +486,14 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
 
 
 def after_later(seen: HostMemory, later: Sequence[ServiceNeed], data: HostMemoryData | None) -> HostMemory:
-    """The host as this service sees it when the neighbours still to start have started first (a boot, a
-    crash restart while they run: systemd does not order them): what they still take leaves the host, and
-    the slices above this unit (its levels but the first), which a neighbour of the same slice draws on too
-    (a slice's MemoryMax= over both holds both). A neighbour caught mid-start holds its processes already."""
+    """The host once the neighbours still to start have pinned (systemd does not order them), slices too."""
     held = sum(max(0, _still(n) - held_now(n, data)) for n in later)
-    if not held:
-        return seen
     above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
     return HostMemory(max(0, seen.available - held), above)
 
 
 def _still(n: ServiceNeed) -> int:
-    """What a neighbour still to start takes: all it pins (its processes only, an unsized pool being
-    shared out by the auto rule)."""
+    """What a neighbour still to start takes: all it pins (an unsized pool is shared out by the auto rule)."""
     return n.pinned if n.host_pool is not None else n.process_bytes + n.daemon_bytes
 
 
@@ -553,8 +545,7 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     neighbours = tuple(at_most_pinned(n, data) for n in neighbours)
     later = waiting(neighbours, data)
     share = shared(pool, flags, given, seen, pools, later, data, decode_backup)
-    # sized and checked as if those still to start had pinned first: it passes SGLang's check in any order
-    size, capped = rendered_size(pool, flags, share, after_later(seen, later, data))
+    size, capped = rendered_size(pool, flags, share, after_later(seen, later, data))  # in any start order
     # SGLang's auto size shrinks to the host at start: kept without facts, and for a decode's backup-only
     # pool (the unit keeps SGLang's default; the plan says what it pins)
     if (data is None and given.mode is Mode.AUTO) or decode_backup is not None:

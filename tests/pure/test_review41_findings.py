@@ -437,11 +437,6 @@ def test_a_rocm_decode_builds_no_retraction_backup_pool() -> None:
     assert plan.host is None or plan.host.pool.tokens == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a [pd] group's roles are planned offline (plan_for_host): HiCache on two prefills of "
-    "one host keeps SGLang's auto size, no MemoryMax=, no budget, and both start in the same wave",
-)
 def test_hicache_prefills_of_one_pd_host_are_sized_not_left_to_auto(tmp_path: Path) -> None:
     """Two prefills (GPUs 0 and 2) and a decode of one host, HiCache on both prefills. The group starts
     every prefill at once (group/run.py waves: prefills 0), each SGLang auto-sizes 0.8 of the same free

@@ -146,8 +146,11 @@ def test_force_does_not_bypass_the_host_memory_refusal() -> None:
     plan = make_plan(host, Change(context=32768, flags=flags), facts)  # type: ignore[arg-type]
     assert not plan.feasible and plan.host is not None and not plan.host.fits  # refused by host memory
     out = Output(stdout=io.StringIO(), stderr=io.StringIO())
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError) as refused:
         prepare(out, host, Change(context=32768, flags=flags, force=True, dry_run=True), facts)  # type: ignore[arg-type]
+    assert "--ignore-host-memory" in (refused.value.hint or "")  # the distinct override, named with its risk
+    ignored = Change(context=32768, flags=flags, dry_run=True, ignore_host_memory=True)
+    assert prepare(out, host, ignored, facts) is None  # type: ignore[arg-type]  # a dry run, past the refusal
 
 
 # -------------------------------------------------------------------------------------------------- medium

@@ -174,7 +174,9 @@ def prepare(
     plan = make_plan(host, change, facts, near)  # near: the host's other services (HiCache)
     flags: dict[str, FlagInput] = {**plan.flags()}  # the --set flags and the plan's: what was sized
     old_text = facts.get("unit_text") or ""
-    if not plan.feasible and not change.force:
+    # --force risks the device fraction (a start rolled back); the host's memory only --ignore-host-memory
+    host_refused = plan.host is not None and not plan.host.fits
+    if not plan.feasible and not (change.ignore_host_memory if host_refused else change.force):
         refuse_infeasible(out, host, change, plan, old_text)
     target_host = allow_context(host, change)
     new_text = render_checked(target_host, flags, installed=old_text)
@@ -204,6 +206,13 @@ def prepare(
 def refuse_infeasible(out: Output, host: HostConfig, change: Change, plan: Plan, old_text: str) -> None:
     """A plan that cannot reach the target: shown, then refused before anything changes."""
     show_plan(out, host, plan, old_text, render_unit(host, {**plan.flags()}, template_dir()))
+    if plan.host is not None and not plan.host.fits:  # SGLang refuses the pool, or the host is overcommitted
+        raise UsageError(
+            f"the host's memory cannot hold {host.name}'s plan: {plan.binding}; nothing was changed",
+            hint="set a smaller --hicache-size (--set hicache-size=N), or turn HiCache off for it; --force "
+            "does not pass this refusal, --ignore-host-memory does (risk: SGLang refuses the pool at "
+            "start and the change is rolled back, or the host's services pin more than it has)",
+        )
     raise UsageError(
         f"the plan cannot reach {change.context:,} tokens on {host.name}: {plan.binding}; "
         "nothing was changed",

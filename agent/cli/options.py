@@ -131,6 +131,7 @@ def change_of(args: argparse.Namespace) -> Change:
         getattr(args, "allow_longer_context", False),
         getattr(args, "shrink_context", False),
         getattr(args, "start", False),
+        getattr(args, "ignore_host_memory", False),
     )
 
 

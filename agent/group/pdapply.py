@@ -206,10 +206,11 @@ def _nodes(
 ) -> list[Node]:  # fmt: skip
     """One group member per unit that restarts, each with its own transaction (units of one host each
     keep their own folder and signals)."""
-    n, nodes = len(chosen), []
+    n, nodes, key = len(chosen), [], new_txn_id()
     router_stays = all(units[m.index].part is not Part.ROUTER for m in chosen)
     for rank, m in enumerate(chosen):
-        req = replace(requests[m.index], txn=new_txn_id(), group=Group(rank, n, PD_WAIT_S, collective=False))
+        group = Group(rank, n, PD_WAIT_S, collective=False, key=key)
+        req = replace(requests[m.index], txn=new_txn_id(), group=group)
         # from its own host: the router's loopback there, else its reachable address (refused when none)
         url = routed_url(host, units[m.index].host.ssh.target)
         req = replace(req, routed_url=url) if m.routed else req

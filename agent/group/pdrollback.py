@@ -85,11 +85,11 @@ def rollback_nodes(
 ) -> tuple[list[Node], tuple[int, ...]]:
     """One group member per unit that goes back, each a rollback transaction of its own."""
     units = parts(host)
-    nodes = []
+    nodes, key = [], new_txn_id()
     for rank, c in enumerate(chosen):
         unit = units[c.index][1]
         req = base_request(unit, "rollback", backup=c.backup if c.named else None, txn=new_txn_id())
-        req = replace(req, group=Group(rank, len(chosen), PD_WAIT_S, collective=False))
+        req = replace(req, group=Group(rank, len(chosen), PD_WAIT_S, collective=False, key=key))
         if _part(c.label) is Part.ROUTER:
             req = replace(req, kind=ROUTER_KIND)
         if c.routed:  # from its own host: the router's loopback there, else its reachable address

@@ -78,6 +78,9 @@ class Change:
     allow_longer_context: bool = False  # --allow-longer-context: SGLang's own override, apart from --force
     shrink_context: bool = False  # --shrink-context: a target below the context the unit serves now
     start: bool = False  # --start: an unchanged unit someone stopped is started too
+    # --ignore-host-memory: a plan the host's memory refuses (HiCache host pools) applied anyway; --force
+    # does not pass that refusal
+    ignore_host_memory: bool = False
 
 
 def warn_flag_table(stderr: TextIO, version: str, flags: dict[str, FlagInput]) -> None:

@@ -20,6 +20,7 @@ from agent.pd.units import PdUnit, Role, kv_checksum_skipped, pd_units, spec
 from agent.plan.choose import Plan, Target
 from agent.plan.from_facts import plan_for_host, plan_from_facts
 from agent.plan.from_inventory import plan_input_from_inventory
+from agent.plan.hostpool import Mode
 
 # Published results cut both ways; plan says so each time (docs/pd.md cites them).
 TRADE = (
@@ -150,7 +151,35 @@ def role_plans(host: HostConfig, context: int, fraction: float | None = None) ->
         plan = plan_unit(unit, Target(context, fraction, running), sharing)
         tokens, rule = need_of(host, unit, context)
         plans.append(RolePlan(unit, plan, tokens, rule))
-    return plans
+    return shared_auto_pools(plans)
+
+
+def auto_hicache(plan: Plan) -> bool:
+    """HiCache left to SGLang's auto size (no --hicache-size or ratio; not a decode's backup): a [pd] plan,
+    which reads no host, keeps it (plan/hostplan.py plan_host)."""
+    return plan.host is not None and not plan.host.backup and plan.host.given.mode is Mode.AUTO
+
+
+def shared_auto_pools(plans: list[RolePlan]) -> list[RolePlan]:
+    """Two or more roles of one host with HiCache's auto size are refused: each auto-sizes 0.8 of the same
+    free memory, its own ranks only (hicache_auto_size.py:90-97), and the group starts a wave's roles at once
+    (group/run.py waves): they pin more than the host has (sglang#38156). Explicit sizes are planned, each
+    with its MemoryMax=."""
+    out = []
+    for p in plans:
+        same = [q.unit.label for q in plans if q.unit.target == p.unit.target and auto_hicache(q.plan)]
+        if len(same) < 2 or not auto_hicache(p.plan):
+            out.append(p)
+            continue
+        why = (
+            f"HiCache with SGLang's auto size on {', '.join(same)} of host {p.unit.target}: each sizes "
+            "0.8 of the same free memory as they start (hicache_auto_size.py:90-97) and together they pin "
+            "more than the host has (sglang#38156); give each its own --hicache-size in its [pd] flags, "
+            "their pools and processes within the host's memory"
+        )
+        plan = replace(p.plan, feasible=False, binding=why, refusals=(*p.plan.refusals, why))
+        out.append(replace(p, plan=plan))
+    return out
 
 
 def decode_needs(plans: Sequence[RolePlan], context: int) -> list[DecodeNeed]:

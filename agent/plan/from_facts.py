@@ -145,18 +145,20 @@ def plan_from_host_facts(
     return plan_from_facts(inp, asked)
 
 
-def plan_for_host(
+def plan_for_host(  # noqa: PLR0913 - the service, the target, its starts, its flags, their ids, the others
     host: HostConfig,
     asked: Target,
     calibration: Calibration | None,
     running_flags: Flags,
     ids: Sequence[StartIdentity] = (),
+    neighbours: tuple[ServiceNeed, ...] = (),
 ) -> Plan:
     """Plan from the inventory: the host becomes the PlanInput a facts file would (plan/from_inventory.py),
     the running unit's flags over the baseline and the earlier starts calibrating it (with what their logs
-    say they ran, where read: `--from-log`), and is planned by the one planner (plan_from_facts)."""
+    say they ran, where read: `--from-log`), and is planned by the one planner (plan_from_facts);
+    `neighbours`: the inventory's other services of the host, counted in HiCache's host budget."""
     history = (calibration,) if isinstance(calibration, Mapping) else tuple(calibration or ())
-    inp = plan_input_from_inventory(host, running_flags, history)
+    inp = replace(plan_input_from_inventory(host, running_flags, history), neighbours=neighbours)
     # The inventory's config.json stands in with a family's architecture: the model path was checked
     # where the log was read (cli plan checked_starts), the rest of what the start ran is kept.
     ran = tuple(replace(i, architecture=None) for i in ids)[: len(history)]

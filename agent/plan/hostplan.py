@@ -468,25 +468,24 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
     data: HostMemoryData | None = None,
     decode_backup: float | None = None,
 ) -> HostPool:
-    """SGLang's auto size (its default) takes 0.8 of what the process sees, split by its own ranks alone
-    (hicache_auto_size.py): the first of two services started with it leaves the second nothing. With
-    services of the host still to start, the auto pool is sized as SGLang's rule would size it for all of
-    their ranks, over the memory they leave (an explicit size's pool and every one's processes)."""
+    """SGLang's auto size takes 0.8 of what the process sees, split by its own ranks (hicache_auto_size.py),
+    leaving a second one nothing: with some still to start, sized for all their ranks over what they leave."""
     if given.mode is not Mode.AUTO or not later:
         return given
-    # what they are still to take: a neighbour caught mid-start holds its processes already
-    held = sum(max(0, _still(n) - held_now(n, data)) for n in later)
     everyone = ranks + sum(n.ranks for n in later if n.host_pool is None and n.pins_pool)
-    # their memory leaves the host, and the slices above this unit (its levels but the first), which a
-    # neighbour of the same slice draws on too (a slice's MemoryMax= over both holds both)
-    above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
-    left = HostMemory(max(0, seen.available - held), above)
+    left = after_later(seen, later, data)
     return plan_host_pool(pool, hicache_flags(flags), left, everyone, decode_backup=decode_backup)
 
 
+def after_later(seen: HostMemory, later: Sequence[ServiceNeed], data: HostMemoryData | None) -> HostMemory:
+    """The host once the neighbours still to start have pinned (systemd does not order them), slices too."""
+    held = sum(max(0, _still(n) - held_now(n, data)) for n in later)
+    above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
+    return HostMemory(max(0, seen.available - held), above)
+
+
 def _still(n: ServiceNeed) -> int:
-    """What a neighbour still to start takes: all it pins (its processes only, an unsized pool being
-    shared out by the auto rule)."""
+    """What a neighbour still to start takes: all it pins (an unsized pool is shared out by the auto rule)."""
     return n.pinned if n.host_pool is not None else n.process_bytes + n.daemon_bytes
 
 
@@ -537,8 +536,9 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     seen = memory_at_start(data, pools, limit)
     given = plan_host_pool(pool, hicache_flags(flags), seen, ranks, decode_backup=decode_backup)
     neighbours = tuple(at_most_pinned(n, data) for n in neighbours)
-    share = shared(pool, flags, given, seen, pools, waiting(neighbours, data), data, decode_backup)
-    size, capped = rendered_size(pool, flags, share, seen)
+    later = waiting(neighbours, data)
+    share = shared(pool, flags, given, seen, pools, later, data, decode_backup)
+    size, capped = rendered_size(pool, flags, share, after_later(seen, later, data))  # in any start order
     # SGLang's auto size shrinks to the host at start: kept without facts, and for a decode's backup-only
     # pool (the unit keeps SGLang's default; the plan says what it pins)
     if (data is None and given.mode is Mode.AUTO) or decode_backup is not None:
@@ -586,7 +586,7 @@ def neighbour(
     size = float_of(flags, "hicache-size") or 0.0
     pool = None if size <= 0 else HostPool(Mode.SIZE, 0, int(size * 1e9), UNLIMITED)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
-    if not enabled(flags):
+    if not auto_pool:  # a decode's explicit size sizes its retraction backup (base.py:221-224): counted
         pool = None
     fraction = hicache_flags(flags).effective_fraction if auto_pool else None
     return ServiceNeed(name, pools, None, pool, process_bytes(pools), 0, memory_max, daemon, unit, ranks,

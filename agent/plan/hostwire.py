@@ -14,10 +14,11 @@ from agent.plan.choose import Plan
 from agent.plan.facts import PlanInput
 from agent.plan.hostbudget import ServiceNeed, Verdict
 from agent.plan.hostlog import LoggedPool
-from agent.plan.hostplan import enabled, neighbour, plan_host, rank_pool
-from agent.plan.hostpool import DecodeServer, RankPool, decode_backup_ratio
+from agent.plan.hostplan import HostPlan, enabled, neighbour, plan_host, rank_pool
+from agent.plan.hostpool import GIB, DecodeServer, RankPool, decode_backup_ratio
 from agent.plan.hostsaid import given_notes, kept_as_given, smaller_than_device
 from agent.plan.inputs import draft_model, float_of, int_of, is_on, value_of
+from agent.plan.overhead import is_amd
 from agent.sglang.logs.summary import StartFigures
 from agent.sglang.pools import PoolSizer
 
@@ -35,6 +36,7 @@ def backup_server(inp: PlanInput, sizer: PoolSizer | None) -> DecodeServer | Non
     mla = bool(inp.model.config.integer("kv_lora_rank"))
     return DecodeServer(
         mha=not mla and (sizer is None or sizer.mamba is None),  # a recurrent state: cpu_tensor (line 210)
+        rocm=any(is_amd(gpu.name) for gpu in inp.gpus),  # `and not is_hip()`: cpu_tensor on ROCm (line 232)
         dcp=(int_of(flags, "dcp-size", "decode-context-parallel-size") or 1) > 1,
         decode_radix_cache=_on(flags, "disaggregation-decode-enable-radix-cache"),
         decode_offload=_on(flags, "disaggregation-decode-enable-offload-kvcache"),
@@ -89,7 +91,8 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
                      inp.unit_memory_limit, backup)  # fmt: skip
     host = replace(host, logged=logged_pool(inp.starts), kept=kept_as_given(inp.flags, host))
     tiers, *rest = host.lines(plan.predicted_pool_tokens, plan.context_length)
-    lines = (tiers, *given_notes(inp.flags, host), *rest)  # the flags as given, next to the size they became
+    # the flags as given, next to the size they became; the offline neighbours counted
+    lines = (tiers, *given_notes(inp.flags, host), *rest, *counted_beside(host, inp))
     if host.logged is not None:  # what that start pinned: the plan's evidence, as the device pool's line is
         said = host.logged.line(host.pool, host.bytes_per_token)
         if host.logged.tokens == host.pool.tokens:
@@ -104,6 +107,18 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
     small = smaller_than_device(host)
     warnings = (*warnings, small) if small else warnings
     return replace(plan, host=host, notes=(*plan.notes, *lines), warnings=(*plan.warnings, *warnings))
+
+
+def counted_beside(host: HostPlan, inp: PlanInput) -> tuple[str, ...]:
+    """Without host facts, the line naming the host's other services the budget's pinned counts (their
+    explicit pools and processes), so that figure is not read as all this service pins."""
+    if host.checked or not inp.neighbours:
+        return ()
+    names = ", ".join(n.name for n in inp.neighbours)
+    return (
+        f"host memory: host_budget.pinned {host.budget.pinned / GIB:.1f} GiB counts the host's other "
+        f"services too ({names}: their explicit pools and processes)",
+    )
 
 
 def _rank_pool(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> RankPool | str:
@@ -137,20 +152,25 @@ def logged_pool(starts: Sequence[StartFigures]) -> LoggedPool | None:
 
 def neighbours(host: HostConfig, directory: Path) -> tuple[ServiceNeed, ...]:
     """The other services of the inventory on the same host (the same ssh target: docs/topologies.md), as
-        the host's budget counts them: their explicit --hicache-size pools, their processes and daemons (a
-    service without HiCache, its processes). A file
-        that does not load is left out (its own commands say why)."""
+    the host's budget counts them: their explicit --hicache-size pools, their processes and daemons (a
+    service without HiCache, its processes); a [pd] service by each of its role units on the host (a
+    decode's retraction backup pool among them). A file that does not load is left out (its own commands
+    say why)."""
     mine = set(host.node_targets)
-    found = []
+    found: list[ServiceNeed] = []
     for s in load_services(directory, skip_broken=True):
         if s.config.name != host.name and mine & set(s.config.node_targets):
-            found.append(
-                neighbour(
-                    s.config.name,
-                    s.config.sglang.flags,
-                    None,
-                    s.config.weight_cache.enabled,
-                    s.config.unit.name,
-                )
-            )
+            found.extend(_needs_of(s.config, mine))
     return tuple(found)
+
+
+def _needs_of(other: HostConfig, mine: set[str]) -> list[ServiceNeed]:
+    """A neighbour service's needs: one, or one per [pd] role unit on one of `mine`'s targets (each runs as
+    an SGLang server of its own, under its own unit, agent/pd/units.py)."""
+    if other.pd is None:
+        units = [(other.name, other)]
+    else:
+        from agent.pd.units import pd_units  # the [pd] layer builds on the planner: imported when used
+
+        units = [(f"{other.name} {u.label}", u.host) for u in pd_units(other) if u.target in mine]
+    return [neighbour(name, c.sglang.flags, None, c.weight_cache.enabled, c.unit.name) for name, c in units]

@@ -23,6 +23,7 @@ class Holder(TypedDict, total=False):
     unit: str
     unit_sha256: str | None
     target_context: int | None
+    group: str  # a group's node: its group's key (protocol/requests.py Group.key)
 
 
 class HistoryEntry(StartFigures, total=False):

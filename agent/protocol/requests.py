@@ -100,6 +100,9 @@ class Group:
     # a rank's server exits when a peer's stops (a [nodes] group's collective); a [pd] group has none, so a
     # member's server outliving rank 0's deadline proves nothing (protocol/groupmachine.py)
     collective: bool = True
+    # the group's change, the same for every member ("": the node's txn, which a [nodes] group shares): a
+    # member does not wait for the host's memory lock that a member of its own group holds
+    key: str = ""
 
 
 @dataclass(frozen=True)

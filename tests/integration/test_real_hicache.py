@@ -47,11 +47,12 @@ def test_the_plans_host_pool_is_the_real_line_to_the_token(real: RealHost) -> No
 def test_a_memory_max_too_small_is_refused_by_the_plan_and_by_sglang_in_its_own_words(real: RealHost) -> None:
     """A MemoryMax= of the unit's own (a verbatim line, which systemd applies over the rendered one) that
     cannot hold SGLang's 10 GiB reserve and the pool: the plan and apply refuse it before any start, on the
-    real host's facts. Forced past the plan, the real SGLang refuses the pool itself, in its own words, the
-    report names host_memory_short and deployctl rolls back to the running unit. The test host's systemd
-    (nspawn) does not enforce a unit's memory.max (SGLang logs `cgroup 8589934590.6 GiB` under
-    MemoryMax=6G), so the size asked is one the host's RAM cannot hold either: SGLang's refusal comes from
-    the host's memory here, from the cgroup on a host that enforces it (the same check, base.py:247-257)."""
+    real host's facts (--force too). Past the plan (--ignore-host-memory), the real SGLang refuses the pool
+    itself, in its own words, the report names host_memory_short and deployctl rolls back to the running
+    unit. The test host's systemd (nspawn) does not enforce a unit's memory.max (SGLang logs `cgroup
+    8589934590.6 GiB` under MemoryMax=6G), so the size asked is one the host's RAM cannot hold either:
+    SGLang's refusal comes from the host's memory here, from the cgroup on a host that enforces it (the
+    same check, base.py:247-257)."""
     if not real.healthy():
         real.ensure_hand()
     old_unit, old_pool = real.unit_text(), real.pool()
@@ -67,7 +68,11 @@ def test_a_memory_max_too_small_is_refused_by_the_plan_and_by_sglang_in_its_own_
     refused = real.deployctl("apply", HOST, "--context", CONTEXT, "--yes")
     assert refused.returncode == ExitCode.USAGE, refused.stdout + refused.stderr
     assert real.unit_text() == old_unit  # refused before anything changed
-    forced = real.deployctl("apply", HOST, "--context", CONTEXT, "--yes", "--force")
+    # --force passes the device's refusal only; the host's memory has its own override
+    assert (
+        real.deployctl("apply", HOST, "--context", CONTEXT, "--yes", "--force").returncode == ExitCode.USAGE
+    )
+    forced = real.deployctl("apply", HOST, "--context", CONTEXT, "--yes", "--ignore-host-memory")
     out = forced.stdout + forced.stderr
     assert forced.returncode == ExitCode.ROLLED_BACK, out
     said = r"Not enough host memory available\. Requesting 100\.00 GB but only have -?[\d.]+ GB free"

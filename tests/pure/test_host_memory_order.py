@@ -138,3 +138,26 @@ def test_what_pins_host_memory(hc: str, mode: str, backup: str) -> None:
     text = unit_text(NEW).replace("--context-length", f"{flags} --context-length")
     decode_pool = "decode" in mode and backup not in ("cpu_tensor", "none")
     assert pins_host_memory(text) == (bool(hc) or decode_pool)
+
+
+def test_a_group_node_does_not_wait_for_its_own_groups_member(tmp_path: Path) -> None:
+    """Two members of one [pd] group on one host: the one holding the host's lock waits at the group's
+    barrier for the other, so the other must not wait for the lock (a deadlock until the bound), while a
+    node of another group still waits for it (its holder named by its group's key)."""
+    from agent.host.change import pinning
+    from agent.protocol.requests import Group
+
+    host = Host(tmp_path, Script(pools={"100000": 110_000, "200000": 210_000}))
+    host.install(host.etc, hicache(OLD))
+    member = lock_of(host)
+    member.acquire(
+        {"pid": 4242, "unit": "pd-decode-1.service", "verb": "apply", "txn": "t-1", "group": "g-1"}
+    )
+    waits: list[float] = []
+    for key, waited in (("g-1", False), ("g-2", True)):
+        t = host.transaction(host.request(NEW, unit_text=hicache(NEW), group=Group(0, 2, 60.0, key=key)))
+        t.ports.wait = waits.append
+        t.ports.monotonic = lambda: 1e9 if waits else 0.0  # the bound passes at the first wait
+        with pinning.one_start_at_a_time(t.ports, hicache(OLD), hicache(NEW)) as locked:
+            assert (locked is not None) is waited and bool(waits) is waited
+    member.release()

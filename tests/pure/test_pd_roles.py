@@ -132,3 +132,40 @@ def test_a_role_whose_plan_is_not_feasible_says_so_with_its_reason_and_exits_8(
             assert line.endswith(": holds"), line
     code, text = plan_in(tmp_path, False)
     assert code == 0 and "NOT FEASIBLE" not in text
+
+
+def _two_hicache_prefills(tmp_path: Path, extra: str) -> Path:
+    """units/pd-1p1d.toml with a second prefill (GPU 2) on the same host, HiCache on both prefills."""
+    root = Path(__file__).resolve().parents[2]
+    pd = (root / "units/pd-1p1d.toml").read_text().replace("indices = [0, 1]", "indices = [0, 1, 2]")
+    one = "flags = { tp-size = 1, chunked-prefill-size = 8192 }"
+    on = f"flags = {{ tp-size = 1, chunked-prefill-size = 8192, enable-hierarchical-cache = true{extra} }}"
+    second = f"\n\n[[pd.prefill]]\ngpus = [2]\nport = 30011\nbootstrap_port = 8999\n{on}"
+    (tmp_path / "pd-1p1d.toml").write_text(pd.replace(one, on + second))
+    return tmp_path
+
+
+def test_hicache_prefills_of_one_host_are_refused_with_the_auto_size_and_planned_with_sizes(
+    tmp_path: Path,
+) -> None:
+    """Auto-sized, the two prefills (one wave) would each take 0.8 of the same free memory: refused, each
+    naming both; with an explicit --hicache-size each keeps it, with its MemoryMax=."""
+    from agent.inventory import load_service
+    from agent.pd.plan import role_plans
+
+    auto = role_plans(load_service("pd-1p1d", _two_hicache_prefills(_made(tmp_path / "a"), "")), 32768)
+    refused = [r.plan for r in auto if r.unit.role.value == "prefill"]
+    assert refused and all(not p.feasible and "prefill[0], prefill[1]" in (p.binding or "") for p in refused)
+    decode = next(r.plan for r in auto if r.unit.role.value == "decode")
+    assert "auto size" not in (decode.binding or "")
+    sized = role_plans(
+        load_service("pd-1p1d", _two_hicache_prefills(_made(tmp_path / "b"), ", hicache-size = 20")), 32768
+    )
+    for p in (r.plan for r in sized if r.unit.role.value == "prefill"):
+        assert p.host is not None and p.host.size_gb == 20 and p.host.memory_max is not None
+        assert "auto size" not in (p.binding or "")
+
+
+def _made(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path

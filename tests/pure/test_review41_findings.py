@@ -115,11 +115,6 @@ def test_cpu_offload_is_inside_memory_max_and_the_budget() -> None:
     assert neighbour("n", {"cpu-offload-gb": 40, "tp-size": 2}).pinned >= 2 * 40 * GIB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the rendered size is cut for the last rank against the whole host, not against "
-    "what a neighbour still to start leaves: started after it (a crash restart, a reboot), SGLang refuses it",
-)
 def test_a_rendered_size_passes_sglangs_check_whichever_service_of_the_host_starts_first() -> None:
     """Host of 512 GiB (500 available). A (TP 8, SGLang's auto default) is planned while B (TP 8,
     --hicache-size 10) is stopped: A gets --hicache-size 32. systemd does not order the two (no After=, and
@@ -138,11 +133,6 @@ def test_a_rendered_size_passes_sglangs_check_whichever_service_of_the_host_star
     assert plan_host_pool(pool, HiCacheFlags(size_gb=a.size_gb), last, 8).fits
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: --force bypasses the host-memory refusal: the unit is restarted with a pool SGLang "
-    "refuses (or that overcommits the host), not refused before the restart",
-)
 def test_force_does_not_bypass_the_host_memory_refusal() -> None:
     """--force is for the device fraction ('try the highest safe fraction anyway'); a plan refused by the
     host's memory (--hicache-size 500 x 8 ranks on a 256 GiB host: SGLang's own 'Not enough host memory'
@@ -156,8 +146,11 @@ def test_force_does_not_bypass_the_host_memory_refusal() -> None:
     plan = make_plan(host, Change(context=32768, flags=flags), facts)  # type: ignore[arg-type]
     assert not plan.feasible and plan.host is not None and not plan.host.fits  # refused by host memory
     out = Output(stdout=io.StringIO(), stderr=io.StringIO())
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError) as refused:
         prepare(out, host, Change(context=32768, flags=flags, force=True, dry_run=True), facts)  # type: ignore[arg-type]
+    assert "--ignore-host-memory" in (refused.value.hint or "")  # the distinct override, named with its risk
+    ignored = Change(context=32768, flags=flags, dry_run=True, ignore_host_memory=True)
+    assert prepare(out, host, ignored, facts) is None  # type: ignore[arg-type]  # a dry run, past the refusal
 
 
 # -------------------------------------------------------------------------------------------------- medium
@@ -209,11 +202,6 @@ def test_host_memory_is_checked_when_the_host_gave_no_config_json() -> None:
     assert plan.host.checked and not plan.feasible
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a PD decode neighbour with an explicit --hicache-size (its retraction backup pool) "
-    "is counted as processes only: the host budget says fits and the decode cannot pin",
-)
 def test_a_decode_neighbours_explicit_backup_size_is_counted() -> None:
     """A decode without HiCache builds its retraction backup host pool by default (MHA), sized by an explicit
     --hicache-size when given (kv_cache_builder.py:244-258: the ratio is set but the size wins,
@@ -227,11 +215,6 @@ def test_a_decode_neighbours_explicit_backup_size_is_counted() -> None:
     assert not chat.fits  # 80 + 160 GB of pools, 36 GiB of processes and 8 GiB headroom > 248 GiB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a [pd]/[nodes] group's node skips the host's memory lock: it pins at the same "
-    "moment as another service's change on the host (and as a second decode of its own wave)",
-)
 def test_a_group_node_that_pins_waits_for_the_hosts_memory_lock(tmp_path: Path) -> None:
     """The group's machine orders its own roles (prefills, then decodes), not the host's other services:
     a decode node (default retraction backup pool, kv_cache_builder.py:228-241) or a HiCache node started
@@ -308,11 +291,6 @@ def test_the_running_units_memory_high_stays_in_the_plan() -> None:
     assert not plan.fits
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a [pd] service on the same host is counted as one engine of its baseline flags: its "
-    "roles' ranks, its decode's retraction pool and what its role units hold are missed",
-)
 def test_a_pd_neighbour_counts_its_roles(tmp_path: Path) -> None:
     """pd-1p1d (a prefill and a decode, each TP 1, units llama-pd-prefill-0.service and
     llama-pd-decode-0.service) shares host gpu-pd with a HiCache service. neighbours() gives one
@@ -433,11 +411,6 @@ def test_a_refusal_does_not_offer_a_memory_max_beyond_the_host() -> None:
     assert offered is None or float(offered[1]) <= 128
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a PD decode on ROCm is planned (and budgeted) with a retraction backup host pool "
-    "SGLang does not build there (cpu_tensor on HIP)",
-)
 def test_a_rocm_decode_builds_no_retraction_backup_pool() -> None:
     """SGLang resolves the decode's default backup to host_pool only `and not is_hip()`
     (srt/mem_cache/kv_cache_builder.py:228-241): on an MI300X it is cpu_tensor, no host pool, no
@@ -453,11 +426,6 @@ def test_a_rocm_decode_builds_no_retraction_backup_pool() -> None:
     assert plan.host is None or plan.host.pool.tokens == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a [pd] group's roles are planned offline (plan_for_host): HiCache on two prefills of "
-    "one host keeps SGLang's auto size, no MemoryMax=, no budget, and both start in the same wave",
-)
 def test_hicache_prefills_of_one_pd_host_are_sized_not_left_to_auto(tmp_path: Path) -> None:
     """Two prefills (GPUs 0 and 2) and a decode of one host, HiCache on both prefills. The group starts
     every prefill at once (group/run.py waves: prefills 0), each SGLang auto-sizes 0.8 of the same free

@@ -28,6 +28,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         "rolled back)",
     )
     p.add_argument(
+        "--ignore-host-memory",
+        action="store_true",
+        help="apply even when the host's memory refuses the plan's HiCache host pools, which --force does "
+        "not pass (risk: SGLang refuses the pool at start and the change is rolled back, or the host's "
+        "services pin more than it has)",
+    )
+    p.add_argument(
         "--allow-longer-context",
         action="store_true",
         help="let SGLang run a context above the model's own (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1; "

@@ -107,7 +107,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
         if from_host is not None:
             warn_flag_table(out.stderr, version, dict(change.flags))  # planned: no error follows it
             return _printed(out, args, host.name, from_host, running, _restart(host, facts, from_host))
-    plan = plan_for_host(host, asked, history or None, running, ids if args.from_log else ())
+    from agent.plan.hostwire import neighbours  # the host's other services: HiCache's host budget
+
+    near = neighbours(host, units_dir(args.units))
+    plan = plan_for_host(host, asked, history or None, running, ids if args.from_log else (), near)
     plan = replace(plan, warnings=(*shrink, *plan.warnings))
     restart = _restart(host, facts, plan) if facts is not None else _log_restart(args.from_log, read)
     warn_flag_table(out.stderr, version, dict(change.flags))

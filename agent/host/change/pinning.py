@@ -9,7 +9,9 @@ new or old unit pins host memory (HiCache, or a disaggregated decode's default r
 srt/mem_cache/kv_cache_builder.py) holds a lock of the whole host from before its first write until it has
 committed or rolled back (every start it makes, the old unit's too, has pinned by then); a second such
 change on the host waits for it, at most as long as its own start may take, then stops with nothing changed.
-A group's node is ordered by its group's own machine and does not take it.
+A group's node takes it too (another service's change on the host may be pinning), but does not wait for a
+member of its own group that holds it: that member waits for this one at the group's barrier, and the
+group's own machine orders its members.
 """
 
 from __future__ import annotations
@@ -68,11 +70,23 @@ def bound_s(p: Ports) -> float:
 def one_start_at_a_time(p: Ports, installed: str | None, new: str) -> Iterator[Result | None]:
     """Held around a change whose units pin host memory; yields a LOCKED result (nothing changed) when
     another service's change kept the host's lock past the bound, else None while held."""
-    if p.req.group is not None or not (pins_host_memory(new) or pins_host_memory(installed)):
+    if not (pins_host_memory(new) or pins_host_memory(installed)) or own_group_holds(p):
         yield None
         return
     with _held(p, "starts") as waited:
         yield waited
+
+
+def group_key(p: Ports) -> str | None:
+    """The key of the group a node belongs to (its txn, which a [nodes] group shares, where unset)."""
+    return None if p.req.group is None else p.req.group.key or p.txn
+
+
+def own_group_holds(p: Ports) -> bool:
+    """A group's node whose own group's member holds the host's lock (waiting would deadlock)."""
+    key = group_key(p)
+    lock = UnitLock(p.run_dir, LOCK_NAME)
+    return key is not None and lock.is_held() and lock.holder().get("group") == key
 
 
 def recovery_pins(p: Ports) -> bool:
@@ -113,6 +127,9 @@ def _held(p: Ports, doing: str) -> Iterator[Result | None]:
         "txn": p.txn,
         "unit": p.unit,
     }
+    key = group_key(p)
+    if key is not None:
+        me["group"] = key
     if lock.is_held():
         other = lock.holder()
         p.log.emit(Stage.LOCK, "step", f"waiting for {other.get('unit', 'another service')}'s start on this "

@@ -219,7 +219,6 @@ def journal(lines: str, pid: int) -> list[str]:
     return [f"Nov 20 08:00:{i:02d} gpu1 python3[{pid}]: {line}" for i, line in enumerate(lines.splitlines())]
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a start the OOM killer ended reads as failure none")
 def test_a_start_the_kernel_killed_is_failed_not_cut(tmp_path: Path) -> None:
     log = tmp_path / "journal.log"
     lines = [
@@ -235,7 +234,6 @@ def test_a_start_the_kernel_killed_is_failed_not_cut(tmp_path: Path) -> None:
     assert json.loads(out)["failure"] is not None, out
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a start systemd saw exit with status 1 is listed as 'cut'")
 def test_a_start_systemd_saw_exit_is_not_listed_as_cut(tmp_path: Path) -> None:
     log = tmp_path / "journal.log"
     lines = [

@@ -255,7 +255,6 @@ def test_a_start_systemd_saw_exit_is_not_listed_as_cut(tmp_path: Path) -> None:
 #    reach the target or close at least half of the gap").
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: an fp8 alternative holding 0 tokens is still listed")
 def test_no_fp8_alternative_that_holds_no_pool(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, QWEN3_NEXT, (H100, 2), 163_000_000_000, {"tp-size": 2})
     plan = plan_json("--facts", facts, "--context", "128k")

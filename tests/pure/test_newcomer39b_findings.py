@@ -378,7 +378,6 @@ def test_flashmla_sizes_page_64_whatever_page_size_is_given(tmp_path: Path) -> N
 #     `--set tp-size=16`, exits 2: "a start at tensor parallel 8; the plan is for 16: it cannot calibrate".
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a --from-log plan's more-GPUs alternative cannot be run")
 def test_the_more_gpus_alternative_of_a_calibrated_plan_is_one_command_away() -> None:
     argv = ("ct200", "--context", "300k", "--from-log", str(CT200_LOG))
     plan = plan_json(*argv)

@@ -392,7 +392,6 @@ def test_the_more_gpus_alternative_of_a_calibrated_plan_is_one_command_away() ->
 #     138,358 tokens.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the more-GPUs alternative's figures differ from --set's")
 def test_the_more_gpus_alternative_states_what_the_set_plan_says(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("llama-3.1-8b"), (RTX4090, 1), 16_060_522_496, {})
     plan = plan_json("--facts", facts, "--context", "64k")

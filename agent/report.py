@@ -306,7 +306,8 @@ def render_plan(host: str, plan: Plan) -> str:
             f"--{k}" if v is True else f"--{k} {_flag_text(v)}"  # a switch is written bare, as rendered
             for k, v in plan.printed_flags().items()
             if v is not False  # left out
-        ),
+        )
+        + _left_out(plan),
         f"  full-context requests at once  {full_context_at_once(plan)}",
         f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
     ]
@@ -322,6 +323,13 @@ def render_plan(host: str, plan: Plan) -> str:
     lines.extend(f"  warning: {w}" for w in plan.warnings)
     lines.extend(f"  note: {n}" for n in plan.notes)
     return "\n".join(lines)
+
+
+def _left_out(plan: Plan) -> str:
+    """The flags the plan removes (`--set FLAG=false`: the unit's flag left out, docs/commands.md), said on
+    the flags line as a shell comment, so the line still runs as it is copied."""
+    gone = [f"--{k}" for k, v in plan.printed_flags().items() if v is False]
+    return f"  # left out: {' '.join(gone)}" if gone else ""
 
 
 def _flag_text(value: Any) -> str:

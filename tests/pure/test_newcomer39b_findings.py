@@ -158,7 +158,6 @@ def test_a_cold_plan_without_the_draft_does_not_count_its_weights() -> None:
 #    "speculative-algorithm": false, but the text's flags line says nothing of it.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the text flags line hides a flag the plan removes")
 def test_the_text_flags_line_shows_the_draft_removed() -> None:
     _, out, _ = run_cli("plan", "ct200", "--offline", "--context", "200k", *NO_DRAFT)
     flags = next(line for line in out.splitlines() if line.strip().startswith("flags"))

@@ -193,7 +193,6 @@ def test_json_cell_bytes_stays_an_integer_when_scaled() -> None:
 #    inventory's [sglang.flags].
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: inventory hosts' --set errors say 'flags.X', not --set")
 def test_a_bad_set_on_an_inventory_host_is_named_as_the_set_the_user_typed() -> None:
     code, _, err = run_cli("plan", "ct200", "--offline", "--context", "200k", "--set", "kv-cache-dtype=FP8")
     assert code == ExitCode.USAGE

@@ -297,7 +297,6 @@ def test_the_flags_line_quotes_a_json_value(tmp_path: Path) -> None:
 #     fine; the override they typed is not.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a bad override value is blamed on config.json")
 def test_a_bad_override_value_is_blamed_on_the_override(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("qwen3-32b"), (H100, 2), 65_524_246_528, {"tp-size": 2})
     bad = 'json-model-override-args={"max_position_embeddings": "abc"}'

@@ -328,9 +328,6 @@ def test_mixed_cards_are_not_reported_as_four_of_the_first(tmp_path: Path) -> No
 #     --tp-size, is told it does not exist, and is offered what they wrote.
 
 
-@pytest.mark.xfail(
-    strict=True, reason="NOT FIXED: a dashed facts flag reads '----tp-size; did you mean --tp-size?'"
-)
 def test_a_dashed_flag_name_in_facts_is_explained(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("llama-3.1-70b"), (H100, 4), 141_107_412_992, {"--tp-size": 4})
     code, _, err = run_cli("plan", "--facts", facts, "--context", "100k")

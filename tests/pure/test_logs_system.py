@@ -62,6 +62,11 @@ def test_another_units_exit_is_not_sglangs() -> None:
         at("systemd[1]", "sglang-weight-cache.service: Main process exited, code=exited, status=1/FAILURE"),
     ]
     assert outcomes(lines) == [("cut", None)]
+    router = [
+        *loading(),
+        at("systemd[1]", "sglang-router.service: Main process exited, code=exited, status=1/FAILURE"),
+    ]
+    assert outcomes(router) == [("cut", None)]  # a PD router's unit (agent/pd/units.py) is not SGLang's
     named = [
         *loading(unit="llm.service"),
         at("systemd[1]", "llm.service: Main process exited, code=exited, status=1/FAILURE"),

@@ -7,12 +7,13 @@ order one launch logs them (decoration taken off first, agent/sglang/logs/decor.
 
 0. journalctl's `-- Boot <id> --` (or `-- Reboot --`) between boots;
 1. systemd's own `Starting <unit>...` / `Started <unit>.` of SGLang's own service: a `*.service` whose name
-   says sglang (the inventory's unit name when the caller knows it), never the weight-cache daemon's, a
-   session's scope or another unit type (`journalctl -b` without `-u` starts other units mid-start: `Started
-   session-5.scope - Session 5 of User sglang.`); an older systemd's description-only line counts when it
-   says SGLang and is no session's. A `Started` once the start's HTTP server is up is the same start's
-   (Type=notify after readiness, an ExecStartPost= that waits on /v1/models during warmup) unless it failed
-   or stopped; before that (Type=simple) it opens the next start;
+   says sglang (the inventory's unit name when the caller knows it), never the weight-cache daemon's, a PD
+   router's (<unit>-router.service, agent/pd/units.py), a session's scope or another unit type
+   (`journalctl -b` without `-u` starts other units mid-start: `Started session-5.scope - Session 5 of User
+   sglang.`); an older systemd's description-only line counts when it says SGLang and is no session's. A
+   `Started` once the start's HTTP server is up is the same start's (Type=notify after readiness, an
+   ExecStartPost= that waits on /v1/models during warmup) unless it failed or stopped; before that
+   (Type=simple) it opens the next start;
 2. a pasted launch command (`python -m sglang.launch_server ...`, `sglang serve ...`);
 3. the main process's `server_args=` line (0.5.23 a dict, earlier `ServerArgs(...)`), once per launch
    (srt/entrypoints/engine.py): every rank's lines after it, interleaved, are that one start's.
@@ -47,7 +48,7 @@ BOOT, UNIT, COMMAND, ARGS = range(4)
 _BOOT = re.compile(r"-- (?:Boot [0-9a-f]+|Reboot) --$")
 _UNIT = re.compile(r"(Starting|Started) (\S+)")
 _UNIT_NAME = re.compile(r"[\w@:.\\-]+\.(?:service|scope|slice|socket|timer|mount|target|path|swap|device)$")
-_NOT_SGLANG = re.compile(r"weight[-_ ]?cache|\bsession\b|\buser\b", re.IGNORECASE)
+_NOT_SGLANG = re.compile(r"weight[-_ ]?cache|\bsession\b|\buser\b|\brouter\b", re.IGNORECASE)
 _RELOAD_GB = 1.0  # a rank's memory back by more than this after its weights: a new process loads them
 _MARKS = {"command": COMMAND, "server_args": ARGS}
 

@@ -70,7 +70,7 @@ def test_tp_size_one_is_refused(tmp_path: Path) -> None:
 def test_set_is_checked_too(tmp_path: Path) -> None:
     code, stdout, stderr = render_with(tmp_path, "", "--set", "kv-cache-dtype=fp8")
     assert (code, stdout) == (ExitCode.USAGE, "")
-    assert "--set kv-cache-dtype: --kv-cache-dtype 'fp8' is not one of" in stderr
+    assert "flags.kv-cache-dtype: --kv-cache-dtype 'fp8' is not one of" in stderr
 
 
 def test_good_flags_and_aliases_render(tmp_path: Path) -> None:

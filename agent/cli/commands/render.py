@@ -81,7 +81,6 @@ def pool_note(host: HostConfig, flags: dict[str, FlagInput]) -> str | None:
 
 def run(args: argparse.Namespace, out: Output) -> int:
     from agent.apply import refuse_weight_cache
-    from agent.plan.effective import check_table
     from agent.render import render_unit, template_dir
     from agent.sglang import version_flags
     from agent.verify import render_checked
@@ -94,7 +93,6 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = node_host(loaded, 0)  # a multi-node service: rank 0
     flags = requested_flags(args)
     refuse_weight_cache(host, flags, None)  # as apply refuses it, before a unit it would not install
-    check_table(host, dict(args.set_flags), "--set ")  # a bad --set named as typed, as plan and apply do
     text = render_checked(host, flags)
     warn_flag_table(out.stderr, host.sglang.version, dict(args.set_flags))
     for warning in version_flags.deprecated(host.sglang.version, {**host.sglang.flags, **flags}):

@@ -305,7 +305,7 @@ def render_plan(host: str, plan: Plan) -> str:
             else ""
         )
         + f" (target {plan.context_length:,}, with margin {plan.target_pool_tokens:,})",
-        "  flags           " + flags_line(plan.printed_flags()),
+        "  flags           " + flags_line(plan.printed_flags()) + _left_out(plan),
         f"  full-context requests at once  {full_context_at_once(plan)}",
         f"  memory left per GPU  {plan.reserve_gib_per_gpu:.2f} GiB (floor {plan.reserve_floor_gib:.1f} GiB)",
     ]
@@ -330,6 +330,13 @@ def flags_line(flags: Mapping[str, FlagInput]) -> str:
     for name, value in flags.items():
         words += flag_words(name, _flag_text(value) if isinstance(value, float) else value)
     return shlex.join(words)
+
+
+def _left_out(plan: Plan) -> str:
+    """The flags the plan removes (`--set FLAG=false`: the unit's flag left out, docs/commands.md), said on
+    the flags line as a shell comment, so the line still runs as it is copied."""
+    gone = [f"--{k}" for k, v in plan.printed_flags().items() if v is False]
+    return f"  # left out: {' '.join(gone)}" if gone else ""
 
 
 def _flag_text(value: Any) -> str:

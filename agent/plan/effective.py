@@ -56,19 +56,20 @@ def one_word(value: FlagInput) -> FlagValue:
     return " ".join(value) if isinstance(value, tuple) else value
 
 
-def check_table(host: HostConfig, flags: Mapping[str, FlagInput]) -> None:
+def check_table(host: HostConfig, flags: Mapping[str, FlagInput], named: str = "flags.") -> None:
     """Every flag against SGLang's own table (agent/sglang/server_args.py): the inventory's baseline flags
-    that `flags` leave in place, then `flags`; the first one SGLang would refuse raises RenderError."""
+    that `flags` leave in place, then `flags`; the first one SGLang would refuse raises RenderError, named
+    where the person wrote it (`named`: "--set " for a command's --set, as a facts file's plan says it)."""
     baseline = {k: v for k, v in host.sglang.flags.items() if k not in flags}
-    for field, flagset in (("sglang.flags", baseline), ("flags", flags)):
+    for field, flagset in (("sglang.flags.", baseline), (named, flags)):
         for name, said in server_args.problems(host.sglang.version, flagset):
-            raise RenderError(f"{field}.{name}: {said}")
+            raise RenderError(f"{field}{name}: {said}")
 
 
 def effective_of(host: HostConfig, given: SetFlags) -> Effective:
     """A command's effective configuration, built once: SGLang's flag table refuses a bad --set first (a
     typo is not planned for, and no connection is made for it)."""
-    check_table(host, dict(given))
+    check_table(host, dict(given), "--set ")
     return effective(host, given)
 
 

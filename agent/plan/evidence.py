@@ -60,7 +60,8 @@ def admitted(inp: PlanInput, tp: int, pp: int) -> tuple[PlanInput, tuple[str, ..
     rest = inp.starts[len(inp.start_ids) :]  # starts without what their log ran (the inventory's history)
     if not warnings:
         return inp, ()
-    return replace(inp, starts=(*kept, *rest), start_ids=tuple(ids)), tuple(warnings)
+    # one line per reason: a facts file's last start and the same start's log say it twice
+    return replace(inp, starts=(*kept, *rest), start_ids=tuple(ids)), tuple(dict.fromkeys(warnings))
 
 
 def as_started(inp: PlanInput) -> PlanInput | None:

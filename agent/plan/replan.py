@@ -83,7 +83,10 @@ def _with(inp: PlanInput, alt: Alternative, asked: Target) -> tuple[PlanInput, T
     flags = {k: v for k, v in alt.flags.items() if k not in ("mem-fraction-static", "max-running-requests")}
     context = int(str(alt.flags.get("context-length", asked.context)))
     requests = alt.flags.get("max-running-requests")
-    target = Target(context, None, None if requests is None else int(str(requests)))
+    # given as `plan --set FLAG=VALUE` gives them (apply.asked_of): the running fraction, SGLang's default
+    # for the flags the unit runs now, is then kept where it reaches the target (plan/from_facts.py)
+    given = tuple((k, v) for k, v in flags.items() if k != "context-length")
+    target = Target(context, None, None if requests is None else int(str(requests)), given)
     if "tp-size" in flags:  # more GPUs: as many more cards of the same kind
         more = int(str(flags["tp-size"])) // max(1, int(str(inp.flags.get("tp-size") or 1)))
         inp = replace(inp, gpus=inp.gpus * more, starts=(), start_ids=())

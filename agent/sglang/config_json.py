@@ -21,6 +21,18 @@ class ModelConfig:
     data: Mapping[str, object]
     where: str = "config.json"  # the file, named in the errors
     prefix: str = ""  # the path of this object in it ("text_config.")
+    # the paths --json-model-override-args gave (with_override): a bad value there is the override's
+    overridden: frozenset[str] = frozenset()
+
+    def written_in(self, path: str) -> str:
+        """Where the value at `path` (from the top: "rope_scaling.factor") was written, for an error: the
+        file, or the override that gave it or an object above it."""
+        given = any(path == p or path.startswith(p + ".") for p in self.overridden)
+        return "--json-model-override-args" if given else self.where
+
+    def _at(self, key: str) -> str:
+        path = f"{self.prefix}{key}"
+        return f"{self.written_in(path)}: {path}"
 
     @classmethod
     def of(cls, config: ModelConfig | Mapping[str, object], where: str = "config.json") -> ModelConfig:
@@ -49,9 +61,9 @@ class ModelConfig:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{self.where}: {self.prefix}{key} = {value!r} is not a number")
+            raise ValueError(f"{self._at(key)} = {value!r} is not a number")
         if not math.isfinite(value):
-            raise ValueError(f"{self.where}: {self.prefix}{key} = {value} is not a finite number")
+            raise ValueError(f"{self._at(key)} = {value} is not a finite number")
         return value
 
     def integer(self, key: str) -> int | None:
@@ -65,7 +77,7 @@ class ModelConfig:
         if value is None:
             return None
         if not isinstance(value, str):
-            raise ValueError(f"{self.where}: {self.prefix}{key} = {value!r} is not a string")
+            raise ValueError(f"{self._at(key)} = {value!r} is not a string")
         return value
 
     def array(self, key: str) -> tuple[object, ...] | None:
@@ -74,7 +86,7 @@ class ModelConfig:
         if value is None:
             return None
         if isinstance(value, str) or not isinstance(value, Sequence):
-            raise ValueError(f"{self.where}: {self.prefix}{key} = {value!r} is not a list")
+            raise ValueError(f"{self._at(key)} = {value!r} is not a list")
         return tuple(value)
 
     def integers(self, key: str) -> tuple[int, ...] | None:
@@ -83,13 +95,15 @@ class ModelConfig:
         if items is None:
             return None
         if any(isinstance(i, bool) or not isinstance(i, (int, float)) or not math.isfinite(i) for i in items):
-            raise ValueError(f"{self.where}: {self.prefix}{key} = {list(items)!r} is not a list of numbers")
+            raise ValueError(f"{self._at(key)} = {list(items)!r} is not a list of numbers")
         return tuple(int(i) for i in items if isinstance(i, (int, float)))
 
     def sub(self, key: str) -> ModelConfig | None:
         """The JSON object under `key` (text_config, vision_config, quantization_config...), else None."""
         value = self.data.get(key)
-        return ModelConfig(value, self.where, f"{self.prefix}{key}.") if isinstance(value, Mapping) else None
+        if not isinstance(value, Mapping):
+            return None
+        return ModelConfig(value, self.where, f"{self.prefix}{key}.", self.overridden)
 
     def items(self) -> tuple[tuple[str, object], ...]:
         """The object's keys and values as decoded (check_numbers walks them)."""
@@ -118,11 +132,14 @@ def with_override(config: ModelConfig, override: object) -> ModelConfig:
     if not isinstance(override, Mapping):
         raise ValueError("--json-model-override-args is not a JSON object")
     data = dict(config.data)
+    paths = set(config.overridden)
     for key, value in override.items():
         current = data.get(key)
         merge = key in _MERGED or key.endswith("_config")
         if merge and isinstance(value, Mapping) and isinstance(current, Mapping):
             data[key] = {**current, **value}
+            paths.update(f"{config.prefix}{key}.{sub}" for sub in value)
         else:
             data[key] = value
-    return ModelConfig(data, config.where, config.prefix)
+            paths.add(f"{config.prefix}{key}")
+    return ModelConfig(data, config.where, config.prefix, frozenset(paths))

@@ -38,4 +38,4 @@ def flatten(text: ModelConfig) -> ModelConfig:
         "swa_v_head_dim": swa_dim,
         "swa_num_key_value_heads": swa_heads,
     }
-    return ModelConfig(data, text.where, text.prefix)
+    return ModelConfig(data, text.where, text.prefix, text.overridden)

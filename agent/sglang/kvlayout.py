@@ -307,10 +307,11 @@ def check_numbers(config: ModelConfig, where: str = "config.json") -> None:
             lo, hi = _RANGES.get(key, (-_LARGEST, _LARGEST))
             if not math.isfinite(value) and key not in _RANGES:
                 continue
+            said = "--json-model-override-args" if config.written_in(path) != config.where else where
             if not math.isfinite(value):
-                raise ValueError(f"{where}: {path} = {value} is not a finite number")
+                raise ValueError(f"{said}: {path} = {value} is not a finite number")
             if not lo <= value <= hi:
-                raise ValueError(f"{where}: {path} = {value:.6g} is out of range ({lo:,} to {hi:,})")
+                raise ValueError(f"{said}: {path} = {value:.6g} is out of range ({lo:,} to {hi:,})")
 
 
 @dataclass(frozen=True)

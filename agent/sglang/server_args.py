@@ -68,6 +68,10 @@ class FlagTable:
         return None
 
     def _unknown(self, name: str) -> str:
+        bare = name.lstrip("-")
+        if bare and bare != name:  # a unit's ExecStart= spelling ("--tp-size") where the name alone goes
+            said = f"name it without its leading dashes: {bare!r}"
+            return said if bare in self.by_name else f"{said}; {self._unknown(bare)}"
         if name in self.removed:
             return f"--{name} was removed before SGLang {self.version}: use {self.removed[name]}"
         close = difflib.get_close_matches(name, list(self.by_name), n=3, cutoff=0.75)

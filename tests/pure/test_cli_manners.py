@@ -211,7 +211,7 @@ def test_plan_takes_set_and_plans_with_it() -> None:
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (("--set", "kv-cache-dtype=fp8"), ("flags.kv-cache-dtype", "fp8_e4m3")),
+        (("--set", "kv-cache-dtype=fp8"), ("--set kv-cache-dtype", "fp8_e4m3")),
         (("--set", "context-lenght=5"), ("did you mean --context-length",)),
         (("--set", "context-length=5"), ("--context",)),
         (("--set", "mem-fraction-static=0.9", "--mem-fraction-static", "0.9"), ("both given",)),

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from agent.sglang.config_json import ModelConfig
+from agent.sglang.config_json import ModelConfig, with_override
 from agent.sglang.kvlayout import read_layout
 
 CONFIG = ModelConfig(
@@ -58,3 +58,18 @@ def test_a_layout_reads_a_decoded_config_and_a_model_config_alike() -> None:
     assert read_layout(decoded) == read_layout(ModelConfig(decoded))
     with pytest.raises(ValueError, match=re.escape("config.json: head_dim = 'x' is not a number")):
         read_layout({**decoded, "head_dim": "x"})
+
+
+def test_a_bad_value_the_override_gave_is_named_as_the_overrides() -> None:
+    """--json-model-override-args' values are the person's, not config.json's: an error says which."""
+    merged = with_override(CONFIG, {"rope_scaling": {"factor": "x"}, "text_config": {"num_heads": "y"}})
+    with pytest.raises(ValueError, match=r"^--json-model-override-args: rope_scaling\.factor = 'x'"):
+        sub = merged.sub("rope_scaling")
+        assert sub is not None
+        sub.number("factor")
+    text = merged.sub("text_config")
+    assert text is not None
+    with pytest.raises(ValueError, match=r"^--json-model-override-args: text_config\.num_heads"):
+        text.integer("num_heads")
+    with pytest.raises(ValueError, match=r"^config\.json: text_config\.hidden_size"):  # config.json's own
+        text.integer("hidden_size")

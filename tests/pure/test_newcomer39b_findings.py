@@ -154,7 +154,6 @@ def test_a_cold_plan_without_the_draft_does_not_count_its_weights() -> None:
 #    "speculative-algorithm": false, but the text's flags line says nothing of it.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the text flags line hides a flag the plan removes")
 def test_the_text_flags_line_shows_the_draft_removed() -> None:
     _, out, _ = run_cli("plan", "ct200", "--offline", "--context", "200k", *NO_DRAFT)
     flags = next(line for line in out.splitlines() if line.strip().startswith("flags"))
@@ -188,7 +187,6 @@ def test_json_cell_bytes_stays_an_integer_when_scaled() -> None:
 #    inventory's [sglang.flags].
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: inventory hosts' --set errors say 'flags.X', not --set")
 def test_a_bad_set_on_an_inventory_host_is_named_as_the_set_the_user_typed() -> None:
     code, _, err = run_cli("plan", "ct200", "--offline", "--context", "200k", "--set", "kv-cache-dtype=FP8")
     assert code == ExitCode.USAGE
@@ -213,7 +211,6 @@ def journal(lines: str, pid: int) -> list[str]:
     return [f"Nov 20 08:00:{i:02d} gpu1 python3[{pid}]: {line}" for i, line in enumerate(lines.splitlines())]
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a start the OOM killer ended reads as failure none")
 def test_a_start_the_kernel_killed_is_failed_not_cut(tmp_path: Path) -> None:
     log = tmp_path / "journal.log"
     lines = [
@@ -229,7 +226,6 @@ def test_a_start_the_kernel_killed_is_failed_not_cut(tmp_path: Path) -> None:
     assert json.loads(out)["failure"] is not None, out
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a start systemd saw exit with status 1 is listed as 'cut'")
 def test_a_start_systemd_saw_exit_is_not_listed_as_cut(tmp_path: Path) -> None:
     log = tmp_path / "journal.log"
     lines = [
@@ -294,7 +290,6 @@ def test_the_flags_line_quotes_a_json_value(tmp_path: Path) -> None:
 #     fine; the override they typed is not.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a bad override value is blamed on config.json")
 def test_a_bad_override_value_is_blamed_on_the_override(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("qwen3-32b"), (H100, 2), 65_524_246_528, {"tp-size": 2})
     bad = 'json-model-override-args={"max_position_embeddings": "abc"}'
@@ -325,9 +320,6 @@ def test_mixed_cards_are_not_reported_as_four_of_the_first(tmp_path: Path) -> No
 #     --tp-size, is told it does not exist, and is offered what they wrote.
 
 
-@pytest.mark.xfail(
-    strict=True, reason="NOT FIXED: a dashed facts flag reads '----tp-size; did you mean --tp-size?'"
-)
 def test_a_dashed_flag_name_in_facts_is_explained(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("llama-3.1-70b"), (H100, 4), 141_107_412_992, {"--tp-size": 4})
     code, _, err = run_cli("plan", "--facts", facts, "--context", "100k")
@@ -370,7 +362,6 @@ def test_flashmla_sizes_page_64_whatever_page_size_is_given(tmp_path: Path) -> N
 #     `--set tp-size=16`, exits 2: "a start at tensor parallel 8; the plan is for 16: it cannot calibrate".
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a --from-log plan's more-GPUs alternative cannot be run")
 def test_the_more_gpus_alternative_of_a_calibrated_plan_is_one_command_away() -> None:
     argv = ("ct200", "--context", "300k", "--from-log", str(CT200_LOG))
     plan = plan_json(*argv)
@@ -385,7 +376,6 @@ def test_the_more_gpus_alternative_of_a_calibrated_plan_is_one_command_away() ->
 #     138,358 tokens.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the more-GPUs alternative's figures differ from --set's")
 def test_the_more_gpus_alternative_states_what_the_set_plan_says(tmp_path: Path) -> None:
     facts = write_facts(tmp_path, model_config("llama-3.1-8b"), (RTX4090, 1), 16_060_522_496, {})
     plan = plan_json("--facts", facts, "--context", "64k")

@@ -97,6 +97,15 @@ def test_a_removed_flag_may_be_dropped_but_not_set() -> None:
     assert "removed" in said and "--cuda-graph-max-bs-decode" in said
 
 
+def test_a_dashed_name_is_told_to_lose_its_dashes() -> None:
+    """A unit's spelling ("--tp-size") where the name alone goes: not "no flag ----tp-size"."""
+    assert problems("0.5.23", {"--tp-size": 4}) == [
+        ("--tp-size", "name it without its leading dashes: 'tp-size'")
+    ]
+    said = problems("0.5.23", {"--tpp-size": 4})[0][1]
+    assert said.startswith("name it without") and "has no flag --tpp-size; did you mean --tp-size" in said
+
+
 def test_no_table_no_check() -> None:
     """Another release's flags are left to that release's own parser on the host."""
     assert table_for("0.4.6") is None

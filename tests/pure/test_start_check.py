@@ -59,6 +59,20 @@ def test_a_start_of_another_model_or_layout_is_refused(tmp_path: Path, log: str,
     assert says in stderr.splitlines()[0] and "cannot calibrate" in stderr.splitlines()[0]
 
 
+def test_a_start_of_this_host_that_set_moves_to_another_tp_is_set_aside_not_refused(tmp_path: Path) -> None:
+    """The start ran the unit as it is (TP 8); --set tp-size=16 plans another layout: the start cannot
+    calibrate it, but it is this host's, so the plan goes on cold and says why (was: exit 2)."""
+    log = ARGS.format(path="/models/Kimi-K2.6", tp=8, kv="auto") + START_LOG
+    code, stdout, stderr = run_plan(tmp_path, log, "--set", "tp-size=16")
+    assert code in (ExitCode.OK, ExitCode.NOT_FEASIBLE), stderr
+    plan = json.loads(stdout)
+    assert plan["basis"] != "calibrated"
+    assert any("tensor parallel 8; the plan is for 16" in w for w in plan["warnings"]), plan["warnings"]
+    # a start at another TP than the unit runs is still another layout's: refused
+    log4 = ARGS.format(path="/models/Kimi-K2.6", tp=4, kv="auto") + START_LOG
+    assert run_plan(tmp_path, log4, "--set", "tp-size=16")[0] == ExitCode.USAGE
+
+
 def test_a_start_with_another_kv_dtype_calibrates_and_says_so(tmp_path: Path) -> None:
     # Was: set aside ("the earlier start ran --kv-cache-dtype auto, the plan is for fp8_e4m3"), the plan cold.
     # Issue 30 item 1: its memory is kept and its measured cell scaled by the architecture's ratio.

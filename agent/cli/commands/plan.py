@@ -98,8 +98,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     host = effective_of(host, change.flags).host  # the flag table read --set; the weights at its TP x PP
     refuse_weight_cache(host, dict(change.flags), None)  # as apply refuses it (the checkpoint's: apply)
     planned = planned_for(None, host.model.path, host.sglang.flags, host.gpus.count, host.gpus.memory_gib)
+    ran = planned_for(None, host.model.path, running, host.gpus.count, host.gpus.memory_gib)
     history: Sequence[StartFigures]  # the starts that calibrate the plan
-    history, ids, read = checked_starts(args.from_log, planned, args.start, out)
+    history, ids, read = checked_starts(args.from_log, planned, args.start, out, ran)
     asked = _asked(change)
     facts = None
     if not args.from_log and not args.offline:
@@ -223,13 +224,14 @@ def _run_facts(args: argparse.Namespace, out: Output) -> int:
     inp = _with_set(inp, change)
     archs = inp.model.config.value("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    card = inp.gpus[0].memory_gib if inp.gpus else None
+    running = inp.start_flags if inp.start_flags is not None else inp.flags
     starts, ids, read = checked_starts(
         args.from_log,
-        planned_for(
-            arch, inp.model.path or "", inp.flags, len(inp.gpus), inp.gpus[0].memory_gib if inp.gpus else None
-        ),
+        planned_for(arch, inp.model.path or "", inp.flags, len(inp.gpus), card),
         args.start,
         out,
+        planned_for(arch, inp.model.path or "", running, len(inp.gpus), card),
     )
     # Each start with what its log says it ran (its KV dtype scales its cell: plan/evidence.py as_started)
     inp = replace(inp, starts=(*inp.starts, *starts), start_ids=(*inp.start_ids, *ids))
@@ -269,13 +271,19 @@ def planned_for(
 
 
 def checked_starts(
-    names: Sequence[str], planned: Planned, number: int | None = None, out: Output | None = None
+    names: Sequence[str],
+    planned: Planned,
+    number: int | None = None,
+    out: Output | None = None,
+    running: Planned | None = None,
 ) -> tuple[list[StartFigures], list[StartIdentity], LoggedStart | None]:
     """One start of each --from-log log: the last complete one, or the one --start names (a log is split
     into its starts first, agent/sglang/logs/starts.py). A start of another model, TP, PP or bigger cards
     is refused with one line (plan/startcheck.py), so is a log with no start that logged its pool or its
     memory; a start under another KV dtype calibrates: its cell is scaled by the architecture's ratio
-    (plan/evidence.py as_started)."""
+    (plan/evidence.py as_started). A start of the unit as it runs (`running`, before --set) that --set's
+    TP or PP moves away from is this host's all the same: the planner sets it aside and says so
+    (plan/evidence.py admitted), as the more-GPUs alternative it offered was planned (plan/replan.py)."""
     from agent.plan.startcheck import identity, refusal
     from agent.sglang.logs.starts import plan_figures
 
@@ -288,7 +296,7 @@ def checked_starts(
         starts, start, said = _evidence(name, number)
         ran = identity(start.lines)
         refused = refusal(ran, planned)
-        if refused:
+        if refused and (running is None or refusal(ran, running)):
             raise UsageError(
                 f"--from-log {name!r}: {refused}: it cannot calibrate this plan",
                 hint="give a start-up log of this host's model, or plan without --from-log",

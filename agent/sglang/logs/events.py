@@ -23,6 +23,10 @@ HOST_MEMORY_SHORT = "host_memory_short"  # HiCache's host pool refused (agent/sg
 # A PD decode whose page size or KV dtype text differs from its prefill's (agent/sglang/logs/pd.py)
 PD_PAGE_SIZE_MISMATCH = "pd_page_size_mismatch"
 PD_KV_DTYPE_MISMATCH = "pd_kv_dtype_mismatch"
+# What the kernel and systemd say of the service's end (agent/sglang/logs/system.py): the kernel's OOM killer
+# ended a process (host RAM, not GPU memory), and the main process exited without SGLang saying why
+HOST_OOM_KILLED = "host_oom_killed"
+PROCESS_EXITED = "process_exited"
 
 FAILURE_KINDS = frozenset(
     {
@@ -42,10 +46,12 @@ FAILURE_KINDS = frozenset(
         HOST_MEMORY_SHORT,
         PD_PAGE_SIZE_MISMATCH,
         PD_KV_DTYPE_MISMATCH,
+        HOST_OOM_KILLED,
+        PROCESS_EXITED,
     }
 )
 # Kinds that say "something died" without saying why; a later line usually names the cause.
-GENERIC_FAILURE_KINDS = frozenset({SCHEDULER_EXCEPTION, SIGQUIT, RANK_DIED, INIT_FAILED})
+GENERIC_FAILURE_KINDS = frozenset({SCHEDULER_EXCEPTION, SIGQUIT, RANK_DIED, INIT_FAILED, PROCESS_EXITED})
 
 
 @dataclass(frozen=True)

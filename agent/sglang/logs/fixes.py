@@ -7,6 +7,17 @@ from collections.abc import Sequence
 from agent.sglang.logs import events as ev
 from agent.sglang.logs import hicache, pd
 
+# The kernel's OOM killer: host RAM ran out (what SGLang itself holds there: --cpu-offload-gb's weights and
+# HiCache's host pool, srt/mem_cache/pool_host/base.py); a memory cgroup's kill is the unit's MemoryMax=
+_HOST_OOM = (
+    "the host ran out of RAM, not GPU memory (the kernel's OOM killer ended SGLang): free host memory, or "
+    "lower what SGLang holds there (--cpu-offload-gb, HiCache's --hicache-ratio / --hicache-size)"
+)
+_CGROUP_OOM = (
+    "the service's memory cgroup ran out (the unit's MemoryMax=), not GPU memory: raise MemoryMax=, or lower "
+    "what SGLang holds in host memory (--cpu-offload-gb, HiCache's --hicache-ratio / --hicache-size)"
+)
+
 
 def fix_for(kind: str | None, line: str, host_ranks: Sequence[int] | None = None) -> str | None:
     """`host_ranks`: SGLang's ranks per host and the host pools pinned there, where the log said."""
@@ -14,4 +25,6 @@ def fix_for(kind: str | None, line: str, host_ranks: Sequence[int] | None = None
         return hicache.fix(line, *(host_ranks or ()))
     if kind in (ev.PD_PAGE_SIZE_MISMATCH, ev.PD_KV_DTYPE_MISMATCH):
         return pd.fix(line)
+    if kind == ev.HOST_OOM_KILLED:
+        return _CGROUP_OOM if line.startswith("Memory cgroup") else _HOST_OOM
     return None

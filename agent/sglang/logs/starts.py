@@ -7,12 +7,13 @@ order one launch logs them (decoration taken off first, agent/sglang/logs/decor.
 
 0. journalctl's `-- Boot <id> --` (or `-- Reboot --`) between boots;
 1. systemd's own `Starting <unit>...` / `Started <unit>.` of SGLang's own service: a `*.service` whose name
-   says sglang (the inventory's unit name when the caller knows it), never the weight-cache daemon's, a
-   session's scope or another unit type (`journalctl -b` without `-u` starts other units mid-start: `Started
-   session-5.scope - Session 5 of User sglang.`); an older systemd's description-only line counts when it
-   says SGLang and is no session's. A `Started` once the start's HTTP server is up is the same start's
-   (Type=notify after readiness, an ExecStartPost= that waits on /v1/models during warmup) unless it failed
-   or stopped; before that (Type=simple) it opens the next start;
+   says sglang (the inventory's unit name when the caller knows it), never the weight-cache daemon's, a PD
+   router's (<unit>-router.service, agent/pd/units.py), a session's scope or another unit type
+   (`journalctl -b` without `-u` starts other units mid-start: `Started session-5.scope - Session 5 of User
+   sglang.`); an older systemd's description-only line counts when it says SGLang and is no session's. A
+   `Started` once the start's HTTP server is up is the same start's (Type=notify after readiness, an
+   ExecStartPost= that waits on /v1/models during warmup) unless it failed or stopped; before that
+   (Type=simple) it opens the next start;
 2. a pasted launch command (`python -m sglang.launch_server ...`, `sglang serve ...`);
 3. the main process's `server_args=` line (0.5.23 a dict, earlier `ServerArgs(...)`), once per launch
    (srt/entrypoints/engine.py): every rank's lines after it, interleaved, are that one start's.
@@ -23,6 +24,9 @@ launch line of the current start (a paste's excerpts come in any order). Without
 its weights again after its start ended (ready or stopped) is a new start; after a failure, only a rank that
 loads its target weights again (its memory back, or a begin with no end before it): the other ranks' lines
 that trail a failure (TP0 loading the draft after TP3 died) stay the failed start's.
+
+systemd's and the kernel's lines about the service's end (agent/sglang/logs/system.py: an OOM kill, the main
+process's exit, a stop) are read as the start's, of the server whose unit or PID they name.
 
 The evidence is the last complete start (ready, or failed: it ran to its end), else the last start; or the
 one a person names by its number (parse-log lists them).
@@ -35,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from agent.sglang.logs import events as ev
+from agent.sglang.logs import system
 from agent.sglang.logs.decor import Line, split_lines, undecorated
 from agent.sglang.logs.lines import parse_line
 from agent.sglang.logs.summary import StartFigures, StartSummary, SummaryBuilder
@@ -43,7 +48,7 @@ BOOT, UNIT, COMMAND, ARGS = range(4)
 _BOOT = re.compile(r"-- (?:Boot [0-9a-f]+|Reboot) --$")
 _UNIT = re.compile(r"(Starting|Started) (\S+)")
 _UNIT_NAME = re.compile(r"[\w@:.\\-]+\.(?:service|scope|slice|socket|timer|mount|target|path|swap|device)$")
-_NOT_SGLANG = re.compile(r"weight[-_ ]?cache|\bsession\b|\buser\b", re.IGNORECASE)
+_NOT_SGLANG = re.compile(r"weight[-_ ]?cache|\bsession\b|\buser\b|\brouter\b", re.IGNORECASE)
 _RELOAD_GB = 1.0  # a rank's memory back by more than this after its weights: a new process loads them
 _MARKS = {"command": COMMAND, "server_args": ARGS}
 
@@ -128,10 +133,11 @@ class _Cut:
         after = self.after.get(begin.rank)
         return after is None or begin.avail_gb > after + _RELOAD_GB
 
-    def add(self, text: str, mark: int, events: list[ev.LogEvent]) -> None:
+    def add(self, text: str, mark: int, events: list[ev.LogEvent], own: bool = True) -> None:
+        """`own`: SGLang's line (not systemd's or the kernel's about its end: those alone make no start)."""
         self.lines.append(text)
         self.mark = max(self.mark, mark)
-        self.sglang = self.sglang or bool(events)
+        self.sglang = self.sglang or (own and bool(events))
         self.content = self.content or any(
             not (isinstance(e, ev.ServerArgs) and e.source in _MARKS) for e in events
         )
@@ -159,11 +165,36 @@ def _sglang_unit(text: str, unit: str | None) -> bool:
         return False
     name = m[2].rstrip(".")
     if _UNIT_NAME.match(name):
-        if unit is not None:
-            return name == unit
-        return name.endswith(".service") and "sglang" in name.lower() and not _NOT_SGLANG.search(name)
+        return _sglang_name(name, unit)
     # an older systemd logs the description alone
     return "sglang" in text.lower() and not _NOT_SGLANG.search(text)
+
+
+def _sglang_name(name: str, unit: str | None) -> bool:
+    """A unit's name is SGLang's own service's: the one named, else a *.service saying sglang."""
+    if unit is not None:
+        return name == unit
+    return name.endswith(".service") and "sglang" in name.lower() and not _NOT_SGLANG.search(name)
+
+
+def _system_events(line: Line, unit: str | None, pids: set[str]) -> list[ev.LogEvent]:
+    """systemd's and the kernel's lines about SGLang's service ending (agent/sglang/logs/system.py). The
+    kernel's OOM kill counts when its PID is one of the log's processes, or is named as SGLang names its
+    own (setproctitle "sglang::scheduler_TP0", managers/scheduler.py:6294), or the log names no PIDs and a
+    python process was killed."""
+    if line.ident in (None, "systemd"):
+        found = system.unit_events(line.text, lambda name: _sglang_name(name, unit))
+        if found:
+            return found
+    if line.ident not in (None, "kernel"):
+        return []
+    killed = system.killed_process(line.text)
+    if killed is None:
+        return []
+    pid, comm = killed
+    if pid in pids or comm.startswith("sglang::") or (not pids and comm.startswith("python")):
+        return system.kernel_events(line.text)
+    return []
 
 
 def _mark(line: Line, events: Sequence[ev.LogEvent], unit: str | None = None) -> int:
@@ -191,12 +222,14 @@ def split(raw: Iterable[str], unit: str | None = None) -> list[LoggedStart]:
     ]
     numbered = list(enumerate(lines, 1))
     sources = {line.source for line in lines if line.source is not None}
+    pids = {m[2] for s in sources if (m := _JOURNAL_PID.match(s))}
     owner = _owners(lines) if len(sources) > 1 else []
     servers = set(owner) - {None}
     if len(servers) < 2:
-        cuts = _cuts(numbered, unit)
+        cuts = _cuts(numbered, unit, pids)
     else:  # several servers in one log: a start is one server's lines (the others' never mix into it)
-        cuts = [c for s in servers for c in _cuts([(n, ln) for n, ln in numbered if owner[n - 1] == s], unit)]
+        mine = [[(n, ln) for n, ln in numbered if owner[n - 1] == s] for s in servers]
+        cuts = [c for lines_of in mine for c in _cuts(lines_of, unit, pids)]
         cuts.sort(key=lambda c: c.first_line)
     kept = [c for c in cuts if c.sglang]
     return [c.done(i) for i, c in enumerate(kept, 1)]
@@ -204,24 +237,45 @@ def split(raw: Iterable[str], unit: str | None = None) -> list[LoggedStart]:
 
 def _owners(lines: Sequence[Line]) -> list[str | None]:
     """Each line's server: a line with no process (systemd's, a header) belongs to the server before it, a
-    systemd Start line (and one before any process) to the server after it."""
+    systemd Start line (and one before any process) to the server after it; but systemd's line about a unit
+    whose Start line came before is that unit's server's, and the kernel's OOM kill of a process that
+    process's server's."""
     server = _servers(lines)
+    by_pid = {m[2]: s for src, s in server.items() if src and (m := _JOURNAL_PID.match(src))}
     after: list[str | None] = [None] * len(lines)
     nxt: str | None = None
     for i in range(len(lines) - 1, -1, -1):
         nxt = server.get(lines[i].source) or nxt
         after[i] = nxt
     owner: list[str | None] = []
+    units: dict[str, str | None] = {}  # a unit's server: the one its latest Start line went to
     prev: str | None = None
     for i, line in enumerate(lines):
         mine = server.get(line.source)
         opens = line.text[:5] == "Start" or line.text[:3] == "-- "
-        owner.append(mine or (after[i] if opens or prev is None else prev))
+        said = mine or _named_server(line, units, by_pid)
+        owner.append(said or (after[i] if opens or prev is None else prev))
+        if opens and (name := _start_unit(line)):
+            units[name] = owner[-1]
         prev = mine or prev
     return owner
 
 
-_JOURNAL_PID = re.compile(r"([^\[\s]+)\[\d+\]$")
+def _start_unit(line: Line) -> str | None:
+    """The unit a systemd Starting/Started line names."""
+    m = _UNIT.match(line.text) if line.ident in (None, "systemd") else None
+    return m[2].rstrip(".") if m else None
+
+
+def _named_server(line: Line, units: dict[str, str | None], by_pid: dict[str, str]) -> str | None:
+    """The server a process-less line names: systemd's about a unit started before, the kernel's kill."""
+    if line.ident in (None, "systemd") and (name := system.unit_named(line.text)):
+        return units.get(name)
+    killed = system.killed_process(line.text) if line.ident in (None, "kernel") else None
+    return by_pid.get(killed[0]) if killed else None
+
+
+_JOURNAL_PID = re.compile(r"([^\[\s]+)\[(\d+)\]$")
 
 
 def _servers(lines: Sequence[Line]) -> dict[str | None, str]:
@@ -252,13 +306,15 @@ def _servers(lines: Sequence[Line]) -> dict[str | None, str]:
     return server
 
 
-def _cuts(numbered: Iterable[tuple[int, Line]], unit: str | None) -> list[_Cut]:
-    """One process's (or one log's) lines cut into starts."""
+def _cuts(numbered: Iterable[tuple[int, Line]], unit: str | None, pids: set[str]) -> list[_Cut]:
+    """One process's (or one log's) lines cut into starts; `pids`: the log's processes."""
     cuts: list[_Cut] = []
     numbered = list(numbered)
     current = _Cut(numbered[0][0] if numbered else 1)
     for number, line in numbered:
         events = parse_line(line.text)
+        own = bool(events)
+        events = events or _system_events(line, unit, pids)
         mark = _mark(line, events, unit)
         if not events and mark < 0:  # most lines: serving traffic, tracebacks' text
             current.lines.append(line.text)
@@ -266,7 +322,7 @@ def _cuts(numbered: Iterable[tuple[int, Line]], unit: str | None) -> list[_Cut]:
         if current.opens_with(mark, line, events):
             cuts.append(current)
             current = _Cut(number)
-        current.add(line.text, mark, events)
+        current.add(line.text, mark, events, own)
     cuts.append(current)
     return cuts
 

@@ -365,7 +365,8 @@ def _root_cause(current: ev.Failure | None, e: ev.Failure) -> ev.Failure:
 def _stop_consequence(e: ev.Failure) -> bool:
     """A line that a stop explains: a child dead of the stop's signal, and the SIGQUIT its death triggers
     (utils/watchdog.py SubprocessWatchdog). Whether a stop was asked is known only at the summary: the
-    watchdog's 1 s poll may log the dead child before the event loop runs the SIGTERM handler."""
-    return e.failure_kind == ev.SIGQUIT or (
+    watchdog's 1 s poll may log the dead child before the event loop runs the SIGTERM handler. The main
+    process's own end (systemd's "Main process exited") follows every stop: SGLang kills itself last."""
+    return e.failure_kind in (ev.SIGQUIT, ev.PROCESS_EXITED) or (
         e.failure_kind == ev.RANK_DIED and e.exit_code in ev.STOP_EXIT_CODES
     )

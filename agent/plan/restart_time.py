@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import Enum
 
 from agent.protocol.answers import HostFacts
-from agent.sglang.logs.events import LogEvent, ServerArgs
+from agent.sglang.logs.events import LogEvent, ServerArgs, WeightsEnd
 from agent.sglang.logs.summary import SummaryBuilder
 from agent.sglang.unitfile import AdoptError, HandUnit, read_unit
 
@@ -212,7 +212,8 @@ def _read_phases(lines: Iterable[str], builder: SummaryBuilder) -> tuple[float |
     """Feed the start's lines to `builder`: when its init began, and when each phase did. Init begins at the
     launch (the command or its server_args line, srt/entrypoints/engine.py), not at a line before it: a
     restarted compose service's log, or one cut mid-run, puts the old process's last lines, hours older,
-    ahead of the launch in the same start."""
+    ahead of the launch in the same start. A draft model's weights, loaded after the target's, are weights:
+    the pool begins at the last `Load weight end` before it."""
     began: dict[str, float] = {}
     first: float | None = None
     launched = False
@@ -225,6 +226,8 @@ def _read_phases(lines: Iterable[str], builder: SummaryBuilder) -> tuple[float |
         phase = builder.phase
         if at is not None and phase in _PHASE_PART and phase not in began:
             began[phase] = at
+        elif at is not None and phase == "kv_pool" and any(isinstance(e, WeightsEnd) for e in events):
+            began[phase] = at  # a draft model loads after the target (its own weights end): still weights
     return first, began
 
 

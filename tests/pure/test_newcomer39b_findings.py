@@ -261,7 +261,6 @@ def test_no_fp8_alternative_that_holds_no_pool(tmp_path: Path) -> None:
 #     about a second (10:09:40.310 to 10:09:41.205). A user reading "pool 42.9" looks for a slow allocation.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the draft's weight load is counted as pool time")
 def test_the_drafts_weight_load_is_not_counted_as_pool_time() -> None:
     plan = plan_json("ct200", "--context", "200k", "--from-log", str(CT200_LOG))
     parts = plan["restart_estimate_parts"]

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 LOG = (EXAMPLES / "ct200-start.log").read_text().splitlines()
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})")
-# Where each part of a start begins in the example log: the line's own words, not its position.
+# Where each part of a start begins in the example log: the line's own words, not its position (the pool:
+# the last such line before the graphs).
 BEGINS = {"weights": "Load weight begin.", "pool": "Load weight end.", "cuda_graphs": "CUDA graph begin."}
 READY = "The server is fired up and ready to roll!"
 
@@ -45,6 +46,8 @@ def stamped(gaps_ms: list[int]) -> tuple[list[str], dict[str, float]]:
         times.append((line, at))
     first = times[0][1]
     begun = {part: next(t for line, t in times if words in line) for part, words in BEGINS.items()}
+    # the draft model loads after the target: the pool begins at the last weights end before the graphs
+    begun["pool"] = max(t for line, t in times if BEGINS["pool"] in line and t <= begun["cuda_graphs"])
     ready = next(t for line, t in times if READY in line)
     bounds = [("init", first), *begun.items(), ("", ready)]
     want = {part: (end - start).total_seconds() for (part, start), (_, end) in pairwise(bounds)}

@@ -139,7 +139,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     shape = PoolModel(
         0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,
         max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
-        heads=_heads(inp),
+        heads=_heads(inp), refused=arch.refused,
     )  # fmt: skip
     model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
     model = replace(model, prealloc_gib=symm_prealloc_gib(inp))

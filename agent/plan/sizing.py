@@ -16,6 +16,7 @@ from agent.inventory import FlagValue
 from agent.plan.facts import ModelInput, PlanInput
 from agent.plan.inputs import float_of, int_of, is_on, origin, sglang_version, value_of
 from agent.plan.overhead import is_amd
+from agent.plan.startrefusals import start_refusals
 from agent.sglang import kvpool, pools
 from agent.sglang.config_json import with_override
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
@@ -367,6 +368,7 @@ class Sizing:
     par: Parallel
     sizer: pools.PoolSizer
     notes: tuple[str, ...]
+    refused: tuple[str, ...] = ()  # flag combinations SGLang refuses at start (plan/startrefusals.py)
 
 
 def sizing(inp: PlanInput) -> Sizing:
@@ -394,6 +396,9 @@ def sizing(inp: PlanInput) -> Sizing:
         dtype = pools.kv_dtype(str(value_of(inp.flags, "kv-cache-dtype") or "auto"), layout, inp.sm_major)
         _refusals(layout, inp, dtype)
         sizer = _cells(inp, layout, dtype, par, notes)
+        refused = start_refusals(
+            layout, inp.flags, sizer.page_size, attention_backend(inp, layout, par), par.attn_dp
+        )
     except Unsupported as exc:
         raise UsageError(f"cannot plan this model: {exc}") from None
     except ValueError as exc:
@@ -404,7 +409,7 @@ def sizing(inp: PlanInput) -> Sizing:
         f"attention TP {par.attn_tp}, "
         f"page {sizer.page_size}); architecture from {inp.sources.get('architecture', 'config.json')}"
     )
-    return Sizing(layout, dtype, par, sizer, tuple(notes))
+    return Sizing(layout, dtype, par, sizer, tuple(notes), refused)
 
 
 def _backend(inp: PlanInput, layout: KVLayout) -> str | None:

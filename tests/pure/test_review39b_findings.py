@@ -195,7 +195,6 @@ def test_a_failure_before_the_weights_does_not_hide_the_good_start_before_it(tmp
 # takes a bf16 or fp8_e4m3 KV cache only (arg_groups/overrides.py:540-544: assert kv_cache_dtype in
 # ["bfloat16", "fp8_e4m3"], "DeepSeek DSA only supports bf16/bfloat16 or fp8_e4m3 kv_cache_dtype"); the
 # oracle refuses the start. The planner sizes --kv-cache-dtype fp8_e5m2 as any fp8 cache and says feasible.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: DSA's KV dtype restriction is not checked")
 def test_a_dsa_model_with_an_fp8_e5m2_cache_is_not_feasible() -> None:
     doc = facts("glm-5-nvfp4", 440, tp_size=8, kv_cache_dtype="fp8_e5m2")
     plan = plan_from_facts(parse_facts(doc, name="x"), Target(32768))
@@ -226,7 +225,6 @@ def test_a_float32_checkpoint_is_sized_at_the_half_precision_sglang_runs() -> No
 # SGLang 0.5.23 hook asserts its backends: GPT-OSS (arg_groups/model_hook.py:523-543 "GptOssForCausalLM
 # requires one of [triton, trtllm_mha, fa3, fa4, ...]") and Gemma 4 (model_hook.py:646-661 "Gemma4 only
 # supports trtllm_mha, triton, fa4, ..."). The oracle refuses both starts; the planner sizes them feasible.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a model's own attention-backend asserts are not checked")
 @pytest.mark.parametrize(("model", "weights"), [("gpt-oss-20b", 14), ("gemma-4-26b-a4b", 52)])
 def test_an_attention_backend_the_model_refuses_is_not_feasible(model: str, weights: float) -> None:
     doc = facts(model, weights, tp_size=8, attention_backend="flashinfer")
@@ -240,7 +238,6 @@ def test_an_attention_backend_the_model_refuses_is_not_feasible(model: str, weig
 # H100), and a DSA model, whose page size SGLang forces to 64 (GLM-5; on B200, where trtllm forces 64, the
 # oracle refuses NGRAM for DeepSeek-V3, Kimi, GPT-OSS, Gemma 4 and Nemotron alike). The oracle refuses both; the
 # planner sizes them feasible (1,187,776 and 79,936 tokens).
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: NGRAM's page-size restriction is not checked")
 @pytest.mark.parametrize(
     ("model", "weights", "flags"),
     [("llama-3.1-70b", 141, {"page_size": 64}), ("glm-5-nvfp4", 440, {})],

@@ -75,6 +75,7 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         max_prefill_tokens=int_of(inp.flags, "max-prefill-tokens"),
         disaggregation=_mode(inp.flags),
         draft_tokens=int_of(inp.flags, "speculative-num-draft-tokens"),
+        text_served_vlm=_text_served_vlm(inp, layout),
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
@@ -83,6 +84,19 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         "three decimals"
     )
     return settings.fraction
+
+
+def _text_served_vlm(inp: PlanInput, layout: KVLayout) -> bool:
+    """--language-only on a checkpoint SGLang's ModelConfig takes as multimodal (configs/model_config.py:
+    820-828: an architecture off by default counts only with --enable-multimodal)."""
+    f = inp.flags
+    if layout.multimodal or not is_on(f, "language-only") or is_on(f, "language-model-only"):
+        return False
+    try:
+        raw = read_layout(inp.model.config)
+    except Unsupported:  # sizing() read it with the flags' override; refusals are its to state
+        return False
+    return raw.multimodal and (not raw.multimodal_off_by_default or is_on(f, "enable-multimodal"))
 
 
 def _aiter_scale(inp: PlanInput, arch: Sizing, context: int, notes: list[str]) -> float:

@@ -43,6 +43,10 @@ class MemoryFlags:
     max_prefill_tokens: int | None = None  # the activations' size when chunking is off (default 16,384)
     disaggregation: str | None = None  # --disaggregation-mode: prefill or decode (PD roles), None for null
     draft_tokens: int | None = None  # --speculative-num-draft-tokens (a decode role's activations)
+    # --language-only on a multimodal checkpoint: SGLang's ModelConfig stays multimodal (only
+    # --language-model-only clears is_multimodal, configs/model_config.py:820-828), so the prefill graph stays
+    # off (cuda_graph_hook.py:229-237), though no vision tower runs and the VLM factor is skipped
+    text_served_vlm: bool = False
 
 
 def class_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -98,7 +102,8 @@ def default_fraction(
             reserved += bs * 2
             if attn_dp > 1:
                 reserved += bs * attn_dp * 3 + (bs * attn_dp * 1.5 if bs > 300 else 0)
-        prefill_graph = (not layout.multimodal or layout.arch in _MM_PREFILL_GRAPH) and mode != "decode"
+        multimodal = layout.multimodal or flags.text_served_vlm
+        prefill_graph = (not multimodal or layout.arch in _MM_PREFILL_GRAPH) and mode != "decode"
         if prefill_graph:
             if mla:
                 reserved += 1.5 * 1024
@@ -108,7 +113,7 @@ def default_fraction(
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     fraction = round((gpu_mib - reserved) / gpu_mib, 3)
-    if layout.multimodal:
+    if layout.multimodal and mode != "decode":  # memory_hook.py:283-288 is_vlm: not on a PD decode role
         fraction *= vlm_factor(layout)
     return MemorySettings(chunk, bs, fraction)
 

@@ -129,7 +129,6 @@ def test_post_capture_kv_sizing_default_fraction_is_sglangs() -> None:
 # defaulted fraction applies only to a VLM that runs its vision tower: not with --language-only (nor
 # --language-model-only) and not on a PD decode role (memory_hook.py:283-288 is_vlm). Qwen3-VL-8B on one
 # H100: SGLang resolves 0.834 and 0.874; the planner scales both by the ViT factor (0.828 and 0.808).
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the VLM factor is applied where SGLang skips it")
 @pytest.mark.parametrize(
     ("flags", "sglang"),
     [({"language_only": True}, 0.834), ({"disaggregation_mode": "decode"}, 0.874)],

@@ -76,6 +76,7 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         disaggregation=_mode(inp.flags),
         draft_tokens=int_of(inp.flags, "speculative-num-draft-tokens"),
         text_served_vlm=_text_served_vlm(inp, layout),
+        prefill_backend=_prefill_backend(inp.flags),
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
@@ -84,6 +85,15 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         "three decimals"
     )
     return settings.fraction
+
+
+def _prefill_backend(flags: Flags) -> str | None:
+    """The prefill graph's backend the flags set (arg_groups/cuda_graph_hook.py:55-71 parse_cuda_graph_config:
+    --cuda-graph-backend-prefill over --disable-prefill-cuda-graph); None: SGLang's default."""
+    given = value_of(flags, "cuda-graph-backend-prefill")
+    if given is not None:
+        return str(given).lower()
+    return "disabled" if is_on(flags, "disable-prefill-cuda-graph") else None
 
 
 def _text_served_vlm(inp: PlanInput, layout: KVLayout) -> bool:

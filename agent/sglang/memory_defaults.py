@@ -47,6 +47,9 @@ class MemoryFlags:
     # --language-model-only clears is_multimodal, configs/model_config.py:820-828), so the prefill graph stays
     # off (cuda_graph_hook.py:229-237), though no vision tower runs and the VLM factor is skipped
     text_served_vlm: bool = False
+    # The prefill graph's backend as the flags set it (--cuda-graph-backend-prefill; disabled by
+    # --disable-prefill-cuda-graph), None: SGLang's default (breakable)
+    prefill_backend: str | None = None
 
 
 def class_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -104,6 +107,7 @@ def default_fraction(
                 reserved += bs * attn_dp * 3 + (bs * attn_dp * 1.5 if bs > 300 else 0)
         multimodal = layout.multimodal or flags.text_served_vlm
         prefill_graph = (not multimodal or layout.arch in _MM_PREFILL_GRAPH) and mode != "decode"
+        prefill_graph = prefill_graph and _prefill_backend(flags.prefill_backend, pp) != "disabled"
         if prefill_graph:
             if mla:
                 reserved += 1.5 * 1024
@@ -116,6 +120,14 @@ def default_fraction(
     if layout.multimodal and mode != "decode":  # memory_hook.py:283-288 is_vlm: not on a PD decode role
         fraction *= vlm_factor(layout)
     return MemorySettings(chunk, bs, fraction)
+
+
+def _prefill_backend(given: str | None, pp: int) -> str:
+    """cuda_graph_hook.py:142-160 apply_cuda_graph_compatibility: with pipeline parallelism the default
+    breakable prefill graph is turned off; a backend the flags set is kept, whichever it is."""
+    if given is not None:
+        return given
+    return "disabled" if pp > 1 else "breakable"
 
 
 def vlm_factor(layout: KVLayout) -> float:

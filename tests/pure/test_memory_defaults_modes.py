@@ -10,6 +10,8 @@ from agent.sglang.config_json import ModelConfig
 from agent.sglang.kvlayout import read_layout
 from agent.sglang.memory_defaults import MemoryFlags, default_fraction
 from agent.sglang.pools import Parallel
+from tests.pure.test_review39b_findings import default_fraction as sglang_default
+from tests.pure.test_review39b_findings import facts
 
 LLAMA = read_layout(
     ModelConfig(
@@ -42,3 +44,13 @@ def test_a_pd_role_reserves_for_its_own_phase_alone(gpu_mib: int) -> None:
         for m in (None, "prefill", "decode")
     )
     assert prefill >= null and decode >= null
+
+
+def test_the_prefill_graph_backend_the_flags_set_decides_its_reserve() -> None:
+    # The oracle on H100 (79.1 GiB), Llama-3.1-70B: TP 4 x PP 2 opted back in to the breakable prefill graph
+    # resolves 0.811, as TP 8 with it; --disable-prefill-cuda-graph at TP 8 resolves 0.817, as PP's default.
+    def fraction(**flags: object) -> float:
+        return sglang_default(facts("llama-3.1-70b", 141, **flags))
+
+    assert fraction(tp_size=4, pp_size=2, cuda_graph_backend_prefill="breakable") == 0.811
+    assert fraction(tp_size=8, disable_prefill_cuda_graph=True) == 0.817

@@ -339,7 +339,6 @@ def test_a_failed_start_of_another_configuration_does_not_bound_the_plan(
 # graph by default for pipeline parallelism"), so reserve_for_graph_mb (memory_hook.py:375-383) reserves no
 # prefill-graph memory: 8 MiB per captured size (GQA) or 1.5 GiB (MLA). The planner still reserves it: TP 4 x
 # PP 2 on H100 resolves 0.817 in SGLang for both; the planner says 0.811 (Llama-3.1-70B) and 0.798 (DeepSeek-V3).
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: PP's default prefill-graph opt-out is not modelled")
 @pytest.mark.parametrize(("model", "weights"), [("llama-3.1-70b", 141), ("deepseek-v3", 600)])
 def test_pipeline_parallel_default_fraction_reserves_no_prefill_graph(model: str, weights: float) -> None:
     assert default_fraction(facts(model, weights, tp_size=4, pp_size=2)) == 0.817

@@ -147,7 +147,6 @@ def test_the_vlm_factor_is_skipped_where_sglang_skips_it(flags: dict[str, Any], 
 # per), and plan/predict.py _listed_max reads such a list; yet no input can carry one: `--set
 # cuda-graph-bs-decode=1 2 4 8 1024` (and a facts file's or inventory's "1 2 4 8 1024") is refused "is not an
 # integer", and the inventory's and facts' flag types hold no list.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a list-valued flag cannot be given")
 def test_a_list_valued_cuda_graph_bs_decode_is_planned(tmp_path: Path) -> None:
     code, stdout, stderr = run(
         tmp_path, "plan", "ct200", "--offline", "--context", "32k", "--json",

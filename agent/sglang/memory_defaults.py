@@ -50,6 +50,9 @@ class MemoryFlags:
     # The prefill graph's backend as the flags set it (--cuda-graph-backend-prefill; disabled by
     # --disable-prefill-cuda-graph), None: SGLang's default (breakable)
     prefill_backend: str | None = None
+    # A Qwen3-VL on a Hopper card of 60 GiB or more captures decode graphs up to the request cap
+    # (arg_groups/model_overrides/qwen3_vl.py:34-62; see decode_graph_bs)
+    graphs_to_running: bool = False
 
 
 def class_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -63,6 +66,18 @@ def class_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
     if gpu_mib < 160 * 1024:
         return 8192, 256 if tp < 4 else 512
     return 16384, 512
+
+
+def decode_graph_bs(class_bs: int, flags: MemoryFlags) -> int:
+    """The decode graphs' max batch size (memory_hook.py:96-197): the flag's (a --cuda-graph-bs-decode list's
+    largest), else the card class's capped at --max-running-requests, or raised to it (at most 512) where
+    expand_multimodal_decode_graph_to_running_limit applies (qwen3_vl.py:34-62)."""
+    running = flags.max_running_requests
+    if flags.decode_max_bs is not None or running is None:
+        return flags.decode_max_bs or class_bs
+    if class_bs > running or (flags.graphs_to_running and running <= 512):
+        return running
+    return class_bs
 
 
 def prefill_graph_sizes(max_bs: int) -> int:
@@ -84,14 +99,12 @@ def default_fraction(
     """handle_gpu_memory_settings: reserved MiB = 512 + activations x 1.5 + tp*pp/8 GiB + graphs, floored
     at 10 GiB on cards over 60 GiB; f = round((gpu - reserved) / gpu, 3); times the VLM factor."""
     tp, pp, attn_dp = par.tp, par.pp, par.attn_dp
-    chunked_prefill, decode_max_bs = flags.chunked_prefill, flags.decode_max_bs
+    chunked_prefill = flags.chunked_prefill
     max_running_requests, max_total_tokens = flags.max_running_requests, flags.max_total_tokens
     cuda_graph = flags.cuda_graph
     chunk_default, bs_default = class_defaults(gpu_mib, tp)
     chunk = chunk_default if chunked_prefill is None else chunked_prefill  # 0 is chunking off, as -1
-    bs = decode_max_bs or bs_default
-    if decode_max_bs is None and max_running_requests is not None and bs > max_running_requests:
-        bs = max_running_requests
+    bs = decode_graph_bs(bs_default, flags)
     mla = layout.kv_lora_rank > 0
     mode = flags.disaggregation
     # Chunking off (<= 0): the activations scale with --max-prefill-tokens instead (memory_hook.py); a PD

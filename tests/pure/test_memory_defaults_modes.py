@@ -3,6 +3,7 @@ as -1 is; a PD role reserves for its own phase only."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -54,3 +55,20 @@ def test_the_prefill_graph_backend_the_flags_set_decides_its_reserve() -> None:
 
     assert fraction(tp_size=4, pp_size=2, cuda_graph_backend_prefill="breakable") == 0.811
     assert fraction(tp_size=8, disable_prefill_cuda_graph=True) == 0.817
+
+
+@pytest.mark.parametrize(
+    ("flags", "sglang"),
+    [
+        ({"cuda_graph_max_bs_decode": 256}, 0.7712545312499999),  # a max bs given: no expansion to the cap
+        ({"language_only": True}, 0.828),  # still multimodal to SGLang: expanded, no ViT factor
+        ({"cuda_graph_bs_decode": "1 2 4 8 384"}, 0.7684802343749999),  # a list: its largest, no expansion
+    ],
+    ids=["max-bs-given", "language-only", "bs-list"],
+)
+def test_qwen3_vl_decode_graphs_on_hopper_as_sglang_resolves_them(
+    flags: dict[str, object], sglang: float
+) -> None:
+    # The oracle, Qwen3-VL-8B on one H100 (79.1 GiB) at --max-running-requests 512.
+    doc = facts("qwen3-vl-8b-instruct", 17.5, tp_size=1, max_running_requests=512, **flags)
+    assert sglang_default(doc) == sglang

@@ -350,9 +350,6 @@ def test_pipeline_parallel_default_fraction_reserves_no_prefill_graph(model: str
 # reserves 2 MiB per batch size more: 0.766 at a cap of 512 and 0.768 at 400 on H100 (the oracle); the planner
 # keeps the class's 256 (memory_defaults.default_fraction) and says 0.771 for both, above SGLang's. The floor
 # (predict.floor_of) sizes graphs to 256 the same way, where SGLang captures to the cap.
-@pytest.mark.xfail(
-    strict=True, reason="NOT FIXED: Qwen3-VL's decode-graph expansion on Hopper is not modelled"
-)
 @pytest.mark.parametrize(("cap", "sglang"), [(512, 0.766), (400, 0.768)])
 def test_qwen3_vl_on_hopper_captures_decode_graphs_to_its_cap(cap: int, sglang: float) -> None:
     fraction = default_fraction(facts("qwen3-vl-8b-instruct", 17.5, tp_size=1, max_running_requests=cap))

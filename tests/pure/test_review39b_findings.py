@@ -204,7 +204,6 @@ def test_a_dsa_model_with_an_fp8_e5m2_cache_is_not_feasible() -> None:
 # (configs/model_config.py:2301-2318 _get_and_verify_dtype: "we use float16 for float32 models"; Gemma in
 # bfloat16): 2 bytes per element. The planner sizes a 4-byte cell: Llama-3.1-8B's pool at 203,500 tokens
 # where the same config in bfloat16, the same bytes as SGLang's float16, gives 407,001.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a float32 checkpoint's KV is sized in float32")
 def test_a_float32_checkpoint_is_sized_at_the_half_precision_sglang_runs() -> None:
     config = json.loads((MODELS / "llama-3.1-8b" / "config.json").read_text())
 

@@ -1,5 +1,5 @@
 """Flag combinations SGLang 0.5.23 refuses at start (plan/startrefusals.py): refused in one line naming the
-flag, and the ones it takes left alone. Each case's outcome is the oracle's (python -m tests.oracle size
+flag, and the ones it takes left alone; and the KV element --dtype runs. Each case's outcome is the oracle's (python -m tests.oracle size
 --gpu h100 -- FLAGS)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from agent.plan.choose import Target
 from agent.plan.facts import parse_facts
 from agent.plan.from_facts import plan_from_facts
+from agent.plan.predict import pool_model
 from tests.pure.test_review39b_findings import facts
 
 NGRAM_64 = {"speculative_algorithm": "NGRAM", "page_size": 64}
@@ -50,3 +51,15 @@ def test_a_refusal_names_the_flag_and_what_to_set() -> None:
     assert line.startswith("--kv-cache-dtype fp8_e5m2:") and "set --kv-cache-dtype fp8_e4m3" in line
     (line,) = refused("llama-3.1-70b", 141, speculative_algorithm="NGRAM", page_size=64)
     assert line.startswith("--speculative-algorithm NGRAM with --page-size 64") and "--page-size 1" in line
+
+
+def test_dtype_flag_sets_the_kv_element_as_sglang_runs_it() -> None:
+    # The oracle on H100, Llama-3.1-8B at TP 1: --dtype float32 is a 262,144-byte cell (float32 KV); a float32
+    # checkpoint under --dtype auto runs in float16: 131,072 bytes.
+    def cell(**flags: Any) -> float:
+        return pool_model(
+            parse_facts(facts("llama-3.1-8b", 16, tp_size=1, **flags), name="x"), 32768
+        ).pool.cell_bytes
+
+    assert cell(dtype="float32") == 262_144
+    assert cell() == cell(dtype="float16") == 131_072

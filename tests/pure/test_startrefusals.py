@@ -1,6 +1,6 @@
 """Flag combinations SGLang 0.5.23 refuses at start (plan/startrefusals.py): refused in one line naming the
-flag, and the ones it takes left alone; and the KV element --dtype runs. Each case's outcome is the oracle's (python -m tests.oracle size
---gpu h100 -- FLAGS)."""
+flag, and the ones it takes left alone; and the KV element --dtype runs. Each case's outcome is the
+oracle's (python -m tests.oracle size --gpu h100 -- FLAGS)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from agent.plan.effective import check_table
 from agent.plan.hostplan import memory_max_of, sets_memory_max
 from agent.protocol.common import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.protocol.requests import stop_timeout_s
-from agent.sglang import version_flags
+from agent.sglang import server_args, version_flags
 from agent.sglang.flagrules import canonical
 from agent.sglang.flags import FlagInput, FlagsError, exec_start_lines
 from agent.sglang.redact import SECRET_FLAG, is_secret_env
@@ -133,7 +133,8 @@ def effective_flags(host: HostConfig, flags: Mapping[str, FlagInput]) -> dict[st
     tail.update({"host": host.sglang.host, "port": host.sglang.port})
     for name, value in tail.items():
         merged.setdefault(name, value)
-    return {k: v for k, v in merged.items() if v is not False}  # False: leave the flag out
+    # False: leave the flag out; a list flag's text ("1 2 4") is written as its words
+    return server_args.as_words(version, {k: v for k, v in merged.items() if v is not False})
 
 
 def _over(merged: dict[str, FlagInput], flags: Mapping[str, FlagInput], version: str) -> None:

@@ -59,6 +59,8 @@ class PoolModel:
     # What the verdict line says of the evidence besides its basis: a cell scaled from a start under other
     # flags, memory other processes hold since the start (plan/predict.py)
     said: tuple[str, ...] = ()
+    # Flag combinations SGLang refuses at start for this model (plan/startrefusals.py)
+    refused: tuple[str, ...] = ()
 
     def basis_said(self) -> str:
         """The basis as the verdict line says it: a partial start is named there."""

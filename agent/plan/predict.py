@@ -68,13 +68,16 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         return given
     given_flags = memory_defaults.MemoryFlags(
         chunked_prefill=int_of(inp.flags, "chunked-prefill-size"),
-        decode_max_bs=int_of(inp.flags, "cuda-graph-max-bs-decode"),
+        decode_max_bs=_decode_max_bs(inp),
         max_running_requests=int_of(inp.flags, "max-running-requests"),
         max_total_tokens=int_of(inp.flags, "max-total-tokens"),
         cuda_graph=not decode_graphs_off(inp.flags),
         max_prefill_tokens=int_of(inp.flags, "max-prefill-tokens"),
         disaggregation=_mode(inp.flags),
         draft_tokens=int_of(inp.flags, "speculative-num-draft-tokens"),
+        text_served_vlm=_text_served_vlm(inp, layout),
+        prefill_backend=_prefill_backend(inp.flags),
+        graphs_to_running=_graphs_to_running(inp, layout),
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
@@ -83,6 +86,28 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         "three decimals"
     )
     return settings.fraction
+
+
+def _prefill_backend(flags: Flags) -> str | None:
+    """The prefill graph's backend the flags set (arg_groups/cuda_graph_hook.py:55-71 parse_cuda_graph_config:
+    --cuda-graph-backend-prefill over --disable-prefill-cuda-graph); None: SGLang's default."""
+    given = value_of(flags, "cuda-graph-backend-prefill")
+    if given is not None:
+        return str(given).lower()
+    return "disabled" if is_on(flags, "disable-prefill-cuda-graph") else None
+
+
+def _text_served_vlm(inp: PlanInput, layout: KVLayout) -> bool:
+    """--language-only on a checkpoint SGLang's ModelConfig takes as multimodal (configs/model_config.py:
+    820-828: an architecture off by default counts only with --enable-multimodal)."""
+    f = inp.flags
+    if layout.multimodal or not is_on(f, "language-only") or is_on(f, "language-model-only"):
+        return False
+    try:
+        raw = read_layout(inp.model.config)
+    except Unsupported:  # sizing() read it with the flags' override; refusals are its to state
+        return False
+    return raw.multimodal and (not raw.multimodal_off_by_default or is_on(f, "enable-multimodal"))
 
 
 def _aiter_scale(inp: PlanInput, arch: Sizing, context: int, notes: list[str]) -> float:
@@ -139,7 +164,7 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     shape = PoolModel(
         0.0, 0.0, sizer.cell_bytes, "architecture", 0.0, False, page_size=sizer.page_size,
         max_total_tokens=sizer.max_total_tokens, dp=par.attn_dp, sizer=sizer, fraction_scale=scale,
-        heads=_heads(inp),
+        heads=_heads(inp), refused=arch.refused,
     )  # fmt: skip
     model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
     model = replace(model, prealloc_gib=symm_prealloc_gib(inp))
@@ -184,10 +209,11 @@ def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, meas
     chunk = chunk_default if given is None else given  # 0 is chunking off, as -1 (memory_hook.py)
     if chunk <= 0:  # chunking off: a prompt of the whole context is prefilled in one step
         chunk = context
-    bs = _listed_max(inp) or int_of(inp.flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs") or bs_default
+    running = int_of(inp.flags, "max-running-requests")
+    bs = memory_defaults.decode_graph_bs(bs_default, _decode_flags(inp, layout, running))
     # SGLang captures up to the request cap, which a draft model sets when it is unset
     spec = draft_model(inp.flags) is not None
-    requests = int_of(inp.flags, "max-running-requests") or (SPEC_DEFAULT_REQUESTS if spec else bs)
+    requests = running or (SPEC_DEFAULT_REQUESTS if spec else bs)
     graphs = 0 if decode_graphs_off(inp.flags) else min(bs, requests)
     # a prefill role reserves no attention-DP padding (memory_hook.py:371-372)
     dp = 1 if _mode(inp.flags) == "prefill" else par.attn_dp
@@ -247,6 +273,28 @@ def _fitted(
         model = replace(shape, pre_gib=pre, post_gib=post, basis="calibrated", partial=why)
         return _less_neighbours(inp, par, model, notes)
     return _cold(inp, par, shape, notes)
+
+
+def _decode_max_bs(inp: PlanInput) -> int | None:
+    """The decode graphs' max batch size the flags set: a --cuda-graph-bs-decode list's largest wins over
+    --cuda-graph-max-bs-decode (arg_groups/memory_hook.py:200-203)."""
+    return _listed_max(inp) or int_of(inp.flags, "cuda-graph-max-bs-decode", "cuda-graph-max-bs")
+
+
+def _decode_flags(inp: PlanInput, layout: KVLayout, running: int | None) -> memory_defaults.MemoryFlags:
+    return memory_defaults.MemoryFlags(
+        decode_max_bs=_decode_max_bs(inp),
+        max_running_requests=running,
+        graphs_to_running=_graphs_to_running(inp, layout),
+    )
+
+
+def _graphs_to_running(inp: PlanInput, layout: KVLayout) -> bool:
+    """arg_groups/model_overrides/qwen3_vl.py:20-62: a Qwen3-VL that SGLang's ModelConfig takes as
+    multimodal, on an SM 9.x card of 60 GiB or more, captures decode graphs up to its request cap."""
+    hopper = inp.sm_major == 9 and inp.gpu.memory_total_mib >= 60 * 1024
+    multimodal = layout.multimodal or _text_served_vlm(inp, layout)
+    return hopper and multimodal and layout.model_type in ("qwen3_vl", "qwen3_vl_moe")
 
 
 def _listed_max(inp: PlanInput) -> int | None:

@@ -21,6 +21,7 @@ def refusals(host: HostConfig, context: int, model: PoolModel) -> list[str]:
     flags: Flags = host.sglang.flags
     found = [*version_flags.refused(host.sglang.version, flags)]
     found += _layout(flags, host.gpus.count) or head_refusals(model.heads, world(flags)[0])
+    found += model.refused
     if model.post_gib <= 0:
         weights = model.pre_gib - model.post_gib
         found.append(

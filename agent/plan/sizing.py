@@ -16,6 +16,7 @@ from agent.inventory import FlagValue
 from agent.plan.facts import ModelInput, PlanInput
 from agent.plan.inputs import float_of, int_of, is_on, origin, sglang_version, value_of
 from agent.plan.overhead import is_amd
+from agent.plan.startrefusals import start_refusals
 from agent.sglang import kvpool, pools
 from agent.sglang.config_json import with_override
 from agent.sglang.kvlayout import KVLayout, Unsupported, read_layout
@@ -315,6 +316,19 @@ def _mamba(
     return pools.MambaShare(per_slot_bytes=per_req, ratio=ratio, cache_size=size, per_request=per)
 
 
+def _run_dtype(inp: PlanInput, layout: KVLayout, notes: list[str]) -> KVLayout:
+    """configs/model_config.py:2301-2318 _get_and_verify_dtype: --dtype auto runs a float32 checkpoint in
+    float16 (Gemma in bfloat16), and the KV cache with it; --dtype float32 keeps 4 bytes. The inventory's
+    dtype_bytes is the person's own figure, kept."""
+    given = str(value_of(inp.flags, "dtype") or "auto").lower()
+    if given != "auto":
+        return replace(layout, dtype_bytes=4 if given in ("float", "float32") else 2)
+    if layout.dtype_bytes != 4 or origin(inp) == "the inventory":
+        return layout
+    notes.append("a float32 checkpoint: SGLang runs it in half precision under --dtype auto (2-byte KV)")
+    return replace(layout, dtype_bytes=2)
+
+
 def _multimodal(inp: PlanInput, layout: KVLayout, notes: list[str]) -> KVLayout:
     """configs/model_config.py: --language-only (or language_model_only) serves the LM alone; Gemma 3,
     Llama 4 and Step3-VL serve text only unless --enable-multimodal."""
@@ -367,6 +381,7 @@ class Sizing:
     par: Parallel
     sizer: pools.PoolSizer
     notes: tuple[str, ...]
+    refused: tuple[str, ...] = ()  # flag combinations SGLang refuses at start (plan/startrefusals.py)
 
 
 def sizing(inp: PlanInput) -> Sizing:
@@ -384,6 +399,7 @@ def sizing(inp: PlanInput) -> Sizing:
             layout = replace(layout, family="mha", kv_layers=tuple(range(layout.layers)), swa_layers=())
             notes.append("--disable-hybrid-swa-memory: every layer holds full-size KV (model_config.py)")
         layout = _multimodal(inp, layout, notes)
+        layout = _run_dtype(inp, layout, notes)
         notes.extend(filter(None, [_backend(inp, layout)]))
         par = parallel(inp)
         if par.dcp > 1:
@@ -394,6 +410,9 @@ def sizing(inp: PlanInput) -> Sizing:
         dtype = pools.kv_dtype(str(value_of(inp.flags, "kv-cache-dtype") or "auto"), layout, inp.sm_major)
         _refusals(layout, inp, dtype)
         sizer = _cells(inp, layout, dtype, par, notes)
+        refused = start_refusals(
+            layout, inp.flags, sizer.page_size, attention_backend(inp, layout, par), par.attn_dp
+        )
     except Unsupported as exc:
         raise UsageError(f"cannot plan this model: {exc}") from None
     except ValueError as exc:
@@ -404,7 +423,7 @@ def sizing(inp: PlanInput) -> Sizing:
         f"attention TP {par.attn_tp}, "
         f"page {sizer.page_size}); architecture from {inp.sources.get('architecture', 'config.json')}"
     )
-    return Sizing(layout, dtype, par, sizer, tuple(notes))
+    return Sizing(layout, dtype, par, sizer, tuple(notes), refused)
 
 
 def _backend(inp: PlanInput, layout: KVLayout) -> str | None:

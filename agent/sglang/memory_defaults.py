@@ -43,6 +43,16 @@ class MemoryFlags:
     max_prefill_tokens: int | None = None  # the activations' size when chunking is off (default 16,384)
     disaggregation: str | None = None  # --disaggregation-mode: prefill or decode (PD roles), None for null
     draft_tokens: int | None = None  # --speculative-num-draft-tokens (a decode role's activations)
+    # --language-only on a multimodal checkpoint: SGLang's ModelConfig stays multimodal (only
+    # --language-model-only clears is_multimodal, configs/model_config.py:820-828), so the prefill graph stays
+    # off (cuda_graph_hook.py:229-237), though no vision tower runs and the VLM factor is skipped
+    text_served_vlm: bool = False
+    # The prefill graph's backend as the flags set it (--cuda-graph-backend-prefill; disabled by
+    # --disable-prefill-cuda-graph), None: SGLang's default (breakable)
+    prefill_backend: str | None = None
+    # A Qwen3-VL on a Hopper card of 60 GiB or more captures decode graphs up to the request cap
+    # (arg_groups/model_overrides/qwen3_vl.py:34-62; see decode_graph_bs)
+    graphs_to_running: bool = False
 
 
 def class_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -56,6 +66,18 @@ def class_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
     if gpu_mib < 160 * 1024:
         return 8192, 256 if tp < 4 else 512
     return 16384, 512
+
+
+def decode_graph_bs(class_bs: int, flags: MemoryFlags) -> int:
+    """The decode graphs' max batch size (memory_hook.py:96-197): the flag's (a --cuda-graph-bs-decode list's
+    largest), else the card class's capped at --max-running-requests, or raised to it (at most 512) where
+    expand_multimodal_decode_graph_to_running_limit applies (qwen3_vl.py:34-62)."""
+    running = flags.max_running_requests
+    if flags.decode_max_bs is not None or running is None:
+        return flags.decode_max_bs or class_bs
+    if class_bs > running or (flags.graphs_to_running and running <= 512):
+        return running
+    return class_bs
 
 
 def prefill_graph_sizes(max_bs: int) -> int:
@@ -77,14 +99,12 @@ def default_fraction(
     """handle_gpu_memory_settings: reserved MiB = 512 + activations x 1.5 + tp*pp/8 GiB + graphs, floored
     at 10 GiB on cards over 60 GiB; f = round((gpu - reserved) / gpu, 3); times the VLM factor."""
     tp, pp, attn_dp = par.tp, par.pp, par.attn_dp
-    chunked_prefill, decode_max_bs = flags.chunked_prefill, flags.decode_max_bs
+    chunked_prefill = flags.chunked_prefill
     max_running_requests, max_total_tokens = flags.max_running_requests, flags.max_total_tokens
     cuda_graph = flags.cuda_graph
     chunk_default, bs_default = class_defaults(gpu_mib, tp)
     chunk = chunk_default if chunked_prefill is None else chunked_prefill  # 0 is chunking off, as -1
-    bs = decode_max_bs or bs_default
-    if decode_max_bs is None and max_running_requests is not None and bs > max_running_requests:
-        bs = max_running_requests
+    bs = decode_graph_bs(bs_default, flags)
     mla = layout.kv_lora_rank > 0
     mode = flags.disaggregation
     # Chunking off (<= 0): the activations scale with --max-prefill-tokens instead (memory_hook.py); a PD
@@ -98,7 +118,9 @@ def default_fraction(
             reserved += bs * 2
             if attn_dp > 1:
                 reserved += bs * attn_dp * 3 + (bs * attn_dp * 1.5 if bs > 300 else 0)
-        prefill_graph = (not layout.multimodal or layout.arch in _MM_PREFILL_GRAPH) and mode != "decode"
+        multimodal = layout.multimodal or flags.text_served_vlm
+        prefill_graph = (not multimodal or layout.arch in _MM_PREFILL_GRAPH) and mode != "decode"
+        prefill_graph = prefill_graph and _prefill_backend(flags.prefill_backend, pp) != "disabled"
         if prefill_graph:
             if mla:
                 reserved += 1.5 * 1024
@@ -108,9 +130,17 @@ def default_fraction(
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     fraction = round((gpu_mib - reserved) / gpu_mib, 3)
-    if layout.multimodal:
+    if layout.multimodal and mode != "decode":  # memory_hook.py:283-288 is_vlm: not on a PD decode role
         fraction *= vlm_factor(layout)
     return MemorySettings(chunk, bs, fraction)
+
+
+def _prefill_backend(given: str | None, pp: int) -> str:
+    """cuda_graph_hook.py:142-160 apply_cuda_graph_compatibility: with pipeline parallelism the default
+    breakable prefill graph is turned off; a backend the flags set is kept, whichever it is."""
+    if given is not None:
+        return given
+    return "disabled" if pp > 1 else "breakable"
 
 
 def vlm_factor(layout: KVLayout) -> float:

@@ -40,6 +40,19 @@ class FlagSpec:
     nargs: str | int | None  # None: one value; "+", "*", "?" or a count as argparse takes them
     deprecated: str | None  # the spelling to use instead, for a deprecated option
 
+    @property
+    def takes_list(self) -> bool:
+        return self.nargs in ("+", "*") or (isinstance(self.nargs, int) and self.nargs > 1)
+
+    def words(self, value: Value) -> tuple[FlagWord, ...]:
+        """The words of a value: a list flag's text (`--set cuda-graph-bs-decode="1 2 4"`, an inventory's
+        "1 2 4") is its whitespace-separated words, as the unit writes them (argparse nargs)."""
+        if isinstance(value, tuple):
+            return value
+        if isinstance(value, str) and self.takes_list and value.split():
+            return tuple(value.split())
+        return (value,)
+
 
 @dataclass(frozen=True)
 class FlagTable:
@@ -58,7 +71,7 @@ class FlagTable:
             return None if value is True else f"--{name} takes no value (write true, or leave it out)"
         if value is True:
             return f"--{name} needs a value"
-        words = value if isinstance(value, tuple) else (value,)
+        words = spec.words(value)
         if len(words) > 1 and spec.nargs in (None, "?"):
             return f"--{name} takes one value, not {len(words)}"
         for word in words:
@@ -182,6 +195,20 @@ def typed(version: str, name: str, value: Value) -> Value | int | float:
         return human_int(value) if spec.kind == "human_int" else int(value)
     except ValueError:
         return value
+
+
+def as_words(version: str, flags: Mapping[str, Value]) -> dict[str, Value]:
+    """The flags with a list flag's text split into its words (a tuple), as the unit must carry them: one
+    quoted word "1 2 4" would reach SGLang's argparse as one value it cannot read."""
+    table = table_for(version)
+    if table is None:
+        return dict(flags)
+    out: dict[str, Value] = {}
+    for name, value in flags.items():
+        spec = table.by_name.get(name)
+        listed = spec is not None and spec.takes_list and isinstance(value, str) and len(value.split()) > 1
+        out[name] = tuple(str(value).split()) if listed else value
+    return out
 
 
 def problems(version: str, flags: Mapping[str, Value]) -> list[tuple[str, str]]:

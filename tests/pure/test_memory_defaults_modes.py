@@ -3,6 +3,7 @@ as -1 is; a PD role reserves for its own phase only."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -10,6 +11,8 @@ from agent.sglang.config_json import ModelConfig
 from agent.sglang.kvlayout import read_layout
 from agent.sglang.memory_defaults import MemoryFlags, default_fraction
 from agent.sglang.pools import Parallel
+from tests.pure.test_review39b_findings import default_fraction as sglang_default
+from tests.pure.test_review39b_findings import facts
 
 LLAMA = read_layout(
     ModelConfig(
@@ -42,3 +45,30 @@ def test_a_pd_role_reserves_for_its_own_phase_alone(gpu_mib: int) -> None:
         for m in (None, "prefill", "decode")
     )
     assert prefill >= null and decode >= null
+
+
+def test_the_prefill_graph_backend_the_flags_set_decides_its_reserve() -> None:
+    # The oracle on H100 (79.1 GiB), Llama-3.1-70B: TP 4 x PP 2 opted back in to the breakable prefill graph
+    # resolves 0.811, as TP 8 with it; --disable-prefill-cuda-graph at TP 8 resolves 0.817, as PP's default.
+    def fraction(**flags: object) -> float:
+        return sglang_default(facts("llama-3.1-70b", 141, **flags))
+
+    assert fraction(tp_size=4, pp_size=2, cuda_graph_backend_prefill="breakable") == 0.811
+    assert fraction(tp_size=8, disable_prefill_cuda_graph=True) == 0.817
+
+
+@pytest.mark.parametrize(
+    ("flags", "sglang"),
+    [
+        ({"cuda_graph_max_bs_decode": 256}, 0.7712545312499999),  # a max bs given: no expansion to the cap
+        ({"language_only": True}, 0.828),  # still multimodal to SGLang: expanded, no ViT factor
+        ({"cuda_graph_bs_decode": "1 2 4 8 384"}, 0.7684802343749999),  # a list: its largest, no expansion
+    ],
+    ids=["max-bs-given", "language-only", "bs-list"],
+)
+def test_qwen3_vl_decode_graphs_on_hopper_as_sglang_resolves_them(
+    flags: dict[str, object], sglang: float
+) -> None:
+    # The oracle, Qwen3-VL-8B on one H100 (79.1 GiB) at --max-running-requests 512.
+    doc = facts("qwen3-vl-8b-instruct", 17.5, tp_size=1, max_running_requests=512, **flags)
+    assert sglang_default(doc) == sglang

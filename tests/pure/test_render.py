@@ -251,3 +251,12 @@ def test_a_rendering_identical_to_the_installed_unit_is_not_verified_again(monke
     assert calls == ["sglang.service"]  # the same text as installed: systemd already runs it
     agent.verify.render_checked(host, {"mem-fraction-static": 0.93}, installed=installed)
     assert calls == ["sglang.service", "sglang.service"]
+
+
+def test_a_list_flags_text_is_written_as_its_words() -> None:
+    # --cuda-graph-bs-decode takes nargs "+" ints: one quoted word "1 2 4" would reach argparse as one value
+    host = load_host("ct200", UNITS)
+    text = render_unit(host, {"cuda-graph-bs-decode": "1 2 4 8 1024"}, template_dir())
+    assert "--cuda-graph-bs-decode 1 2 4 8 1024" in text
+    assert parse_unit(text)[1]["cuda-graph-bs-decode"] == ("1", "2", "4", "8", "1024")
+    assert effective_flags(host, {"served-model-name": "a b"})["served-model-name"] == "a b"  # one value

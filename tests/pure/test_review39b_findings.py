@@ -129,7 +129,6 @@ def test_post_capture_kv_sizing_default_fraction_is_sglangs() -> None:
 # defaulted fraction applies only to a VLM that runs its vision tower: not with --language-only (nor
 # --language-model-only) and not on a PD decode role (memory_hook.py:283-288 is_vlm). Qwen3-VL-8B on one
 # H100: SGLang resolves 0.834 and 0.874; the planner scales both by the ViT factor (0.828 and 0.808).
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the VLM factor is applied where SGLang skips it")
 @pytest.mark.parametrize(
     ("flags", "sglang"),
     [({"language_only": True}, 0.834), ({"disaggregation_mode": "decode"}, 0.874)],
@@ -148,7 +147,6 @@ def test_the_vlm_factor_is_skipped_where_sglang_skips_it(flags: dict[str, Any], 
 # per), and plan/predict.py _listed_max reads such a list; yet no input can carry one: `--set
 # cuda-graph-bs-decode=1 2 4 8 1024` (and a facts file's or inventory's "1 2 4 8 1024") is refused "is not an
 # integer", and the inventory's and facts' flag types hold no list.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a list-valued flag cannot be given")
 def test_a_list_valued_cuda_graph_bs_decode_is_planned(tmp_path: Path) -> None:
     code, stdout, stderr = run(
         tmp_path, "plan", "ct200", "--offline", "--context", "32k", "--json",
@@ -195,7 +193,6 @@ def test_a_failure_before_the_weights_does_not_hide_the_good_start_before_it(tmp
 # takes a bf16 or fp8_e4m3 KV cache only (arg_groups/overrides.py:540-544: assert kv_cache_dtype in
 # ["bfloat16", "fp8_e4m3"], "DeepSeek DSA only supports bf16/bfloat16 or fp8_e4m3 kv_cache_dtype"); the
 # oracle refuses the start. The planner sizes --kv-cache-dtype fp8_e5m2 as any fp8 cache and says feasible.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: DSA's KV dtype restriction is not checked")
 def test_a_dsa_model_with_an_fp8_e5m2_cache_is_not_feasible() -> None:
     doc = facts("glm-5-nvfp4", 440, tp_size=8, kv_cache_dtype="fp8_e5m2")
     plan = plan_from_facts(parse_facts(doc, name="x"), Target(32768))
@@ -207,7 +204,6 @@ def test_a_dsa_model_with_an_fp8_e5m2_cache_is_not_feasible() -> None:
 # (configs/model_config.py:2301-2318 _get_and_verify_dtype: "we use float16 for float32 models"; Gemma in
 # bfloat16): 2 bytes per element. The planner sizes a 4-byte cell: Llama-3.1-8B's pool at 203,500 tokens
 # where the same config in bfloat16, the same bytes as SGLang's float16, gives 407,001.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a float32 checkpoint's KV is sized in float32")
 def test_a_float32_checkpoint_is_sized_at_the_half_precision_sglang_runs() -> None:
     config = json.loads((MODELS / "llama-3.1-8b" / "config.json").read_text())
 
@@ -226,7 +222,6 @@ def test_a_float32_checkpoint_is_sized_at_the_half_precision_sglang_runs() -> No
 # SGLang 0.5.23 hook asserts its backends: GPT-OSS (arg_groups/model_hook.py:523-543 "GptOssForCausalLM
 # requires one of [triton, trtllm_mha, fa3, fa4, ...]") and Gemma 4 (model_hook.py:646-661 "Gemma4 only
 # supports trtllm_mha, triton, fa4, ..."). The oracle refuses both starts; the planner sizes them feasible.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a model's own attention-backend asserts are not checked")
 @pytest.mark.parametrize(("model", "weights"), [("gpt-oss-20b", 14), ("gemma-4-26b-a4b", 52)])
 def test_an_attention_backend_the_model_refuses_is_not_feasible(model: str, weights: float) -> None:
     doc = facts(model, weights, tp_size=8, attention_backend="flashinfer")
@@ -240,7 +235,6 @@ def test_an_attention_backend_the_model_refuses_is_not_feasible(model: str, weig
 # H100), and a DSA model, whose page size SGLang forces to 64 (GLM-5; on B200, where trtllm forces 64, the
 # oracle refuses NGRAM for DeepSeek-V3, Kimi, GPT-OSS, Gemma 4 and Nemotron alike). The oracle refuses both; the
 # planner sizes them feasible (1,187,776 and 79,936 tokens).
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: NGRAM's page-size restriction is not checked")
 @pytest.mark.parametrize(
     ("model", "weights", "flags"),
     [("llama-3.1-70b", 141, {"page_size": 64}), ("glm-5-nvfp4", 440, {})],
@@ -343,7 +337,6 @@ def test_a_failed_start_of_another_configuration_does_not_bound_the_plan(
 # graph by default for pipeline parallelism"), so reserve_for_graph_mb (memory_hook.py:375-383) reserves no
 # prefill-graph memory: 8 MiB per captured size (GQA) or 1.5 GiB (MLA). The planner still reserves it: TP 4 x
 # PP 2 on H100 resolves 0.817 in SGLang for both; the planner says 0.811 (Llama-3.1-70B) and 0.798 (DeepSeek-V3).
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: PP's default prefill-graph opt-out is not modelled")
 @pytest.mark.parametrize(("model", "weights"), [("llama-3.1-70b", 141), ("deepseek-v3", 600)])
 def test_pipeline_parallel_default_fraction_reserves_no_prefill_graph(model: str, weights: float) -> None:
     assert default_fraction(facts(model, weights, tp_size=4, pp_size=2)) == 0.817
@@ -356,9 +349,6 @@ def test_pipeline_parallel_default_fraction_reserves_no_prefill_graph(model: str
 # reserves 2 MiB per batch size more: 0.766 at a cap of 512 and 0.768 at 400 on H100 (the oracle); the planner
 # keeps the class's 256 (memory_defaults.default_fraction) and says 0.771 for both, above SGLang's. The floor
 # (predict.floor_of) sizes graphs to 256 the same way, where SGLang captures to the cap.
-@pytest.mark.xfail(
-    strict=True, reason="NOT FIXED: Qwen3-VL's decode-graph expansion on Hopper is not modelled"
-)
 @pytest.mark.parametrize(("cap", "sglang"), [(512, 0.766), (400, 0.768)])
 def test_qwen3_vl_on_hopper_captures_decode_graphs_to_its_cap(cap: int, sglang: float) -> None:
     fraction = default_fraction(facts("qwen3-vl-8b-instruct", 17.5, tp_size=1, max_running_requests=cap))

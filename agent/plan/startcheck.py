@@ -13,8 +13,10 @@ the plan's verdict line says so.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from agent.sglang.logs.starts import LoggedStart
 
 _TYPE = re.compile(r"Load weight end\..*?\btype=([A-Za-z0-9_]+)")
 _PRE = re.compile(r"Load weight begin\. avail mem=(\d+(?:\.\d+)?) ?GB")
@@ -154,6 +156,20 @@ def refusal(start: StartIdentity, planned: Planned) -> str | None:
             f"{planned.card_gib:g} GiB cards hold: a start on other GPUs"
         )
     return None
+
+
+def alike(starts: Sequence[LoggedStart], start: LoggedStart) -> list[LoggedStart]:
+    """The log's starts of the evidence start's configuration (architecture, model path, TP, PP, where both
+    logs say them): a failed start of another layout or model bounds only its own (plan/failed.py)."""
+    ran = identity(start.lines)
+
+    def same(other: StartIdentity) -> bool:
+        pairs = [(other.architecture, ran.architecture), (other.tp, ran.tp), (other.pp, ran.pp)]
+        if other.model_path and ran.model_path:
+            pairs.append((_name(other.model_path), _name(ran.model_path)))
+        return all(a is None or b is None or a == b for a, b in pairs)
+
+    return [s for s in starts if s is start or same(identity(s.lines))]
 
 
 def _name(path: str) -> str:

@@ -319,7 +319,6 @@ def test_a_start_whose_log_lost_its_fraction_is_not_fitted_at_the_plans(tmp_path
 # (plan/startcheck.py: architecture, model path, TP x PP) the evidence start itself passes: the plan for
 # Kimi at TP 8 stays below 0.86 (0.816, 56,799 tokens, not feasible at 128k) where the same log without
 # that foreign failure plans 0.873 and 131,125 tokens, feasible. A failure bounds only its own configuration.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: another configuration's failure bounds the plan")
 @pytest.mark.parametrize(
     ("old", "new"),
     [("'tp_size': 8", "'tp_size': 4"), ("/models/Kimi-K2.6", "/models/Qwen3-235B-A22B")],

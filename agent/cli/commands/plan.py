@@ -273,7 +273,7 @@ def checked_starts(
     is refused with one line (plan/startcheck.py), so is a log with no start that logged its pool or its
     memory; a start under another KV dtype calibrates: its cell is scaled by the architecture's ratio
     (plan/evidence.py as_started)."""
-    from agent.plan.startcheck import identity, refusal
+    from agent.plan.startcheck import alike, identity, refusal
     from agent.sglang.logs.starts import plan_figures
 
     if number is not None and len(names) != 1:
@@ -292,7 +292,7 @@ def checked_starts(
             )
         if out is not None and said:
             print(f"deployctl: note: --from-log {name!r}: {said}", file=out.stderr)
-        kept.append(plan_figures(starts, start))  # its other failed starts bound the fraction
+        kept.append(plan_figures(alike(starts, start), start))  # its other failed starts bound the fraction
         ids.append(ran)
     return kept, ids, start
 

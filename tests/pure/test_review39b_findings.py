@@ -177,7 +177,6 @@ EARLY_FAILURE = [
 # "no usable start in it: start 2 of 2 logged neither its KV pool nor its free memory", while start 1 of the
 # same unit and flags logged all of them. A failure before the weights is evidence of nothing about memory
 # (plan/failed.py says so itself); the last start that measured it is the evidence, named as such.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a memory-less failed start is taken as the evidence")
 def test_a_failure_before_the_weights_does_not_hide_the_good_start_before_it(tmp_path: Path) -> None:
     log = write(tmp_path, journal(GOOD, EARLY_FAILURE))
     code, stdout, stderr = run(
@@ -262,7 +261,6 @@ def test_ngram_with_a_paged_cache_off_flashinfer_is_not_feasible(
 # 0.93 (a configuration since replaced) and parse-log marks it "the last complete one", though every SGLang
 # line carries its date ([2026-12-02 ...] against [2026-12-01 ...]). The latest start by its own timestamps
 # is the evidence (or the log is refused as ambiguous and a start must be named).
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: the evidence is the last start in file order, not in time")
 def test_the_evidence_is_the_latest_start_by_its_timestamps() -> None:
     newest = [line.replace("2026-12-01", "2026-12-02") for line in GOOD]
     start = evidence(split([*newest, *ran_at_093()]))

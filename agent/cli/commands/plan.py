@@ -300,7 +300,7 @@ def checked_starts(
 def _evidence(name: str, number: int | None) -> tuple[list[LoggedStart], LoggedStart, str | None]:
     """The log's start the plan reads, and which it is where the log holds several (or one was named)."""
     from agent.cli.commands.parse_log import pick
-    from agent.sglang.logs.starts import split  # the parser loads only when a log is read
+    from agent.sglang.logs.starts import evidence_said, split  # the parser loads only when a log is read
 
     starts = split(_lines(Path(name)))
     start = pick(starts, number, f"--from-log {name!r}")
@@ -321,13 +321,7 @@ def _evidence(name: str, number: int | None) -> tuple[list[LoggedStart], LoggedS
         (
             f"the plan reads start {start.number} of {len(starts)} (line {start.first_line}, {start.outcome}"
             + (f" at --mem-fraction-static {fraction}" if fraction is not None else "")
-            + (
-                ""
-                if number is not None
-                else ", the last complete one"
-                if start.complete
-                else ", the last one"
-            )
+            + ("" if number is not None else f", {evidence_said(starts, start).split(':')[0]}")
             + "); --start N reads another"
         ),
     )

@@ -297,9 +297,6 @@ def ran_at_0851_without_server_args() -> list[str]:
 # stays, and grows with the pool: 0.01 of fraction on an 80 GB card is ~0.8 GiB of pool. Nothing says the
 # fraction was assumed. The memory lines (pre and post are measured whatever the fraction) are the evidence
 # here, not the token count against a guessed fraction.
-@pytest.mark.xfail(
-    strict=True, reason="NOT FIXED: a start's unknown fraction is silently taken as the plan's"
-)
 def test_a_start_whose_log_lost_its_fraction_is_not_fitted_at_the_plans(tmp_path: Path) -> None:
     log = write(tmp_path, "\n".join(ran_at_0851_without_server_args()) + "\n")
     code, stdout, stderr = run(

@@ -154,6 +154,12 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
     )  # fmt: skip
     model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
     model = _runtime_since(inp, model, _graphs_estimate(inp, layout, par, context), notes)
+    if post_capture_env(inp) and not layout.kv_lora_rank:
+        notes.append(
+            "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is set: SGLang may resize the pool after graph capture "
+            "(model_runner_components/kv_pool_runtime.py), taking the graphs' memory from the pool: the pool "
+            "predicted here is sized before capture and may be larger than SGLang's by that much"
+        )
     # a draft added since the start brings graphs its measured figures do not hold
     then = as_started(inp) if inp.starts else None
     measured = model.runtime_measured and added_draft(inp, then) is None and removed_draft(inp, then) is None

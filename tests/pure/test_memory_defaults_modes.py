@@ -42,3 +42,16 @@ def test_a_pd_role_reserves_for_its_own_phase_alone(gpu_mib: int) -> None:
         for m in (None, "prefill", "decode")
     )
     assert prefill >= null and decode >= null
+
+
+def test_post_capture_kv_sizing_is_said_with_a_given_fraction() -> None:
+    # SGLang resizes the pool after capture under the env var whatever the fraction: the plan says its
+    # prediction is the pool before capture (model_runner_components/kv_pool_runtime.py)
+    from agent.plan.facts import parse_facts
+    from agent.plan.predict import pool_model
+    from tests.pure.test_review39b_findings import facts
+
+    env = {"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": "1"}
+    doc = facts("llama-3.1-8b", 16, env=env, tp_size=1, mem_fraction_static=0.85)
+    notes = pool_model(parse_facts(doc, name="x"), 32768).notes
+    assert any("may resize the pool after graph capture" in n for n in notes), notes

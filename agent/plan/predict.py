@@ -168,11 +168,10 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
 
 
 def deepep(flags: Flags) -> bool:
-    """--moe-a2a-backend deepep in a mode that keeps the CUDA graphs (deepep-mode normal turns them off,
-    arg_groups/moe_hook.py:383-397)."""
-    if str(value_of(flags, "moe-a2a-backend") or "none").lower() != "deepep":
-        return False
-    return str(value_of(flags, "deepep-mode") or "auto").lower() != "normal"
+    """--moe-a2a-backend deepep, in any --deepep-mode: normal turns the graphs off (arg_groups/moe_hook.py:
+    383-397) after the default fraction has reserved for them (0.775 for Qwen3-30B-A3B at TP 8 on H100,
+    as with auto), and its buffers are allocated all the same."""
+    return str(value_of(flags, "moe-a2a-backend") or "none").lower() == "deepep"
 
 
 def post_capture_env(inp: PlanInput) -> bool:

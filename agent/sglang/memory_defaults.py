@@ -43,7 +43,7 @@ class MemoryFlags:
     max_prefill_tokens: int | None = None  # the activations' size when chunking is off (default 16,384)
     disaggregation: str | None = None  # --disaggregation-mode: prefill or decode (PD roles), None for null
     draft_tokens: int | None = None  # --speculative-num-draft-tokens (a decode role's activations)
-    deepep: bool = False  # --moe-a2a-backend deepep (in a mode that keeps the graphs)
+    deepep: bool = False  # --moe-a2a-backend deepep
     post_capture: bool = False  # SGLANG_ENABLE_POST_CAPTURE_KV_SIZING set, no flag that rules it out
 
 

@@ -3,6 +3,7 @@ as -1 is; a PD role reserves for its own phase only."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -55,3 +56,24 @@ def test_post_capture_kv_sizing_is_said_with_a_given_fraction() -> None:
     doc = facts("llama-3.1-8b", 16, env=env, tp_size=1, mem_fraction_static=0.85)
     notes = pool_model(parse_facts(doc, name="x"), 32768).notes
     assert any("may resize the pool after graph capture" in n for n in notes), notes
+
+
+@pytest.mark.parametrize(
+    ("model", "weights", "flags", "sglang"),
+    [
+        ("deepseek-v3", 600, {}, 0.76),  # MLA: 1.5 GiB of prefill graphs, 1 GiB DeepEP delta, 2 GiB buffers
+        ("qwen3-30b-a3b", 61, {"disaggregation_mode": "prefill"}, 0.813),  # no decode graphs: no buffers
+        ("qwen3-30b-a3b", 61, {"deepep_mode": "normal"}, 0.775),  # graphs turned off after the fraction
+    ],
+    ids=["mla", "prefill-role", "normal-mode"],
+)
+def test_deepep_default_fraction_follows_sglang(
+    model: str, weights: float, flags: dict[str, str], sglang: float
+) -> None:
+    # SGLang 0.5.23's own answers on the oracle's H100 (python -m tests.oracle size --gpu h100 -- --tp-size 8
+    # --moe-a2a-backend deepep ...)
+    from tests.pure.test_review39b_findings import default_fraction as planned
+    from tests.pure.test_review39b_findings import facts
+
+    doc = facts(model, weights, tp_size=8, moe_a2a_backend="deepep", **flags)
+    assert planned(doc) == sglang

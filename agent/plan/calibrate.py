@@ -31,6 +31,7 @@ def calibrated(
 ) -> PoolModel:
     """Fit post to the logged pools (2-decimal logs); a cell far from the architecture's is measured."""
     shape, sizer = shaped
+    starts = [_fraction_of(s, sizer, notes) for s in starts]
     pre = sum(s.pre for s in starts) / len(starts)
     posts, measured = [], []
     for s in starts:
@@ -62,6 +63,23 @@ def calibrated(
     return with_graphs(
         replace(base, runtime_gib=runtime, runtime_measured=measured_runtime), starts, fit.flags
     )
+
+
+def _fraction_of(s: Start, sizer: pools.PoolSizer, notes: list[str]) -> Start:
+    """A start whose log lost its server_args line (`journalctl --since`, `-n`) does not say its fraction:
+    its pool and memory lines do (SGLang sizes the pool from post - pre x (1 - f),
+    mem_cache/kv_cache_configurator.py), so the plan's own is not assumed for it, where the pool is this
+    cell's at the plan's fraction within CELL_EVIDENCE (beyond, the cell check sets the start aside)."""
+    if s.fraction_logged or not s.pre or not s.tokens:
+        return s
+    if abs(sizer.tokens(s.post - s.pre * (1 - s.fraction)) / s.tokens - 1) > CELL_EVIDENCE:
+        return s
+    fraction = round(1 - (s.post - s.tokens * sizer.effective_cell() / GIB) / s.pre, 4)
+    notes.append(
+        "the earlier start's log does not say its --mem-fraction-static (no server_args line): "
+        f"{fraction:.4f} from its pool and its memory before and after the weights"
+    )
+    return replace(s, fraction=fraction)
 
 
 def _cell_off(measured: list[float], fit: Fit) -> float:

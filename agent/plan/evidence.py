@@ -87,6 +87,19 @@ def as_started(inp: PlanInput) -> PlanInput | None:
     return replace(inp, flags=merged)
 
 
+def ran_runtime(inp: PlanInput) -> dict[str, FlagValue]:
+    """The flags the starts ran under as far as the runtime's need after the pool goes (CUDA graphs, DeepEP):
+    what their server_args line says (plan/startcheck.py), else the start's flags, else the plan's."""
+    then: dict[str, FlagValue] = dict(inp.start_flags if inp.start_flags is not None else inp.flags)
+    logged = next((dict(s.runtime_flags) for s in inp.start_ids if s.runtime_flags), {})
+    for name, value in logged.items():
+        if value is None:
+            then.pop(name, None)
+        else:
+            then[name] = value
+    return then
+
+
 def changed_since(then: Mapping[str, FlagValue], now: Mapping[str, FlagValue]) -> tuple[str, ...]:
     """The cell-changing flags a start ran with that the plan changes, as the start had them."""
     return tuple(f"--{n} {_value(then, n) or 'unset'}" for n in changed_names(then, now))

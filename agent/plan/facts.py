@@ -22,7 +22,7 @@ from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
 from agent.plan.hostbudget import RamShare, ServiceNeed
 from agent.plan.model import StartFigures
 from agent.plan.overhead import GpuProcess
-from agent.plan.startcheck import StartIdentity, identity
+from agent.plan.startcheck import StartIdentity, alike, identity
 from agent.protocol.answers import CgroupLevelData, HostMemoryData
 from agent.sglang import flagrules, server_args
 from agent.sglang.config_json import ModelConfig
@@ -226,7 +226,7 @@ def parse_facts(data: Any, name: str = "facts") -> PlanInput:
         held = split(split_lines(facts.last_start))
         start = evidence(held)
         lines = start.lines if start is not None else ()
-        starts = (plan_figures(held, start) if start is not None else start_figures(lines),)
+        starts = (plan_figures(alike(held, start), start) if start is not None else start_figures(lines),)
         ids = (identity(lines),)
     device = facts.flags.get("device")
     return PlanInput(

@@ -214,6 +214,7 @@ class Start:
     requests: int | None
     context: int | None
     graph: float | None = None
+    fraction_logged: bool = True  # its log said the fraction (server_args); else the plan's stands in
 
 
 def start_of(figures: StartFigures, flags: Flags) -> Start | None:
@@ -234,6 +235,7 @@ def start_of(figures: StartFigures, flags: Flags) -> Start | None:
         None if requests is None else int(requests),
         None if context is None else int(context),
         None if graph is None else float(graph),
+        bool(figures.get("mem_fraction_static")),
     )  # fmt: skip
 
 

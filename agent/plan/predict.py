@@ -8,14 +8,24 @@ notes.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 
 from agent.errors import UsageError
 from agent.plan.calibrate import Fit, calibrated
-from agent.plan.evidence import NotEvidence, admitted, as_started, changed_names, changed_since, partial
+from agent.plan.evidence import (
+    CELL_FLAGS,
+    NotEvidence,
+    admitted,
+    as_started,
+    changed_names,
+    changed_since,
+    partial,
+    ran_runtime,
+)
 from agent.plan.facts import PlanInput
-from agent.plan.floor import FIXED_GIB, Floor, Sizes, derive, shapes
+from agent.plan.floor import FIXED_GIB, GRAPH_FIT, Floor, Part, Shapes, Sizes, derive, graph_gib, shapes
 from agent.plan.inputs import (
     OFF,
     decode_graphs_off,
@@ -78,6 +88,8 @@ def _fraction(inp: PlanInput, layout: KVLayout, par: Parallel, notes: list[str])
         text_served_vlm=_text_served_vlm(inp, layout),
         prefill_backend=_prefill_backend(inp.flags),
         graphs_to_running=_graphs_to_running(inp, layout),
+        deepep=deepep(inp.flags),
+        post_capture=post_capture_env(inp),
     )
     settings = memory_defaults.default_fraction(layout, inp.gpu.memory_total_mib, par, given_flags)
     notes.append(
@@ -167,12 +179,69 @@ def pool_model(inp: PlanInput, context: int) -> FactsModel:
         heads=_heads(inp), refused=arch.refused,
     )  # fmt: skip
     model, aside = _evidenced(inp, fraction, par, (shape, sizer), (notes, aside))
-    model = replace(model, prealloc_gib=symm_prealloc_gib(inp))
+    model = _runtime_since(inp, model, _graphs_estimate(inp, layout, par, context), notes)
+    if post_capture_env(inp) and not layout.kv_lora_rank:
+        notes.append(
+            "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is set: SGLang may resize the pool after graph capture "
+            "(model_runner_components/kv_pool_runtime.py), taking the graphs' memory from the pool: the pool "
+            "predicted here is sized before capture and may be larger than SGLang's by that much"
+        )
     # a draft added since the start brings graphs its measured figures do not hold
     then = as_started(inp) if inp.starts else None
     measured = model.runtime_measured and added_draft(inp, then) is None and removed_draft(inp, then) is None
     floor = floor_of(inp, layout, par, context, measured=measured)
     return FactsModel(model, layout, dtype, fraction, (*notes, floor.said()), aside, floor)
+
+
+def deepep(flags: Flags) -> bool:
+    """--moe-a2a-backend deepep, in any --deepep-mode: normal turns the graphs off (arg_groups/moe_hook.py:
+    383-397) after the default fraction has reserved for them (0.775 for Qwen3-30B-A3B at TP 8 on H100,
+    as with auto), and its buffers are allocated all the same."""
+    return str(value_of(flags, "moe-a2a-backend") or "none").lower() == "deepep"
+
+
+def post_capture_env(inp: PlanInput) -> bool:
+    """SGLANG_ENABLE_POST_CAPTURE_KV_SIZING in the unit's environment, without a flag that rules it out
+    (arg_groups/overrides.py:1791-1815: KV-cache sharding, the memory saver, decode context parallel)."""
+    if str(inp.env.get("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", "")).lower() not in ("1", "true", "yes"):
+        return False
+    ruled_out = any(is_on(inp.flags, n) for n in ("enable-kv-cache-sharding", "enable-memory-saver"))
+    return not ruled_out and (int_of(inp.flags, "dcp-size") or 1) == 1
+
+
+def deepep_gib(flags: Flags) -> float:
+    """DeepEP's all-to-all buffers per GPU (memory_defaults.deepep_a2a_mib): allocated after the pool, while
+    the decode graphs are captured."""
+    memory_flags = memory_defaults.MemoryFlags(
+        cuda_graph=not decode_graphs_off(flags), disaggregation=_mode(flags), deepep=deepep(flags)
+    )
+    return memory_defaults.deepep_a2a_mib(memory_flags) / 1024
+
+
+def _runtime_since(inp: PlanInput, model: PoolModel, graphs: Part | None, notes: list[str]) -> PoolModel:
+    """What the runtime takes after the pool that the calibrating start did not measure: decode CUDA graphs
+    it ran without (the cold floor's estimate, added to its measured need) and DeepEP's buffers; plus
+    --enable-symm-mem's pre-allocation. A start that ran them measured them in its free memory."""
+    then = ran_runtime(inp) if model.runtime_measured else {}
+    graphs_then = model.runtime_measured and not decode_graphs_off(then)
+    extra = deepep_gib(inp.flags) - (deepep_gib(then) if graphs_then else 0.0)
+    if extra > 0:
+        notes.append(
+            f"DeepEP's all-to-all buffers take {extra:.2f} GiB per GPU after the pool "
+            "(arg_groups/memory_hook.py:402-414 reserve_for_deepep_a2a_mb)"
+            + (": the earlier start ran without them" if then else "")
+        )
+    model = replace(model, prealloc_gib=symm_prealloc_gib(inp) + max(0.0, extra))
+    if not model.runtime_measured or graphs_then or decode_graphs_off(inp.flags):
+        return model
+    if graphs is None:  # no shapes to estimate them by: the start's need does not stand for the plan's
+        notes.append("the earlier start ran without CUDA graphs: its runtime need is not used")
+        return replace(model, runtime_gib=0.0, runtime_measured=False, graph_gib=0.0)
+    notes.append(
+        f"the earlier start ran without CUDA graphs (--disable-cuda-graph): their {graphs.gib:.2f} GiB per "
+        f"GPU ({graphs.source}) are added to the need it measured"
+    )
+    return replace(model, runtime_gib=model.runtime_gib + graphs.gib)
 
 
 def symm_prealloc_gib(inp: PlanInput) -> float:
@@ -204,6 +273,19 @@ def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, meas
     prefills under these flags (their defaults by card class: arg_groups/memory_hook.py)."""
     if inp.planning.reserve_floor_gib is not None:
         return Floor(inp.planning.reserve_floor_gib, stated=True)
+    return derive(_shapes(inp, layout, par), _floor_sizes(inp, par, context, measured))
+
+
+def _shapes(inp: PlanInput, layout: KVLayout, par: Parallel) -> Shapes | None:
+    try:
+        text = text_config(with_override(inp.model.config, value_of(inp.flags, "json-model-override-args")))
+        return shapes(text, par.tp, layout.dtype_bytes, par.pp)
+    except (ValueError, Unsupported):  # sizing() read the same config and said what it made of it
+        return None
+
+
+def _floor_sizes(inp: PlanInput, par: Parallel, context: int, measured: bool) -> Sizes:
+    """What SGLang captures and prefills under these flags (their defaults by card class)."""
     chunk_default, bs_default = memory_defaults.class_defaults(inp.gpu.memory_total_mib, par.tp)
     given = int_of(inp.flags, "chunked-prefill-size")
     chunk = chunk_default if given is None else given  # 0 is chunking off, as -1 (memory_hook.py)
@@ -217,13 +299,22 @@ def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, meas
     graphs = 0 if decode_graphs_off(inp.flags) else min(bs, requests)
     # a prefill role reserves no attention-DP padding (memory_hook.py:371-372)
     dp = 1 if _mode(inp.flags) == "prefill" else par.attn_dp
-    sizes = Sizes(graphs, chunk, graphs_measured=measured, attn_dp=dp, decode_bs=min(bs, requests))
-    try:
-        text = text_config(with_override(inp.model.config, value_of(inp.flags, "json-model-override-args")))
-        found = shapes(text, par.tp, layout.dtype_bytes, par.pp)
-    except (ValueError, Unsupported):  # sizing() read the same config and said what it made of it
-        found = None
-    return derive(found, sizes)
+    return Sizes(graphs, chunk, graphs_measured=measured, attn_dp=dp, decode_bs=min(bs, requests))
+
+
+def _graphs_estimate(inp: PlanInput, layout: KVLayout, par: Parallel, context: int) -> Part | None:
+    """The decode CUDA graphs' memory a cold plan would keep free (floor.graph_gib); without the model's
+    shapes (an inventory), from its layers as if its MLP were a mixture of experts (the larger term)."""
+    bs = _floor_sizes(inp, par, context, False).graph_bs
+    found = _shapes(inp, layout, par)
+    if found is not None and bs:
+        return Part("CUDA graphs", graph_gib(found, bs), f"batch sizes up to {bs}, fitted to capture lines")
+    layers = math.ceil(layout.layers / par.pp)
+    if not bs or not layers:
+        return None
+    gib = GRAPH_FIT.fixed_gib + bs * layers * GRAPH_FIT.moe_kib * 1024 / GIB
+    return Part("CUDA graphs", gib, f"batch sizes up to {bs} over {layers} layers, fitted to public capture "
+                "lines as for a mixture of experts: the model's MLP is not known")  # fmt: skip
 
 
 def _evidenced(

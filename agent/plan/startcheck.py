@@ -13,8 +13,10 @@ the plan's verdict line says so.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from agent.sglang.logs.starts import LoggedStart
 
 _TYPE = re.compile(r"Load weight end\..*?\btype=([A-Za-z0-9_]+)")
 _PRE = re.compile(r"Load weight begin\. avail mem=(\d+(?:\.\d+)?) ?GB")
@@ -54,6 +56,17 @@ _CELL_ARG = {
     "speculative-algorithm": _arg("speculative_algorithm", r"(None|'[^']*')"),
 }
 
+# Flags a start's server_args states that change what the runtime takes after the pool (its graphs, DeepEP's
+# buffers): a start under other values measured another need (plan/predict.py _runtime_since).
+_RUNTIME_ARG = {
+    "disable-cuda-graph": _arg("disable_cuda_graph", r"(True|False)"),
+    "cuda-graph-backend-decode": _arg("cuda_graph_backend_decode", r"(None|'[^']*')"),
+    "moe-a2a-backend": _arg("moe_a2a_backend", r"(None|'[^']*')"),
+    "deepep-mode": _arg("deepep_mode", r"(None|'[^']*')"),
+}
+# 0.5.23 also logs the resolved graph config: decode graphs SGLang itself turned off show there.
+_RESOLVED_DECODE_OFF = re.compile(r"'cuda_graph_config': \{'decode': \{'backend': 'disabled'")
+
 
 @dataclass(frozen=True)
 class StartIdentity:
@@ -68,11 +81,21 @@ class StartIdentity:
     loads: int = 0  # `Load weight end` lines of the first rank to log one: the target, then a draft
     # the cell-changing flags server_args states, as (flag, value or None when unset)
     cell_flags: tuple[tuple[str, str | None], ...] = ()
+    # the flags server_args states that change the runtime's need after the pool (_RUNTIME_ARG)
+    runtime_flags: tuple[tuple[str, str | None], ...] = ()
+
+
+def _runtime_flags(line: str) -> tuple[tuple[str, str | None], ...]:
+    found = {k: m[1].strip("'") for k, p in _RUNTIME_ARG.items() if (m := p.search(line))}
+    if _RESOLVED_DECODE_OFF.search(line):
+        found["cuda-graph-backend-decode"] = "disabled"
+    return tuple((k, None if v in ("None", "False") else v.lower()) for k, v in found.items())
 
 
 def identity(lines: Iterable[str]) -> StartIdentity:
     found: dict[str, str] = {}
     loads = 0
+    runtime: tuple[tuple[str, str | None], ...] = ()
     for line in lines:
         if _TYPE.search(line) and ("TP0" in line or "TP" not in line):
             loads += 1
@@ -87,6 +110,7 @@ def identity(lines: Iterable[str]) -> StartIdentity:
         ):
             found["pool_dtype"] = m[1]
         if "ServerArgs(" in line or "server_args=" in line:
+            runtime = runtime or _runtime_flags(line)
             for key, pattern in (*_ARG.items(), *_CELL_ARG.items()):
                 if key not in found and (m := pattern.search(line)):
                     found[key] = m[1]
@@ -100,6 +124,7 @@ def identity(lines: Iterable[str]) -> StartIdentity:
         float(found["pre"]) if "pre" in found else None,
         loads,
         cell,
+        runtime,
     )
 
 
@@ -131,6 +156,20 @@ def refusal(start: StartIdentity, planned: Planned) -> str | None:
             f"{planned.card_gib:g} GiB cards hold: a start on other GPUs"
         )
     return None
+
+
+def alike(starts: Sequence[LoggedStart], start: LoggedStart) -> list[LoggedStart]:
+    """The log's starts of the evidence start's configuration (architecture, model path, TP, PP, where both
+    logs say them): a failed start of another layout or model bounds only its own (plan/failed.py)."""
+    ran = identity(start.lines)
+
+    def same(other: StartIdentity) -> bool:
+        pairs = [(other.architecture, ran.architecture), (other.tp, ran.tp), (other.pp, ran.pp)]
+        if other.model_path and ran.model_path:
+            pairs.append((_name(other.model_path), _name(ran.model_path)))
+        return all(a is None or b is None or a == b for a, b in pairs)
+
+    return [s for s in starts if s is start or same(identity(s.lines))]
 
 
 def _name(path: str) -> str:

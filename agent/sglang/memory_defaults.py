@@ -53,6 +53,8 @@ class MemoryFlags:
     # A Qwen3-VL on a Hopper card of 60 GiB or more captures decode graphs up to the request cap
     # (arg_groups/model_overrides/qwen3_vl.py:34-62; see decode_graph_bs)
     graphs_to_running: bool = False
+    deepep: bool = False  # --moe-a2a-backend deepep
+    post_capture: bool = False  # SGLANG_ENABLE_POST_CAPTURE_KV_SIZING set, no flag that rules it out
 
 
 def class_defaults(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -101,7 +103,6 @@ def default_fraction(
     tp, pp, attn_dp = par.tp, par.pp, par.attn_dp
     chunked_prefill = flags.chunked_prefill
     max_running_requests, max_total_tokens = flags.max_running_requests, flags.max_total_tokens
-    cuda_graph = flags.cuda_graph
     chunk_default, bs_default = class_defaults(gpu_mib, tp)
     chunk = chunk_default if chunked_prefill is None else chunked_prefill  # 0 is chunking off, as -1
     bs = decode_graph_bs(bs_default, flags)
@@ -113,7 +114,7 @@ def default_fraction(
     if mode == "decode":
         activation = (max_running_requests or bs or 1) * (flags.draft_tokens or 1)
     reserved = 512 + max(activation, 2048) * 1.5 + tp * pp / 8 * 1024
-    if cuda_graph:
+    if flags.cuda_graph:
         if mode != "prefill":  # a prefill role captures no decode graphs (reserve_for_graph_mb)
             reserved += bs * 2
             if attn_dp > 1:
@@ -126,13 +127,70 @@ def default_fraction(
                 reserved += 1.5 * 1024
             else:
                 prefill_max = min(chunk, max_total_tokens) if max_total_tokens else chunk
-                reserved += prefill_graph_sizes(prefill_max) * 8
+                reserved += _prefill_sizes(prefill_max, flags.deepep) * 8
+            reserved += DEEPEP_PREFILL_MIB * flags.deepep
+    post_capture = _post_capture(layout, flags, chunk, max_total_tokens)
+    fraction = round((gpu_mib - _final_reserve(reserved, gpu_mib, par, flags, post_capture)) / gpu_mib, 3)
+    if layout.multimodal and mode != "decode":  # memory_hook.py:283-288 is_vlm: not on a PD decode role
+        fraction = _vlm_fraction(fraction, layout, gpu_mib, post_capture)
+    return MemorySettings(chunk, bs, fraction)
+
+
+# arg_groups/memory_hook.py:402-414 reserve_for_deepep_a2a_mb: DeepEP's all-to-all buffers, captured in the
+# decode graph, "real extra allocations" reserved on top of the 10 GiB floor; and :395-401, the breakable
+# prefill graph's DeepEP delta (bridge pool and NVLink first touch during capture).
+DEEPEP_A2A_MIB = 2 * 1024
+DEEPEP_PREFILL_MIB = 1024
+# arg_groups/cuda_graph_hook.py:315-345 apply_deepep_adjustments: an unset prefill graph list is generated up
+# to 2,048 tokens and aligned to multiples of 8, before the chunk would bound it.
+DEEPEP_PREFILL_MAX_BS = 2048
+
+
+def deepep_a2a_mib(flags: MemoryFlags) -> float:
+    """DeepEP's all-to-all buffers, when decode graphs run (not on a prefill role)."""
+    return DEEPEP_A2A_MIB if flags.deepep and flags.cuda_graph and flags.disaggregation != "prefill" else 0.0
+
+
+def _prefill_sizes(max_bs: int, deepep: bool) -> int:
+    if not deepep:
+        return prefill_graph_sizes(max_bs)
+    limit = DEEPEP_PREFILL_MAX_BS
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64)]
+    return len({(s + 7) // 8 * 8 for s in [*sizes, *range(1280, limit + 1, 256)]})
+
+
+def _post_capture(layout: KVLayout, flags: MemoryFlags, chunk: int, max_total: int | None) -> bool:
+    """arg_groups/overrides.py:1791-1862 post_capture_kv_sizing_planned, for what a plan knows: the env var,
+    no MLA, decode graphs on (but on a prefill role), and, but on a decode role, a prefill graph that
+    captures the whole chunk (its largest size: the chunk unless DeepEP or --max-total-tokens cuts it)."""
+    if not flags.post_capture or layout.kv_lora_rank > 0:
+        return False
+    mode = flags.disaggregation
+    if mode != "prefill" and not flags.cuda_graph:
+        return False
+    if mode == "decode":
+        return True
+    prefill_graph = not layout.multimodal or layout.arch in _MM_PREFILL_GRAPH
+    prefill_max = DEEPEP_PREFILL_MAX_BS if flags.deepep else min(chunk, max_total or chunk)
+    return flags.cuda_graph and prefill_graph and 0 < chunk <= prefill_max
+
+
+def _final_reserve(
+    reserved: float, gpu_mib: float, par: Parallel, flags: MemoryFlags, post_capture: bool
+) -> float:
+    """The 10 GiB floor on cards over 60 GiB, DeepEP's buffers on top of it (memory_hook.py:310-317); under
+    post-capture sizing, whose graphs are measured after capture, the floor and parallel slack only
+    (:291-293)."""
+    if post_capture:
+        return 1536 + par.tp * par.pp / 8 * 1024
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
-    fraction = round((gpu_mib - reserved) / gpu_mib, 3)
-    if layout.multimodal and mode != "decode":  # memory_hook.py:283-288 is_vlm: not on a PD decode role
-        fraction *= vlm_factor(layout)
-    return MemorySettings(chunk, bs, fraction)
+    return reserved + deepep_a2a_mib(flags)
+
+
+def _vlm_fraction(fraction: float, layout: KVLayout, gpu_mib: float, post_capture: bool) -> float:
+    """adjust_mem_fraction_for_vlm: the ViT factor; 8 GiB for the encoder under post-capture sizing."""
+    return fraction - 8 * 1024 / gpu_mib if post_capture else fraction * vlm_factor(layout)
 
 
 def _prefill_backend(given: str | None, pp: int) -> str:

@@ -1,12 +1,13 @@
 """The one-start rule over logs built from the 27 real SGLang logs (tests/data/sglang-real-logs.jsonl): 1 to 3
 starts in any order, any mix of ok and failed, plain or decorated as a terminal, journalctl or docker leaves
-them. The evidence is exactly one start, the last complete one or the one named; its numbers are that
+them. The evidence is exactly one start, the latest complete one or the one named; its numbers are that
 start's own (the case's `derived` figures); a failed start keeps its own fraction."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,27 @@ LOGS = st.integers(1, 3).flatmap(
 )
 
 
+_STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
+
+
+def _measured(s: StartSummary) -> bool:
+    post = s.avail_mem_before_pool_gb or s.avail_mem_after_weights_gb
+    return bool(s.kv_tokens or s.max_total_num_tokens or (s.avail_mem_before_weights_gb and post))
+
+
+def _latest(indices: list[int], cases: list[dict[str, Any]], marks: list[str]) -> int:
+    """The latest start by the first SGLang timestamp it logged (build's server_args mark first), where each
+    has one; else the last."""
+    stamps = []
+    for i in indices:
+        own = "server_args" if marks[i] == "server_args" and not LAUNCHES[cases[i]["id"]] else ""
+        lines = ["[2026-12-01 10:00:00]"] if own else _text(cases[i]).replace("\r", "\n").split("\n")
+        stamps.append(next((m[1] for line in lines if (m := _STAMP.match(line))), None))
+    if None in stamps:
+        return indices[-1]
+    return max(zip(stamps, indices, strict=True))[1]
+
+
 def _derived_hold(case: dict[str, Any], summary: StartSummary) -> None:
     """The figures the case's own thread gives are the start's (test_logs.test_real_log_numbers's rule)."""
     for key, want in case["derived"].items():
@@ -118,9 +140,13 @@ def test_the_evidence_is_one_start_its_own(
     assert len(starts) == len(cases), [s.first_line for s in starts]
     for start, case in zip(starts, cases, strict=True):
         assert start.summary == ALONE[case["id"]], case["id"]
-    # the evidence: the last complete start, else the last
+    # the evidence: the latest complete start (by its timestamps where each has one) that logged its memory
+    # (a failure that logged none says nothing about it), else the latest complete one, else the last
     complete = [i for i, c in enumerate(cases) if _complete(ALONE[c["id"]])]
-    want = complete[-1] if complete else len(cases) - 1
+    usable = [
+        i for i in complete if ALONE[cases[i]["id"]].failure is None or _measured(ALONE[cases[i]["id"]])
+    ]
+    want = _latest(usable or complete, cases, marks) if complete else len(cases) - 1
     chosen_start = evidence(starts)
     assert chosen_start is starts[want]
     _derived_hold(cases[want], chosen_start.summary)

@@ -72,3 +72,37 @@ def test_qwen3_vl_decode_graphs_on_hopper_as_sglang_resolves_them(
     # The oracle, Qwen3-VL-8B on one H100 (79.1 GiB) at --max-running-requests 512.
     doc = facts("qwen3-vl-8b-instruct", 17.5, tp_size=1, max_running_requests=512, **flags)
     assert sglang_default(doc) == sglang
+
+
+def test_post_capture_kv_sizing_is_said_with_a_given_fraction() -> None:
+    # SGLang resizes the pool after capture under the env var whatever the fraction: the plan says its
+    # prediction is the pool before capture (model_runner_components/kv_pool_runtime.py)
+    from agent.plan.facts import parse_facts
+    from agent.plan.predict import pool_model
+    from tests.pure.test_review39b_findings import facts
+
+    env = {"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": "1"}
+    doc = facts("llama-3.1-8b", 16, env=env, tp_size=1, mem_fraction_static=0.85)
+    notes = pool_model(parse_facts(doc, name="x"), 32768).notes
+    assert any("may resize the pool after graph capture" in n for n in notes), notes
+
+
+@pytest.mark.parametrize(
+    ("model", "weights", "flags", "sglang"),
+    [
+        ("deepseek-v3", 600, {}, 0.76),  # MLA: 1.5 GiB of prefill graphs, 1 GiB DeepEP delta, 2 GiB buffers
+        ("qwen3-30b-a3b", 61, {"disaggregation_mode": "prefill"}, 0.813),  # no decode graphs: no buffers
+        ("qwen3-30b-a3b", 61, {"deepep_mode": "normal"}, 0.775),  # graphs turned off after the fraction
+    ],
+    ids=["mla", "prefill-role", "normal-mode"],
+)
+def test_deepep_default_fraction_follows_sglang(
+    model: str, weights: float, flags: dict[str, str], sglang: float
+) -> None:
+    # SGLang 0.5.23's own answers on the oracle's H100 (python -m tests.oracle size --gpu h100 -- --tp-size 8
+    # --moe-a2a-backend deepep ...)
+    from tests.pure.test_review39b_findings import default_fraction as planned
+    from tests.pure.test_review39b_findings import facts
+
+    doc = facts(model, weights, tp_size=8, moe_a2a_backend="deepep", **flags)
+    assert planned(doc) == sglang

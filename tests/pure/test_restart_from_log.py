@@ -28,11 +28,12 @@ BEGINS = {"weights": "Load weight begin.", "pool": "Load weight end.", "cuda_gra
 READY = "The server is fired up and ready to roll!"
 
 
-def stamped(gaps_ms: list[int]) -> tuple[list[str], dict[str, float]]:
-    """The example log with its logger timestamps moved by `gaps_ms` (one per stamped line), and the
-    seconds each part took as the stamps say: init from the first line to the weights, each part until
+def stamped(
+    gaps_ms: list[int], at: datetime = datetime(2026, 12, 1, 9, 0, 0)
+) -> tuple[list[str], dict[str, float]]:
+    """The example log with its logger timestamps moved by `gaps_ms` (one per stamped line) from `at`, and
+    the seconds each part took as the stamps say: init from the first line to the weights, each part until
     the next one begins, the last until the ready line."""
-    at = datetime(2026, 12, 1, 9, 0, 0)
     out: list[str] = []
     times: list[tuple[str, datetime]] = []
     gaps = iter(gaps_ms)
@@ -107,7 +108,7 @@ def test_a_log_of_two_starts_times_the_start_the_plan_reads(tmp_path: Path) -> N
     """Two starts in one journal: the estimate is the evidence start's own phases (the last complete one,
     or the one --start names), never the first start's nor a mix of the two."""
     slow, slow_parts = stamped([600_000] * 25)  # ten minutes between lines
-    fast, fast_parts = stamped([1_000] * 25)
+    fast, fast_parts = stamped([1_000] * 25, datetime(2026, 12, 1, 14, 0, 0))  # after the slow one ended
     log = tmp_path / "two.log"
     log.write_text("\n".join([*slow, *fast]) + "\n")
     for extra, want in (((), fast_parts), (("--start", "1"), slow_parts)):

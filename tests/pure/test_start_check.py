@@ -146,6 +146,14 @@ def test_the_real_0_5_23_server_args_line_is_read() -> None:
     assert start.model_path == "/root/.cache/deployctl/real-sglang-tiny-model"
     assert start.cell_flags == (("page-size", "1"), ("speculative-algorithm", None))
     assert identity(DICT_FORM.splitlines()) == identity(NO_DRAFT_LOG.splitlines())
+    # what changes the runtime's need after the pool: this CPU start's decode graphs were off as SGLang
+    # resolved them (cuda_graph_config), though no flag turned them off
+    assert dict(start.runtime_flags) == {
+        "disable-cuda-graph": None,
+        "cuda-graph-backend-decode": "disabled",
+        "moe-a2a-backend": "none",
+        "deepep-mode": "auto",
+    }
 
 
 @pytest.mark.parametrize("log", [NO_DRAFT_LOG, DICT_FORM, NGRAM], ids=["repr", "dict", "ngram"])

@@ -193,6 +193,7 @@ NO_START = (
 def render_starts(starts: list[LoggedStart], start: LoggedStart | None, *, named: bool = False) -> list[str]:
     """Which start the report is (named by --start, or the evidence), the others in one line each, then
     the report."""
+    from agent.sglang.logs.starts import evidence_said
     from agent.sglang.logs.summary import SummaryBuilder
 
     if start is None or not said_anything(start.summary):
@@ -202,7 +203,7 @@ def render_starts(starts: list[LoggedStart], start: LoggedStart | None, *, named
     elif len(starts) == 1:
         why = ""
     else:
-        why = ", the last complete one" if start.complete else ", the last one: none is complete"
+        why = f", {evidence_said(starts, start)}"
     head = [f"start:         {start.number} of {len(starts)} ({_outcome(start)}{why})"]
     if len(starts) > 1:
         head += [f"  {'*' if s is start else ' '} start {s.number}: {_one_line(s)}" for s in starts]

@@ -284,7 +284,7 @@ def checked_starts(
     (plan/evidence.py as_started). A start of the unit as it runs (`running`, before --set) that --set's
     TP or PP moves away from is this host's all the same: the planner sets it aside and says so
     (plan/evidence.py admitted), as the more-GPUs alternative it offered was planned (plan/replan.py)."""
-    from agent.plan.startcheck import identity, refusal
+    from agent.plan.startcheck import alike, identity, refusal
     from agent.sglang.logs.starts import plan_figures
 
     if number is not None and len(names) != 1:
@@ -303,7 +303,7 @@ def checked_starts(
             )
         if out is not None and said:
             print(f"deployctl: note: --from-log {name!r}: {said}", file=out.stderr)
-        kept.append(plan_figures(starts, start))  # its other failed starts bound the fraction
+        kept.append(plan_figures(alike(starts, start), start))  # its other failed starts bound the fraction
         ids.append(ran)
     return kept, ids, start
 
@@ -311,7 +311,7 @@ def checked_starts(
 def _evidence(name: str, number: int | None) -> tuple[list[LoggedStart], LoggedStart, str | None]:
     """The log's start the plan reads, and which it is where the log holds several (or one was named)."""
     from agent.cli.commands.parse_log import pick
-    from agent.sglang.logs.starts import split  # the parser loads only when a log is read
+    from agent.sglang.logs.starts import evidence_said, split  # the parser loads only when a log is read
 
     starts = split(_lines(Path(name)))
     start = pick(starts, number, f"--from-log {name!r}")
@@ -332,13 +332,7 @@ def _evidence(name: str, number: int | None) -> tuple[list[LoggedStart], LoggedS
         (
             f"the plan reads start {start.number} of {len(starts)} (line {start.first_line}, {start.outcome}"
             + (f" at --mem-fraction-static {fraction}" if fraction is not None else "")
-            + (
-                ""
-                if number is not None
-                else ", the last complete one"
-                if start.complete
-                else ", the last one"
-            )
+            + ("" if number is not None else f", {evidence_said(starts, start).split(':')[0]}")
             + "); --start N reads another"
         ),
     )

@@ -28,8 +28,11 @@ that trail a failure (TP0 loading the draft after TP3 died) stay the failed star
 systemd's and the kernel's lines about the service's end (agent/sglang/logs/system.py: an OOM kill, the main
 process's exit, a stop) are read as the start's, of the server whose unit or PID they name.
 
-The evidence is the last complete start (ready, or failed: it ran to its end), else the last start; or the
-one a person names by its number (parse-log lists them).
+The evidence is the latest complete start (ready, or failed: it ran to its end), else the last start; or the
+one a person names by its number (parse-log lists them). Latest by SGLang's own timestamps where every
+candidate logged one (rotated files pasted newest first, `cat sglang.log sglang.log.1`), else in the log's
+order; a start that failed without logging any memory figure (NCCL init, before its weights) says nothing
+about memory and is passed over for a complete one that did.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ _UNIT_NAME = re.compile(r"[\w@:.\\-]+\.(?:service|scope|slice|socket|timer|mount
 _NOT_SGLANG = re.compile(r"weight[-_ ]?cache|\bsession\b|\buser\b|\brouter\b", re.IGNORECASE)
 _RELOAD_GB = 1.0  # a rank's memory back by more than this after its weights: a new process loads them
 _MARKS = {"command": COMMAND, "server_args": ARGS}
+# SGLang's own prefix (utils configure_logger: `[%(asctime)s...]`): when a start's first line was written
+_LOGGED_AT = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,22 @@ class LoggedStart:
     def complete(self) -> bool:
         """It ran to its end: ready, or failed."""
         return self.outcome in ("ready", "failed")
+
+    @property
+    def logged_at(self) -> str | None:
+        """SGLang's timestamp of the start's first line that has one (sortable: ISO date and time)."""
+        return next((m[1] for line in self.lines if (m := _LOGGED_AT.match(line))), None)
+
+    @property
+    def measured(self) -> bool:
+        """It logged its pool, or the memory before and after its weights: what a plan reads."""
+        f = self.summary.to_dict()
+        post = f.get("avail_mem_before_pool_gb") or f.get("avail_mem_after_weights_gb")
+        return bool(
+            f.get("kv_tokens")
+            or f.get("max_total_num_tokens")
+            or (f.get("avail_mem_before_weights_gb") and post)
+        )
 
     def figures(self) -> StartFigures:
         """The summary's figures, with the CUDA-graph memory the planner credits per request."""
@@ -328,12 +349,32 @@ def _cuts(numbered: Iterable[tuple[int, Line]], unit: str | None, pids: set[str]
 
 
 def evidence(starts: Sequence[LoggedStart], number: int | None = None) -> LoggedStart | None:
-    """The start a plan reads: the one named (1-based; the caller checks the range), else the last
-    complete one, else the last one; None for a log without a start."""
+    """The start a plan reads: the one named (1-based; the caller checks the range), else the latest
+    complete one (a failure that logged no memory passed over for one that did), else the last one; None for
+    a log without a start."""
     if number is not None:
         return starts[number - 1]
     complete = [s for s in starts if s.complete]
-    return complete[-1] if complete else (starts[-1] if starts else None)
+    usable = [s for s in complete if s.summary.failure is None or s.measured] or complete
+    return latest(usable) if usable else (starts[-1] if starts else None)
+
+
+def latest(starts: Sequence[LoggedStart]) -> LoggedStart:
+    """The latest by SGLang's timestamps where each has one, else the last in the log."""
+    stamps = [s.logged_at for s in starts]
+    if None in stamps:
+        return starts[-1]
+    return max(starts, key=lambda s: (s.logged_at or "", s.number))
+
+
+def evidence_said(starts: Sequence[LoggedStart], start: LoggedStart) -> str:
+    """Which start the evidence is, in the words parse-log and plan say it."""
+    if not start.complete:
+        return "the last one: none is complete"
+    later = [s for s in starts if s.number > start.number and s.complete]
+    if any(not s.measured for s in later):
+        return "the latest complete one that logged its memory"
+    return "the latest complete one by its timestamps" if later else "the last complete one"
 
 
 class NoSuchStart(ValueError):

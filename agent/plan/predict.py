@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 from agent.errors import UsageError
 from agent.plan.calibrate import Fit, calibrated
 from agent.plan.evidence import (
-    CELL_FLAGS,
     NotEvidence,
     admitted,
     as_started,
@@ -273,7 +272,7 @@ def floor_of(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, meas
     prefills under these flags (their defaults by card class: arg_groups/memory_hook.py)."""
     if inp.planning.reserve_floor_gib is not None:
         return Floor(inp.planning.reserve_floor_gib, stated=True)
-    return derive(_shapes(inp, layout, par), _floor_sizes(inp, par, context, measured))
+    return derive(_shapes(inp, layout, par), _floor_sizes(inp, layout, par, context, measured))
 
 
 def _shapes(inp: PlanInput, layout: KVLayout, par: Parallel) -> Shapes | None:
@@ -284,7 +283,7 @@ def _shapes(inp: PlanInput, layout: KVLayout, par: Parallel) -> Shapes | None:
         return None
 
 
-def _floor_sizes(inp: PlanInput, par: Parallel, context: int, measured: bool) -> Sizes:
+def _floor_sizes(inp: PlanInput, layout: KVLayout, par: Parallel, context: int, measured: bool) -> Sizes:
     """What SGLang captures and prefills under these flags (their defaults by card class)."""
     chunk_default, bs_default = memory_defaults.class_defaults(inp.gpu.memory_total_mib, par.tp)
     given = int_of(inp.flags, "chunked-prefill-size")
@@ -305,7 +304,7 @@ def _floor_sizes(inp: PlanInput, par: Parallel, context: int, measured: bool) ->
 def _graphs_estimate(inp: PlanInput, layout: KVLayout, par: Parallel, context: int) -> Part | None:
     """The decode CUDA graphs' memory a cold plan would keep free (floor.graph_gib); without the model's
     shapes (an inventory), from its layers as if its MLP were a mixture of experts (the larger term)."""
-    bs = _floor_sizes(inp, par, context, False).graph_bs
+    bs = _floor_sizes(inp, layout, par, context, False).graph_bs
     found = _shapes(inp, layout, par)
     if found is not None and bs:
         return Part("CUDA graphs", graph_gib(found, bs), f"batch sizes up to {bs}, fitted to capture lines")

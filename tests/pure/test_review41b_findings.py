@@ -80,6 +80,40 @@ def test_an_explicit_size_passes_sglangs_check_with_a_neighbour_still_to_start()
 
 @pytest.mark.xfail(
     strict=True,
+    reason="NOT FIXED: a decode's --disaggregation-decode-enable-offload-kvcache host pool (2 x the device "
+    "pool per rank) is not planned: no budget, no MemoryMax=, no refusal; SGLang checks it and refuses",
+)
+def test_a_decodes_kv_offload_host_pool_is_planned() -> None:
+    """Llama 3.1 8B decode on an H100, TP 1, KV offload on, HiCache off: SGLang sets the ratio to 2.0
+    (kv_cache_builder.py:259-260, the backup cpu_tensor, 236) and builds a host pool of 2 x 440,314 tokens
+    x 128 KiB = 115 GB (decode_kvcache_offload_manager.py:116, build_kv_host_pool: hicache_ratio,
+    hybrid_pool_assembler.py:224-228), checked as HiCache's (pool_host/base.py:247-257): on a host with 48
+    GiB available it is refused at every start. hostwire.with_host_plan returns the plan untouched (only
+    HiCache or the default retraction backup is planned): FEASIBLE, nothing said. pinning.py knows it pins."""
+    import json
+    from dataclasses import replace
+
+    from agent.plan.choose import Target
+    from agent.plan.facts import parse_facts
+    from agent.plan.from_facts import plan_from_facts
+
+    root = Path(__file__).resolve().parents[2]
+    config = json.loads((root / "tests/data/models/llama-3.1-8b/config.json").read_text())
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}
+    flags = {
+        "tp-size": 1,
+        "disaggregation-mode": "decode",
+        "disaggregation-decode-enable-offload-kvcache": True,
+    }
+    doc = {"format": "deployctl-facts/1", "gpus": [h100], "sglang": {"version": "0.5.23"},
+           "model": {"config": config, "weights_bytes": int(16e9)}, "flags": flags}  # fmt: skip
+    inp = replace(parse_facts(doc, name="d"), host_memory=memory(64 * GIB, 48 * GIB, {}))
+    plan = plan_from_facts(inp, Target(32768))
+    assert plan.host is not None or not plan.feasible
+
+
+@pytest.mark.xfail(
+    strict=True,
     reason="NOT FIXED: a group's node waiting for another service's lock keeps waiting once a member of its "
     "own group takes it, which waits for this node at the group's barrier: LOCKED after the bound",
 )

@@ -8,7 +8,8 @@ pool no longer moves with the device pool or the free memory of the moment, and 
 size's own pool, padding page included, which the gate checks SGLang's `Allocating ... host pool` line
 against to the token.
 
-`MemoryMax=` holds the service's processes (an estimate, below), its pools and SGLang's 10 GiB reserve, plus
+`MemoryMax=` holds the service's processes (an estimate, below), the weights it offloads to host RAM
+(`--cpu-offload-gb`), its pools and SGLang's 10 GiB reserve, plus
 one pool per rank beyond the first: the ranks of a service check the cgroup's headroom one by one as they
 pin, and a rank that checks after another pinned sees that pool as used (sglang#38156).
 """
@@ -91,6 +92,19 @@ def process_bytes(ranks: int) -> int:
     return PROCESS_BASE + PROCESS_PER_RANK * ranks
 
 
+def offload_bytes(flags: Mapping[str, FlagValue]) -> int:
+    """The weights `--cpu-offload-gb` keeps in host RAM: up to that many GiB per rank (OffloaderV1's
+    cpu_offload_max_bytes, srt/utils/offloader.py:69-71), every rank of every replica, loaded before any
+    host pool is sized (counted in MemoryMax=, the pool's headroom and the budget)."""
+    gib = float_of(flags, "cpu-offload-gb") or 0.0
+    return int(gib * GIB) * pools_of(flags) if gib > 0 else 0
+
+
+def engine_bytes(flags: Mapping[str, FlagValue]) -> int:
+    """What the service's processes hold besides its host pools: the estimate, and offloaded weights."""
+    return process_bytes(pools_of(flags)) + offload_bytes(flags)
+
+
 def daemon_bytes(ranks: int, runs_daemon: bool) -> int:
     """The host RAM of a service's weight-cache daemon (its unit runs one launcher and a process per local
     rank); 0 without one."""
@@ -112,7 +126,7 @@ def memory_max_of(flags: Mapping[str, FlagValue]) -> int | None:
     if not enabled(flags) or size <= 0:
         return None
     ranks, pools = ranks_of(flags), pools_of(flags)
-    need = process_bytes(pools) + RESERVE_BYTES + (math.ceil(size * 1e9) + POOL_PAD) * (pools + ranks - 1)
+    need = engine_bytes(flags) + RESERVE_BYTES + (math.ceil(size * 1e9) + POOL_PAD) * (pools + ranks - 1)
     return math.ceil(need / MIB) * MIB
 
 
@@ -177,13 +191,16 @@ def resolve_limit(limit: int | RamShare | None, data: HostMemoryData | None) -> 
     return limit
 
 
-def memory_at_start(data: HostMemoryData | None, ranks: int, memory_max: int | None = None) -> HostMemory:
+def memory_at_start(
+    data: HostMemoryData | None, ranks: int, memory_max: int | None = None, offload: int = 0
+) -> HostMemory:
     """The host as the service's new start sees it when it sizes the pool: what the running service holds
     (its cgroup's usage less page cache) is freed, its new processes hold process_bytes; the unit's own
     level takes `memory_max` (the unit's own limit, or the MemoryMax= rendered now) and nothing else: the
     running unit's memory.max is the MemoryMax= the last apply rendered, which the new unit replaces (kept,
-    an auto pool re-planned under it would shrink on every apply)."""
-    new = process_bytes(ranks)
+    an auto pool re-planned under it would shrink on every apply); `offload`: the weights its ranks keep
+    in host RAM (offload_bytes), held before the pools are sized."""
+    new = process_bytes(ranks) + offload
     if data is None:  # no facts: the host unchecked, the unit's own limit still SGLang's bound
         return HostMemory(UNLIMITED, () if memory_max is None else (CgroupLevel((memory_max,), new, 0),))
     levels = data["cgroup"]
@@ -533,7 +550,8 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     applies instead of the rendered one: the pool is sized under it, and a limit too small is refused."""
     ranks, pools = ranks_of(flags), pools_of(flags)  # SGLang's divisor; the pools pinned (data parallel)
     limit = resolve_limit(unit_limit, data)
-    seen = memory_at_start(data, pools, limit)
+    offload = offload_bytes(flags)
+    seen = memory_at_start(data, pools, limit, offload)
     given = plan_host_pool(pool, hicache_flags(flags), seen, ranks, decode_backup=decode_backup)
     neighbours = tuple(at_most_pinned(n, data) for n in neighbours)
     later = waiting(neighbours, data)
@@ -547,9 +565,9 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     planned = share if decode_backup is not None else given
     if size is not None:
         memory_max = limit or memory_max_of({**flags, "hicache-size": size})
-        planned = size_pool(pool, size, memory_at_start(data, pools, memory_max), ranks, pools)
+        planned = size_pool(pool, size, memory_at_start(data, pools, memory_max, offload), ranks, pools)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
-    need = ServiceNeed(name, pools, pool, planned, process_bytes(pools), checkpoint_bytes, memory_max, daemon,
+    need = ServiceNeed(name, pools, pool, planned, engine_bytes(flags), checkpoint_bytes, memory_max, daemon,
                        sglang_ranks=ranks)  # fmt: skip
     budget = host_budget(need, neighbours, data)
     return HostPlan(pools, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
@@ -589,5 +607,5 @@ def neighbour(
     if not auto_pool:  # a decode's explicit size sizes its retraction backup (base.py:221-224): counted
         pool = None
     fraction = hicache_flags(flags).effective_fraction if auto_pool else None
-    return ServiceNeed(name, pools, None, pool, process_bytes(pools), 0, memory_max, daemon, unit, ranks,
+    return ServiceNeed(name, pools, None, pool, engine_bytes(flags), 0, memory_max, daemon, unit, ranks,
                        auto_pool, fraction)  # fmt: skip

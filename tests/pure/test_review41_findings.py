@@ -89,11 +89,6 @@ def test_dsa_host_pool_is_sglangs_mla_pool_plus_its_indexer_pool() -> None:
     assert plan.host.pool.bytes >= kv_tokens * (70_272 + 8_052)  # the KV pool and the indexer pool
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: --cpu-offload-gb (GiB of weights per rank held in host RAM) is in neither the "
-    "rendered MemoryMax= nor the host budget: the cgroup OOM-kills the service while it loads",
-)
 def test_cpu_offload_is_inside_memory_max_and_the_budget() -> None:
     """SGLang offloads up to cpu_offload_gb x 1024**3 bytes of weights per rank into host memory
     (srt/utils/offloader.py:69-71). A HiCache unit with --hicache-size 20, TP 2 and --cpu-offload-gb 40 gets

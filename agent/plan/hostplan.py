@@ -204,7 +204,7 @@ def memory_at_start(
     if data is None:  # no facts: the host unchecked, the unit's own limit still SGLang's bound
         return HostMemory(UNLIMITED, () if memory_max is None else (CgroupLevel((memory_max,), new, 0),))
     levels = data["cgroup"]
-    old = max(0, levels[0]["current"] - levels[0]["file"]) if levels else 0
+    old = own_held(levels)
     cgroup = []
     for i, lv in enumerate(levels):
         limits = [v for v in (lv["max"], lv["high"]) if v is not None]
@@ -212,9 +212,19 @@ def memory_at_start(
             limits = [] if memory_max is None else [memory_max]
         usage = max(0, lv["current"] - old) + new
         cgroup.append(CgroupLevel(tuple(limits), usage, lv["file"]))
-    if not levels and memory_max is not None:
-        cgroup.append(CgroupLevel((memory_max,), new, 0))
+    if not old_unit(levels) and memory_max is not None:  # not running: its slices only, then its own level
+        cgroup.insert(0, CgroupLevel((memory_max,), new, 0))
     return HostMemory(max(0, data["available"] + old - new), tuple(cgroup))
+
+
+def old_unit(levels: Sequence[CgroupLevelData]) -> bool:
+    """The facts read the unit's own cgroup (it runs); else only the slice it will start in, if any."""
+    return bool(levels) and levels[0]["path"].endswith(".service")
+
+
+def own_held(levels: Sequence[CgroupLevelData]) -> int:
+    """What the running unit holds now (usage less page cache), given back when it is replaced."""
+    return max(0, levels[0]["current"] - levels[0]["file"]) if old_unit(levels) else 0
 
 
 def own_daemon_held(data: HostMemoryData | None) -> int:
@@ -233,7 +243,7 @@ def host_ram(data: HostMemoryData | None, daemon_counted: bool = False) -> HostR
     if data is None:
         return HostRam(UNLIMITED, UNLIMITED)
     levels = data["cgroup"]
-    old = max(0, levels[0]["current"] - levels[0]["file"]) if levels else 0
+    old = own_held(levels)
     old += own_daemon_held(data) if daemon_counted else 0
     total = data["total"] - data["hugepages_total"]
     return HostRam(total, min(total, data["available"] + old), slice_room(levels, old))

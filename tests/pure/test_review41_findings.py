@@ -147,11 +147,6 @@ def test_force_does_not_bypass_the_host_memory_refusal() -> None:
 # -------------------------------------------------------------------------------------------------- medium
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the facts of a unit that is not running (first deploy, stopped: no cgroup) drop the "
-    "slice above it, whose memory.max SGLang still reads once it starts",
-)
 def test_a_stopped_units_plan_is_sized_under_its_slices_limit(tmp_path: Path) -> None:
     """system.slice has MemoryMax=64G; sglang-a.service is stopped (systemd removed its cgroup) or not
     installed yet. It will start in system.slice (the template sets no Slice=), and SGLang reads every
@@ -331,11 +326,6 @@ def test_a_large_page_does_not_make_the_plan_refuse_its_own_memory_max() -> None
     assert plan.fits, plan.budget.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the facts find a unit's cgroup at most two slices deep: under a nested Slice= "
-    "(a-b-c.slice) the slices' memory.max is never read",
-)
 def test_a_unit_in_a_nested_slice_has_its_slice_limits_read(tmp_path: Path) -> None:
     """systemd nests a dashed slice under its prefixes: Slice=gpu-sglang-prod.slice lives at
     gpu.slice/gpu-sglang.slice/gpu-sglang-prod.slice (systemd.slice(5)); SGLang reads every level of the

@@ -196,9 +196,9 @@ def memory_at_start(
 ) -> HostMemory:
     """The host as the service's new start sees it when it sizes the pool: what the running service holds
     (its cgroup's usage less page cache) is freed, its new processes hold process_bytes; the unit's own
-    level takes `memory_max` (the unit's own limit, or the MemoryMax= rendered now) and nothing else: the
-    running unit's memory.max is the MemoryMax= the last apply rendered, which the new unit replaces (kept,
-    an auto pool re-planned under it would shrink on every apply); `offload`: the weights its ranks keep
+    level takes `memory_max` (the unit's own limit, or the MemoryMax= rendered now) and its memory.high:
+    the running unit's memory.max is the MemoryMax= the last apply rendered, which the new unit replaces
+    (kept, an auto pool re-planned under it would shrink on every apply); `offload`: the weights its ranks keep
     in host RAM (offload_bytes), held before the pools are sized."""
     new = process_bytes(ranks) + offload
     if data is None:  # no facts: the host unchecked, the unit's own limit still SGLang's bound
@@ -209,7 +209,9 @@ def memory_at_start(
     for i, lv in enumerate(levels):
         limits = [v for v in (lv["max"], lv["high"]) if v is not None]
         if i == 0 and lv["path"].endswith(".service"):  # the unit's own level: the new unit's limit
-            limits = [] if memory_max is None else [memory_max]
+            # and its memory.high, which deployctl never renders: the unit's own line or a drop-in
+            # (`systemctl set-property`, under system.control, outranks the unit file) survives the restart
+            limits = [v for v in (memory_max, lv["high"]) if v is not None]
         usage = max(0, lv["current"] - old) + new
         cgroup.append(CgroupLevel(tuple(limits), usage, lv["file"]))
     if not old_unit(levels) and memory_max is not None:  # not running: its slices only, then its own level

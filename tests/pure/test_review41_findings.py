@@ -256,11 +256,6 @@ def test_a_prewarm_the_plan_skips_is_not_requested() -> None:
     assert not prepared.request.prewarm
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the running unit's memory.high (systemctl set-property: a system.control drop-in the "
-    "new unit file does not replace) is dropped from the plan; SGLang reads it after the restart",
-)
 def test_the_running_units_memory_high_stays_in_the_plan() -> None:
     """deployctl never renders MemoryHigh=, so a memory.high on the running unit's own cgroup comes from the
     unit's own lines or a drop-in (`systemctl set-property sglang.service MemoryHigh=50G` writes one under

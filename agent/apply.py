@@ -144,7 +144,8 @@ def _planned(host: HostConfig, change: Change, facts: HostFacts, near: Near = ()
     from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked, near)
     if from_host is not None:
         return from_host
-    return plan_for_host(host, asked, calibration_from(facts), running)
+    return plan_for_host(host, asked, calibration_from(facts), running,
+                         host_memory=facts.get("host_memory"), neighbours=near)  # fmt: skip
 
 
 def preload(host: HostConfig) -> None:

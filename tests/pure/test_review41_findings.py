@@ -170,11 +170,6 @@ def test_a_stopped_units_plan_is_sized_under_its_slices_limit(tmp_path: Path) ->
     assert not plan.fits
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: without model_facts the planner falls back to plan_for_host, which drops the host's "
-    "memory facts: a HiCache plan that overcommits the host is called feasible (UNCHECKED)",
-)
 def test_host_memory_is_checked_when_the_host_gave_no_config_json() -> None:
     """The host's facts carry host_memory (256 GiB) but no model_facts (config.json not readable there):
     --hicache-size 500 x 8 ranks is still far beyond the host and must be refused before the restart."""

@@ -133,21 +133,42 @@ def memory_max_of(flags: Mapping[str, FlagValue]) -> int | None:
 # systemd's parse_size (base 1024): case-sensitive suffixes, B for bytes, parts concatenated (1G512M)
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
 _PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([BKMGTPE]?)")
-_PERCENT = re.compile(r"([0-9]+(?:\.[0-9])?)%")  # parse_permyriad: N% or N.M%
+# systemd's parse_permyriad (src/basic/percent-util.c): N% with up to two decimals, N‰ with up to one, N‱
+# whole; at most 100 %, else parse_size reads it (and rejects it)
+_PERMYRIAD = (
+    (re.compile(r"([0-9]+(?:\.[0-9]{1,2})?)%"), 1.0),
+    (re.compile(r"([0-9]+(?:\.[0-9])?)‰"), 0.1),
+    (re.compile(r"([0-9]+)‱"), 0.01),
+)
+
+
+def _share(text: str) -> RamShare | None:
+    """A percentage, permille or permyriad of physical memory as systemd parses it; None: not one."""
+    for pattern, scale in _PERMYRIAD:
+        found = pattern.fullmatch(text)
+        if found and float(found.group(1)) * scale <= 100:
+            return RamShare(round(float(found.group(1)) * scale, 4))
+    return None
 
 
 def _systemd_size(text: str) -> int | RamShare | None:
-    """One MemoryMax= value as systemd reads it: bytes, a RamShare, None (no limit: `infinity`, empty);
-    ValueError for one systemd rejects, and ignores with a warning (the earlier assignment stays)."""
+    """One MemoryMax= value as systemd reads it (config_parse_memory_limit): bytes, a RamShare, None (no
+    limit: `infinity`, empty); ValueError for one systemd rejects ('Invalid memory limit') or finds out of
+    range (0 bytes, 0 %), and ignores with a warning (the earlier assignment stays)."""
     if text in ("", "infinity"):
         return None
-    percent = _PERCENT.fullmatch(text)
-    if percent:
-        return RamShare(float(percent.group(1)))
+    share = _share(text)
+    if share is not None:
+        if share.percent <= 0:
+            raise ValueError(text)
+        return share
     parts = _PART.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
         raise ValueError(text)
-    return int(sum(float(n) * _UNITS[u] for n, u in parts))
+    size = int(sum(float(n) * _UNITS[u] for n, u in parts))
+    if size <= 0:
+        raise ValueError(text)
+    return size
 
 
 def unit_memory_limit(service_lines: Sequence[str]) -> int | RamShare | None:

@@ -213,11 +213,6 @@ def test_a_group_node_that_pins_waits_for_the_hosts_memory_lock(tmp_path: Path) 
     assert locked is not None or holder == UNIT  # waited its turn (then held it), or stopped LOCKED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a unit's MemoryMax=N.NN% (or N‰) is ignored as invalid; systemd applies it, over "
-    "the rendered MemoryMax=, and the plan sized the pool without it",
-)
 @pytest.mark.parametrize("value, percent", [("12.25%", 12.25), ("125‰", 12.5)])
 def test_systemd_percentages_with_hundredths_and_permille_are_read(value: str, percent: float) -> None:
     """systemd's config_parse_memory_limit tries parse_permyriad first (src/basic/percent-util.c: N%, N.N%,

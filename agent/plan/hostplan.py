@@ -191,6 +191,35 @@ def unit_memory_limit(service_lines: Sequence[str]) -> int | RamShare | None:
     return RamShare(min(shares), low) if shares else low
 
 
+DEFAULT_TEMPLATE = "sglang.service.j2"  # renders no unit.verbatim (render.py refuses it there)
+MEMORY_KEYS = ("MemoryMax", "MemoryHigh", "MemoryLimit")
+
+
+def verbatim_memory_limit(template: str, service_lines: Sequence[str]) -> int | RamShare | None:
+    """The memory limit of an inventory unit's verbatim [Service] lines, which the plan sizes the pool
+    under; refused in one line (UsageError) where render refuses the unit, so that plan and render agree:
+    verbatim lines with a template that does not render them, or a limit systemd rejects or ignores
+    ('Invalid memory limit', 'out of range': 64g, 0)."""
+    from agent.errors import UsageError
+
+    memory = [line for line in service_lines if line.partition("=")[0].strip() in MEMORY_KEYS]
+    if memory and template == DEFAULT_TEMPLATE:
+        raise UsageError(
+            f"unit.verbatim: {memory[0]!r} would not be in the unit: only templates/sglang-adopted.service.j2 "
+            "renders unit.verbatim (unit.template), so the pool is not sized under it"
+        )
+    for line in memory:
+        try:
+            _systemd_size(line.partition("=")[2].strip())
+        except ValueError:
+            raise UsageError(
+                f"unit.verbatim.Service: {line!r}: systemd rejects or ignores this limit ('Invalid memory "
+                "limit' or 'out of range'; its size suffixes K, M, G, T are upper-case, 0 is no limit): "
+                "set a limit systemd reads, or remove the line"
+            ) from None
+    return unit_memory_limit(service_lines)
+
+
 def sets_memory_max(service_lines: Sequence[str]) -> bool:
     """The unit's own [Service] lines set a MemoryMax= systemd accepts: the rendered one is then left out
     (two lines, the last winning, say one limit twice), and the plan sizes under the unit's own."""

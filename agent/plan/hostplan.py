@@ -205,8 +205,9 @@ def verbatim_memory_limit(template: str, service_lines: Sequence[str]) -> int | 
     memory = [line for line in service_lines if line.partition("=")[0].strip() in MEMORY_KEYS]
     if memory and template == DEFAULT_TEMPLATE:
         raise UsageError(
-            f"unit.verbatim: {memory[0]!r} would not be in the unit: only templates/sglang-adopted.service.j2 "
-            "renders unit.verbatim (unit.template), so the pool is not sized under it"
+            f"unit.verbatim: {memory[0]!r} would not be in the unit: only "
+            "templates/sglang-adopted.service.j2 renders unit.verbatim (unit.template), so the pool is not "
+            "sized under it"
         )
     for line in memory:
         try:
@@ -248,8 +249,8 @@ def memory_at_start(
     (its cgroup's usage less page cache) is freed, its new processes hold process_bytes; the unit's own
     level takes `memory_max` (the unit's own limit, or the MemoryMax= rendered now) and its memory.high:
     the running unit's memory.max is the MemoryMax= the last apply rendered, which the new unit replaces
-    (kept, an auto pool re-planned under it would shrink on every apply); `offload`: the weights its ranks keep
-    in host RAM (offload_bytes), held before the pools are sized."""
+    (kept, an auto pool re-planned under it would shrink on every apply); `offload`: the weights its ranks
+    keep in host RAM (offload_bytes), held before the pools are sized."""
     new = process_bytes(ranks) + offload
     if data is None:  # no facts: the host unchecked, the unit's own limit still SGLang's bound
         return HostMemory(UNLIMITED, () if memory_max is None else (CgroupLevel((memory_max,), new, 0),))

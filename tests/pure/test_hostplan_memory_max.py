@@ -89,7 +89,7 @@ def test_the_inventorys_verbatim_memory_max_reaches_the_plan() -> None:
             "unit": host.unit.model_copy(
                 update={"verbatim": {"Service": ["MemoryMax=20G"]}, "template": "sglang-adopted.service.j2"}
             )
-        }  # fmt: skip
+        }
     )
     inp = plan_input_from_host(host, load_facts(ROOT / "examples/llama-3.1-8b-h100.json"))
     assert inp.unit_memory_limit == 20 * GIB

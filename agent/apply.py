@@ -182,6 +182,7 @@ def prepare(
     target_host = allow_context(host, change)
     new_text = render_checked(target_host, flags, installed=old_text)
     env_secrets, flag_secrets = secret_values(target_host, flags)
+    host = without_skipped_prewarm(host, plan)
     restart = restart_for(host, facts, new_text, flags)
     show_plan(out, host, plan, old_text, new_text, restart)
     if host.weight_cache.enabled and out.style is not Style.JSON:
@@ -202,6 +203,14 @@ def prepare(
         start=change.start,
     )
     return Prepared(plan, old_text, new_text, req, restart)
+
+
+def without_skipped_prewarm(host: HostConfig, plan: Plan) -> HostConfig:
+    """The host with pre-warm off where the host budget skips it (the checkpoint cannot stay cached beside
+    the pools): the request does not ask for it and the restart estimate reads from disk."""
+    if not host.prewarm.enabled or plan.host is None or not plan.host.budget.prewarm_skipped:
+        return host
+    return host.model_copy(update={"prewarm": host.prewarm.model_copy(update={"enabled": False})})
 
 
 def refuse_infeasible(out: Output, host: HostConfig, change: Change, plan: Plan, old_text: str) -> None:

@@ -222,11 +222,6 @@ def test_systemd_percentages_with_hundredths_and_permille_are_read(value: str, p
     assert sets_memory_max([f"MemoryMax={value}"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the plan says 'pre-warm skipped' for a checkpoint that cannot stay cached beside the "
-    "pools, but the apply request still pre-warms it",
-)
 def test_a_prewarm_the_plan_skips_is_not_requested() -> None:
     """Kimi K2.6 (605 GB checkpoint) with --hicache-size 60 x 8 on a 1 TiB host: the budget's verdict is
     'fits, pre-warm skipped', and the issue's rule is that pre-warm is then skipped (and the restart

@@ -232,11 +232,14 @@ def refuse_infeasible(out: Output, host: HostConfig, change: Change, plan: Plan,
 
 def planned_pools(plan: Plan) -> dict[str, int | bool | None]:
     """What the gate holds the start to: the device pool (a forced plan may predict none), whether it was
-    calibrated here, and HiCache's host pool per rank (plan/hostplan.py) where the unit sizes one."""
+    calibrated here, and HiCache's host pool per rank (plan/hostplan.py) where the unit sizes one, with the
+    host budget it was counted in (for the metrics)."""
     return {
         "planned_pool": plan.predicted_pool_tokens or None,
         "pool_calibrated": calibrated_pool(plan),
         "planned_host_pool": plan.host.pool.tokens if plan.host and plan.host.size_gb else None,
+        "host_budget_pinned": plan.host.budget.pinned if plan.host and plan.host.checked else None,
+        "host_budget_capacity": plan.host.budget.capacity if plan.host and plan.host.checked else None,
     }
 
 

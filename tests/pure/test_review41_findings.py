@@ -327,10 +327,6 @@ def test_a_unit_in_a_nested_slice_has_its_slice_limits_read(tmp_path: Path) -> N
     assert any(lv["max"] == 64 * GIB for lv in data["cgroup"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the metrics carry the host pool per rank but not the host budget used",
-)
 def test_the_metrics_carry_the_host_budget_used() -> None:
     """The issue's 'Report and metrics: host pool tokens and GB per service, the host budget used': the
     textfile has deployctl_host_pool_tokens/_gigabytes and the planned pool, no figure of the budget."""
@@ -339,8 +335,10 @@ def test_the_metrics_carry_the_host_budget_used() -> None:
     from agent.host.metrics import Run, prom_text
     from agent.protocol.events import Outcome
 
+    # the budget's figures reach the Run as the plan's planned_host_pool does (Request -> runner data)
     run = Run("h", UNIT, Outcome.APPLIED, 0.0, host_pool_tokens=781_251, host_pool_gb=32.0,
-              planned_host_pool=781_251)  # fmt: skip
+              planned_host_pool=781_251, host_budget_pinned=300 * GIB,
+              host_budget_capacity=500 * GIB)  # fmt: skip
     text = prom_text(run, 0, None)
     assert re.search(r"^deployctl_host_(memory|budget)\w*", text, re.M), text
 
@@ -405,3 +403,26 @@ def test_hicache_prefills_of_one_pd_host_are_sized_not_left_to_auto(tmp_path: Pa
     prefills = [r.plan for r in plans if "prefill" in r.unit.host.unit.name]
     assert len(prefills) == 2
     assert all(p.host is not None and (p.host.size_gb is not None or not p.feasible) for p in prefills)
+
+
+def test_the_host_budget_reaches_the_metrics_from_the_plan() -> None:
+    """The plan's budget rides the apply request (as planned_host_pool does) into the metrics' Run."""
+    from agent.apply import make_plan, planned_pools
+    from agent.host.metrics import run_from
+    from agent.orchestrate.asked import Change
+    from agent.protocol.events import Outcome
+    from agent.remote.client import base_request
+
+    host, facts = _ct200(memory(1024 * GIB, 1000 * GIB, {}))
+    flags = (*ON.items(), ("hicache-size", 20), *NO_DRAFT)
+    plan = make_plan(host, Change(context=32768, flags=flags), facts)  # type: ignore[arg-type]
+    assert plan.host is not None and plan.host.checked
+    sent = planned_pools(plan)
+    assert sent["host_budget_pinned"] == plan.host.budget.pinned > 0
+    req = base_request(host, "apply", unit_text=unit_text(200_000), target_context=32768, **sent)
+    data = {"host_budget_pinned": req.host_budget_pinned, "host_budget_capacity": req.host_budget_capacity}
+    run = run_from(req, Outcome.APPLIED, 0.0, data, [])
+    assert (run.host_budget_pinned, run.host_budget_capacity) == (
+        plan.host.budget.pinned,
+        plan.host.budget.capacity,
+    )

@@ -410,10 +410,6 @@ def test_a_decodes_explicit_ratio_is_not_called_auto(tmp_path: Path) -> None:
     assert "auto size" not in line, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a facts file whose MemAvailable exceeds MemTotal is planned as if it were true",
-)
 def test_a_facts_file_with_more_available_than_total_is_refused(tmp_path: Path) -> None:
     """host_memory.available 300 GiB on a total of 256 GiB cannot come from /proc/meminfo: a hand-edited
     or mixed-up facts file. The facts are checked key by key (a negative or a float is refused in one

@@ -82,6 +82,22 @@ class _Textfile:
         self.lines.append(f"{name}{{{self.labels}{extra}}} {number}")
 
 
+def _host_budget_metrics(out: _Textfile, run: Run) -> None:
+    """HiCache's host budget as the plan counted it (where the host's memory was read)."""
+    out.metric(
+        "deployctl_host_budget_pinned_bytes",
+        "gauge",
+        "The host memory the plan's budget pins: every service's host pools, processes, daemons, headroom.",
+        run.host_budget_pinned,
+    )
+    out.metric(
+        "deployctl_host_budget_capacity_bytes",
+        "gauge",
+        "The host memory (or its slice's limit) the plan's budget had for it.",
+        run.host_budget_capacity,
+    )
+
+
 def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str:
     """The textfile, metric names and help texts after Prometheus' conventions."""
     out = _Textfile(f'host="{_escape(run.host)}",unit="{_escape(run.unit)}"')
@@ -143,18 +159,7 @@ def _pool_metrics(out: _Textfile, run: Run) -> None:
         "The host pool per rank the plan sized.",
         run.planned_host_pool,
     )
-    metric(
-        "deployctl_host_budget_pinned_bytes",
-        "gauge",
-        "The host memory the plan's budget pins: every service's host pools, processes, daemons, headroom.",
-        run.host_budget_pinned,
-    )
-    metric(
-        "deployctl_host_budget_capacity_bytes",
-        "gauge",
-        "The host memory (or its slice's limit) the plan's budget had for it.",
-        run.host_budget_capacity,
-    )
+    _host_budget_metrics(out, run)
     metric(
         "deployctl_restart_downtime_seconds",
         "gauge",

@@ -13,8 +13,8 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.effective import world
 from agent.plan.facts import Gpu, ModelInput, PlanInput
-from agent.plan.hostplan import verbatim_memory_limit
 from agent.plan.model import StartFigures
+from agent.plan.unitlimit import verbatim_memory_limit
 from agent.sglang.config_json import ModelConfig
 
 GIB = 2**30

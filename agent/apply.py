@@ -144,7 +144,8 @@ def _planned(host: HostConfig, change: Change, facts: HostFacts, near: Near = ()
     from_host = plan_from_host_facts(host, facts, calibration_from(facts), asked, near)
     if from_host is not None:
         return from_host
-    return plan_for_host(host, asked, calibration_from(facts), running)
+    return plan_for_host(host, asked, calibration_from(facts), running,
+                         host_memory=facts.get("host_memory"), neighbours=near)  # fmt: skip
 
 
 def preload(host: HostConfig) -> None:
@@ -181,6 +182,7 @@ def prepare(
     target_host = allow_context(host, change)
     new_text = render_checked(target_host, flags, installed=old_text)
     env_secrets, flag_secrets = secret_values(target_host, flags)
+    host = without_skipped_prewarm(host, plan)
     restart = restart_for(host, facts, new_text, flags)
     show_plan(out, host, plan, old_text, new_text, restart)
     if host.weight_cache.enabled and out.style is not Style.JSON:
@@ -203,6 +205,14 @@ def prepare(
     return Prepared(plan, old_text, new_text, req, restart)
 
 
+def without_skipped_prewarm(host: HostConfig, plan: Plan) -> HostConfig:
+    """The host with pre-warm off where the host budget skips it (the checkpoint cannot stay cached beside
+    the pools): the request does not ask for it and the restart estimate reads from disk."""
+    if not host.prewarm.enabled or plan.host is None or not plan.host.budget.prewarm_skipped:
+        return host
+    return host.model_copy(update={"prewarm": host.prewarm.model_copy(update={"enabled": False})})
+
+
 def refuse_infeasible(out: Output, host: HostConfig, change: Change, plan: Plan, old_text: str) -> None:
     """A plan that cannot reach the target: shown, then refused before anything changes."""
     show_plan(out, host, plan, old_text, render_unit(host, {**plan.flags()}, template_dir()))
@@ -222,11 +232,14 @@ def refuse_infeasible(out: Output, host: HostConfig, change: Change, plan: Plan,
 
 def planned_pools(plan: Plan) -> dict[str, int | bool | None]:
     """What the gate holds the start to: the device pool (a forced plan may predict none), whether it was
-    calibrated here, and HiCache's host pool per rank (plan/hostplan.py) where the unit sizes one."""
+    calibrated here, and HiCache's host pool per rank (plan/hostplan.py) where the unit sizes one, with the
+    host budget it was counted in (for the metrics)."""
     return {
         "planned_pool": plan.predicted_pool_tokens or None,
         "pool_calibrated": calibrated_pool(plan),
         "planned_host_pool": plan.host.pool.tokens if plan.host and plan.host.size_gb else None,
+        "host_budget_pinned": plan.host.budget.pinned if plan.host and plan.host.checked else None,
+        "host_budget_capacity": plan.host.budget.capacity if plan.host and plan.host.checked else None,
     }
 
 

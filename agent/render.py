@@ -15,7 +15,8 @@ from agent.errors import RenderError
 from agent.inventory import VISIBLE, HostConfig
 from agent.plan import weight_cache_unit
 from agent.plan.effective import check_table
-from agent.plan.hostplan import memory_max_of, sets_memory_max
+from agent.plan.hostplan import memory_max_of
+from agent.plan.unitlimit import sets_memory_max
 from agent.protocol.common import CONTROL, SECRET_CREDENTIAL, SURROGATE, UNPRINTABLE, secret_path
 from agent.protocol.requests import stop_timeout_s
 from agent.sglang import server_args, version_flags

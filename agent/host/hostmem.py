@@ -78,9 +78,10 @@ def level(path: str, files: dict[str, str | None]) -> CgroupLevelData | None:
 
 
 def unit_cgroup(unit: str, root: str = CGROUP_ROOT) -> str | None:
-    """The unit's cgroup under the root: system.slice/<unit>, <slice>/<unit> for a Slice= of its own, or one
-    slice deeper: systemd puts a template's instance (sglang@chat.service) in system-sglang.slice under its
-    slice."""
+    """The unit's cgroup under the root: system.slice/<unit>, <slice>/<unit> for a Slice= of its own, at
+    any depth: systemd nests a dashed slice under its prefixes (Slice=a-b-c.slice lives at
+    a.slice/a-b.slice/a-b-c.slice, systemd.slice(5)), and a template's instance (sglang@chat.service) in
+    system-sglang.slice under its slice."""
     if not re.fullmatch(r"[A-Za-z0-9@._:-]+", unit):
         return None
     for parent in _slices(root):
@@ -89,11 +90,22 @@ def unit_cgroup(unit: str, root: str = CGROUP_ROOT) -> str | None:
     return None
 
 
+MAX_SLICE_DEPTH = 16  # systemd's slices nest by their dashes; a bound against a cgroup tree gone odd
+
+
 def _slices(root: str) -> list[str]:
-    """system.slice and the root's other slices, then the slices one level inside each."""
+    """Every slice under the root, breadth first: system.slice and the root's other slices, then the
+    slices inside each, level by level."""
     top = ["system.slice", *sorted(n for n in _listdir(root) if n.endswith(".slice") and n != "system.slice")]
-    inner = [f"{t}/{n}" for t in top for n in sorted(_listdir(os.path.join(root, t))) if n.endswith(".slice")]
-    return top + inner
+    found, level = [], [t for t in top if os.path.isdir(os.path.join(root, t))]
+    for _ in range(MAX_SLICE_DEPTH):
+        if not level:
+            break
+        found += level
+        level = [
+            f"{t}/{n}" for t in level for n in sorted(_listdir(os.path.join(root, t))) if n.endswith(".slice")
+        ]
+    return found
 
 
 def cgroup_levels(relative: str, root: str = CGROUP_ROOT) -> list[CgroupLevelData]:
@@ -121,7 +133,9 @@ def collect(
         return None
     count = sum(1 for n in _listdir(nodes) if re.fullmatch(r"node[0-9]+", n))
     relative = unit_cgroup(unit, root)
-    found = host_memory(text, count, cgroup_levels(relative, root) if relative else [])
+    # not running (stopped, or not installed yet): the slice the template starts it in, whose memory.max
+    # SGLang reads once it starts (host_memory.py:83-125)
+    found = host_memory(text, count, cgroup_levels(relative or "system.slice", root))
     if found is not None:
         parent = relative.partition("/")[0] if relative else "system.slice"
         found["siblings"] = siblings(parent, unit, root)

@@ -45,6 +45,8 @@ class Run:
     host_pool_tokens: int | None = None  # HiCache: the host pool per rank the last start logged
     host_pool_gb: float | None = None
     planned_host_pool: int | None = None  # ... and the one the plan sized
+    host_budget_pinned: int | None = None  # the host memory the plan's budget pins (bytes), all services
+    host_budget_capacity: int | None = None  # ... of what the host (or its slice) has for it
 
 
 def timings(events: Iterable[Event]) -> tuple[float | None, dict[str, float]]:
@@ -78,6 +80,22 @@ class _Textfile:
             self.lines.extend((f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"))
         number = str(int(value)) if float(value).is_integer() else repr(float(value))  # full precision
         self.lines.append(f"{name}{{{self.labels}{extra}}} {number}")
+
+
+def _host_budget_metrics(out: _Textfile, run: Run) -> None:
+    """HiCache's host budget as the plan counted it (where the host's memory was read)."""
+    out.metric(
+        "deployctl_host_budget_pinned_bytes",
+        "gauge",
+        "The host memory the plan's budget pins: every service's host pools, processes, daemons, headroom.",
+        run.host_budget_pinned,
+    )
+    out.metric(
+        "deployctl_host_budget_capacity_bytes",
+        "gauge",
+        "The host memory (or its slice's limit) the plan's budget had for it.",
+        run.host_budget_capacity,
+    )
 
 
 def prom_text(run: Run, rollbacks_total: int, last_success: float | None) -> str:
@@ -141,6 +159,7 @@ def _pool_metrics(out: _Textfile, run: Run) -> None:
         "The host pool per rank the plan sized.",
         run.planned_host_pool,
     )
+    _host_budget_metrics(out, run)
     metric(
         "deployctl_restart_downtime_seconds",
         "gauge",
@@ -237,6 +256,8 @@ def run_from(
         _int(summary.get("host_pool_tokens")) if isinstance(summary, dict) else None,
         _float(summary.get("host_pool_gb")) if isinstance(summary, dict) else None,
         _int(data.get("planned_host_pool")),
+        _int(data.get("host_budget_pinned")),
+        _int(data.get("host_budget_capacity")),
     )
 
 

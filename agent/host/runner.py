@@ -295,6 +295,8 @@ def _write_metrics(req: Request, txn: str, result: Result, state_dir: StateDir, 
         "target_context": req.target_context,
         "planned_pool": req.planned_pool,
         "planned_host_pool": req.planned_host_pool,
+        "host_budget_pinned": req.host_budget_pinned,
+        "host_budget_capacity": req.host_budget_capacity,
     }
     if result.outcome is Outcome.ROLLED_BACK:  # the start that runs now is the restored old one
         old = [e.data.get("kv_tokens") for e in events if e.stage == Stage.VERIFY_OLD.value]

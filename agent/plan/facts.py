@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, model_validator
 
 from agent.errors import UsageError
 from agent.inventory import MAX_GIB, FlagValue, HostConfig, Planning
@@ -101,6 +101,16 @@ class HostMemoryFact(_Open):
     numa_nodes: StrictInt = Field(default=1, ge=1)
     cgroup: list[CgroupLevelFact] = Field(default_factory=list)
     siblings: dict[str, Annotated[int, Field(strict=True, ge=0)]] | None = None
+
+    @model_validator(mode="after")
+    def _within_total(self) -> HostMemoryFact:
+        """/proc/meminfo cannot say more available (or huge pages) than MemTotal: a hand-edited or mixed-up
+        file is refused, not planned against."""
+        if self.available > self.total:
+            raise ValueError(f"available ({self.available}) is more than total ({self.total})")
+        if self.hugepages_free > self.hugepages_total or self.hugepages_total > self.total:
+            raise ValueError("hugepages_free <= hugepages_total <= total, in bytes")
+        return self
 
     def data(self) -> HostMemoryData:
         out = cast(HostMemoryData, self.model_dump(exclude_none=True, exclude={"cgroup", "siblings"}))

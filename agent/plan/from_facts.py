@@ -26,7 +26,7 @@ from agent.plan.replan import replanned
 from agent.plan.sizing import parallel, sizing
 from agent.plan.startcheck import StartIdentity
 from agent.plan.synthetic import synthetic_host
-from agent.protocol.answers import HostFacts
+from agent.protocol.answers import HostFacts, HostMemoryData
 
 Calibration = StartFigures | Sequence[StartFigures]
 
@@ -145,20 +145,23 @@ def plan_from_host_facts(
     return plan_from_facts(inp, asked)
 
 
-def plan_for_host(  # noqa: PLR0913 - the service, the target, its starts, its flags, their ids, the others
+def plan_for_host(  # noqa: PLR0913 - the service, the target, its starts, flags, ids, the others, host RAM
     host: HostConfig,
     asked: Target,
     calibration: Calibration | None,
     running_flags: Flags,
     ids: Sequence[StartIdentity] = (),
     neighbours: tuple[ServiceNeed, ...] = (),
+    host_memory: HostMemoryData | None = None,
 ) -> Plan:
     """Plan from the inventory: the host becomes the PlanInput a facts file would (plan/from_inventory.py),
     the running unit's flags over the baseline and the earlier starts calibrating it (with what their logs
-    say they ran, where read: `--from-log`), and is planned by the one planner (plan_from_facts);
-    `neighbours`: the inventory's other services of the host, counted in HiCache's host budget."""
+    say they ran, where read: `--from-log`), and is planned by the one planner (plan_from_facts).
+    `host_memory`, `neighbours`: the host's memory as its facts read it and the inventory's other services
+    of the host (HiCache's budget), checked even when the host gave no config.json."""
     history = (calibration,) if isinstance(calibration, Mapping) else tuple(calibration or ())
-    inp = replace(plan_input_from_inventory(host, running_flags, history), neighbours=neighbours)
+    inp = plan_input_from_inventory(host, running_flags, history)
+    inp = replace(inp, host_memory=host_memory, neighbours=neighbours)
     # The inventory's config.json stands in with a family's architecture: the model path was checked
     # where the log was read (cli plan checked_starts), the rest of what the start ran is kept.
     ran = tuple(replace(i, architecture=None) for i in ids)[: len(history)]

@@ -13,8 +13,8 @@ from agent.errors import UsageError
 from agent.inventory import FlagValue, HostConfig
 from agent.plan.effective import world
 from agent.plan.facts import Gpu, ModelInput, PlanInput
-from agent.plan.hostplan import unit_memory_limit
 from agent.plan.model import StartFigures
+from agent.plan.unitlimit import verbatim_memory_limit
 from agent.sglang.config_json import ModelConfig
 
 GIB = 2**30
@@ -126,8 +126,8 @@ def plan_input_from_inventory(
         planning=host.planning,
         gaps=gaps,
         weight_cache=host.weight_cache.enabled,
-        unit_memory_limit=unit_memory_limit(
-            host.unit.verbatim.get("Service", [])
+        unit_memory_limit=verbatim_memory_limit(
+            host.unit.template, host.unit.verbatim.get("Service", [])
         ),  # applied with no facts too
     )
 
@@ -214,5 +214,5 @@ def plan_input_from_host(
         device=facts.device,
         planning=host.planning,
         weight_cache=host.weight_cache.enabled,
-        unit_memory_limit=unit_memory_limit(host.unit.verbatim.get("Service", [])),
+        unit_memory_limit=verbatim_memory_limit(host.unit.template, host.unit.verbatim.get("Service", [])),
     )

@@ -8,7 +8,8 @@ pool no longer moves with the device pool or the free memory of the moment, and 
 size's own pool, padding page included, which the gate checks SGLang's `Allocating ... host pool` line
 against to the token.
 
-`MemoryMax=` holds the service's processes (an estimate, below), its pools and SGLang's 10 GiB reserve, plus
+`MemoryMax=` holds the service's processes (an estimate, below), the weights it offloads to host RAM
+(`--cpu-offload-gb`), its pools and SGLang's 10 GiB reserve, plus
 one pool per rank beyond the first: the ranks of a service check the cgroup's headroom one by one as they
 pin, and a rank that checks after another pinned sees that pool as used (sglang#38156).
 """
@@ -16,7 +17,6 @@ pin, and a rank that checks after another pinned sees that pool as used (sglang#
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -41,6 +41,8 @@ from agent.plan.hostpool import (
     ranks_per_host,
 )
 from agent.plan.inputs import float_of, int_of, is_on, value_of
+from agent.plan.unitlimit import sets_memory_max as sets_memory_max  # re-exported
+from agent.plan.unitlimit import unit_memory_limit as unit_memory_limit  # re-exported
 from agent.protocol.answers import CgroupLevelData, HostMemoryData
 from agent.sglang import weight_cache as wc
 
@@ -91,6 +93,19 @@ def process_bytes(ranks: int) -> int:
     return PROCESS_BASE + PROCESS_PER_RANK * ranks
 
 
+def offload_bytes(flags: Mapping[str, FlagValue]) -> int:
+    """The weights `--cpu-offload-gb` keeps in host RAM: up to that many GiB per rank (OffloaderV1's
+    cpu_offload_max_bytes, srt/utils/offloader.py:69-71), every rank of every replica, loaded before any
+    host pool is sized (counted in MemoryMax=, the pool's headroom and the budget)."""
+    gib = float_of(flags, "cpu-offload-gb") or 0.0
+    return int(gib * GIB) * pools_of(flags) if gib > 0 else 0
+
+
+def engine_bytes(flags: Mapping[str, FlagValue]) -> int:
+    """What the service's processes hold besides its host pools: the estimate, and offloaded weights."""
+    return process_bytes(pools_of(flags)) + offload_bytes(flags)
+
+
 def daemon_bytes(ranks: int, runs_daemon: bool) -> int:
     """The host RAM of a service's weight-cache daemon (its unit runs one launcher and a process per local
     rank); 0 without one."""
@@ -112,62 +127,8 @@ def memory_max_of(flags: Mapping[str, FlagValue]) -> int | None:
     if not enabled(flags) or size <= 0:
         return None
     ranks, pools = ranks_of(flags), pools_of(flags)
-    need = process_bytes(pools) + RESERVE_BYTES + (math.ceil(size * 1e9) + POOL_PAD) * (pools + ranks - 1)
+    need = engine_bytes(flags) + RESERVE_BYTES + (math.ceil(size * 1e9) + POOL_PAD) * (pools + ranks - 1)
     return math.ceil(need / MIB) * MIB
-
-
-# systemd's parse_size (base 1024): case-sensitive suffixes, B for bytes, parts concatenated (1G512M)
-_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
-_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([BKMGTPE]?)")
-_PERCENT = re.compile(r"([0-9]+(?:\.[0-9])?)%")  # parse_permyriad: N% or N.M%
-
-
-def _systemd_size(text: str) -> int | RamShare | None:
-    """One MemoryMax= value as systemd reads it: bytes, a RamShare, None (no limit: `infinity`, empty);
-    ValueError for one systemd rejects, and ignores with a warning (the earlier assignment stays)."""
-    if text in ("", "infinity"):
-        return None
-    percent = _PERCENT.fullmatch(text)
-    if percent:
-        return RamShare(float(percent.group(1)))
-    parts = _PART.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(text)
-    return int(sum(float(n) * _UNITS[u] for n, u in parts))
-
-
-def unit_memory_limit(service_lines: Sequence[str]) -> int | RamShare | None:
-    """The memory limit a unit's own [Service] lines set (the smallest of its last MemoryMax= and
-    MemoryHigh=, systemd.resource-control(5)), which systemd applies over the rendered MemoryMax= since it
-    comes after it; a percentage comes back as a RamShare (of MemTotal, resolve_limit), a value systemd
-    rejects (MemoryMax=64g: its suffixes are case-sensitive) is ignored as systemd ignores it."""
-    found: dict[str, int | RamShare | None] = {}
-    for line in service_lines:
-        key, sep, value = (x.strip() for x in line.partition("="))
-        if not sep or key not in ("MemoryMax", "MemoryHigh", "MemoryLimit"):
-            continue
-        try:
-            found[key] = _systemd_size(value)
-        except ValueError:
-            continue
-    limits = [v for v in found.values() if isinstance(v, int)]
-    low = min(limits) if limits else None
-    shares = [v.percent for v in found.values() if isinstance(v, RamShare)]
-    return RamShare(min(shares), low) if shares else low
-
-
-def sets_memory_max(service_lines: Sequence[str]) -> bool:
-    """The unit's own [Service] lines set a MemoryMax= systemd accepts: the rendered one is then left out
-    (two lines, the last winning, say one limit twice), and the plan sizes under the unit's own."""
-    for line in service_lines:
-        key, sep, value = (x.strip() for x in line.partition("="))
-        if sep and key == "MemoryMax":
-            try:
-                _systemd_size(value)
-            except ValueError:
-                continue
-            return True
-    return False
 
 
 def resolve_limit(limit: int | RamShare | None, data: HostMemoryData | None) -> int | None:
@@ -177,27 +138,42 @@ def resolve_limit(limit: int | RamShare | None, data: HostMemoryData | None) -> 
     return limit
 
 
-def memory_at_start(data: HostMemoryData | None, ranks: int, memory_max: int | None = None) -> HostMemory:
+def memory_at_start(
+    data: HostMemoryData | None, ranks: int, memory_max: int | None = None, offload: int = 0
+) -> HostMemory:
     """The host as the service's new start sees it when it sizes the pool: what the running service holds
     (its cgroup's usage less page cache) is freed, its new processes hold process_bytes; the unit's own
-    level takes `memory_max` (the unit's own limit, or the MemoryMax= rendered now) and nothing else: the
-    running unit's memory.max is the MemoryMax= the last apply rendered, which the new unit replaces (kept,
-    an auto pool re-planned under it would shrink on every apply)."""
-    new = process_bytes(ranks)
+    level takes `memory_max` (the unit's own limit, or the MemoryMax= rendered now) and its memory.high:
+    the running unit's memory.max is the MemoryMax= the last apply rendered, which the new unit replaces
+    (kept, an auto pool re-planned under it would shrink on every apply); `offload`: the weights its ranks
+    keep in host RAM (offload_bytes), held before the pools are sized."""
+    new = process_bytes(ranks) + offload
     if data is None:  # no facts: the host unchecked, the unit's own limit still SGLang's bound
         return HostMemory(UNLIMITED, () if memory_max is None else (CgroupLevel((memory_max,), new, 0),))
     levels = data["cgroup"]
-    old = max(0, levels[0]["current"] - levels[0]["file"]) if levels else 0
+    old = own_held(levels)
     cgroup = []
     for i, lv in enumerate(levels):
         limits = [v for v in (lv["max"], lv["high"]) if v is not None]
         if i == 0 and lv["path"].endswith(".service"):  # the unit's own level: the new unit's limit
-            limits = [] if memory_max is None else [memory_max]
+            # and its memory.high, which deployctl never renders: the unit's own line or a drop-in
+            # (`systemctl set-property`, under system.control, outranks the unit file) survives the restart
+            limits = [v for v in (memory_max, lv["high"]) if v is not None]
         usage = max(0, lv["current"] - old) + new
         cgroup.append(CgroupLevel(tuple(limits), usage, lv["file"]))
-    if not levels and memory_max is not None:
-        cgroup.append(CgroupLevel((memory_max,), new, 0))
+    if not old_unit(levels) and memory_max is not None:  # not running: its slices only, then its own level
+        cgroup.insert(0, CgroupLevel((memory_max,), new, 0))
     return HostMemory(max(0, data["available"] + old - new), tuple(cgroup))
+
+
+def old_unit(levels: Sequence[CgroupLevelData]) -> bool:
+    """The facts read the unit's own cgroup (it runs); else only the slice it will start in, if any."""
+    return bool(levels) and levels[0]["path"].endswith(".service")
+
+
+def own_held(levels: Sequence[CgroupLevelData]) -> int:
+    """What the running unit holds now (usage less page cache), given back when it is replaced."""
+    return max(0, levels[0]["current"] - levels[0]["file"]) if old_unit(levels) else 0
 
 
 def own_daemon_held(data: HostMemoryData | None) -> int:
@@ -216,7 +192,7 @@ def host_ram(data: HostMemoryData | None, daemon_counted: bool = False) -> HostR
     if data is None:
         return HostRam(UNLIMITED, UNLIMITED)
     levels = data["cgroup"]
-    old = max(0, levels[0]["current"] - levels[0]["file"]) if levels else 0
+    old = own_held(levels)
     old += own_daemon_held(data) if daemon_counted else 0
     total = data["total"] - data["hugepages_total"]
     return HostRam(total, min(total, data["available"] + old), slice_room(levels, old))
@@ -533,7 +509,8 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     applies instead of the rendered one: the pool is sized under it, and a limit too small is refused."""
     ranks, pools = ranks_of(flags), pools_of(flags)  # SGLang's divisor; the pools pinned (data parallel)
     limit = resolve_limit(unit_limit, data)
-    seen = memory_at_start(data, pools, limit)
+    offload = offload_bytes(flags)
+    seen = memory_at_start(data, pools, limit, offload)
     given = plan_host_pool(pool, hicache_flags(flags), seen, ranks, decode_backup=decode_backup)
     neighbours = tuple(at_most_pinned(n, data) for n in neighbours)
     later = waiting(neighbours, data)
@@ -547,9 +524,9 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     planned = share if decode_backup is not None else given
     if size is not None:
         memory_max = limit or memory_max_of({**flags, "hicache-size": size})
-        planned = size_pool(pool, size, memory_at_start(data, pools, memory_max), ranks, pools)
+        planned = size_pool(pool, size, memory_at_start(data, pools, memory_max, offload), ranks, pools)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
-    need = ServiceNeed(name, pools, pool, planned, process_bytes(pools), checkpoint_bytes, memory_max, daemon,
+    need = ServiceNeed(name, pools, pool, planned, engine_bytes(flags), checkpoint_bytes, memory_max, daemon,
                        sglang_ranks=ranks)  # fmt: skip
     budget = host_budget(need, neighbours, data)
     return HostPlan(pools, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
@@ -589,5 +566,5 @@ def neighbour(
     if not auto_pool:  # a decode's explicit size sizes its retraction backup (base.py:221-224): counted
         pool = None
     fraction = hicache_flags(flags).effective_fraction if auto_pool else None
-    return ServiceNeed(name, pools, None, pool, process_bytes(pools), 0, memory_max, daemon, unit, ranks,
+    return ServiceNeed(name, pools, None, pool, engine_bytes(flags), 0, memory_max, daemon, unit, ranks,
                        auto_pool, fraction)  # fmt: skip

@@ -21,7 +21,7 @@ In auto mode the allowance is the budget snapshot itself (base.py:98-102, hicach
 A decode server's default retraction backup (srt/mem_cache/kv_cache_builder.py:244-258) sets the ratio to
 max(0.2, one request's tokens / device tokens) and is auto-sized like the rest; an MLA decode builds none.
 Scope: one attention KV pool per rank, proved on MHA and MLA pools (tests/data/oracle/hostpool-cases.json);
-draft, hybrid and indexer host pools are not planned here.
+draft, hybrid and DSA indexer host pools are not planned here (hostwire.py refuses HiCache with them).
 """
 
 from __future__ import annotations

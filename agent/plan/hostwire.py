@@ -19,6 +19,7 @@ from agent.plan.hostpool import GIB, DecodeServer, RankPool, decode_backup_ratio
 from agent.plan.hostsaid import given_notes, kept_as_given, smaller_than_device
 from agent.plan.inputs import draft_model, float_of, int_of, is_on, value_of
 from agent.plan.overhead import is_amd
+from agent.sglang.kvlayout import read_layout
 from agent.sglang.logs.summary import StartFigures
 from agent.sglang.pools import PoolSizer
 
@@ -61,15 +62,32 @@ DRAFT = (
     "srt/mem_cache/hicache_auto_size.py:55-79), which deployctl does not size: turn HiCache off for it, "
     "or the draft"
 )
+DSA = (
+    "HiCache with a DSA model: SGLang 0.5.23 builds an MLA host pool from --hicache-size "
+    "(srt/mem_cache/pool_host/mla.py:195-197) and an indexer host pool of the same tokens beside it, "
+    "allocated and checked on its own (srt/mem_cache/pool_host/dsa.py:199-243), which deployctl does not "
+    "size into the pool or the rendered MemoryMax=: turn HiCache off for it, or size it by hand "
+    "(--hicache-size, a MemoryMax= of the unit's own) and start it outside a host plan"
+)
 
 
 def unsized(inp: PlanInput, sizer: PoolSizer | None) -> str | None:
     """The one-line refusal of HiCache whose host pools deployctl does not size: a hybrid model's (state or
-    sliding-window pools) or a speculative draft's; None when it sizes them."""
+    sliding-window pools), a DSA model's indexer pool or a speculative draft's; None when it sizes them."""
     if sizer is not None and (sizer.mamba is not None or sizer.swa_ratio is not None):
         return HYBRID.format(kind="linear-attention state" if sizer.mamba is not None else "sliding window")
+    if _dsa(inp):
+        return DSA
     algorithm = draft_model(inp.flags)
     return None if algorithm is None else DRAFT.format(algorithm=algorithm)
+
+
+def _dsa(inp: PlanInput) -> bool:
+    """The model's KV layout is DSA's (an MLA pool with an indexer beside it)."""
+    try:
+        return read_layout(inp.model.config).family == "dsa"
+    except ValueError:  # Unsupported too: the device plan says why
+        return False
 
 
 def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:

@@ -125,6 +125,8 @@ class Request:
     planned_pool: int | None = None  # apply: what the plan predicted
     pool_calibrated: bool = False  # apply: planned_pool was calibrated on this host's own starts
     planned_host_pool: int | None = None  # apply, HiCache: the host pool per rank the plan sized, in tokens
+    host_budget_pinned: int | None = None  # apply, HiCache: the host memory the plan's budget pins, bytes
+    host_budget_capacity: int | None = None  # ... of what the host (or its slice) has for it, bytes
     margin: float = 0.02
     http_host: str = "127.0.0.1"
     port: int = 30000
@@ -256,6 +258,8 @@ class Request:
             value = getattr(self, name)
             _check(value is None or isinstance(value, str), f"{name} must be text")
         counts = ("target_context", "planned_pool", "planned_host_pool")  # token counts: None or an int
+        for value in (self.host_budget_pinned, self.host_budget_capacity):  # bytes: None or an int >= 0
+            _check(value is None or (_is_int(value) and value >= 0), "host budget bytes must be integers")
         for name in ("port", "keep_backups", "version", *counts):
             value = getattr(self, name)
             _check((name in counts and value is None) or _is_int(value), f"{name} must be an integer")

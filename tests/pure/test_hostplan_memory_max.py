@@ -85,7 +85,11 @@ def test_a_memory_max_too_small_is_refused_before_the_start_in_sglangs_words() -
 def test_the_inventorys_verbatim_memory_max_reaches_the_plan() -> None:
     host = load_host("ct200", ROOT / "units")
     host = host.model_copy(
-        update={"unit": host.unit.model_copy(update={"verbatim": {"Service": ["MemoryMax=20G"]}})}
+        update={
+            "unit": host.unit.model_copy(
+                update={"verbatim": {"Service": ["MemoryMax=20G"]}, "template": "sglang-adopted.service.j2"}
+            )
+        }
     )
     inp = plan_input_from_host(host, load_facts(ROOT / "examples/llama-3.1-8b-h100.json"))
     assert inp.unit_memory_limit == 20 * GIB

@@ -14,8 +14,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from agent.cli.main import main
 from agent.output import Output
 
@@ -356,10 +354,6 @@ def test_an_offline_plan_counts_or_names_a_neighbours_explicit_pools(tmp_path: P
 ADOPTED = 'template = "sglang-adopted.service.j2"\nverbatim = {{ Service = ["MemoryMax={limit}"] }}'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: plan calls MemoryMax=0 'checked', feasible; systemd ignores it, render refuses it",
-)
 def test_a_memory_max_systemd_ignores_is_not_called_checked(tmp_path: Path) -> None:
     """An adopted unit with MemoryMax=0 (systemd: 'Memory limit '0' out of range, ignoring.'; render
     refuses the unit through systemd-analyze verify). The plan says 'the pool checked under the unit's own
@@ -370,10 +364,6 @@ def test_a_memory_max_systemd_ignores_is_not_called_checked(tmp_path: Path) -> N
     assert code != 0 or "MemoryMax=0" in stdout, stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: plan is silent on MemoryMax=64g, which systemd rejects and render refuses",
-)
 def test_a_memory_max_systemd_rejects_is_named_by_plan(tmp_path: Path) -> None:
     """planning.md: '64g is rejected by systemd and not read'. render refuses the unit ('Invalid memory
     limit '64g''); plan says only 'host memory: not read (no facts)', feasible, exit 0."""
@@ -382,10 +372,6 @@ def test_a_memory_max_systemd_rejects_is_named_by_plan(tmp_path: Path) -> None:
     assert "64g" in stdout + stderr, stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: plan sizes HiCache under a verbatim MemoryMax= that render refuses (not adopted)",
-)
 def test_plan_and_render_agree_on_a_verbatim_memory_max(tmp_path: Path) -> None:
     """[unit] verbatim without the adopted template: render exits 2 ('only
     templates/sglang-adopted.service.j2 renders it'), but plan reads its MemoryMax=64G and refuses the
@@ -422,10 +408,6 @@ def test_a_decodes_explicit_ratio_is_not_called_auto(tmp_path: Path) -> None:
     assert "auto size" not in line, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a facts file whose MemAvailable exceeds MemTotal is planned as if it were true",
-)
 def test_a_facts_file_with_more_available_than_total_is_refused(tmp_path: Path) -> None:
     """host_memory.available 300 GiB on a total of 256 GiB cannot come from /proc/meminfo: a hand-edited
     or mixed-up facts file. The facts are checked key by key (a negative or a float is refused in one

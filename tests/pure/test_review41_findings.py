@@ -63,11 +63,6 @@ def _ct200(host_memory: HostMemoryData, model_facts: bool = True) -> tuple[Any, 
 # ---------------------------------------------------------------------------------------------------- high
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a DSA model's host pool folds the indexer into the KV bytes per token; SGLang builds "
-    "an MLA pool from --hicache-size and a separate indexer pool beside it",
-)
 def test_dsa_host_pool_is_sglangs_mla_pool_plus_its_indexer_pool() -> None:
     """DeepSeek V3.2 (DSA), TP 8, --hicache-size 100. SGLang's KV host pool is MLA: size_per_token =
     kv_cache_dim x dtype x layers = 576 x 2 x 61 = 70,272 (srt/mem_cache/pool_host/mla.py:195-197; the
@@ -86,6 +81,7 @@ def test_dsa_host_pool_is_sglangs_mla_pool_plus_its_indexer_pool() -> None:
     inp = replace(parse_facts(doc, name="dsa"), host_memory=memory(2048 * GIB, 2000 * GIB, {}))
     plan = plan_from_facts(inp, Target(32768))
     if not plan.feasible:  # refusing HiCache for a DSA model (as for a hybrid one) is also correct
+        assert "indexer host pool" in plan.binding, plan.binding
         return
     assert plan.host is not None and plan.host.page_size == 64
     kv_tokens = (100 * GB // 70_272 // 64 + 1) * 64
@@ -93,11 +89,6 @@ def test_dsa_host_pool_is_sglangs_mla_pool_plus_its_indexer_pool() -> None:
     assert plan.host.pool.bytes >= kv_tokens * (70_272 + 8_052)  # the KV pool and the indexer pool
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: --cpu-offload-gb (GiB of weights per rank held in host RAM) is in neither the "
-    "rendered MemoryMax= nor the host budget: the cgroup OOM-kills the service while it loads",
-)
 def test_cpu_offload_is_inside_memory_max_and_the_budget() -> None:
     """SGLang offloads up to cpu_offload_gb x 1024**3 bytes of weights per rank into host memory
     (srt/utils/offloader.py:69-71). A HiCache unit with --hicache-size 20, TP 2 and --cpu-offload-gb 40 gets
@@ -156,11 +147,6 @@ def test_force_does_not_bypass_the_host_memory_refusal() -> None:
 # -------------------------------------------------------------------------------------------------- medium
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the facts of a unit that is not running (first deploy, stopped: no cgroup) drop the "
-    "slice above it, whose memory.max SGLang still reads once it starts",
-)
 def test_a_stopped_units_plan_is_sized_under_its_slices_limit(tmp_path: Path) -> None:
     """system.slice has MemoryMax=64G; sglang-a.service is stopped (systemd removed its cgroup) or not
     installed yet. It will start in system.slice (the template sets no Slice=), and SGLang reads every
@@ -184,11 +170,6 @@ def test_a_stopped_units_plan_is_sized_under_its_slices_limit(tmp_path: Path) ->
     assert not plan.fits
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: without model_facts the planner falls back to plan_for_host, which drops the host's "
-    "memory facts: a HiCache plan that overcommits the host is called feasible (UNCHECKED)",
-)
 def test_host_memory_is_checked_when_the_host_gave_no_config_json() -> None:
     """The host's facts carry host_memory (256 GiB) but no model_facts (config.json not readable there):
     --hicache-size 500 x 8 ranks is still far beyond the host and must be refused before the restart."""
@@ -232,11 +213,6 @@ def test_a_group_node_that_pins_waits_for_the_hosts_memory_lock(tmp_path: Path) 
     assert locked is not None or holder == UNIT  # waited its turn (then held it), or stopped LOCKED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a unit's MemoryMax=N.NN% (or N‰) is ignored as invalid; systemd applies it, over "
-    "the rendered MemoryMax=, and the plan sized the pool without it",
-)
 @pytest.mark.parametrize("value, percent", [("12.25%", 12.25), ("125‰", 12.5)])
 def test_systemd_percentages_with_hundredths_and_permille_are_read(value: str, percent: float) -> None:
     """systemd's config_parse_memory_limit tries parse_permyriad first (src/basic/percent-util.c: N%, N.N%,
@@ -246,11 +222,6 @@ def test_systemd_percentages_with_hundredths_and_permille_are_read(value: str, p
     assert sets_memory_max([f"MemoryMax={value}"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the plan says 'pre-warm skipped' for a checkpoint that cannot stay cached beside the "
-    "pools, but the apply request still pre-warms it",
-)
 def test_a_prewarm_the_plan_skips_is_not_requested() -> None:
     """Kimi K2.6 (605 GB checkpoint) with --hicache-size 60 x 8 on a 1 TiB host: the budget's verdict is
     'fits, pre-warm skipped', and the issue's rule is that pre-warm is then skipped (and the restart
@@ -270,11 +241,6 @@ def test_a_prewarm_the_plan_skips_is_not_requested() -> None:
     assert not prepared.request.prewarm
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the running unit's memory.high (systemctl set-property: a system.control drop-in the "
-    "new unit file does not replace) is dropped from the plan; SGLang reads it after the restart",
-)
 def test_the_running_units_memory_high_stays_in_the_plan() -> None:
     """deployctl never renders MemoryHigh=, so a memory.high on the running unit's own cgroup comes from the
     unit's own lines or a drop-in (`systemctl set-property sglang.service MemoryHigh=50G` writes one under
@@ -340,11 +306,6 @@ def test_a_large_page_does_not_make_the_plan_refuse_its_own_memory_max() -> None
     assert plan.fits, plan.budget.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the facts find a unit's cgroup at most two slices deep: under a nested Slice= "
-    "(a-b-c.slice) the slices' memory.max is never read",
-)
 def test_a_unit_in_a_nested_slice_has_its_slice_limits_read(tmp_path: Path) -> None:
     """systemd nests a dashed slice under its prefixes: Slice=gpu-sglang-prod.slice lives at
     gpu.slice/gpu-sglang.slice/gpu-sglang-prod.slice (systemd.slice(5)); SGLang reads every level of the
@@ -366,10 +327,6 @@ def test_a_unit_in_a_nested_slice_has_its_slice_limits_read(tmp_path: Path) -> N
     assert any(lv["max"] == 64 * GIB for lv in data["cgroup"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the metrics carry the host pool per rank but not the host budget used",
-)
 def test_the_metrics_carry_the_host_budget_used() -> None:
     """The issue's 'Report and metrics: host pool tokens and GB per service, the host budget used': the
     textfile has deployctl_host_pool_tokens/_gigabytes and the planned pool, no figure of the budget."""
@@ -378,8 +335,10 @@ def test_the_metrics_carry_the_host_budget_used() -> None:
     from agent.host.metrics import Run, prom_text
     from agent.protocol.events import Outcome
 
+    # the budget's figures reach the Run as the plan's planned_host_pool does (Request -> runner data)
     run = Run("h", UNIT, Outcome.APPLIED, 0.0, host_pool_tokens=781_251, host_pool_gb=32.0,
-              planned_host_pool=781_251)  # fmt: skip
+              planned_host_pool=781_251, host_budget_pinned=300 * GIB,
+              host_budget_capacity=500 * GIB)  # fmt: skip
     text = prom_text(run, 0, None)
     assert re.search(r"^deployctl_host_(memory|budget)\w*", text, re.M), text
 
@@ -444,3 +403,26 @@ def test_hicache_prefills_of_one_pd_host_are_sized_not_left_to_auto(tmp_path: Pa
     prefills = [r.plan for r in plans if "prefill" in r.unit.host.unit.name]
     assert len(prefills) == 2
     assert all(p.host is not None and (p.host.size_gb is not None or not p.feasible) for p in prefills)
+
+
+def test_the_host_budget_reaches_the_metrics_from_the_plan() -> None:
+    """The plan's budget rides the apply request (as planned_host_pool does) into the metrics' Run."""
+    from agent.apply import make_plan, planned_pools
+    from agent.host.metrics import run_from
+    from agent.orchestrate.asked import Change
+    from agent.protocol.events import Outcome
+    from agent.remote.client import base_request
+
+    host, facts = _ct200(memory(1024 * GIB, 1000 * GIB, {}))
+    flags = (*ON.items(), ("hicache-size", 20), *NO_DRAFT)
+    plan = make_plan(host, Change(context=32768, flags=flags), facts)  # type: ignore[arg-type]
+    assert plan.host is not None and plan.host.checked
+    sent = planned_pools(plan)
+    assert sent["host_budget_pinned"] == plan.host.budget.pinned > 0
+    req = base_request(host, "apply", unit_text=unit_text(200_000), target_context=32768, **sent)
+    data = {"host_budget_pinned": req.host_budget_pinned, "host_budget_capacity": req.host_budget_capacity}
+    run = run_from(req, Outcome.APPLIED, 0.0, data, [])
+    assert (run.host_budget_pinned, run.host_budget_capacity) == (
+        plan.host.budget.pinned,
+        plan.host.budget.capacity,
+    )

@@ -69,13 +69,19 @@ def offered(
     size_fits: Callable[[int], bool],
     memory_max: int | None = None,
     slice_limit: str | None = None,
+    unit_limit: int | None = None,
 ) -> HostBudget:
     """The refusal `budget` with its fix re-worded: the size `size_fits` accepts last, the slice that binds
-    (`slice_limit`: its words), and a `memory_max` (bytes) where one was proved to hold it."""
+    (`slice_limit`: its words), and a `memory_max` (bytes) where one was proved to hold it. `unit_limit`:
+    the unit's own limit (bytes), named when no size fits under it."""
     size = largest_fitting_size(size_fits)
-    fix = (
-        f"--hicache-size {size} per rank would fit" if size else "no host pool fits: turn HiCache off for it"
-    )
+    if size:
+        fix = f"--hicache-size {size} per rank would fit"
+    elif unit_limit is not None and memory_max is None:
+        fix = (f"no host pool fits under the unit's own MemoryMax= ({unit_limit / GIB:.1f} GiB): raise it "
+               "with a smaller --hicache-size, or turn HiCache off for it")  # fmt: skip
+    else:
+        fix = "no host pool fits: turn HiCache off for it"
     if slice_limit:
         fix += f" ({slice_limit} binds: a unit's MemoryMax= cannot raise it)"
     if memory_max is not None:
@@ -150,4 +156,4 @@ def _fix(
     def fits(size: int) -> bool:
         return size < asked and again({**flags, "hicache-size": size}, limit).fits
 
-    return offered(budget, fits, raised, binding_slice(data))
+    return offered(budget, fits, raised, binding_slice(data), limit)

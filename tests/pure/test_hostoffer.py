@@ -91,3 +91,18 @@ def test_the_search_finds_the_edge() -> None:
     assert largest_fitting_size(lambda s: s <= 37) == 37
     assert largest_fitting_size(lambda s: s <= 1) == 1
     assert largest_fitting_size(lambda s: False) is None
+
+
+def test_a_unit_limit_under_which_no_pool_fits_is_named() -> None:
+    """--hicache-size 100 under the unit's own MemoryMax=6G on a 22 GiB host (the real tier's case): no size
+    fits under 6 GiB (SGLang keeps 10 GiB free) and no MemoryMax= on this host holds 100 GB: the refusal
+    names the unit's limit as the thing to raise, not only "turn HiCache off"."""
+    data: HostMemoryData = {"total": 22 * GIB, "available": 20 * GIB, "hugepages_total": 0,
+                            "hugepages_free": 0, "numa_nodes": 1, "cgroup": [level(UNIT, 6 * GIB)],
+                            "siblings": {}}  # fmt: skip
+    pool = RankPool(16_384, 2_048, 1)
+    plan = plan_host("a", pool, {**ON, "hicache-size": 100}, data, (), unit_limit=6 * GIB)
+    assert not plan.fits
+    assert "MemoryMax= (6.0 GiB)" in plan.budget.reason and "HiCache off" in plan.budget.reason, (
+        plan.budget.reason
+    )

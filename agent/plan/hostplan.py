@@ -77,7 +77,7 @@ def hicache_flags(flags: Mapping[str, FlagValue]) -> HiCacheFlags:
     try:
         return HiCacheFlags(
             ratio=float_of(flags, "hicache-ratio"),
-            size_gb=float_of(flags, "hicache-size") or 0.0,
+            size_gb=float(size_of(flags)),
             fraction=0.8 if fraction is None else fraction,
             # a decode server leaves the ratio to kv_cache_builder.py:245-258, which sets 2.0 with HiCache on
             # whatever the memory mode (hicache_hook.py:118-121 skips decode)
@@ -85,6 +85,12 @@ def hicache_flags(flags: Mapping[str, FlagValue]) -> HiCacheFlags:
         )
     except ValueError as e:
         raise UsageError(f"flags: {e}") from None
+
+
+def size_of(flags: Mapping[str, FlagValue]) -> int:
+    """--hicache-size as SGLang's parser reads it, an int (srt/arg_groups/fields/memory.py:113-116; 0: not
+    given): a fraction, nan or inf, which its argparse refuses at every start, refused in one line."""
+    return int_of(flags, "hicache-size") or 0
 
 
 def process_bytes(ranks: int) -> int:
@@ -108,7 +114,7 @@ def memory_max_of(flags: Mapping[str, FlagValue]) -> int | None:
     processes, SGLang's 10 GiB reserve, and pools + ranks - 1 pools (each at most size + one padding page;
     2 x ranks - 1 without data parallelism), so that the last rank to check the cgroup still finds its pool's
     room (pool_host/base.py:248-257)."""
-    size = float_of(flags, "hicache-size") or 0.0
+    size = size_of(flags)
     if not enabled(flags) or size <= 0:
         return None
     ranks, pools = ranks_of(flags), pools_of(flags)
@@ -496,7 +502,7 @@ def rendered_size(
     size), and the pools it was divided by for the last rank to pin (0: not cut): a size rendered in place
     of the auto mode (which books every rank against one snapshot) is checked by SGLang rank by rank, each
     reading free memory afresh, so it is kept at most (free - 10 GiB) / (pools + ranks - 1)."""
-    explicit = float_of(flags, "hicache-size") or 0.0
+    explicit = size_of(flags)
     size = explicit if explicit > 0 else floor_gb(share.bytes) if share.fits else None
     ranks, pools = ranks_of(flags), pools_of(flags)
     capped = 0
@@ -546,7 +552,7 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     memory_max = None
     planned = share if decode_backup is not None else given
     if size is not None:
-        memory_max = limit or memory_max_of({**flags, "hicache-size": size})
+        memory_max = limit or memory_max_of({**flags, "hicache-size": int(size)})
         planned = size_pool(pool, size, memory_at_start(data, pools, memory_max), ranks, pools)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
     need = ServiceNeed(name, pools, pool, planned, process_bytes(pools), checkpoint_bytes, memory_max, daemon,
@@ -583,7 +589,7 @@ def neighbour(
     SGLang sizes at its start (kv_cache_builder.py:244-258), counted like an auto HiCache pool."""
     auto_pool = enabled(flags) or value_of(flags, "disaggregation-mode") == "decode"
     ranks, pools = ranks_of(flags), pools_of(flags)
-    size = float_of(flags, "hicache-size") or 0.0
+    size = size_of(flags)
     pool = None if size <= 0 else HostPool(Mode.SIZE, 0, int(size * 1e9), UNLIMITED)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
     if not auto_pool:  # a decode's explicit size sizes its retraction backup (base.py:221-224): counted

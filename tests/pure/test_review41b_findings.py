@@ -179,11 +179,6 @@ def test_ignore_host_memory_does_not_pass_the_device_plans_refusal() -> None:
         prepare(out, host, change, facts)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: --hicache-size is an int in SGLang (argparse type=int); a fraction or nan is planned "
-    "(nan even replaced by an auto size) and rendered, and SGLang's argparse refuses the unit at start",
-)
 @pytest.mark.parametrize("size", ["1.5", "nan"])
 def test_a_hicache_size_sglang_cannot_parse_is_refused_by_the_plan(size: str) -> None:
     """srt/arg_groups/fields/memory.py:113-116: `hicache_size: A[int, ...]`. `--hicache-size 1.5` plans
@@ -198,11 +193,6 @@ def test_a_hicache_size_sglang_cannot_parse_is_refused_by_the_plan(size: str) ->
     assert not planned.fits
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: an infinite --hicache-size (inf, 1e400) crashes the plan with ValueError "
-    "(int() of a NaN, hostpool._tokens) instead of a one-line refusal; the ratio's counterpart was fixed",
-)
 @pytest.mark.parametrize("size", ["inf", "1e400"])
 def test_an_infinite_hicache_size_is_refused_in_one_line(size: str) -> None:
     """hostpool._tokens: `inf * 1e9 // bytes per token` is NaN and int() raises ValueError, which

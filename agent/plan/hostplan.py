@@ -25,6 +25,7 @@ from agent.inventory import FlagValue
 from agent.plan.hostbudget import HostBudget, HostRam, RamShare, ServiceNeed, Verdict, plan_budget
 from agent.plan.hostlog import LoggedPool
 from agent.plan.hostoffer import offers_fix
+from agent.plan.hostorder import after_later, beside, held_now, in_any_order, mid_start, waiting
 from agent.plan.hostpool import (
     AUTO_SLACK,
     GIB,
@@ -242,13 +243,6 @@ def slice_room(levels: Sequence[CgroupLevelData], old: int) -> int | None:
     return max(0, min(room)) if room else None
 
 
-def held_now(n: ServiceNeed, data: HostMemoryData | None) -> int:
-    """What the facts say a neighbour's unit and its weight-cache daemon hold now (0: stopped, or unsaid)."""
-    now: Mapping[str, int] = (data.get("siblings") if data is not None else None) or {}
-    units = (n.unit, wc.daemon_unit_name(n.unit)) if n.unit else ()
-    return sum(now.get(u, 0) for u in units)
-
-
 def as_running(neighbours: Sequence[ServiceNeed], data: HostMemoryData | None) -> tuple[ServiceNeed, ...]:
     """The neighbours as the budget counts them: at least what each holds now (a HiCache pool its
     inventory does not size is in what it holds)."""
@@ -432,15 +426,6 @@ def last_rank_size(pool: RankPool, seen: HostMemory, ranks: int, pools: int) -> 
     return floor_gb(max(0, room))
 
 
-def mid_start(n: ServiceNeed, data: HostMemoryData | None) -> bool:
-    """A neighbour caught loading: it pins a host pool, and its unit holds something but no more than its
-    processes (and its daemon) are estimated at: its pool is not pinned yet (SGLang pins it after the
-    weights, pool_host/base.py:247-281), so it is still to pin, not running. A unit of Type=simple is
-    `active` while it loads: its memory, not its state, tells."""
-    held = held_now(n, data)
-    return n.pins_pool and 0 < held <= n.process_bytes + n.daemon_bytes
-
-
 def at_most_pinned(n: ServiceNeed, data: HostMemoryData | None) -> ServiceNeed:
     """A neighbour caught mid-start whose pool its inventory does not size (auto, a ratio, a decode's
     backup) with the most SGLang lets it pin on the host as it is now: per rank its allowance
@@ -452,16 +437,6 @@ def at_most_pinned(n: ServiceNeed, data: HostMemoryData | None) -> ServiceNeed:
     per_rank = int(room * n.auto_fraction * (1 - AUTO_SLACK)) if n.auto_fraction else room
     pool = HostPool(Mode.AUTO if n.auto_fraction else Mode.RATIO, 0, max(0, per_rank) + POOL_PAD, room)
     return replace(n, host_pool=pool)
-
-
-def waiting(neighbours: Sequence[ServiceNeed], data: HostMemoryData | None) -> tuple[ServiceNeed, ...]:
-    """The neighbours still to pin: those that hold nothing now (the facts name their unit as holding
-    nothing, or not at all), they start after this one, and those caught mid-start. None from facts that do
-    not say what neighbours hold (an older agent)."""
-    now = None if data is None else data.get("siblings")
-    if now is None:
-        return ()
-    return tuple(n for n in neighbours if not now.get(n.unit, 0) or mid_start(n, data))
 
 
 def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the host, the ranks, the others
@@ -481,18 +456,6 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
     everyone = ranks + sum(n.ranks for n in later if n.host_pool is None and n.pins_pool)
     left = after_later(seen, later, data)
     return plan_host_pool(pool, hicache_flags(flags), left, everyone, decode_backup=decode_backup)
-
-
-def after_later(seen: HostMemory, later: Sequence[ServiceNeed], data: HostMemoryData | None) -> HostMemory:
-    """The host once the neighbours still to start have pinned (systemd does not order them), slices too."""
-    held = sum(max(0, _still(n) - held_now(n, data)) for n in later)
-    above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
-    return HostMemory(max(0, seen.available - held), above)
-
-
-def _still(n: ServiceNeed) -> int:
-    """What a neighbour still to start takes: all it pins (an unsized pool is shared out by the auto rule)."""
-    return n.pinned if n.host_pool is not None else n.process_bytes + n.daemon_bytes
 
 
 def rendered_size(
@@ -557,10 +520,27 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
     need = ServiceNeed(name, pools, pool, planned, process_bytes(pools), checkpoint_bytes, memory_max, daemon,
                        sglang_ranks=ranks)  # fmt: skip
-    budget = host_budget(need, neighbours, data)
+    ordered = size is not None  # a size the unit renders: checked in any start order
+    budget = ordered_budget(need, neighbours, later, data) if ordered else host_budget(need, neighbours, data)
     return HostPlan(pools, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
                     size if planned.fits else None, memory_max, budget, data is not None, daemon,
                     capped, limit, decode_backup is not None)  # fmt: skip
+
+
+def ordered_budget(
+    need: ServiceNeed,
+    neighbours: Sequence[ServiceNeed],
+    later: Sequence[ServiceNeed],
+    data: HostMemoryData | None,
+) -> HostBudget:
+    """host_budget, where a pool that fits the host now is refused if another start order fails it (systemd
+    orders none: plan/hostorder.py): this one after the neighbours still to start, or a neighbour after it."""
+    budget = host_budget(need, neighbours, data)
+    if not budget.fits or need.host_pool is None or not need.host_pool.fits or data is None:
+        return budget
+    start = memory_at_start(data, need.ranks, need.memory_max)
+    own = in_any_order(budget, need, start, later, data)
+    return own or beside(budget, need, neighbours, data, memory_at_start(data, need.ranks))
 
 
 def host_budget(

@@ -30,11 +30,6 @@ def memory(total: int, available: int, siblings: dict[str, int]) -> HostMemoryDa
 # ---------------------------------------------------------------------------------------------------- high
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the budget checks a neighbour's explicit pools only as a sum within the host; SGLang "
-    "checks each of its ranks against (free - 10 GiB) // ranks, and the plan's new pool makes that fail",
-)
 def test_a_service_the_plan_accepts_leaves_its_neighbour_able_to_restart() -> None:
     """Host of 512 GiB, 500 available, nothing running. B (TP 8, --hicache-size 30) is a neighbour still
     to start (or restarted later: Restart=, a reboot, its own next apply); S (TP 1, --hicache-size 100) is
@@ -55,11 +50,6 @@ def test_a_service_the_plan_accepts_leaves_its_neighbour_able_to_restart() -> No
     assert b_after.fits, b_after.budget.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: an explicit --hicache-size is checked against the host as it is now; a neighbour "
-    "still to start (after_later) counts for a rendered auto size only: SGLang refuses it once that one runs",
-)
 def test_an_explicit_size_passes_sglangs_check_with_a_neighbour_still_to_start() -> None:
     """Host of 512 GiB, 500 available. B (TP 1, --hicache-size 100) is stopped, still to start; S (TP 8,
     --hicache-size 30) is planned: FITS. B starts (its own apply, Restart=, a boot: systemd does not order

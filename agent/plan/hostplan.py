@@ -288,6 +288,7 @@ class HostPlan:
     backup: bool = False  # a PD decode's default retraction backup (no HiCache), SGLang's auto size kept
     logged: LoggedPool | None = None  # the host pool a start's log says it pinned (plan --from-log, history)
     kept: str | None = None  # a decode backup's explicit ratio or size (its unit keeps it), as the text says
+    tier: str | None = None  # the host pool's own name where it is neither HiCache's nor a retraction backup
 
     @property
     def fits(self) -> bool:
@@ -321,7 +322,7 @@ class HostPlan:
             "checked": self.checked,
             "sized_for_last_rank": bool(self.last_rank_cap),
             "unit_memory_max": self.unit_limit,
-            "backup": "decode-retraction" if self.backup else None,
+            "backup": ("decode-offload" if self.tier else "decode-retraction") if self.backup else None,
             "logged": None if self.logged is None else self.logged.to_dict(),
         }
         budget = {
@@ -340,7 +341,7 @@ class HostPlan:
     def lines(self, device_tokens: int, context: int) -> list[str]:
         """What the device and host tiers hold against the target context, and the budget's verdict."""
         held = device_tokens + self.pool.tokens
-        tier = "decode retraction backup" if self.backup else "HiCache"
+        tier = self.tier or ("decode retraction backup" if self.backup else "HiCache")
         auto = self.given.mode is Mode.AUTO and (self.backup or not self.checked)
         kept = "SGLang's auto size, at most" if auto else self.kept or "under 1 GB: the flags as given"
         how = f"--hicache-size {self.size_gb:g} GB" if self.size_gb is not None else kept

@@ -68,11 +68,6 @@ def test_an_explicit_size_passes_sglangs_check_with_a_neighbour_still_to_start()
 # -------------------------------------------------------------------------------------------------- medium
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a decode's --disaggregation-decode-enable-offload-kvcache host pool (2 x the device "
-    "pool per rank) is not planned: no budget, no MemoryMax=, no refusal; SGLang checks it and refuses",
-)
 def test_a_decodes_kv_offload_host_pool_is_planned() -> None:
     """Llama 3.1 8B decode on an H100, TP 1, KV offload on, HiCache off: SGLang sets the ratio to 2.0
     (kv_cache_builder.py:259-260, the backup cpu_tensor, 236) and builds a host pool of 2 x 440,314 tokens

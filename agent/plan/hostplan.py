@@ -25,6 +25,7 @@ from agent.inventory import FlagValue
 from agent.plan.hostbudget import HostBudget, HostRam, RamShare, ServiceNeed, Verdict, plan_budget
 from agent.plan.hostlog import LoggedPool
 from agent.plan.hostoffer import offers_fix
+from agent.plan.hostorder import after_later, beside, held_now, in_any_order, mid_start, waiting
 from agent.plan.hostpool import (
     AUTO_SLACK,
     GIB,
@@ -79,7 +80,7 @@ def hicache_flags(flags: Mapping[str, FlagValue]) -> HiCacheFlags:
     try:
         return HiCacheFlags(
             ratio=float_of(flags, "hicache-ratio"),
-            size_gb=float_of(flags, "hicache-size") or 0.0,
+            size_gb=float(size_of(flags)),
             fraction=0.8 if fraction is None else fraction,
             # a decode server leaves the ratio to kv_cache_builder.py:245-258, which sets 2.0 with HiCache on
             # whatever the memory mode (hicache_hook.py:118-121 skips decode)
@@ -87,6 +88,12 @@ def hicache_flags(flags: Mapping[str, FlagValue]) -> HiCacheFlags:
         )
     except ValueError as e:
         raise UsageError(f"flags: {e}") from None
+
+
+def size_of(flags: Mapping[str, FlagValue]) -> int:
+    """--hicache-size as SGLang's parser reads it, an int (srt/arg_groups/fields/memory.py:113-116; 0: not
+    given): a fraction, nan or inf, which its argparse refuses at every start, refused in one line."""
+    return int_of(flags, "hicache-size") or 0
 
 
 def process_bytes(ranks: int) -> int:
@@ -123,7 +130,7 @@ def memory_max_of(flags: Mapping[str, FlagValue]) -> int | None:
     processes, SGLang's 10 GiB reserve, and pools + ranks - 1 pools (each at most size + one padding page;
     2 x ranks - 1 without data parallelism), so that the last rank to check the cgroup still finds its pool's
     room (pool_host/base.py:248-257)."""
-    size = float_of(flags, "hicache-size") or 0.0
+    size = size_of(flags)
     if not enabled(flags) or size <= 0:
         return None
     ranks, pools = ranks_of(flags), pools_of(flags)
@@ -212,13 +219,6 @@ def slice_room(levels: Sequence[CgroupLevelData], old: int) -> int | None:
     return max(0, min(room)) if room else None
 
 
-def held_now(n: ServiceNeed, data: HostMemoryData | None) -> int:
-    """What the facts say a neighbour's unit and its weight-cache daemon hold now (0: stopped, or unsaid)."""
-    now: Mapping[str, int] = (data.get("siblings") if data is not None else None) or {}
-    units = (n.unit, wc.daemon_unit_name(n.unit)) if n.unit else ()
-    return sum(now.get(u, 0) for u in units)
-
-
 def as_running(neighbours: Sequence[ServiceNeed], data: HostMemoryData | None) -> tuple[ServiceNeed, ...]:
     """The neighbours as the budget counts them: at least what each holds now (a HiCache pool its
     inventory does not size is in what it holds)."""
@@ -264,6 +264,7 @@ class HostPlan:
     backup: bool = False  # a PD decode's default retraction backup (no HiCache), SGLang's auto size kept
     logged: LoggedPool | None = None  # the host pool a start's log says it pinned (plan --from-log, history)
     kept: str | None = None  # a decode backup's explicit ratio or size (its unit keeps it), as the text says
+    tier: str | None = None  # the host pool's own name where it is neither HiCache's nor a retraction backup
 
     @property
     def fits(self) -> bool:
@@ -297,7 +298,7 @@ class HostPlan:
             "checked": self.checked,
             "sized_for_last_rank": bool(self.last_rank_cap),
             "unit_memory_max": self.unit_limit,
-            "backup": "decode-retraction" if self.backup else None,
+            "backup": ("decode-offload" if self.tier else "decode-retraction") if self.backup else None,
             "logged": None if self.logged is None else self.logged.to_dict(),
         }
         budget = {
@@ -316,7 +317,7 @@ class HostPlan:
     def lines(self, device_tokens: int, context: int) -> list[str]:
         """What the device and host tiers hold against the target context, and the budget's verdict."""
         held = device_tokens + self.pool.tokens
-        tier = "decode retraction backup" if self.backup else "HiCache"
+        tier = self.tier or ("decode retraction backup" if self.backup else "HiCache")
         auto = self.given.mode is Mode.AUTO and (self.backup or not self.checked)
         kept = "SGLang's auto size, at most" if auto else self.kept or "under 1 GB: the flags as given"
         how = f"--hicache-size {self.size_gb:g} GB" if self.size_gb is not None else kept
@@ -402,15 +403,6 @@ def last_rank_size(pool: RankPool, seen: HostMemory, ranks: int, pools: int) -> 
     return floor_gb(max(0, room))
 
 
-def mid_start(n: ServiceNeed, data: HostMemoryData | None) -> bool:
-    """A neighbour caught loading: it pins a host pool, and its unit holds something but no more than its
-    processes (and its daemon) are estimated at: its pool is not pinned yet (SGLang pins it after the
-    weights, pool_host/base.py:247-281), so it is still to pin, not running. A unit of Type=simple is
-    `active` while it loads: its memory, not its state, tells."""
-    held = held_now(n, data)
-    return n.pins_pool and 0 < held <= n.process_bytes + n.daemon_bytes
-
-
 def at_most_pinned(n: ServiceNeed, data: HostMemoryData | None) -> ServiceNeed:
     """A neighbour caught mid-start whose pool its inventory does not size (auto, a ratio, a decode's
     backup) with the most SGLang lets it pin on the host as it is now: per rank its allowance
@@ -422,16 +414,6 @@ def at_most_pinned(n: ServiceNeed, data: HostMemoryData | None) -> ServiceNeed:
     per_rank = int(room * n.auto_fraction * (1 - AUTO_SLACK)) if n.auto_fraction else room
     pool = HostPool(Mode.AUTO if n.auto_fraction else Mode.RATIO, 0, max(0, per_rank) + POOL_PAD, room)
     return replace(n, host_pool=pool)
-
-
-def waiting(neighbours: Sequence[ServiceNeed], data: HostMemoryData | None) -> tuple[ServiceNeed, ...]:
-    """The neighbours still to pin: those that hold nothing now (the facts name their unit as holding
-    nothing, or not at all), they start after this one, and those caught mid-start. None from facts that do
-    not say what neighbours hold (an older agent)."""
-    now = None if data is None else data.get("siblings")
-    if now is None:
-        return ()
-    return tuple(n for n in neighbours if not now.get(n.unit, 0) or mid_start(n, data))
 
 
 def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the host, the ranks, the others
@@ -453,18 +435,6 @@ def shared(  # noqa: PLR0913 - the rank's pool, the flags, what they give, the h
     return plan_host_pool(pool, hicache_flags(flags), left, everyone, decode_backup=decode_backup)
 
 
-def after_later(seen: HostMemory, later: Sequence[ServiceNeed], data: HostMemoryData | None) -> HostMemory:
-    """The host once the neighbours still to start have pinned (systemd does not order them), slices too."""
-    held = sum(max(0, _still(n) - held_now(n, data)) for n in later)
-    above = tuple(lv if i == 0 else replace(lv, usage=lv.usage + held) for i, lv in enumerate(seen.cgroup))
-    return HostMemory(max(0, seen.available - held), above)
-
-
-def _still(n: ServiceNeed) -> int:
-    """What a neighbour still to start takes: all it pins (an unsized pool is shared out by the auto rule)."""
-    return n.pinned if n.host_pool is not None else n.process_bytes + n.daemon_bytes
-
-
 def rendered_size(
     pool: RankPool, flags: Mapping[str, FlagValue], share: HostPool, seen: HostMemory
 ) -> tuple[float | None, int]:
@@ -472,7 +442,7 @@ def rendered_size(
     size), and the pools it was divided by for the last rank to pin (0: not cut): a size rendered in place
     of the auto mode (which books every rank against one snapshot) is checked by SGLang rank by rank, each
     reading free memory afresh, so it is kept at most (free - 10 GiB) / (pools + ranks - 1)."""
-    explicit = float_of(flags, "hicache-size") or 0.0
+    explicit = size_of(flags)
     size = explicit if explicit > 0 else floor_gb(share.bytes) if share.fits else None
     ranks, pools = ranks_of(flags), pools_of(flags)
     capped = 0
@@ -523,15 +493,33 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     memory_max = None
     planned = share if decode_backup is not None else given
     if size is not None:
-        memory_max = limit or memory_max_of({**flags, "hicache-size": size})
+        memory_max = limit or memory_max_of({**flags, "hicache-size": int(size)})
         planned = size_pool(pool, size, memory_at_start(data, pools, memory_max, offload), ranks, pools)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
     need = ServiceNeed(name, pools, pool, planned, engine_bytes(flags), checkpoint_bytes, memory_max, daemon,
                        sglang_ranks=ranks)  # fmt: skip
-    budget = host_budget(need, neighbours, data)
+    budget = ordered_budget(need, neighbours, later, data, rendered=size is not None)
     return HostPlan(pools, pool.device_tokens, pool.bytes_per_token, pool.page_size, given, planned,
                     size if planned.fits else None, memory_max, budget, data is not None, daemon,
                     capped, limit, decode_backup is not None)  # fmt: skip
+
+
+def ordered_budget(
+    need: ServiceNeed,
+    neighbours: Sequence[ServiceNeed],
+    later: Sequence[ServiceNeed],
+    data: HostMemoryData | None,
+    rendered: bool = True,
+) -> HostBudget:
+    """host_budget, where a pool that fits the host now is refused if another start order fails it (systemd
+    orders none: plan/hostorder.py): this one after the neighbours still to start, or a neighbour after it.
+    `rendered`: the unit renders a size (checked in any start order); else SGLang sizes it at start."""
+    budget = host_budget(need, neighbours, data)
+    if not rendered or not budget.fits or need.host_pool is None or not need.host_pool.fits or data is None:
+        return budget
+    start = memory_at_start(data, need.ranks, need.memory_max)
+    own = in_any_order(budget, need, start, later, data)
+    return own or beside(budget, need, neighbours, data, memory_at_start(data, need.ranks))
 
 
 def host_budget(
@@ -560,7 +548,7 @@ def neighbour(
     SGLang sizes at its start (kv_cache_builder.py:244-258), counted like an auto HiCache pool."""
     auto_pool = enabled(flags) or value_of(flags, "disaggregation-mode") == "decode"
     ranks, pools = ranks_of(flags), pools_of(flags)
-    size = float_of(flags, "hicache-size") or 0.0
+    size = size_of(flags)
     pool = None if size <= 0 else HostPool(Mode.SIZE, 0, int(size * 1e9), UNLIMITED)
     daemon = daemon_bytes(ranks, runs_daemon(flags, weight_cache))
     if not auto_pool:  # a decode's explicit size sizes its retraction backup (base.py:221-224): counted

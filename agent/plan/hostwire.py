@@ -14,7 +14,7 @@ from agent.plan.choose import Plan
 from agent.plan.facts import PlanInput
 from agent.plan.hostbudget import ServiceNeed, Verdict
 from agent.plan.hostlog import LoggedPool
-from agent.plan.hostplan import HostPlan, enabled, neighbour, plan_host, rank_pool
+from agent.plan.hostplan import HostPlan, enabled, neighbour, plan_host, rank_pool, size_of
 from agent.plan.hostpool import GIB, DecodeServer, RankPool, decode_backup_ratio
 from agent.plan.hostsaid import given_notes, kept_as_given, smaller_than_device
 from agent.plan.inputs import draft_model, float_of, int_of, is_on, value_of
@@ -43,6 +43,19 @@ def backup_server(inp: PlanInput, sizer: PoolSizer | None) -> DecodeServer | Non
         decode_offload=_on(flags, "disaggregation-decode-enable-offload-kvcache"),
         priority_preemption=preempts,
     )
+
+
+def offload_flags(flags: Mapping[str, FlagValue]) -> dict[str, FlagValue] | None:
+    """A PD decode's `--disaggregation-decode-enable-offload-kvcache` without HiCache: its own host pool
+    (decode_kvcache_offload_manager.py:116, build_kv_host_pool), sized by --hicache-size or the ratio, 2.0
+    unless given (kv_cache_builder.py:259-260), built outside the auto size's scope (kv_cache_builder.py:456)
+    and checked as an explicit one (pool_host/base.py:98-108, 247-257): the flags that plan it; else None."""
+    if value_of(flags, "disaggregation-mode") != "decode" or enabled(flags):
+        return None
+    if not _on(flags, "disaggregation-decode-enable-offload-kvcache"):
+        return None
+    explicit = value_of(flags, "hicache-ratio") is not None or size_of(flags) > 0
+    return dict(flags) if explicit else {**flags, "hicache-ratio": 2.0}
 
 
 def _on(flags: Mapping[str, FlagValue], name: str) -> bool:
@@ -95,7 +108,10 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
     host pool) and its pool is one deployctl follows; else unchanged (with a note saying why the host pool
     is not planned)."""
     server = backup_server(inp, sizer)
-    if not enabled(inp.flags) and not (server and server.builds_backup_pool):
+    offload = offload_flags(inp.flags)
+    if offload is not None:  # planned as a decode's backup pool is: its unit keeps its flags
+        inp, server = replace(inp, flags=offload), DecodeServer(mha=True, decode_offload=True)
+    elif not enabled(inp.flags) and not (server and server.builds_backup_pool):
         return plan
     refused = unsized(inp, sizer) if enabled(inp.flags) else None
     if refused is not None:
@@ -104,10 +120,11 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
     if isinstance(pool, str):
         return replace(plan, notes=(*plan.notes, f"HiCache host pool not planned: {pool}"))
     weights = inp.model.weights_bytes or 0
-    backup = None if server is None else _backup_ratio(inp, pool, plan.context_length)
+    backup = None if server is None else _backup_ratio(inp, server, pool, plan.context_length)
     host = plan_host(inp.name, pool, inp.flags, inp.host_memory, inp.neighbours, weights, inp.weight_cache,
                      inp.unit_memory_limit, backup)  # fmt: skip
-    host = replace(host, logged=logged_pool(inp.starts), kept=kept_as_given(inp.flags, host))
+    tier = "decode KV offload" if offload is not None else None
+    host = replace(host, logged=logged_pool(inp.starts), kept=kept_as_given(inp.flags, host), tier=tier)
     tiers, *rest = host.lines(plan.predicted_pool_tokens, plan.context_length)
     # the flags as given, next to the size they became; the offline neighbours counted
     lines = (tiers, *given_notes(inp.flags, host), *rest, *counted_beside(host, inp))
@@ -150,8 +167,11 @@ def _rank_pool(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> RankPool 
     return "no whole-byte cell or no device pool" if pool is None else pool
 
 
-def _backup_ratio(inp: PlanInput, pool: RankPool, context: int) -> float:
-    """A decode's backup-only ratio (kv_cache_builder.py:248-258), its host-receive threshold as given."""
+def _backup_ratio(inp: PlanInput, server: DecodeServer, pool: RankPool, context: int) -> float:
+    """A decode's backup-only ratio (kv_cache_builder.py:248-258), its host-receive threshold as given; a KV
+    offload pool's, the ratio its flags give (offload_flags: no retraction minimum, the size wins)."""
+    if server.decode_offload:
+        return float_of(inp.flags, "hicache-ratio") or 2.0
     threshold = float_of(inp.flags, "disaggregation-decode-host-receive-threshold")
     return decode_backup_ratio(pool, context, receive_threshold=1.0 if threshold is None else threshold)
 

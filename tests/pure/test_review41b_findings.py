@@ -30,11 +30,6 @@ def memory(total: int, available: int, siblings: dict[str, int]) -> HostMemoryDa
 # ---------------------------------------------------------------------------------------------------- high
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: the budget checks a neighbour's explicit pools only as a sum within the host; SGLang "
-    "checks each of its ranks against (free - 10 GiB) // ranks, and the plan's new pool makes that fail",
-)
 def test_a_service_the_plan_accepts_leaves_its_neighbour_able_to_restart() -> None:
     """Host of 512 GiB, 500 available, nothing running. B (TP 8, --hicache-size 30) is a neighbour still
     to start (or restarted later: Restart=, a reboot, its own next apply); S (TP 1, --hicache-size 100) is
@@ -55,11 +50,6 @@ def test_a_service_the_plan_accepts_leaves_its_neighbour_able_to_restart() -> No
     assert b_after.fits, b_after.budget.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: an explicit --hicache-size is checked against the host as it is now; a neighbour "
-    "still to start (after_later) counts for a rendered auto size only: SGLang refuses it once that one runs",
-)
 def test_an_explicit_size_passes_sglangs_check_with_a_neighbour_still_to_start() -> None:
     """Host of 512 GiB, 500 available. B (TP 1, --hicache-size 100) is stopped, still to start; S (TP 8,
     --hicache-size 30) is planned: FITS. B starts (its own apply, Restart=, a boot: systemd does not order
@@ -78,11 +68,6 @@ def test_an_explicit_size_passes_sglangs_check_with_a_neighbour_still_to_start()
 # -------------------------------------------------------------------------------------------------- medium
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a decode's --disaggregation-decode-enable-offload-kvcache host pool (2 x the device "
-    "pool per rank) is not planned: no budget, no MemoryMax=, no refusal; SGLang checks it and refuses",
-)
 def test_a_decodes_kv_offload_host_pool_is_planned() -> None:
     """Llama 3.1 8B decode on an H100, TP 1, KV offload on, HiCache off: SGLang sets the ratio to 2.0
     (kv_cache_builder.py:259-260, the backup cpu_tensor, 236) and builds a host pool of 2 x 440,314 tokens
@@ -179,11 +164,6 @@ def test_ignore_host_memory_does_not_pass_the_device_plans_refusal() -> None:
         prepare(out, host, change, facts)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: --hicache-size is an int in SGLang (argparse type=int); a fraction or nan is planned "
-    "(nan even replaced by an auto size) and rendered, and SGLang's argparse refuses the unit at start",
-)
 @pytest.mark.parametrize("size", ["1.5", "nan"])
 def test_a_hicache_size_sglang_cannot_parse_is_refused_by_the_plan(size: str) -> None:
     """srt/arg_groups/fields/memory.py:113-116: `hicache_size: A[int, ...]`. `--hicache-size 1.5` plans
@@ -198,11 +178,6 @@ def test_a_hicache_size_sglang_cannot_parse_is_refused_by_the_plan(size: str) ->
     assert not planned.fits
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: an infinite --hicache-size (inf, 1e400) crashes the plan with ValueError "
-    "(int() of a NaN, hostpool._tokens) instead of a one-line refusal; the ratio's counterpart was fixed",
-)
 @pytest.mark.parametrize("size", ["inf", "1e400"])
 def test_an_infinite_hicache_size_is_refused_in_one_line(size: str) -> None:
     """hostpool._tokens: `inf * 1e9 // bytes per token` is NaN and int() raises ValueError, which

@@ -81,11 +81,17 @@ def alternatives(
 def outcome(best: Best, what: str = "the target") -> str:
     if best.fraction is None:
         return "no fraction keeps the memory floor"
-    verdict = f"reaches {what}" if best.reaches else f"still short of {what}"
+    verdict = f"reaches {what}" if best.reaches else short_of(what)
     held = f"about {best.pool:,} tokens" + (
         f", at least {best.pool_low:,}" if best.pool_low != best.pool else ""
     )
     return f"at --mem-fraction-static {best.fraction:.3f} the pool is {held} ({verdict})"
+
+
+def short_of(what: str) -> str:
+    """An alternative's verdict where its pool or its floor falls short (plan/replan.py words it otherwise
+    where only SGLang's refusal stands in the way)."""
+    return f"still short of {what}"
 
 
 def _made(change: str, flags: dict[str, FlagValue], best: Best, what: str = "the target") -> Alternative:

@@ -51,7 +51,6 @@ def tokens(text: str) -> int:
 #    at 1m on one H100 says the same of TP 2 (at least 1,020,714 for 1,020,000 needed).
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: an alternative that holds the pool is called still short")
 @pytest.mark.parametrize(
     "argv",
     [CT200_400K, ("--facts", str(LLAMA_8B_FACTS), "--context", "1m")],

@@ -25,7 +25,30 @@ class Alternative:
     effect: str
 
     def to_dict(self) -> dict[str, object]:  # the JSON object `plan --json` prints
-        return asdict(self)
+        return {**asdict(self), "args": self.args()}
+
+    def args(self) -> list[str]:
+        """The arguments that re-plan it, added to the command that offered it: a flag with its own option
+        by that option (the last given wins; `--set context-length` is refused for --context, cli/options.py
+        change_of), every other flag as --set FLAG=VALUE."""
+        said: list[str] = []
+        for name, value in self.flags.items():
+            option = OPTIONS.get(name)
+            said += [option, str(value)] if option else ["--set", f"{name}={_set_value(value)}"]
+        return said
+
+
+# The flags `plan`, `render` and `apply` take as options of their own (cli/options.py OPTION_FLAGS).
+OPTIONS = {
+    "context-length": "--context",
+    "mem-fraction-static": "--mem-fraction-static",
+    "max-running-requests": "--max-running-requests",
+}
+
+
+def _set_value(value: FlagValue) -> str:
+    """A value as --set takes it: true/false for a bare flag (cli/options.py parse_set)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import replace
 from agent.inventory import FlagValue
 from agent.plan.facts import PlanInput
 from agent.plan.inputs import draft_model
-from agent.plan.startcheck import Planned, refusal
+from agent.plan.startcheck import Planned, refusal, short_card
 
 # A start whose measured bytes per token differ from the architecture's by more than this is not a start of
 # this model under these flags (2-decimal logs and SGLang's reservations stay within a few per cent; a wrong
@@ -55,6 +55,7 @@ def admitted(inp: PlanInput, tp: int, pp: int) -> tuple[PlanInput, tuple[str, ..
         if why is None:
             kept.append(figures)
             ids.append(start)
+            warnings += [short] if (short := short_card(start, planned)) else []
         else:
             warnings.append(f"the earlier start is set aside: {why}; it does not calibrate this plan")
     rest = inp.starts[len(inp.start_ids) :]  # starts without what their log ran (the inventory's history)

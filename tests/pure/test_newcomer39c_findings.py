@@ -125,7 +125,6 @@ def test_the_smaller_context_offered_keeps_the_request_cap_the_user_gave() -> No
 #    or another process then) gets not even a warning.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a start from much smaller cards calibrates silently")
 def test_a_start_from_much_smaller_cards_is_not_taken_silently(tmp_path: Path) -> None:
     text = (UNITS / "ct200.toml").read_text()
     text = text.replace("memory_gib = 95.6", "memory_gib = 139.8")

@@ -148,7 +148,6 @@ def test_a_start_from_much_smaller_cards_is_not_taken_silently(tmp_path: Path) -
 #    said"), not that the start is lost.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a draft dropped from the inventory discards the start")
 def test_a_draft_dropped_from_the_inventory_still_calibrates(tmp_path: Path) -> None:
     text = (UNITS / "ct200.toml").read_text()
     head, rest = text.split("[draft]", 1)

@@ -25,7 +25,30 @@ class Alternative:
     effect: str
 
     def to_dict(self) -> dict[str, object]:  # the JSON object `plan --json` prints
-        return asdict(self)
+        return {**asdict(self), "args": self.args()}
+
+    def args(self) -> list[str]:
+        """The arguments that re-plan it, added to the command that offered it: a flag with its own option
+        by that option (the last given wins; `--set context-length` is refused for --context, cli/options.py
+        change_of), every other flag as --set FLAG=VALUE."""
+        said: list[str] = []
+        for name, value in self.flags.items():
+            option = OPTIONS.get(name)
+            said += [option, str(value)] if option else ["--set", f"{name}={_set_value(value)}"]
+        return said
+
+
+# The flags `plan`, `render` and `apply` take as options of their own (cli/options.py OPTION_FLAGS).
+OPTIONS = {
+    "context-length": "--context",
+    "mem-fraction-static": "--mem-fraction-static",
+    "max-running-requests": "--max-running-requests",
+}
+
+
+def _set_value(value: FlagValue) -> str:
+    """A value as --set takes it: true/false for a bare flag (cli/options.py parse_set)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)
@@ -81,11 +104,17 @@ def alternatives(
 def outcome(best: Best, what: str = "the target") -> str:
     if best.fraction is None:
         return "no fraction keeps the memory floor"
-    verdict = f"reaches {what}" if best.reaches else f"still short of {what}"
+    verdict = f"reaches {what}" if best.reaches else short_of(what)
     held = f"about {best.pool:,} tokens" + (
         f", at least {best.pool_low:,}" if best.pool_low != best.pool else ""
     )
     return f"at --mem-fraction-static {best.fraction:.3f} the pool is {held} ({verdict})"
+
+
+def short_of(what: str) -> str:
+    """An alternative's verdict where its pool or its floor falls short (plan/replan.py words it otherwise
+    where only SGLang's refusal stands in the way)."""
+    return f"still short of {what}"
 
 
 def _made(change: str, flags: dict[str, FlagValue], best: Best, what: str = "the target") -> Alternative:

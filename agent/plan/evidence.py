@@ -17,7 +17,8 @@ from dataclasses import replace
 from agent.inventory import FlagValue
 from agent.plan.facts import PlanInput
 from agent.plan.inputs import draft_model
-from agent.plan.startcheck import Planned, refusal
+from agent.plan.model import PoolModel
+from agent.plan.startcheck import Planned, refusal, short_card
 
 # A start whose measured bytes per token differ from the architecture's by more than this is not a start of
 # this model under these flags (2-decimal logs and SGLang's reservations stay within a few per cent; a wrong
@@ -55,6 +56,7 @@ def admitted(inp: PlanInput, tp: int, pp: int) -> tuple[PlanInput, tuple[str, ..
         if why is None:
             kept.append(figures)
             ids.append(start)
+            warnings += [short] if (short := short_card(start, planned)) else []
         else:
             warnings.append(f"the earlier start is set aside: {why}; it does not calibrate this plan")
     rest = inp.starts[len(inp.start_ids) :]  # starts without what their log ran (the inventory's history)
@@ -149,3 +151,25 @@ def decode_note(inp: PlanInput) -> str:
     ms, at = inp.decode
     where = f"at {at:,} tokens" if at else "at the load check's long prompt"
     return f"decode speed: {ms:,.1f} ms/token {where}, measured by the last load check ([smoke] load)"
+
+
+def draft_gone(
+    inp: PlanInput, algorithm: str | None, shape: PoolModel, notes: list[str], said: str
+) -> PoolModel | None:
+    """A start that ran a draft the plan drops (algorithm) and no longer describes (an inventory without its
+    [draft] table): the start's cell cannot be sized, but its memory still calibrates, as a start that logged
+    no pool does: pre, and the memory after the target's weights, before the draft loaded (the draft's
+    weights come back; 0.5.14+ loads it before sizing the pool, Scheduler.init_model_worker), with the
+    architecture's cell; said tells the gate the start is no proof of these flags' pool (apply.py). None where
+    the plan keeps a draft or the start's memory lines are missing."""
+    keys = ("avail_mem_before_weights_gb", "avail_mem_after_weights_gb")
+    memory = [f for f in inp.starts if all(f.get(k) for k in keys)]
+    if algorithm is None or inp.draft is not None or not memory:
+        return None
+    pre, post = (float(str(memory[-1].get(k) or 0.0)) for k in keys)
+    notes.append(
+        f"the start ran with a {algorithm} draft the plan drops and does not describe: its cell cannot be "
+        f"sized here, so pre {pre:.2f} GiB and post {post:.2f} GiB (after the target's weights, before the "
+        "draft's) calibrate the memory, the cell is the architecture's"
+    )
+    return replace(shape, pre_gib=pre, post_gib=post, basis="calibrated", said=(*shape.said, said))

@@ -20,6 +20,7 @@ from agent.plan.evidence import (
     as_started,
     changed_names,
     changed_since,
+    draft_gone,
     partial,
     ran_runtime,
 )
@@ -440,11 +441,17 @@ def _calibrated_as_started(
     fit = Fit(inp.flags, origin(inp), _figure_gaps(inp))
     then = as_started(inp)
     shape, now = shaped
+    if then is None:
+        return calibrated(starts, shaped, notes, fit)
+    scaled = f"{SCALED_FROM} {', '.join(changed_since(then.flags, inp.flags))}"
     try:
-        was = sizing(then).sizer if then is not None else now
+        was = sizing(then).sizer
     except UsageError as exc:  # a draft the plan has no config.json for: its cell cannot be sized here
-        raise NotEvidence(f"it ran under other flags whose cell cannot be sized here ({exc})") from None
-    if then is None or was == now:  # the flags differ in name only (bf16 and a bf16 model's auto)
+        gone = draft_gone(inp, removed_draft(inp, then), shape, notes, scaled)
+        if gone is None:
+            raise NotEvidence(f"it ran under other flags whose cell cannot be sized here ({exc})") from None
+        return gone
+    if was == now:  # the flags differ in name only (bf16 and a bf16 model's auto)
         return calibrated(starts, shaped, notes, fit)
     model = calibrated(starts, (replace(shape, cell_bytes=was.cell_bytes, sizer=was), was), notes, fit)
     model = _plus_removed_draft(inp, then, _less_added_draft(inp, then, model, notes), notes)
@@ -456,9 +463,8 @@ def _calibrated_as_started(
         f"the start ran before {changed} changed: its cell times the architecture's ratio {ratio:.3f} "
         f"({was.cell_bytes:,.0f} to {now.cell_bytes:,.0f} B per token), its memory kept"
     )
-    said = f"{SCALED_FROM} {', '.join(changed_since(then.flags, inp.flags))}"
     return replace(
-        model, cell_bytes=sizer.cell_bytes, sizer=sizer, page_size=sizer.page_size, said=(*model.said, said)
+        model, cell_bytes=sizer.cell_bytes, sizer=sizer, page_size=sizer.page_size, said=(*model.said, scaled)
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from agent.errors import UsageError
-from agent.plan.alternatives import Alternative, Best, outcome, smaller_context_change
+from agent.plan.alternatives import Alternative, Best, outcome, short_of, smaller_context_change
 from agent.plan.choose import Plan, Target
 from agent.plan.facts import PlanInput
 
@@ -32,7 +32,7 @@ def replanned(inp: PlanInput, plan: Plan, asked: Target, planner: Planner) -> Pl
             alt, again = _largest_context(inp, alt, again, asked, planner)
         if "context-length" not in alt.flags and not _closes_half(again, plan):
             continue
-        kept.append(_as_replanned(alt, again, asked))
+        kept.append(_held(_as_replanned(alt, again, asked), again))
     return replace(plan, alternatives=tuple(kept))
 
 
@@ -94,6 +94,22 @@ def _with(inp: PlanInput, alt: Alternative, asked: Target) -> tuple[PlanInput, T
     # alternative's cell flags scale their measured cell (plan/evidence.py as_started).
     then = inp.start_flags if inp.start_flags is not None else dict(inp.flags)
     return replace(inp, flags={**inp.flags, **flags}, start_flags=then), target
+
+
+def _held(alt: Alternative, again: Plan) -> Alternative:
+    """An alternative whose re-plan holds the target's pool within the floor, and that only SGLang's refusal
+    (a context above the model's own, plan/refusals.py) keeps from starting, says the pool holds: "still
+    short" would send the reader after memory that is not missing (docs/planning.md)."""
+    pool_held = again.predicted_pool_low_tokens >= again.target_pool_tokens
+    if (
+        again.feasible
+        or not again.refusals
+        or not pool_held
+        or again.reserve_gib_per_gpu < again.reserve_floor_gib
+    ):
+        return alt
+    held = "holds the target's pool, but SGLang refuses to start it"
+    return replace(alt, effect=alt.effect.replace(f"({short_of('the target')})", f"({held})", 1))
 
 
 def _as_replanned(alt: Alternative, again: Plan, asked: Target) -> Alternative:

@@ -35,6 +35,9 @@ _TORCH_KV = {
 # SGLang's "GB" is GiB (utils get_available_gpu_memory divides by 1 << 30); a card never has more free than
 # it has, but the driver's total and torch's view differ by a few hundred MiB
 _CARD_SLACK_GIB = 0.5
+# What a rank holds before its weights (CUDA context, NCCL) is a few per cent of a card (ct200: 2.8 of
+# 95.6 GiB); a start that found more than this share missing did not run on a clean card of this kind.
+_SHORT_CARD = 0.15
 
 
 def _arg(name: str, value: str) -> re.Pattern[str]:
@@ -156,6 +159,23 @@ def refusal(start: StartIdentity, planned: Planned) -> str | None:
             f"{planned.card_gib:g} GiB cards hold: a start on other GPUs"
         )
     return None
+
+
+def short_card(start: StartIdentity, planned: Planned) -> str | None:
+    """A start that found far less free memory than this host's cards hold (ran on smaller cards, or beside
+    another process): it still calibrates, the pool SGLang sizes from the free memory it finds
+    (model_runner.py: the memory before the weights) only growing on a clean card, but it is said."""
+    if start.pre_gib is None or not planned.card_gib:
+        return None
+    missing = planned.card_gib - start.pre_gib
+    if missing <= _SHORT_CARD * planned.card_gib:
+        return None
+    return (
+        f"the earlier start had {start.pre_gib:g} GiB free per GPU before the weights, {missing:.1f} GiB "
+        f"less than this host's {planned.card_gib:g} GiB cards hold: it ran on smaller GPUs, or beside "
+        "another process; the plan is calibrated to its memory, so on a clean card the pool will be larger "
+        "than predicted"
+    )
 
 
 def alike(starts: Sequence[LoggedStart], start: LoggedStart) -> list[LoggedStart]:

@@ -42,6 +42,10 @@ def parse_context(text: str, flag: str = "--context") -> int:
     if m is None:
         raise ArgError(f"{flag} {text!r} is not a token count (try 200k, 128Ki or 131072)")
     whole, _, frac = m["num"].partition(".")
+    if frac and not m["unit"]:  # 1.0 or 131072.5: a decimal needs a unit (docs/commands.md)
+        raise ArgError(
+            f"{flag} {text!r} is not a token count: a decimal needs a unit (try 0.5M, 1.5k or 131072)"
+        )
     scale = _UNITS[m["unit"] and m["unit"].lower()]
     denominator: int = 10 ** len(frac)
     tokens, rest = divmod(int(whole + frac) * scale, denominator)  # exact: no float rounding

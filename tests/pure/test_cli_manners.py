@@ -118,6 +118,14 @@ def test_a_decimal_context_with_a_unit_is_exact_or_refused(
         assert "\n" not in str(err.value)
 
 
+@given(st.integers(0, 10_000_000), st.integers(0, 999))
+def test_a_decimal_context_without_a_unit_is_refused(whole: int, frac: int) -> None:
+    """'1.0' or '131072.5' is no token count the docs allow: a decimal needs a unit (docs/commands.md)."""
+    with pytest.raises(ArgError) as err:
+        parse_context(f"{whole}.{frac}")
+    assert "\n" not in str(err.value) and "unit" in str(err.value)
+
+
 def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
     """Every parser under `deployctl`: the commands, and the actions of fleet."""
     yield parser

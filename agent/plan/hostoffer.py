@@ -64,18 +64,30 @@ def smallest_fitting_limit(fits: Callable[[int], bool], top: int) -> int | None:
     return min(top, (refused + 1) * GIB)
 
 
+# a decode's retraction backup without HiCache: its host pool goes with the backup set to a CPU tensor
+NO_BACKUP_POOL = (
+    "--disaggregation-decode-retraction-backup cpu_tensor backs retracted requests up without a host pool "
+    "(kv_cache_builder.py:197-242)"
+)
+
+
 def offered(
     budget: HostBudget,
     size_fits: Callable[[int], bool],
     memory_max: int | None = None,
     slice_limit: str | None = None,
+    backup: bool = False,
 ) -> HostBudget:
     """The refusal `budget` with its fix re-worded: the size `size_fits` accepts last, the slice that binds
-    (`slice_limit`: its words), and a `memory_max` (bytes) where one was proved to hold it."""
+    (`slice_limit`: its words), and a `memory_max` (bytes) where one was proved to hold it; `backup`: the
+    pool is a decode's retraction backup, not HiCache's (HiCache is off: the backup's own flag drops it)."""
     size = largest_fitting_size(size_fits)
-    fix = (
-        f"--hicache-size {size} per rank would fit" if size else "no host pool fits: turn HiCache off for it"
+    none_fits = (
+        f"no host pool fits: {NO_BACKUP_POOL}" if backup else "no host pool fits: turn HiCache off for it"
     )
+    fix = f"--hicache-size {size} per rank would fit" if size else none_fits
+    if size and backup:
+        fix += f", or {NO_BACKUP_POOL}"
     if slice_limit:
         fix += f" ({slice_limit} binds: a unit's MemoryMax= cannot raise it)"
     if memory_max is not None:
@@ -103,9 +115,9 @@ def binding_slice(data: HostMemoryData | None) -> str | None:
 
 
 def offers_fix(plan_host: Callable[P, T]) -> Callable[P, T]:
-    """plan_host whose refusal of the service's own pool offers a fix it re-planned (a neighbour's refusal,
-    or a decode's backup pool, which no size replaces, keeps its words); a ratio too large to count is
-    refused in one line."""
+    """plan_host whose refusal of the service's own pool offers a fix it re-planned (a neighbour's refusal
+    keeps its words; a decode's backup pool is sized by an explicit --hicache-size too, base.py:221-224);
+    a ratio too large to count is refused in one line."""
     signature = inspect.signature(plan_host)
 
     @functools.wraps(plan_host)
@@ -122,20 +134,21 @@ def offers_fix(plan_host: Callable[P, T]) -> Callable[P, T]:
             plan = again(flags, given["unit_limit"])
         except OverflowError as e:
             raise UsageError(f"flags: {e}") from None
-        if plan.budget.fits or plan.budget.over != given["name"] or plan.backup:
+        if plan.budget.fits or plan.budget.over != given["name"]:
             return plan
-        budget = _fix(plan.budget, flags, given["data"], given["unit_limit"], again)
+        budget = _fix(plan.budget, flags, given["data"], given["unit_limit"], again, plan.backup)
         return replace(plan, budget=budget)  # type: ignore[type-var]
 
     return planned
 
 
-def _fix(
+def _fix(  # noqa: PLR0913 - the refusal, the flags, the host, the limit, the planner, the pool's kind
     budget: HostBudget,
     flags: Mapping[str, FlagValue],
     data: HostMemoryData | None,
     limit: int | RamShare | None,
     again: Callable[[Mapping[str, FlagValue], int | None], Planned],
+    backup: bool = False,
 ) -> HostBudget:
     """The refusal's fix: the size, the slice that binds, and the unit's own limit raised where it binds."""
     if isinstance(limit, RamShare):
@@ -150,4 +163,4 @@ def _fix(
     def fits(size: int) -> bool:
         return size < asked and again({**flags, "hicache-size": size}, limit).fits
 
-    return offered(budget, fits, raised, binding_slice(data))
+    return offered(budget, fits, raised, binding_slice(data), backup)

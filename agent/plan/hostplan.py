@@ -545,6 +545,10 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
         size, capped = None, 0
     memory_max = None
     planned = share if decode_backup is not None else given
+    # a decode's explicit size or ratio turns auto off (hicache_hook.py:122-123): checked rank by rank too
+    if decode_backup is not None and given.mode is not Mode.AUTO and share.fits and pools > 1:
+        planned = plan_host_pool(pool, hicache_flags(flags), last_rank_sees(seen, pools, share.bytes), ranks,
+                                 decode_backup=decode_backup)  # fmt: skip
     if size is not None:
         memory_max = limit or memory_max_of({**flags, "hicache-size": size})
         planned = size_pool(pool, size, memory_at_start(data, pools, memory_max), ranks, pools)

@@ -49,10 +49,6 @@ DECODE = {"disaggregation-mode": "decode", "max-running-requests": 64}
 HICACHE = {"enable-hierarchical-cache": True, "max-running-requests": 64}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a decode's explicit --hicache-size is checked at the first rank only, not the last",
-)
 def test_a_decodes_explicit_size_is_checked_at_the_last_rank_as_hicaches_is(tmp_path: Path) -> None:
     """60 GiB free, TP 4. An explicit --hicache-size turns SGLang's auto size off for a decode too
     (hicache_hook.py:122-123: fraction None, so no budget scope), and each rank checks its pool against
@@ -67,10 +63,6 @@ def test_a_decodes_explicit_size_is_checked_at_the_last_rank_as_hicaches_is(tmp_
     assert plan(tmp_path, example(60, {**DECODE, "hicache-size": 8}))[0] == 8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a decode backup's refusal says 'turn HiCache off' though HiCache is not on",
-)
 def test_a_decode_backups_refusal_offers_a_fix_that_applies(tmp_path: Path) -> None:
     """A PD decode without HiCache on a host with 12 GiB free: SGLang's default retraction backup pins a
     host pool and the plan refuses it ('No host memory is left for HiCache ...; no host pool fits: turn

@@ -22,7 +22,7 @@ from typing import ParamSpec, Protocol, TypeVar
 
 from agent.errors import UsageError
 from agent.inventory import FlagValue
-from agent.plan.hostbudget import HostBudget, RamShare
+from agent.plan.hostbudget import HostBudget, RamShare, limit_key
 from agent.plan.hostpool import GIB
 from agent.plan.inputs import float_of
 from agent.protocol.answers import HostMemoryData
@@ -71,16 +71,18 @@ NO_BACKUP_POOL = (
 )
 
 
-def offered(
+def offered(  # noqa: PLR0913 - the refusal, the size test, and the fix's words
     budget: HostBudget,
     size_fits: Callable[[int], bool],
     memory_max: int | None = None,
     slice_limit: str | None = None,
     backup: bool = False,
+    key: str = "MemoryMax",
 ) -> HostBudget:
     """The refusal `budget` with its fix re-worded: the size `size_fits` accepts last, the slice that binds
     (`slice_limit`: its words), and a `memory_max` (bytes) where one was proved to hold it; `backup`: the
-    pool is a decode's retraction backup, not HiCache's (HiCache is off: the backup's own flag drops it)."""
+    pool is a decode's retraction backup, not HiCache's (HiCache is off: the backup's own flag drops it);
+    `key`: the unit's directive `memory_max` raises (MemoryHigh= binds below MemoryMax=)."""
     size = largest_fitting_size(size_fits)
     none_fits = (
         f"no host pool fits: {NO_BACKUP_POOL}" if backup else "no host pool fits: turn HiCache off for it"
@@ -90,8 +92,9 @@ def offered(
         fix += f", or {NO_BACKUP_POOL}"
     if slice_limit:
         fix += f" ({slice_limit} binds: a unit's MemoryMax= cannot raise it)"
-    if memory_max is not None:
-        fix += f", or a MemoryMax= of at least {memory_max / GIB:.1f} GiB holds this one"
+    if memory_max is not None:  # under MemoryHigh= the smaller of the two binds: both must hold it
+        which = "MemoryHigh= (and a MemoryMax= no lower)" if key == "MemoryHigh" else "MemoryMax="
+        fix += f", or a {which} of at least {memory_max / GIB:.1f} GiB holds this one"
     reason = f"{budget.over}: {budget.why}; {fix}"
     return replace(budget, fitting_size_gb=None if size is None else float(size), reason=reason)
 
@@ -151,6 +154,7 @@ def _fix(  # noqa: PLR0913 - the refusal, the flags, the host, the limit, the pl
     backup: bool = False,
 ) -> HostBudget:
     """The refusal's fix: the size, the slice that binds, and the unit's own limit raised where it binds."""
+    key = limit_key(limit)
     if isinstance(limit, RamShare):
         limit = None if data is None else limit.of(data["total"])
     raised = None
@@ -163,4 +167,4 @@ def _fix(  # noqa: PLR0913 - the refusal, the flags, the host, the limit, the pl
     def fits(size: int) -> bool:
         return size < asked and again({**flags, "hicache-size": size}, limit).fits
 
-    return offered(budget, fits, raised, binding_slice(data), backup)
+    return offered(budget, fits, raised, binding_slice(data), backup, key)

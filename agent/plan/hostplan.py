@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from agent.errors import UsageError
 from agent.inventory import FlagValue
-from agent.plan.hostbudget import HostBudget, HostRam, RamShare, ServiceNeed, Verdict, plan_budget
+from agent.plan.hostbudget import HostBudget, HostRam, RamShare, ServiceNeed, UnitLimit, Verdict, plan_budget
 from agent.plan.hostlog import LoggedPool
 from agent.plan.hostoffer import offers_fix
 from agent.plan.hostpool import (
@@ -150,7 +150,7 @@ def unit_memory_limit(service_lines: Sequence[str]) -> int | RamShare | None:
             found[key] = _systemd_size(value)
         except ValueError:
             continue
-    limits = [v for v in found.values() if isinstance(v, int)]
+    limits = [UnitLimit(v, k) for k, v in found.items() if isinstance(v, int)]
     low = min(limits) if limits else None
     shares = [v.percent for v in found.values() if isinstance(v, RamShare)]
     return RamShare(min(shares), low) if shares else low
@@ -372,8 +372,9 @@ class HostPlan:
                 f"{self.budget.capacity / GIB:.1f} GiB ({self.budget.verdict.value})" + reason
             )
         if self.unit_limit is not None:
+            key = getattr(self.unit_limit, "key", "MemoryMax")
             return (
-                f"host memory: the pool checked under the unit's own MemoryMax={self.unit_limit / GIB:.1f}G "
+                f"host memory: the pool checked under the unit's own {key}={self.unit_limit / GIB:.1f}G "
                 "as SGLang checks it; the host's RAM and its other services unchecked (no host facts)"
                 + reason
             )

@@ -94,10 +94,6 @@ def test_a_last_rank_refusal_note_names_the_refusal_not_an_allocation(tmp_path: 
 ADOPTED = 'template = "sglang-adopted.service.j2"\nverbatim = {{ Service = [{lines}] }}'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: under a binding MemoryHigh= the refusal offers a MemoryMax= that changes nothing",
-)
 def test_a_refusal_under_memory_high_offers_a_limit_that_fixes_it(tmp_path: Path) -> None:
     """An adopted unit with MemoryMax=64G and MemoryHigh=32G, --hicache-size 4: the plan refuses under
     32G (right: SGLang reads memory.high too) but says 'checked under the unit's own MemoryMax=32.0G' and

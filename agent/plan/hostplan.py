@@ -349,7 +349,7 @@ class HostPlan:
             f"({how} x {self.ranks} rank(s), {self.pool.gb * self.ranks:.1f} GB) "
             f"= {held:,} tokens, {held / max(context, 1):.1f}x the {context:,}-token context"
             if self.pool.fits
-            else f"{tier}: no host pool fits ({self.given.message()})"
+            else f"{tier}: no host pool fits ({self.pool.message()})"
         ]
         if self.last_rank_cap:
             out.append(

@@ -77,10 +77,6 @@ def test_a_decode_backups_refusal_offers_a_fix_that_applies(tmp_path: Path) -> N
     assert "retraction-backup" in because(stdout), because(stdout)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a last-rank refusal's note gives SGLang's 'Allocating ...' line as the reason",
-)
 def test_a_last_rank_refusal_note_names_the_refusal_not_an_allocation(tmp_path: Path) -> None:
     """100 GiB free, TP 4, --hicache-size 12: ranks 1-3 pin, the 4th is refused ('Requesting 12.00 GB but
     only have 10.33 GB free'). The note reads 'HiCache: no host pool fits (Allocating kv hierarchical KV

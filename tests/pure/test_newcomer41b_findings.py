@@ -133,10 +133,6 @@ def test_parse_log_and_plan_agree_on_the_size_for_one_refusal(tmp_path: Path) ->
     assert "at most 11 " in fix, fix
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: parse-log's text says nothing of the host pool its --json carries",
-)
 def test_parse_logs_text_names_the_host_pool_the_log_pinned(tmp_path: Path) -> None:
     """A ready start that logged SGLang's auto-size line and 'Allocating kv hierarchical KV host pool:
     488282 tokens, 32.00 GB host memory.': `parse-log --json` carries host_pool_tokens 488282,

@@ -160,10 +160,6 @@ def test_parse_logs_text_names_the_host_pool_the_log_pinned(tmp_path: Path) -> N
     assert "488,282" in out.stdout.getvalue() or "488282" in out.stdout.getvalue(), out.stdout.getvalue()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: with host facts, the small-pool warning still offers a size the same plan refuses",
-)
 def test_the_small_pool_warning_does_not_offer_a_size_the_host_refuses(tmp_path: Path) -> None:
     """The shipped example as is: the warning says '--hicache-size 52 per rank or more holds more than
     the GPU does, where the host has the room'. The plan has the host's facts and knows it has not: set

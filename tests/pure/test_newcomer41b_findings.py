@@ -14,8 +14,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from agent.cli.main import main
 from agent.output import Output
 from tests.pure.test_newcomer41_findings import cli, qwen_toml, write_units
@@ -105,10 +103,6 @@ def test_a_refusal_under_memory_high_offers_a_limit_that_fixes_it(tmp_path: Path
     assert "MemoryHigh" in reason, reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: parse-log offers --hicache-size 10 for the refusal the plan answers with 11",
-)
 def test_parse_log_and_plan_agree_on_the_size_for_one_refusal(tmp_path: Path) -> None:
     """The plan of the example on a 100 GiB host (TP 4, --hicache-size 30) refuses in SGLang's words
     'Requesting 30.00 GB but only have 19.33 GB free' and offers 11, which it accepts (12 it refuses).

@@ -260,7 +260,11 @@ def _host_pool(s: StartSummary) -> list[str]:
 def _fix(s: StartSummary) -> str | None:
     from agent.sglang.logs.fixes import fix_for
 
-    return None if s.failure is None else fix_for(s.failure.failure_kind, s.failure.line, s.host_ranks)
+    return (
+        None
+        if s.failure is None
+        else fix_for(s.failure.failure_kind, s.failure.line, s.host_ranks, s.hicache_size)
+    )
 
 
 def _tokens(n: int | None) -> str:

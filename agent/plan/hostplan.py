@@ -507,13 +507,15 @@ def rendered_size(
     return (size if size is not None and size >= 1 else None), capped
 
 
-def size_pool(pool: RankPool, size: float, start: HostMemory, ranks: int, pools: int) -> HostPool:
-    """The pool an explicit size builds, checked as SGLang checks it: by the first rank, then by the last to
-    pin, which sees the others' pools as used (last_rank_sees)."""
-    planned = plan_host_pool(pool, HiCacheFlags(size_gb=size), start, ranks)
+def size_pool(pool: RankPool, size: float | HiCacheFlags, start: HostMemory, ranks: int, pools: int,  # noqa: PLR0913
+              backup: float | None = None) -> HostPool:  # fmt: skip
+    """The pool an explicit size (or a decode's flags as given, its size or ratio) builds, checked as SGLang
+    checks it: by the first rank, then by the last to pin, which sees the others' pools as used."""
+    sizing = size if isinstance(size, HiCacheFlags) else HiCacheFlags(size_gb=size)
+    planned = plan_host_pool(pool, sizing, start, ranks, decode_backup=backup)
     if planned.fits and pools > 1:
         last = last_rank_sees(start, pools, planned.bytes)
-        planned = plan_host_pool(pool, HiCacheFlags(size_gb=size), last, ranks)
+        planned = plan_host_pool(pool, sizing, last, ranks, decode_backup=backup)
     return planned
 
 
@@ -544,12 +546,9 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     # pool (the unit keeps SGLang's default; the plan says what it pins)
     if (data is None and given.mode is Mode.AUTO) or decode_backup is not None:
         size, capped = None, 0
-    memory_max = None
-    planned = share if decode_backup is not None else given
-    # a decode's explicit size or ratio turns auto off (hicache_hook.py:122-123): checked rank by rank too
-    if decode_backup is not None and given.mode is not Mode.AUTO and share.fits and pools > 1:
-        planned = plan_host_pool(pool, hicache_flags(flags), last_rank_sees(seen, pools, share.bytes), ranks,
-                                 decode_backup=decode_backup)  # fmt: skip
+    memory_max, planned = None, share if decode_backup is not None else given
+    if decode_backup is not None and given.mode is not Mode.AUTO:  # auto off (hicache_hook.py:122-123)
+        planned = size_pool(pool, hicache_flags(flags), seen, ranks, pools, decode_backup)
     if size is not None:
         memory_max = limit or memory_max_of({**flags, "hicache-size": size})
         planned = size_pool(pool, size, memory_at_start(data, pools, memory_max), ranks, pools)

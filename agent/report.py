@@ -206,6 +206,7 @@ def _way_back(r: ApplyReport) -> list[str]:
             str(failure.get("kind")),
             str(failure.get("line") or ""),
             (r.data.get("summary") or {}).get("host_ranks"),
+            (r.data.get("summary") or {}).get("hicache_size"),
         ):
             lines.append(f"what to do:            {fixed}")  # SGLang's line says what to change
         elif r.next_plan is not None:

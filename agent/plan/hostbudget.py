@@ -98,6 +98,23 @@ class RamShare:
         return share if self.bytes_limit is None else min(share, self.bytes_limit)
 
 
+class UnitLimit(int):
+    """A unit's own memory limit in bytes, with the directive that sets it (`MemoryMax`, `MemoryHigh`): a
+    fix that raises it names that one, as raising another leaves it binding."""
+
+    key: str
+
+    def __new__(cls, value: int, key: str) -> UnitLimit:
+        made = super().__new__(cls, value)
+        made.key = "MemoryMax" if key == "MemoryLimit" else key  # MemoryLimit=: MemoryMax='s old name
+        return made
+
+
+def limit_key(limit: object) -> str:
+    """The directive a unit's limit comes from (MemoryMax= where unsaid)."""
+    return limit.key if isinstance(limit, UnitLimit) else "MemoryMax"
+
+
 class Verdict(Enum):
     FITS = "fits"
     PREWARM_SKIPPED = "fits, pre-warm skipped"
@@ -173,8 +190,8 @@ def plan_budget(
             return _refuse(host, pinned + service.pinned, service, pinned, service.host_pool.message())
         if service.memory_max is not None and service.memory_max_needed > service.memory_max:
             why = (
-                f"MemoryMax={service.memory_max / GIB:.1f}G holds less than its pools, processes and "
-                f"SGLang's 10 GiB reserve ({service.memory_max_needed / GIB:.1f} GiB)"
+                f"{limit_key(service.memory_max)}={service.memory_max / GIB:.1f}G holds less than its pools, "
+                f"processes and SGLang's 10 GiB reserve ({service.memory_max_needed / GIB:.1f} GiB)"
             )
             return _refuse(host, pinned + service.pinned, service, pinned, why)
         if pinned + service.pinned > host.capacity:

@@ -22,7 +22,7 @@ from typing import ParamSpec, Protocol, TypeVar
 
 from agent.errors import UsageError
 from agent.inventory import FlagValue
-from agent.plan.hostbudget import HostBudget, RamShare
+from agent.plan.hostbudget import HostBudget, RamShare, limit_key
 from agent.plan.hostpool import GIB
 from agent.plan.inputs import float_of
 from agent.protocol.answers import HostMemoryData
@@ -64,28 +64,42 @@ def smallest_fitting_limit(fits: Callable[[int], bool], top: int) -> int | None:
     return min(top, (refused + 1) * GIB)
 
 
-def offered(
+# a decode's retraction backup without HiCache: its host pool goes with the backup set to a CPU tensor
+NO_BACKUP_POOL = (
+    "--disaggregation-decode-retraction-backup cpu_tensor backs retracted requests up without a host pool "
+    "(kv_cache_builder.py:197-242)"
+)
+
+
+def offered(  # noqa: PLR0913 - the refusal, the size test, and the fix's words
     budget: HostBudget,
     size_fits: Callable[[int], bool],
     memory_max: int | None = None,
     slice_limit: str | None = None,
+    backup: bool = False,
+    key: str = "MemoryMax",
     unit_limit: int | None = None,
 ) -> HostBudget:
     """The refusal `budget` with its fix re-worded: the size `size_fits` accepts last, the slice that binds
-    (`slice_limit`: its words), and a `memory_max` (bytes) where one was proved to hold it. `unit_limit`:
-    the unit's own limit (bytes), named when no size fits under it."""
+    (`slice_limit`: its words), and a `memory_max` (bytes) where one was proved to hold it; `backup`: the
+    pool is a decode's retraction backup, not HiCache's (HiCache is off: the backup's own flag drops it);
+    `key`: the unit's directive `memory_max` raises (MemoryHigh= binds below MemoryMax=); `unit_limit`: the
+    unit's own limit (bytes), named when no size fits under it."""
     size = largest_fitting_size(size_fits)
     if size:
-        fix = f"--hicache-size {size} per rank would fit"
+        fix = f"--hicache-size {size} per rank would fit" + (f", or {NO_BACKUP_POOL}" if backup else "")
+    elif backup:
+        fix = f"no host pool fits: {NO_BACKUP_POOL}"
     elif unit_limit is not None and memory_max is None:
-        fix = (f"no host pool fits under the unit's own MemoryMax= ({unit_limit / GIB:.1f} GiB): raise it "
+        fix = (f"no host pool fits under the unit's own {key}= ({unit_limit / GIB:.1f} GiB): raise it "
                "with a smaller --hicache-size, or turn HiCache off for it")  # fmt: skip
     else:
         fix = "no host pool fits: turn HiCache off for it"
     if slice_limit:
         fix += f" ({slice_limit} binds: a unit's MemoryMax= cannot raise it)"
-    if memory_max is not None:
-        fix += f", or a MemoryMax= of at least {memory_max / GIB:.1f} GiB holds this one"
+    if memory_max is not None:  # under MemoryHigh= the smaller of the two binds: both must hold it
+        which = "MemoryHigh= (and a MemoryMax= no lower)" if key == "MemoryHigh" else "MemoryMax="
+        fix += f", or a {which} of at least {memory_max / GIB:.1f} GiB holds this one"
     reason = f"{budget.over}: {budget.why}; {fix}"
     return replace(budget, fitting_size_gb=None if size is None else float(size), reason=reason)
 
@@ -109,9 +123,9 @@ def binding_slice(data: HostMemoryData | None) -> str | None:
 
 
 def offers_fix(plan_host: Callable[P, T]) -> Callable[P, T]:
-    """plan_host whose refusal of the service's own pool offers a fix it re-planned (a neighbour's refusal,
-    or a decode's backup pool, which no size replaces, keeps its words); a ratio too large to count is
-    refused in one line."""
+    """plan_host whose refusal of the service's own pool offers a fix it re-planned (a neighbour's refusal
+    keeps its words; a decode's backup pool is sized by an explicit --hicache-size too, base.py:221-224);
+    a ratio too large to count is refused in one line."""
     signature = inspect.signature(plan_host)
 
     @functools.wraps(plan_host)
@@ -128,22 +142,24 @@ def offers_fix(plan_host: Callable[P, T]) -> Callable[P, T]:
             plan = again(flags, given["unit_limit"])
         except OverflowError as e:
             raise UsageError(f"flags: {e}") from None
-        if plan.budget.fits or plan.budget.over != given["name"] or plan.backup:
+        if plan.budget.fits or plan.budget.over != given["name"]:
             return plan
-        budget = _fix(plan.budget, flags, given["data"], given["unit_limit"], again)
+        budget = _fix(plan.budget, flags, given["data"], given["unit_limit"], again, plan.backup)
         return replace(plan, budget=budget)  # type: ignore[type-var]
 
     return planned
 
 
-def _fix(
+def _fix(  # noqa: PLR0913 - the refusal, the flags, the host, the limit, the planner, the pool's kind
     budget: HostBudget,
     flags: Mapping[str, FlagValue],
     data: HostMemoryData | None,
     limit: int | RamShare | None,
     again: Callable[[Mapping[str, FlagValue], int | None], Planned],
+    backup: bool = False,
 ) -> HostBudget:
     """The refusal's fix: the size, the slice that binds, and the unit's own limit raised where it binds."""
+    key = limit_key(limit)
     if isinstance(limit, RamShare):
         limit = None if data is None else limit.of(data["total"])
     raised = None
@@ -156,4 +172,4 @@ def _fix(
     def fits(size: int) -> bool:
         return size < asked and again({**flags, "hicache-size": size}, limit).fits
 
-    return offered(budget, fits, raised, binding_slice(data), limit)
+    return offered(budget, fits, raised, binding_slice(data), backup, key, limit)

@@ -326,7 +326,7 @@ class HostPlan:
             f"({how} x {self.ranks} rank(s), {self.pool.gb * self.ranks:.1f} GB) "
             f"= {held:,} tokens, {held / max(context, 1):.1f}x the {context:,}-token context"
             if self.pool.fits
-            else f"{tier}: no host pool fits ({self.given.message()})"
+            else f"{tier}: no host pool fits ({self.pool.message()})"
         ]
         if self.last_rank_cap:
             out.append(
@@ -349,8 +349,9 @@ class HostPlan:
                 f"{self.budget.capacity / GIB:.1f} GiB ({self.budget.verdict.value})" + reason
             )
         if self.unit_limit is not None:
+            key = getattr(self.unit_limit, "key", "MemoryMax")
             return (
-                f"host memory: the pool checked under the unit's own MemoryMax={self.unit_limit / GIB:.1f}G "
+                f"host memory: the pool checked under the unit's own {key}={self.unit_limit / GIB:.1f}G "
                 "as SGLang checks it; the host's RAM and its other services unchecked (no host facts)"
                 + reason
             )
@@ -452,13 +453,15 @@ def rendered_size(
     return (size if size is not None and size >= 1 else None), capped
 
 
-def size_pool(pool: RankPool, size: float, start: HostMemory, ranks: int, pools: int) -> HostPool:
-    """The pool an explicit size builds, checked as SGLang checks it: by the first rank, then by the last to
-    pin, which sees the others' pools as used (last_rank_sees)."""
-    planned = plan_host_pool(pool, HiCacheFlags(size_gb=size), start, ranks)
+def size_pool(pool: RankPool, size: float | HiCacheFlags, start: HostMemory, ranks: int, pools: int,  # noqa: PLR0913
+              backup: float | None = None) -> HostPool:  # fmt: skip
+    """The pool an explicit size (or a decode's flags as given, its size or ratio) builds, checked as SGLang
+    checks it: by the first rank, then by the last to pin, which sees the others' pools as used."""
+    sizing = size if isinstance(size, HiCacheFlags) else HiCacheFlags(size_gb=size)
+    planned = plan_host_pool(pool, sizing, start, ranks, decode_backup=backup)
     if planned.fits and pools > 1:
         last = last_rank_sees(start, pools, planned.bytes)
-        planned = plan_host_pool(pool, HiCacheFlags(size_gb=size), last, ranks)
+        planned = plan_host_pool(pool, sizing, last, ranks, decode_backup=backup)
     return planned
 
 
@@ -478,8 +481,7 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     `unit_limit`: a MemoryMax=/MemoryHigh= the unit's own lines set (unit_memory_limit), which systemd
     applies instead of the rendered one: the pool is sized under it, and a limit too small is refused."""
     ranks, pools = ranks_of(flags), pools_of(flags)  # SGLang's divisor; the pools pinned (data parallel)
-    limit = resolve_limit(unit_limit, data)
-    offload = offload_bytes(flags)
+    limit, offload = resolve_limit(unit_limit, data), offload_bytes(flags)  # offloaded weights: host RAM
     seen = memory_at_start(data, pools, limit, offload)
     given = plan_host_pool(pool, hicache_flags(flags), seen, ranks, decode_backup=decode_backup)
     neighbours = tuple(at_most_pinned(n, data) for n in neighbours)
@@ -490,8 +492,9 @@ def plan_host(  # noqa: PLR0913 - the service's pool, flags, host and neighbours
     # pool (the unit keeps SGLang's default; the plan says what it pins)
     if (data is None and given.mode is Mode.AUTO) or decode_backup is not None:
         size, capped = None, 0
-    memory_max = None
-    planned = share if decode_backup is not None else given
+    memory_max, planned = None, share if decode_backup is not None else given
+    if decode_backup is not None and given.mode is not Mode.AUTO:  # auto off (hicache_hook.py:122-123)
+        planned = size_pool(pool, hicache_flags(flags), seen, ranks, pools, decode_backup)
     if size is not None:
         memory_max = limit or memory_max_of({**flags, "hicache-size": int(size)})
         planned = size_pool(pool, size, memory_at_start(data, pools, memory_max, offload), ranks, pools)

@@ -84,17 +84,28 @@ def sglang_warns_small(host_tokens: int, device_tokens: int) -> bool:
     return host_tokens <= device_tokens
 
 
-def smaller_than_device(host: HostPlan) -> str | None:
+def needed_size(host: HostPlan) -> int:
+    """The smallest whole-GB size whose pool (size // bytes per token, plus a padding page) exceeds the
+    device pool."""
+    return math.ceil(host.device_tokens * host.bytes_per_token / 1e9)
+
+
+def smaller_than_device(host: HostPlan, most: int | None = None) -> str | None:
     """SGLang's warning when a host pool holds no more tokens than the device pool (pool_host/base.py:237-245,
     `size <= device_capacity_tokens`): the host tier then keeps no more than the GPU already does. None for a
-    larger pool, and for a decode's retraction backup (a backup, not a cache tier: small by design)."""
+    larger pool, and for a decode's retraction backup (a backup, not a cache tier: small by design).
+    `most`: the largest size the host's facts let the plan accept, where that is less than the size needed."""
     if host.backup or not host.pool.fits or not sglang_warns_small(host.pool.tokens, host.device_tokens):
         return None
-    # the smallest whole-GB size whose pool (size // bytes per token, plus a padding page) exceeds the device
-    needed = math.ceil(host.device_tokens * host.bytes_per_token / 1e9)
+    needed = needed_size(host)
+    room = (
+        f"but this host holds at most --hicache-size {most} per rank (the plan refuses more)"
+        if most is not None and most < needed
+        else "where the host has the room"
+    )
     return (
         f"HiCache: the host pool ({host.pool.tokens:,} tokens per rank) is smaller than the device pool "
         f"({host.device_tokens:,} tokens): SGLang 0.5.23 warns at start that L2 cache effectiveness is "
         f"reduced (pool_host/base.py:237-245); --hicache-size {needed} per rank or more holds more than the "
-        "GPU does, where the host has the room"
+        f"GPU does, {room}"
     )

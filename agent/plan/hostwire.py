@@ -14,9 +14,10 @@ from agent.plan.choose import Plan
 from agent.plan.facts import PlanInput
 from agent.plan.hostbudget import ServiceNeed, Verdict
 from agent.plan.hostlog import LoggedPool
+from agent.plan.hostoffer import largest_fitting_size
 from agent.plan.hostplan import HostPlan, enabled, neighbour, plan_host, rank_pool, size_of
 from agent.plan.hostpool import GIB, DecodeServer, RankPool, decode_backup_ratio
-from agent.plan.hostsaid import given_notes, kept_as_given, smaller_than_device
+from agent.plan.hostsaid import given_notes, kept_as_given, needed_size, smaller_than_device
 from agent.plan.inputs import draft_model, float_of, int_of, is_on, value_of
 from agent.plan.overhead import is_amd
 from agent.sglang.kvlayout import read_layout
@@ -139,9 +140,24 @@ def with_host_plan(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
         return replace(plan, host=host, feasible=False, binding=reason, refusals=(*plan.refusals, reason),
                        notes=(*plan.notes, *lines))  # fmt: skip
     warnings = (host.budget.reason,) if host.budget.verdict is Verdict.PREWARM_SKIPPED else ()
-    small = smaller_than_device(host)
+    small = smaller_than_device(host, _most(inp, host, pool, weights))
     warnings = (*warnings, small) if small else warnings
     return replace(plan, host=host, notes=(*plan.notes, *lines), warnings=(*plan.warnings, *warnings))
+
+
+def _most(inp: PlanInput, host: HostPlan, pool: RankPool, weights: int) -> int | None:
+    """With the host's facts, the largest --hicache-size the plan accepts where the size that would outgrow
+    the device pool is refused (planned again, as a refusal's offer is); None: it fits, or is unchecked."""
+    if not host.checked or host.backup:
+        return None
+
+    def fits(size: int) -> bool:
+        flags = {**inp.flags, "hicache-size": size}
+        return plan_host(inp.name, pool, flags, inp.host_memory, inp.neighbours, weights, inp.weight_cache,
+                         inp.unit_memory_limit).fits  # fmt: skip
+
+    needed = needed_size(host)
+    return None if fits(needed) else largest_fitting_size(lambda size: size < needed and fits(size))
 
 
 def counted_beside(host: HostPlan, inp: PlanInput) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from agent.plan.hostbudget import RamShare
+from agent.plan.hostbudget import RamShare, UnitLimit
 
 # systemd's parse_size (base 1024): case-sensitive suffixes, B for bytes, parts concatenated (1G512M)
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
@@ -64,7 +64,7 @@ def unit_memory_limit(service_lines: Sequence[str]) -> int | RamShare | None:
             found[key] = _systemd_size(value)
         except ValueError:
             continue
-    limits = [v for v in found.values() if isinstance(v, int)]
+    limits = [UnitLimit(v, k) for k, v in found.items() if isinstance(v, int)]
     low = min(limits) if limits else None
     shares = [v.percent for v in found.values() if isinstance(v, RamShare)]
     return RamShare(min(shares), low) if shares else low

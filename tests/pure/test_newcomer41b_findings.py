@@ -14,8 +14,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from agent.cli.main import main
 from agent.output import Output
 from tests.pure.test_newcomer41_findings import cli, qwen_toml, write_units
@@ -49,10 +47,6 @@ DECODE = {"disaggregation-mode": "decode", "max-running-requests": 64}
 HICACHE = {"enable-hierarchical-cache": True, "max-running-requests": 64}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a decode's explicit --hicache-size is checked at the first rank only, not the last",
-)
 def test_a_decodes_explicit_size_is_checked_at_the_last_rank_as_hicaches_is(tmp_path: Path) -> None:
     """60 GiB free, TP 4. An explicit --hicache-size turns SGLang's auto size off for a decode too
     (hicache_hook.py:122-123: fraction None, so no budget scope), and each rank checks its pool against
@@ -67,10 +61,6 @@ def test_a_decodes_explicit_size_is_checked_at_the_last_rank_as_hicaches_is(tmp_
     assert plan(tmp_path, example(60, {**DECODE, "hicache-size": 8}))[0] == 8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a decode backup's refusal says 'turn HiCache off' though HiCache is not on",
-)
 def test_a_decode_backups_refusal_offers_a_fix_that_applies(tmp_path: Path) -> None:
     """A PD decode without HiCache on a host with 12 GiB free: SGLang's default retraction backup pins a
     host pool and the plan refuses it ('No host memory is left for HiCache ...; no host pool fits: turn
@@ -85,10 +75,6 @@ def test_a_decode_backups_refusal_offers_a_fix_that_applies(tmp_path: Path) -> N
     assert "retraction-backup" in because(stdout), because(stdout)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a last-rank refusal's note gives SGLang's 'Allocating ...' line as the reason",
-)
 def test_a_last_rank_refusal_note_names_the_refusal_not_an_allocation(tmp_path: Path) -> None:
     """100 GiB free, TP 4, --hicache-size 12: ranks 1-3 pin, the 4th is refused ('Requesting 12.00 GB but
     only have 10.33 GB free'). The note reads 'HiCache: no host pool fits (Allocating kv hierarchical KV
@@ -102,10 +88,6 @@ def test_a_last_rank_refusal_note_names_the_refusal_not_an_allocation(tmp_path: 
 ADOPTED = 'template = "sglang-adopted.service.j2"\nverbatim = {{ Service = [{lines}] }}'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: under a binding MemoryHigh= the refusal offers a MemoryMax= that changes nothing",
-)
 def test_a_refusal_under_memory_high_offers_a_limit_that_fixes_it(tmp_path: Path) -> None:
     """An adopted unit with MemoryMax=64G and MemoryHigh=32G, --hicache-size 4: the plan refuses under
     32G (right: SGLang reads memory.high too) but says 'checked under the unit's own MemoryMax=32.0G' and
@@ -121,10 +103,6 @@ def test_a_refusal_under_memory_high_offers_a_limit_that_fixes_it(tmp_path: Path
     assert "MemoryHigh" in reason, reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: parse-log offers --hicache-size 10 for the refusal the plan answers with 11",
-)
 def test_parse_log_and_plan_agree_on_the_size_for_one_refusal(tmp_path: Path) -> None:
     """The plan of the example on a 100 GiB host (TP 4, --hicache-size 30) refuses in SGLang's words
     'Requesting 30.00 GB but only have 19.33 GB free' and offers 11, which it accepts (12 it refuses).
@@ -149,10 +127,6 @@ def test_parse_log_and_plan_agree_on_the_size_for_one_refusal(tmp_path: Path) ->
     assert "at most 11 " in fix, fix
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: parse-log's text says nothing of the host pool its --json carries",
-)
 def test_parse_logs_text_names_the_host_pool_the_log_pinned(tmp_path: Path) -> None:
     """A ready start that logged SGLang's auto-size line and 'Allocating kv hierarchical KV host pool:
     488282 tokens, 32.00 GB host memory.': `parse-log --json` carries host_pool_tokens 488282,
@@ -180,10 +154,6 @@ def test_parse_logs_text_names_the_host_pool_the_log_pinned(tmp_path: Path) -> N
     assert "488,282" in out.stdout.getvalue() or "488282" in out.stdout.getvalue(), out.stdout.getvalue()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: with host facts, the small-pool warning still offers a size the same plan refuses",
-)
 def test_the_small_pool_warning_does_not_offer_a_size_the_host_refuses(tmp_path: Path) -> None:
     """The shipped example as is: the warning says '--hicache-size 52 per rank or more holds more than
     the GPU does, where the host has the room'. The plan has the host's facts and knows it has not: set

@@ -232,6 +232,7 @@ def render(s: StartSummary) -> list[str]:
         f"pool:          {_tokens(s.kv_tokens)}"
         + ("" if s.kv_size_gb is None else f" ({s.kv_size_gb:.2f} GiB)"),
         f"draft pool:    {_tokens(s.draft_kv_tokens) if s.draft_kv_tokens is not None else 'none'}",
+        *_host_pool(s),
         f"context:       {_tokens(s.context_len)}",
         f"free memory:   before weights {_gb(s.avail_mem_before_weights_gb)}, "
         f"after weights {_gb(s.avail_mem_after_weights_gb)}, before pool {_gb(s.avail_mem_before_pool_gb)}, "
@@ -245,10 +246,25 @@ def render(s: StartSummary) -> list[str]:
     ]
 
 
+def _host_pool(s: StartSummary) -> list[str]:
+    """HiCache's host pool the start pinned (its smallest rank's `Allocating ... host pool` line) and the
+    auto size's ratio; nothing where the log has neither (HiCache off)."""
+    if s.host_pool is None and s.host_pool_auto is None:
+        return []
+    pool = "?" if s.host_pool is None else f"{s.host_pool.tokens:,} tokens per rank ({s.host_pool.gb:.2f} GB)"
+    auto = s.host_pool_auto
+    ratio = "" if auto is None else f", auto-sized: ratio {auto.requested_ratio:.3f} -> {auto.ratio:.3f}"
+    return [f"host pool:     {pool}{ratio}"]
+
+
 def _fix(s: StartSummary) -> str | None:
     from agent.sglang.logs.fixes import fix_for
 
-    return None if s.failure is None else fix_for(s.failure.failure_kind, s.failure.line, s.host_ranks)
+    return (
+        None
+        if s.failure is None
+        else fix_for(s.failure.failure_kind, s.failure.line, s.host_ranks, s.hicache_size)
+    )
 
 
 def _tokens(n: int | None) -> str:

@@ -150,6 +150,9 @@ class ServerArgs:
     source: str  # "command", "server_args", "error", "auto_reduce"
     # SGLang's ranks per host (its host-pool divisor) and the host pools pinned there (x DP replicas)
     host_ranks: tuple[int, int] | None = None
+    hicache_size: int | None = (
+        None  # --hicache-size (GB per rank) where explicit: its pool's padding is known
+    )
 
 
 # A later-resolved value beats an earlier one: flags < printed ServerArgs < value quoted by an error

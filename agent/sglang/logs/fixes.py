@@ -19,10 +19,14 @@ _CGROUP_OOM = (
 )
 
 
-def fix_for(kind: str | None, line: str, host_ranks: Sequence[int] | None = None) -> str | None:
-    """`host_ranks`: SGLang's ranks per host and the host pools pinned there, where the log said."""
+def fix_for(
+    kind: str | None, line: str, host_ranks: Sequence[int] | None = None, hicache_size: int | None = None
+) -> str | None:
+    """`host_ranks`: SGLang's ranks per host and the host pools pinned there, where the log said;
+    `hicache_size`: the explicit --hicache-size the start asked, where it said."""
     if kind == ev.HOST_MEMORY_SHORT:  # HiCache's host pool refused: SGLang's own figures
-        return hicache.fix(line, *(host_ranks or ()))
+        ranks, pools = (host_ranks[0], host_ranks[1]) if host_ranks else (None, None)
+        return hicache.fix(line, ranks, pools, hicache_size)
     if kind in (ev.PD_PAGE_SIZE_MISMATCH, ev.PD_KV_DTYPE_MISMATCH):
         return pd.fix(line)
     if kind == ev.HOST_OOM_KILLED:

@@ -46,19 +46,19 @@ def parse(msg: str, rank: str | None) -> ev.LogEvent | None:
     return None
 
 
-def _whole(gb: float) -> int:
+def _whole(gb: float, pad: float = PAD_GB) -> int:
     """The largest whole --hicache-size (an int, srt/arg_groups/fields/memory.py) whose pool, padding page
-    included (at most 256 MiB), takes at most `gb`."""
-    return math.floor(gb - PAD_GB)
+    included (`pad` GB: at most 256 MiB), takes at most `gb`."""
+    return math.floor(gb - pad)
 
 
-def _size(allowed: float, ranks: int | None, pools: int | None) -> str:
+def _size(allowed: float, ranks: int | None, pools: int | None, pad: float = PAD_GB) -> str:
     """The size every rank accepts: each checks against free memory read afresh, the pools the ranks before
     it pinned already used (pool_host/base.py:98-108, 247-257), so with R ranks (the divisor) and P pools on
     the host the last finds R x Y / (P + R - 1) of an allowance Y the first saw (a later rank's Y is less)."""
     room = allowed - 0.005  # SGLang prints the allowance rounded to 10 MB
     if ranks and pools:
-        each = _whole(room * ranks / (pools + ranks - 1))
+        each = _whole(room * ranks / (pools + ranks - 1), pad)
         if each < 1:
             return "no whole-GB size fits"
         return (
@@ -74,15 +74,18 @@ def _size(allowed: float, ranks: int | None, pools: int | None) -> str:
     )
 
 
-def fix(line: str, ranks: int | None = None, pools: int | None = None) -> str:
+def fix(line: str, ranks: int | None = None, pools: int | None = None, asked: int | None = None) -> str:
     """What to change after a host_memory_short failure, from SGLang's own line; `ranks`: SGLang's ranks
-    per host (its divisor), `pools`: the pools pinned there (more with data parallelism), where known."""
+    per host (its divisor), `pools`: the pools pinned there (more with data parallelism), `asked`: the
+    explicit --hicache-size refused, where known: the pool it asked less that size is its padding page
+    (base.py:221-229; the line's GB rounded to 10 MB), not the 256 MiB bound."""
     m = _SHORT.search(line)
+    pad = PAD_GB if m is None or asked is None else min(PAD_GB, max(0.0, float(m[1]) - asked) + 0.005)
     if m and float(m[2]) > 0:
         return (
             f"the host pool asked {m[1]} GB per rank where SGLang allows {m[2]} GB (memory available within "
             "the service's cgroup limit, less a 10 GiB reserve, divided among the ranks on the host): "
-            f"{_size(float(m[2]), ranks, pools or ranks)}, or raise MemoryMax= or free host memory"
+            f"{_size(float(m[2]), ranks, pools or ranks, pad)}, or raise MemoryMax= or free host memory"
         )
     if m or re.search(NONE_LEFT, line):
         return (

@@ -54,6 +54,7 @@ _ARG_TP = re.compile(r"[(,{]\s*'?tp_size'?\s*[=:]\s*(\d+)")
 _ARG_PP = re.compile(r"[(,{]\s*'?pp_size'?\s*[=:]\s*(\d+)")
 _ARG_DP = re.compile(r"[(,{]\s*'?dp_size'?\s*[=:]\s*(\d+)")
 _ARG_NODES = re.compile(r"[(,{]\s*'?nnodes'?\s*[=:]\s*(\d+)")
+_ARG_HICACHE_SIZE = re.compile(r"[(,{]\s*'?hicache_size'?\s*[=:]\s*(\d+)")
 _ARG_DPA = re.compile(r"[(,{]\s*'?enable_dp_attention'?\s*[=:]\s*True")
 _FLAG_MFS = re.compile(r"--mem[-_]fraction[-_]static[= ]+" + _NUM)
 _FLAG_CTX = re.compile(r"--context[-_]length[= ]+(\d+)")
@@ -303,7 +304,8 @@ def _server_args(
     msg: str, source: str, mfs: re.Pattern[str], ctx: re.Pattern[str], mrr: re.Pattern[str]
 ) -> ev.ServerArgs:
     ranks = _host_ranks(msg) if source == "server_args" else None
-    return ev.ServerArgs(None, _float(mfs, msg), _int(ctx, msg), _int(mrr, msg), source, ranks)
+    size = (_int(_ARG_HICACHE_SIZE, msg) or None) if source == "server_args" else None
+    return ev.ServerArgs(None, _float(mfs, msg), _int(ctx, msg), _int(mrr, msg), source, ranks, size)
 
 
 def _host_ranks(msg: str) -> tuple[int, int] | None:

@@ -80,6 +80,8 @@ class StartFigures(TypedDict, total=False):
     host_pool_auto_ratio: float
     # SGLang's ranks per host and the host pools pinned there (its server_args line), where logged
     host_ranks: list[int]
+    # the explicit --hicache-size (GB per rank) its server_args line gave, where it gave one
+    hicache_size: int
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class StartSummary:
     host_pool: ev.HostPool | None = None  # the smallest rank's HiCache host pool (its "kv" pool)
     host_pool_auto: ev.HostPoolAutoSize | None = None  # the first rank's HiCache auto-size line
     host_ranks: tuple[int, int] | None = None  # SGLang's ranks per host, and the host pools pinned there
+    hicache_size: int | None = None  # the explicit --hicache-size the start asked, GB per rank
 
     def to_dict(self) -> StartFigures:
         """The machine form (the keys are a contract); k/v sizes stay out of it."""
@@ -141,6 +144,7 @@ class StartSummary:
                 }
             ),
             **({} if self.host_ranks is None else {"host_ranks": list(self.host_ranks)}),
+            **({} if self.hicache_size is None else {"hicache_size": self.hicache_size}),
         )
 
 
@@ -156,6 +160,7 @@ class SummaryBuilder:
         self._host_pools: dict[str | None, ev.HostPool] = {}
         self._host_auto: ev.HostPoolAutoSize | None = None
         self._host_ranks: tuple[int, int] | None = None
+        self._hicache_size: int | None = None
         self._swa = False
         self._scheduler: ev.Scheduler | None = None
         self._gpu_free: list[float] = []
@@ -253,6 +258,7 @@ class SummaryBuilder:
     def _apply_args(self, e: ev.ServerArgs) -> None:
         rank = ev.SOURCE_RANK[e.source]
         self._host_ranks = self._host_ranks or e.host_ranks
+        self._hicache_size = self._hicache_size or e.hicache_size
         for key, value in (
             ("mem_fraction_static", e.mem_fraction_static),
             ("context_length", e.context_length),
@@ -298,6 +304,7 @@ class SummaryBuilder:
             host_pool=min(self._host_pools.values(), key=lambda p: p.tokens) if self._host_pools else None,
             host_pool_auto=self._host_auto,
             host_ranks=self._host_ranks,
+            hicache_size=self._hicache_size,
         )
 
     def _split_pools(self) -> tuple[list[ev.KvPool], list[ev.KvPool]]:

@@ -112,11 +112,6 @@ def test_a_decodes_kv_offload_host_pool_is_planned() -> None:
     assert plan.host is not None or not plan.feasible
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a group's node waiting for another service's lock keeps waiting once a member of its "
-    "own group takes it, which waits for this node at the group's barrier: LOCKED after the bound",
-)
 def test_a_group_node_stops_waiting_when_its_own_member_takes_the_lock(tmp_path: Path) -> None:
     """Two roles of one [pd] (or [nodes]) group on one host start in the same wave while another service's
     HiCache change holds the host's memory lock: both wait. That one releases, member A of the group takes

@@ -175,10 +175,8 @@ def prepare(
     plan = make_plan(host, change, facts, near)  # near: the host's other services (HiCache)
     flags: dict[str, FlagInput] = {**plan.flags()}  # the --set flags and the plan's: what was sized
     old_text = facts.get("unit_text") or ""
-    # --force risks the device fraction (a start rolled back); the host's memory only --ignore-host-memory
-    host_refused = plan.host is not None and not plan.host.fits
-    if not plan.feasible and not (change.ignore_host_memory if host_refused else change.force):
-        refuse_infeasible(out, host, change, plan, old_text)
+    if not plan.feasible:
+        refuse_unpassed(out, host, change, plan, old_text)
     target_host = allow_context(host, change)
     new_text = render_checked(target_host, flags, installed=old_text)
     env_secrets, flag_secrets = secret_values(target_host, flags)
@@ -213,16 +211,27 @@ def without_skipped_prewarm(host: HostConfig, plan: Plan) -> HostConfig:
     return host.model_copy(update={"prewarm": host.prewarm.model_copy(update={"enabled": False})})
 
 
-def refuse_infeasible(out: Output, host: HostConfig, change: Change, plan: Plan, old_text: str) -> None:
-    """A plan that cannot reach the target: shown, then refused before anything changes."""
-    show_plan(out, host, plan, old_text, render_unit(host, {**plan.flags()}, template_dir()))
-    if plan.host is not None and not plan.host.fits:  # SGLang refuses the pool, or the host is overcommitted
+def refuse_unpassed(out: Output, host: HostConfig, change: Change, plan: Plan, old_text: str) -> None:
+    """An infeasible plan goes on only where each of its refusals is passed by its own override: --force
+    risks the device fraction (a start rolled back), --ignore-host-memory the host's memory; a refusal
+    that is neither (a HiCache pool deployctl does not size) is the device's."""
+    host_refused = plan.host is not None and not plan.host.fits
+    device = plan.device_refusal if host_refused else plan.binding
+    if host_refused and not change.ignore_host_memory:
+        show_plan(out, host, plan, old_text, render_unit(host, {**plan.flags()}, template_dir()))
         raise UsageError(
             f"the host's memory cannot hold {host.name}'s plan: {plan.binding}; nothing was changed",
             hint="set a smaller --hicache-size (--set hicache-size=N), or turn HiCache off for it; --force "
             "does not pass this refusal, --ignore-host-memory does (risk: SGLang refuses the pool at "
             "start and the change is rolled back, or the host's services pin more than it has)",
         )
+    if not change.force and (device is not None or not host_refused):
+        refuse_infeasible(out, host, change, replace(plan, binding=device), old_text)
+
+
+def refuse_infeasible(out: Output, host: HostConfig, change: Change, plan: Plan, old_text: str) -> None:
+    """A plan the device cannot hold at the target: shown, then refused before anything changes."""
+    show_plan(out, host, plan, old_text, render_unit(host, {**plan.flags()}, template_dir()))
     raise UsageError(
         f"the plan cannot reach {change.context:,} tokens on {host.name}: {plan.binding}; "
         "nothing was changed",

@@ -50,6 +50,12 @@ class UnitLock:
         os.pwrite(fd, json.dumps(holder, sort_keys=True).encode(), 0)
         self._fd = fd
 
+    def rewrite(self, holder: Holder) -> None:
+        """Say who holds it anew (the lock is held: acquire wrote the first word)."""
+        assert self._fd is not None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps(holder, sort_keys=True).encode(), 0)
+
     def wait(
         self, holder: Holder, bound_s: float, sleep: Callable[[float], None], clock: Callable[[], float]
     ) -> None:

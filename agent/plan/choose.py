@@ -68,6 +68,9 @@ class Plan:
     # says it (a shrink is never silent).
     shrinks: str | None = None
     host: HostPlan | None = None  # HiCache's host pool and the host's memory budget (plan/hostplan.py)
+    # The device plan's own binding where it cannot reach the target before the host's memory is judged:
+    # a refusal only --force passes, whatever the host says (apply.prepare)
+    device_refusal: str | None = None
 
     def basis_line(self) -> str:
         """The basis as the verdict line says it, with what changed since the calibrating start."""
@@ -110,7 +113,7 @@ class Plan:
         del data["requests_set"], data["given"]  # the flags say them
         if self.shrinks is None:
             del data["shrinks"]  # said only when the plan shrinks a pool that held the target
-        del data["host"]
+        del data["host"], data["device_refusal"]  # binding and the host's lines say them
         if self.host is not None:  # host_pool and host_budget
             data.update(self.host.to_dict())
         if self.max_total_tokens is None:

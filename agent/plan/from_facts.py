@@ -27,6 +27,7 @@ from agent.plan.sizing import parallel, sizing
 from agent.plan.startcheck import StartIdentity
 from agent.plan.synthetic import synthetic_host
 from agent.protocol.answers import HostFacts, HostMemoryData
+from agent.sglang.pools import PoolSizer
 
 Calibration = StartFigures | Sequence[StartFigures]
 
@@ -38,7 +39,7 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     if is_cpu(inp):
         arch = sizing(inp)
         plan = replace(plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins)), given=asked.given)
-        return with_host_plan(inp, arch.sizer, plan)
+        return _host_planned(inp, arch.sizer, plan)
     fm = pool_model(inp, asked.context)
     running = _running_pool(inp, asked)
     # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
@@ -50,9 +51,16 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     extra = [*fm.notes, origins, *_attention_dp_note(inp, fm), *_state_notes(inp, fm, plan), decode_note(inp)]
     warnings = (*fm.warnings, *plan.warnings, *_version_warning(inp))
     plan = replace(plan, notes=(*extra, *plan.notes), warnings=warnings)
-    plan = with_host_plan(inp, fm.pool.sizer, plan)  # HiCache: the host pool and the host's memory budget
+    plan = _host_planned(inp, fm.pool.sizer, plan)  # HiCache: the host pool and the host's memory budget
     # Each alternative as the planner plans it with its flags (plan/replan.py), not re-checked again.
     return replanned(inp, plan, asked, lambda i, t: plan_from_facts(i, t, replan=False)) if replan else plan
+
+
+def _host_planned(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
+    """with_host_plan, keeping the device plan's own refusal apart: the host's memory (its override) and
+    the device (--force) are passed each by their own override."""
+    device = None if plan.feasible else plan.binding or "the device plan cannot reach the target"
+    return replace(with_host_plan(inp, sizer, plan), device_refusal=device)
 
 
 def _running_pool(inp: PlanInput, asked: Target) -> tuple[PoolModel, float] | None:

@@ -161,3 +161,64 @@ def test_a_group_node_does_not_wait_for_its_own_groups_member(tmp_path: Path) ->
         with pinning.one_start_at_a_time(t.ports, hicache(OLD), hicache(NEW)) as locked:
             assert (locked is not None) is waited and bool(waits) is waited
     member.release()
+
+
+def test_a_guest_of_its_groups_holding_keeps_the_next_holder_waiting_until_its_own_end(
+    tmp_path: Path,
+) -> None:
+    """A group's node that went on under its own member's lock may still be starting (its rollback restarts
+    the old unit) when that member releases: another service's change that takes the lock then waits for it
+    (LOCKED past its bound, nothing changed), and goes on once it has ended."""
+    from agent.host.change import pinning
+    from agent.protocol.requests import Group
+
+    host = Host(tmp_path, Script(pools={"100000": 110_000, "200000": 210_000}))
+    host.install(host.etc, hicache(OLD))
+    member = lock_of(host)
+    member.acquire({"pid": 4242, "unit": "pd-prefill.service", "verb": "apply", "txn": "t-1", "group": "g-1"})
+    guest = host.transaction(host.request(NEW, unit_text=hicache(NEW), group=Group(1, 2, 60.0, key="g-1")))
+    waits: list[float] = []
+
+    def other() -> object:
+        t = host.transaction(host.request(NEW, unit_text=hicache(NEW)), txn="t-other")
+        t.ports.wait = waits.append
+        t.ports.monotonic = lambda: 1e9 if waits else 0.0  # the bound passes at the first wait
+        return t.ports
+
+    with pinning.one_start_at_a_time(guest.ports, hicache(OLD), hicache(NEW)) as joined:
+        assert joined is None and not waits  # went on beside its member, without waiting
+        member.release()  # the member has ended; the guest has not
+        with pinning.one_start_at_a_time(other(), hicache(OLD), hicache(NEW)) as locked:  # type: ignore[arg-type]
+            assert locked is not None and locked.outcome is Outcome.LOCKED
+        assert waits and not lock_of(host).is_held()  # it gave the lock back
+    waits.clear()
+    with pinning.one_start_at_a_time(other(), hicache(OLD), hicache(NEW)) as locked:  # type: ignore[arg-type]
+        assert locked is None and not waits and lock_of(host).holder().get("unit") == UNIT
+
+
+def test_a_holder_names_its_group_only_once_no_other_groups_guest_is_left(tmp_path: Path) -> None:
+    """Group g-2's node takes the lock while g-1's guest is still on: it waits for that guest before it
+    says g-2 in the lock (a g-2 node joins only then), and a g-1 node never joins g-2's holding."""
+    from agent.host.change import pinning
+    from agent.protocol.requests import Group
+
+    host = Host(tmp_path, Script(pools={"100000": 110_000, "200000": 210_000}))
+    run = host.root / "run/deployctl"
+    old_guest = pinning.Guests(run)
+    assert old_guest.join()
+    node = host.transaction(host.request(NEW, unit_text=hicache(NEW), group=Group(0, 2, 60.0, key="g-2")))
+    said: list[object] = []
+
+    def wait(_: float) -> None:  # while it waits, the lock names no group yet; then the guest ends
+        said.append(lock_of(host).holder().get("group"))
+        old_guest.leave()
+
+    node.ports.wait, node.ports.monotonic = wait, lambda: 0.0
+    with pinning.one_start_at_a_time(node.ports, hicache(OLD), hicache(NEW)) as locked:
+        assert locked is None and said == [None] and lock_of(host).holder().get("group") == "g-2"
+        stranger = host.transaction(
+            host.request(NEW, unit_text=hicache(NEW), group=Group(1, 2, 60.0, key="g-1"))
+        )
+        stranger.ports.wait, stranger.ports.monotonic = said.append, lambda: 1e9 if len(said) > 1 else 0.0
+        with pinning.one_start_at_a_time(stranger.ports, hicache(OLD), hicache(NEW)) as refused:
+            assert refused is not None and refused.outcome is Outcome.LOCKED

@@ -97,11 +97,6 @@ def test_a_decodes_kv_offload_host_pool_is_planned() -> None:
     assert plan.host is not None or not plan.feasible
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: a group's node waiting for another service's lock keeps waiting once a member of its "
-    "own group takes it, which waits for this node at the group's barrier: LOCKED after the bound",
-)
 def test_a_group_node_stops_waiting_when_its_own_member_takes_the_lock(tmp_path: Path) -> None:
     """Two roles of one [pd] (or [nodes]) group on one host start in the same wave while another service's
     HiCache change holds the host's memory lock: both wait. That one releases, member A of the group takes
@@ -133,11 +128,6 @@ def test_a_group_node_stops_waiting_when_its_own_member_takes_the_lock(tmp_path:
         member.release()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NOT FIXED: where the host's memory and the device plan both refuse, --ignore-host-memory passes "
-    "the device's refusal too, which only --force may pass",
-)
 def test_ignore_host_memory_does_not_pass_the_device_plans_refusal() -> None:
     """apply.prepare: `host_refused` picks which override counts, so a plan refused by the device
     (--max-total-tokens 1000 caps the pool below the 262,144-token context) and by the host (--hicache-size
@@ -145,6 +135,7 @@ def test_ignore_host_memory_does_not_pass_the_device_plans_refusal() -> None:
     Each refusal needs its own override."""
     import io
     import json
+    from dataclasses import replace
 
     from agent.apply import prepare
     from agent.inventory import load_service
@@ -162,6 +153,13 @@ def test_ignore_host_memory_does_not_pass_the_device_plans_refusal() -> None:
     change = Change(context=262144, flags=flags, dry_run=True, ignore_host_memory=True)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="cannot reach"):
         prepare(out, host, change, facts)  # type: ignore[arg-type]
+    both = Change(context=262144, flags=flags, dry_run=True, ignore_host_memory=True, force=True)  # type: ignore[arg-type]
+    assert prepare(out, host, both, facts) is None  # type: ignore[arg-type]  # each override passed: a dry run
+    host_only = (*ON.items(), ("hicache-size", 500), *no_draft)
+    alone = Change(context=65536, flags=host_only, dry_run=True, ignore_host_memory=True)  # type: ignore[arg-type]
+    assert prepare(out, host, alone, facts) is None  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="host's memory cannot hold"):
+        prepare(out, host, replace(alone, ignore_host_memory=False), facts)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("size", ["1.5", "nan"])

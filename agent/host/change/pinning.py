@@ -10,15 +10,19 @@ srt/mem_cache/kv_cache_builder.py) holds a lock of the whole host from before it
 committed or rolled back (every start it makes, the old unit's too, has pinned by then); a second such
 change on the host waits for it, at most as long as its own start may take, then stops with nothing changed.
 A group's node takes it too (another service's change on the host may be pinning), but does not wait for a
-member of its own group that holds it: that member waits for this one at the group's barrier, and the
-group's own machine orders its members.
+member of its own group that holds it, asked at every try: that member waits for this one at the group's
+barrier, and the group's own machine orders its members. It goes on as that holding's guest (Guests) to its
+own end, which may come after the member's release (its rollback restarts the old unit): whoever takes the
+lock next waits for every guest to leave, and says its group only then, so no other group's node joins it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from agent.host.change.ports import Ports, Result
 from agent.host.change.record import CorruptRecord
@@ -70,11 +74,52 @@ def bound_s(p: Ports) -> float:
 def one_start_at_a_time(p: Ports, installed: str | None, new: str) -> Iterator[Result | None]:
     """Held around a change whose units pin host memory; yields a LOCKED result (nothing changed) when
     another service's change kept the host's lock past the bound, else None while held."""
-    if not (pins_host_memory(new) or pins_host_memory(installed)) or own_group_holds(p):
+    if not (pins_host_memory(new) or pins_host_memory(installed)):
         yield None
         return
     with _held(p, "starts") as waited:
         yield waited
+
+
+class Guests:
+    """The group's nodes that go on while a member of their own group holds the host's lock: each holds a
+    shared flock of <run dir>/host-memory-start.guests.lock to its change's end (its rollback's start
+    too); whoever takes the lock next waits until none is left (the kernel drops a dead one's)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / f"{LOCK_NAME}.guests.lock"
+        self._fd: int | None = None
+
+    def _open(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def join(self) -> bool:
+        """False while a holder is asking whether any guest is left."""
+        fd = self._open()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def leave(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def empty(self) -> bool:
+        """No guest left: an exclusive try, dropped at once."""
+        fd = self._open()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+        return True
 
 
 def group_key(p: Ports) -> str | None:
@@ -82,11 +127,52 @@ def group_key(p: Ports) -> str | None:
     return None if p.req.group is None else p.req.group.key or p.txn
 
 
-def own_group_holds(p: Ports) -> bool:
+def own_group_holds(p: Ports, lock: UnitLock) -> bool:
     """A group's node whose own group's member holds the host's lock (waiting would deadlock)."""
     key = group_key(p)
-    lock = UnitLock(p.run_dir, LOCK_NAME)
     return key is not None and lock.is_held() and lock.holder().get("group") == key
+
+
+def _taken(p: Ports, lock: UnitLock, guests: Guests) -> bool:
+    """The host's lock taken within bound_s: True; False where this node joined a member of its own group
+    that holds it (asked at every try: that member may take it while this node waits for another
+    service's); Locked when another service's change keeps it, or its guests stay, past the bound."""
+    end = p.monotonic() + bound_s(p)
+    while not _joined(p, lock, guests):
+        try:
+            lock.acquire(_me(p))  # its group said only once no other group's guest is left
+        except Locked:
+            if p.monotonic() >= end:
+                raise
+        else:
+            _drained(p, lock, guests, end)
+            return True
+        p.wait(min(1.0, max(0.0, end - p.monotonic())))
+    return False
+
+
+def _joined(p: Ports, lock: UnitLock, guests: Guests) -> bool:
+    """A group's node joined its own member's holding: its guest's flock is taken before it asks who holds
+    the lock, so whoever takes the lock after that answer waits for this node's end (_drained)."""
+    if group_key(p) is None or not guests.join():
+        return False
+    if own_group_holds(p, lock):
+        return True
+    guests.leave()
+    return False
+
+
+def _drained(p: Ports, lock: UnitLock, guests: Guests, end: float) -> None:
+    """Wait, holding the lock, for the guests of the group that held it before to end; then say this
+    node's group (its own members may join from then on). Locked, the lock released, past `end`."""
+    while not guests.empty():
+        if p.monotonic() >= end:
+            lock.release()
+            raise Locked({"unit": "a member of the group that held it before"})
+        p.wait(min(1.0, max(0.0, end - p.monotonic())))
+    key = group_key(p)
+    if key is not None:
+        lock.rewrite({**_me(p), "group": key})
 
 
 def recovery_pins(p: Ports) -> bool:
@@ -116,26 +202,27 @@ def recovering(p: Ports) -> Iterator[Result | None]:
         yield waited
 
 
-@contextlib.contextmanager
-def _held(p: Ports, doing: str) -> Iterator[Result | None]:
-    """The host's lock, waited for at most bound_s; a LOCKED result when another kept it past that."""
-    lock = UnitLock(p.run_dir, LOCK_NAME)
-    me: Holder = {
+def _me(p: Ports) -> Holder:
+    return {
         "pid": os.getpid(),
         "since": p.now().isoformat(),
         "verb": p.req.verb,
         "txn": p.txn,
         "unit": p.unit,
     }
-    key = group_key(p)
-    if key is not None:
-        me["group"] = key
-    if lock.is_held():
-        other = lock.holder()
-        p.log.emit(Stage.LOCK, "step", f"waiting for {other.get('unit', 'another service')}'s start on this "
-                   "host to finish: no two services pin host memory at once (sglang#38156)")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _held(p: Ports, doing: str) -> Iterator[Result | None]:
+    """The host's lock, waited for at most bound_s (or joined as its own group's guest); a LOCKED result
+    when another kept it past that."""
+    lock, guests = UnitLock(p.run_dir, LOCK_NAME), Guests(p.run_dir)
+    if lock.is_held() and not own_group_holds(p, lock):
+        other = lock.holder().get("unit", "another service")
+        p.log.emit(Stage.LOCK, "step", f"waiting for {other}'s start on this host to finish: no two services "
+                   "pin host memory at once (sglang#38156)")  # fmt: skip
     try:
-        lock.wait(me, bound_s(p), p.wait, p.monotonic)
+        taken = _taken(p, lock, guests)
     except Locked as exc:
         msg = (
             f"another service's start on this host pins host memory ({describe_holder(exc.holder)}, "
@@ -143,10 +230,14 @@ def _held(p: Ports, doing: str) -> Iterator[Result | None]:
         )
         yield Result(Outcome.LOCKED, msg)
         return
-    p.log.emit(
-        Stage.LOCK, "step", f"holding the host's memory lock while {p.unit} {doing}", lock=str(lock.path)
-    )
+    if taken:
+        p.log.emit(Stage.LOCK, "step", f"holding the host's memory lock while {p.unit} {doing}",
+                   lock=str(lock.path))  # fmt: skip
+    else:
+        p.log.emit(Stage.LOCK, "step", f"{lock.holder().get('unit', 'a member')} of this node's group holds "
+                   "the host's memory lock: it waits for this node at the group's barrier")  # fmt: skip
     try:
         yield None
     finally:
         lock.release()
+        guests.leave()  # either: the one not taken is a no-op

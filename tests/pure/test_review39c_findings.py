@@ -32,7 +32,6 @@ def llama4(**flags: Any) -> tuple[bool, tuple[str, ...]]:
 # ascend, trtllm_mha or intel_xpu is required for Llama4 model but got flashinfer"): the split flags set the
 # base after the model's assert ran on the base its override chose. The plan then blocks a unit that runs,
 # and its alternatives and verdict name a refusal that never happens.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: Llama 4 equal split backends refused; SGLang starts them")
 def test_llama4_equal_split_backends_are_not_refused() -> None:
     assert llama4(attention_backend="flashinfer")[1], "control: the base backend itself is refused"
     feasible, refusals = llama4(prefill_attention_backend="flashinfer", decode_attention_backend="flashinfer")

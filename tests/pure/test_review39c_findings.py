@@ -102,7 +102,6 @@ def test_an_asked_request_cap_sets_the_floor_as_the_same_flag_does() -> None:
 # The planner (sglang/pools.py MambaShare.per_request = 3) says "the state cache holds 1,243 slots: SGLang
 # caps --max-running-requests at 414" and plans 414 (Nemotron: 3,911 slots, 1,303), so its request count,
 # full-context concurrency and any cap it writes above 252 are SGLang-capped without a word.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: hybrid state cap at 3 slots per request; SGLang holds 5")
 @pytest.mark.parametrize("model", ["qwen3.5-27b", "nemotron-3-nano-30b-a3b"])
 def test_a_hybrid_state_cache_caps_requests_at_five_slots_each(model: str) -> None:
     doc = facts(model, 150.32, tp_size=8, context_length=32768, mem_fraction_static=0.85)

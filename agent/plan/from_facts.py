@@ -39,7 +39,7 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
         arch = sizing(inp)
         plan = replace(plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins)), given=asked.given)
         return with_host_plan(inp, arch.sizer, plan)
-    fm = pool_model(inp, asked.context)
+    fm = pool_model(_capped(inp, asked), asked.context)
     running = _running_pool(inp, asked)
     # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
     # Left unset, it is SGLang's default for the flags the unit runs now, not for the ones a --set plans.
@@ -53,6 +53,14 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
     plan = with_host_plan(inp, fm.pool.sizer, plan)  # HiCache: the host pool and the host's memory budget
     # Each alternative as the planner plans it with its flags (plan/replan.py), not re-checked again.
     return replanned(inp, plan, asked, lambda i, t: plan_from_facts(i, t, replan=False)) if replan else plan
+
+
+def _capped(inp: PlanInput, asked: Target) -> PlanInput:
+    """The input under an asked request cap (plan --max-running-requests N, or its --set): the unit runs
+    with it, so the memory floor's decode graphs and prefill are derived with it as with the flag."""
+    if not asked.max_running:
+        return inp
+    return replace(inp, flags={**inp.flags, "max-running-requests": asked.max_running})
 
 
 def _running_pool(inp: PlanInput, asked: Target) -> tuple[PoolModel, float] | None:

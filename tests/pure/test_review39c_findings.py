@@ -79,9 +79,6 @@ def qwen3_vl(weights: float, context: int, flag: int | None, asked: int | None) 
 # (graphs to 256) when it is asked. Where the floor binds (a checkpoint of 45 GB, 262,144 tokens, not
 # feasible) the CLI plans 0.947 and 225,418 tokens with 3.74 GiB left, above the 0.937 / 205,174 the same
 # unit plans with the flag in the facts: 20k tokens promised out of the graphs' memory.
-@pytest.mark.xfail(
-    strict=True, reason="NOT FIXED: --max-running N is not the cap the memory floor is derived with"
-)
 def test_an_asked_request_cap_sets_the_floor_as_the_same_flag_does() -> None:
     assert (
         qwen3_vl(17, 32768, None, 400).reserve_floor_gib == qwen3_vl(17, 32768, 400, None).reserve_floor_gib

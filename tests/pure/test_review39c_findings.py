@@ -47,7 +47,6 @@ def test_llama4_equal_split_backends_are_not_refused() -> None:
 # cap, and its line does not say the concurrency drops from 2,048 to 128: a unit rendered from the
 # alternative's flags (SGLang resolves 2,048, mem_cache/kv_cache_configurator.py resolve_max_num_reqs) runs
 # 0.920 below the floor the planner requires (Target(35000, 0.92, 2048) plans NOT feasible).
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a smaller context alternative omits its request cap")
 def test_a_smaller_context_alternative_carries_the_request_cap_its_replan_sets() -> None:
     doc = facts("llama-3.1-70b", 141, tp_size=2)
     doc["gpus"] = doc["gpus"][:2]

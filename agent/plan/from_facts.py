@@ -40,7 +40,7 @@ def plan_from_facts(inp: PlanInput, asked: Target, replan: bool = True) -> Plan:
         arch = sizing(inp)
         plan = replace(plan_cpu(inp, asked, arch.sizer, (*arch.notes, origins)), given=asked.given)
         return _host_planned(inp, arch.sizer, plan)
-    fm = pool_model(inp, asked.context)
+    fm = pool_model(_capped(inp, asked), asked.context)
     running = _running_pool(inp, asked)
     # The running fraction as the unit is given it: three decimals (a VLM's SGLang default is unrounded).
     # Left unset, it is SGLang's default for the flags the unit runs now, not for the ones a --set plans.
@@ -61,6 +61,14 @@ def _host_planned(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> Plan:
     the device (--force) are passed each by their own override."""
     device = None if plan.feasible else plan.binding or "the device plan cannot reach the target"
     return replace(with_host_plan(inp, sizer, plan), device_refusal=device)
+
+
+def _capped(inp: PlanInput, asked: Target) -> PlanInput:
+    """The input under an asked request cap (plan --max-running-requests N, or its --set): the unit runs
+    with it, so the memory floor's decode graphs and prefill are derived with it as with the flag."""
+    if not asked.max_running:
+        return inp
+    return replace(inp, flags={**inp.flags, "max-running-requests": asked.max_running})
 
 
 def _running_pool(inp: PlanInput, asked: Target) -> tuple[PoolModel, float] | None:

@@ -32,7 +32,7 @@ def replanned(inp: PlanInput, plan: Plan, asked: Target, planner: Planner) -> Pl
             alt, again = _largest_context(inp, alt, again, asked, planner)
         if "context-length" not in alt.flags and not _closes_half(again, plan):
             continue
-        kept.append(_held(_as_replanned(alt, again, asked), again))
+        kept.append(_held(_as_replanned(alt, again, asked, _cap_of(inp)), again))
     return replace(plan, alternatives=tuple(kept))
 
 
@@ -112,11 +112,24 @@ def _held(alt: Alternative, again: Plan) -> Alternative:
     return replace(alt, effect=alt.effect.replace(f"({short_of('the target')})", f"({held})", 1))
 
 
-def _as_replanned(alt: Alternative, again: Plan, asked: Target) -> Alternative:
+def _cap_of(inp: PlanInput) -> int | None:
+    given = inp.flags.get("max-running-requests")
+    return None if given is None else int(str(given))
+
+
+def _as_replanned(alt: Alternative, again: Plan, asked: Target, cap: int | None) -> Alternative:
+    """The alternative as re-planned: its fraction, and the request cap the re-plan set where it is not
+    the input's own (the fraction holds the memory floor only under it: SGLang would resolve its own,
+    mem_cache/kv_cache_configurator.py resolve_max_num_reqs)."""
     what = "the target" if again.context_length == asked.context else f"{again.context_length:,}"
     best = Best(again.mem_fraction_static, again.predicted_pool_tokens, again.predicted_pool_low_tokens,
                 again.feasible)  # fmt: skip
     flags = {**alt.flags, "mem-fraction-static": again.mem_fraction_static}
+    capped = (
+        again.requests_set and again.max_running_requests != cap and "max-running-requests" not in alt.flags
+    )
+    if capped:
+        flags["max-running-requests"] = again.max_running_requests
     return replace(
         alt,
         flags=flags,
@@ -125,5 +138,7 @@ def _as_replanned(alt: Alternative, again: Plan, asked: Target) -> Alternative:
         predicted_pool_low_tokens=again.predicted_pool_low_tokens,
         reaches_target=again.feasible and what == "the target",
         # SGLang's refusal is the one binding constraint the numbers beside it do not show: say it.
-        effect=outcome(best, what) + (f": {again.refusals[0]}" if again.refusals else ""),
+        effect=outcome(best, what)
+        + (f", with --max-running-requests {again.max_running_requests:,}" if capped else "")
+        + (f": {again.refusals[0]}" if again.refusals else ""),
     )

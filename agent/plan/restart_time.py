@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import Enum
 
 from agent.protocol.answers import HostFacts
-from agent.sglang.logs.events import LogEvent, ServerArgs, WeightsEnd
+from agent.sglang.logs.events import LogEvent, ServerArgs, WeightsBegin, WeightsEnd
 from agent.sglang.logs.summary import SummaryBuilder
 from agent.sglang.unitfile import AdoptError, HandUnit, read_unit
 
@@ -193,12 +193,12 @@ def from_log(lines: Iterable[str], where: str = "the log") -> RestartEstimate:
     timeline measures, agent/host/watch/timeline.py), by SGLang's own logger timestamps. A log does not hold
     the old server's stop nor the answer to /health: they are left out, and said so."""
     builder = SummaryBuilder()
-    first, began = _read_phases(lines, builder)
+    first, began, draft = _read_phases(lines, builder)
     summary = builder.summary()
     if not summary.ready:
         return RestartEstimate(None, {}, none_why=f"the start in {where} never became ready")
     timings = summary.startup_timings
-    last = from_engine_timings(summary.to_dict()) if timings is not None else _timed(first, began)
+    last = from_engine_timings(summary.to_dict()) if timings is not None else _timed(first, began, draft)
     if last is None:
         return RestartEstimate(None, {}, none_why=f"the start in {where} has no timestamps to time it by")
     left_out = "the old server's stop and the answer to /health after it are not in it"
@@ -208,15 +208,19 @@ def from_log(lines: Iterable[str], where: str = "the log") -> RestartEstimate:
     )
 
 
-def _read_phases(lines: Iterable[str], builder: SummaryBuilder) -> tuple[float | None, dict[str, float]]:
+def _read_phases(
+    lines: Iterable[str], builder: SummaryBuilder
+) -> tuple[float | None, dict[str, float], float]:
     """Feed the start's lines to `builder`: when its init began, and when each phase did. Init begins at the
     launch (the command or its server_args line, srt/entrypoints/engine.py), not at a line before it: a
     restarted compose service's log, or one cut mid-run, puts the old process's last lines, hours older,
     ahead of the launch in the same start. A draft model's weights, loaded after the target's, are weights:
-    the pool begins at the last `Load weight end` before it."""
+    the pool begins at the last `Load weight end` before it; one loaded after the target's graphs (an EAGLE
+    draft worker) is weights too: its seconds, the third value, are moved out of the graphs."""
     began: dict[str, float] = {}
     first: float | None = None
     launched = False
+    draft = _DraftLoad()
     for line in lines:
         at = _logged_at(line)
         events = builder.feed(line)
@@ -228,7 +232,24 @@ def _read_phases(lines: Iterable[str], builder: SummaryBuilder) -> tuple[float |
             began[phase] = at
         elif at is not None and phase == "kv_pool" and any(isinstance(e, WeightsEnd) for e in events):
             began[phase] = at  # a draft model loads after the target (its own weights end): still weights
-    return first, began
+        elif at is not None and phase == "cuda_graphs":
+            draft.feed(events, at)
+    return first, began, draft.seconds
+
+
+class _DraftLoad:
+    """The seconds between a `Load weight begin` and its end logged while the graphs are the phase."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began: float | None = None
+
+    def feed(self, events: Iterable[LogEvent], at: float) -> None:
+        for event in events:
+            if isinstance(event, WeightsBegin):
+                self._began = at
+            elif isinstance(event, WeightsEnd) and self._began is not None:
+                self.seconds, self._began = self.seconds + max(0.0, at - self._began), None
 
 
 def _launch(event: LogEvent) -> bool:
@@ -261,8 +282,9 @@ def _logged_at(line: str) -> float | None:
         return None
 
 
-def _timed(first: float | None, began: Mapping[str, float]) -> LastStart | None:
-    """init from the first line to the weights, then each part until the next one began; ready ends them."""
+def _timed(first: float | None, began: Mapping[str, float], draft: float = 0.0) -> LastStart | None:
+    """init from the first line to the weights, then each part until the next one began; ready ends them. A
+    draft's load inside the graphs' span (`draft` seconds) is weights."""
     marks = [(began[p], part) for p, part in _PHASE_PART.items() if p in began]  # in the start's order
     if first is None or not marks or marks[-1][1] != "":
         return None
@@ -270,6 +292,10 @@ def _timed(first: float | None, began: Mapping[str, float]) -> LastStart | None:
     for (at, part), (end, _) in zip([(first, "init"), *marks], marks, strict=False):
         if part:
             phases[part] = phases.get(part, 0.0) + max(0.0, end - at)
+    moved = min(draft, phases.get("cuda_graphs", 0.0))
+    if moved and "weights" in phases:
+        phases["weights"] += moved
+        phases["cuda_graphs"] -= moved
     return LastStart(phases)
 
 

@@ -312,8 +312,42 @@ def _mamba(
             else f"the state cache takes {ratio:g}/(1+{ratio:g}) of the budget"
         )
     )
-    per = 1 if "disable-radix-cache" in f and is_on(f, "disable-radix-cache") else 3
+    per = _state_slots_per_request(layout.arch, f)
     return pools.MambaShare(per_slot_bytes=per_req, ratio=ratio, cache_size=size, per_request=per)
+
+
+# arg_groups/overrides.py:403-435 _MAMBA_EXTRA_BUFFER_ARCHS: the models whose state cache can keep an extra
+# buffer (on the triton linear-attention backend, SGLang's default, l. 438-450).
+_EXTRA_BUFFER_ARCHS = frozenset({
+    "KimiLinearForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM", "Qwen3_5ForCausalLM", "Qwen3NextForCausalLM", "Qwen4ExpForConditionalGeneration",
+    "InternS2PreviewForConditionalGeneration", "MiniCPMV4_6ForConditionalGeneration",
+    "MiniCPMV4_7ForConditionalGeneration", "BailingMoeV2_5ForCausalLM", "BailingMoeV3ForCausalLM",
+    "BailingMoeV3VLForConditionalGeneration", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM",
+    "Glm5NextForConditionalGeneration", "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM",
+    "NemotronH_Omni_Reasoning_V3", "KimiK3ForConditionalGeneration", "InklingForConditionalGeneration",
+    "InklingForConditionalGenerationMTP",
+})  # fmt: skip
+
+
+def _state_slots_per_request(arch: str, flags: Mapping[str, FlagValue]) -> int:
+    """mem_cache/kv_cache_configurator.py:3062-3088 _calculate_mamba_ratio: 1 with --disable-radix-cache,
+    else 3 (MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO) plus the extra buffer's tracking slots
+    (allocation_sizing.py:11-19: 2 with the overlap schedule, 1 without). `auto` resolves to extra_buffer
+    when the overlap schedule is on and the model supports it (arg_groups/overrides.py:477-485); the
+    paged-cache case without overlap is not followed (it adds 1 slot)."""
+    if is_on(flags, "disable-radix-cache"):
+        return 1
+    overlap = not is_on(flags, "disable-overlap-schedule")
+    strategy = str(value_of(flags, "mamba-radix-cache-strategy") or "auto")
+    backend = str(value_of(flags, "linear-attn-backend") or "triton")
+    if strategy == "auto":
+        extra = overlap and arch in _EXTRA_BUFFER_ARCHS and backend == "triton"
+    else:
+        extra = strategy == "extra_buffer"
+    if not extra:
+        return 3
+    return 3 + (1 if is_on(flags, "enable-mamba-extra-buffer-lazy") or not overlap else 2)
 
 
 def _run_dtype(inp: PlanInput, layout: KVLayout, notes: list[str]) -> KVLayout:

@@ -85,12 +85,12 @@ def _model_backends(layout: KVLayout, flags: Flags) -> list[str]:
 def _sides(flags: Flags, split: bool) -> list[tuple[str, str | None]]:
     """(the flag, its value) behind each backend an assert checks: the base one, or the prefill and the
     decode side's own flag over it (arg_groups/model_override_base.py attention_backends_of). Equal split
-    flags set the base (arg_groups/overrides.py _attention_backend_default)."""
+    flags set the base (arg_groups/overrides.py:1127-1131) only after the model's assert ran on the base
+    its override chose (model_overrides/llama4.py:23, model_hook.py:615-631), so they are not checked."""
     base = _text(value_of(flags, "attention-backend"))
-    own = [(name, _text(value_of(flags, name))) for name in _SPLIT]
     if not split:
-        equal = own[0][1] is not None and own[0][1] == own[1][1]
-        return [own[0] if base is None and equal else ("attention-backend", base)]
+        return [("attention-backend", base)]
+    own = [(name, _text(value_of(flags, name))) for name in _SPLIT]
     return [(n, v) if v is not None else ("attention-backend", base) for n, v in own]
 
 

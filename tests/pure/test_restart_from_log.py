@@ -135,3 +135,20 @@ def test_a_launch_line_without_a_stamp_times_init_from_the_next_stamped_line() -
     command = "python3 -m sglang.launch_server --model-path /models/Kimi-K2.6 --tp-size 8"
     older = "[2026-12-01 08:00:00.000] WARNING: an hour before the launch"
     assert from_log([older, command, *lines]).parts == want
+
+
+def test_a_draft_loaded_after_the_targets_graphs_is_timed_as_weights_not_graphs() -> None:
+    """An EAGLE draft loads after the target's graphs where the draft worker starts then: its load (10:10:42
+    to 10:10:47, 5 s) is weights, not part of the graphs' span (which runs until the ready line)."""
+    draft = [
+        "[2026-12-01 10:10:42.000 TP0] Load weight begin. avail mem=12.50 GB",
+        "[2026-12-01 10:10:47.000 TP0] Load weight end. elapsed=5.00 s, type=LlamaForCausalLMEagle3, "
+        "avail mem=11.30 GB, mem usage=1.20 GB.",
+    ]
+    target = [line for line in LOG if "DFlash2DraftModel" not in line and "10:09:30.002" not in line]
+    at = next(i for i, line in enumerate(target) if "CUDA graph end" in line) + 1
+    got = from_log([*target[:at], *draft, *target[at:]])
+    plain = from_log(target)
+    assert abs(got.parts["weights"] - plain.parts["weights"] - 5.0) < 1e-3, (got.parts, plain.parts)
+    assert abs(plain.parts["cuda_graphs"] - got.parts["cuda_graphs"] - 5.0) < 1e-3, (got.parts, plain.parts)
+    assert got.seconds is not None and plain.seconds is not None and abs(got.seconds - plain.seconds) < 1e-3

@@ -32,7 +32,6 @@ def llama4(**flags: Any) -> tuple[bool, tuple[str, ...]]:
 # ascend, trtllm_mha or intel_xpu is required for Llama4 model but got flashinfer"): the split flags set the
 # base after the model's assert ran on the base its override chose. The plan then blocks a unit that runs,
 # and its alternatives and verdict name a refusal that never happens.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: Llama 4 equal split backends refused; SGLang starts them")
 def test_llama4_equal_split_backends_are_not_refused() -> None:
     assert llama4(attention_backend="flashinfer")[1], "control: the base backend itself is refused"
     feasible, refusals = llama4(prefill_attention_backend="flashinfer", decode_attention_backend="flashinfer")
@@ -48,7 +47,6 @@ def test_llama4_equal_split_backends_are_not_refused() -> None:
 # cap, and its line does not say the concurrency drops from 2,048 to 128: a unit rendered from the
 # alternative's flags (SGLang resolves 2,048, mem_cache/kv_cache_configurator.py resolve_max_num_reqs) runs
 # 0.920 below the floor the planner requires (Target(35000, 0.92, 2048) plans NOT feasible).
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a smaller context alternative omits its request cap")
 def test_a_smaller_context_alternative_carries_the_request_cap_its_replan_sets() -> None:
     doc = facts("llama-3.1-70b", 141, tp_size=2)
     doc["gpus"] = doc["gpus"][:2]
@@ -80,9 +78,6 @@ def qwen3_vl(weights: float, context: int, flag: int | None, asked: int | None) 
 # (graphs to 256) when it is asked. Where the floor binds (a checkpoint of 45 GB, 262,144 tokens, not
 # feasible) the CLI plans 0.947 and 225,418 tokens with 3.74 GiB left, above the 0.937 / 205,174 the same
 # unit plans with the flag in the facts: 20k tokens promised out of the graphs' memory.
-@pytest.mark.xfail(
-    strict=True, reason="NOT FIXED: --max-running N is not the cap the memory floor is derived with"
-)
 def test_an_asked_request_cap_sets_the_floor_as_the_same_flag_does() -> None:
     assert (
         qwen3_vl(17, 32768, None, 400).reserve_floor_gib == qwen3_vl(17, 32768, 400, None).reserve_floor_gib
@@ -103,7 +98,6 @@ def test_an_asked_request_cap_sets_the_floor_as_the_same_flag_does() -> None:
 # The planner (sglang/pools.py MambaShare.per_request = 3) says "the state cache holds 1,243 slots: SGLang
 # caps --max-running-requests at 414" and plans 414 (Nemotron: 3,911 slots, 1,303), so its request count,
 # full-context concurrency and any cap it writes above 252 are SGLang-capped without a word.
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: hybrid state cap at 3 slots per request; SGLang holds 5")
 @pytest.mark.parametrize("model", ["qwen3.5-27b", "nemotron-3-nano-30b-a3b"])
 def test_a_hybrid_state_cache_caps_requests_at_five_slots_each(model: str) -> None:
     doc = facts(model, 150.32, tp_size=8, context_length=32768, mem_fraction_static=0.85)

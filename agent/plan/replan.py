@@ -82,7 +82,7 @@ def _with(inp: PlanInput, alt: Alternative, asked: Target) -> tuple[PlanInput, T
     """The input and target an alternative asks for; the planner chooses the fraction again."""
     flags = {k: v for k, v in alt.flags.items() if k not in ("mem-fraction-static", "max-running-requests")}
     context = int(str(alt.flags.get("context-length", asked.context)))
-    requests = alt.flags.get("max-running-requests")
+    requests = alt.flags.get("max-running-requests", asked.max_running)  # the cap asked stays, but its own
     # given as `plan --set FLAG=VALUE` gives them (apply.asked_of): the running fraction, SGLang's default
     # for the flags the unit runs now, is then kept where it reaches the target (plan/from_facts.py)
     given = tuple((k, v) for k, v in flags.items() if k != "context-length")

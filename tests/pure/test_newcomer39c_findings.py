@@ -73,7 +73,6 @@ def test_an_alternative_that_holds_the_pool_is_not_called_short(argv: tuple[str,
 #    trades" are those of the re-plan.
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: smaller-context alternative hides its request cap cut")
 def test_the_smaller_context_alternative_says_the_request_cap_it_needs() -> None:
     plan = plan_json(*CT200_400K)
     smaller = next(a for a in plan["alternatives"] if "smaller context" in a["change"])
@@ -104,7 +103,6 @@ def test_every_alternative_flag_can_be_set_as_listed() -> None:
             assert code == ExitCode.OK, (args, err)  # a smaller context offered plans feasible
 
 
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: smaller context offered drops the user's request cap")
 def test_the_smaller_context_offered_keeps_the_request_cap_the_user_gave() -> None:
     keep = ("--from-log", str(CT200_LOG), "--max-running-requests", "64")
     plan = plan_json("ct200", "--context", "225000", *keep)

@@ -109,6 +109,9 @@ class UnitLimit(int):
         made.key = "MemoryMax" if key == "MemoryLimit" else key  # MemoryLimit=: MemoryMax='s old name
         return made
 
+    def __getnewargs__(self) -> tuple[int, str]:  # type: ignore[override]  # copy and pickle keep its key
+        return int(self), self.key
+
 
 def limit_key(limit: object) -> str:
     """The directive a unit's limit comes from (MemoryMax= where unsaid)."""

@@ -106,3 +106,16 @@ def test_a_unit_limit_under_which_no_pool_fits_is_named() -> None:
     assert "MemoryMax= (6.0 GiB)" in plan.budget.reason and "HiCache off" in plan.budget.reason, (
         plan.budget.reason
     )
+
+
+def test_a_unit_limit_survives_a_copy_with_its_directive() -> None:
+    """A plan's input is copied (deepcopy, pickle): the limit keeps its bytes and the directive that set it
+    (a plan of a unit with its own MemoryMax= ended in an internal error)."""
+    import copy
+    import pickle
+
+    from agent.plan.unitlimit import unit_memory_limit
+
+    limit = unit_memory_limit(["MemoryMax=6G", "MemoryHigh=4G"])
+    for again in (copy.copy(limit), copy.deepcopy(limit), pickle.loads(pickle.dumps(limit))):
+        assert again == 4 * GIB and getattr(again, "key", None) == "MemoryHigh"

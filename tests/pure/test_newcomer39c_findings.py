@@ -10,33 +10,19 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agent.cli.main import main
 from agent.exitcodes import ExitCode
 from agent.output import Output
+from tests.pure.test_newcomer39b_findings import plan_json, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "units"
 CT200_LOG = ROOT / "examples/ct200-start.log"
 LLAMA_8B_FACTS = ROOT / "examples/llama-3.1-8b-h100.json"
 CT200_400K = ("ct200", "--context", "400k", "--from-log", str(CT200_LOG))
-
-
-def run_cli(*argv: str) -> tuple[int, str, str]:
-    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
-    code = main(["--units", str(UNITS), *argv], out)
-    assert isinstance(out.stdout, io.StringIO) and isinstance(out.stderr, io.StringIO)
-    return code, out.stdout.getvalue(), out.stderr.getvalue()
-
-
-def plan_json(*argv: str) -> dict[str, Any]:
-    code, stdout, stderr = run_cli("plan", *argv, "--json")
-    assert code in (ExitCode.OK, ExitCode.NOT_FEASIBLE), stderr
-    plan: dict[str, Any] = json.loads(stdout)
-    return plan
 
 
 def tokens(text: str) -> int:

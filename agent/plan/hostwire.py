@@ -88,12 +88,20 @@ DSA = (
 def unsized(inp: PlanInput, sizer: PoolSizer | None) -> str | None:
     """The one-line refusal of HiCache whose host pools deployctl does not size: a hybrid model's (state or
     sliding-window pools), a DSA model's indexer pool or a speculative draft's; None when it sizes them."""
-    if sizer is not None and (sizer.mamba is not None or sizer.swa_ratio is not None):
-        return HYBRID.format(kind="linear-attention state" if sizer.mamba is not None else "sliding window")
+    kind = _hybrid(sizer)
+    if kind is not None:
+        return HYBRID.format(kind=kind)
     if _dsa(inp):
         return DSA
     algorithm = draft_model(inp.flags)
     return None if algorithm is None else DRAFT.format(algorithm=algorithm)
+
+
+def _hybrid(sizer: PoolSizer | None) -> str | None:
+    """The kind of hybrid pool the model's device pool is (a linear-attention state or a sliding window)."""
+    if sizer is not None and sizer.mamba is not None:
+        return "linear-attention state"
+    return "sliding window" if sizer is not None and sizer.swa_ratio is not None else None
 
 
 def _dsa(inp: PlanInput) -> bool:
@@ -175,7 +183,7 @@ def counted_beside(host: HostPlan, inp: PlanInput) -> tuple[str, ...]:
 def _rank_pool(inp: PlanInput, sizer: PoolSizer | None, plan: Plan) -> RankPool | str:
     """The rank's device pool the host pool mirrors, or why it is not planned (a decode's backup beside a
     hybrid pool or a draft, a cell that is not whole bytes)."""
-    if sizer is None or sizer.mamba is not None or sizer.swa_ratio is not None:
+    if sizer is None or _hybrid(sizer) is not None:
         return "a hybrid pool (state cache or sliding window)"
     if draft_model(inp.flags) is not None:
         return "a speculative draft's pool"

@@ -118,3 +118,32 @@ def test_a_real_decodes_journal_names_its_failed_start(tmp_path: Path) -> None:
     assert "start:         2 of 2 (ready, then failed: pd_page_size_mismatch, the last complete one)" in text
     assert f"  {PAGE}" in text.splitlines()
     assert "what to do:    the prefill runs --page-size 1, the decode --page-size 16" in text
+
+
+# SGLang 0.5.23's lines (srt/disaggregation/decode.py:3331-3350 `_verify_kv_checksums`, logged by
+# logger.error; raised as RuntimeError in its CI, `_handle_kv_checksum_mismatch`).
+CHECKSUM = "KV checksum mismatch req=5f2c bootstrap_room=7 expected=0x1a2b got=0x1a2a"
+CHECKSUM_PEER = "KV checksum mismatch on a peer rank req=5f2c bootstrap_room=7"
+
+
+@pytest.mark.parametrize("line", [CHECKSUM, CHECKSUM_PEER, f"RuntimeError: {CHECKSUM}"])
+def test_a_kv_checksum_mismatch_is_a_kind_of_its_own(line: str) -> None:
+    kind = ev.PD_KV_CHECKSUM_MISMATCH
+    assert kind in ev.FAILURE_KINDS and kind not in ev.GENERIC_FAILURE_KINDS
+    assert classify(line) == (kind, 2, None)
+    assert classify(f"the user wrote: {line}") is None  # anchored: a prompt quoting it is no failure
+
+
+def test_the_checksum_fix_names_the_transfer_path_and_the_layout() -> None:
+    said = fix_for(ev.PD_KV_CHECKSUM_MISMATCH, CHECKSUM)
+    assert said is not None
+    assert "not what the prefill sent" in said and "request" in said
+    assert "ib_device" in said and "UCX_NET_DEVICES" in said  # the transfer path
+    assert "--page-size" in said and "--kv-cache-dtype" in said  # a layout the roles disagree on
+
+
+def test_parse_log_names_a_checksum_mismatch_in_a_served_start(tmp_path: Path) -> None:
+    logged = f"[2026-12-06 01:51:10] {CHECKSUM}"
+    doc = json.loads(parse_log(tmp_path, [*SERVED, logged], "--json"))
+    assert doc["failure"] == {"kind": ev.PD_KV_CHECKSUM_MISMATCH, "line": logged}
+    assert "not what the prefill sent" in doc["fix"]

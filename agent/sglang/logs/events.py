@@ -23,6 +23,8 @@ HOST_MEMORY_SHORT = "host_memory_short"  # HiCache's host pool refused (agent/sg
 # A PD decode whose page size or KV dtype text differs from its prefill's (agent/sglang/logs/pd.py)
 PD_PAGE_SIZE_MISMATCH = "pd_page_size_mismatch"
 PD_KV_DTYPE_MISMATCH = "pd_kv_dtype_mismatch"
+# A PD decode received KV that is not what its prefill sent (SGLang drops that request and serves on)
+PD_KV_CHECKSUM_MISMATCH = "pd_kv_checksum_mismatch"
 # What the kernel and systemd say of the service's end (agent/sglang/logs/system.py): the kernel's OOM killer
 # ended a process (host RAM, not GPU memory), and the main process exited without SGLang saying why
 HOST_OOM_KILLED = "host_oom_killed"
@@ -46,6 +48,7 @@ FAILURE_KINDS = frozenset(
         HOST_MEMORY_SHORT,
         PD_PAGE_SIZE_MISMATCH,
         PD_KV_DTYPE_MISMATCH,
+        PD_KV_CHECKSUM_MISMATCH,
         HOST_OOM_KILLED,
         PROCESS_EXITED,
     }

@@ -29,6 +29,8 @@ def fix_for(
         return hicache.fix(line, ranks, pools, hicache_size)
     if kind in (ev.PD_PAGE_SIZE_MISMATCH, ev.PD_KV_DTYPE_MISMATCH):
         return pd.fix(line)
+    if kind == ev.PD_KV_CHECKSUM_MISMATCH:
+        return pd.CHECKSUM_FIX
     if kind == ev.HOST_OOM_KILLED:
         return _CGROUP_OOM if line.startswith("Memory cgroup") else _HOST_OOM
     return None

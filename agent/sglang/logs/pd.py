@@ -4,7 +4,8 @@ SGLang 0.5.23 checks both when the decode first asks the prefill's bootstrap ser
 that is at the first routed request, not at start: the decode's scheduler raises and the whole decode server
 exits (srt/disaggregation/common/conn.py:1320-1334; measured on CPU, shared/sglang/PD-AND-HICACHE-ON-CPU.md).
 The dtype check compares the flags' text, so `auto` against `bf16` fails although both pools are bfloat16.
-Each is a failure kind of its own with a fix read off SGLang's line.
+Each is a failure kind of its own with a fix read off SGLang's line. So is the KV checksum's mismatch (a
+decode with --disaggregation-enable-kv-checksum): not a start's death, a request the decode dropped.
 """
 
 from __future__ import annotations
@@ -16,7 +17,22 @@ from agent.sglang.logs import events as ev
 # The lines' openings, matched by failures.classify after the exception's class name ("RuntimeError: ").
 PAGE_SIZE = r"Page size mismatch: prefill server has page_size="
 KV_DTYPE = r"KV cache dtype mismatch: prefill server has kv_cache_dtype="
-MISMATCHES = ((PAGE_SIZE, ev.PD_PAGE_SIZE_MISMATCH), (KV_DTYPE, ev.PD_KV_DTYPE_MISMATCH))
+# srt/disaggregation/decode.py:3331-3350 (_verify_kv_checksums): this rank's line, or a peer rank's
+CHECKSUM = r"KV checksum mismatch (?:on a peer rank )?req="
+MISMATCHES = (
+    (PAGE_SIZE, ev.PD_PAGE_SIZE_MISMATCH),
+    (KV_DTYPE, ev.PD_KV_DTYPE_MISMATCH),
+    (CHECKSUM, ev.PD_KV_CHECKSUM_MISMATCH),
+)
+# A mismatch is the KV the decode received not being what the prefill digested: the code calls it hardware
+# or transport, not the request (_handle_kv_checksum_mismatch); or the roles lay the pages out differently
+# (page size, KV dtype, TP, model, release). SGLang aborts that request with a 500 and serves on.
+CHECKSUM_FIX = (
+    "the KV this decode received is not what the prefill sent (SGLang aborted that request with a 500 and "
+    "serves on): check the transfer path, the RDMA device each role uses ([pd] ib_device, UCX_NET_DEVICES) "
+    "and its link; and that every role runs the same model, SGLang release, --page-size, --kv-cache-dtype "
+    "and layout; then apply the service again"
+)
 _VALUES = re.compile(
     r"prefill server has (page_size|kv_cache_dtype)=(\S+?),? but decode server has \1=(\S+?)\.?(?: |$)"
 )

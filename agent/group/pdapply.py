@@ -170,9 +170,12 @@ def _pd_facts(answer: HostFacts) -> PdHostFacts | None:
     if not pd:
         return None
     version = ((answer.get("model_facts") or {}).get("sglang") or {}).get("version")
-    mods, rdma = pd.get("importable"), pd.get("rdma_devices")
+    mods, rdma, engine = pd.get("importable"), pd.get("rdma_devices"), pd.get("engine")
     return PdHostFacts(
-        version, frozenset(mods) if mods is not None else None, tuple(rdma) if rdma is not None else None
+        version,
+        frozenset(mods) if mods is not None else None,
+        tuple(rdma) if rdma is not None else None,
+        engine["detail"] if engine and engine.get("verdict") == "not_importable" else None,
     )
 
 
@@ -182,6 +185,7 @@ def _merge(a: PdHostFacts, b: PdHostFacts) -> PdHostFacts:
         a.sglang_version or b.sglang_version,
         mods if mods is not None else a.importable or b.importable,
         a.rdma_devices if a.rdma_devices is not None else b.rdma_devices,
+        a.engine_error or b.engine_error,  # one unit's Python that cannot import it is enough
     )
 
 

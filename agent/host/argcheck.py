@@ -95,27 +95,43 @@ def _interpreter(command: list[str]) -> str | None:
     return None
 
 
-def run_check(cmd: CheckCommand, timeout_s: float = TIMEOUT_S) -> ArgCheck:
-    """Run SGLang's parser on the flags as cmd.user; a refusal carries SGLang's own error line."""
+def run_as_user(
+    cmd: CheckCommand, argv: list[str], timeout_s: float
+) -> subprocess.CompletedProcess[str] | str:
+    """cmd.interpreter with `argv`, as cmd.user (never switching to root), from /, with the unit's
+    environment only; or why it did not run or end (one line)."""
     try:
         who = pwd.getpwnam(cmd.user)
     except KeyError:
-        return ArgCheck(Verdict.SKIPPED, f"no user {cmd.user!r} on this host")
+        return f"no user {cmd.user!r} on this host"
     switch = (who.pw_uid, who.pw_gid) != (os.geteuid(), os.getegid())
     try:
-        done = subprocess.run(
-            [cmd.interpreter, "-c", SCRIPT, *cmd.flags],
+        return subprocess.run(
+            [cmd.interpreter, *argv],
             env=dict(cmd.environment), cwd="/", capture_output=True, text=True, errors="replace",
             timeout=timeout_s, check=False, stdin=subprocess.DEVNULL,
             user=who.pw_uid if switch else None, group=who.pw_gid if switch else None,
             extra_groups=[] if switch else None,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
-        return ArgCheck(Verdict.SKIPPED, f"SGLang's parser did not load within {timeout_s:.0f} s")
+        return f"it did not end within {timeout_s:.0f} s"
     except OSError as exc:
-        return ArgCheck(Verdict.SKIPPED, f"could not run {cmd.interpreter} as {cmd.user}: {exc.strerror}")
-    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    last = lines[-1] if lines else f"exit status {done.returncode}"
+        return f"could not run {cmd.interpreter} as {cmd.user}: {exc.strerror}"
+
+
+def last_line(text: str, returncode: int) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit status {returncode}"
+
+
+def run_check(cmd: CheckCommand, timeout_s: float = TIMEOUT_S) -> ArgCheck:
+    """Run SGLang's parser on the flags as cmd.user; a refusal carries SGLang's own error line."""
+    done = run_as_user(cmd, ["-c", SCRIPT, *cmd.flags], timeout_s)
+    if isinstance(done, str):
+        if done.startswith("it did not end"):
+            return ArgCheck(Verdict.SKIPPED, f"SGLang's parser did not load within {timeout_s:.0f} s")
+        return ArgCheck(Verdict.SKIPPED, done)
+    last = last_line(done.stderr, done.returncode)
     if done.returncode == 0:
         return ArgCheck(Verdict.ACCEPTED, f"SGLang's own parser accepts the flags (run as {cmd.user})")
     if done.returncode == 2:

@@ -37,12 +37,13 @@ DEFAULT_RESERVED = 512  # --num-reserved-decode-tokens
 class PdHostFacts:
     """What a PD check needs of one host. None: the facts do not say (yet): the check is not made.
 
-    The agent's facts carry the SGLang version today; the importable modules and the RDMA devices are the
-    hook a facts reader fills (`python -c 'import mooncake'`, `ibv_devices`)."""
+    The agent's facts (host/roles/pdfacts.py) fill them: the SGLang version, the transfer modules installed
+    for the units' Python, the RDMA devices, and the engine's import where it failed."""
 
     sglang_version: str | None = None
     importable: frozenset[str] | None = None
     rdma_devices: tuple[str, ...] | None = None
+    engine_error: str | None = None  # installed, but its engine's import failed: the error's last line
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,12 @@ def _transfer(host: HostConfig, units: Sequence[PdUnit], facts: Mapping[str, PdH
             found.append(
                 f"host {target!r} cannot import {module!r}, which the {backend} transfer backend needs: "
                 "install it in the SGLang venv or choose another [pd] transfer_backend"
+            )
+        elif module and seen and seen.engine_error:
+            found.append(
+                f"host {target!r} has {module!r} installed but does not import it for the {backend} transfer "
+                f"backend ({seen.engine_error}): install what it links on the host (mooncake's engine.so: "
+                "libibverbs, libnuma, libcurl), reinstall it in the SGLang venv, or choose another backend"
             )
     if backend == "nixl":
         for unit in units:

@@ -255,12 +255,26 @@ class HostMemoryData(_HostMemoryBase, total=False):
     siblings: dict[str, int]
 
 
-class PdFactsData(TypedDict):
-    """A [pd] unit's host: the transfer modules installed for the unit's Python (None: its Python is not
-    known), and the RDMA devices of /sys/class/infiniband (None: unreadable)."""
+class EngineImportData(TypedDict):
+    """Whether the unit's backend's engine imports with its Python (host/roles/pdfacts.py): verdict
+    `importable`, `not_importable` (detail: the error's last line) or `skipped` (detail: why)."""
 
+    backend: str
+    verdict: str
+    detail: str
+
+
+class _PdFactsBase(TypedDict):
     importable: list[str] | None
     rdma_devices: list[str] | None
+
+
+class PdFactsData(_PdFactsBase, total=False):
+    """A [pd] unit's host: the transfer modules installed for the unit's Python (None: its Python is not
+    known), the RDMA devices of /sys/class/infiniband (None: unreadable), and whether its backend's engine
+    imports (an older agent does not say)."""
+
+    engine: EngineImportData
 
 
 class HostFacts(TypedDict, total=False):

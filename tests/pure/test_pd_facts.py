@@ -100,3 +100,132 @@ def test_the_hosts_facts_refuse_before_any_compare(
     with pytest.raises(InventoryError, match=said):
         pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output())
     assert "compare" not in verbs, verbs
+
+
+# ---- a backend on disk that does not import (mooncake's engine.so without the libraries it links)
+
+LIBIBVERBS = "ImportError: libibverbs.so.1: cannot open shared object file: No such file or directory"
+
+
+def role_unit(python: str, backend: str | None = "mooncake", user: str = "sglang") -> str:
+    chosen = f" --disaggregation-transfer-backend {backend}" if backend else ""
+    return (
+        f"[Service]\nUser={user}\nEnvironment=PYTHONPATH=/opt/extra\n"
+        f"ExecStart={python} -m sglang.launch_server --model-path /m --disaggregation-mode decode{chosen}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("backend", "modules"),
+    [
+        (None, ["mooncake.engine"]),  # SGLang's default backend
+        ("mooncake", ["mooncake.engine"]),
+        ("mooncake_tcp", ["mooncake.engine"]),
+        ("nixl", ["nixl._api"]),
+        ("mori", ["mori.cpp", "mori.io"]),
+        ("ascend", ["memfabric_hybrid"]),
+    ],
+)
+def test_the_engine_sglang_imports_is_imported_as_the_units_user(
+    tmp_path: Path, backend: str | None, modules: list[str]
+) -> None:
+    python = venv(tmp_path, "mooncake", "nixl", "mori", "memfabric_hybrid")
+    asked: list[Any] = []
+
+    def run(cmd: Any, names: tuple[str, ...]) -> pdfacts.EngineImport:
+        asked.append((cmd.interpreter, cmd.user, cmd.environment.get("PYTHONPATH"), names))
+        return pdfacts.EngineImport(pdfacts.Imported.YES, "")
+
+    got = pdfacts.collect(role_unit(python, backend), (), run=run)
+    assert got is not None and got["engine"]["verdict"] == "importable"
+    assert asked == [(python, "sglang", "/opt/extra", tuple(modules))]
+
+
+def test_an_engine_that_does_not_import_says_its_error_and_one_not_installed_is_not_run(
+    tmp_path: Path,
+) -> None:
+    python = venv(tmp_path, "mooncake")
+    asked: list[Any] = []
+
+    def run(cmd: Any, names: tuple[str, ...]) -> pdfacts.EngineImport:
+        asked.append(names)
+        return pdfacts.EngineImport(pdfacts.Imported.NO, LIBIBVERBS)
+
+    got = pdfacts.collect(role_unit(python), (), run=run)
+    assert got is not None and got["engine"] == {
+        "backend": "mooncake", "verdict": "not_importable", "detail": LIBIBVERBS
+    }  # fmt: skip
+    got = pdfacts.collect(role_unit(python, "nixl"), (), run=run)
+    assert got is not None and got["engine"]["verdict"] == "skipped"  # not installed: that refusal says it
+    assert asked == [("mooncake.engine",)]
+
+
+def test_the_venvs_python_is_never_run_as_root(tmp_path: Path) -> None:
+    python = venv(tmp_path, "mooncake")
+
+    def run(cmd: Any, names: tuple[str, ...]) -> pdfacts.EngineImport:
+        raise AssertionError("ran")
+
+    got = pdfacts.collect(role_unit(python, user="root"), (), run=run)
+    assert got is not None and got["engine"]["verdict"] == "skipped"
+    assert "root" in got["engine"]["detail"]
+
+
+def test_the_import_runs_the_interpreter_and_reads_the_errors_last_line(tmp_path: Path) -> None:
+    """The real runner, as this test's own user (no switch), on a package whose import fails as a native
+    engine without its libraries does, and on one that imports."""
+    import getpass
+    import sys
+
+    from agent.host.argcheck import CheckCommand
+
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken/__init__.py").write_text(
+        f"raise ImportError({LIBIBVERBS.removeprefix('ImportError: ')!r})\n"
+    )
+    (tmp_path / "fine").mkdir()
+    (tmp_path / "fine/__init__.py").write_text("")
+    cmd = CheckCommand(
+        sys.executable, (), getpass.getuser(), {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin"}
+    )
+    assert pdfacts.import_engine(cmd, ("broken",)) == pdfacts.EngineImport(pdfacts.Imported.NO, LIBIBVERBS)
+    assert pdfacts.import_engine(cmd, ("fine",)).imported is pdfacts.Imported.YES
+
+
+@pytest.mark.parametrize("verdict", ["not_importable", "importable", "skipped"])
+def test_apply_refuses_an_engine_that_does_not_import_before_any_compare(
+    monkeypatch: pytest.MonkeyPatch, verdict: str
+) -> None:
+    from contextlib import contextmanager
+
+    import agent.group.pdapply as pdapply
+    from agent.errors import InventoryError
+    from agent.orchestrate.asked import Change, Connection
+    from agent.output import Output
+    from tests.pure.test_pd import example, host_of
+
+    host = host_of(example())
+    verbs: list[str] = []
+    answer = facts_answer(["mooncake"], [])
+    answer["pd"]["engine"] = {"backend": "mooncake", "verdict": verdict, "detail": LIBIBVERBS}
+
+    class Agent:
+        def call(self, req: Any) -> dict[str, Any]:
+            verbs.append(req.verb)
+            if req.verb == "facts":
+                return answer if "--disaggregation-mode" in req.unit_text else {}
+            return {"up_to_date": True}
+
+    @contextmanager
+    def clients(hosts: list[Any], conn: object):  # type: ignore[no-untyped-def]
+        yield [Agent() for _ in hosts]
+
+    monkeypatch.setattr(pdapply, "clients", clients)
+    monkeypatch.setattr(pdapply, "recover_orphan", lambda *a: False)
+    if verdict != "not_importable":
+        assert pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output()) == 0
+        return
+    with pytest.raises(InventoryError, match="installed but does not import") as said:
+        pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output())
+    assert "libibverbs.so.1: cannot open shared object file" in str(said.value)
+    assert "compare" not in verbs, verbs

@@ -79,16 +79,11 @@ def _apply(out: Output, s: Session, change: Change, talk: Conversation, units: P
 
 def backup_listing(s: Session) -> BackupsAnswer:
     """The host's backups, with the values of secret flags (api-key, token...) replaced for printing."""
-    from agent.render import redact_changes
-    from agent.sglang.flags import FlagChange
+    from agent.report import redact_backups
 
     listing = cast(BackupsAnswer, s.client.call(base_request(s.host, "backups")))
     remember(s.host.name, (str(r.get("name") or "") for r in listing.get("backups") or []), every=True)
-    for row in listing.get("backups") or []:
-        changes = redact_changes(
-            [FlagChange(str(name), before, after) for name, before, after in row.get("changes", [])]
-        )
-        row["changes"] = [[c.name, c.before, c.after] for c in changes]
+    redact_backups(listing.get("backups") or [])
     return listing
 
 
@@ -154,7 +149,12 @@ def _report_rollback(
 def backups(conn: Connection, out: Output) -> int:
     from agent.report import backups_table
 
-    with session(conn) as s:
+    host = load_service(conn.host, units_dir(conn.units))
+    if host.pd is not None:  # each role's unit and the router's, each with its own backups
+        from agent.group.pdinfo import backups as pd_backups
+
+        return pd_backups(host, conn, out)
+    with session(conn, host) as s:
         listing = backup_listing(s)
         if out.style is Style.JSON:
             out.print(json.dumps(listing, sort_keys=True))

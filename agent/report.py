@@ -270,6 +270,17 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
+def redact_backups(rows: Sequence[BackupRow]) -> None:
+    """The values of secret flags (api-key, token...) in a backups listing, replaced for printing."""
+    from agent.render import redact_changes
+
+    for row in rows:
+        changes = redact_changes(
+            [FlagChange(str(name), before, after) for name, before, after in row.get("changes", [])]
+        )
+        row["changes"] = [[c.name, c.before, c.after] for c in changes]
+
+
 def backups_table(host: str, rows: Sequence[BackupRow]) -> str:
     """`deployctl backups`: newest first, with what each would change back."""
     if not rows:

@@ -37,7 +37,7 @@ def session(conn: Connection, service: HostConfig | None = None) -> Iterator[Ses
     if host.pd is not None:  # its base sections are no unit of their own: nothing may reach a host
         raise UsageError(
             f"{host.name} is a prefill-decode service ([pd]): for a [pd] file only plan, render, apply, "
-            "status and rollback are built so far, not this command; nothing was changed",
+            "status, rollback, backups and facts are built so far, not this command; nothing was changed",
             hint="see docs/pd.md",
         )
     if conn.local:

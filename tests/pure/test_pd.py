@@ -309,19 +309,16 @@ def test_different_tp_sizes_warn_for_a_non_mla_model(attention: str, warned: boo
     assert bool(verdict.warnings) is warned
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["backups", "pd-1p1d"],
-        ["facts", "pd-1p1d"],
-    ],
-)
-def test_a_pd_service_never_reaches_a_host_with_a_command_not_built_for_it(argv: list[str]) -> None:
-    """One line says which commands are built for a [pd] file, and that this one is not."""
-    code, _, err = run(argv)
-    assert code == ExitCode.USAGE
-    line = next(x for x in err.splitlines() if x.startswith("deployctl: error:"))
-    assert "only plan, render, apply, status and rollback are built so far, not this command" in line
+def test_a_pd_service_never_reaches_a_host_through_a_one_host_session() -> None:
+    """A command not built for a [pd] file that would open the one-host session: one line says which commands
+    are built, and that this one is not (backups and facts ask each unit: tests/pure/test_pd_info.py)."""
+    from agent.errors import UsageError
+    from agent.orchestrate.asked import Connection
+    from agent.orchestrate.session import session
+
+    with pytest.raises(UsageError) as said, session(Connection("pd-1p1d", str(ROOT / "units"))):
+        pass
+    assert "only plan, render, apply, status, rollback, backups and facts are built so far" in str(said.value)
 
 
 def test_a_unit_outside_the_files_gpus_is_refused() -> None:

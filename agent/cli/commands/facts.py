@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from agent.errors import UsageError
 from agent.output import Output
+
+if TYPE_CHECKING:
+    from agent.protocol.answers import FactsDoc
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -22,7 +25,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
 
 
-def host_facts(args: argparse.Namespace) -> dict[str, Any]:
+def host_facts(args: argparse.Namespace) -> FactsDoc:
     """The facts document the host's agent read (config.json, safetensors headers, nvidia-smi...)."""
     from agent.cli.options import connection_of
     from agent.orchestrate.session import session
@@ -36,45 +39,28 @@ def host_facts(args: argparse.Namespace) -> dict[str, Any]:
                 f"{args.host}: the unit names no local model folder with a config.json",
                 hint="check --model-path in the unit; a hub id is not read on the host",
             )
-        if not (doc.get("sglang") or {}).get("version"):  # no SGLang in the unit's Python to ask
-            doc["sglang"] = {"version": s.host.sglang.version, "source": "inventory"}
-        if doc.get("draft") is None:  # no draft config.json on the host: the inventory's figures
-            from agent.plan.from_inventory import inventory_draft
+        from agent.plan.factsdoc import filled
 
-            tp = int(str((doc.get("flags") or {}).get("tp-size") or s.host.gpus.count))
-            doc["draft"] = inventory_draft(s.host, tp)
-        if not doc.get("gpus"):  # no nvidia-smi answer: the inventory's cards, marked as such
-            card = {"name": s.host.gpus.name, "memory_total_mib": round(s.host.gpus.memory_gib * 1024, 1),
-                    "source": "inventory"}  # fmt: skip
-            doc["gpus"] = [card] * s.host.gpus.count
-        else:  # the facts of this service: its own GPUs, so that `plan --facts` plans on them
-            from agent.plan.facts import service_gpus
-
-            doc["gpus"] = service_gpus(doc["gpus"], s.host)
-        return doc
+        return filled(cast(FactsDoc, doc), s.host)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    from agent.cli.options import connection_of
+    from agent.inventory import load_service, units_dir
+
+    conn = connection_of(args)
+    service = load_service(conn.host, units_dir(conn.units))
+    if service.pd is not None:  # each prefill and decode, with its transfer facts
+        from agent.group.pdinfo import facts as pd_facts
+
+        out.json = args.json
+        return pd_facts(service, conn, out)
     doc = host_facts(args)
     if args.json:
         out.print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
-    model = doc["model"]
-    arch = (model["config"].get("architectures") or ["?"])[0]
-    gpus = doc.get("gpus") or []
-    weights = model.get("weights_bytes")
-    lines = [
-        f"facts for {args.host} ({doc['format']})",
-        f"  gpus     {len(gpus)} x {gpus[0]['name'] if gpus else '?'}"
-        + (f", {gpus[0]['memory_total_mib']:.0f} MiB" if gpus else ""),
-        f"  sglang   {doc['sglang'].get('version')}",
-        f"  model    {model.get('path')}: {arch}, weights "
-        + (f"{weights / 2**30:.2f} GiB" if weights is not None else "unknown"),
-    ]
-    if doc.get("draft"):
-        lines.append(f"  draft    {doc['draft'].get('path')}")
-    lines.append(
-        f"  flags    {len(doc.get('flags') or {})}, last start: {'yes' if doc.get('last_start') else 'none'}"
-    )
+    from agent.plan.factsdoc import facts_lines
+
+    lines = facts_lines(args.host, doc)
     out.print("\n".join(lines))
     return 0

@@ -220,3 +220,22 @@ def test_rollback_takes_every_role_back_to_its_previous_unit_as_one_group(pd: Pd
     assert status.returncode == ExitCode.OK and status.stdout.count("active/running") == 3, status.stdout
     assert pd.routed()
     print(f"\n1P1D rollback in {time.monotonic() - t0:.1f} s")
+
+
+def test_backups_and_facts_ask_each_unit_of_the_service(pd: Pd) -> None:
+    """After the applies and the rollback above: each role's backups, grouped by unit, and each role's facts
+    with its transfer facts, read by the real agent over the host's one connection."""
+    r = pd.run("backups", "pd")
+    assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+    heads = [
+        line for line in r.stdout.splitlines() if "backup(s), newest first" in line or ": no backups" in line
+    ]
+    assert [h.split()[0] for h in heads] == ["prefill[0]", "decode[0]", "router"], r.stdout
+    assert "--context-length" in r.stdout.split("decode[0]")[1], r.stdout  # the decode's backups differ
+    doc = json.loads(pd.run("backups", "pd", "--json").stdout)
+    assert [u["unit"] for u in doc["units"]] == list(UNITS)
+    r = pd.run("facts", "pd")
+    assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+    assert r.stdout.count("  transfer installed: mooncake") == 2, r.stdout  # the simulated host's stand-in
+    # the simulated units run as root (no User=): the venv's Python is never run as root, so not imported
+    assert r.stdout.count("engine   mooncake_tcp: not checked: the unit has no User=") == 2, r.stdout

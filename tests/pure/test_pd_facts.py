@@ -229,3 +229,29 @@ def test_apply_refuses_an_engine_that_does_not_import_before_any_compare(
         pdapply.apply(host, Connection("pd"), Change(32768, yes=True), Output())
     assert "libibverbs.so.1: cannot open shared object file" in str(said.value)
     assert "compare" not in verbs, verbs
+
+
+def test_the_real_mooncake_engine_imports_with_its_libraries_and_names_the_one_it_misses() -> None:
+    """The real tier's add-on (make real-sglang: mooncake-transfer-engine-non-cuda 0.3.13.post1 and, in lib/,
+    the libraries its engine.so links): imported by the real runner with them on LD_LIBRARY_PATH, and
+    without them (where the machine has no libibverbs of its own) the error's line names the missing one."""
+    import ctypes.util
+    import getpass
+    import sys
+    from dataclasses import replace
+
+    from agent.host.argcheck import CheckCommand
+    from tests import realpd
+
+    addon = realpd.addon_dir()
+    if not (addon / ".pd-stamp").is_file():
+        pytest.skip(f"no PD add-on at {addon} (make real-sglang)")
+    bare = CheckCommand(
+        sys.executable, (), getpass.getuser(), {"PATH": "/usr/bin", "PYTHONPATH": str(addon / "site")}
+    )
+    libs = replace(bare, environment={**bare.environment, "LD_LIBRARY_PATH": str(addon / "lib")})
+    assert pdfacts.import_engine(libs, ("mooncake.engine",)).imported is pdfacts.Imported.YES
+    if ctypes.util.find_library("ibverbs") is None:
+        assert pdfacts.import_engine(bare, ("mooncake.engine",)) == pdfacts.EngineImport(
+            pdfacts.Imported.NO, LIBIBVERBS
+        )

@@ -212,3 +212,35 @@ def test_a_decodes_non_numeric_request_cap_is_refused_as_not_a_number(tmp_path: 
     code, _, err = _cli(units, "plan", "pd", "--offline", "--context", "32k")
     assert code == 2
     assert "required" not in err and "eight" in err, err
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="docs/commands.md ('every command with its options') never mentions [pd] or what it refuses there",
+)
+def test_commands_md_says_which_options_a_pd_file_refuses() -> None:
+    # plan/render refuse --from-log, --diff, --set (but mem-fraction-static), --max-running-requests for a
+    # [pd] file; status --follow and rollback --to too: a newcomer reading commands.md learns none of it
+    text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    assert "[pd]" in text or "pd.md" in text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a decode url with port 99999 passes plan and render and reaches the router's --decode argument",
+)
+def test_a_role_url_with_a_port_out_of_range_is_refused(tmp_path: Path) -> None:
+    units = _inventory(tmp_path, ("gpus = [1]\n", 'gpus = [1]\nurl = "http://gpu-pd:99999"\n'))
+    code, out, _ = _cli(units, "render", "pd", "--context", "32k")
+    assert code == 2, [line for line in out.splitlines() if "--decode" in line]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a decode's bad environment name passes plan; render blames 'unit.environment', not its key",
+)
+def test_a_roles_bad_environment_name_is_named_by_its_own_key(tmp_path: Path) -> None:
+    units = _inventory(tmp_path, ("gpus = [1]\n", 'gpus = [1]\nenvironment = { "A B" = "1" }\n'))
+    code, _, err = _cli(units, "render", "pd", "--context", "32k")
+    assert code == 2
+    assert "pd.decode.0.environment" in err, err

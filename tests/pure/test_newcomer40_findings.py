@@ -244,3 +244,25 @@ def test_a_roles_bad_environment_name_is_named_by_its_own_key(tmp_path: Path) ->
     code, _, err = _cli(units, "render", "pd", "--context", "32k")
     assert code == 2
     assert "pd.decode.0.environment" in err, err
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="GQA roles at TP1/TP2: plan promises the KV checksum gates the change; SGLang skips it unverified",
+)
+def test_the_kv_checksum_line_says_it_is_skipped_between_different_tp_widths(tmp_path: Path) -> None:
+    # srt/disaggregation/utils.py:263-284 signs the layout with its per-page item lengths (TP width for GQA);
+    # decode.py:2580-2597 admits a prefill of another signature unverified ("KV checksum skipped")
+    units = _inventory(
+        tmp_path,
+        ("indices = [0, 1]", "indices = [0, 1, 2]"),
+        ("gpus = [1]", "gpus = [1, 2]"),
+        (
+            "flags = { tp-size = 1, max-running-requests = 8 }",
+            "flags = { tp-size = 2, max-running-requests = 8 }",
+        ),
+    )
+    code, out, err = _cli(units, "plan", "pd", "--offline", "--context", "32k")
+    assert code == 0, err
+    line = next(s for s in out.splitlines() if s.startswith("KV checksum"))
+    assert "skipped" in line or "unverified" in line, line

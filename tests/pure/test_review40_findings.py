@@ -213,10 +213,6 @@ def test_the_routers_port_is_held_against_the_hosts_other_files(tmp_path: Path) 
     assert code == ExitCode.USAGE, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="apply --dry-run recovers an orphaned unit (a restart) though docs say it sends nothing",
-)
 def test_a_dry_run_sends_no_recovery(monkeypatch: pytest.MonkeyPatch) -> None:
     import agent.group.pdapply as pdapply
     import agent.orchestrate.session as session

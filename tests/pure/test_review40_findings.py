@@ -104,10 +104,6 @@ def test_a_units_url_naming_another_units_port_is_refused() -> None:
     assert said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rollback mixes generations: prefill to page 1, decode stays at 16; no parity check first",
-)
 def test_rollback_does_not_choose_units_whose_page_sizes_differ() -> None:
     from agent.group.pdrollback import chosen_backups
 

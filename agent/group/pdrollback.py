@@ -1,13 +1,15 @@
-"""`deployctl rollback` of a [pd] service: every unit that has a previous unit goes back to it as one group
-change, the same one an apply runs (agent/group/pdapply.py): each unit a member with a transaction of its
-own, here the agent's `rollback` verb, started in waves (prefills, decodes, router), the last wave proving
-the whole with a completion routed through the router; any member failing puts every member back on the
-unit it had before the rollback (the group's abort), so the service is never left half rolled back.
+"""`deployctl rollback` of a [pd] service: the service goes back one generation as one group change, the
+same one an apply runs (agent/group/pdapply.py): each unit a member with a transaction of its own, here the
+agent's `rollback` verb, started in waves (prefills, decodes, router), the last wave proving the whole with a
+completion routed through the router; any member failing puts every member back on the unit it had before
+the rollback (the group's abort), so the service is never left half rolled back.
 
-Which units: each unit's newest backup that differs from its installed unit (the one-host default, picked
-again by its own agent under its lock); and after a prefill goes back, every decode restarts on its own unit,
-since Mooncake keeps a healthy pair failed until the decode re-registers (sglang#13054): that decode is sent
-its newest backup, a copy of its installed unit.
+Which units: those the newest group change that changed a unit backed up, each to that backup (its agent
+records the group's key with it), every other unit staying as installed: one generation, never each unit's
+newest backup on its own (a prefill at page 1 beside a decode at 16). That set is refused, before anything
+is sent, when SGLang would refuse it (parity, placement: agent/pd/refusals.py). After a prefill goes back,
+every decode restarts on its own unit, since Mooncake keeps a healthy pair failed until the decode
+re-registers (sglang#13054): that decode is sent a backup that is a copy of its installed unit.
 """
 
 from __future__ import annotations
@@ -39,8 +41,7 @@ from agent.sglang.flags import FlagChange, FlagValue
 class Chosen:
     index: int  # into parts(host)
     label: str
-    backup: str  # the unit it goes back to
-    named: bool  # sent by name: a copy of its installed unit (a decode that re-registers)
+    backup: str  # the unit it goes back to, sent by name (a decode that re-registers: a copy of its own)
     why: str
     changes: tuple[tuple[object, ...], ...]  # [flag, backup's value, installed value]
     wave: int
@@ -132,9 +133,7 @@ def chosen_backups(host: HostConfig, listings: Sequence[BackupsAnswer]) -> list[
                 hint=f"apply the service instead: deployctl apply {host.name}",
             )
         changes = tuple(tuple(c) for c in row.get("changes", []))
-        chosen.append(
-            Chosen(m.index, labels[m.index], row["name"], back is None, why, changes, m.wave, m.routed)
-        )
+        chosen.append(Chosen(m.index, labels[m.index], row["name"], why, changes, m.wave, m.routed))
     return chosen
 
 

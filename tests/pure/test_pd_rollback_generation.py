@@ -164,3 +164,26 @@ def test_a_group_members_backup_names_its_change_and_its_flags(tmp_path: Path) -
         assert newest.get("group") == key and not newest["same_as_installed"]
         assert newest["flags"] is not None and newest["flags"].get("context-length") == str(OLD)
         assert answer["flags"] is not None and answer["flags"].get("context-length") == str(NEW)
+
+
+def test_a_group_change_that_rolled_back_leaves_no_generation_to_go_back_to(tmp_path: Path) -> None:
+    """On fake hosts: a group change whose decode fails rolls every unit back; the backups it took are
+    copies of the units installed again, so a rollback finds no generation (it would restart the failed
+    change's units otherwise)."""
+    from agent.group.decide import group_outcome
+    from agent.group.run import converge
+    from agent.host import verbs
+    from agent.protocol.events import Outcome
+    from tests.pure.test_group_change import rollback
+    from tests.pure.test_pd_group import BROKEN, NEW, pd_group, run_waves
+
+    key = "20261206T120000Z-abcdef"
+    nodes, fakes = pd_group(tmp_path, [NEW, BROKEN, NEW])
+    nodes = [replace(n, request=replace(n.request, group=replace(n.request.group, key=key))) for n in nodes]
+    run_waves(nodes, fakes)
+    assert group_outcome([n.view for n in nodes], converge(nodes, rollback(fakes))) is Outcome.ROLLED_BACK
+    listings = [verbs.backups(replace(n.request, verb="backups", group=None, txn=None)) for n in nodes]
+    keyed = [r for listing in listings for r in listing["backups"] if r.get("group") == key]
+    assert keyed and all(r["same_as_installed"] for r in keyed)
+    with pytest.raises(UsageError, match="no backup"):
+        chosen_backups(HOST, listings)

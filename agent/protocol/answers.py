@@ -169,7 +169,7 @@ class _BackupRowRequired(TypedDict):
 class BackupRow(_BackupRowRequired, total=False):
     """A backup of the unit, with its flag differences against the installed one: [name, backup, now]."""
 
-    group: str  # the key of the group change that took it (a [pd] or [nodes] member's); absent: none
+    group: str  # the key of the [pd] group change that took it; absent: none (one host, [nodes], older)
     flags: dict[str, FlagValue] | None  # its SGLang flags, secret values as ***; None: unreadable
 
 

@@ -16,7 +16,15 @@ from agent.exitcodes import ExitCode
 from agent.inventory import HostConfig, load_service, units_dir
 from agent.orchestrate.asked import Change, Connection
 from agent.orchestrate.backup_names import remember
-from agent.orchestrate.session import Session, confirm, follow, recover_orphan, session, status_text
+from agent.orchestrate.session import (
+    Session,
+    confirm,
+    follow,
+    pending_recovery,
+    recover_orphan,
+    session,
+    status_text,
+)
 from agent.output import Output, Style
 from agent.protocol.answers import BackupsAnswer, StatusAnswer, as_facts
 from agent.protocol.events import Event, exit_code
@@ -42,7 +50,9 @@ def apply(conn: Connection, change: Change, out: Output, host: HostConfig | None
         # facts and the apply planned from them go to one agent process over one channel
         with s.client.converse(ask) as talk:
             _load_planner(s.host)  # while the host gathers the facts just asked for
-            if not talk.answer.get("orphan"):
+            # a dry run sends nothing but facts: it says a recovery is pending and plans from the unit as is
+            said = change.dry_run and pending_recovery(out, s.host.name, talk.answer)
+            if said or not talk.answer.get("orphan"):
                 return _apply(out, s, change, talk, units_dir(conn.units))
         recover_orphan(out, s, talk.answer)  # rare: finish a dead agent's change, then plan afresh
         with s.client.converse(ask) as talk:

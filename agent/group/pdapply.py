@@ -19,7 +19,7 @@ from agent.group.pddry import Planned, show_dry_run
 from agent.group.run import Coordinator, Hear, Node, converge
 from agent.inventory import HostConfig
 from agent.orchestrate.asked import Change, Connection
-from agent.orchestrate.session import Session, clients, confirm, recover_orphan
+from agent.orchestrate.session import Session, clients, confirm, pending_recovery, recover_orphan
 from agent.output import Output, Style
 from agent.pd import plan as pd_plan
 from agent.pd.group import Member, Part, Seen, members, waves
@@ -111,7 +111,7 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
     units = planned_units(host, change.context)  # every refusal before any connection
     hosts = [u.host for u in units]
     with clients(hosts, conn) as agents:
-        asked = [_asked(out, u, agent, change.context) for u, agent in zip(units, agents, strict=True)]
+        asked = [_asked(out, u, agent, change) for u, agent in zip(units, agents, strict=True)]
         refused_by_facts(host, units, [facts for _, _, facts, _ in asked])  # before any compare or restart
         requests = [req for req, _, _, _ in asked]
         seen = [
@@ -134,22 +134,25 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
 
 
 def _asked(
-    out: Output, unit: Planned, agent: AgentClient, context: int
+    out: Output, unit: Planned, agent: AgentClient, change: Change
 ) -> tuple[Request, bool, HostFacts, str]:
-    """Its facts (a dead agent's change finished first: the same recovery as a one-host change), then its
-    request against the unit it has; whether that recovery ran (it started the unit again); the facts,
-    read for the unit about to be written (its Python's transfer modules); and the installed unit's text
-    ("" where it has none)."""
+    """Its facts (a dead agent's change finished first: the same recovery as a one-host change; a dry run
+    only says it is pending), then its request against the unit it has; whether that recovery ran or would
+    (it starts the unit again); the facts, read for the unit about to be written (its Python's transfer
+    modules); and the installed unit's text ("" where it has none)."""
     ask = replace(base_request(unit.host, "facts"), unit_text=unit.text)
     answer = agent.call(ask)
-    recovered = recover_orphan(out, Session(unit.host, agent), answer)
-    if recovered:
+    if change.dry_run:  # nothing but facts and compare: its `recover` would restart the unit
+        recovered = pending_recovery(
+            out, f"{unit.label} {unit.host.ssh.target} {unit.host.unit.name}", answer
+        )
+    elif recovered := recover_orphan(out, Session(unit.host, agent), answer):
         answer = agent.call(ask)
     from agent.apply import installed_sha256
 
     facts = as_facts(answer)
     installed = facts.get("unit_text") or ""
-    return request_of(unit, installed_sha256(facts), context), recovered, facts, installed
+    return request_of(unit, installed_sha256(facts), change.context), recovered, facts, installed
 
 
 def host_facts(units: Sequence[Planned], answers: Sequence[HostFacts]) -> dict[str, PdHostFacts]:

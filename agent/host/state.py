@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,21 @@ class StateDir:
     def clear_router_out(self, unit: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self.unit_dir(unit) / "router_out.json").unlink()
+
+    # backups' group changes ------------------------------------------------------------------
+    def note_backup_group(self, unit: str, backup: str, key: str, kept: Collection[str]) -> None:
+        """The group change (its key, the same on every member) that took this backup: a [pd] rollback
+        takes every unit back to one change's backups (agent/group/pdrollback.py). Only `kept` backups'."""
+        groups = {name: k for name, k in self.backup_groups(unit).items() if name in kept} | {backup: key}
+        write_json_atomic(self.unit_dir(unit) / "backup_groups.json", groups)
+
+    def backup_groups(self, unit: str) -> dict[str, str]:
+        try:
+            raw = json.loads((self.unit_dir(unit) / "backup_groups.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        ok = isinstance(raw, dict)
+        return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)} if ok else {}
 
     # transactions ----------------------------------------------------------------------------
     def set_last_txn(self, unit: str, txn: str) -> None:

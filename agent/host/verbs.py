@@ -121,24 +121,34 @@ def _last_start(lines: Sequence[str]) -> StartFigures | None:
 
 
 def backups(req: Request) -> BackupsAnswer:
-    """Newest first, each with its flag differences against the installed unit."""
+    """Newest first, each with its flag differences against the installed unit, its own flags and the group
+    change that took it (where one did)."""
     files = UnitFiles(req.unit_dir)
     installed = files.read(req.unit) or ""
     now_flags = _flags(installed) or {}
+    groups = StateDir(req.state_dir).backup_groups(req.unit)
     rows: list[BackupRow] = []
     for b in files.backups(req.unit):
         text = b.path.read_text(encoding="utf-8", errors="replace")
-        changes = redact_changes(diff_flags(_flags(text) or {}, now_flags))
-        rows.append(
-            {
-                "name": b.name,
-                "taken": b.taken.isoformat(),
-                "size": b.size,
-                "same_as_installed": text == installed,
-                "changes": [[c.name, c.before, c.after] for c in changes],
-            }
-        )
-    return {"unit": req.unit, "installed_sha256": sha256(installed) if installed else None, "backups": rows}
+        flags = _flags(text)
+        changes = redact_changes(diff_flags(flags or {}, now_flags))
+        row: BackupRow = {
+            "name": b.name,
+            "taken": b.taken.isoformat(),
+            "size": b.size,
+            "same_as_installed": text == installed,
+            "changes": [[c.name, c.before, c.after] for c in changes],
+            "flags": redact_flags(flags) if flags is not None else None,
+        }
+        if b.name in groups:
+            row["group"] = groups[b.name]
+        rows.append(row)
+    return {
+        "unit": req.unit,
+        "installed_sha256": sha256(installed) if installed else None,
+        "flags": unit_view(installed or None, req.secret_names)["flags"],
+        "backups": rows,
+    }
 
 
 def status(req: Request) -> StatusAnswer:

@@ -120,6 +120,17 @@ def recover_orphan(out: Output, s: Session, answer: Mapping[str, object]) -> boo
     return True
 
 
+def pending_recovery(out: Output, name: str, answer: Mapping[str, object]) -> bool:
+    """A dry run's word for what recover_orphan would do first: it sends nothing (no `recover`)."""
+    if not answer.get("orphan"):
+        return False
+    out.note(
+        f"== {name}: the agent of an earlier change died before it finished: a recovery is pending "
+        "(an apply recovers it first, which restarts the unit); a dry run sends none"
+    )
+    return True
+
+
 def status_text(host: str, unit: str, st: StatusAnswer) -> str:
     state = st.get("state")
     active, sub = (state.get("active_state", "?"), state.get("sub_state", "?")) if state else ("?", "?")

@@ -412,3 +412,9 @@ def _tp_warning(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
             "SGLang transfers it, but says performance is not guaranteed; crashes under load are reported"
         ]
     return []
+
+
+def set_refusals(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    """Parity and placement over units as they would run (a rollback's set, its flags parsed from each unit's
+    ExecStart), not as the inventory renders them."""
+    return [*_parity(units), *_placement(host, units)]

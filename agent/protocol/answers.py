@@ -158,9 +158,7 @@ class StatusAnswer(TypedDict, total=False):
     followed_outcome: object
 
 
-class BackupRow(TypedDict):
-    """A backup of the unit, with its flag differences against the installed one: [name, backup, now]."""
-
+class _BackupRowRequired(TypedDict):
     name: str
     taken: str  # ISO 8601
     size: int
@@ -168,11 +166,19 @@ class BackupRow(TypedDict):
     changes: list[list[FlagValue | None]]
 
 
+class BackupRow(_BackupRowRequired, total=False):
+    """A backup of the unit, with its flag differences against the installed one: [name, backup, now]."""
+
+    group: str  # the key of the [pd] group change that took it; absent: none (one host, [nodes], older)
+    flags: dict[str, FlagValue] | None  # its SGLang flags, secret values as ***; None: unreadable
+
+
 class BackupsAnswer(TypedDict, total=False):
     """The backups verb's answer, newest first (`deployctl backups --json` prints it)."""
 
     unit: str
     installed_sha256: str | None
+    flags: dict[str, FlagValue] | None  # the installed unit's, secret values as ***
     backups: list[BackupRow]
     orphan: bool
 

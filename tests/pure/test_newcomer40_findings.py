@@ -38,10 +38,6 @@ def _inventory(tmp_path: Path, *edits: tuple[str, str]) -> Path:
 # ---- medium: a plan SGLang's own rules contradict
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prefill_complete allocation policy at TP2 on both roles passes; SGLang refuses attention TP > 1",
-)
 def test_prefill_complete_with_attention_tp_above_one_is_refused() -> None:
     # srt/arg_groups/pd_disaggregation_hook.py:199-210: prefill_complete needs tp_size == attention DP size
     # ("does not yet support attention tensor parallelism greater than one"): both roles die at their start
@@ -57,10 +53,6 @@ def test_prefill_complete_with_attention_tp_above_one_is_refused() -> None:
     assert any("prefill_complete" in s for s in said), said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decode host-receive threshold < 1 with a cpu_tensor retraction backup passes; SGLang raises",
-)
 def test_decode_host_receive_with_a_cpu_tensor_backup_is_refused() -> None:
     # srt/arg_groups/pd_disaggregation_hook.py:70-75: "Decode host KV buffering requires host_pool retraction"
     def mutate(d: dict[str, Any]) -> None:
@@ -75,10 +67,6 @@ def test_decode_host_receive_with_a_cpu_tensor_backup_is_refused() -> None:
     assert any("host_pool" in s or "retraction" in s for s in said), said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an unset chunk is planned as the whole prompt; SGLang 0.5.23 defaults it to 8192 on 80 GB",
-)
 def test_a_prefills_unset_chunk_is_planned_at_sglangs_default(tmp_path: Path) -> None:
     # srt/arg_groups/memory_hook.py:131-139: 60-90 GiB cards (H100) get chunked_prefill_size 8192 when unset
     units = _inventory(
@@ -106,10 +94,6 @@ def test_render_refuses_a_decode_plan_refuses(tmp_path: Path) -> None:
     assert code == plan_code, out[:200]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decode whose weights leave no pool is told 'lower its max-running-requests to 0'",
-)
 def test_a_decode_with_no_pool_is_not_told_to_run_zero_requests(tmp_path: Path) -> None:
     # 80 GiB of weights per GPU on a 79.2 GiB card: SGLang cannot load them; 0 requests is no fix
     units = _inventory(tmp_path, ("weights_gib_per_gpu = 14.96", "weights_gib_per_gpu = 80.0"))
@@ -246,10 +230,6 @@ def test_a_roles_bad_environment_name_is_named_by_its_own_key(tmp_path: Path) ->
     assert "pd.decode.0.environment" in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GQA roles at TP1/TP2: plan promises the KV checksum gates the change; SGLang skips it unverified",
-)
 def test_the_kv_checksum_line_says_it_is_skipped_between_different_tp_widths(tmp_path: Path) -> None:
     # srt/disaggregation/utils.py:263-284 signs the layout with its per-page item lengths (TP width for GQA);
     # decode.py:2580-2597 admits a prefill of another signature unverified ("KV checksum skipped")

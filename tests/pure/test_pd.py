@@ -366,14 +366,26 @@ def test_a_decode_reserves_what_its_flag_says_and_512_only_when_unset(
     assert need_of(host, unit, 32768)[0] == running * (32768 + counted)
 
 
-def test_an_unset_chunk_counts_a_whole_prompt() -> None:
+@pytest.mark.parametrize(
+    ("memory_gib", "chunk", "counted"),
+    [(79.2, None, 8192), (141.0, None, 8192), (40.0, None, 4096), (16.0, None, 2048), (79.2, 0, 32768),
+     (79.2, -1, 32768), (79.2, 65536, 32768), (40.0, 1024, 1024)],
+)  # fmt: skip
+def test_an_unset_chunk_counts_sglangs_default_for_the_card(
+    memory_gib: float, chunk: int | None, counted: int
+) -> None:
+    # srt/arg_groups/memory_hook.py:131-139 (the card's class); 0 or -1 is chunking off: a whole prompt
     from agent.pd.plan import need_of
 
     data = example()
-    del data["pd"]["prefill"][0]["flags"]["chunked-prefill-size"]
+    data["gpus"]["memory_gib"] = memory_gib
+    flags = data["pd"]["prefill"][0]["flags"]
+    del flags["chunked-prefill-size"]
+    if chunk is not None:
+        flags["chunked-prefill-size"] = chunk
     host = host_of(data)
     prefill = pd_units(host)[0]
-    assert need_of(host, prefill, 32768)[0] == 32768 + 2 * 32768
+    assert need_of(host, prefill, 32768)[0] == counted + 2 * 32768
 
 
 @pytest.mark.parametrize(

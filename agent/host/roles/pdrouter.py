@@ -146,6 +146,8 @@ def served_here(p: Ports, router: ProbePort, routed: Smoke) -> str | None:
 
 
 CHECKSUM_MISMATCH = "KV checksum mismatch req="  # srt/disaggregation/decode.py _verify_kv_checksums
+# a prefill of another TP width or PP stage: its requests are admitted unverified (decode.py:2580-2597)
+CHECKSUM_SKIPPED = "KV checksum skipped: prefill layout signature"
 
 
 def checksum_said(p: Ports, invocation_id: str, flags: Mapping[str, object]) -> str | None:
@@ -155,6 +157,10 @@ def checksum_said(p: Ports, invocation_id: str, flags: Mapping[str, object]) -> 
         return None
     lines = p.journal.invocation_tail(p.unit, invocation_id, 2000) if invocation_id else []
     bad = next((line for line in lines if CHECKSUM_MISMATCH in line), None)
+    skipped = next((line for line in lines if CHECKSUM_SKIPPED in line), None)
+    if bad is None and skipped is not None:  # another layout signature: admitted unverified
+        p.log.emit(Stage.SMOKE, "step", f"routed check: the KV checksum was skipped ({skipped.strip()})")
+        return None
     if bad is None:
         p.log.emit(Stage.SMOKE, "step", "routed check: the KV checksum matched (no mismatch logged)")
         return None

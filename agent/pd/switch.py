@@ -1,0 +1,191 @@
+"""Pure: whether a [pd] unit whose role changes is switched in place (SGLang's `POST /pd_role_switch`) or
+restarted, and what SGLang's answer to a switch means for the change.
+
+SGLang 0.5.23 flips a running server between prefill and decode without a restart when it was started with
+`--enable-pd-role-switch` (srt/arg_groups/fields/disagg.py:121); the token KV pool is kept, only the
+role's disaggregation structures are rebuilt (srt/disaggregation/role_switch.py). It rejects a switch
+(role_switch.py:169 `_reject_reason`, tokenizer_control_mixin.py:926) when the flag is not set, the server
+is not in PD mode, its transfer backend's KV manager has no `supports_role_switch` (mooncake and mori only:
+mooncake/conn.py:258, mori/conn.py:375, base/conn.py:160), the staging buffer is on
+(`SGLANG_DISAGG_STAGING_BUFFER`), or the server is not idle; a switch to decode from a server without
+decode CUDA graphs (a prefill: launched eager) needs `decode_cuda_graph_memory_gb`, "measured graph
+footprint from a matching decode peer" (io_struct.py:2272, role_switch.py:85). The bootstrap server runs on
+every role-switch instance from its start and is not rebuilt on a flip (managers/disagg_service.py:26), so
+a prefill switched in keeps the bootstrap port its start bound.
+
+deployctl switches only what it knows SGLang takes: the running unit is its installed unit, started with
+the flag, and the new unit differs from it in the role alone (`--disaggregation-mode`, and a prefill's
+`--disaggregation-bootstrap-port` being the one its start bound). Anything else restarts, with one line
+saying why not a switch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from agent.sglang.flags import FlagsError, FlagValue, parse_unit_flags, unit_lines
+
+FLAG = "enable-pd-role-switch"
+MODE = "disaggregation-mode"
+BOOTSTRAP = "disaggregation-bootstrap-port"
+BOOTSTRAP_DEFAULT = 8998  # srt/arg_groups/fields/disagg.py
+ROLES = ("prefill", "decode")
+SWITCHING_BACKENDS = ("mooncake", "mori")  # their KV managers set supports_role_switch
+STAGING = "SGLANG_DISAGG_STAGING_BUFFER"
+_TRUE = ("1", "true", "yes", "on")  # SGLang's env bool (srt/environ.py)
+
+
+@dataclass(frozen=True)
+class Running:
+    """What deployctl knows of the unit as it runs: its installed text, and whether its server runs that
+    text (active, its start not older than the file: the agent's compare)."""
+
+    text: str | None
+    as_written: bool
+
+
+@dataclass(frozen=True)
+class Switch:
+    old_role: str
+    new_role: str
+    bootstrap_port: int | None  # a prefill's, for the router; None for a decode
+    graph_peer: str | None  # switching to decode: the decode whose measured graph memory SGLang needs
+
+    @property
+    def line(self) -> str:
+        return f"switch: {self.old_role} -> {self.new_role} through POST /pd_role_switch, no restart"
+
+
+@dataclass(frozen=True)
+class Restart:
+    why: str  # the reason it is not a switch
+
+    @property
+    def line(self) -> str:
+        return f"restart: {self.why}"
+
+
+def _mode(flags: dict[str, FlagValue]) -> str:
+    value = flags.get(MODE)
+    return value if isinstance(value, str) else "null"
+
+
+def _bootstrap(flags: dict[str, FlagValue]) -> int | None:
+    value = flags.get(BOOTSTRAP, str(BOOTSTRAP_DEFAULT))
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def _staging(text: str) -> bool:
+    """The staging buffer on in the unit's environment (SGLang refuses a switch with it)."""
+    for section, key, value in unit_lines(text):
+        if section == "Service" and key == "Environment":
+            for word in value.replace('"', " ").split():
+                name, _, setting = word.partition("=")
+                if name == STAGING and setting.lower() in _TRUE:
+                    return True
+    return False
+
+
+def _without_role(text: str) -> str:
+    """The unit with its ExecStart's role words left out: what must be equal for a switch."""
+    lines = []
+    for line in text.split("\n"):
+        words = line.split()
+        kept, skip = [], False
+        for word in words:
+            if skip:
+                skip = False
+                continue
+            if word in (f"--{MODE}", f"--{BOOTSTRAP}"):
+                skip = True
+                continue
+            if word.startswith((f"--{MODE}=", f"--{BOOTSTRAP}=")):
+                continue
+            kept.append(word)
+        lines.append(" ".join(kept))
+    return "\n".join(line for line in lines if line not in ("", "\\"))
+
+
+def _other_change(old: dict[str, FlagValue], new: dict[str, FlagValue]) -> str:
+    """The first flag that differs besides the role, in a few words."""
+    for name in [*old, *(n for n in new if n not in old)]:
+        if name in (MODE, BOOTSTRAP) or old.get(name) == new.get(name):
+            continue
+        return f"--{name} changes too ({old.get(name, 'unset')} -> {new.get(name, 'unset')})"
+    return "its unit changes besides its role"
+
+
+def decide(running: Running, new_text: str, graph_peer: str | None) -> Switch | Restart | None:
+    """A switch, a restart with why not a switch, or None when the role does not change (an ordinary
+    restart, nothing to say). SGLang's own checks, in its order, as far as the unit tells them."""
+    if running.text is None:
+        return None
+    try:
+        old, new = parse_unit_flags(running.text), parse_unit_flags(new_text)
+    except FlagsError:
+        return None
+    was, to = _mode(old), _mode(new)
+    if was == to or to not in ROLES:
+        return None
+    refused = _why_not(running, old, new, new_text)
+    if refused is not None:
+        return refused
+    if to == "decode" and graph_peer is None:
+        return Restart(_NO_PEER)
+    return Switch(
+        was, to, _bootstrap(new) if to == "prefill" else None, graph_peer if to == "decode" else None
+    )
+
+
+_NO_PEER = (
+    "no decode of the service stays running to measure the decode CUDA graph memory SGLang needs to "
+    "switch to decode (decode_cuda_graph_memory_gb)"
+)
+
+
+def _why_not(
+    running: Running, old: dict[str, FlagValue], new: dict[str, FlagValue], new_text: str
+) -> Restart | None:
+    assert running.text is not None
+    backend = old.get("disaggregation-transfer-backend", "mooncake")
+    checks = (
+        (not running.as_written, "the running server is not its installed unit, so its flags are unknown"),
+        (old.get(FLAG) is not True, f"--{FLAG} not set on the running unit"),
+        (_mode(old) not in ROLES, "the running unit is not in PD mode"),
+        (backend not in SWITCHING_BACKENDS,
+         f"transfer backend {backend!r} does not support a runtime role switch (SGLang: mooncake, mori)"),
+        (_staging(running.text), f"{STAGING} is on in the running unit (SGLang refuses a switch with it)"),
+        (_without_role(running.text) != _without_role(new_text), _other_change(old, new)),
+        (_mode(new) == "prefill" and _bootstrap(new) != _bootstrap(old),
+         f"its bootstrap server listens on {_bootstrap(old)} since its start (a switch does not rebuild "
+         f"it), the new prefill's --{BOOTSTRAP} is {_bootstrap(new)}"),
+    )  # fmt: skip
+    return next((Restart(why) for failed, why in checks if failed), None)
+
+
+class Said(str, Enum):
+    """What SGLang's answer to `POST /pd_role_switch` means for the change."""
+
+    SWITCHED = "switched"  # success (also "already in target role")
+    REFUSED = "refused"  # success false, safe_to_restore: the server serves its old role; it restarts
+    BROKEN = "broken"  # success false, not safe_to_restore: the server is unhealthy; the group rolls back
+
+
+@dataclass(frozen=True)
+class Answer:
+    said: Said
+    message: str
+
+
+def answer(code: int, body: object) -> Answer:
+    """SGLang's reply (http_server.py:1635: 200 on success, 400 with the same body on a rejection); a body
+    that is not its object is BROKEN: nothing says the server still serves its old role."""
+    if not isinstance(body, dict) or not isinstance(body.get("success"), bool):
+        return Answer(Said.BROKEN, f"HTTP {code} without SGLang's answer: {str(body)[:200]}")
+    message = str(body.get("message") or "")
+    if body["success"]:
+        return Answer(Said.SWITCHED, message or "ok")
+    if body.get("safe_to_restore") is True:
+        return Answer(Said.REFUSED, message)
+    return Answer(Said.BROKEN, message)

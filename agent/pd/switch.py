@@ -31,7 +31,8 @@ MODE = "disaggregation-mode"
 BOOTSTRAP = "disaggregation-bootstrap-port"
 BOOTSTRAP_DEFAULT = 8998  # srt/arg_groups/fields/disagg.py
 ROLES = ("prefill", "decode")
-SWITCHING_BACKENDS = ("mooncake", "mori")  # their KV managers set supports_role_switch
+# their KV managers set supports_role_switch; mooncake_tcp is mooncake (pd_disaggregation_hook.py:27)
+SWITCHING_BACKENDS = ("mooncake", "mooncake_tcp", "mori")
 STAGING = "SGLANG_DISAGG_STAGING_BUFFER"
 _TRUE = ("1", "true", "yes", "on")  # SGLang's env bool (srt/environ.py)
 

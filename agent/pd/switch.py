@@ -21,10 +21,11 @@ saying why not a switch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 
 from agent.sglang.flags import FlagsError, FlagValue, parse_unit_flags, unit_lines
+from agent.sglang.roleswitch import Answer, Said, answer
 
 FLAG = "enable-pd-role-switch"
 MODE = "disaggregation-mode"
@@ -65,6 +66,64 @@ class Restart:
     @property
     def line(self) -> str:
         return f"restart: {self.why}"
+
+
+def running_of(facts: Mapping[str, object]) -> Running:
+    """From a unit's facts: its installed text, and whether its server runs that text: active and running,
+    systemd's copy not older than the file, and its start one that deployctl made of this very text (its
+    history: the start's invocation with the text's sha256). Unknown counts as not."""
+    text, sha = facts.get("unit_text"), facts.get("unit_sha256")
+    state = facts.get("state")
+    history = facts.get("history")
+    if not isinstance(text, str) or not isinstance(state, Mapping) or not isinstance(history, list):
+        return Running(text if isinstance(text, str) else None, False)
+    live = state.get("active_state") == "active" and state.get("sub_state") == "running"
+    live = live and not state.get("need_daemon_reload")
+    invocation = state.get("invocation_id")
+    ours = any(isinstance(e, Mapping) and (e.get("sha256"), e.get("invocation")) == (sha, invocation)
+               for e in history)  # fmt: skip
+    return Running(text, bool(live and invocation and ours))
+
+
+def _router_words(text: str) -> tuple[list[str], dict[str, str], set[str]]:
+    """The router's ExecStart words without its units, its prefills (URL -> bootstrap port) and decodes."""
+    words = next((v.split() for s, k, v in unit_lines(text) if s == "Service" and k == "ExecStart"), [])
+    words += ["--"]  # a stop, so that a word after the last one always exists
+    rest: list[str] = []
+    prefills: dict[str, str] = {}
+    decodes: set[str] = set()
+    i = 0
+    while i < len(words) - 1:
+        word, after = words[i], words[i + 1]
+        if word == "--prefill":
+            port = words[i + 2] if i + 2 < len(words) and not words[i + 2].startswith("--") else ""
+            prefills[after] = port
+            i += 3 if port else 2
+        elif word == "--decode":
+            decodes.add(after)
+            i += 2
+        else:
+            rest.append(word)
+            i += 1
+    return rest, prefills, decodes
+
+
+def router_keeps(installed: str | None, new: str, switched: Mapping[str, tuple[str, int | None]]) -> bool:
+    """Whether the router's unit changes by the switched units alone (URL -> new role and a prefill's
+    bootstrap port): then the running router is told through its API, and its unit is written, not
+    restarted. Anything else in its unit that changes restarts it, as any unit."""
+    if installed is None or not switched:
+        return False
+    old_rest, prefills, decodes = _router_words(installed)
+    new_rest, new_prefills, new_decodes = _router_words(new)
+    for url, (role, port) in switched.items():
+        prefills.pop(url, None)
+        decodes.discard(url)
+        if role == "prefill":
+            prefills[url] = str(port)
+        else:
+            decodes.add(url)
+    return old_rest == new_rest and prefills == new_prefills and decodes == new_decodes
 
 
 def _mode(flags: dict[str, FlagValue]) -> str:
@@ -165,28 +224,40 @@ def _why_not(
     return next((Restart(why) for failed, why in checks if failed), None)
 
 
-class Said(str, Enum):
-    """What SGLang's answer to `POST /pd_role_switch` means for the change."""
+Decision = Switch | Restart | None
 
-    SWITCHED = "switched"  # success (also "already in target role")
-    REFUSED = "refused"  # success false, safe_to_restore: the server serves its old role; it restarts
-    BROKEN = "broken"  # success false, not safe_to_restore: the server is unhealthy; the group rolls back
+SGL_13054 = "a prefill restarts in this change: a decode re-registers with it by a restart (sglang#13054)"
+ROUTER_RESTARTS = (
+    "the router restarts (its unit changes besides the switched roles), so does every role change"
+)
 
 
 @dataclass(frozen=True)
-class Answer:
-    said: Said
-    message: str
+class Settled:
+    decisions: list[Decision]  # per role unit, in the order given
+    router_keeps: bool  # the router's unit is written without a restart
 
 
-def answer(code: int, body: object) -> Answer:
-    """SGLang's reply (http_server.py:1635: 200 on success, 400 with the same body on a rejection); a body
-    that is not its object is BROKEN: nothing says the server still serves its old role."""
-    if not isinstance(body, dict) or not isinstance(body.get("success"), bool):
-        return Answer(Said.BROKEN, f"HTTP {code} without SGLang's answer: {str(body)[:200]}")
-    message = str(body.get("message") or "")
-    if body["success"]:
-        return Answer(Said.SWITCHED, message or "ok")
-    if body.get("safe_to_restore") is True:
-        return Answer(Said.REFUSED, message)
-    return Answer(Said.BROKEN, message)
+def settle(
+    decisions: list[Decision], urls: list[str | None], prefill_restarts: bool, router: tuple[str | None, str]
+) -> Settled:
+    """The switches of one change together: a switch to decode restarts when a prefill restarts; the
+    router's unit must change by the switches alone (router_keeps), else it restarts and every role
+    change with it (a router that restarts registers every unit from its command line)."""
+    decisions = [
+        Restart(SGL_13054) if isinstance(d, Switch) and d.new_role == "decode" and prefill_restarts else d
+        for d in decisions
+    ]
+    switched = {u: (d.new_role, d.bootstrap_port) for d, u in zip(decisions, urls, strict=True)
+                if isinstance(d, Switch) and u is not None}  # fmt: skip
+    if any(isinstance(d, Switch) for d, u in zip(decisions, urls, strict=True) if u is None):
+        return Settled([Restart("the router does not name it by a URL") if isinstance(d, Switch) else d
+                        for d in decisions], False)  # fmt: skip
+    installed, new = router
+    keeps = router_keeps(installed, new, switched)
+    if switched and not keeps and installed != new:
+        decisions = [Restart(ROUTER_RESTARTS) if isinstance(d, Switch) else d for d in decisions]
+    return Settled(decisions, keeps)
+
+
+__all__ = ["Answer", "Restart", "Running", "Said", "Settled", "Switch", "answer", "decide", "settle"]

@@ -172,10 +172,11 @@ def _placement(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
             ]
             if a.host.sglang.port == router:
                 found.append(f"{a.label} on {target!r} listens on the router's port {router}: move one")
-            if a.bootstrap_port is not None and (a.bootstrap_port in http or a.bootstrap_port == router):
+            bound = a.bound_bootstrap
+            if bound is not None and (bound in http or bound == router):
                 found.append(
-                    f"{a.label}'s bootstrap port {a.bootstrap_port} on {target!r} is an HTTP port of "
-                    f"{http.get(a.bootstrap_port, 'the router')}: choose a free bootstrap_port"
+                    f"{a.label}'s bootstrap port {bound} on {target!r} is an HTTP port of "
+                    f"{http.get(bound, 'the router')}: choose a free bootstrap_port"
                 )
     held = set(host.gpu_set or ())  # what this file holds against the other files of its [ssh] target
     for unit in units:
@@ -201,8 +202,9 @@ def _clashes(a: PdUnit, b: PdUnit) -> list[str]:
         f"both listen on port {a.host.sglang.port}: give each its own port": a.host.sglang.port
         == b.host.sglang.port,
         f"share GPU {', '.join(map(str, shared))}: give each its own gpus": bool(shared),
-        f"share bootstrap port {a.bootstrap_port}: give each prefill its own bootstrap_port": (
-            a.bootstrap_port is not None and a.bootstrap_port == b.bootstrap_port
+        f"share bootstrap port {a.bound_bootstrap}: give each its own bootstrap_port (a prefill, or a decode "
+        "with enable-pd-role-switch: both bind one)": (
+            a.bound_bootstrap is not None and a.bound_bootstrap == b.bound_bootstrap
         ),
     }
     return [said for said, clash in same.items() if clash]

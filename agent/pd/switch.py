@@ -123,7 +123,17 @@ def router_keeps(installed: str | None, new: str, switched: Mapping[str, tuple[s
             prefills[url] = str(port)
         else:
             decodes.add(url)
-    return old_rest == new_rest and prefills == new_prefills and decodes == new_decodes
+    same_lines = _besides_exec(installed) == _besides_exec(new)
+    return same_lines and old_rest == new_rest and prefills == new_prefills and decodes == new_decodes
+
+
+def _besides_exec(text: str) -> list[tuple[str, str, object]]:
+    """The router's lines but its command; its After= as a set (the roles' units, listed in role order)."""
+    return [
+        (s, k, frozenset(v.split()) if k == "After" else v)
+        for s, k, v in unit_lines(text)
+        if k != "ExecStart"
+    ]
 
 
 def _mode(flags: dict[str, FlagValue]) -> str:
@@ -148,9 +158,12 @@ def _staging(text: str) -> bool:
 
 
 def _without_role(text: str) -> str:
-    """The unit with its ExecStart's role words left out: what must be equal for a switch."""
+    """The unit with its ExecStart's role words left out, and its comments and Description= (they name
+    the role and its index): what must be equal for a switch."""
     lines = []
     for line in text.split("\n"):
+        if line.startswith(("#", "Description=")):
+            continue
         words = line.split()
         kept, skip = [], False
         for word in words:

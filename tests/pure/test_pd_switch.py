@@ -4,10 +4,26 @@ SGLang's answer means."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.pd.switch import Restart, Running, Said, Switch, answer, decide
+from agent.pd.switch import (
+    ROUTER_RESTARTS,
+    SGL_13054,
+    Restart,
+    Running,
+    Said,
+    Settled,
+    Switch,
+    answer,
+    decide,
+    router_keeps,
+    running_of,
+    settle,
+)
+from agent.protocol.common import unit_sha256
 from agent.sglang.flags import format_exec_start
 
 PEER = "http://127.0.0.1:30021"
@@ -128,3 +144,70 @@ def test_sglang_answers() -> None:
     assert answer(400, broken).said is Said.BROKEN
     assert answer(500, {"error": "x"}).said is Said.BROKEN
     assert answer(502, "bad gateway").said is Said.BROKEN
+
+
+# ---- the router, the running unit, and the switches of one change together
+
+ROUTER = "[Service]\nExecStart=/py -m sglang_router.launch_router --pd-disaggregation {words} --policy x\n"
+P0, FLEX, D0 = "http://127.0.0.1:30010", "http://127.0.0.1:30011", "http://127.0.0.1:30020"
+
+
+def router(*words: str) -> str:
+    return ROUTER.format(words=" ".join(words))
+
+
+def test_the_router_keeps_its_process_when_only_switched_roles_change_its_unit() -> None:
+    old = router("--prefill", P0, "8998", "--prefill", FLEX, "8999", "--decode", D0)
+    new = router("--prefill", P0, "8998", "--decode", D0, "--decode", FLEX)
+    assert router_keeps(old, new, {FLEX: ("decode", None)})
+    assert not router_keeps(old, new, {})
+    assert not router_keeps(old, new.replace("--policy x", "--policy y"), {FLEX: ("decode", None)})
+    back = router("--prefill", P0, "8998", "--prefill", FLEX, "9000", "--decode", D0)
+    assert router_keeps(new, back, {FLEX: ("prefill", 9000)})
+    assert not router_keeps(new, back, {FLEX: ("prefill", 8999)})
+
+
+def facts(
+    text: str, invocation: str = "inv1", started: str = "inv1", active: str = "active"
+) -> dict[str, Any]:
+    state = {
+        "active_state": active,
+        "sub_state": "running",
+        "invocation_id": invocation,
+        "need_daemon_reload": False,
+    }
+    return {"unit_text": text, "unit_sha256": unit_sha256(text), "state": state,
+            "history": [{"sha256": unit_sha256(text), "invocation": started}]}  # fmt: skip
+
+
+def test_the_running_unit_is_the_installed_one_only_when_deployctl_started_that_text() -> None:
+    text = unit("prefill")
+    assert running_of(facts(text)) == Running(text, True)
+    assert running_of(facts(text, started="older")) == Running(text, False)
+    assert running_of(facts(text, active="failed")) == Running(text, False)
+    assert running_of({"unit_text": text}) == Running(text, False)
+    assert running_of({}) == Running(None, False)
+
+
+def test_one_change_settles_its_switches() -> None:
+    to_decode = Switch("prefill", "decode", None, D0)
+    to_prefill = Switch("decode", "prefill", 8998, None)
+    same = router("--prefill", P0, "8998", "--prefill", FLEX, "8999", "--decode", D0)
+    moved = router("--prefill", P0, "8998", "--decode", D0, "--decode", FLEX)
+    kept = settle([None, to_decode, None], [P0, FLEX, D0], False, (same, moved))
+    assert kept == Settled([None, to_decode, None], True)
+    # a prefill restarts: the unit that would become a decode restarts too (sglang#13054)
+    restarted = settle([None, to_decode, None], [P0, FLEX, D0], True, (same, moved))
+    assert restarted.decisions[1] == Restart(SGL_13054) and not restarted.router_keeps
+    # the router's unit changes besides the switch: it restarts, and so does every role change
+    other = settle([None, to_decode, None], [P0, FLEX, D0], False, (same, moved + "# x\nRestartSec=5\n"))
+    assert other.decisions[1] == Restart(ROUTER_RESTARTS)
+    assert settle([to_prefill], [FLEX], True, (None, "")).decisions == [Restart(ROUTER_RESTARTS)]
+    assert Restart(ROUTER_RESTARTS).line.startswith("restart: the router restarts")
+
+
+def test_a_rendered_role_change_differs_only_in_what_the_role_implies() -> None:
+    """The renderer's own comments and Description= name the role and its index: not a change."""
+    old = "# for host pd.prefill1\n[Unit]\nDescription=x (prefill 1)\n" + unit("prefill").split("\n", 1)[1]
+    new = "# for host pd.decode1\n[Unit]\nDescription=x (decode 1)\n" + unit("decode").split("\n", 1)[1]
+    assert isinstance(decide(Running(old, True), new, PEER), Switch)

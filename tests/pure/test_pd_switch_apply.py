@@ -115,3 +115,19 @@ def test_the_apply_sends_the_switch_and_the_routers_write(monkeypatch: pytest.Mo
     assert flex.router_url is not None and flex.router_worker_url == "http://127.0.0.1:30011"
     assert router.pd_router_keeps and router.pd_switch_role is None
     assert order == (0, 1) and "change as one group" in said(out)
+
+
+def test_a_decode_that_can_switch_binds_its_bootstrap_port_and_may_not_share_it() -> None:
+    from agent.pd.refusals import check
+
+    flex = next(u for u in units_of(service("decode")) if "flex" in u.host.unit.name)
+    assert "--disaggregation-bootstrap-port 8999" in flex.text and flex.bootstrap_port is None
+    clash = service("decode")
+    data = clash.model_dump(mode="json", exclude_none=True)
+    data["pd"]["decode"][1]["bootstrap_port"] = 8998  # prefill[0]'s
+    said = check(host_of({k: v for k, v in data.items() if k != "name"})).refusals
+    assert any("share bootstrap port 8998" in line for line in said), said
+    no_switch = example()
+    no_switch["pd"]["decode"][0]["bootstrap_port"] = 9000
+    with pytest.raises(ValueError, match="a decode binds one only with flags enable-pd-role-switch"):
+        host_of(no_switch)

@@ -140,8 +140,11 @@ class Ports:
 
     def clear_record(self) -> None:
         """The change is decided: its boot guard goes, then its record (a record outliving its guard is
-        recovered again; a guard outliving its record would skip every boot's start)."""
-        self.guard.disarm()
+        recovered again; a guard outliving its record would skip every boot's start). systemd reads the
+        unit again without the guard: else it says NeedDaemonReload, and the next compare takes the
+        unit for one not running as installed."""
+        if self.guard.disarm():
+            self.systemd.daemon_reload()
         self.state.clear_record(self.unit)
 
 

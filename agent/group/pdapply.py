@@ -25,6 +25,7 @@ from agent.pd import plan as pd_plan
 from agent.pd.group import Member, Part, Seen, members, waves
 from agent.pd.refusals import PdHostFacts, check
 from agent.pd.router import render_router_unit
+from agent.pd.switch import Restart, Switch, decide, running_of, settle
 from agent.pd.units import routed_url, router_target, router_unit_name, spec
 from agent.protocol.answers import HostFacts, as_facts
 from agent.protocol.common import new_txn_id
@@ -114,22 +115,22 @@ def apply(host: HostConfig, conn: Connection, change: Change, out: Output) -> in
         asked = [_asked(out, u, agent, change) for u, agent in zip(units, agents, strict=True)]
         refused_by_facts(host, units, [facts for _, _, facts, _ in asked])  # before any compare or restart
         requests = [req for req, _, _, _ in asked]
-        seen = [
-            Seen(u.part, u.label, _changes(agent, req), recovered)
-            for u, agent, (req, recovered, _, _) in zip(units, agents, asked, strict=True)
-        ]
+        changes = [_changes(agent, req) for agent, (req, _, _, _) in zip(agents, asked, strict=True)]
+        seen, notes, planned = switches(units, asked, changes)
         chosen = members(seen)
         if change.dry_run:  # every unit's flag changes and diff; nothing sent but facts and compare
-            show_dry_run(out, units, [installed for _, _, _, installed in asked], chosen)
+            show_dry_run(out, units, [installed for _, _, _, installed in asked], chosen, notes)
             return int(ExitCode.OK)
         if not chosen:
             out.note(
                 f"== every unit of {host.name} is up to date (each one checked): nothing to do, no restart"
             )
             return int(ExitCode.OK)
-        _show(out, host, units, chosen)
+        _show(out, host, units, chosen, notes)
         confirm(out, change.yes, host)
-        nodes = _nodes(host, units, agents, requests, chosen)
+        nodes = _nodes(
+            host, units, agents, [switching(r, planned.get(i)) for i, r in enumerate(requests)], chosen
+        )
         return run_group(out, host, nodes, waves(chosen))
 
 
@@ -153,6 +154,49 @@ def _asked(
     facts = as_facts(answer)
     installed = facts.get("unit_text") or ""
     return request_of(unit, installed_sha256(facts), change.context), recovered, facts, installed
+
+
+Asked = tuple[Request, bool, HostFacts, str]
+
+
+def switches(
+    units: Sequence[Planned], asked: Sequence[Asked], changes: Sequence[bool]
+) -> tuple[list[Seen], dict[int, str], dict[int, Switch | bool]]:
+    """Each unit as the change found it, with its role switch where SGLang would take one
+    (agent/pd/switch.py); the line that says why a unit whose role changes restarts instead; what each
+    switching member is sent (the router's: True, its unit written without a restart)."""
+    roles = [i for i, u in enumerate(units) if u.part is not Part.ROUTER]
+    peer = next((units[i].url for i in roles if units[i].part is Part.DECODE and not changes[i]), None)
+    decided = [decide(running_of(asked[i][2]), units[i].text, peer) if changes[i] else None for i in roles]
+    prefill_restarts = any(
+        units[i].part is Part.PREFILL and (asked[i][1] or (changes[i] and not isinstance(d, Switch)))
+        for i, d in zip(roles, decided, strict=True)
+    )
+    router = next(i for i, u in enumerate(units) if u.part is Part.ROUTER)
+    settled = settle(decided, [units[i].url for i in roles], prefill_restarts, (asked[router][3] or None,
+                     units[router].text))  # fmt: skip
+    said = dict(zip(roles, settled.decisions, strict=True))
+    seen = [
+        Seen(
+            u.part,
+            u.label,
+            changes[i],
+            asked[i][1],
+            _switch_word(said.get(i), i == router and settled.router_keeps),
+        )
+        for i, u in enumerate(units)
+    ]
+    notes = {i: d.line for i, d in said.items() if isinstance(d, Restart)}
+    planned: dict[int, Switch | bool] = {i: d for i, d in said.items() if isinstance(d, Switch)}
+    if settled.router_keeps and changes[router]:
+        planned[router] = True
+    return seen, notes, planned
+
+
+def _switch_word(decision: Switch | Restart | None, router_keeps: bool) -> str | None:
+    if isinstance(decision, Switch):
+        return f"{decision.old_role} -> {decision.new_role}"
+    return "by the switched roles alone" if router_keeps else None
 
 
 def host_facts(units: Sequence[Planned], answers: Sequence[HostFacts]) -> dict[str, PdHostFacts]:
@@ -214,7 +258,7 @@ def _nodes(
     """One group member per unit that restarts, each with its own transaction (units of one host each
     keep their own folder and signals)."""
     n, nodes, key = len(chosen), [], new_txn_id()
-    router_stays = all(units[m.index].part is not Part.ROUTER for m in chosen)
+    router_stays = all(units[m.index].part is not Part.ROUTER or m.switch for m in chosen)
     for rank, m in enumerate(chosen):
         group = Group(rank, n, PD_WAIT_S, collective=False, key=key)
         req = replace(requests[m.index], txn=new_txn_id(), group=group)
@@ -224,6 +268,19 @@ def _nodes(
         req = through_router(req, units[m.index], url) if router_stays else req
         nodes.append(Node(rank, units[m.index].host, agents[m.index], req))
     return nodes
+
+
+def switching(req: Request, planned: Switch | bool | None) -> Request:
+    """A member switched in place: its new role and, to decode, the decode peer SGLang's graph memory is
+    read from (a decode that keeps running); no pre-warm (nothing loads). The router's member (True): its
+    unit written, no restart."""
+    if planned is True:
+        return replace(req, pd_router_keeps=True)
+    if not isinstance(planned, Switch):
+        return req
+    return replace(
+        req, pd_switch_role=planned.new_role, pd_switch_graph_url=planned.graph_peer, prewarm=False
+    )
 
 
 def through_router(req: Request, unit: Planned, router: str | None) -> Request:
@@ -239,14 +296,18 @@ def through_router(req: Request, unit: Planned, router: str | None) -> Request:
     )  # fmt: skip
 
 
-def _show(out: Output, host: HostConfig, units: Sequence[Planned], chosen: Sequence[Member]) -> None:
+def _show(
+    out: Output, host: HostConfig, units: Sequence[Planned], chosen: Sequence[Member], notes: dict[int, str]
+) -> None:
     if out.style is Style.JSON:
         return
-    out.note(f"== {len(chosen)} unit(s) restart as one group, in waves (prefills, decodes, router):")
+    out.note(f"== {len(chosen)} unit(s) change as one group, in waves (prefills, decodes, router):")
     out.note(f"   {pd_plan.checksum_line(host)}")
     for m in chosen:
         u = units[m.index]
         out.note(f"   wave {m.wave}: {u.label} {u.host.ssh.target} {u.host.unit.name}: {m.why}")
+        if m.index in notes:
+            out.note(f"      {notes[m.index]}")
 
 
 def run_group(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int, ...]) -> int:

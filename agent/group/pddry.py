@@ -35,13 +35,15 @@ def _flags(text: str) -> dict[str, FlagValue]:
         return {}
 
 
-def unit_lines(unit: Planned, installed: str, why: str | None) -> list[str]:
-    """One unit's part of the dry run: its verdict, its flag changes, its diff."""
+def unit_lines(unit: Planned, installed: str, why: str | None, note: str | None = None) -> list[str]:
+    """One unit's part of the dry run: its verdict (and why a role change is not a switch), its flag
+    changes, its diff."""
     head = f"== {unit.label} {unit.host.ssh.target} {unit.host.unit.name}: "
-    head += f"would restart ({why})" if why else "no restart"
+    switches = why is not None and ("switches" in why or "no restart" in why)
+    head += f"would change ({why})" if switches else f"would restart ({why})" if why else "no restart"
     if installed == unit.text:
         return [head, "   the unit would not change"]
-    lines = [head]
+    lines = [head] + ([f"   {note}"] if note else [])
     changes = redact_changes(diff_flags(_flags(installed), _flags(unit.text)))
     if changes:
         lines += ["   " + line for line in flag_table(changes).splitlines()]
@@ -51,15 +53,16 @@ def unit_lines(unit: Planned, installed: str, why: str | None) -> list[str]:
 
 
 def show_dry_run(
-    out: Output, units: Sequence[Planned], installed: Sequence[str], chosen: Sequence[Member]
-) -> None:
+    out: Output, units: Sequence[Planned], installed: Sequence[str], chosen: Sequence[Member],
+    notes: dict[int, str] | None = None,
+) -> None:  # fmt: skip
     if out.style is Style.JSON:
         return
     whys = {m.index: m.why for m in chosen}
     for i, (unit, text) in enumerate(zip(units, installed, strict=True)):
-        out.note("\n".join(unit_lines(unit, text, whys.get(i))))
+        out.note("\n".join(unit_lines(unit, text, whys.get(i), (notes or {}).get(i))))
     if not chosen:
         out.note("== every unit is up to date: an apply would restart nothing")
     else:
-        out.note(f"== {len(chosen)} unit(s) would restart as one group, in waves (prefills, decodes, router)")
+        out.note(f"== {len(chosen)} unit(s) would change as one group, in waves (prefills, decodes, router)")
     out.note("dry run: nothing was changed")

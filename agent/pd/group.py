@@ -36,6 +36,9 @@ class Seen:
     label: str  # prefill[0], decode[1], router
     changes: bool  # its agent says an apply would change it
     recovered: bool = False  # the recovery that opened this change (re)started its unit
+    # its change is a role switch SGLang takes ("prefill -> decode", agent/pd/switch.py), or for the router
+    # a unit that changes by the switched roles alone: no restart
+    switch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,9 +47,14 @@ class Member:
     wave: int  # 0, 1, ... with no gap: next_wave sends "go" to each in turn
     why: str
     routed: bool  # checks the whole with a completion through the router's URL once ready
+    switch: bool = False  # switched in place (a role), or written without a restart (the router)
 
 
 def _why(unit: Seen, prefill_restarts: str | None) -> str | None:
+    if unit.changes and _switches(unit, prefill_restarts):
+        if unit.part is Part.ROUTER:
+            return "its unit changes by the switched roles alone: written, no restart (told through its API)"
+        return f"its role switches ({unit.switch}) without a restart"
     if unit.changes:
         return "its unit changes"
     if unit.part is Part.DECODE and prefill_restarts:
@@ -54,11 +62,17 @@ def _why(unit: Seen, prefill_restarts: str | None) -> str | None:
     return None
 
 
+def _switches(unit: Seen, prefill_restarts: str | None) -> bool:
+    """A switch stands unless a prefill restarts and the unit would become a decode: that one restarts
+    with the others (sglang#13054, the rule above)."""
+    return unit.switch is not None and not (unit.part is Part.DECODE and prefill_restarts)
+
+
 def _prefill_restarts(units: Sequence[Seen]) -> str | None:
     """Why the decodes re-register: a prefill restarts now, or the recovery that opened the change
     started one again (its earlier change finished: a new process, which Mooncake pairs afresh)."""
     prefills = [u for u in units if u.part is Part.PREFILL]
-    if any(u.changes for u in prefills):
+    if any(u.changes and u.switch is None for u in prefills):  # a prefill switched in is no new process
         return "a prefill restarts"
     recovered = [u.label for u in prefills if u.recovered]
     return f"{recovered[0]} was started again by the recovery of an earlier change" if recovered else None
@@ -69,11 +83,12 @@ def members(units: Sequence[Seen]) -> list[Member]:
     prefill_restarts = _prefill_restarts(units)
     chosen = [(i, u, why) for i, u in enumerate(units) if (why := _why(u, prefill_restarts)) is not None]
     parts = [p for p in ORDER if any(u.part is p for _, u, _ in chosen)]
-    router_restarts = Part.ROUTER in parts
+    router_restarts = any(u.part is Part.ROUTER and not _switches(u, None) for _, u, _ in chosen)
     return [
-        Member(i, parts.index(u.part), why, not router_restarts and u.part is parts[-1])
+        Member(i, parts.index(u.part), why, not router_restarts and u.part is parts[-1],
+               _switches(u, prefill_restarts))
         for i, u, why in chosen
-    ]
+    ]  # fmt: skip
 
 
 def waves(chosen: Sequence[Member]) -> tuple[int, ...]:

@@ -174,10 +174,11 @@ def _placement(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
             found += [
                 f"{a.label} and {b.label} on {a.target!r} {c}" for b in group[i + 1 :] for c in _clashes(a, b)
             ]
-            if a.bootstrap_port is not None and a.bootstrap_port in http:
+            bound = a.bound_bootstrap
+            if bound is not None and bound in http:
                 found.append(
-                    f"{a.label}'s bootstrap port {a.bootstrap_port} on {a.target!r} is an HTTP port of "
-                    f"{http[a.bootstrap_port]}: choose a free bootstrap_port"
+                    f"{a.label}'s bootstrap port {bound} on {a.target!r} is an HTTP port of "
+                    f"{http[bound]}: choose a free bootstrap_port"
                 )
     return [*found, *_router_clashes(host, units), *_held_gpus(host, units), *_urls(host, units)]
 
@@ -192,9 +193,9 @@ def _router_clashes(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
             found.append(f"{a.label} and the router on {where!r} are both unit {name}: name each its own")
         if a.host.sglang.port == router.port:
             found.append(f"{a.label} on {where!r} listens on the router's port {router.port}: move one")
-        if a.bootstrap_port == router.port:
+        if a.bound_bootstrap == router.port:
             found.append(
-                f"{a.label}'s bootstrap port {a.bootstrap_port} on {where!r} is an HTTP port of the router: "
+                f"{a.label}'s bootstrap port {a.bound_bootstrap} on {where!r} is an HTTP port of the router: "
                 "choose a free bootstrap_port"
             )
     return found
@@ -254,8 +255,9 @@ def _clashes(a: PdUnit, b: PdUnit) -> list[str]:
         f"both listen on port {a.host.sglang.port}: give each its own port": a.host.sglang.port
         == b.host.sglang.port,
         f"share GPU {', '.join(map(str, shared))}: give each its own gpus": bool(shared),
-        f"share bootstrap port {a.bootstrap_port}: give each prefill its own bootstrap_port": (
-            a.bootstrap_port is not None and a.bootstrap_port == b.bootstrap_port
+        f"share bootstrap port {a.bound_bootstrap}: give each its own bootstrap_port (a prefill, or a decode "
+        "with enable-pd-role-switch: both bind one)": (
+            a.bound_bootstrap is not None and a.bound_bootstrap == b.bound_bootstrap
         ),
     }
     return [said for said, clash in same.items() if clash]

@@ -66,6 +66,9 @@ Url = Annotated[str, AfterValidator(_url)]
 Device = Annotated[str, AfterValidator(_device)]
 
 
+ROLE_SWITCH = "enable-pd-role-switch"  # srt/arg_groups/fields/disagg.py:121
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -104,6 +107,17 @@ class PrefillUnit(RoleUnit):
 
     bootstrap_port: Port | None = Field(
         default=None, description="--disaggregation-bootstrap-port (SGLang's default 8998)"
+    )
+
+
+class DecodeUnit(RoleUnit):
+    """A decode; with --enable-pd-role-switch in its own flags it runs a bootstrap server too (every role
+    that can switch does, srt/managers/disagg_service.py:26), on its bootstrap_port."""
+
+    bootstrap_port: Port | None = Field(
+        default=None,
+        description="with flags enable-pd-role-switch only: the port of the bootstrap server a decode that "
+        "can switch runs, and keeps as a prefill (SGLang's default 8998)",
     )
 
 
@@ -153,7 +167,7 @@ class Pd(_Model):
     prefill: list[PrefillUnit] = Field(
         min_length=1, max_length=64, description="[[pd.prefill]]: the prefill units, one table each"
     )
-    decode: list[RoleUnit] = Field(
+    decode: list[DecodeUnit] = Field(
         min_length=1, max_length=64, description="[[pd.decode]]: the decode units, one table each"
     )
     router: PdRouter = Field(description="sglang-router in PD mode, in front of every unit")
@@ -164,9 +178,12 @@ class Pd(_Model):
         """A decode's bootstrap_port, refused with what it is rather than as an unknown key."""
         decodes = data.get("decode") if isinstance(data, dict) else None
         for i, unit in enumerate(decodes if isinstance(decodes, list) else []):
-            if isinstance(unit, dict) and "bootstrap_port" in unit:
+            flags = unit.get("flags") if isinstance(unit, dict) else None
+            switches = isinstance(flags, dict) and flags.get(ROLE_SWITCH) is True
+            if isinstance(unit, dict) and "bootstrap_port" in unit and not switches:
                 raise ValueError(
-                    f"decode.{i}.bootstrap_port: a prefill's port; a decode learns it from the router"
+                    f"decode.{i}.bootstrap_port: a prefill's port; a decode learns it from the router (a "
+                    f"decode binds one only with flags {ROLE_SWITCH} = true)"
                 )
         return data
 

@@ -12,7 +12,16 @@ from enum import Enum
 from urllib.parse import urlsplit
 
 from agent.inventory import HostConfig
-from agent.pd.spec import BOOTSTRAP_DEFAULT, Pd, PdRouter, PrefillUnit, RoleUnit, router_unit, unit_name
+from agent.pd.spec import (
+    BOOTSTRAP_DEFAULT,
+    ROLE_SWITCH,
+    Pd,
+    PdRouter,
+    PrefillUnit,
+    RoleUnit,
+    router_unit,
+    unit_name,
+)
 from agent.plan.effective import at_layout
 from agent.protocol.addresses import host_key, loopback, same_host
 
@@ -36,6 +45,8 @@ class PdUnit:
     url: str
     bootstrap_port: int | None  # a prefill's; None for a decode
     host: HostConfig  # the unit as an ordinary service: plan and render it as one
+    # the port its bootstrap server binds: a prefill's, and a decode's that can switch roles
+    bound_bootstrap: int | None = None
 
     @property
     def label(self) -> str:
@@ -131,12 +142,13 @@ def routed_url(host: HostConfig, target: str) -> str | None:
 def _unit(host: HostConfig, pd: Pd, role: Role, index: int, unit: RoleUnit) -> PdUnit:
     target = unit.target or host.ssh.target
     bootstrap = (unit.bootstrap_port or BOOTSTRAP_DEFAULT) if isinstance(unit, PrefillUnit) else None
+    bound = bootstrap or _switching_bootstrap(host, unit)
     disagg: dict[str, str | int | float | bool] = {
         "disaggregation-mode": role.value,
         "disaggregation-transfer-backend": pd.transfer_backend,
     }
-    if bootstrap is not None:
-        disagg["disaggregation-bootstrap-port"] = bootstrap
+    if bound is not None:
+        disagg["disaggregation-bootstrap-port"] = bound
     if kv_checksum_skipped(host) is None:
         disagg[CHECKSUM_FLAG] = True
     device = unit.ib_device or pd.ib_device
@@ -164,4 +176,12 @@ def _unit(host: HostConfig, pd: Pd, role: Role, index: int, unit: RoleUnit) -> P
     url = unit.url or f"http://127.0.0.1:{unit.port}"
     # model.weights_gib_per_gpu is written for the file's [sglang.flags] TP x PP: restated at the role's own,
     # as `plan --set tp-size=` restates a plain service's
-    return PdUnit(role, index, target, url, bootstrap, at_layout(served, host))
+    return PdUnit(role, index, target, url, bootstrap, at_layout(served, host), bound)
+
+
+def _switching_bootstrap(host: HostConfig, unit: RoleUnit) -> int | None:
+    """A decode that can switch roles binds a bootstrap server too (srt/managers/disagg_service.py:26):
+    its port, named in its unit so that two on one host are told apart and a switch keeps it."""
+    if {**host.sglang.flags, **unit.flags}.get(ROLE_SWITCH) is not True:
+        return None
+    return getattr(unit, "bootstrap_port", None) or BOOTSTRAP_DEFAULT

@@ -37,6 +37,7 @@ class Stage(str, Enum):
     ROLLBACK = "rollback"
     RESTORE = "restore"
     VERIFY_OLD = "verify_old"
+    SWITCH = "switch"  # a [pd] unit's role switched in place (POST /pd_role_switch), no restart
     GROUP = "group"  # one node of a multi-node service: its stop, its vote, the group's decision
     DONE = "done"
 

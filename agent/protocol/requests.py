@@ -159,6 +159,13 @@ class Request:
     # [pd]: the unit's role as the router (sglang-router in PD mode) registers it again after its restart
     router_worker_type: str | None = None  # "prefill" or "decode"
     router_bootstrap_port: int | None = None  # a prefill's --disaggregation-bootstrap-port
+    # apply, [pd]: the running server switches to this role (POST /pd_role_switch) instead of a restart;
+    # the router fields then name its old role, and it goes back in with the installed unit's
+    pd_switch_role: str | None = None
+    pd_switch_graph_url: str | None = None  # ... to decode: the decode peer whose graph memory SGLang needs
+    pd_router_keeps: bool = (
+        False  # apply, a [pd] router: its unit changes by switched roles alone: no restart
+    )
     group: Group | None = None  # apply: this node's rank in a multi-node service
     kind: str = ENGINE_KIND  # apply: an SGLang server, or a [pd] service's router
     routed_url: str | None = None  # apply, [pd]: once ready, one completion through this router must answer
@@ -298,6 +305,11 @@ class Request:
         _check(self.router_worker_type in (None, "prefill", "decode"), "bad router worker type")
         port = self.router_bootstrap_port
         _check(port is None or (_is_int(port) and 0 < port < 65536), "bad router bootstrap port")
+        _check(self.pd_switch_role in (None, "prefill", "decode"), "bad role to switch to")
+        graph = self.pd_switch_graph_url
+        _check(graph is None or (isinstance(graph, str) and HTTP_URL.fullmatch(graph) is not None), "bad URL")
+        _check(self.pd_switch_role is None or self.verb == "apply", "only apply switches a role")
+        _check(isinstance(self.pd_router_keeps, bool), "pd_router_keeps must be true or false")
 
     def _check_nested_types(self) -> None:
         """The secrets' names and values, the smoke test's settings and the timeouts."""

@@ -392,3 +392,26 @@ def test_a_role_is_gated_on_its_need_not_on_the_offline_prediction() -> None:
     for unit in planned_units(example_host(), 32768)[:2]:
         req = request_of(unit, "absent", 32768)
         assert req.planned_pool is None and req.target_context == unit.need
+
+
+def test_a_committed_member_leaves_systemd_with_its_unit_as_on_disk(tmp_path: Path) -> None:
+    """The boot guard's drop-in goes at the commit: systemd must read the unit again after it, or it
+    says NeedDaemonReload=yes and the next apply's compare takes the running unit for one not running as
+    installed (found on the test host: a second apply of an unchanged [pd] service restarted every role)."""
+    nodes, fakes = pd_group(tmp_path, [NEW, NEW, NEW])
+    guards: list[list[bool]] = [[] for _ in fakes]
+    for fake, seen in zip(fakes, guards, strict=True):
+        sd, drop_in = fake.host.systemd, fake.host.etc / "sglang.service.d" / "50-deployctl-pending.conf"
+        reload = sd.daemon_reload
+
+        def watched(
+            reload: Callable[[], None] = reload, seen: list[bool] = seen, drop_in: Path = drop_in
+        ) -> None:
+            seen.append(drop_in.exists())
+            reload()
+
+        sd.daemon_reload = watched  # type: ignore[method-assign]
+    run_waves(nodes, fakes)
+    assert group_outcome([n.view for n in nodes], converge(nodes, rollback(fakes))) is Outcome.APPLIED
+    for role, seen in zip(ROLES, guards, strict=True):
+        assert seen and seen[-1] is False, (role, seen)  # the last reload read the unit without the guard

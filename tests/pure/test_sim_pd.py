@@ -10,6 +10,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,3 +175,99 @@ def test_a_decode_with_the_kv_checksum_aborts_a_request_whose_digest_sglangs_swi
     assert logged and logged[0].startswith("KV checksum mismatch req=") and "bootstrap_room=7" in logged[0]
     off = disagg.decode_check(args("--disaggregation-mode", "decode"), logged.append)  # type: ignore[arg-type]
     assert off(routed) is None  # without the flag nothing is verified
+
+
+def _switching_server(*flags: str) -> tuple[Any, Any, str]:
+    """A simulated server of a PD role with `POST /pd_role_switch` wired as startup.py wires it."""
+    import threading
+
+    from sglang.serve import State, make_server
+
+    info: dict[str, Any] = {"internal_states": [{}]}
+    state = State((0, 5, 23), "m", 4096, 100000, 1e6, False, False, info, {}, lambda line: None)
+    state.ready.set()
+    roles = disagg.Roles(args(*flags), lambda line: None, lambda: bool(state.in_flight), info)  # type: ignore[arg-type]
+    state.routed, state.role_switch = roles.routed, roles.switch
+    server = make_server("127.0.0.1", 0, state)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, state, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(f"{url}/pd_role_switch", data=json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+PREFILL = ("--disaggregation-mode", "prefill", "--enable-pd-role-switch")
+
+
+def test_a_role_switch_as_sglang_answers_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang 0.5.23's rejections in its words and order (tokenizer_control_mixin.py:926,
+    role_switch.py:169), 400 with the same object; a switch flips the role a routed request meets."""
+    monkeypatch.delenv("SGLANG_SIM_ROLE_SWITCH_FAIL", raising=False)
+    server, state, url = _switching_server(*PREFILL)
+    try:
+        same = {"success": True, "message": "already in target role", "old_role": "prefill"}
+        assert _post(url, {"new_role": "prefill"}) == (
+            200,
+            {**same, "new_role": "prefill", "safe_to_restore": False},
+        )
+        code, said = _post(url, {"new_role": "decode"})
+        assert (code, said["message"], said["safe_to_restore"]) == (400, disagg.GRAPH_WORDS, True)
+        assert _post(url, {"new_role": "both"})[1]["message"] == "invalid new_role='both'"
+        state.in_flight["r1"] = 0.0
+        assert _post(url, {"new_role": "decode", "decode_cuda_graph_memory_gb": 0.25})[1]["message"] == (
+            disagg.BUSY_WORDS
+        )
+        state.in_flight.clear()
+        assert state.server_info["internal_states"][0]["decode_cuda_graph_memory_gb"] == 0.0
+        code, said = _post(url, {"new_role": "decode", "decode_cuda_graph_memory_gb": 0.25})
+        assert (code, said["success"], said["message"], said["old_role"]) == (200, True, "ok", "prefill")
+        assert state.server_info["disaggregation_mode"] == "decode"
+        assert state.server_info["internal_states"][0]["decode_cuda_graph_memory_gb"] == 0.25
+        assert _post(url, {"new_role": "prefill"})[1]["success"] is True  # back, graphs kept
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "words"),
+    [
+        (("--disaggregation-mode", "prefill"), None, "--enable-pd-role-switch is not set on this server"),
+        (("--enable-pd-role-switch",), None, "instance is not running in PD disaggregation mode"),
+        ((*PREFILL, "--disaggregation-transfer-backend", "nixl"), None,
+         "transfer backend 'nixl' does not support runtime role switch"),
+        (PREFILL, "SGLANG_DISAGG_STAGING_BUFFER", disagg.STAGING_WORDS),
+    ],
+)  # fmt: skip
+def test_each_rejection_safe_to_restore(
+    flags: tuple[str, ...], env: str | None, words: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if env:
+        monkeypatch.setenv(env, "1")
+    server, _, url = _switching_server(*flags)
+    try:
+        assert _post(url, {"new_role": "decode", "decode_cuda_graph_memory_gb": 0}) == (400, {
+            "success": False, "message": words, "old_role": flags[1] if flags[0].endswith("mode") else "null",
+            "new_role": "decode", "safe_to_restore": True})  # fmt: skip
+    finally:
+        server.shutdown()
+
+
+def test_a_rebuild_that_fails_leaves_the_server_unhealthy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """role_switch.py:134: teardown or rebuild raised: not safe to restore, and every later switch is
+    refused until a restart."""
+    monkeypatch.setenv("SGLANG_SIM_ROLE_SWITCH_FAIL", "1")
+    server, _, url = _switching_server(*PREFILL)
+    try:
+        code, said = _post(url, {"new_role": "decode", "decode_cuda_graph_memory_gb": 0.25})
+        assert (code, said["success"], said["safe_to_restore"]) == (400, False, False)
+        assert said["message"].startswith("role switch failed; instance unhealthy, restart required")
+        again = _post(url, {"new_role": "decode", "decode_cuda_graph_memory_gb": 0.25})[1]
+        assert again["message"] == "instance is unhealthy after a failed role switch; restart required"
+    finally:
+        server.shutdown()

@@ -223,6 +223,7 @@ class Host:
     script: Script
     probe: FakeProbe = field(default_factory=FakeProbe)
     router: Callable[[str], Any] | None = None  # the model gateway's API, where a test gives one
+    role_switch: Callable[[str, int, str | None], Any] | None = None  # SGLang's POST /pd_role_switch
 
     def __post_init__(self) -> None:
         self.control = self.root / "etc/systemd/system.control"
@@ -262,5 +263,7 @@ class Host:
         t.probe = self.probe
         if self.router is not None:
             t.router = self.router
+        if self.role_switch is not None:
+            t.ports.role_switch = self.role_switch
         t.ports.run_dir = self.root / "run/deployctl"  # the boot guard's marker (a tmpfs on a host)
         return t

@@ -23,6 +23,7 @@ from agent.host.units import UnitFiles
 from agent.host.watch import drain
 from agent.host.watch.gpu_procs import processes
 from agent.host.watch.loadcheck import LoadResult, LoadSpec
+from agent.host.watch.roleswitch import RoleSwitchPort, http_role_switch
 from agent.host.watch.start import JournalPort
 from agent.protocol.answers import GpuProcess
 from agent.protocol.common import unit_sha256 as sha256
@@ -103,6 +104,8 @@ class Ports:
     daemon: DaemonUnit
     probe: ProbeFactory = http_probe  # the HTTP checks (a fake in the pure tests)
     router: Callable[[str], RouterPort] = HttpRouter  # the model gateway's API (a fake, too)
+    # SGLang's POST /pd_role_switch of this unit's server, a [pd] role switch (a fake, too)
+    role_switch: Callable[[str, int, str | None], RoleSwitchPort] = http_role_switch
     now: Callable[[], datetime] = utc_clock  # the clock of backup names and records
     # The GPU processes by card (nvidia-smi; None without it), the unit's own marked (a fake, too).
     gpu_procs: Callable[[str | None], Mapping[int, Sequence[GpuProcess]] | None] = processes
@@ -137,8 +140,11 @@ class Ports:
 
     def clear_record(self) -> None:
         """The change is decided: its boot guard goes, then its record (a record outliving its guard is
-        recovered again; a guard outliving its record would skip every boot's start)."""
-        self.guard.disarm()
+        recovered again; a guard outliving its record would skip every boot's start). systemd reads the
+        unit again without the guard: else it says NeedDaemonReload, and the next compare takes the
+        unit for one not running as installed."""
+        if self.guard.disarm():
+            self.systemd.daemon_reload()
         self.state.clear_record(self.unit)
 
 

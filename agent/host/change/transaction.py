@@ -32,7 +32,7 @@ from agent.host.change.restart import after_check, restart_and_watch
 from agent.host.change.restore import group_node, roll_back, stop_rank
 from agent.host.change.verify import verify
 from agent.host.events import EventLog
-from agent.host.roles import groupstep, routerstep
+from agent.host.roles import groupstep, pdswitch, routerstep
 from agent.host.roles.daemon import DaemonUnit
 from agent.host.roles.pdrouter import is_router
 from agent.host.roles.router import RouterPort
@@ -217,6 +217,10 @@ class Transaction:
     def _start_and_decide(self, change: Change) -> Result:
         """A group's node: the group step wraps the plain steps (host/roles/groupstep.py, the group machine
         deciding); one host: the plain steps, host/change/next_step.py deciding."""
+        if self.req.group is not None and self.req.pd_switch_role is not None:  # no restart: a role switch
+            return pdswitch.switch_and_decide(self.ports, self.run, change)
+        if self.req.group is not None and self.req.pd_router_keeps:  # ... and its router's unit written
+            return pdswitch.router_written(self.ports, self.run, change)
         if self.req.group is not None:
             return groupstep.start_and_decide(self.ports, self.run, change)
         return self._steps(change)

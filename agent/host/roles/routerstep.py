@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from agent.host.change.ports import Ports, Result
+from agent.host.change.ports import Ports, Result, flags_of
 from agent.host.roles.router import (
     Registration,
     RouterError,
@@ -22,6 +22,20 @@ from agent.protocol.requests import Request
 def registration(req: Request) -> Registration:
     """A [pd] unit's role in the router (its worker type and a prefill's bootstrap port); else plain."""
     return Registration(req.router_worker_type, req.router_bootstrap_port)
+
+
+def registration_of(p: Ports) -> Registration:
+    """The request's registration; a member that switches its role goes back in with the role of the unit
+    installed then: its new unit once switched (or restarted on it), its old one once rolled back."""
+    if p.req.pd_switch_role is None:
+        return registration(p.req)
+    flags = flags_of(p.files.read(p.unit) or "")
+    mode = flags.get("disaggregation-mode")
+    if mode not in ("prefill", "decode"):
+        return registration(p.req)
+    port = flags.get("disaggregation-bootstrap-port", "8998")  # SGLang's default (fields/disagg.py)
+    bootstrap = int(port) if mode == "prefill" and isinstance(port, str) and port.isdigit() else None
+    return Registration(str(mode), bootstrap)
 
 
 def out_of_router(p: Ports, change: Callable[[], Result]) -> Result:
@@ -58,7 +72,7 @@ def router_refused(p: Ports, router: RouterPort, worker: str, exc: RouterError) 
     (or found listed) before the run reports; the mark stays unless that is sure."""
     if p.state.router_left_out(p.unit) == worker:
         try:
-            undone = undo_removal(router, worker, p.req.router_timeout_s, registration(p.req))
+            undone = undo_removal(router, worker, p.req.router_timeout_s, registration_of(p))
             p.log.emit(Stage.ROUTER, "step" if undone.sure else "warning", undone.message)
             if undone.sure:
                 p.state.clear_router_out(p.unit)
@@ -80,9 +94,7 @@ def back_in_router(p: Ports, router: RouterPort, worker: str) -> bool:
                    f"serve ({exc})")  # fmt: skip
         return False
     try:
-        p.log.emit(
-            Stage.ROUTER, "step", put_back(router, worker, p.req.router_timeout_s, registration(p.req))
-        )
+        p.log.emit(Stage.ROUTER, "step", put_back(router, worker, p.req.router_timeout_s, registration_of(p)))
     except RouterError as exc:
         p.log.emit(Stage.ROUTER, "warning", f"putting {worker} back in the router failed: {exc}")
         return False

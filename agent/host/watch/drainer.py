@@ -60,6 +60,14 @@ def _watched(read: drain.Reader, restart: Callable[[], JobResult]) -> tuple[JobR
     return job, seen
 
 
+def wait_for_requests(req: Request, api_key: str | None, log: EventLog) -> drain.Drain:
+    """The drain's wait alone (no restart follows: a [pd] role switch needs the server idle)."""
+    from agent.host.watch.probe import Probe, read_load
+
+    probe = Probe(req.http_host, req.port, api_key)
+    return drain.result(_wait(req, lambda: read_load(probe), log), None, req.drain_timeout_s)
+
+
 def _wait(req: Request, read: Callable[[], drain.Load | None], log: EventLog) -> drain.Waited:
     """The drain's wait for the running server's requests (told when there are any); OFF without --drain."""
     if not req.drain:

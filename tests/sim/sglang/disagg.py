@@ -36,6 +36,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     add("--disaggregation-bootstrap-port", type=int, default=8998)
     add("--disaggregation-ib-device")
     add("--disaggregation-enable-kv-checksum", action="store_true")
+    add("--enable-pd-role-switch", action="store_true")
 
 
 def published(args: argparse.Namespace) -> dict[str, Any]:
@@ -139,3 +140,84 @@ def checksum(args: argparse.Namespace, body: dict[str, Any], log: Callable[[str]
     log(f"KV checksum mismatch req={body.get('rid') or 'sim'} bootstrap_room={room} "
         "expected=0x5d2f01c3 got=0x5d2f01c2")  # fmt: skip
     return "KV checksum mismatch"
+
+
+STAGING_WORDS = "staging buffer (SGLANG_DISAGG_STAGING_BUFFER) is not supported with runtime role switch"
+BUSY_WORDS = "instance is not idle; drain all requests before switching"
+GRAPH_WORDS = "decode_cuda_graph_memory_gb is required before capturing decode graphs"
+
+
+class Roles:
+    """The server's PD role as it runs, which `POST /pd_role_switch` flips (disaggregation/role_switch.py):
+    the decode's check of routed requests follows the role; the bootstrap server, started on every PD
+    instance with --enable-pd-role-switch (srt/managers/disagg_service.py:26), is not rebuilt."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        log: Callable[[str], None],
+        busy: Callable[[], bool],
+        info: dict[str, Any],
+    ) -> None:
+        self.args, self.log, self.busy, self.info = args, log, busy, info
+        self.mode: str = args.disaggregation_mode
+        self.decode_graphs = self.mode == "decode"  # a prefill launches eager (model_runner.py:1645)
+        self.unhealthy = False
+        self.check = decode_check(args, log)
+        self.show()
+
+    def show(self) -> None:
+        """/get_server_info's role and its first state's decode graph memory, what a switch to decode takes
+        from a decode peer (scheduler_components/internal_state.py:104)."""
+        self.info["disaggregation_mode"] = self.mode
+        if self.mode != "null" and self.info.get("internal_states"):
+            first = self.info["internal_states"][0]
+            first["disaggregation_mode"] = self.mode
+            first["decode_cuda_graph_memory_gb"] = 0.25 if self.decode_graphs else 0.0
+
+    def routed(self, body: dict[str, Any]) -> str | None:
+        return self.check(body) if self.mode == "decode" else None
+
+    def switch(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """SGLang's answer: 200 on success, 400 with the same object on a rejection (http_server.py:1635)."""
+        new = str(body.get("new_role") or "").lower()
+        out = {"success": False, "old_role": self.mode, "new_role": new, "safe_to_restore": True}
+        why = self.rejected(new, body)
+        if why is not None:
+            self.log(f"PD role switch rejected ({self.mode} -> {new}): {why[0]}")
+            return 400, out | {"message": why[0], "safe_to_restore": why[1]}
+        if new == self.mode:
+            return 200, out | {"success": True, "message": "already in target role", "safe_to_restore": False}
+        if os.environ.get("SGLANG_SIM_ROLE_SWITCH_FAIL"):  # a teardown/rebuild that raises
+            self.unhealthy = True
+            self.log(
+                f"PD role switch ({self.mode} -> {new}) failed during teardown/rebuild; instance unhealthy"
+            )
+            message = "role switch failed; instance unhealthy, restart required: simulated rebuild failure"
+            return 400, out | {"message": message, "safe_to_restore": False}
+        self.log(f"PD role switch succeeded: {self.mode} -> {new}")
+        self.mode, self.decode_graphs = new, self.decode_graphs or new == "decode"
+        self.show()
+        return 200, out | {"success": True, "message": "ok", "safe_to_restore": False}
+
+    def rejected(self, new: str, body: dict[str, Any]) -> tuple[str, bool] | None:
+        """tokenizer_control_mixin.py:926, then role_switch.py:169 _reject_reason in its order, the idle
+        check and the decode graphs' memory (role_switch.py:73-111)."""
+        a = self.args
+        staging = os.environ.get("SGLANG_DISAGG_STAGING_BUFFER", "").lower() in ("1", "true")
+        graph_gb = body.get("decode_cuda_graph_memory_gb")
+        graphs = new == "decode" and not self.decode_graphs and new != self.mode
+        checks = (
+            (not a.enable_pd_role_switch, True, "--enable-pd-role-switch is not set on this server"),
+            (self.unhealthy, False, "instance is unhealthy after a failed role switch; restart required"),
+            (new not in ("prefill", "decode"), True, f"invalid new_role={new!r}"),
+            (self.mode == "null", True, "instance is not running in PD disaggregation mode"),
+            (a.disaggregation_transfer_backend not in ("mooncake", "mooncake_tcp", "mori"), True,
+             f"transfer backend {a.disaggregation_transfer_backend!r} does not support runtime role switch"),
+            (staging, True, STAGING_WORDS),
+            (new != self.mode and self.busy(), True, BUSY_WORDS),
+            (graphs and graph_gb is None, True, GRAPH_WORDS),
+            (graphs and isinstance(graph_gb, (int, float)) and graph_gb < 0, True,
+             "decode_cuda_graph_memory_gb must be non-negative"),
+        )  # fmt: skip
+        return next(((msg, safe) for failed, safe, msg in checks if failed), None)

@@ -68,6 +68,8 @@ class State:
     error_log: Callable[[str], None] = print
     # a decode of a prefill-decode pair: why a routed request cannot be served (disagg.py), else None
     routed: Callable[[dict[str, Any]], str | None] = lambda body: None
+    # PD with --enable-pd-role-switch: POST /pd_role_switch (disagg.Roles.switch); a server of no PD role 404s
+    role_switch: Callable[[dict[str, Any]], tuple[int, dict[str, Any]]] | None = None
     finished: int = 0  # requests answered: /metrics sglang:num_requests_total (not health checks)
 
     def loads(self) -> dict[str, Any]:
@@ -261,6 +263,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.chat(body)
             elif self.path == "/generate":
                 self.native_generate(body)
+            elif self.path == "/pd_role_switch" and self.state.role_switch is not None:
+                self.reply(*self.state.role_switch(body if isinstance(body, dict) else {}))
             else:
                 self.reply(404, {"detail": "Not Found"})
         except BadRequest as exc:

@@ -704,12 +704,14 @@ class Launch:
             idle()
 
     def disaggregate(self, state: State) -> None:
-        """A prefill serves its bootstrap server; a decode checks each routed request against it."""
+        """A prefill serves its bootstrap server (with --enable-pd-role-switch every PD role does); a decode
+        checks each routed request against it; `POST /pd_role_switch` flips the role (disagg.Roles)."""
         mode = getattr(self.a, "disaggregation_mode", "null")
-        if mode == "prefill":
+        switches = getattr(self.a, "enable_pd_role_switch", False)
+        if mode == "prefill" or (switches and mode == "decode"):
             disagg.start_bootstrap(self.a, self.out.log)
-        elif mode == "decode":
-            state.routed = disagg.decode_check(self.a, self.out.log)
+        roles = disagg.Roles(self.a, self.out.log, lambda: bool(state.in_flight), state.server_info)
+        state.routed, state.role_switch = roles.routed, roles.switch
 
     def wire_peers(self, state: State) -> None:
         """Node 0 of several: a node whose connection closes is seen by the next request's collective only."""

@@ -101,7 +101,7 @@ def routed_check(p: Ports, smoke: Smoke | None, invocation: str = "") -> str | N
     if p.req.routed_url is not None and not is_router(p):
         parts = urlsplit(p.req.routed_url)
         host, port = parts.hostname or host, parts.port or 80
-    base = smoke or Smoke()
+    base = smoke or p.req.smoke  # a rollback has no smoke test: the service's [smoke] judges the answer
     routed = replace(base, enabled=True, prompt_tokens=min(base.prompt_tokens, ROUTED_PROMPT_TOKENS))
     p.log.emit(Stage.SMOKE, "step", f"routed check: one completion through the router at {host}:{port}")
     try:

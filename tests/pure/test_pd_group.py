@@ -24,7 +24,7 @@ from agent.pd.group import Part, Seen, members
 from agent.protocol.events import Event, Outcome
 from agent.protocol.requests import ROUTER_KIND, Group, Smoke
 from tests.pure.test_group_change import FakeNode, fake_deliver, fake_follow, rollback, served
-from tests.pure.txnfakes import TXN, Host, Script, unit_text
+from tests.pure.txnfakes import TXN, UNIT, Host, Script, unit_text
 
 OLD, NEW, BROKEN = 100_000, 200_000, 300_000
 ROOT = Path(__file__).resolve().parents[2]
@@ -392,3 +392,26 @@ def test_a_role_is_gated_on_its_need_not_on_the_offline_prediction() -> None:
     for unit in planned_units(example_host(), 32768)[:2]:
         req = request_of(unit, "absent", 32768)
         assert req.planned_pool is None and req.target_context == unit.need
+
+
+def test_a_committed_or_rolled_back_group_leaves_every_unit_loaded_as_written_and_up_to_date(
+    tmp_path: Path,
+) -> None:
+    """A group member's boot guard (a drop-in, host/change/bootguard.py) goes once the change is decided;
+    systemd reported NeedDaemonReload=yes for the unit ever after (measured on the real 1P1D), so the next
+    apply's compare took the unchanged running unit for one not running as installed, and restarted every
+    unit of the service for nothing ("would restart (its unit changes)", "the unit would not change")."""
+    from agent.host.change.compare import running_as_installed
+
+    for news, expected in (([NEW, NEW, NEW], NEW), ([NEW, BROKEN, NEW], OLD)):
+        nodes, fakes = pd_group(tmp_path / str(expected), news)
+        run_waves(nodes, fakes)
+        converge(nodes, rollback(fakes))
+        for node, fake, role in zip(nodes, fakes, ROLES, strict=True):
+            assert served(fake) == role_unit(expected, role)
+            again = replace(node.request, unit_text=role_unit(expected, role), target_context=expected,
+                            group=None, txn=None)  # fmt: skip
+            txn = fake.host.transaction(again, txn="20261207T010000Z-abcdef")
+            assert running_as_installed(txn.ports), (role, fake.host.systemd.unit_state(UNIT))
+            done = txn.compare(wait=False)
+            assert getattr(done, "outcome", None) is Outcome.UP_TO_DATE, (role, done)

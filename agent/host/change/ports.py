@@ -138,8 +138,15 @@ class Ports:
     def clear_record(self) -> None:
         """The change is decided: its boot guard goes, then its record (a record outliving its guard is
         recovered again; a guard outliving its record would skip every boot's start)."""
-        self.guard.disarm()
+        self.drop_guard()
         self.state.clear_record(self.unit)
+
+    def drop_guard(self) -> None:
+        """The boot guard goes, and systemd reloads the unit without it: left NeedDaemonReload=yes, the
+        next apply's compare takes the unchanged running unit for one not running as installed and
+        restarts it for nothing (every member of a [pd] service, measured on the real 1P1D)."""
+        if self.guard.disarm():
+            self.systemd.daemon_reload()
 
 
 @dataclass

@@ -81,8 +81,13 @@ def _toml(value: object) -> str:
     return json.dumps(value)  # strings, numbers, booleans and lists are JSON's spelling in TOML too
 
 
-def inventory(ports: Ports, decode_flags: Mapping[str, object] | None = None) -> str:
-    """The [pd] file of the real pair; decode_flags are added to the decode's own flags."""
+def inventory(
+    ports: Ports,
+    decode_flags: Mapping[str, object] | None = None,
+    decode_env: Mapping[str, str] | None = None,
+) -> str:
+    """The [pd] file of the real pair; decode_flags are added to the decode's own flags, decode_env to its
+    own environment."""
     python = f"{realhost.venv_dir()}/bin/python"
     decode = {
         "max-running-requests": 2,
@@ -129,6 +134,9 @@ attention-backend = "torch_native"
 max-total-tokens = {realhost.POOL}
 page-size = 1
 
+[smoke]
+random_weights = true  # the routed check: any answer, once usage shows the prompt whole
+
 [pd]
 transfer_backend = "mooncake_tcp"
 
@@ -143,6 +151,7 @@ environment = {_toml(PREFILL_ENV)}
 gpus = [1]
 port = {ports.decode}
 flags = {_toml(decode)}
+{f"environment = {_toml(decode_env)}" if decode_env else ""}
 
 [pd.router]
 port = {ports.router}
@@ -188,14 +197,26 @@ class PdHost:
     def units_dir(self) -> Path:
         return self.work / "units"
 
-    def deployctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "DEPLOYCTL_UNITS": str(self.units_dir)}
+    def deployctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """The real CLI against this host (through its SSH config), as cron would run it."""
+        env = {
+            **os.environ,
+            "DEPLOYCTL_UNITS": str(self.units_dir),
+            "DEPLOYCTL_SSH_CONFIG": str(self.work / "ssh_config"),
+        }
         return subprocess.run(
-            [realhost.DEPLOYCTL, *args], env=env, capture_output=True, text=True, timeout=120
+            [realhost.DEPLOYCTL, *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
         )
 
-    def write_inventory(self, decode_flags: Mapping[str, object] | None = None) -> None:
-        (self.units_dir / f"{SERVICE}.toml").write_text(inventory(self.ports, decode_flags))
+    def write_inventory(
+        self, decode_flags: Mapping[str, object] | None = None, decode_env: Mapping[str, str] | None = None
+    ) -> None:
+        (self.units_dir / f"{SERVICE}.toml").write_text(inventory(self.ports, decode_flags, decode_env))
 
     def render(self) -> dict[str, str]:
         """`deployctl render` of the [pd] file: unit name -> text; each on this host."""
@@ -281,6 +302,7 @@ def booted() -> Iterator[PdHost]:
         host = TestHost.create(HostSetup(mount_agent=False, binds_ro=binds()))
         try:
             _imports(host)
+            (work / "ssh_config").write_text(host.ssh_config_entry(TARGET))
             yield PdHost(host, work, Ports(*free_ports(4)))
         finally:
             # a server draining a held request would make the poweroff wait out its 30 s: nothing to keep

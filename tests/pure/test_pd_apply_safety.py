@@ -592,3 +592,45 @@ def test_a_kv_checksum_mismatch_the_decode_logged_rolls_the_group_back(tmp_path:
                 waves=(0, 1)).run()  # fmt: skip
     assert all(n.view.outcome is Outcome.ROLLED_BACK for n in nodes), [n.view for n in nodes]
     assert "KV checksum mismatch" in " ".join(str(n.view.why) for n in nodes)
+
+
+def test_a_decode_that_dies_at_its_first_transfer_fails_the_routed_check_with_sglangs_line(
+    tmp_path: Path,
+) -> None:
+    """1P1D: the decode's new unit starts on another page size (a hand edit), passes its own checks, and
+    dies at its first routed request with SGLang's `Page size mismatch` (the real decode's journal,
+    tests/data/realpd/). sglang-router 0.3.2 holds that client (measured: the prefill keeps the request in
+    its bootstrap queue), so the routed check's answer comes only with its timeout. The check ends with the
+    decode's start instead, names parse-log's failure kind and the fix, and every unit goes back."""
+    import threading
+
+    from agent.host.watch.probe import ProbeError, SmokeResult
+    from tests.pure.test_logs_pd import REAL as REAL_LOG
+
+    journal = REAL_LOG.read_text().splitlines()
+    second = journal[max(i for i, line in enumerate(journal) if line.startswith("Started ")) :]
+    held, released = threading.Event(), threading.Event()
+    nodes, fakes = pd_nodes(tmp_path, ["prefill", "decode"])
+    nodes[1].request = replace(nodes[1].request, routed_url="http://127.0.0.1:30000")
+    decode = fakes[1].host
+    decode.probe.served = 0
+
+    def smoke(s: Smoke) -> SmokeResult:
+        decode.systemd.lines[decode.systemd.invocation] += second  # it logs the mismatch and exits
+        decode.systemd.active, decode.systemd.sub = "failed", "failed"
+        held.set()
+        released.wait(30)  # the router holds the client until its timeout
+        raise ProbeError("smoke test request failed: read timed out")
+
+    decode.probe.smoke = smoke  # type: ignore[method-assign]
+    try:
+        Coordinator(nodes, lambda n, e: None, deliver=fake_deliver(fakes), follow=fake_follow(fakes),
+                    waves=(0, 1)).run()  # fmt: skip
+    finally:
+        released.set()
+    assert held.is_set()
+    assert all(n.view.outcome is Outcome.ROLLED_BACK for n in nodes), [n.view for n in nodes]
+    said = " ".join(str(n.view.why) for n in nodes)
+    assert "pd_page_size_mismatch" in said and "Page size mismatch: prefill server has page_size=1" in said
+    assert "the prefill runs --page-size 1, the decode --page-size 16" in said, said
+    assert all(runs(f) == role_unit(OLD, role) for f, role in zip(fakes, ["prefill", "decode"], strict=True))

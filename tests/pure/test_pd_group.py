@@ -24,7 +24,7 @@ from agent.pd.group import Part, Seen, members
 from agent.protocol.events import Event, Outcome
 from agent.protocol.requests import ROUTER_KIND, Group, Smoke
 from tests.pure.test_group_change import FakeNode, fake_deliver, fake_follow, rollback, served
-from tests.pure.txnfakes import TXN, Host, Script, unit_text
+from tests.pure.txnfakes import TXN, UNIT, Host, Script, unit_text
 
 OLD, NEW, BROKEN = 100_000, 200_000, 300_000
 ROOT = Path(__file__).resolve().parents[2]
@@ -415,3 +415,26 @@ def test_a_committed_member_leaves_systemd_with_its_unit_as_on_disk(tmp_path: Pa
     assert group_outcome([n.view for n in nodes], converge(nodes, rollback(fakes))) is Outcome.APPLIED
     for role, seen in zip(ROLES, guards, strict=True):
         assert seen and seen[-1] is False, (role, seen)  # the last reload read the unit without the guard
+
+
+def test_a_committed_or_rolled_back_group_leaves_every_unit_loaded_as_written_and_up_to_date(
+    tmp_path: Path,
+) -> None:
+    """A group member's boot guard (a drop-in, host/change/bootguard.py) goes once the change is decided;
+    systemd reported NeedDaemonReload=yes for the unit ever after (measured on the real 1P1D), so the next
+    apply's compare took the unchanged running unit for one not running as installed, and restarted every
+    unit of the service for nothing ("would restart (its unit changes)", "the unit would not change")."""
+    from agent.host.change.compare import running_as_installed
+
+    for news, expected in (([NEW, NEW, NEW], NEW), ([NEW, BROKEN, NEW], OLD)):
+        nodes, fakes = pd_group(tmp_path / str(expected), news)
+        run_waves(nodes, fakes)
+        converge(nodes, rollback(fakes))
+        for node, fake, role in zip(nodes, fakes, ROLES, strict=True):
+            assert served(fake) == role_unit(expected, role)
+            again = replace(node.request, unit_text=role_unit(expected, role), target_context=expected,
+                            group=None, txn=None)  # fmt: skip
+            txn = fake.host.transaction(again, txn="20261207T010000Z-abcdef")
+            assert running_as_installed(txn.ports), (role, fake.host.systemd.unit_state(UNIT))
+            done = txn.compare(wait=False)
+            assert getattr(done, "outcome", None) is Outcome.UP_TO_DATE, (role, done)

@@ -282,3 +282,34 @@ def test_a_group_rollback_takes_every_unit_back_or_none(tmp_path: Any, old_decod
     assert outcome is (Outcome.ROLLED_BACK if old_decode_fails else Outcome.APPLIED)
     for role, fake in zip(ROLES, fakes, strict=True):
         assert served(fake) == role_unit(expected, role), role
+
+
+def test_a_group_rollback_judges_its_routed_completion_by_the_services_smoke_settings(tmp_path: Any) -> None:
+    """A rollback has no smoke test of its own (the old unit served before), but the routed check of its
+    last wave is sent with the service's [smoke]: a random-weight model's answer is noise, judged on usage
+    alone (`expect` ""). It was judged against the default `expect` ("dog"), and the real 1P1D's rollback
+    rolled back ("routed check through the router failed: expected 'dog'")."""
+    from agent.group.decide import group_outcome
+    from agent.group.run import Coordinator, Node, converge
+    from agent.protocol.events import Outcome
+    from agent.protocol.requests import Group, Smoke
+    from tests.pure.test_group_change import fake_deliver, rollback, served
+    from tests.pure.test_pd_group import NEW, OLD, ROLES, WAIT_S, pd_group, role_unit, run_waves
+
+    nodes, fakes = pd_group(tmp_path, [NEW, NEW, NEW])
+    run_waves(nodes, fakes)
+    assert group_outcome([n.view for n in nodes], converge(nodes, rollback(fakes))) is Outcome.APPLIED
+    for fake in fakes:
+        fake.host.probe.answer = "zq"  # a random-weight model's answer
+    back = [
+        Node(n.rank, n.host, None, replace(n.request, verb="rollback", unit_text=None, target_context=None,
+                                           txn=TXN_BACK, group=Group(n.rank, 3, WAIT_S, collective=False),
+                                           smoke=Smoke(expect="")))
+        for n in nodes
+    ]  # fmt: skip
+    Coordinator(back, lambda *_: None, deliver=fake_deliver(fakes), follow=rollback_follow(fakes),
+                waves=(0, 1, 2)).run()  # fmt: skip
+    outcome = group_outcome([n.view for n in back], converge(back, rollback(fakes)))
+    assert outcome is Outcome.APPLIED, [n.view.why for n in back]
+    for role, fake in zip(ROLES, fakes, strict=True):
+        assert served(fake) == role_unit(OLD, role), role

@@ -94,7 +94,8 @@ class FakeSystemd:
         masked = self.fragment != "" and self.loaded == ""
         return UnitState(
             unit, "masked" if masked else ("loaded" if self.fragment else "not-found"),
-            self.active, self.sub, self.invocation, False, self.n_restarts, 0, 0,
+            self.active, self.sub, self.invocation, self._drop_ins() != self.loaded_drop_ins,
+            self.n_restarts, 0, 0,
             self.fragment, self.entered_us, self.drop_ins,
         )  # fmt: skip
 
@@ -140,6 +141,17 @@ class FakeSystemd:
         found = next((d / UNIT for d in self.search if (d / UNIT).is_file()), None)
         self.fragment = str(found) if found else ""
         self.loaded = found.read_text() if found else ""
+        self.loaded_drop_ins = self._drop_ins()
+
+    def _drop_ins(self) -> dict[str, str]:
+        """The unit's drop-in files now (NeedDaemonReload= once they differ from those last loaded); the
+        unit's own file is judged by `loaded` alone, as the tests always had it."""
+        return {
+            str(f): f.read_text()
+            for d in self.search
+            if (d / f"{UNIT}.d").is_dir()
+            for f in (d / f"{UNIT}.d").glob("*.conf")
+        }
 
 
 class FakeJournal:

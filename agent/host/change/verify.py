@@ -16,11 +16,12 @@ def verify(p: Ports, run: Run, started: WatchResult, change: Change) -> str | No
     """After the log said ready: the HTTP API answers, runs what was rendered, and a long prompt fits.
     A node rank >= 1 has a placeholder that answers 200 to anything: rank 0 is checked instead."""
     if is_router(p):  # a [pd] router: a routed completion is its whole check
-        return routed_check(p, change.smoke)
+        return routed_check(p, change.smoke, started.invocation_id)
     if node_rank(change.new) >= 1:
         return None
     return (
-        verify_http(p, run, started, change) or rejoin_verified(p) or routed_check(p, change.smoke)
+        verify_http(p, run, started, change) or rejoin_verified(p)
+        or routed_check(p, change.smoke, started.invocation_id)
         or checksum_said(p, started.invocation_id, flags_of(change.new))
     )  # fmt: skip
 

@@ -9,8 +9,9 @@ through itself; the decodes, when the router's own unit is unchanged, through th
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
@@ -33,6 +34,7 @@ UNSELECTED = "HTTP 503"
 UNSELECTED_PAUSE_S = 2.0
 ROUTED_TRIES = 12  # routed completions, each its own prompt, until one reaches the unit that sends them
 SERVED_SETTLE_S = 2.0  # how long its count may lag its answer
+SENDER_POLL_S = 1.0  # how often the unit that sends the routed check is looked at while it waits
 
 
 def is_router(p: Ports) -> bool:
@@ -85,11 +87,12 @@ def watch_router(p: Ports, invocation: str) -> WatchResult:
     return WatchResult(Verdict(Action.READY), {}, round(time.monotonic() - t0, 3), invocation)
 
 
-def routed_check(p: Ports, smoke: Smoke | None) -> str | None:
+def routed_check(p: Ports, smoke: Smoke | None, invocation: str = "") -> str | None:
     """One completion through the router (this unit's own port for the router, else the request's
     routed_url): the reason it failed, or None. SGLang's own failure (a decode's `Page size mismatch`,
-    a prefill that is gone) comes back in the answer. A unit that sends it through the router proves it
-    served one itself (served_here): a completion another decode served proves nothing of it."""
+    a prefill that is gone) comes back in the answer, or as this unit's end (while_running). A unit that
+    sends it through the router proves it served one itself (served_here): a completion another decode
+    served proves nothing of it. invocation: this unit's start that passed its own checks."""
     from agent.host.watch.probe import ProbeError
 
     if not is_router(p) and p.req.routed_url is None:
@@ -98,15 +101,56 @@ def routed_check(p: Ports, smoke: Smoke | None) -> str | None:
     if p.req.routed_url is not None and not is_router(p):
         parts = urlsplit(p.req.routed_url)
         host, port = parts.hostname or host, parts.port or 80
-    base = smoke or Smoke()
+    base = smoke or p.req.smoke  # a rollback has no smoke test: the service's [smoke] judges the answer
     routed = replace(base, enabled=True, prompt_tokens=min(base.prompt_tokens, ROUTED_PROMPT_TOKENS))
     p.log.emit(Stage.SMOKE, "step", f"routed check: one completion through the router at {host}:{port}")
     try:
         probe = p.probe(host, port, p.secrets.api_key())
         probe.wait_ready(p.req.timeouts.ready_s)
-        return routed_once(p, probe, routed) if is_router(p) else served_here(p, probe, routed)
+        send = routed_once if is_router(p) else served_here
+        return while_running(p, invocation, lambda: send(p, probe, routed))
     except ProbeError as exc:
         return f"routed check through the router failed: {exc}"
+
+
+def while_running(p: Ports, invocation: str, check: Callable[[], str | None]) -> str | None:
+    """The check's answer, or why this unit's start ended first. sglang-router 0.3.2 holds a client whose
+    decode died at its first transfer (SGLang's `Page size mismatch`: the prefill keeps the request in its
+    bootstrap queue, measured on CPU), so the answer would come only with the smoke timeout (900 s)."""
+    if not invocation:
+        return check()
+    box: list[str | Exception | None] = []
+
+    def run() -> None:
+        try:
+            box.append(check())
+        except Exception as exc:  # raised again in the caller's thread
+            box.append(exc)
+
+    worker = threading.Thread(target=run, name="routed-check", daemon=True)
+    worker.start()
+    while not box:
+        worker.join(SENDER_POLL_S)
+        state = p.systemd.unit_state(p.unit)
+        if not box and (state.active_state != "active" or state.invocation_id != invocation):
+            return ended(p, invocation, state.active_state)  # the worker is left to its own timeout
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return box[0]
+
+
+def ended(p: Ports, invocation: str, state: str) -> str:
+    """Why the unit's start ended under the routed check: its journal's failure (parse-log's kind and line)
+    and the fix SGLang's line gives, where it logged one."""
+    from agent.sglang.logs.fixes import fix_for
+    from agent.sglang.logs.summary import summarize
+
+    said = f"{p.unit} ended during the routed check ({state})"
+    failure = summarize(p.journal.invocation_tail(p.unit, invocation, 2000)).failure
+    if failure is None:
+        return said
+    fixed = fix_for(failure.failure_kind, failure.line)
+    return f"{said}: {failure.failure_kind}: {failure.line}" + (f"; what to do: {fixed}" if fixed else "")
 
 
 def routed_once(p: Ports, router: ProbePort, routed: Smoke) -> str | None:

@@ -118,3 +118,17 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 sys.meta_path.insert(0, _Finder())
+
+
+def _page_size_by_hand(argv: list[str]) -> None:
+    """DEPLOYCTL_STANDIN_PAGE_SIZE=N: the server's own `--page-size` word becomes N, as a hand edit of the
+    unit would make it. deployctl refuses to render roles on different page sizes (agent/pd/refusals.py),
+    so a test of what SGLang does on one (tests/integration/test_real_pd_apply.py) sets it here, in a unit
+    deployctl rendered with this variable in its environment. The processes SGLang spawns get their
+    arguments from the parent, not from their argv."""
+    size = os.environ.get("DEPLOYCTL_STANDIN_PAGE_SIZE", "")
+    if size and "--page-size" in argv[:-1]:
+        argv[argv.index("--page-size") + 1] = size
+
+
+_page_size_by_hand(getattr(sys, "argv", []))  # an embedded interpreter may have none

@@ -188,10 +188,6 @@ def test_readme_does_not_call_pd_status_rollback_backups_facts_unbuilt() -> None
     assert "not yet" not in row, row
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decode's page-size = 0 is reported as 'unset' in a page-size-differs line, not as a bad value",
-)
 def test_a_roles_page_size_zero_is_refused_as_a_bad_value(tmp_path: Path) -> None:
     # the same value in [sglang.flags] is refused as "--page-size '0' must be >= 1"
     units = _inventory(
@@ -203,10 +199,6 @@ def test_a_roles_page_size_zero_is_refused_as_a_bad_value(tmp_path: Path) -> Non
     assert "unset" not in err and ">= 1" in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decode's max-running-requests = \"eight\" is refused as 'required', though it is set",
-)
 def test_a_decodes_non_numeric_request_cap_is_refused_as_not_a_number(tmp_path: Path) -> None:
     units = _inventory(tmp_path, ("max-running-requests = 8", 'max-running-requests = "eight"'))
     code, _, err = _cli(units, "plan", "pd", "--offline", "--context", "32k")
@@ -225,20 +217,12 @@ def test_commands_md_says_which_options_a_pd_file_refuses() -> None:
     assert "[pd]" in text or "pd.md" in text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decode url with port 99999 passes plan and render and reaches the router's --decode argument",
-)
 def test_a_role_url_with_a_port_out_of_range_is_refused(tmp_path: Path) -> None:
     units = _inventory(tmp_path, ("gpus = [1]\n", 'gpus = [1]\nurl = "http://gpu-pd:99999"\n'))
     code, out, _ = _cli(units, "render", "pd", "--context", "32k")
     assert code == 2, [line for line in out.splitlines() if "--decode" in line]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decode's bad environment name passes plan; render blames 'unit.environment', not its key",
-)
 def test_a_roles_bad_environment_name_is_named_by_its_own_key(tmp_path: Path) -> None:
     units = _inventory(tmp_path, ("gpus = [1]\n", 'gpus = [1]\nenvironment = { "A B" = "1" }\n'))
     code, _, err = _cli(units, "render", "pd", "--context", "32k")

@@ -92,10 +92,6 @@ def test_a_prefills_unset_chunk_is_planned_at_sglangs_default(tmp_path: Path) ->
     assert prefill["need_tokens"] == 8192 + 2 * 32000, prefill["need"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="render writes a decode whose pool plan refuses (max-running-requests it cannot hold), exit 0",
-)
 def test_render_refuses_a_decode_plan_refuses(tmp_path: Path) -> None:
     # docs/pd.md: the refusals (a decode whose pool cannot hold its max-running-requests among them) run
     # "before plan plans and before render renders"
@@ -121,10 +117,6 @@ def test_a_decode_with_no_pool_is_not_told_to_run_zero_requests(tmp_path: Path) 
 # ---- low: output that misleads
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="render of a [pd] file writes no --mem-fraction-static and says nothing; plan chose one per role",
-)
 def test_render_of_a_pd_file_says_the_fraction_plan_chose_is_not_in_its_units() -> None:
     # a plain service's render notes "--context-length alone does not grow the KV pool"; a [pd] render
     # prints units at SGLang's default fraction, not the plan's 0.835 / 0.874, silently

@@ -1,0 +1,54 @@
+"""render of a [pd] file refuses what plan refuses (docs/pd.md: before plan plans and before render renders),
+with the same line, and says the fraction plan would choose, which its units do not carry."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from agent.cli.main import main
+from agent.output import Output
+from tests.pure.test_pd import EXAMPLE, ROOT
+
+REFUSED = [
+    ("max-running-requests = 8", "max-running-requests = 64"),
+    ("max-running-requests = 8", "max-running-requests = 4000"),
+    ("tp-size = 1, max-running-requests = 8", "tp-size = 1, page-size = 16, max-running-requests = 8"),
+    ('transfer_backend = "mooncake"', 'transfer_backend = "fake"'),
+]
+
+
+def _run(units: Path, *argv: str) -> tuple[int, str, str]:
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    code = main([*argv, "--context", "32k", "--units", str(units)], out)
+    assert isinstance(out.stdout, io.StringIO) and isinstance(out.stderr, io.StringIO)
+    return code, out.stdout.getvalue(), out.stderr.getvalue()
+
+
+def _error(err: str) -> str:
+    return next(line for line in err.splitlines() if line.startswith("deployctl: error: "))
+
+
+@pytest.mark.parametrize(("old", "new"), REFUSED)
+def test_render_refuses_with_plans_line(tmp_path: Path, old: str, new: str) -> None:
+    text = EXAMPLE.read_text(encoding="utf-8")
+    assert old in text
+    (tmp_path / "pd.toml").write_text(text.replace(old, new, 1), encoding="utf-8")
+    plan_code, _, plan_err = _run(tmp_path, "plan", "pd", "--offline")
+    code, out, err = _run(tmp_path, "render", "pd")
+    assert plan_code == code == 2 and out == ""
+    assert _error(err) == _error(plan_err)
+
+
+def test_render_notes_each_roles_planned_fraction_unless_given() -> None:
+    _, plan_out, _ = _run(ROOT / "units", "plan", "pd-1p1d", "--offline")
+    chosen = [w.rstrip(":") for line in plan_out.splitlines() for w in line.split() if w.startswith("0.")]
+    code, out, err = _run(ROOT / "units", "render", "pd-1p1d")
+    assert code == 0 and "--mem-fraction-static" not in out
+    notes = [line for line in err.splitlines() if "mem-fraction-static" in line]
+    assert [n.split(": ")[2] for n in notes] == ["prefill[0]", "decode[0]"]
+    assert all(f in err for f in chosen[:2]), (chosen, err)
+    code, out, err = _run(ROOT / "units", "render", "pd-1p1d", "--mem-fraction-static", "0.8")
+    assert code == 0 and "mem-fraction-static" not in err and out.count("--mem-fraction-static 0.8") == 2

@@ -143,6 +143,8 @@ class PdRouter(_Model):
     @model_validator(mode="after")
     def _no_pd_flags(self) -> PdRouter:
         for name in ROUTER_PD_FLAGS:
+            if name in ("port", "host") and name in self.flags:  # the router's own keys, not the roles'
+                raise ValueError(f"flags.{name}: [pd.router] {name} sets it; set it there and leave it out")
             if name in self.flags:
                 raise ValueError(f"flags.{name}: [pd] renders it from the roles' units; leave it out")
         return self

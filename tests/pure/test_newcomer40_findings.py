@@ -125,10 +125,6 @@ def test_render_of_a_pd_file_says_the_fraction_plan_chose_is_not_in_its_units() 
     assert "--mem-fraction-static" in out or "mem-fraction-static" in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--set page-size=16 on a [pd] plan is refused naming --max-running-requests, which was not given",
-)
 def test_a_refused_set_names_only_what_was_typed(tmp_path: Path) -> None:
     code, _, err = _cli(
         ROOT / "units", "plan", "pd-1p1d", "--offline", "--context", "32k", "--set", "page-size=16"
@@ -137,10 +133,6 @@ def test_a_refused_set_names_only_what_was_typed(tmp_path: Path) -> None:
     assert "--max-running-requests" not in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="[pd.router] flags.port is refused as rendered 'from the roles' units'; it is [pd.router] port",
-)
 def test_the_routers_port_in_its_flags_points_at_pd_router_port(tmp_path: Path) -> None:
     units = _inventory(
         tmp_path, ('flags = { policy = "cache_aware" }', 'flags = { policy = "cache_aware", port = 31000 }')

@@ -52,3 +52,31 @@ def test_render_notes_each_roles_planned_fraction_unless_given() -> None:
     assert all(f in err for f in chosen[:2]), (chosen, err)
     code, out, err = _run(ROOT / "units", "render", "pd-1p1d", "--mem-fraction-static", "0.8")
     assert code == 0 and "mem-fraction-static" not in err and out.count("--mem-fraction-static 0.8") == 2
+
+
+@pytest.mark.parametrize("command", ["plan", "render"])
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--set", "page-size=16"], ["--set page-size"]),
+        (["--max-running-requests", "4"], ["--max-running-requests"]),
+        (["--set", "max-running-requests=4"], ["--set max-running-requests"]),
+        (["--set", "tp-size=2", "--set", "page-size=16"], ["--set tp-size", "--set page-size"]),
+    ],
+)
+def test_a_refused_option_is_named_as_typed(command: str, argv: list[str], named: list[str]) -> None:
+    offline = ["--offline"] if command == "plan" else []
+    code, out, err = _run(ROOT / "units", command, "pd-1p1d", *offline, *argv)
+    head = _error(err).removeprefix("deployctl: error: ").split(": not for")[0]
+    assert code == 2 and out == "" and head == ", ".join(named), err
+
+
+@pytest.mark.parametrize("key", ["port", "host"])
+def test_the_routers_own_key_in_its_flags_points_at_it(tmp_path: Path, key: str) -> None:
+    old = 'flags = { policy = "cache_aware" }'
+    text = EXAMPLE.read_text(encoding="utf-8").replace(
+        old, f'flags = {{ policy = "cache_aware", {key} = 1 }}'
+    )
+    (tmp_path / "pd.toml").write_text(text, encoding="utf-8")
+    code, _, err = _run(tmp_path, "plan", "pd", "--offline")
+    assert code == 2 and f"[pd.router] {key} sets it" in err, err

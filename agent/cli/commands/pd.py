@@ -23,9 +23,14 @@ def _only_context(args: argparse.Namespace) -> Change:
     """The context and the fraction (--mem-fraction-static or --set mem-fraction-static, for every role):
     the rest of each role's flags are its [pd] unit's."""
     change = change_of(args)
-    if change.flags or change.max_running_requests is not None:
+    typed = [f"--set {name}" for name, _ in change.flags]
+    if change.max_running_requests is not None:  # named as typed: its option, or --set
+        by_option = getattr(args, "max_running_requests", None) is not None
+        typed.append("--max-running-requests" if by_option else "--set max-running-requests")
+    if typed:
         raise UsageError(
-            "--set and --max-running-requests: not for a [pd] service; set each role's flags in its [pd] unit"
+            f"{', '.join(typed)}: not for a [pd] service (--set takes mem-fraction-static alone); set each "
+            "role's flags in its [pd] unit"
         )
     if getattr(args, "from_log", None):
         raise UsageError("--from-log: not for a [pd] service yet; plan it from the inventory (--offline)")

@@ -142,10 +142,6 @@ def test_the_routers_port_in_its_flags_points_at_pd_router_port(tmp_path: Path) 
     assert "roles' units" not in err and re.search(r"pd\.router\]? ?\.?port", err), err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="parse-log calls SGLang's PD 'KV layout mismatch' a plain scheduler_exception, with no fix",
-)
 def test_parse_log_names_a_pd_kv_layout_mismatch(tmp_path: Path) -> None:
     # srt/disaggregation/common/conn.py:1348-1357: raised at the same handshake as the page-size mismatch
     text = re.sub(

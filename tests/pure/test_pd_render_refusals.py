@@ -80,3 +80,11 @@ def test_the_routers_own_key_in_its_flags_points_at_it(tmp_path: Path, key: str)
     (tmp_path / "pd.toml").write_text(text, encoding="utf-8")
     code, _, err = _run(tmp_path, "plan", "pd", "--offline")
     assert code == 2 and f"[pd.router] {key} sets it" in err, err
+
+
+@pytest.mark.parametrize("yes", [[], ["--yes"]])
+def test_rollback_to_of_a_pd_file_is_refused_before_asking_for_yes(yes: list[str]) -> None:
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    code = main(["rollback", "pd-1p1d", "--to", "x", *yes, "--units", str(ROOT / "units")], out)
+    assert isinstance(out.stderr, io.StringIO)
+    assert code == 2 and _error(out.stderr.getvalue()).startswith("deployctl: error: --to: "), out.stderr

@@ -159,10 +159,6 @@ def test_parse_log_names_a_pd_kv_layout_mismatch(tmp_path: Path) -> None:
     assert said["failure"]["kind"].startswith("pd_") and said["fix"], said["failure"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="README's docs table says [pd] status, rollback, backups and facts are 'not yet'; they are built",
-)
 def test_readme_does_not_call_pd_status_rollback_backups_facts_unbuilt() -> None:
     row = next(line for line in (ROOT / "README.md").read_text().splitlines() if "docs/pd.md" in line)
     assert "not yet" not in row, row
@@ -186,10 +182,6 @@ def test_a_decodes_non_numeric_request_cap_is_refused_as_not_a_number(tmp_path: 
     assert "required" not in err and "eight" in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/commands.md ('every command with its options') never mentions [pd] or what it refuses there",
-)
 def test_commands_md_says_which_options_a_pd_file_refuses() -> None:
     # plan/render refuse --from-log, --diff, --set (but mem-fraction-static), --max-running-requests for a
     # [pd] file; status --follow and rollback --to too: a newcomer reading commands.md learns none of it

@@ -88,3 +88,19 @@ def test_rollback_to_of_a_pd_file_is_refused_before_asking_for_yes(yes: list[str
     code = main(["rollback", "pd-1p1d", "--to", "x", *yes, "--units", str(ROOT / "units")], out)
     assert isinstance(out.stderr, io.StringIO)
     assert code == 2 and _error(out.stderr.getvalue()).startswith("deployctl: error: --to: "), out.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "label"),
+    [("pd.prefill0", "prefill[0]"), ("pd.decode12", "decode[12]"), ("a.b.decode1", "decode[1]"),
+     ("pd.router", "router")],
+)  # fmt: skip
+def test_a_group_member_is_named_as_plan_names_it(name: str, label: str) -> None:
+    from agent.group.pdapply import shown
+    from agent.group.run import Node
+    from agent.inventory import load_host
+    from agent.pd.units import pd_units
+
+    unit = pd_units(load_host("pd-1p1d", ROOT / "units"))[0]
+    node = Node(0, unit.host.model_copy(update={"name": name}), None, None)  # type: ignore[arg-type]
+    assert shown(node) == label

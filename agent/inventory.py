@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.errors import InventoryError, UsageError
-from agent.pd.spec import Held, Pd, pd_holdings
+from agent.pd.spec import Held, Pd, pd_holdings, role_problem
 from agent.protocol.addresses import host_key
 from agent.protocol.common import HTTP_URL, UNIT_NAME, find_control
 
@@ -496,7 +496,7 @@ def load_host(name: str, directory: Path) -> HostConfig:
         host = HostConfig.model_validate(data)
     except ValidationError as exc:
         raise InventoryError(f"{path}: {_first_error(exc)}") from None
-    problem = flag_rules_problem(host)
+    problem = flag_rules_problem(host) or (role_problem(host.pd, host.sglang.version) if host.pd else None)
     if problem:
         raise InventoryError(f"{path}: {problem}")
     return host

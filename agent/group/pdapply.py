@@ -310,12 +310,23 @@ def _show(
             out.note(f"      {notes[m.index]}")
 
 
+ROLE_NAME = re.compile(r"(prefill|decode)(\d+)")
+
+
+def shown(node: Node) -> str:
+    """A member as plan, refusals and the waves name it (prefill[0], router), not its unit's inventory
+    name (pd.prefill0: written into its unit's header, so kept)."""
+    tail = node.host.name.rsplit(".", 1)[-1]
+    m = ROLE_NAME.fullmatch(tail)
+    return f"{m[1]}[{m[2]}]" if m else tail
+
+
 def run_group(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int, ...]) -> int:
     """The coordinator over the members in waves, converge, and one report (an apply's or a rollback's)."""
 
     def hear(node: Node, event: Event) -> None:
         if event.kind in ("step", "warning") and out.style is not Style.JSON:
-            out.note(f"   [{node.host.name}] {event.stage}: {event.message}")
+            out.note(f"   [{shown(node)}] {event.stage}: {event.message}")
 
     Coordinator(nodes, hear, waves=order).run()
     converged = converge(nodes, lambda node, backup: _rollback(node, backup, hear))
@@ -323,7 +334,7 @@ def run_group(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int
     cause = first_cause([n.view for n in nodes])
     # a member's vote says "rank N failed: ..."; the report names the unit instead
     said = RANK_FAILED.sub("", cause[1]) if cause else ""
-    why = f": {nodes[cause[0]].host.name} failed: {said}" if cause else ""
+    why = f": {shown(nodes[cause[0]])} failed: {said}" if cause else ""
     if out.style is Style.JSON:
         out.print(json.dumps(_json(host, nodes, outcome.value, why), sort_keys=True, default=str))
         return int(outcome.exit_code)
@@ -331,7 +342,7 @@ def run_group(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int
     for node in nodes:
         what = node.view.outcome.value if node.view.outcome else "unknown (no contact)"
         said = node.outcome.message if node.outcome else node.view.why
-        out.print(f"   {node.host.name} ({node.host.ssh.target} {node.host.unit.name}): {what}: {said}")
+        out.print(f"   {shown(node)} ({node.host.ssh.target} {node.host.unit.name}): {what}: {said}")
     return int(outcome.exit_code)
 
 

@@ -170,13 +170,18 @@ def _show(out: Output, host: HostConfig, chosen: Sequence[Chosen]) -> None:
             out.note(f"      --{change.name}: {change.after} -> {change.before}")
 
 
-def rollback(host: HostConfig, conn: Connection, to: str | None, out: Output, *, yes: bool) -> int:
+def refuse_to(host: HostConfig, to: str | None) -> None:
+    """--to is refused for a [pd] service: the command line says it before it asks for --yes."""
     if to is not None:
         raise UsageError(
             "--to: names one unit's backup; a [pd] rollback takes each unit back to its newest backup that "
             "differs from its unit, as one group; nothing was changed",
             hint=f"deployctl rollback {host.name} --yes",
         )
+
+
+def rollback(host: HostConfig, conn: Connection, to: str | None, out: Output, *, yes: bool) -> int:
+    refuse_to(host, to)
     units = parts(host)
     with clients([u for _, u in units], conn) as agents:
         listings = [

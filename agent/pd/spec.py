@@ -8,13 +8,17 @@ the roles must agree on (page size, KV dtype, model, release) is checked by agen
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from agent.protocol.addresses import host_key
 from agent.protocol.common import HTTP_URL, UNIT_NAME, find_control
+from agent.sglang import flagrules, server_args
+from agent.sglang.unitfile import ENV_NAME
 
 # srt/arg_groups/choices.py DISAGG_TRANSFER_BACKEND_CHOICES; mooncake_tcp is mooncake with its TCP transport
 # forced (srt/arg_groups/pd_disaggregation_hook.py), fake a decode-only test backend
@@ -51,6 +55,12 @@ def _unit(value: str) -> str:
 def _url(value: str) -> str:
     if not HTTP_URL.fullmatch(value):
         raise ValueError("must be an http:// or https:// URL: host, optional port and path")
+    try:  # urlsplit reads the port: one out of 1..65535 raises (the router could never dial it)
+        port = urlsplit(value).port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError("its port must be 1..65535")
     return value
 
 
@@ -147,6 +157,8 @@ class PdRouter(_Model):
     @model_validator(mode="after")
     def _no_pd_flags(self) -> PdRouter:
         for name in ROUTER_PD_FLAGS:
+            if name in ("port", "host") and name in self.flags:  # the router's own keys, not the roles'
+                raise ValueError(f"flags.{name}: [pd.router] {name} sets it; set it there and leave it out")
             if name in self.flags:
                 raise ValueError(f"flags.{name}: [pd] renders it from the roles' units; leave it out")
         return self
@@ -238,3 +250,40 @@ def pd_holdings(pd: Pd, ssh_target: str, base: str, own: Held) -> dict[str, Held
                 ports.add(unit.bootstrap_port or BOOTSTRAP_DEFAULT)
             hold(unit.target, unit.unit or unit_name(base, role, i), ports, unit.gpus)
     return found
+
+
+def _roles(pd: Pd) -> Iterator[tuple[str, RoleUnit]]:
+    for role, units in (("prefill", pd.prefill), ("decode", pd.decode)):
+        for i, unit in enumerate(units):
+            yield f"pd.{role}.{i}", unit
+
+
+def _flag_problem(flags: Mapping[str, FlagValue], version: str, where: str) -> str | None:
+    """inventory.flag_rules_problem's rules and SGLang's own table (plan/effective.py check_table)."""
+    try:
+        canonical = flagrules.canonical_flags(flags, version, where)
+    except ValueError as exc:
+        return str(exc)
+    for name, value in canonical.items():
+        elsewhere = None if name in PD_FLAGS or name == "model-path" else flagrules.set_elsewhere(name)
+        problem = elsewhere or flagrules.value_problem(name, value)
+        if problem:
+            return f"{where}.{name}: {problem}"
+    said = server_args.problems(version, flags)
+    return f"{where}.{said[0][0]}: {said[0][1]}" if said else None
+
+
+def role_problem(pd: Pd, version: str) -> str | None:
+    """A role's own values by the rules the file's [sglang.flags] and [unit] environment follow
+    (inventory.flag_rules_problem, render.validate_environment), named by the role's key path
+    (pd.decode.0.flags.page-size); the router's environment too. The first one, or None."""
+    environments = [(f"{w}.environment", u.environment) for w, u in _roles(pd)]
+    for where, environment in [*environments, ("pd.router.environment", pd.router.environment)]:
+        bad = next((name for name in environment if not ENV_NAME.fullmatch(name)), None)
+        if bad is not None:
+            return f"{where}.{bad}: a variable name must match {ENV_NAME.pattern}"
+    for where, unit in _roles(pd):
+        problem = _flag_problem(unit.flags, version, f"{where}.flags")
+        if problem:
+            return problem
+    return None

@@ -67,7 +67,7 @@ def test_a_failed_decode_start_rolls_back_every_role_and_the_router(pd: Pd) -> N
     r = pd.run("apply", "pd", "--context", "24k", "--yes")
     said = r.stdout + r.stderr
     assert r.returncode == ExitCode.ROLLED_BACK, said
-    assert "wave 2: router" in said and "pd.decode0 failed" in said, said  # the decode's start, named
+    assert "wave 2: router" in said and "decode[0] failed" in said, said  # the decode's start, named
     assert pd.texts() == before  # every role and the router on its previous unit
     for unit in UNITS:
         assert pd.show(unit, "ActiveState") == "active", unit

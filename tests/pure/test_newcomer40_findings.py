@@ -80,10 +80,6 @@ def test_a_prefills_unset_chunk_is_planned_at_sglangs_default(tmp_path: Path) ->
     assert prefill["need_tokens"] == 8192 + 2 * 32000, prefill["need"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="render writes a decode whose pool plan refuses (max-running-requests it cannot hold), exit 0",
-)
 def test_render_refuses_a_decode_plan_refuses(tmp_path: Path) -> None:
     # docs/pd.md: the refusals (a decode whose pool cannot hold its max-running-requests among them) run
     # "before plan plans and before render renders"
@@ -105,10 +101,6 @@ def test_a_decode_with_no_pool_is_not_told_to_run_zero_requests(tmp_path: Path) 
 # ---- low: output that misleads
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="render of a [pd] file writes no --mem-fraction-static and says nothing; plan chose one per role",
-)
 def test_render_of_a_pd_file_says_the_fraction_plan_chose_is_not_in_its_units() -> None:
     # a plain service's render notes "--context-length alone does not grow the KV pool"; a [pd] render
     # prints units at SGLang's default fraction, not the plan's 0.835 / 0.874, silently
@@ -117,10 +109,6 @@ def test_render_of_a_pd_file_says_the_fraction_plan_chose_is_not_in_its_units() 
     assert "--mem-fraction-static" in out or "mem-fraction-static" in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--set page-size=16 on a [pd] plan is refused naming --max-running-requests, which was not given",
-)
 def test_a_refused_set_names_only_what_was_typed(tmp_path: Path) -> None:
     code, _, err = _cli(
         ROOT / "units", "plan", "pd-1p1d", "--offline", "--context", "32k", "--set", "page-size=16"
@@ -129,10 +117,6 @@ def test_a_refused_set_names_only_what_was_typed(tmp_path: Path) -> None:
     assert "--max-running-requests" not in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="[pd.router] flags.port is refused as rendered 'from the roles' units'; it is [pd.router] port",
-)
 def test_the_routers_port_in_its_flags_points_at_pd_router_port(tmp_path: Path) -> None:
     units = _inventory(
         tmp_path, ('flags = { policy = "cache_aware" }', 'flags = { policy = "cache_aware", port = 31000 }')
@@ -142,10 +126,6 @@ def test_the_routers_port_in_its_flags_points_at_pd_router_port(tmp_path: Path) 
     assert "roles' units" not in err and re.search(r"pd\.router\]? ?\.?port", err), err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="parse-log calls SGLang's PD 'KV layout mismatch' a plain scheduler_exception, with no fix",
-)
 def test_parse_log_names_a_pd_kv_layout_mismatch(tmp_path: Path) -> None:
     # srt/disaggregation/common/conn.py:1348-1357: raised at the same handshake as the page-size mismatch
     text = re.sub(
@@ -163,19 +143,11 @@ def test_parse_log_names_a_pd_kv_layout_mismatch(tmp_path: Path) -> None:
     assert said["failure"]["kind"].startswith("pd_") and said["fix"], said["failure"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="README's docs table says [pd] status, rollback, backups and facts are 'not yet'; they are built",
-)
 def test_readme_does_not_call_pd_status_rollback_backups_facts_unbuilt() -> None:
     row = next(line for line in (ROOT / "README.md").read_text().splitlines() if "docs/pd.md" in line)
     assert "not yet" not in row, row
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decode's page-size = 0 is reported as 'unset' in a page-size-differs line, not as a bad value",
-)
 def test_a_roles_page_size_zero_is_refused_as_a_bad_value(tmp_path: Path) -> None:
     # the same value in [sglang.flags] is refused as "--page-size '0' must be >= 1"
     units = _inventory(
@@ -187,10 +159,6 @@ def test_a_roles_page_size_zero_is_refused_as_a_bad_value(tmp_path: Path) -> Non
     assert "unset" not in err and ">= 1" in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decode's max-running-requests = \"eight\" is refused as 'required', though it is set",
-)
 def test_a_decodes_non_numeric_request_cap_is_refused_as_not_a_number(tmp_path: Path) -> None:
     units = _inventory(tmp_path, ("max-running-requests = 8", 'max-running-requests = "eight"'))
     code, _, err = _cli(units, "plan", "pd", "--offline", "--context", "32k")
@@ -198,10 +166,6 @@ def test_a_decodes_non_numeric_request_cap_is_refused_as_not_a_number(tmp_path: 
     assert "required" not in err and "eight" in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/commands.md ('every command with its options') never mentions [pd] or what it refuses there",
-)
 def test_commands_md_says_which_options_a_pd_file_refuses() -> None:
     # plan/render refuse --from-log, --diff, --set (but mem-fraction-static), --max-running-requests for a
     # [pd] file; status --follow and rollback --to too: a newcomer reading commands.md learns none of it
@@ -209,20 +173,12 @@ def test_commands_md_says_which_options_a_pd_file_refuses() -> None:
     assert "[pd]" in text or "pd.md" in text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decode url with port 99999 passes plan and render and reaches the router's --decode argument",
-)
 def test_a_role_url_with_a_port_out_of_range_is_refused(tmp_path: Path) -> None:
     units = _inventory(tmp_path, ("gpus = [1]\n", 'gpus = [1]\nurl = "http://gpu-pd:99999"\n'))
     code, out, _ = _cli(units, "render", "pd", "--context", "32k")
     assert code == 2, [line for line in out.splitlines() if "--decode" in line]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decode's bad environment name passes plan; render blames 'unit.environment', not its key",
-)
 def test_a_roles_bad_environment_name_is_named_by_its_own_key(tmp_path: Path) -> None:
     units = _inventory(tmp_path, ("gpus = [1]\n", 'gpus = [1]\nenvironment = { "A B" = "1" }\n'))
     code, _, err = _cli(units, "render", "pd", "--context", "32k")

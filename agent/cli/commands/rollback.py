@@ -33,5 +33,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from agent import deploy  # SSH and the planner load only when a command runs
 
     out.json, out.quiet = args.json, args.quiet
+    if args.to is not None:  # a [pd] service refuses --to: said first, not a request for --yes
+        from agent.group.pdrollback import refuse_to
+        from agent.inventory import load_service, units_dir
+
+        host = load_service(args.host, units_dir(args.units))
+        if host.pd is not None:
+            refuse_to(host, args.to)
     refuse_unconfirmed(args.yes, out.stdin_isatty)
     return deploy.rollback(connection_of(args), args.to, out, yes=args.yes)

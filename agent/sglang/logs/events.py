@@ -23,6 +23,13 @@ HOST_MEMORY_SHORT = "host_memory_short"  # HiCache's host pool refused (agent/sg
 # A PD decode whose page size or KV dtype text differs from its prefill's (agent/sglang/logs/pd.py)
 PD_PAGE_SIZE_MISMATCH = "pd_page_size_mismatch"
 PD_KV_DTYPE_MISMATCH = "pd_kv_dtype_mismatch"
+# The same handshake's other refusals (srt/disaggregation/common/conn.py:1336-1418): the KV layout (DSV4's
+# attention backend), DSpark's layout, attention TP sizes a model's pages cannot be resliced across, and a
+# decode's DCP a peer or pool does not take
+PD_KV_LAYOUT_MISMATCH = "pd_kv_layout_mismatch"
+PD_DSPARK_LAYOUT_MISMATCH = "pd_dspark_layout_mismatch"
+PD_ATTN_TP_MISMATCH = "pd_attn_tp_mismatch"
+PD_DECODE_DCP_UNSUPPORTED = "pd_decode_dcp_unsupported"
 # A PD decode received KV that is not what its prefill sent (SGLang drops that request and serves on)
 PD_KV_CHECKSUM_MISMATCH = "pd_kv_checksum_mismatch"
 # What the kernel and systemd say of the service's end (agent/sglang/logs/system.py): the kernel's OOM killer
@@ -48,6 +55,10 @@ FAILURE_KINDS = frozenset(
         HOST_MEMORY_SHORT,
         PD_PAGE_SIZE_MISMATCH,
         PD_KV_DTYPE_MISMATCH,
+        PD_KV_LAYOUT_MISMATCH,
+        PD_DSPARK_LAYOUT_MISMATCH,
+        PD_ATTN_TP_MISMATCH,
+        PD_DECODE_DCP_UNSUPPORTED,
         PD_KV_CHECKSUM_MISMATCH,
         HOST_OOM_KILLED,
         PROCESS_EXITED,

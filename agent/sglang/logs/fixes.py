@@ -27,8 +27,10 @@ def fix_for(
     if kind == ev.HOST_MEMORY_SHORT:  # HiCache's host pool refused: SGLang's own figures
         ranks, pools = (host_ranks[0], host_ranks[1]) if host_ranks else (None, None)
         return hicache.fix(line, ranks, pools, hicache_size)
-    if kind in (ev.PD_PAGE_SIZE_MISMATCH, ev.PD_KV_DTYPE_MISMATCH):
+    if kind in (ev.PD_PAGE_SIZE_MISMATCH, ev.PD_KV_DTYPE_MISMATCH, ev.PD_KV_LAYOUT_MISMATCH):
         return pd.fix(line)
+    if kind in pd.FIXES:
+        return pd.FIXES[kind]
     if kind == ev.PD_KV_CHECKSUM_MISMATCH:
         return pd.CHECKSUM_FIX
     if kind == ev.HOST_OOM_KILLED:

@@ -9,8 +9,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from agent.cli.main import main
 from agent.output import Output
 from tests.pure.test_pd import EXAMPLE, ROOT

@@ -88,6 +88,16 @@ def kv_dtype(unit: PdUnit) -> str:
     return _text(unit.host.sglang.flags, "kv-cache-dtype", default="auto")
 
 
+# --dtype as SGLang reads it, lower-cased (srt/configs/model_config.py:2274-2280, 2302); "auto": the
+# checkpoint's own dtype, unknown offline
+DTYPE_WORDS = {"half": "float16", "float16": "float16", "float": "float32", "float32": "float32"}
+
+
+def model_dtype(unit: PdUnit) -> str:
+    said = _text(unit.host.sglang.flags, "dtype", default="auto").lower()
+    return DTYPE_WORDS.get(said, said)
+
+
 def tp_size(unit: PdUnit) -> int:
     return int(
         _text(
@@ -147,6 +157,7 @@ def _parity(units: Sequence[PdUnit]) -> list[str]:
                     f"(SGLang refuses the transfer at the first request): {how}"
                 )
                 break
+    found += _pool_dtype(units)
     for unit in units[1:]:
         if model_path(unit) != model_path(first):
             found.append(
@@ -155,6 +166,24 @@ def _parity(units: Sequence[PdUnit]) -> list[str]:
             )
             break
     return found
+
+
+def _pool_dtype(units: Sequence[PdUnit]) -> list[str]:
+    """--kv-cache-dtype auto on every role: each pool holds its model's --dtype (mem_cache/kv_cache_dtype.py
+    :49-59), while the handshake compares the text "auto" only (common/conn.py:1327-1335): float16 KV is
+    read as bfloat16 without a word. "auto" against a named dtype is refused too: the checkpoint's dtype is
+    not known offline."""
+    first = units[0]
+    if any(kv_dtype(u) != "auto" for u in units):
+        return []  # a named KV dtype fixes the pool's; a differing text is refused above
+    other = next((u for u in units[1:] if model_dtype(u) != model_dtype(first)), None)
+    if other is None:
+        return []
+    return [
+        f"--dtype differs under --kv-cache-dtype auto: {first.label} has {model_dtype(first)}, {other.label} "
+        f"has {model_dtype(other)} (each KV pool holds its --dtype, and SGLang compares only the text auto): "
+        "set one --dtype on every role, or one --kv-cache-dtype other than auto"
+    ]
 
 
 def _placement(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:

@@ -36,10 +36,6 @@ def test_the_routers_unit_named_as_a_roles_unit_on_its_host_is_refused() -> None
     assert any("llama-pd-prefill-0.service" in s for s in said), said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--dtype differing between roles with kv-cache-dtype auto passes; SGLang compares only 'auto'",
-)
 def test_roles_whose_kv_dtype_differs_through_dtype_under_auto_are_refused() -> None:
     # kv-cache-dtype auto on both: SGLang's handshake compares the text "auto" (common/conn.py:1327-1335)
     # while each pool takes its model dtype (mem_cache/kv_cache_dtype.py:49-59): fp16 KV read as bf16
@@ -168,10 +164,6 @@ def test_a_unit_on_another_host_at_ipv6_loopback_is_refused() -> None:
     assert said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--speculative-draft-attention-backend trtllm_mha forces page 64 (overrides.py:1174); unmodelled",
-)
 def test_a_draft_backend_that_forces_page_64_is_compared_at_64() -> None:
     said = refusals(decode_flags(speculative_draft_attention_backend="trtllm_mha"))
     assert any("page-size" in s for s in said), said

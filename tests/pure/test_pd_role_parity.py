@@ -1,0 +1,61 @@
+"""What two roles must agree on beyond the flags' text: the KV pool's dtype under --kv-cache-dtype auto (each
+takes its --dtype, SGLang's handshake compares only "auto"), and the page size a speculative draft's
+attention backend forces (srt/arg_groups/overrides.py:1174-1187).
+Generated over the spellings SGLang reads."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.pd.pagesize import effective_page_size
+from tests.pure.test_pd_newcomer import decode_flags, refusals
+
+# --dtype's words (srt/configs/model_config.py:2274-2280), lower-cased by SGLang (:2302)
+SAME = {"half": "float16", "float16": "float16", "float": "float32", "float32": "float32"}
+WORDS = ["auto", "half", "float16", "float", "float32", "bfloat16"]
+
+
+def _spelled(word: str, upper: bool) -> str:
+    return word.upper() if upper else word
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(WORDS), st.sampled_from(WORDS), st.booleans())
+def test_the_pools_dtype_under_auto_is_compared_as_sglang_reads_dtype(a: str, b: str, upper: bool) -> None:
+    def mutate(d: dict[str, object]) -> None:
+        d["pd"]["prefill"][0]["flags"]["dtype"] = _spelled(a, upper)  # type: ignore[index]
+        d["pd"]["decode"][0]["flags"]["dtype"] = b  # type: ignore[index]
+
+    said = [s for s in refusals(mutate) if "--dtype differs" in s]
+    assert bool(said) == (SAME.get(a, a) != SAME.get(b, b)), (a, b, said)
+
+
+def test_a_named_kv_cache_dtype_is_not_refused_for_differing_dtype() -> None:
+    def mutate(d: dict[str, object]) -> None:
+        d["sglang"]["flags"]["kv-cache-dtype"] = "fp8_e4m3"  # type: ignore[index]
+        d["pd"]["decode"][0]["flags"]["dtype"] = "float16"  # type: ignore[index]
+
+    assert not [s for s in refusals(mutate) if "dtype" in s]
+
+
+def test_one_role_without_dtype_against_one_that_names_it_is_refused() -> None:
+    said = refusals(decode_flags(dtype="bfloat16"))
+    assert any("prefill[0] has auto, decode[0] has bfloat16" in s for s in said), said
+
+
+@given(st.sampled_from([None, 1, 8, 16, 32, 64, 128, 256]), st.sampled_from(["trtllm_mha", "fa3", "triton"]))
+def test_a_draft_backend_forces_the_page_as_trtllm_mha_does(page: int | None, draft: str) -> None:
+    flags: dict[str, object] = {"speculative-draft-attention-backend": draft}
+    if page is not None:
+        flags["page-size"] = page
+    keeps = draft != "trtllm_mha" or page in (16, 32, 64, 128)
+    assert effective_page_size(flags) == (("unset" if page is None else str(page)) if keeps else "64")
+
+
+def test_a_draft_backend_that_keeps_the_page_is_not_refused() -> None:
+    def mutate(d: dict[str, object]) -> None:
+        d["sglang"]["flags"]["page-size"] = 16  # type: ignore[index]
+        d["pd"]["decode"][0]["flags"]["speculative-draft-attention-backend"] = "trtllm_mha"  # type: ignore[index]
+
+    assert not [s for s in refusals(mutate) if "page-size" in s]

@@ -16,11 +16,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from agent.inventory import HostConfig
+from agent.inventory import VISIBLE, HostConfig, two_gpu_settings
 from agent.pd.pagesize import effective_page_size, said_page_size
 from agent.pd.router import router_words, unnamed_bootstraps
 from agent.pd.routerflags import router_flag_problems
-from agent.pd.units import PdUnit, Role, loopback, pd_units, routed_url, router_target, spec
+from agent.pd.units import (
+    CHECKSUM_FLAG,
+    PdUnit,
+    Role,
+    loopback,
+    pd_units,
+    routed_url,
+    router_target,
+    spec,
+)
 
 # The module a backend's transfer engine imports (srt/disaggregation/<backend>/conn.py); fake needs none.
 BACKEND_MODULES = {
@@ -122,6 +131,7 @@ def check(
     """Every refusal of the service, in the order a person would fix them; warnings after."""
     units = pd_units(host)
     found = [
+        *_owned(host, units),
         *_parity(units),
         *_placement(host, units),
         *_platform(host, units),
@@ -135,6 +145,32 @@ def check(
         *_pools(decodes),
     ]
     return Verdict(tuple(found), tuple(_tp_warning(host, units)))
+
+
+def _owned(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    """What [pd] sets for every role, set again by hand: the KV checksum (on one engine only, the metadata
+    buffers pair up misaligned: srt/disaggregation/common/conn.py:617-634) and a role's GPUs (the same check
+    a plain service's file gets at its load, inventory.two_gpu_settings)."""
+    pd = spec(host)
+    roles = list(zip(units, (*pd.prefill, *pd.decode), strict=True))  # pd_units' order
+    tables = [("sglang.flags", host.sglang.flags)] + [(f"{u.where}.flags", role.flags) for u, role in roles]
+    found = [
+        f"{where}.{CHECKSUM_FLAG}: [pd] kv_checksum sets it on every role or none; leave it out (set "
+        "kv_checksum = false in [pd] to run without it)"
+        for where, flags in tables
+        if CHECKSUM_FLAG in flags
+    ]
+    for unit, role in roles:
+        if two_gpu_settings(unit.host):
+            own = VISIBLE in role.environment
+            where, whose = (
+                (f"{unit.where}.environment", f"{unit.label}'s")
+                if own
+                else ("unit.environment", "each unit's")
+            )
+            said = f"{where}.{VISIBLE}: {whose} gpus set it; keep gpus and leave it out"
+            found += [] if said in found else [said]
+    return found
 
 
 def _parity(units: Sequence[PdUnit]) -> list[str]:

@@ -5,6 +5,8 @@ Generated over the spellings SGLang reads."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -59,3 +61,44 @@ def test_a_draft_backend_that_keeps_the_page_is_not_refused() -> None:
         d["pd"]["decode"][0]["flags"]["speculative-draft-attention-backend"] = "trtllm_mha"  # type: ignore[index]
 
     assert not [s for s in refusals(mutate) if "page-size" in s]
+
+
+# ---- what [pd] sets for every role, set again by hand
+
+ROLES = st.sampled_from(["prefill", "decode"])
+
+
+@settings(max_examples=20, deadline=None)
+@given(ROLES, st.booleans(), st.booleans())
+def test_the_kv_checksum_flag_in_any_roles_flags_is_refused(role: str, value: bool, on: bool) -> None:
+    def mutate(d: dict[str, Any]) -> None:
+        d["pd"]["kv_checksum"] = on
+        d["pd"][role][0]["flags"]["disaggregation-enable-kv-checksum"] = value
+
+    said = refusals(mutate)
+    assert any(s.startswith(f"pd.{role}.0.flags.disaggregation-enable-kv-checksum: [pd]") for s in said), said
+
+
+def test_the_kv_checksum_flag_in_the_files_flags_is_refused() -> None:
+    said = refusals(lambda d: d["sglang"]["flags"].update({"disaggregation-enable-kv-checksum": True}))
+    assert any(s.startswith("sglang.flags.disaggregation-enable-kv-checksum") for s in said), said
+
+
+@settings(max_examples=20, deadline=None)
+@given(ROLES, st.sampled_from(["0", "1", "0,1", "GPU-5f1c", "MIG-1", ""]))
+def test_cuda_visible_devices_in_any_roles_environment_is_refused(role: str, value: str) -> None:
+    said = refusals(lambda d: d["pd"][role][0].update(environment={"CUDA_VISIBLE_DEVICES": value}))
+    assert said == (f"pd.{role}.0.environment.CUDA_VISIBLE_DEVICES: {role}[0]'s gpus set it; keep gpus and "
+                    "leave it out",), said  # fmt: skip
+
+
+def test_cuda_visible_devices_in_the_files_unit_environment_is_refused_once() -> None:
+    def mutate(d: dict[str, Any]) -> None:
+        del d["gpus"]["indices"]
+        d["gpus"]["count"] = 2
+        d["unit"]["environment"] = {"CUDA_VISIBLE_DEVICES": "0,1"}
+
+    said = refusals(mutate)
+    assert [s for s in said if "CUDA_VISIBLE_DEVICES" in s] == [
+        "unit.environment.CUDA_VISIBLE_DEVICES: each unit's gpus set it; keep gpus and leave it out"
+    ], said

@@ -400,7 +400,7 @@ class HostConfig(_Model):
 
     @model_validator(mode="after")
     def _one_gpu_setting(self) -> HostConfig:
-        if two_gpu_settings(self):
+        if self.gpus.indices is not None and VISIBLE in self.unit.environment:
             raise ValueError(f"unit.environment.{VISIBLE}: gpus.indices sets it; keep one of the two")
         return self
 
@@ -456,13 +456,6 @@ class HostConfig(_Model):
             return tuple(self.gpus.indices)
         visible = self.unit.environment.get(VISIBLE)
         return tuple(range(self.gpus.count)) if visible is None else visible_devices(visible)
-
-
-def two_gpu_settings(host: HostConfig) -> bool:
-    """gpus.indices and a CUDA_VISIBLE_DEVICES in unit.environment both choose the GPUs: the unit renders
-    the variable from indices, and the environment's would silently win over it. A [pd] role's unit (built
-    by model_copy, which runs no validator) is checked with it by agent/pd/refusals.py."""
-    return host.gpus.indices is not None and VISIBLE in host.unit.environment
 
 
 def visible_devices(value: str) -> tuple[int, ...] | None:

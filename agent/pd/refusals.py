@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from agent.inventory import VISIBLE, HostConfig, two_gpu_settings
+from agent.inventory import VISIBLE, HostConfig
 from agent.pd.pagesize import effective_page_size, said_page_size
-from agent.pd.router import router_words, unnamed_bootstraps
+from agent.pd.router import router_argv, unnamed_bootstraps
 from agent.pd.routerflags import router_flag_problems
 from agent.pd.units import (
     CHECKSUM_FLAG,
@@ -149,8 +149,9 @@ def check(
 
 def _owned(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
     """What [pd] sets for every role, set again by hand: the KV checksum (on one engine only, the metadata
-    buffers pair up misaligned: srt/disaggregation/common/conn.py:617-634) and a role's GPUs (the same check
-    a plain service's file gets at its load, inventory.two_gpu_settings)."""
+    buffers pair up misaligned: srt/disaggregation/common/conn.py:617-634) and a role's GPUs: the check a
+    plain file gets at its load (inventory.py HostConfig._one_gpu_setting), which a role's unit, built by
+    model_copy, skips."""
     pd = spec(host)
     roles = list(zip(units, (*pd.prefill, *pd.decode), strict=True))  # pd_units' order
     tables = [("sglang.flags", host.sglang.flags)] + [(f"{u.where}.flags", role.flags) for u, role in roles]
@@ -161,7 +162,7 @@ def _owned(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
         if CHECKSUM_FLAG in flags
     ]
     for unit, role in roles:
-        if two_gpu_settings(unit.host):
+        if unit.host.gpus.indices is not None and VISIBLE in unit.host.unit.environment:
             own = VISIBLE in role.environment
             where, whose = (
                 (f"{unit.where}.environment", f"{unit.label}'s")
@@ -374,8 +375,9 @@ def _binds(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
 
 def _routing(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
     return [
-        f"router: {p}: name each prefill with its bootstrap port"
-        for p in unnamed_bootstraps(router_words(host, units), units)
+        f"router: {p}: leave --prefill and --decode out of [pd.router] executable ([pd] names each unit, "
+        "a prefill with its bootstrap port)"
+        for p in unnamed_bootstraps(router_argv(host, units), units)
     ]
 
 

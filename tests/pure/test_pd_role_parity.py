@@ -102,3 +102,33 @@ def test_cuda_visible_devices_in_the_files_unit_environment_is_refused_once() ->
     assert [s for s in said if "CUDA_VISIBLE_DEVICES" in s] == [
         "unit.environment.CUDA_VISIBLE_DEVICES: each unit's gpus set it; keep gpus and leave it out"
     ], said
+
+
+# ---- the router's whole argv: words a person put in [pd.router] executable are read as the router reads them
+
+EXE = ["/opt/sglang/.venv/bin/python", "-m", "sglang_router.launch_router"]
+PREFILL, DECODE = "http://127.0.0.1:30010", "http://127.0.0.1:30020"
+SMUGGLED = [
+    ["--prefill", PREFILL],
+    [f"--prefill={PREFILL}"],
+    ["--prefill", PREFILL, "none"],
+    ["--prefill", PREFILL, "8999"],
+    ["--prefill", PREFILL, "8998"],  # right port, named twice
+    ["--prefill", "http://127.0.0.1:30011", "8998"],  # no unit's
+    ["--decode", DECODE],
+    [f"--decode={DECODE}"],
+    ["--decode", "http://10.0.0.9:30020"],
+]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(SMUGGLED), st.sampled_from([[], ["--policy", "random"], ["--log-level", "info"]]))
+def test_prefill_or_decode_words_in_the_routers_executable_are_refused(
+    words: list[str], around: list[str]
+) -> None:
+    said = refusals(lambda d: d["pd"]["router"].update(executable=[*EXE, *around, *words]))
+    assert any(s.startswith("router: ") and "[pd.router] executable" in s for s in said), said
+
+
+def test_a_plain_router_executable_is_not_refused() -> None:
+    assert not refusals(lambda d: d["pd"]["router"].update(executable=[*EXE, "--log-level", "info"]))

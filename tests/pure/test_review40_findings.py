@@ -133,9 +133,6 @@ def test_a_tp_size_that_is_not_a_number_is_a_usage_error(tmp_path: Path) -> None
     assert code == ExitCode.USAGE, err
 
 
-@pytest.mark.xfail(
-    strict=True, reason="router executable words '--prefill URL' (no bootstrap port) reach the unit unrefused"
-)
 def test_a_router_argv_naming_a_prefill_without_its_bootstrap_port_is_refused() -> None:
     exe = [
         "/opt/sglang/.venv/bin/python",

@@ -30,6 +30,7 @@ from agent.pd.units import (
     router_target,
     spec,
 )
+from agent.sglang import server_args
 
 # The module a backend's transfer engine imports (srt/disaggregation/<backend>/conn.py); fake needs none.
 BACKEND_MODULES = {
@@ -128,7 +129,11 @@ def check(
     facts: Mapping[str, PdHostFacts] | None = None,
     decodes: Sequence[DecodeNeed] = (),
 ) -> Verdict:
-    """Every refusal of the service, in the order a person would fix them; warnings after."""
+    """Every refusal of the service, in the order a person would fix them; warnings after. Flags SGLang's
+    own table refuses come first, alone: the units are not built from them (a tp-size of "two")."""
+    unread = table_problems(host)
+    if unread:
+        return Verdict(tuple(unread), ())
     units = pd_units(host)
     found = [
         *_owned(host, units),
@@ -145,6 +150,23 @@ def check(
         *_pools(decodes),
     ]
     return Verdict(tuple(found), tuple(_tp_warning(host, units)))
+
+
+def table_problems(host: HostConfig) -> list[str]:
+    """The file's [sglang.flags], then each role's own flags, against SGLang's flag table: the check a plain
+    service's flags get before it is planned (plan/effective.py check_table); a role's are read as numbers
+    (its TP, page size, concurrency) before any unit is rendered."""
+    pd = spec(host)
+    tables = [("sglang.flags", host.sglang.flags)] + [
+        (f"pd.{role}.{i}.flags", unit.flags)
+        for role, units in (("prefill", pd.prefill), ("decode", pd.decode))
+        for i, unit in enumerate(units)
+    ]
+    return [
+        f"{where}.{name}: {said}"
+        for where, flags in tables
+        for name, said in server_args.problems(host.sglang.version, flags)
+    ]
 
 
 def _owned(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:

@@ -5,38 +5,42 @@ Generated over the spellings SGLang reads."""
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.cli.main import main
+from agent.exitcodes import ExitCode
+from agent.output import Output
 from agent.pd.pagesize import effective_page_size
+from agent.pd.refusals import check
+from tests.pure.test_pd import EXAMPLE, example, host_of
 from tests.pure.test_pd_newcomer import decode_flags, refusals
 
-# --dtype's words (srt/configs/model_config.py:2274-2280), lower-cased by SGLang (:2302)
+# --dtype's words (srt/configs/model_config.py:2274-2280); its parser takes these and "auto" only
 SAME = {"half": "float16", "float16": "float16", "float": "float32", "float32": "float32"}
 WORDS = ["auto", "half", "float16", "float", "float32", "bfloat16"]
 
 
-def _spelled(word: str, upper: bool) -> str:
-    return word.upper() if upper else word
-
-
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(WORDS), st.sampled_from(WORDS), st.booleans())
-def test_the_pools_dtype_under_auto_is_compared_as_sglang_reads_dtype(a: str, b: str, upper: bool) -> None:
-    def mutate(d: dict[str, object]) -> None:
-        d["pd"]["prefill"][0]["flags"]["dtype"] = _spelled(a, upper)  # type: ignore[index]
-        d["pd"]["decode"][0]["flags"]["dtype"] = b  # type: ignore[index]
+@given(st.sampled_from(WORDS), st.sampled_from(WORDS))
+def test_the_pools_dtype_under_auto_is_compared_as_sglang_reads_dtype(a: str, b: str) -> None:
+    def mutate(d: dict[str, Any]) -> None:
+        d["pd"]["prefill"][0]["flags"]["dtype"] = a
+        d["pd"]["decode"][0]["flags"]["dtype"] = b
 
     said = [s for s in refusals(mutate) if "--dtype differs" in s]
     assert bool(said) == (SAME.get(a, a) != SAME.get(b, b)), (a, b, said)
 
 
 def test_a_named_kv_cache_dtype_is_not_refused_for_differing_dtype() -> None:
-    def mutate(d: dict[str, object]) -> None:
-        d["sglang"]["flags"]["kv-cache-dtype"] = "fp8_e4m3"  # type: ignore[index]
-        d["pd"]["decode"][0]["flags"]["dtype"] = "float16"  # type: ignore[index]
+    def mutate(d: dict[str, Any]) -> None:
+        d["sglang"]["flags"]["kv-cache-dtype"] = "fp8_e4m3"
+        d["pd"]["decode"][0]["flags"]["dtype"] = "float16"
 
     assert not [s for s in refusals(mutate) if "dtype" in s]
 
@@ -56,9 +60,9 @@ def test_a_draft_backend_forces_the_page_as_trtllm_mha_does(page: int | None, dr
 
 
 def test_a_draft_backend_that_keeps_the_page_is_not_refused() -> None:
-    def mutate(d: dict[str, object]) -> None:
-        d["sglang"]["flags"]["page-size"] = 16  # type: ignore[index]
-        d["pd"]["decode"][0]["flags"]["speculative-draft-attention-backend"] = "trtllm_mha"  # type: ignore[index]
+    def mutate(d: dict[str, Any]) -> None:
+        d["sglang"]["flags"]["page-size"] = 16
+        d["pd"]["decode"][0]["flags"]["speculative-draft-attention-backend"] = "trtllm_mha"
 
     assert not [s for s in refusals(mutate) if "page-size" in s]
 
@@ -132,3 +136,42 @@ def test_prefill_or_decode_words_in_the_routers_executable_are_refused(
 
 def test_a_plain_router_executable_is_not_refused() -> None:
     assert not refusals(lambda d: d["pd"]["router"].update(executable=[*EXE, "--log-level", "info"]))
+
+
+# ---- a role's flag SGLang reads as a number, written as something else: one line, exit 2, no host
+
+NUMBERED = ["tp-size", "tensor-parallel-size", "pp-size", "page-size", "max-running-requests", "dp-size"]
+NOT_INTEGERS = st.one_of(
+    st.sampled_from(["two", "1.0", "1.5", "", "0x2", "1e3", "2 4"]),
+    st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: f != int(f)) | st.just(1.0),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ROLES, st.sampled_from(NUMBERED), NOT_INTEGERS)
+def test_a_numbered_role_flag_that_is_no_integer_is_refused_before_any_unit(
+    role: str, name: str, value: object
+) -> None:
+    data = example()
+    data["pd"][role][0]["flags"].pop("tp-size", None)
+    data["pd"][role][0]["flags"][name] = value
+    said = check(host_of(data)).refusals
+    assert len(said) == 1 and said[0].startswith(f"pd.{role}.0.flags.{name}: --{name}"), said
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["plan", "pd", "--offline", "--context", "32k"], ["render", "pd", "--context", "32k"], ["status", "pd"]],
+)
+def test_a_tp_size_written_as_text_is_one_line_and_exit_2(tmp_path: Path, command: list[str]) -> None:
+    text = EXAMPLE.read_text(encoding="utf-8").replace(
+        "flags = { tp-size = 1, chunked-prefill-size = 8192 }", 'flags = { tp-size = "two" }'
+    )
+    (tmp_path / "pd.toml").write_text(text)
+    out = Output(stdout=io.StringIO(), stderr=io.StringIO())
+    code = main([*command, "--units", str(tmp_path)], out)
+    assert isinstance(out.stderr, io.StringIO)
+    errors = [line for line in out.stderr.getvalue().splitlines() if line.startswith("deployctl: error:")]
+    assert code == ExitCode.USAGE and len(errors) == 1 and "tp-size 'two' is not an integer" in errors[0], (
+        errors
+    )

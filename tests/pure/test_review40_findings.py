@@ -120,9 +120,6 @@ def test_rollback_does_not_choose_units_whose_page_sizes_differ() -> None:
 # ---- low
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a decode's tp-size written as text ends in an internal error (exit 1)"
-)
 def test_a_tp_size_that_is_not_a_number_is_a_usage_error(tmp_path: Path) -> None:
     text = EXAMPLE.read_text(encoding="utf-8").replace(
         "flags = { tp-size = 1, max-running-requests = 8 }",

@@ -8,13 +8,15 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.errors import InventoryError, UsageError
-from agent.pd.spec import Pd
+from agent.pd.spec import Held, Pd, pd_holdings
+from agent.protocol.addresses import host_key
 from agent.protocol.common import HTTP_URL, UNIT_NAME, find_control
 
 if sys.version_info >= (3, 11):
@@ -535,8 +537,8 @@ def load_service(name: str, directory: Path) -> HostConfig:
     me = Service(directory / f"{name}.toml", host)
     # A sibling file that does not load is left out: it cannot be deployed, and its own commands say why.
     siblings = [s for s in load_services(directory, skip_broken=True) if s.path != me.path]
-    mine = set(host.node_targets)
-    check_services([me, *(s for s in siblings if mine & set(s.config.node_targets))])
+    mine = set(holdings(host))
+    check_services([me, *(s for s in siblings if mine & set(holdings(s.config)))])
     return host
 
 
@@ -552,37 +554,37 @@ def load_services(directory: Path, skip_broken: bool = False) -> list[Service]:
     return found
 
 
+def holdings(host: HostConfig) -> dict[str, Held]:
+    """By host (agent/protocol/addresses.py host_key: one machine however its target is spelled): what the
+    service holds there: its unit, port and GPUs on each node; a [pd] file's router's and roles' too."""
+    gpus = None if host.gpu_set is None else frozenset(host.gpu_set)
+    own = {
+        host_key(t): Held(frozenset({host.unit.name}), frozenset({host.port_on(t)}), gpus)
+        for t in host.node_targets
+    }
+    if host.pd is None:
+        return own
+    return pd_holdings(host.pd, host.ssh.target, host.unit.name, own[host_key(host.ssh.target)])
+
+
 def check_services(services: Sequence[Service]) -> None:
-    """Services of one host (the same ssh.target) must not share a unit, a port, a GPU or a metrics file:
-    the first clash is refused in one line naming both files, before anything is touched."""
-    by_target: dict[str, list[Service]] = {}
+    """Services of one host (however its target is spelled) must not share a unit, a port, a GPU or a
+    metrics file: the first clash is refused in one line naming both files, before anything is touched."""
+    by_host: dict[str, list[tuple[Service, Held]]] = {}
     for service in sorted(services, key=lambda s: s.path):  # the same line whichever file was asked for
-        for target in service.config.node_targets:  # a multi-node service is on each of its nodes
-            by_target.setdefault(target, []).append(service)
-    for target, group in by_target.items():
-        for i, a in enumerate(group):
-            for b in group[i + 1 :]:
-                clash = _clash(a.config, b.config, target)
-                if clash:
-                    raise InventoryError(
-                        f"{a.path} and {b.path}: {clash} on host {target!r}",
-                        hint="each service of a host needs its own [unit] name, [sglang] port and "
-                        "[gpus] indices",
-                    )
-
-
-def _clash(a: HostConfig, b: HostConfig, target: str) -> str | None:
-    if a.unit.name == b.unit.name:
-        return f"both are unit {a.unit.name}"
-    if a.port_on(target) == b.port_on(target):  # a node of a multi-node service may have its own port
-        return f"both listen on port {a.port_on(target)}"
-    shared = sorted(set(a.gpu_set or ()) & set(b.gpu_set or ()))
-    if shared:
-        return f"both use GPU{'s' if len(shared) > 1 else ''} {', '.join(map(str, shared))}"
-    metrics = a.metrics.file_for(a.unit.name)
-    if metrics is not None and metrics == b.metrics.file_for(b.unit.name):
-        return f"both write metrics to {metrics}"
-    return None
+        for key, held in holdings(service.config).items():  # a multi-node service is on each of its nodes
+            by_host.setdefault(key, []).append((service, held))
+    for key, group in by_host.items():
+        for (a, held_a), (b, held_b) in combinations(group, 2):
+            metrics = a.config.metrics.file_for(a.config.unit.name)
+            same = metrics is not None and metrics == b.config.metrics.file_for(b.config.unit.name)
+            clash = held_a.clash(held_b) or (f"both write metrics to {metrics}" if same else None)
+            if clash:
+                raise InventoryError(
+                    f"{a.path} and {b.path}: {clash} on host {key!r}",
+                    hint="each service of a host needs its own [unit] name, [sglang] port and [gpus] indices "
+                    "(a [pd] file: its router's and roles' too)",
+                )
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -21,6 +21,7 @@ from agent.plan.choose import Plan, Target
 from agent.plan.from_facts import plan_for_host, plan_from_facts
 from agent.plan.from_inventory import plan_input_from_inventory
 from agent.plan.hostpool import Mode
+from agent.protocol.addresses import same_host
 
 # Published results cut both ways; plan says so each time (docs/pd.md cites them).
 TRADE = (
@@ -147,7 +148,7 @@ def role_plans(host: HostConfig, context: int, fraction: float | None = None) ->
     plans = []
     for unit in units:
         running = decode_running(unit) if unit.role is Role.DECODE else None
-        sharing = sum(1 for u in units if u.target == unit.target and is_cpu_unit(u))
+        sharing = sum(1 for u in units if same_host(u.target, unit.target) and is_cpu_unit(u))
         plan = plan_unit(unit, Target(context, fraction, running), sharing)
         tokens, rule = need_of(host, unit, context)
         plans.append(RolePlan(unit, plan, tokens, rule))
@@ -167,7 +168,9 @@ def shared_auto_pools(plans: list[RolePlan]) -> list[RolePlan]:
     with its MemoryMax=."""
     out = []
     for p in plans:
-        same = [q.unit.label for q in plans if q.unit.target == p.unit.target and auto_hicache(q.plan)]
+        same = [
+            q.unit.label for q in plans if same_host(q.unit.target, p.unit.target) and auto_hicache(q.plan)
+        ]
         if len(same) < 2 or not auto_hicache(p.plan):
             out.append(p)
             continue

@@ -24,12 +24,13 @@ from agent.pd.units import (
     CHECKSUM_FLAG,
     PdUnit,
     Role,
-    loopback,
     pd_units,
     routed_url,
     router_target,
+    router_unit_name,
     spec,
 )
+from agent.protocol.addresses import host_key, loopback, same_host
 from agent.sglang import server_args
 
 # The module a backend's transfer engine imports (srt/disaggregation/<backend>/conn.py); fake needs none.
@@ -246,39 +247,88 @@ def _pool_dtype(units: Sequence[PdUnit]) -> list[str]:
 
 
 def _placement(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
-    """Per host: no two units share a unit name, an HTTP port or a GPU; bootstrap ports are the prefills'
-    own, and none is an HTTP port (the router's included) on that host."""
+    """Per host (however its target is spelled: agent/protocol/addresses.py): no two units, the router
+    included, share a unit name, an HTTP port or a GPU; bootstrap ports are the prefills' own, and none is an
+    HTTP port (the router's included) on that host."""
     found: list[str] = []
-    by_target: dict[str, list[PdUnit]] = {}
+    by_host: dict[str, list[PdUnit]] = {}
     for unit in units:
-        by_target.setdefault(unit.target, []).append(unit)
-    for target, group in by_target.items():
+        by_host.setdefault(host_key(unit.target), []).append(unit)
+    for group in by_host.values():
         http = {u.host.sglang.port: u.label for u in group}
-        router = spec(host).router.port if router_target(host) == target else None
         for i, a in enumerate(group):
             found += [
-                f"{a.label} and {b.label} on {target!r} {c}" for b in group[i + 1 :] for c in _clashes(a, b)
+                f"{a.label} and {b.label} on {a.target!r} {c}" for b in group[i + 1 :] for c in _clashes(a, b)
             ]
-            if a.host.sglang.port == router:
-                found.append(f"{a.label} on {target!r} listens on the router's port {router}: move one")
-            if a.bootstrap_port is not None and (a.bootstrap_port in http or a.bootstrap_port == router):
+            if a.bootstrap_port is not None and a.bootstrap_port in http:
                 found.append(
-                    f"{a.label}'s bootstrap port {a.bootstrap_port} on {target!r} is an HTTP port of "
-                    f"{http.get(a.bootstrap_port, 'the router')}: choose a free bootstrap_port"
+                    f"{a.label}'s bootstrap port {a.bootstrap_port} on {a.target!r} is an HTTP port of "
+                    f"{http[a.bootstrap_port]}: choose a free bootstrap_port"
                 )
+    return [*found, *_router_clashes(host, units), *_held_gpus(host, units), *_urls(host, units)]
+
+
+def _router_clashes(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    """The router's unit file and port are its host's too: a role there must not take either."""
+    router, where = spec(host).router, router_target(host)
+    name = router_unit_name(host, router)
+    found = []
+    for a in (u for u in units if same_host(u.target, where)):
+        if a.host.unit.name == name:
+            found.append(f"{a.label} and the router on {where!r} are both unit {name}: name each its own")
+        if a.host.sglang.port == router.port:
+            found.append(f"{a.label} on {where!r} listens on the router's port {router.port}: move one")
+        if a.bootstrap_port == router.port:
+            found.append(
+                f"{a.label}'s bootstrap port {a.bootstrap_port} on {where!r} is an HTTP port of the router: "
+                "choose a free bootstrap_port"
+            )
+    return found
+
+
+def _held_gpus(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
     held = set(host.gpu_set or ())  # what this file holds against the other files of its [ssh] target
+    found = []
     for unit in units:
-        outside = sorted(set(unit.host.gpus.indices or ()) - held) if unit.target == host.ssh.target else []
+        mine = same_host(unit.target, host.ssh.target)
+        outside = sorted(set(unit.host.gpus.indices or ()) - held) if mine else []
         if outside:
             found.append(
                 f"{unit.where}.gpus: GPU {', '.join(map(str, outside))} is not in [gpus] indices, which this "
                 "file holds against the host's other services: add it there"
             )
-        if unit.target != router_target(host) and unit.url.startswith(("http://127.", "http://localhost")):
+    return found
+
+
+def _urls(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    """Each unit's url names its own port, and a loopback host only where every host that dials it is the
+    unit's own: the router (by the url) and, for a prefill, each decode, which sglang-router hands the
+    prefill url's host as bootstrap_host (sglang_router 0.3.2 mini_lb.py:391-411; the decode dials it,
+    srt/disaggregation/decode.py:153-155)."""
+    found = []
+    for u in units:
+        parts = urlsplit(u.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        if port != u.host.sglang.port:
+            whose = next((f", {o.label}'s" for o in units if o.host.sglang.port == port and o is not u), "")
             found.append(
-                f"{unit.where}.url: the router runs on another host than {unit.target!r}: "
+                f"{u.where}.url: {u.url} names port {port}{whose}, and {u.label} listens on "
+                f"{u.host.sglang.port}: name its own port (the router sends its requests there)"
+            )
+        if not loopback(parts.hostname or ""):
+            continue
+        if not same_host(u.target, router_target(host)):
+            found.append(
+                f"{u.where}.url: the router runs on another host than {u.target!r}: "
                 "give the URL it reaches this unit at"
             )
+        found += [
+            f"{u.where}.url: {u.url} is loopback, and the router hands its host to {d.label} on "
+            f"{d.target!r} as the bootstrap host, where it is {d.label}'s own: give {u.label} the URL of an "
+            "address other hosts reach it at"
+            for d in units
+            if u.role is Role.PREFILL and d.role is Role.DECODE and not same_host(d.target, u.target)
+        ]
     return found
 
 
@@ -367,7 +417,7 @@ def _reach(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
         "can reach (it binds loopback, or runs on 'local'): set [pd.router] url to an address this unit "
         "reaches it at (its routed check goes there)"
         for u in units
-        if u.target != router_target(host) and routed_url(host, u.target) is None
+        if not same_host(u.target, router_target(host)) and routed_url(host, u.target) is None
     ]
 
 
@@ -376,14 +426,14 @@ def _binds(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
     listen beyond loopback: SGLang binds its HTTP and bootstrap servers on --host (srt/managers/
     disagg_service.py), rendered from [sglang] host, 127.0.0.1 unless set."""
     found = []
-    targets = {u.target for u in units}
+    targets = {host_key(u.target) for u in units}
     for u in units:
         if not loopback(u.host.sglang.host):
             continue
         url_host = urlsplit(u.url).hostname or ""
         why = (
             f"the router reaches it at {u.url}" if not loopback(url_host)
-            else f"the router runs on {router_target(host)!r}" if u.target != router_target(host)
+            else f"the router runs on {router_target(host)!r}" if not same_host(u.target, router_target(host))
             else "its peer roles run on other hosts" if len(targets) > 1
             else None
         )  # fmt: skip

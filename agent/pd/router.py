@@ -13,6 +13,7 @@ from itertools import takewhile
 
 from agent.inventory import HostConfig
 from agent.pd.units import PdUnit, Role, pd_units, router_target, router_unit_name, spec
+from agent.protocol.addresses import same_host
 from agent.sglang.flags import FlagInput, exec_start_lines, flag_words, quote_word
 
 
@@ -97,7 +98,7 @@ def render_router_unit(host: HostConfig) -> str:
     router = spec(host).router
     validate_environment(router.environment, "pd.router.environment")
     units = pd_units(host)
-    local = [u.host.unit.name for u in units if u.target == router_target(host)]
+    local = [u.host.unit.name for u in units if same_host(u.target, router_target(host))]
     argv = [*_grouped(exec_start_lines(router.executable, {})[0], router_words(host, units))]
     argv += exec_start_lines(router.executable, router_flags(host))[1:]
     lines = [

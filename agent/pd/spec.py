@@ -8,10 +8,12 @@ the roles must agree on (page size, KV dtype, model, release) is checked by agen
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from agent.protocol.addresses import host_key
 from agent.protocol.common import HTTP_URL, UNIT_NAME, find_control
 
 # srt/arg_groups/choices.py DISAGG_TRANSFER_BACKEND_CHOICES; mooncake_tcp is mooncake with its TCP transport
@@ -30,6 +32,7 @@ PD_FLAGS = (
     "host",
 )
 ROUTER_PD_FLAGS = ("pd-disaggregation", "prefill", "decode", "worker-urls", "port", "host")
+BOOTSTRAP_DEFAULT = 8998  # --disaggregation-bootstrap-port's default (srt/arg_groups/fields/disagg.py)
 DEVICE = re.compile(r"[A-Za-z0-9_.:,-]{1,256}")
 
 
@@ -166,3 +169,55 @@ class Pd(_Model):
                     f"decode.{i}.bootstrap_port: a prefill's port; a decode learns it from the router"
                 )
         return data
+
+
+def unit_name(base: str, role: str, index: int) -> str:
+    return f"{base.removesuffix('.service')}-{role}-{index}.service"
+
+
+def router_unit(base: str, router: PdRouter) -> str:
+    return router.unit or f"{base.removesuffix('.service')}-router.service"
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a service holds on one host against the host's other services (agent/inventory.py
+    check_services)."""
+
+    units: frozenset[str]
+    ports: frozenset[int]
+    gpus: frozenset[int] | None  # None: unknown (CUDA_VISIBLE_DEVICES of UUIDs), never checked
+
+    def clash(self, other: Held) -> str | None:
+        """The first thing both hold, said as a clash; None: nothing."""
+        units, ports = sorted(self.units & other.units), sorted(self.ports & other.ports)
+        gpus = sorted((self.gpus or frozenset()) & (other.gpus or frozenset()))
+        if units:
+            return f"both are unit {units[0]}"
+        if ports:
+            return f"both listen on port {ports[0]}"
+        if gpus:
+            return f"both use GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
+        return None
+
+
+def pd_holdings(pd: Pd, ssh_target: str, base: str, own: Held) -> dict[str, Held]:
+    """By host (host_key): what a [pd] file holds: `own` (its [unit] name, [sglang] port and [gpus]) on its
+    [ssh] target; the router's unit and port on the router's host; each role unit's unit, port, bootstrap
+    port and GPUs on its host. From the spec alone: a file is checked as it loads."""
+    found = {host_key(ssh_target): own}
+
+    def hold(target: str | None, unit: str, ports: set[int], gpus: list[int] | None = None) -> None:
+        key = host_key(target or ssh_target)
+        was = found.get(key, Held(frozenset(), frozenset(), frozenset()))
+        more = None if was.gpus is None else was.gpus | set(gpus or ())
+        found[key] = Held(was.units | {unit}, was.ports | ports, more)
+
+    hold(pd.router.target, router_unit(base, pd.router), {pd.router.port})
+    for role, units in (("prefill", pd.prefill), ("decode", pd.decode)):
+        for i, unit in enumerate(units):
+            ports = {unit.port}
+            if isinstance(unit, PrefillUnit):
+                ports.add(unit.bootstrap_port or BOOTSTRAP_DEFAULT)
+            hold(unit.target, unit.unit or unit_name(base, role, i), ports, unit.gpus)
+    return found

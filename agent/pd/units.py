@@ -12,10 +12,10 @@ from enum import Enum
 from urllib.parse import urlsplit
 
 from agent.inventory import HostConfig
-from agent.pd.spec import Pd, PdRouter, PrefillUnit, RoleUnit
+from agent.pd.spec import BOOTSTRAP_DEFAULT, Pd, PdRouter, PrefillUnit, RoleUnit, router_unit, unit_name
 from agent.plan.effective import at_layout
+from agent.protocol.addresses import host_key, loopback, same_host
 
-BOOTSTRAP_DEFAULT = 8998  # --disaggregation-bootstrap-port's default (srt/arg_groups/fields/disagg.py)
 # each role's /metrics counts the requests it finished (sglang:num_requests_total): the routed check of a
 # change proves by it which unit served (agent/host/roles/pdrouter.py served_here); a file may set it off
 METRICS: dict[str, str | int | float | bool] = {"enable-metrics": True}
@@ -81,28 +81,19 @@ def pd_units(host: HostConfig) -> list[PdUnit]:
     ]
 
 
-def unit_name(base: str, role: str, index: int) -> str:
-    return f"{base.removesuffix('.service')}-{role}-{index}.service"
-
-
 def router_unit_name(host: HostConfig, router: PdRouter) -> str:
-    return router.unit or f"{host.unit.name.removesuffix('.service')}-router.service"
+    return router_unit(host.unit.name, router)
 
 
 def router_target(host: HostConfig) -> str:
     return spec(host).router.target or host.ssh.target
 
 
-LOOPBACK = ("127.", "localhost", "::1", "[::1]")
 WILDCARD = ("0.0.0.0", "::")
 
 
 def _url_host(url: str) -> str:
     return urlsplit(url).hostname or ""
-
-
-def loopback(address: str) -> bool:
-    return address.startswith(LOOPBACK)
 
 
 def router_reach(host: HostConfig) -> str | None:
@@ -117,8 +108,7 @@ def router_reach(host: HostConfig) -> str | None:
         return None
     if router.host not in WILDCARD:
         return f"http://{_bracket(router.host)}:{router.port}"
-    target = router_target(host).rpartition("@")[2]
-    name = target if target.count(":") > 1 else target.partition(":")[0]  # an IPv6 address keeps its colons
+    name = host_key(router_target(host))
     if name in ("", "local") or loopback(name):
         return None
     return f"http://{_bracket(name)}:{router.port}"
@@ -132,7 +122,7 @@ def routed_url(host: HostConfig, target: str) -> str | None:
     """Where a unit on `target` sends the routed check: the router's loopback on its own host, else
     router_reach (None: the router cannot be reached from there)."""
     router = spec(host).router
-    if target == router_target(host):
+    if same_host(target, router_target(host)):
         where = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(router.host, _bracket(router.host))
         return f"http://{where}:{router.port}"
     return router_reach(host)

@@ -328,6 +328,7 @@ def test_a_unit_outside_the_files_gpus_is_refused() -> None:
     data["pd"]["decode"][0]["gpus"] = [5]
     assert any("pd.decode.0.gpus: GPU 5 is not in [gpus] indices" in r for r in check(host_of(data)).refusals)
     data["pd"]["decode"][0].update({"target": "gpu-b", "url": "http://gpu-b:30020"})  # another host: its own
+    data["pd"]["prefill"][0]["url"] = "http://gpu-pd:30010"  # the decode dials it: not at its own loopback
     assert check(host_of(data)).refusals == ()
 
 

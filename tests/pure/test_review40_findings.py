@@ -27,10 +27,6 @@ def _cli(units: Path, *argv: str) -> tuple[int, str]:
 # ---- high
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the router's unit name equal to a role's unit on its host is not refused (one file, two members)",
-)
 def test_the_routers_unit_named_as_a_roles_unit_on_its_host_is_refused() -> None:
     said = refusals(lambda d: d["pd"]["router"].update(unit="llama-pd-prefill-0.service"))
     assert any("llama-pd-prefill-0.service" in s for s in said), said
@@ -43,10 +39,6 @@ def test_roles_whose_kv_dtype_differs_through_dtype_under_auto_are_refused() -> 
     assert any("dtype" in s for s in said), said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decode on another host, prefill url loopback: the router hands 127.0.0.1 to it as bootstrap_host",
-)
 def test_a_decode_on_another_host_than_a_prefill_named_at_loopback_is_refused() -> None:
     # sglang-router passes the prefill URL's host as bootstrap_host (sglang_router/mini_lb.py:392-410); the
     # decode dials it (srt/disaggregation/decode.py:153-155): 127.0.0.1 on the decode's host is no prefill
@@ -71,10 +63,6 @@ def test_a_roles_cuda_visible_devices_against_its_gpus_is_refused() -> None:
     assert said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one host spelled 'gpu-pd' and 'root@gpu-pd': shared GPU, port and bootstrap port not refused",
-)
 def test_units_of_one_host_spelled_differently_that_share_gpu_and_ports_are_refused() -> None:
     def mutate(d: dict[str, Any]) -> None:
         twin = {**d["pd"]["prefill"][0], "target": "root@gpu-pd", "url": "http://gpu-pd:30010"}
@@ -84,9 +72,6 @@ def test_units_of_one_host_spelled_differently_that_share_gpu_and_ports_are_refu
     assert said
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a decode whose url is the prefill's (another port on the router's host) passes"
-)
 def test_a_units_url_naming_another_units_port_is_refused() -> None:
     said = refusals(lambda d: d["pd"]["decode"][0].update(url="http://127.0.0.1:30010"))
     assert said
@@ -142,9 +127,6 @@ def test_a_router_argv_naming_a_prefill_without_its_bootstrap_port_is_refused() 
     assert said
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a unit on another host reached at http://[::1] is not refused (127./localhost only)"
-)
 def test_a_unit_on_another_host_at_ipv6_loopback_is_refused() -> None:
     said = refusals(lambda d: d["pd"]["decode"][0].update(target="gpu-b", url="http://[::1]:30020"))
     assert said
@@ -178,9 +160,6 @@ port = 30000
 """
 
 
-@pytest.mark.xfail(
-    strict=True, reason="[sglang] port other than the router's: the router's port is not held on its host"
-)
 def test_the_routers_port_is_held_against_the_hosts_other_files(tmp_path: Path) -> None:
     text = EXAMPLE.read_text(encoding="utf-8").replace(
         "port = 30000                # the router's", "port = 30001                # the router's"

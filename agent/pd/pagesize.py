@@ -17,6 +17,7 @@ class Forcing:
     allowed: tuple[int, ...]  # the page sizes it keeps; any other becomes `to`
     to: int
     prefill_too: bool  # --prefill-attention-backend counts as well as --attention-backend/--decode-...
+    draft_too: bool = False  # so does --speculative-draft-attention-backend (overrides.py:1174-1187)
 
 
 # overrides.py _mla_backend_page_constraints, in its order: each one acts on the value the one before left
@@ -24,30 +25,41 @@ FORCING = (
     Forcing("flashmla", (), 64, False),
     Forcing("trtllm_mla", (32, 64), 64, False),
     Forcing("cutedsl_mla", (32, 64), 64, True),
-    Forcing("trtllm_mha", (16, 32, 64, 128), 64, True),
+    Forcing("trtllm_mha", (16, 32, 64, 128), 64, True, draft_too=True),
     Forcing("hpc_ops", (64,), 64, True),
 )
 
 
-def _backends(flags: Mapping[str, object]) -> tuple[str | None, str | None, str | None]:
-    """(attention, decode, prefill) backends as SGLang resolves them: a prefill backend equal to the decode
-    one becomes the attention backend too (overrides.py _attention_backend_default)."""
-    attention, decode, prefill = (
-        str(flags[n]) if flags.get(n) not in (None, False) else None
-        for n in ("attention-backend", "decode-attention-backend", "prefill-attention-backend")
+BACKEND_NAMES = (
+    "attention-backend",
+    "decode-attention-backend",
+    "prefill-attention-backend",
+    "speculative-draft-attention-backend",
+)
+
+
+def _backends(flags: Mapping[str, object]) -> tuple[str | None, ...]:
+    """(attention, decode, prefill, draft) backends as SGLang resolves them: a prefill backend equal to the
+    decode one becomes the attention backend too (overrides.py _attention_backend_default)."""
+    attention, decode, prefill, draft = (
+        str(flags[n]) if flags.get(n) not in (None, False) else None for n in BACKEND_NAMES
     )
     if attention is None and prefill is not None and prefill == decode:
         attention = prefill
-    return attention, decode, prefill
+    return attention, decode, prefill, draft
 
 
 def forced(flags: Mapping[str, object], page: int | None) -> tuple[int | None, str | None]:
     """The page size after the named backends' constraints, and the backend that changed it (None: none
     did)."""
-    attention, decode, prefill = _backends(flags)
+    attention, decode, prefill, draft = _backends(flags)
     why = None
     for rule in FORCING:
-        named = rule.backend in (attention, decode) or (rule.prefill_too and prefill == rule.backend)
+        named = (
+            rule.backend in (attention, decode)
+            or (rule.prefill_too and prefill == rule.backend)
+            or (rule.draft_too and draft == rule.backend)
+        )
         if named and page not in rule.allowed:
             page, why = rule.to, rule.backend
     return page, why

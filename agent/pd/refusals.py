@@ -16,13 +16,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from agent.inventory import HostConfig
+from agent.inventory import VISIBLE, HostConfig
 from agent.pd.pagesize import effective_page_size, said_page_size
-from agent.pd.router import router_words, unnamed_bootstraps
+from agent.pd.router import router_argv, unnamed_bootstraps
 from agent.pd.routerflags import router_flag_problems
 from agent.pd.starthook import start_refusals
-from agent.pd.units import PdUnit, Role, pd_units, routed_url, router_target, router_unit_name, spec
+from agent.pd.units import (
+    CHECKSUM_FLAG,
+    PdUnit,
+    Role,
+    pd_units,
+    routed_url,
+    router_target,
+    router_unit_name,
+    spec,
+)
 from agent.protocol.addresses import host_key, loopback, same_host
+from agent.sglang import server_args
 
 # The module a backend's transfer engine imports (srt/disaggregation/<backend>/conn.py); fake needs none.
 BACKEND_MODULES = {
@@ -90,6 +100,16 @@ def kv_dtype(unit: PdUnit) -> str:
     return _text(unit.host.sglang.flags, "kv-cache-dtype", default="auto")
 
 
+# --dtype as SGLang reads it, lower-cased (srt/configs/model_config.py:2274-2280, 2302); "auto": the
+# checkpoint's own dtype, unknown offline
+DTYPE_WORDS = {"half": "float16", "float16": "float16", "float": "float32", "float32": "float32"}
+
+
+def model_dtype(unit: PdUnit) -> str:
+    said = _text(unit.host.sglang.flags, "dtype", default="auto").lower()
+    return DTYPE_WORDS.get(said, said)
+
+
 def tp_size(unit: PdUnit) -> int:
     return int(
         _text(
@@ -111,9 +131,14 @@ def check(
     facts: Mapping[str, PdHostFacts] | None = None,
     decodes: Sequence[DecodeNeed] = (),
 ) -> Verdict:
-    """Every refusal of the service, in the order a person would fix them; warnings after."""
+    """Every refusal of the service, in the order a person would fix them; warnings after. Flags SGLang's
+    own table refuses come first, alone: the units are not built from them (a tp-size of "two")."""
+    unread = table_problems(host)
+    if unread:
+        return Verdict(tuple(unread), ())
     units = pd_units(host)
     found = [
+        *_owned(host, units),
         *_parity(units),
         *_placement(host, units),
         *_platform(host, units),
@@ -128,6 +153,50 @@ def check(
         *_pools(decodes),
     ]
     return Verdict(tuple(found), tuple(_tp_warning(host, units)))
+
+
+def table_problems(host: HostConfig) -> list[str]:
+    """The file's [sglang.flags], then each role's own flags, against SGLang's flag table: the check a plain
+    service's flags get before it is planned (plan/effective.py check_table); a role's are read as numbers
+    (its TP, page size, concurrency) before any unit is rendered."""
+    pd = spec(host)
+    tables = [("sglang.flags", host.sglang.flags)] + [
+        (f"pd.{role}.{i}.flags", unit.flags)
+        for role, units in (("prefill", pd.prefill), ("decode", pd.decode))
+        for i, unit in enumerate(units)
+    ]
+    return [
+        f"{where}.{name}: {said}"
+        for where, flags in tables
+        for name, said in server_args.problems(host.sglang.version, flags)
+    ]
+
+
+def _owned(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    """What [pd] sets for every role, set again by hand: the KV checksum (on one engine only, the metadata
+    buffers pair up misaligned: srt/disaggregation/common/conn.py:617-634) and a role's GPUs: the check a
+    plain file gets at its load (inventory.py HostConfig._one_gpu_setting), which a role's unit, built by
+    model_copy, skips."""
+    pd = spec(host)
+    roles = list(zip(units, (*pd.prefill, *pd.decode), strict=True))  # pd_units' order
+    tables = [("sglang.flags", host.sglang.flags)] + [(f"{u.where}.flags", role.flags) for u, role in roles]
+    found = [
+        f"{where}.{CHECKSUM_FLAG}: [pd] kv_checksum sets it on every role or none; leave it out (set "
+        "kv_checksum = false in [pd] to run without it)"
+        for where, flags in tables
+        if CHECKSUM_FLAG in flags
+    ]
+    for unit, role in roles:
+        if unit.host.gpus.indices is not None and VISIBLE in unit.host.unit.environment:
+            own = VISIBLE in role.environment
+            where, whose = (
+                (f"{unit.where}.environment", f"{unit.label}'s")
+                if own
+                else ("unit.environment", "each unit's")
+            )
+            said = f"{where}.{VISIBLE}: {whose} gpus set it; keep gpus and leave it out"
+            found += [] if said in found else [said]
+    return found
 
 
 def _parity(units: Sequence[PdUnit]) -> list[str]:
@@ -150,6 +219,7 @@ def _parity(units: Sequence[PdUnit]) -> list[str]:
                     f"(SGLang refuses the transfer at the first request): {how}"
                 )
                 break
+    found += _pool_dtype(units)
     for unit in units[1:]:
         if model_path(unit) != model_path(first):
             found.append(
@@ -158,6 +228,24 @@ def _parity(units: Sequence[PdUnit]) -> list[str]:
             )
             break
     return found
+
+
+def _pool_dtype(units: Sequence[PdUnit]) -> list[str]:
+    """--kv-cache-dtype auto on every role: each pool holds its model's --dtype (mem_cache/kv_cache_dtype.py
+    :49-59), while the handshake compares the text "auto" only (common/conn.py:1327-1335): float16 KV is
+    read as bfloat16 without a word. "auto" against a named dtype is refused too: the checkpoint's dtype is
+    not known offline."""
+    first = units[0]
+    if any(kv_dtype(u) != "auto" for u in units):
+        return []  # a named KV dtype fixes the pool's; a differing text is refused above
+    other = next((u for u in units[1:] if model_dtype(u) != model_dtype(first)), None)
+    if other is None:
+        return []
+    return [
+        f"--dtype differs under --kv-cache-dtype auto: {first.label} has {model_dtype(first)}, {other.label} "
+        f"has {model_dtype(other)} (each KV pool holds its --dtype, and SGLang compares only the text auto): "
+        "set one --dtype on every role, or one --kv-cache-dtype other than auto"
+    ]
 
 
 def _placement(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
@@ -363,8 +451,9 @@ def _binds(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
 
 def _routing(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
     return [
-        f"router: {p}: name each prefill with its bootstrap port"
-        for p in unnamed_bootstraps(router_words(host, units), units)
+        f"router: {p}: leave --prefill and --decode out of [pd.router] executable ([pd] names each unit, "
+        "a prefill with its bootstrap port)"
+        for p in unnamed_bootstraps(router_argv(host, units), units)
     ]
 
 

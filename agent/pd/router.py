@@ -9,11 +9,12 @@ pull its KV: the port is always written, and checked in the argv that is rendere
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import takewhile
 
 from agent.inventory import HostConfig
 from agent.pd.units import PdUnit, Role, pd_units, router_target, router_unit_name, spec
 from agent.protocol.addresses import same_host
-from agent.sglang.flags import FlagInput, exec_start_lines, quote_word
+from agent.sglang.flags import FlagInput, exec_start_lines, flag_words, quote_word
 
 
 def router_words(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
@@ -28,30 +29,49 @@ def router_words(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
     return words
 
 
-def unnamed_bootstraps(words: Sequence[str], units: Sequence[PdUnit]) -> list[str]:
-    """The prefills the router's words do not name with their own bootstrap port, and the decodes they do
-    not name; [] when every unit is routed right."""
-    said_prefill: dict[str, str | None] = {}
-    said_decode: set[str] = set()
+def router_argv(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
+    """Every word the router's unit runs: [pd.router] executable (a person may have put words there too),
+    the words [pd] renders, and [pd.router] flags."""
+    router = spec(host).router
+    flags = [w for name, value in router_flags(host).items() for w in flag_words(name, value)]
+    return [*router.executable, *router_words(host, units), *flags]
+
+
+def _named(words: Sequence[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """(URL, bootstrap port or None) for each --prefill, and the URL of each --decode, as sglang-router's
+    argparse reads them (router_args.py: --prefill nargs="+" action="append", --decode nargs=1): a
+    `--prefill=URL` word carries the URL alone."""
+    prefills: list[tuple[str, str | None]] = []
+    decodes: list[str] = []
     for i, word in enumerate(words):
-        if word == "--prefill" and i + 1 < len(words):
-            following = words[i + 2] if i + 2 < len(words) else None
-            said_prefill[words[i + 1]] = following if following and not following.startswith("--") else None
-        elif word == "--decode" and i + 1 < len(words):
-            said_decode.add(words[i + 1])
-    problems = []
-    if "--pd-disaggregation" not in words:
-        problems.append("the router is not in PD mode (--pd-disaggregation)")
+        name, eq, inline = word.partition("=")
+        values = [inline] if eq else list(takewhile(lambda w: not w.startswith("--"), words[i + 1 : i + 3]))
+        if name == "--prefill" and values:
+            prefills.append((values[0], values[1] if len(values) > 1 else None))
+        elif name == "--decode" and values:
+            decodes.append(values[0])
+    return prefills, decodes
+
+
+def unnamed_bootstraps(words: Sequence[str], units: Sequence[PdUnit]) -> list[str]:
+    """What the router's words (its whole argv) get wrong: a prefill not named once with its own bootstrap
+    port, a decode not named once, a URL that is no unit's; [] when every unit is routed right."""
+    prefills, decodes = _named(words)
+    problems = (
+        [] if "--pd-disaggregation" in words else ["the router is not in PD mode (--pd-disaggregation)"]
+    )
     for unit in units:
-        if unit.role is Role.PREFILL:
-            port = said_prefill.get(unit.url, "absent")
-            if port != str(unit.bootstrap_port):
-                problems.append(
-                    f"{unit.label} {unit.url}: the router names bootstrap port {port}, "
-                    f"not its {unit.bootstrap_port}"
-                )
-        elif unit.url not in said_decode:
-            problems.append(f"{unit.label} {unit.url}: not named to the router with --decode")
+        said = [p or "none" for url, p in prefills if url == unit.url] if unit.role is Role.PREFILL else []
+        if unit.role is Role.PREFILL and said != [str(unit.bootstrap_port)]:
+            port = " and ".join(said) if said else "absent"
+            own = unit.bootstrap_port
+            problems.append(f"{unit.label} {unit.url}: the router names bootstrap port {port}, not its {own}")
+        elif unit.role is Role.DECODE and decodes.count(unit.url) != 1:
+            many = "named to the router more than once" if unit.url in decodes else "not named to the router"
+            problems.append(f"{unit.label} {unit.url}: {many} with --decode")
+    known = {u.url for u in units}
+    problems += [f"{url}: named to the router, but no [pd] unit's url" for url in
+                 dict.fromkeys([u for u, _ in prefills] + decodes) if url not in known]  # fmt: skip
     return problems
 
 
@@ -105,4 +125,4 @@ def render_router_unit(host: HostConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["render_router_unit", "router_unit_name", "router_words", "unnamed_bootstraps"]
+__all__ = ["render_router_unit", "router_argv", "router_unit_name", "router_words", "unnamed_bootstraps"]

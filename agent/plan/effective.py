@@ -45,8 +45,11 @@ def world(flags: Mapping[str, object]) -> tuple[int, int]:
     renders no --tp-size it was not given. The one reading of the layout every planner step uses."""
 
     def number(names: tuple[str, ...]) -> int:
-        given = (flags[n] for n in names if flags.get(n) not in (None, False))
-        return int(str(next(given, 1)))
+        name, value = next(((n, flags[n]) for n in names if flags.get(n) not in (None, False)), ("", 1))
+        try:
+            return int(str(value))
+        except ValueError:  # a command checks its flags first (check_table): one that did not, one line
+            raise RenderError(f"--{name} {value!r} is not an integer") from None
 
     return number(TP_NAMES), number(PP_NAMES)
 

@@ -32,10 +32,6 @@ def test_the_routers_unit_named_as_a_roles_unit_on_its_host_is_refused() -> None
     assert any("llama-pd-prefill-0.service" in s for s in said), said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--dtype differing between roles with kv-cache-dtype auto passes; SGLang compares only 'auto'",
-)
 def test_roles_whose_kv_dtype_differs_through_dtype_under_auto_are_refused() -> None:
     # kv-cache-dtype auto on both: SGLang's handshake compares the text "auto" (common/conn.py:1327-1335)
     # while each pool takes its model dtype (mem_cache/kv_cache_dtype.py:49-59): fp16 KV read as bf16
@@ -53,10 +49,6 @@ def test_a_decode_on_another_host_than_a_prefill_named_at_loopback_is_refused() 
 # ---- medium
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--disaggregation-enable-kv-checksum in one role's flags (kv_checksum false) is not refused",
-)
 def test_the_kv_checksum_on_one_role_only_is_refused() -> None:
     # aux buffers pair up positionally: on one engine only they misalign (common/conn.py:617-634)
     def mutate(d: dict[str, Any]) -> None:
@@ -66,10 +58,6 @@ def test_the_kv_checksum_on_one_role_only_is_refused() -> None:
     assert refusals(mutate)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a role's environment CUDA_VISIBLE_DEVICES silently overrides its gpus (GPU clash unseen)",
-)
 def test_a_roles_cuda_visible_devices_against_its_gpus_is_refused() -> None:
     said = refusals(lambda d: d["pd"]["decode"][0].update(environment={"CUDA_VISIBLE_DEVICES": "0"}))
     assert said
@@ -113,9 +101,6 @@ def test_rollback_does_not_choose_units_whose_page_sizes_differ() -> None:
 # ---- low
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a decode's tp-size written as text ends in an internal error (exit 1)"
-)
 def test_a_tp_size_that_is_not_a_number_is_a_usage_error(tmp_path: Path) -> None:
     text = EXAMPLE.read_text(encoding="utf-8").replace(
         "flags = { tp-size = 1, max-running-requests = 8 }",
@@ -126,9 +111,6 @@ def test_a_tp_size_that_is_not_a_number_is_a_usage_error(tmp_path: Path) -> None
     assert code == ExitCode.USAGE, err
 
 
-@pytest.mark.xfail(
-    strict=True, reason="router executable words '--prefill URL' (no bootstrap port) reach the unit unrefused"
-)
 def test_a_router_argv_naming_a_prefill_without_its_bootstrap_port_is_refused() -> None:
     exe = [
         "/opt/sglang/.venv/bin/python",
@@ -146,10 +128,6 @@ def test_a_unit_on_another_host_at_ipv6_loopback_is_refused() -> None:
     assert said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--speculative-draft-attention-backend trtllm_mha forces page 64 (overrides.py:1174); unmodelled",
-)
 def test_a_draft_backend_that_forces_page_64_is_compared_at_64() -> None:
     said = refusals(decode_flags(speculative_draft_attention_backend="trtllm_mha"))
     assert any("page-size" in s for s in said), said

@@ -17,17 +17,13 @@ import pytest
 
 from agent.exitcodes import ExitCode
 from agent.inventory import load_service
-from tests.integration.test_pd_apply import ROUTER_SITE, TARGET, Pd
+from tests.pdhosts import ROUTER_SITE, TARGET, Pd
 from tests.simhost import FAST_SIM, REPO
 from tests.testhost import HostSetup, TestHost, TestHostUnavailable, missing_prerequisites
 from tests.testhost.instance import free_ports
 
-# Its first run found that a group commit left NeedDaemonReload=yes (fixed: the commit reloads systemd);
-# it has not yet been seen passing since (its re-run timed out waiting for the shared test host's lock)
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skip(reason="not yet seen passing on the test host: run it by hand without this mark"),
-]
+# Its first run found that a group commit left NeedDaemonReload=yes (fixed: the commit reloads systemd)
+pytestmark = pytest.mark.integration
 
 SLICE = {**FAST_SIM, "SGLANG_SIM_GPUS": "2"}  # each role a 2-GPU slice of the simulated host
 PREFILL, FLEX, DECODE, ROUTER = ("sglang-prefill-0.service", "sglang-flex.service", "sglang-decode-0.service",

@@ -74,6 +74,29 @@ def test_rollback_to_refusal_describes_the_one_generation_rollback() -> None:
     assert "newest backup that differs" not in commands_md
 
 
+# ---- medium: a decode SGLang refuses at its start, planned
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a decode with --disaggregation-decode-enable-radix-cache and NGRAM speculation plans (exit 0); "
+    "SGLang refuses it at the start (srt/arg_groups/speculative_hook.py:163-172)",
+)
+def test_a_decodes_radix_cache_with_ngram_speculation_is_refused(tmp_path: Path) -> None:
+    """`deployctl plan pd --offline --context 32k`, the decode's flags adding
+    disaggregation-decode-enable-radix-cache = true and speculative-algorithm = "NGRAM": SGLang 0.5.23
+    raises '--disaggregation-decode-enable-radix-cache is incompatible with speculative decoding' for any
+    algorithm but DSPARK, EAGLE and EAGLE3. deployctl refuses the radix cache with HiSparse (:99-109) but
+    plans this one."""
+    flags = DECODE_FLAGS.replace(
+        " }", ', disaggregation-decode-enable-radix-cache = true, speculative-algorithm = "NGRAM" }'
+    )
+    code, _, err = _cli(
+        _inventory(tmp_path, (DECODE_FLAGS, flags)), "plan", "pd", "--offline", "--context", "32k"
+    )
+    assert code == 2 and "speculative" in err, (code, err)
+
+
 # ---- medium: advice that leads into the next refusal
 
 

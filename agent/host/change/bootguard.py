@@ -64,14 +64,16 @@ class BootGuard:
         os.rename(tmp, self.path)
         fsync_dir(folder)
 
-    def disarm(self) -> None:
-        """The change is decided: the drop-in goes (an empty folder of ours with it)."""
+    def disarm(self) -> bool:
+        """The change is decided: the drop-in goes (an empty folder of ours with it). Whether there was
+        one (systemd, which loaded it, then needs a reload)."""
         if not self.path.exists():
-            return
+            return False
         self.path.unlink()
         fsync_dir(self.path.parent)
         with contextlib.suppress(OSError):
             self.path.parent.rmdir()
+        return True
 
     def armed(self) -> bool:
         return self.path.is_file()

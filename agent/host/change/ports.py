@@ -138,7 +138,10 @@ class Ports:
     def clear_record(self) -> None:
         """The change is decided: its boot guard goes, then its record (a record outliving its guard is
         recovered again; a guard outliving its record would skip every boot's start)."""
-        self.guard.disarm()
+        if self.guard.disarm():
+            # systemd loaded the drop-in with the new unit: left so, the unit reads NeedDaemonReload=yes,
+            # and the next apply finds it not running as installed and restarts it for nothing
+            self.systemd.daemon_reload()
         self.state.clear_record(self.unit)
 
 

@@ -100,8 +100,8 @@ def recover(p: Ports, run: Run) -> str | None:
 
 def orphan_guard(p: Ports) -> None:
     """A boot guard with no record (an older agent's kill between the two) would skip every boot's start."""
-    if p.guard.armed():
-        p.guard.disarm()
+    if p.guard.disarm():
+        p.systemd.daemon_reload()  # as clear_record: the unit is not left reading NeedDaemonReload=yes
         p.log.emit(Stage.RECOVER, "step", f"removed the boot guard of {p.unit}: no change pending")
 
 

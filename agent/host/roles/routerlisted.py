@@ -5,10 +5,10 @@ its journal says "Worker initialization job submitted (will complete in backgrou
 workers: []". Each worker goes through its local_worker_registration workflow, whose first step
 (detect_connection_mode) retries a worker that does not answer yet with a linear backoff (1 s more each
 time, up to 5 s; its max_attempts from --worker-startup-timeout-secs). A router restarted with its peers (a
-group's rollback or recovery starts every old unit at once) thus lists no worker for up to some seconds
-after the units serve: measured on the two test hosts, "workers: []" at the router's start and each unit
-listed 1-3 s after it answered, the group's report already out. Such a router answers 503 to every request
-in that time, and a worker whose registration gave up is never listed.
+group's rollback or recovery starts every old unit at once) thus lists its workers only some time after it
+answers: on the two test hosts its /health answered 0.6 s before its second worker was listed, and the
+group reported with none listed once. Meanwhile it answers 503 to every request, and a worker whose
+registration gave up is never listed.
 
 So its readiness waits until it lists each named worker healthy, and registers (with its role) any it does
 not list by then, as a unit put back after its drain is (host/roles/router.py put_back).

@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import pytest
+
 from agent.host.roles.router import PLAIN, Registration, Worker
 from agent.host.roles.routerlisted import named_workers
 from agent.protocol.events import Outcome
@@ -88,3 +90,21 @@ def test_the_workers_a_router_unit_names_with_their_roles() -> None:
     }
     assert named_workers("[Service]\nExecStart=/usr/bin/python3 -m sglang_router.launch_router\n") == {}
     assert named_workers("not a unit [") == {}
+
+
+def test_the_wait_for_the_routers_own_registration_is_bounded_below_the_ready_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit that did not come back must not hold the router's start for its whole ready time (900 s by
+    default): the wait ends at LISTED_WAIT_S, then the worker is registered again (here it never answers:
+    said, not failed on; the routed check gates a forward change)."""
+    from agent.host.roles import routerlisted
+
+    monkeypatch.setattr(routerlisted, "LISTED_WAIT_S", 0.5)
+    monkeypatch.setattr(routerlisted, "REPAIR_TIMEOUT_S", 0.5)
+    router = LateRouter(registers=(PREFILL,), empty_for=0)
+    router.add = lambda url, reg=PLAIN: router.added.update({url: reg})  # type: ignore[method-assign]
+    outcome, said = restart_router(tmp_path, router, ready_s=900.0)
+    assert outcome is Outcome.APPLIED, said
+    assert router.added == {DECODE: Registration("decode")}
+    assert f"the router does not list {DECODE}" in said

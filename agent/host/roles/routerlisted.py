@@ -24,6 +24,10 @@ from agent.host.watch.poll import wait_until
 from agent.protocol.events import Stage
 from agent.sglang.flags import FlagsError, unit_lines
 
+# How long the start waits for the router's own registration (at most the start's ready time): its retries
+# come at most 5 s apart, so a worker serving by then is listed; one that is not (a unit that failed to
+# come back) must not hold the router's start for the whole ready time (900 s by default).
+LISTED_WAIT_S = 120.0
 REPAIR_TIMEOUT_S = 30.0  # how long a worker registered again may take to show healthy
 
 
@@ -55,13 +59,14 @@ def unlisted(router: RouterPort, urls: list[str]) -> list[str]:
 
 
 def wait_listed(p: Ports, limit_s: float) -> None:
-    """Wait (up to limit_s) until the router lists each worker its unit names, then register any it
-    still does not list; what it came to is said (a warning for a worker left unlisted)."""
+    """Wait (up to limit_s, at most LISTED_WAIT_S) until the router lists each worker its unit names, then
+    register any it still does not list; what it came to is said (a warning for a worker left unlisted)."""
     named = named_workers(p.files.read(p.unit) or "")
     if not named:
         return
     router, t0 = p.router(f"http://{p.req.http_host}:{p.req.port}"), time.monotonic()
-    wait_until(lambda: not unlisted(router, list(named)), max(0.0, limit_s))
+    limit_s = max(0.0, min(limit_s, LISTED_WAIT_S))
+    wait_until(lambda: not unlisted(router, list(named)), limit_s)
     missing = unlisted(router, list(named))
     for url in missing:
         try:

@@ -49,11 +49,12 @@ WATCHER_PATH = "/root/deployctl-fault-watcher.py"
 # Runs inside the test host (its python3, stdlib only). argv: step nth [record-phase [unit]].
 WATCHER = r"""
 import json, os, signal, sys, time
-root = "/var/lib/deployctl/txn"
+state = os.environ.get("DEPLOYCTL_WATCH_STATE", "/var/lib/deployctl")  # a pure test's own folder
+root = f"{state}/txn"
 step, nth = sys.argv[1], int(sys.argv[2])
 phase = sys.argv[3] if len(sys.argv) > 3 else ""
 unit = sys.argv[4] if len(sys.argv) > 4 else "sglang.service"
-record = f"/var/lib/deployctl/units/{unit}/pending.json"
+record = f"{state}/units/{unit}/pending.json"
 known = set(os.listdir(root)) if os.path.isdir(root) else set()
 parent = os.getppid()
 print("armed", os.getpid(), flush=True)
@@ -68,6 +69,9 @@ def events(txn):
 
 def hit(txn):
     evs = events(txn)
+    # the unit's own transaction: another unit of the host changing in the same group has one too
+    if not any(e["stage"] == "lock" and e["message"] == f"locked {unit}" for e in evs):
+        return None
     if phase:
         try:
             with open(record) as f:
@@ -83,7 +87,7 @@ def hit(txn):
 deadline = time.monotonic() + 120
 while time.monotonic() < deadline and os.getppid() == parent:  # gone with its ssh session
     new = sorted(set(os.listdir(root)) - known) if os.path.isdir(root) else []
-    for txn in new[-1:]:
+    for txn in reversed(new):  # newest first: the unit's own, not the last of the host's
         evs = hit(txn)
         if evs is None:
             continue

@@ -69,6 +69,7 @@ def inventory(addr: str, ports: list[int], policy: str = "round_robin") -> str:
 transfer_backend = "mooncake_tcp"
 
 [[pd.prefill]]
+url = "http://{addr}:{prefill}"  # the decode's host bootstraps at it: a loopback URL is refused
 gpus = [0, 1, 2, 3]
 port = {prefill}
 bootstrap_port = {bootstrap}
@@ -131,6 +132,26 @@ class Pair:
                 last = str(exc)
                 time.sleep(1.0)
         raise AssertionError(f"no routed completion within {timeout:.0f} s: {last}")
+
+    def expected_workers(self) -> dict[str, tuple[object, object]]:
+        """Each unit listed with its role, at the URL the router reaches it at."""
+        prefill, decode = f"http://{self.addr}:{self.ports[0]}", f"http://{self.addr}:{self.ports[2]}"
+        return {prefill: ("prefill", self.ports[1]), decode: ("decode", None)}
+
+    def evidence(self) -> str:
+        """What a failed assertion shows: the router's journal and each unit's transaction events, so a
+        rare failure says what removed a worker and who put it back."""
+        argv = ["journalctl", "-u", ROUTER, "-n", "400", "--no-pager", "-o", "short-precise"]
+        done = self.hosts[ROUTER].ssh(argv)
+        out = [f"\n--- {ROUTER} journal ---\n" + (done.stdout + done.stderr).decode(errors="replace")]
+        for unit in (PREFILL, DECODE):
+            root = self.hosts[unit].root / "var/lib/deployctl/txn"
+            for path in sorted(root.glob("*/events.jsonl"), key=lambda q: q.stat().st_mtime):
+                lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+                mine = [e for e in lines if unit in json.dumps(e) or e.get("stage") == "router"]
+                out.append(f"\n--- {unit}'s host, txn {path.parent.name} ---\n")
+                out.extend(json.dumps(e) + "\n" for e in (mine or lines))
+        return "".join(out)
 
     def stop(self) -> None:
         for h in {id(h): h for h in self.hosts.values()}.values():
@@ -212,7 +233,7 @@ def test_a_1p1d_apply_over_two_hosts_commits_through_the_routers_reachable_addre
     assert f"wave 1: decode[0] {DECODE_HOST} {DECODE}" in said, said
     # each unit drained through the router (the decode's agent, on the other host, at the router's
     # reachable address) and put back with its role at the URL the router reaches it at
-    prefill_url, decode_url = f"http://127.0.0.1:{pair.ports[0]}", f"http://{pair.addr}:{pair.ports[2]}"
+    prefill_url, decode_url = f"http://{pair.addr}:{pair.ports[0]}", f"http://{pair.addr}:{pair.ports[2]}"
     for url in (prefill_url, decode_url):
         assert f"took {url} out of the router" in said and f"put {url} back in the router" in said, said
     # the decode, the last wave, sends the routed check from its host to the router's reachable address,
@@ -221,7 +242,11 @@ def test_a_1p1d_apply_over_two_hosts_commits_through_the_routers_reachable_addre
         f"[pd.decode0] smoke: routed check: one completion through the router at {pair.addr}:{pair.ports[3]}"
     )
     assert reach in said and "[pd.decode0] smoke: routed check: this unit served one" in said, said
-    assert pair.workers() == {prefill_url: ("prefill", pair.ports[1]), decode_url: ("decode", None)}
+    assert (
+        pair.workers()
+        == pair.expected_workers()
+        == {prefill_url: ("prefill", pair.ports[1]), decode_url: ("decode", None)}
+    )
     texts = pair.texts()
     assert b"--context-length 16000" in texts[PREFILL] and b"--context-length 16000" in texts[DECODE]
     assert pair.show(ROUTER, "InvocationID") == router  # its unit is unchanged: not restarted
@@ -244,6 +269,10 @@ def test_a_failed_decode_start_rolls_back_both_hosts_and_the_router(pair: Pair) 
     said = r.stdout + r.stderr
     assert r.returncode == ExitCode.ROLLED_BACK, said
     assert "wave 2: router" in said and "pd.decode0 failed" in said, said
+    # the router, restarted with its peers by the rollback, lists both units as the group reports (it
+    # registers the workers of its command line after its /health answers: its start waits for them)
+    listed = pair.workers()
+    assert listed == pair.expected_workers(), f"{listed}\n{said}{pair.evidence()}"
     assert pair.texts() == before  # the prefill's host, the decode's and the router's unit: all as before
     for unit in (PREFILL, DECODE, ROUTER):
         assert pair.show(unit, "ActiveState") == "active", unit
@@ -274,6 +303,7 @@ def test_an_agent_killed_mid_change_leaves_one_generation_running(pair: Pair, at
     t0 = time.monotonic()
     pair.hosts[DECODE].ssh(["systemctl", "daemon-reload"])  # the fault's drop-in is gone
     before = pair.texts()
+    router = pair.show(ROUTER, "InvocationID")
     argv = [DEPLOYCTL, "apply", "pd", "--context", "20k", "--yes"]
     with fk.Watcher(On(pair.hosts[unit]), step, phase=phase, unit=unit) as watcher:
         env = {**os.environ, **pair.env}
@@ -293,6 +323,11 @@ def test_an_agent_killed_mid_change_leaves_one_generation_running(pair: Pair, at
     assert pair.texts() == before, said  # one generation: every unit on its previous text
     for name in (PREFILL, DECODE, ROUTER):
         assert pair.show(name, "ActiveState") == "active", name
+    # right as the group reports: the router lists both units with their roles, and was not restarted
+    # (its unit unchanged: a group rollback before left it reloaded, not reading NeedDaemonReload=yes)
+    listed = pair.workers()
+    assert listed == pair.expected_workers(), f"{listed}\n{said}{pair.evidence()}"
+    assert pair.show(ROUTER, "InvocationID") == router, f"the router was restarted\n{said}{pair.evidence()}"
     status = pair.run("status", "pd")
     assert status.returncode == ExitCode.OK and status.stdout.count("active/running") == 3, status.stdout
     assert "recovering first" not in status.stdout + status.stderr

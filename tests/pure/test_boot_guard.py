@@ -116,3 +116,25 @@ def test_a_kill_while_arming_leaves_a_record_to_recover(host: Host, monkeypatch:
     with pytest.raises(Died):
         txn.apply()
     assert (host.root / "state" / "units" / UNIT / "pending.json").exists() and not guard(host).armed()
+
+
+@pytest.mark.parametrize("decision", [Decision.COMMIT, Decision.ABORT])
+def test_systemd_is_reloaded_once_the_guard_is_gone(
+    host: Host, decision: Decision, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemd loaded the guard's drop-in with the new unit; its removal unreloaded leaves the unit reading
+    NeedDaemonReload=yes, so the next apply found it not running as installed and restarted it for nothing
+    (a [pd] router, unchanged, restarted by the next change after a group rollback on the test hosts)."""
+    host.install(host.etc, node_unit(OLD, 1))
+    txn = host.transaction(node_request(host, NEW, 1))
+    coordinator(txn, decision)
+    loaded: list[bool] = []  # at each reload: whether systemd read the guard's drop-in
+    reload = host.systemd.daemon_reload
+
+    def seen_reload() -> None:
+        loaded.append(guard(host).armed())
+        reload()
+
+    monkeypatch.setattr(host.systemd, "daemon_reload", seen_reload)
+    txn.apply()
+    assert True in loaded and loaded[-1] is False  # the last reload saw the unit without it

@@ -1,10 +1,11 @@
 """A [pd] service's router and its routed check, as members of the service's group change.
 
 The router (sglang-router 0.3.2 in PD mode) is no SGLang server: it logs no KV pool and no "fired up" line,
-and has no /server_info. Its start is ready once systemd runs it and its /health answers; what proves the
-service is one completion routed through it (a prefill computes the prompt, a decode pulls its KV and
-answers). That routed completion gates the whole change: the last wave of a [pd] group sends it (the router
-through itself; the decodes, when the router's own unit is unchanged, through the router's URL).
+and has no /server_info. Its start is ready once systemd runs it, its /health answers and it lists the
+workers its command line names (it registers them in the background: host/roles/routerlisted.py); what
+proves the service is one completion routed through it (a prefill computes the prompt, a decode pulls its KV
+and answers). That routed completion gates the whole change: the last wave of a [pd] group sends it (the
+router through itself; the decodes, when the router's own unit is unchanged, through the router's URL).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 
 from agent.host.change.decide import Action, Failure, Verdict, fail
 from agent.host.change.ports import Ports, ProbePort
+from agent.host.roles.routerlisted import wait_listed
 from agent.host.watch.poll import wait_until
 from agent.host.watch.start import WatchResult
 from agent.protocol.events import Stage
@@ -84,6 +86,7 @@ def watch_router(p: Ports, invocation: str) -> WatchResult:
         why = f"the router's unit is {state.active_state} (it exited or restarted under the watch)"
         return WatchResult(fail(why, Failure.SERVICE_FAILED), {}, 0.0)
     p.log.emit(Stage.READY, "step", "the router runs and answers /health")
+    wait_listed(p, limit - (time.monotonic() - t0))  # it registers its workers after (routerlisted.py)
     return WatchResult(Verdict(Action.READY), {}, round(time.monotonic() - t0, 3), invocation)
 
 

@@ -14,9 +14,10 @@ every role-switch instance from its start and is not rebuilt on a flip (managers
 a prefill switched in keeps the bootstrap port its start bound.
 
 deployctl switches only what it knows SGLang takes: the running unit is its installed unit, started with
-the flag, and the new unit differs from it in the role alone (`--disaggregation-mode`, and a prefill's
-`--disaggregation-bootstrap-port` being the one its start bound). Anything else restarts, with one line
-saying why not a switch.
+the flag, and the new unit differs from it in the role alone (`--disaggregation-mode`, and
+`--disaggregation-bootstrap-port` being the one its start bound, in either direction), and a decode
+switched to prefill only when its start ran the radix cache its prefill unit runs. Anything else restarts,
+with one line saying why not a switch.
 """
 
 from __future__ import annotations
@@ -230,11 +231,35 @@ def _why_not(
          f"transfer backend {backend!r} does not support a runtime role switch (SGLang: mooncake, mori)"),
         (_staging(running.text), f"{STAGING} is on in the running unit (SGLang refuses a switch with it)"),
         (_without_role(running.text) != _without_role(new_text), _other_change(old, new)),
-        (_mode(new) == "prefill" and _bootstrap(new) != _bootstrap(old),
+        # every role-switch instance binds its bootstrap server at start and a flip never rebuilds it
+        # (managers/disagg_service.py:26): either way the new unit must name the port bound
+        (_bootstrap(new) != _bootstrap(old),
          f"its bootstrap server listens on {_bootstrap(old)} since its start (a switch does not rebuild "
-         f"it), the new prefill's --{BOOTSTRAP} is {_bootstrap(new)}"),
+         f"it), the new {_mode(new)}'s --{BOOTSTRAP} is {_bootstrap(new)}"),
+        (_radix_lost(old, new), _NO_RADIX),
     )  # fmt: skip
     return next((Restart(why) for failed, why in checks if failed), None)
+
+
+def _radix_lost(old: dict[str, FlagValue], new: dict[str, FlagValue]) -> bool:
+    """A decode switched to prefill without the radix cache its prefill unit runs: a decode resolves
+    disable_radix_cache=True at its start unless --disaggregation-decode-enable-radix-cache
+    (arg_groups/pd_disaggregation_hook.py:98-126), and a switch only resets the tree it has
+    (disaggregation/role_switch.py:266-294), never builds one."""
+    return (
+        _mode(old) == "decode"
+        and _mode(new) == "prefill"
+        and new.get(NO_RADIX) is not True
+        and old.get(DECODE_RADIX) is not True
+    )
+
+
+NO_RADIX = "disable-radix-cache"
+DECODE_RADIX = "disaggregation-decode-enable-radix-cache"
+_NO_RADIX = (
+    "a decode starts without a radix cache (no --disaggregation-decode-enable-radix-cache) and a switch "
+    "does not build one: the new prefill would run without the prefix cache its unit gives it"
+)
 
 
 Decision = Switch | Restart | None

@@ -52,13 +52,35 @@ def test_prefill_to_decode_is_a_switch_with_the_peer() -> None:
     assert got.line.startswith("switch: prefill -> decode")
 
 
+RADIX: dict[str, object] = {"disaggregation-decode-enable-radix-cache": True}
+
+
 def test_decode_to_prefill_keeps_the_bootstrap_port_its_start_bound() -> None:
     # a decode rendered without the port bound SGLang's default, 8998
-    assert decide(Running(unit("decode"), True), unit("prefill", 8998), None) == Switch(
+    assert decide(Running(unit("decode", **RADIX), True), unit("prefill", 8998, **RADIX), None) == Switch(
         "decode", "prefill", 8998, None
     )
-    got = decide(Running(unit("decode"), True), unit("prefill", 9000), None)
+    got = decide(Running(unit("decode", **RADIX), True), unit("prefill", 9000, **RADIX), None)
     assert isinstance(got, Restart) and "listens on 8998" in got.line and "9000" in got.line
+
+
+def test_prefill_to_decode_keeps_the_bootstrap_port_its_start_bound() -> None:
+    # every role-switch instance binds its port at start (disagg_service.py:26): a decode's too
+    port: dict[str, object] = {"disaggregation-bootstrap-port": 8999}
+    assert isinstance(decide(Running(unit("prefill", 8999), True), unit("decode", **port), PEER), Switch)
+    got = decide(Running(unit("prefill", 8999), True), unit("decode"), PEER)
+    assert got == Restart(
+        "its bootstrap server listens on 8999 since its start (a switch does not rebuild it), the new "
+        "decode's --disaggregation-bootstrap-port is 8998"
+    )
+
+
+def test_a_decode_switches_to_prefill_only_with_the_radix_cache_its_prefill_runs() -> None:
+    got = decide(Running(unit("decode"), True), unit("prefill"), None)
+    assert isinstance(got, Restart) and "without the prefix cache" in got.line and "\n" not in got.line
+    off: dict[str, object] = {"disable-radix-cache": True}  # neither runs one: nothing lost
+    assert isinstance(decide(Running(unit("decode", **off), True), unit("prefill", **off), None), Switch)
+    assert isinstance(decide(Running(unit("decode", **RADIX), True), unit("prefill", **RADIX), None), Switch)
 
 
 def test_no_role_change_says_nothing() -> None:
@@ -109,19 +131,27 @@ OTHER = st.sampled_from(
     new_env=st.sampled_from(["", "RUST_LOG=info"]),
     bootstrap=st.sampled_from([None, 8998, 9000]),
     new_bootstrap=st.sampled_from([None, 8998, 9000]),
+    radix=st.sampled_from([None, "disable-radix-cache", "disaggregation-decode-enable-radix-cache"]),
 )
 def test_a_switch_only_when_nothing_but_the_role_changes(  # noqa: PLR0913
     old_role: str, others: list[tuple[str, object]], env: str, new_env: str, bootstrap: int | None,
-    new_bootstrap: int | None,
+    new_bootstrap: int | None, radix: str | None,
 ) -> None:  # fmt: skip
     new_role = "decode" if old_role == "prefill" else "prefill"
-    old_text = unit(old_role, bootstrap, env)
-    new_text = unit(new_role, new_bootstrap, new_env, **dict(others))
+    cache = {radix: True} if radix else {}
+    old_text = unit(old_role, None, env, **cache, **_port(bootstrap))
+    new_text = unit(new_role, None, new_env, **{**cache, **_port(new_bootstrap), **dict(others)})
     got = decide(Running(old_text, True), new_text, PEER)
-    bound = (bootstrap or 8998) if old_role == "prefill" else 8998
-    only_role = not others and env == new_env and (new_role == "decode" or (new_bootstrap or 8998) == bound)
+    # either role binds the port its unit names (SGLang's default 8998 unnamed) and keeps it on a flip
+    same_port = (bootstrap or 8998) == (new_bootstrap or 8998)
+    radix_lost = old_role == "decode" and radix is None
+    only_role = not others and env == new_env and same_port and not radix_lost
     assert isinstance(got, Switch) == only_role, (old_text, new_text, got)
     assert isinstance(got, (Switch, Restart))
+
+
+def _port(port: int | None) -> dict[str, object]:
+    return {"disaggregation-bootstrap-port": port} if port else {}
 
 
 def test_sglang_answers() -> None:

@@ -153,3 +153,31 @@ def test_a_switched_pool_short_of_the_new_roles_need_fails(tmp_path: Path) -> No
     outcome, _ = run(nodes, fakes)
     assert outcome is Outcome.ROLLED_BACK
     assert "short of its new role's need of 500,000" in nodes[1].view.why
+
+
+def rotated(tmp_path: Path, pool: int | None) -> tuple[list[Node], list[FakeNode]]:
+    """The switched unit's start logged its pool, then its journal lost it (rotated, vacuumed); its
+    /server_info says max_total_num_tokens=pool (None: not at all)."""
+    nodes, fakes = switch_group(tmp_path, FakeSwitch())
+    fakes[1].host.systemd.lines.clear()
+    fakes[1].host.probe.info = {} if pool is None else {"max_total_num_tokens": pool}
+    return nodes, fakes
+
+
+def test_a_switched_pool_the_journal_lost_is_read_from_server_info(tmp_path: Path) -> None:
+    nodes, fakes = rotated(tmp_path, 110_000)
+    outcome, said = run(nodes, fakes)
+    assert outcome is Outcome.APPLIED, said
+    assert "server_info" in fakes[1].host.probe.asked
+    nodes, fakes = rotated(tmp_path / "short", 90_000)
+    nodes[1].request = replace(nodes[1].request, target_context=100_000)
+    outcome, _ = run(nodes, fakes)
+    assert outcome is Outcome.ROLLED_BACK
+    assert "KV pool of 90,000 tokens is short of its new role's need of 100,000" in nodes[1].view.why
+
+
+def test_a_switched_pool_known_nowhere_fails_the_member(tmp_path: Path) -> None:
+    nodes, fakes = rotated(tmp_path, None)
+    outcome, _ = run(nodes, fakes)
+    assert outcome is Outcome.ROLLED_BACK
+    assert "its KV pool is unknown" in nodes[1].view.why

@@ -16,11 +16,6 @@ from agent.pd.switch import Restart, Running, Said, answer, decide
 from tests.pure.test_pd_switch import PEER, unit
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prefill->decode switch chosen though the decode's unit names another bootstrap port than the "
-    "one the running server bound (switch.py:233 checks a new prefill only)",
-)
 def test_a_switch_to_decode_keeps_the_bootstrap_port_its_start_bound() -> None:
     # the prefill's start bound 8999 (disagg_service.py:26, never rebuilt on a flip); the decode's unit says
     # 8998: the server keeps 8999, the file and refusals (bound_bootstrap) say 8998, and a later switch back
@@ -30,11 +25,6 @@ def test_a_switch_to_decode_keeps_the_bootstrap_port_its_start_bound() -> None:
     assert isinstance(got, Restart)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="decode->prefill switch keeps the decode's start-time disable_radix_cache=True "
-    "(pd_disaggregation_hook.py:120-126): the switched prefill has no prefix cache its unit promises",
-)
 def test_a_decode_switched_to_prefill_is_not_left_without_its_radix_cache() -> None:
     # SGLang resolves disable_radix_cache=True at a decode's start unless
     # --disaggregation-decode-enable-radix-cache; role_switch.py:267-292 only resets the tree. A restart of
@@ -102,11 +92,6 @@ def test_a_rollback_takes_a_restarted_unit_out_of_the_router_that_stays() -> Non
     assert req.router_url is not None and req.router_worker_type == "decode"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a switched unit whose start's pool line is gone from its journal (rotated, vacuumed) passes "
-    "the new role's pool gate unchecked (pdswitch.short_of_need: unknown pool -> None)",
-)
 def test_a_switched_unit_with_no_known_pool_does_not_pass_the_gate() -> None:
     from agent.host.roles.pdswitch import short_of_need
 

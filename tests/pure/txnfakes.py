@@ -194,6 +194,7 @@ class FakeProbe:
     load_fails: str | None = None
     load_spec: LoadSpec | None = None
     served: int | None = None  # its sglang:num_requests_total; None: no /metrics counter
+    info: dict[str, Any] = field(default_factory=dict)  # /server_info's scheduler fields besides the flags
 
     def __call__(self, host: str, port: int, api_key: str | None) -> ProbePort:
         return self
@@ -224,7 +225,7 @@ class FakeProbe:
         """What the server resolved: the flags of the unit systemd runs (`unit` gives its text)."""
         self.asked.append("server_info")
         flags = parse_unit_flags(self.unit()) if self.unit else {}
-        return {name.replace("-", "_"): value for name, value in flags.items()}
+        return {**{name.replace("-", "_"): value for name, value in flags.items()}, **self.info}
 
 
 @dataclass

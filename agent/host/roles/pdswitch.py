@@ -12,7 +12,8 @@ written (host/change/write.py) and while it is out of the router (host/roles/rou
    - broken (not safe to restore: "instance unhealthy, restart required"): the member fails, the group
      rolls back, and this unit restarts on its old unit;
    - switched: the member votes "stopped" (it serves nothing, out of the router) and, at its wave's "go",
-     is checked as a started member: its logged pool against its new role's need, /health and
+     is checked as a started member: its logged pool (or /server_info's max_total_num_tokens when the
+     journal lost that line; neither: it fails) against its new role's need, /health and
      /server_info, back in the router with its new role, the routed check; then it votes and does what
      the group decides (an abort restores its old unit and restarts it).
 """
@@ -56,6 +57,7 @@ def switch_and_decide(p: Ports, run: Run, change: Change) -> Result:
     aborted = wait_for_go(p, signals)
     if aborted is not None:
         return roll_back(p, run, change, aborted, started)
+    started = pool_known(p, started)
     why = short_of_need(started, p.req.target_context) or verify(p, run, started, change)
     if why is not None:
         return failed(p, run, change, why, started)
@@ -105,10 +107,40 @@ def running(p: Ports) -> WatchResult:
     return WatchResult(Verdict(Action.READY), summary, 0.0, state.invocation_id)  # type: ignore[arg-type]
 
 
+def pool_known(p: Ports, started: WatchResult) -> WatchResult:
+    """The pool its start logged; when that line is gone from the journal (rotated, vacuumed), SGLang's
+    own: /server_info carries the scheduler's max_total_num_tokens of its start (utils/common.py:3584-3593,
+    managers/scheduler.py:1943-1948), which a switch keeps (it rebuilds no KV pool: role_switch.py)."""
+    from agent.host.watch.probe import ProbeError  # requests: only once a start is ready
+
+    if _tokens(started.summary.get("kv_tokens")) is not None:
+        return started
+    try:
+        pool = _tokens(p.http().server_info().get("max_total_num_tokens"))
+    except ProbeError as exc:
+        p.log.emit(Stage.GATE, "warning", f"no pool line in its start's journal, and {exc}")
+        return started
+    if pool is None:
+        return started
+    p.log.emit(Stage.GATE, "step", f"no pool line in its start's journal: /server_info says "
+               f"max_total_num_tokens={pool:,}")  # fmt: skip
+    return replace(started, summary={**started.summary, "kv_tokens": pool})
+
+
+def _tokens(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def short_of_need(started: WatchResult, need: int | None) -> str | None:
-    """The pool the switch kept against the new role's need (the gate of a started member)."""
-    pool = started.summary.get("kv_tokens")
-    if need is None or not isinstance(pool, int) or pool >= need:
+    """The pool the switch kept against the new role's need (the gate of a started member); a pool not
+    known (neither its journal nor /server_info says it) does not pass a need it cannot be held to."""
+    pool = _tokens(started.summary.get("kv_tokens"))
+    if need is None:
+        return None
+    if pool is None:
+        return (f"its KV pool is unknown (no pool line in its start's journal, no max_total_num_tokens in "
+                f"/server_info): it cannot be checked against its new role's need of {need:,}")  # fmt: skip
+    if pool >= need:
         return None
     return f"its KV pool of {pool:,} tokens is short of its new role's need of {need:,}"
 

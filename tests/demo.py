@@ -217,7 +217,7 @@ def pd_fail(pd: pdhosts.Pd) -> None:
     pd.fail_decode_at(24000)
     pd.write(policy="cache_aware")
     said = shown("apply", pdhosts.NAME, "--context", "24k", "--yes", expect=ExitCode.ROLLED_BACK, env=pd.env)
-    check("pd.decode0 failed" in said, "the report names the decode's failed start")
+    check("decode[0] failed" in said, "the report names the decode's failed start")
     check(pd.texts() == before, "every role and the router's unit back on its previous text")
     states = {u: pd.show(u, "ActiveState") for u in pdhosts.UNITS}
     check(set(states.values()) == {"active"}, "every unit is running again")

@@ -239,9 +239,9 @@ def test_a_1p1d_apply_over_two_hosts_commits_through_the_routers_reachable_addre
     # the decode, the last wave, sends the routed check from its host to the router's reachable address,
     # and its own request count proves it served one
     reach = (
-        f"[pd.decode0] smoke: routed check: one completion through the router at {pair.addr}:{pair.ports[3]}"
+        f"[decode[0]] smoke: routed check: one completion through the router at {pair.addr}:{pair.ports[3]}"
     )
-    assert reach in said and "[pd.decode0] smoke: routed check: this unit served one" in said, said
+    assert reach in said and "[decode[0]] smoke: routed check: this unit served one" in said, said
     assert (
         pair.workers()
         == pair.expected_workers()
@@ -268,7 +268,7 @@ def test_a_failed_decode_start_rolls_back_both_hosts_and_the_router(pair: Pair) 
         (pair.units / "pd.toml").write_text(inventory(pair.addr, pair.ports))
     said = r.stdout + r.stderr
     assert r.returncode == ExitCode.ROLLED_BACK, said
-    assert "wave 2: router" in said and "pd.decode0 failed" in said, said
+    assert "wave 2: router" in said and "decode[0] failed" in said, said
     # the router, restarted with its peers by the rollback, lists both units as the group reports (it
     # registers the workers of its command line after its /health answers: its start waits for them)
     listed = pair.workers()

@@ -99,6 +99,30 @@ def environment(unit: PdUnit, backend: str) -> list[str]:
     return found
 
 
+SPEC_HOOK = "srt/arg_groups/speculative_hook.py"
+RADIX_SPEC = ("DSPARK", "EAGLE", "EAGLE3", "NEXTN")  # NEXTN is EAGLE's alias (speculative_hook.py:109-116)
+
+
+def speculation(unit: PdUnit) -> list[str]:
+    """speculative_hook.py:163-172: a decode's radix cache takes no speculation but DSPARK and the EAGLE
+    family; :713-718: DSpark with pipeline parallelism runs only on a prefill."""
+    flags = unit.host.sglang.flags
+    algo = str(_get(flags, "speculative-algorithm") or "none").upper()
+    if unit.role is not Role.DECODE or algo == "NONE":
+        return []
+    found = []
+    if _on(flags, "disaggregation-decode-enable-radix-cache") and algo not in RADIX_SPEC:
+        found.append(
+            f"{unit.where}: --disaggregation-decode-enable-radix-cache is incompatible with speculative "
+            f"decoding --speculative-algorithm {algo} (SGLang refuses it at the start, {SPEC_HOOK}:163-172): "
+            "drop the radix cache, or use EAGLE, EAGLE3, NEXTN or DSPARK"
+        )
+    if algo == "DSPARK" and _num(flags, "pp-size", "pipeline-parallel-size", "pp", default=1) != 1:
+        found.append(f"{unit.where}: DSpark with pipeline parallelism runs only on a prefill (SGLang refuses "
+                     f"it at the start, {SPEC_HOOK}:713-718): set pp-size 1 on the decode")  # fmt: skip
+    return found
+
+
 ROLE_SWITCH = (
     (("ep-size", "expert-parallel-size", "ep"), "expert parallelism"),
     (("pp-size", "pipeline-parallel-size", "pp"), "pipeline parallelism"),
@@ -190,7 +214,7 @@ def start_refusals(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
     for unit in units:
         policy = str(unit.host.sglang.flags.get("disaggregation-decode-allocation-policy") or "early")
         found += host_receive(unit) + decode_radix(unit, backend) + environment(unit, backend)
-        found += role_switch(unit)
+        found += role_switch(unit) + speculation(unit)
         if policy == "prefill_complete":
             found += prefill_complete(unit, backend)
     return found

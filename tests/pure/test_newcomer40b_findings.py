@@ -77,11 +77,6 @@ def test_rollback_to_refusal_describes_the_one_generation_rollback() -> None:
 # ---- medium: a decode SGLang refuses at its start, planned
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decode with --disaggregation-decode-enable-radix-cache and NGRAM speculation plans (exit 0); "
-    "SGLang refuses it at the start (srt/arg_groups/speculative_hook.py:163-172)",
-)
 def test_a_decodes_radix_cache_with_ngram_speculation_is_refused(tmp_path: Path) -> None:
     """`deployctl plan pd --offline --context 32k`, the decode's flags adding
     disaggregation-decode-enable-radix-cache = true and speculative-algorithm = "NGRAM": SGLang 0.5.23

@@ -129,11 +129,6 @@ def test_render_at_a_context_above_the_models_own_says_so(tmp_path: Path) -> Non
 # ---- low: JSON that says less than the unit
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan --json gives a switch-capable decode bootstrap_port null, while its unit binds "
-    "--disaggregation-bootstrap-port 8999 (pd.md: a decode that can switch runs a bootstrap server)",
-)
 def test_plan_json_gives_a_switchable_decodes_bootstrap_port(tmp_path: Path) -> None:
     """`deployctl plan pd --offline --context 32k --json`, the decode with enable-pd-role-switch and
     bootstrap_port = 8999 (docs/pd.md 'Role switch'): render writes its --disaggregation-bootstrap-port

@@ -150,6 +150,28 @@ def role_switch(unit: PdUnit) -> list[str]:
     ]
 
 
+SWITCHERS = (
+    "mooncake",
+    "mooncake_tcp",
+    "mori",
+    "ascend",
+)  # ascend's KV manager is Mooncake's (ascend/conn.py:95)
+
+
+def switch_backend(unit: PdUnit, backend: str) -> list[str]:
+    """Not a start refusal: the role starts, and SGLang refuses each switch (role_switch.py:205-211) on a
+    backend whose KV manager keeps supports_role_switch False (base/conn.py:160; True in mooncake/conn.py:258,
+    mori/conn.py:375). Refused here, since the flag could only ever buy a restart in place of a switch."""
+    if not _on(unit.host.sglang.flags, "enable-pd-role-switch") or backend in SWITCHERS or backend == "fake":
+        return []  # the fake backend is refused on its own (refusals.py)
+    return [
+        f"{unit.where}: --enable-pd-role-switch on transfer_backend {backend} can never switch: its KV "
+        "manager does not support runtime role switch (SGLang refuses every switch, "
+        "srt/disaggregation/role_switch.py:205-211; only mooncake and mori switch): drop "
+        "--enable-pd-role-switch, or use mooncake or mori"
+    ]
+
+
 def prefill_complete(unit: PdUnit, backend: str) -> list[str]:
     """pd_disaggregation_hook.py:199-242, what the allocation policy prefill_complete does not yet support.
     Its attention-DP test reads --enable-dp-attention, which parallel_hook.py:39-61 has cleared before
@@ -214,7 +236,7 @@ def start_refusals(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
     for unit in units:
         policy = str(unit.host.sglang.flags.get("disaggregation-decode-allocation-policy") or "early")
         found += host_receive(unit) + decode_radix(unit, backend) + environment(unit, backend)
-        found += role_switch(unit) + speculation(unit)
+        found += role_switch(unit) + switch_backend(unit, backend) + speculation(unit)
         if policy == "prefill_complete":
             found += prefill_complete(unit, backend)
     return found

@@ -145,11 +145,6 @@ def test_plan_json_gives_a_switchable_decodes_bootstrap_port(tmp_path: Path) -> 
 # ---- low: a switch that can never happen, accepted silently
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="enable-pd-role-switch on a nixl service plans with no word, though NIXL's KV manager cannot "
-    "switch (base/conn.py:160 supports_role_switch False; only mooncake, mori): every switch restarts",
-)
 def test_a_role_switch_unit_on_nixl_is_told_it_can_never_switch(tmp_path: Path) -> None:
     """`deployctl plan pd --offline --context 32k`, transfer_backend = "nixl" and a decode with
     enable-pd-role-switch: SGLang's role_switch.py:206 rejects every switch ('transfer backend 'nixl' does

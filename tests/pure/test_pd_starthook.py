@@ -204,3 +204,16 @@ def test_dspark_with_pipeline_parallelism_is_refused_on_a_decode_only() -> None:
         return [s for s in start_refusals(host, pd_units(host)) if "DSpark" in s]
 
     assert said("decode") and not said("prefill")
+
+
+@pytest.mark.parametrize("backend_name", ["mooncake", "mooncake_tcp", "mori", "ascend", "nixl"])
+@pytest.mark.parametrize("which", ["prefill", "decode"])
+def test_role_switching_is_refused_exactly_on_a_backend_that_can_never_switch(
+    backend_name: str, which: str
+) -> None:
+    # base/conn.py:160 False by default; mooncake/conn.py:258 and mori/conn.py:375 True; ascend is Mooncake's
+    data = example()
+    backend(backend_name, role(which, enable_pd_role_switch=True))(data)
+    host = host_of(data)
+    found = [s for s in start_refusals(host, pd_units(host)) if "can never switch" in s]
+    assert bool(found) == (backend_name == "nixl"), found

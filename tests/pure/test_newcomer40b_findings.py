@@ -95,11 +95,6 @@ def test_a_decodes_radix_cache_with_ngram_speculation_is_refused(tmp_path: Path)
 # ---- medium: advice that leads into the next refusal
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="at a --context above the model's own the decode refusal says 'lower its max-running-requests "
-    "to 2'; done, the plan is NOT FEASIBLE for the context: the real blocker is never named first",
-)
 def test_a_context_above_the_models_own_is_named_before_the_decodes_count(tmp_path: Path) -> None:
     """`deployctl plan pd-1p1d --offline --context 200k` (max_context 131072): exit 2 with 'lower its
     max-running-requests to 2, the context, or add a decode'. With 2, the plan says NOT FEASIBLE: SGLang
@@ -110,11 +105,6 @@ def test_a_context_above_the_models_own_is_named_before_the_decodes_count(tmp_pa
     assert "131,072" in err or "131072" in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="render of a [pd] file at a context above the model's own renders --context-length 200000 "
-    "with exit 0 and no word of it, while plan says NOT FEASIBLE (exit 8)",
-)
 def test_render_at_a_context_above_the_models_own_says_so(tmp_path: Path) -> None:
     """`deployctl render pd --context 200k` with the decode at 2 requests (so its pool holds): every role
     unit gets --context-length 200000 without SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN; SGLang refuses
@@ -214,11 +204,6 @@ def test_parse_log_of_the_pd_hooks_start_refusal_is_not_a_scheduler_exception(tm
 # ---- low: options that mean nothing for a [pd] file, accepted silently
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan of a [pd] file takes --start N silently (no --from-log: refused for [pd]); a plain "
-    "file's plan refuses it: '--start names a start of one log: give exactly one --from-log with it'",
-)
 def test_plan_of_a_pd_file_refuses_start_as_a_plain_file_does(tmp_path: Path) -> None:
     """`deployctl plan pd-1p1d --offline --context 32k --start 2`: exit 0, the option ignored."""
     code, _, err = _cli(ROOT / "units", "plan", "pd-1p1d", "--offline", "--context", "32k", "--start", "2")

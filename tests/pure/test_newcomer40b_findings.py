@@ -210,11 +210,6 @@ def test_plan_of_a_pd_file_refuses_start_as_a_plain_file_does(tmp_path: Path) ->
     assert code == 2 and "--start" in err, (code, err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`deployctl plan units/pd-1p1d.toml` says 'host ... is not a valid host name' with no hint "
-    "that the argument is the file's stem (pd-1p1d)",
-)
 def test_a_path_to_the_inventory_file_is_answered_with_its_stem() -> None:
     """A newcomer types the file they just read: `deployctl plan units/pd-1p1d.toml --offline --context
     32k`. The error should name what to type instead: `pd-1p1d`."""

@@ -475,10 +475,21 @@ def known_hosts(directory: Path) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.toml"))
 
 
-def load_host(name: str, directory: Path) -> HostConfig:
-    """Read units/<name>.toml; an unknown name suggests the closest known ones."""
+def check_host_name(name: str) -> None:
+    """A service is named by its inventory file's stem: a path to the file (units/pd-1p1d.toml, the file a
+    newcomer just read) is answered with the stem to type, for every command that names a service."""
+    stem = Path(name).stem if name.endswith(".toml") else None
+    if stem and HOST_NAME.fullmatch(stem):
+        raise UsageError(
+            f"{name!r} is an inventory file: name the service by its stem, {stem!r} (its folder: --units)"
+        )
     if not HOST_NAME.fullmatch(name):
         raise UsageError(f"host {name!r} is not a valid host name (letters, digits, '.', '_', '-')")
+
+
+def load_host(name: str, directory: Path) -> HostConfig:
+    """Read units/<name>.toml; an unknown name suggests the closest known ones."""
+    check_host_name(name)
     path = directory / f"{name}.toml"
     if not path.is_file():
         names = known_hosts(directory) if directory.is_dir() else []

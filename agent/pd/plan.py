@@ -65,7 +65,7 @@ class RolePlan:
             "target": u.target,
             "unit_name": u.host.unit.name,
             "url": u.url,
-            "bootstrap_port": u.bootstrap_port,
+            "bootstrap_port": u.bound_bootstrap,  # the port its unit binds: a switch-capable decode binds one
             "need_tokens": self.need_tokens,
             "need": self.need,
             "holds": self.holds,

@@ -99,6 +99,30 @@ def environment(unit: PdUnit, backend: str) -> list[str]:
     return found
 
 
+SPEC_HOOK = "srt/arg_groups/speculative_hook.py"
+RADIX_SPEC = ("DSPARK", "EAGLE", "EAGLE3", "NEXTN")  # NEXTN is EAGLE's alias (speculative_hook.py:109-116)
+
+
+def speculation(unit: PdUnit) -> list[str]:
+    """speculative_hook.py:163-172: a decode's radix cache takes no speculation but DSPARK and the EAGLE
+    family; :713-718: DSpark with pipeline parallelism runs only on a prefill."""
+    flags = unit.host.sglang.flags
+    algo = str(_get(flags, "speculative-algorithm") or "none").upper()
+    if unit.role is not Role.DECODE or algo == "NONE":
+        return []
+    found = []
+    if _on(flags, "disaggregation-decode-enable-radix-cache") and algo not in RADIX_SPEC:
+        found.append(
+            f"{unit.where}: --disaggregation-decode-enable-radix-cache is incompatible with speculative "
+            f"decoding --speculative-algorithm {algo} (SGLang refuses it at the start, {SPEC_HOOK}:163-172): "
+            "drop the radix cache, or use EAGLE, EAGLE3, NEXTN or DSPARK"
+        )
+    if algo == "DSPARK" and _num(flags, "pp-size", "pipeline-parallel-size", "pp", default=1) != 1:
+        found.append(f"{unit.where}: DSpark with pipeline parallelism runs only on a prefill (SGLang refuses "
+                     f"it at the start, {SPEC_HOOK}:713-718): set pp-size 1 on the decode")  # fmt: skip
+    return found
+
+
 ROLE_SWITCH = (
     (("ep-size", "expert-parallel-size", "ep"), "expert parallelism"),
     (("pp-size", "pipeline-parallel-size", "pp"), "pipeline parallelism"),
@@ -123,6 +147,28 @@ def role_switch(unit: PdUnit) -> list[str]:
     return [
         f"{unit.where}: --enable-pd-role-switch does not rebuild role state for {', '.join(said)} (SGLang "
         f"refuses it at the start, {HOOK}:164-196): drop those or --enable-pd-role-switch"
+    ]
+
+
+SWITCHERS = (
+    "mooncake",
+    "mooncake_tcp",
+    "mori",
+    "ascend",
+)  # ascend's KV manager is Mooncake's (ascend/conn.py:95)
+
+
+def switch_backend(unit: PdUnit, backend: str) -> list[str]:
+    """Not a start refusal: the role starts, and SGLang refuses each switch (role_switch.py:205-211) on a
+    backend whose KV manager keeps supports_role_switch False (base/conn.py:160; True in mooncake/conn.py:258,
+    mori/conn.py:375). Refused here, since the flag could only ever buy a restart in place of a switch."""
+    if not _on(unit.host.sglang.flags, "enable-pd-role-switch") or backend in SWITCHERS or backend == "fake":
+        return []  # the fake backend is refused on its own (refusals.py)
+    return [
+        f"{unit.where}: --enable-pd-role-switch on transfer_backend {backend} can never switch: its KV "
+        "manager does not support runtime role switch (SGLang refuses every switch, "
+        "srt/disaggregation/role_switch.py:205-211; only mooncake and mori switch): drop "
+        "--enable-pd-role-switch, or use mooncake or mori"
     ]
 
 
@@ -190,7 +236,7 @@ def start_refusals(host: HostConfig, units: Sequence[PdUnit]) -> list[str]:
     for unit in units:
         policy = str(unit.host.sglang.flags.get("disaggregation-decode-allocation-policy") or "early")
         found += host_receive(unit) + decode_radix(unit, backend) + environment(unit, backend)
-        found += role_switch(unit)
+        found += role_switch(unit) + switch_backend(unit, backend) + speculation(unit)
         if policy == "prefill_complete":
             found += prefill_complete(unit, backend)
     return found

@@ -28,10 +28,10 @@ def refusals(host: HostConfig, context: int, model: PoolModel) -> list[str]:
             f"the weights do not fit: about {weights:.1f} GiB per GPU against {model.pre_gib:.1f} GiB free "
             "before they load"
         )
-    return [*found, *_context(host, context)]
+    return [*found, *longer_context(host, context)]
 
 
-def _context(host: HostConfig, context: int) -> list[str]:
+def longer_context(host: HostConfig, context: int) -> list[str]:
     """configs/model_config.py _derive_context_length (0.5.3 and newer): a context above the model's own
     is a ValueError unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN is set."""
     limit = host.model.max_context

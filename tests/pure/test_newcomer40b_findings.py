@@ -77,11 +77,6 @@ def test_rollback_to_refusal_describes_the_one_generation_rollback() -> None:
 # ---- medium: a decode SGLang refuses at its start, planned
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a decode with --disaggregation-decode-enable-radix-cache and NGRAM speculation plans (exit 0); "
-    "SGLang refuses it at the start (srt/arg_groups/speculative_hook.py:163-172)",
-)
 def test_a_decodes_radix_cache_with_ngram_speculation_is_refused(tmp_path: Path) -> None:
     """`deployctl plan pd --offline --context 32k`, the decode's flags adding
     disaggregation-decode-enable-radix-cache = true and speculative-algorithm = "NGRAM": SGLang 0.5.23
@@ -100,11 +95,6 @@ def test_a_decodes_radix_cache_with_ngram_speculation_is_refused(tmp_path: Path)
 # ---- medium: advice that leads into the next refusal
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="at a --context above the model's own the decode refusal says 'lower its max-running-requests "
-    "to 2'; done, the plan is NOT FEASIBLE for the context: the real blocker is never named first",
-)
 def test_a_context_above_the_models_own_is_named_before_the_decodes_count(tmp_path: Path) -> None:
     """`deployctl plan pd-1p1d --offline --context 200k` (max_context 131072): exit 2 with 'lower its
     max-running-requests to 2, the context, or add a decode'. With 2, the plan says NOT FEASIBLE: SGLang
@@ -115,11 +105,6 @@ def test_a_context_above_the_models_own_is_named_before_the_decodes_count(tmp_pa
     assert "131,072" in err or "131072" in err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="render of a [pd] file at a context above the model's own renders --context-length 200000 "
-    "with exit 0 and no word of it, while plan says NOT FEASIBLE (exit 8)",
-)
 def test_render_at_a_context_above_the_models_own_says_so(tmp_path: Path) -> None:
     """`deployctl render pd --context 200k` with the decode at 2 requests (so its pool holds): every role
     unit gets --context-length 200000 without SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN; SGLang refuses
@@ -134,11 +119,6 @@ def test_render_at_a_context_above_the_models_own_says_so(tmp_path: Path) -> Non
 # ---- low: JSON that says less than the unit
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan --json gives a switch-capable decode bootstrap_port null, while its unit binds "
-    "--disaggregation-bootstrap-port 8999 (pd.md: a decode that can switch runs a bootstrap server)",
-)
 def test_plan_json_gives_a_switchable_decodes_bootstrap_port(tmp_path: Path) -> None:
     """`deployctl plan pd --offline --context 32k --json`, the decode with enable-pd-role-switch and
     bootstrap_port = 8999 (docs/pd.md 'Role switch'): render writes its --disaggregation-bootstrap-port
@@ -155,11 +135,6 @@ def test_plan_json_gives_a_switchable_decodes_bootstrap_port(tmp_path: Path) -> 
 # ---- low: a switch that can never happen, accepted silently
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="enable-pd-role-switch on a nixl service plans with no word, though NIXL's KV manager cannot "
-    "switch (base/conn.py:160 supports_role_switch False; only mooncake, mori): every switch restarts",
-)
 def test_a_role_switch_unit_on_nixl_is_told_it_can_never_switch(tmp_path: Path) -> None:
     """`deployctl plan pd --offline --context 32k`, transfer_backend = "nixl" and a decode with
     enable-pd-role-switch: SGLang's role_switch.py:206 rejects every switch ('transfer backend 'nixl' does
@@ -229,22 +204,12 @@ def test_parse_log_of_the_pd_hooks_start_refusal_is_not_a_scheduler_exception(tm
 # ---- low: options that mean nothing for a [pd] file, accepted silently
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan of a [pd] file takes --start N silently (no --from-log: refused for [pd]); a plain "
-    "file's plan refuses it: '--start names a start of one log: give exactly one --from-log with it'",
-)
 def test_plan_of_a_pd_file_refuses_start_as_a_plain_file_does(tmp_path: Path) -> None:
     """`deployctl plan pd-1p1d --offline --context 32k --start 2`: exit 0, the option ignored."""
     code, _, err = _cli(ROOT / "units", "plan", "pd-1p1d", "--offline", "--context", "32k", "--start", "2")
     assert code == 2 and "--start" in err, (code, err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`deployctl plan units/pd-1p1d.toml` says 'host ... is not a valid host name' with no hint "
-    "that the argument is the file's stem (pd-1p1d)",
-)
 def test_a_path_to_the_inventory_file_is_answered_with_its_stem() -> None:
     """A newcomer types the file they just read: `deployctl plan units/pd-1p1d.toml --offline --context
     32k`. The error should name what to type instead: `pd-1p1d`."""

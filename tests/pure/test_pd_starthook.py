@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from agent.host.roles import pdrouter
 from agent.pd.plan import checksum_line, unverified_pairs
 from agent.pd.refusals import DecodeNeed, _short
+from agent.pd.starthook import start_refusals
+from agent.pd.units import pd_units
 from tests.pure.test_pd import example, host_of
 from tests.pure.test_pd_newcomer import Mutate, refusals
 
@@ -166,3 +168,52 @@ def test_the_routed_checks_checksum_gate_says_skipped_where_sglang_skipped_it() 
     flags = {"disaggregation-enable-kv-checksum": True}
     assert pdrouter.checksum_said(p, "inv", flags) is None  # type: ignore[arg-type]
     assert said and "skipped" in said[0] and "matched" not in said[0], said
+
+
+ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "DSPARK", "NGRAM", "STANDALONE", "DFLASH", "UNO", "ngram", "eagle"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(algo=st.sampled_from(ALGORITHMS), radix=st.booleans(), which=st.sampled_from(["prefill", "decode"]))
+def test_a_decodes_radix_cache_refuses_speculation_but_dspark_and_the_eagle_family(
+    algo: str, radix: bool, which: str
+) -> None:
+    # speculative_hook.py:163-172 compares the upper-cased algorithm after NEXTN's alias to EAGLE
+    data = example()
+    role(which, disaggregation_decode_enable_radix_cache=radix, speculative_algorithm=algo)(data)
+    host = host_of(data)
+    found = [s for s in start_refusals(host, pd_units(host)) if "speculative_hook.py" in s]
+    dies = which == "decode" and radix and algo.upper() not in ("EAGLE", "EAGLE3", "NEXTN", "DSPARK")
+    assert bool(found) == dies, (algo, radix, which, found)
+
+
+def test_dspark_with_pipeline_parallelism_is_refused_on_a_decode_only() -> None:
+    # speculative_hook.py:713-718
+    def mutate(which: str) -> Mutate:
+        def inner(d: dict[str, Any]) -> None:
+            d["gpus"]["indices"] = [0, 1, 2, 3]
+            d["pd"]["prefill"][0]["gpus"], d["pd"]["decode"][0]["gpus"] = [0, 1], [2, 3]
+            d["pd"][which][0]["flags"].update({"speculative-algorithm": "DSPARK", "pp-size": 2})
+
+        return inner
+
+    def said(which: str) -> list[str]:
+        data = example()
+        mutate(which)(data)
+        host = host_of(data)
+        return [s for s in start_refusals(host, pd_units(host)) if "DSpark" in s]
+
+    assert said("decode") and not said("prefill")
+
+
+@pytest.mark.parametrize("backend_name", ["mooncake", "mooncake_tcp", "mori", "ascend", "nixl"])
+@pytest.mark.parametrize("which", ["prefill", "decode"])
+def test_role_switching_is_refused_exactly_on_a_backend_that_can_never_switch(
+    backend_name: str, which: str
+) -> None:
+    # base/conn.py:160 False by default; mooncake/conn.py:258 and mori/conn.py:375 True; ascend is Mooncake's
+    data = example()
+    backend(backend_name, role(which, enable_pd_role_switch=True))(data)
+    host = host_of(data)
+    found = [s for s in start_refusals(host, pd_units(host)) if "can never switch" in s]
+    assert bool(found) == (backend_name == "nixl"), found

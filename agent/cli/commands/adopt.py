@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from agent.errors import UsageError
-from agent.inventory import HOST_NAME, Gpus, HostConfig, Model, Ssh, Unit, units_dir
+from agent.inventory import Gpus, HostConfig, Model, Ssh, Unit, check_host_name, units_dir
 from agent.output import Output
 from agent.protocol.answers import GpuRow, InspectAnswer, as_facts
 from agent.protocol.common import UNIT_NAME
@@ -45,8 +45,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    if not HOST_NAME.fullmatch(args.host):
-        raise UsageError(f"host {args.host!r} is not a valid host name (letters, digits, '.', '_', '-')")
+    check_host_name(args.host)
     if args.unit is not None and not UNIT_NAME.fullmatch(args.unit):
         raise UsageError(f"--unit {args.unit!r} is not a unit name like sglang.service")
     path = units_dir(args.units) / f"{args.host}.toml"

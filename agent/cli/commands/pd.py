@@ -34,6 +34,11 @@ def _only_context(args: argparse.Namespace) -> Change:
         )
     if getattr(args, "from_log", None):
         raise UsageError("--from-log: not for a [pd] service yet; plan it from the inventory (--offline)")
+    start = getattr(args, "start", None)
+    if isinstance(start, int) and not isinstance(start, bool):  # plan's --start N; apply's is a flag
+        raise UsageError(
+            "--start names a start of one --from-log log: not for a [pd] service, which reads none"
+        )
     return change
 
 
@@ -57,9 +62,19 @@ def _planned(out: Output, host: HostConfig, change: Change) -> list[RolePlan]:
     _refuse(check(host).refusals)  # the inventory's own refusals before any planning
     plans = pd_plan.role_plans(host, change.context, change.mem_fraction_static)
     verdict = check(host, decodes=pd_plan.decode_needs(plans, change.context))
-    _refuse(verdict.refusals)
+    # a decode's pool at a context SGLang refuses is moot: the context is named first (else plan ends
+    # NOT FEASIBLE on it, as a plain service's plan does)
+    _refuse((*longer_context(plans, change.context)[:1], *verdict.refusals) if verdict.refusals else ())
     _warn(out, verdict.warnings)
     return plans
+
+
+def longer_context(plans: list[RolePlan], context: int) -> list[str]:
+    """Each role's SGLang refusal of a context above the model's own (configs/model_config.py
+    _derive_context_length), unless its environment sets SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN."""
+    from agent.plan.refusals import longer_context as said
+
+    return list(dict.fromkeys(s for p in plans for s in said(p.unit.host, context)))
 
 
 def plan(args: argparse.Namespace, out: Output, host: HostConfig) -> int:
@@ -105,6 +120,7 @@ def render(args: argparse.Namespace, out: Output, host: HostConfig) -> int:
         raise UsageError("--diff: not for a [pd] service yet; render prints each unit")
     change = _only_context(args)
     plans = _planned(out, host, change)
+    _warn(out, tuple(longer_context(plans, change.context)))  # plan says NOT FEASIBLE on it (exit 8)
     flags: dict[str, FlagInput] = {"context-length": change.context}
     if change.mem_fraction_static is not None:
         flags["mem-fraction-static"] = change.mem_fraction_static

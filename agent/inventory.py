@@ -16,8 +16,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from agent.errors import InventoryError, UsageError
 from agent.pd.spec import Held, Pd, pd_holdings, role_problem
+from agent.protocol import textrules
 from agent.protocol.addresses import host_key
-from agent.protocol.common import HTTP_URL, UNIT_NAME, find_control
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,7 +25,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-GROUP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 # Bounds of the figures a file gives: far beyond any real host, small enough that arithmetic stays exact
 # and finite (an int() of an infinite size, a range() of 1e21 layers).
 MAX_GIB = 65536.0  # memory per GPU, weights per GPU, floors and margins
@@ -36,56 +35,9 @@ HOUR, WEEK = 3600.0, 7 * 86400.0  # timeouts
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
-def _no_control(value: str) -> str:
-    if find_control(value):
-        raise ValueError("must not contain control characters (newline, tab, escape...)")
-    return value
-
-
-def _not_blank(value: str) -> str:
-    if not value.strip():
-        raise ValueError("must not be empty or blank")
-    return value
-
-
-def _unit_name(value: str) -> str:
-    if not UNIT_NAME.fullmatch(value) or ".." in value:
-        raise ValueError("must be a plain unit file name ending in .service (no '/' or '..')")
-    return value
-
-
-def _absolute(value: str) -> str:
-    if not value.startswith("/") or "/../" in value + "/":
-        raise ValueError("must be an absolute path without '..'")
-    return value
-
-
-def _http_url(value: str) -> str:
-    if not HTTP_URL.fullmatch(value):
-        raise ValueError("must be an http:// or https:// URL: host, optional port and path")
-    return value
-
-
-def _group_name(value: str) -> str:
-    # Ansible host patterns treat ':', ',', '&', '!', '[' and '*' as operators; "all" and "ungrouped"
-    # are its own groups.
-    if not GROUP_NAME.fullmatch(value) or value in ("all", "ungrouped"):
-        raise ValueError(
-            f"group {value!r} must start with a letter or '_' and hold only letters, digits, '_' and '-' "
-            "(not 'all' or 'ungrouped')"
-        )
-    return value
-
-
-def _distinct(values: list[str]) -> list[str]:
-    if len(set(values)) != len(values):
-        raise ValueError("names a group twice")
-    return values
-
-
-Text = Annotated[str, AfterValidator(_no_control)]
-GroupName = Annotated[str, AfterValidator(_group_name)]
-AbsPath = Annotated[str, AfterValidator(_no_control), AfterValidator(_absolute)]
+Text = Annotated[str, AfterValidator(textrules.no_control)]
+GroupName = Annotated[str, AfterValidator(textrules.group_name)]
+AbsPath = Annotated[str, AfterValidator(textrules.no_control), AfterValidator(textrules.absolute)]
 FlagValue = str | int | float | bool
 
 
@@ -196,8 +148,8 @@ class Draft(_Model):
 
 
 class Unit(_Model):
-    name: Annotated[str, AfterValidator(_unit_name)] = "sglang.service"
-    template: Annotated[str, AfterValidator(_no_control)] = "sglang.service.j2"
+    name: Annotated[str, AfterValidator(textrules.unit_name)] = "sglang.service"
+    template: Annotated[str, AfterValidator(textrules.no_control)] = "sglang.service.j2"
     directory: AbsPath = "/etc/systemd/system"
     description: Text = "SGLang server"
     user: Text | None = None
@@ -240,7 +192,9 @@ class Smoke(_Model):
     prompt_tokens: int = Field(default=60000, ge=1, le=MAX_TOKENS)
     sentence: Text = "The quick brown fox jumps over the lazy dog. "
     question: Text = "In one word, what animal is mentioned?"
-    expect: Annotated[Text, AfterValidator(_not_blank)] = "dog"  # "" is in every answer: a test of nothing
+    expect: Annotated[Text, AfterValidator(textrules.not_blank)] = (
+        "dog"  # "" is in every answer: a test of nothing
+    )
     random_weights: bool = Field(
         default=False,
         description="a test model whose answers are noise: judge on usage alone (the prompt arrived whole, a "
@@ -316,12 +270,12 @@ class Drain(_Model):
 
 
 class Router(_Model):
-    url: Annotated[str, AfterValidator(_http_url)] | None = Field(
+    url: Annotated[str, AfterValidator(textrules.http_url)] | None = Field(
         default=None,
         description="the SGLang model gateway in front of this server: taken out before a restart's drain, "
         "put back after its checks",
     )
-    worker_url: Annotated[str, AfterValidator(_http_url)] | None = Field(
+    worker_url: Annotated[str, AfterValidator(textrules.http_url)] | None = Field(
         default=None, description="the URL the router knows this server by (required with url)"
     )
     timeout_s: float = Field(default=60.0, gt=0, le=HOUR, description="each change the router makes")
@@ -380,7 +334,7 @@ class Nodes(_Model):
 class HostConfig(_Model):
     name: Text = ""
     # Inventory groups for a fleet rollout (deployctl fleet, the Ansible inventory plugin).
-    groups: Annotated[list[GroupName], AfterValidator(_distinct)] = Field(default_factory=list)
+    groups: Annotated[list[GroupName], AfterValidator(textrules.distinct)] = Field(default_factory=list)
     ssh: Ssh
     gpus: Gpus
     model: Model

@@ -19,8 +19,9 @@ from agent.fleet.results import (
     results_from_events,
 )
 from agent.fleet.runner import ansible_failed, forks_for, run_playbook
-from agent.inventory import GROUP_NAME, HostConfig, units_dir
+from agent.inventory import HostConfig, units_dir
 from agent.output import Output
+from agent.protocol.textrules import GROUP_NAME
 from agent.sglang.flags import FlagInput
 
 

@@ -58,11 +58,6 @@ def _failure(stdout: str) -> str:
 # ---- medium: a message (and a doc) that contradicts the documented rollback
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rollback --to's refusal (and commands.md's table) say each unit goes back to its newest backup "
-    "that differs; pd.md: one generation, never each unit's newest backup on its own",
-)
 def test_rollback_to_refusal_describes_the_one_generation_rollback() -> None:
     """`deployctl rollback pd-1p1d --to x --yes`: pd.md's 'Dry run, status, rollback' says the rollback
     takes the service back one generation, 'Never each unit's newest backup on its own'. The refusal says

@@ -172,11 +172,6 @@ def test_a_role_switch_unit_on_nixl_is_told_it_can_never_switch(tmp_path: Path) 
 # ---- low: parse-log of SGLang's own PD failure lines
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Mooncake's own PD layout refusals (mooncake/conn.py:1306-1324, :2315) are parsed as "
-    "scheduler_exception with no 'what to do', unlike common/conn.py's handshake refusals",
-)
 @pytest.mark.parametrize(
     "line",
     [

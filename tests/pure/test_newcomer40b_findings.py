@@ -193,11 +193,6 @@ def test_parse_log_names_mooncakes_own_pd_layout_refusals(tmp_path: Path, line: 
     assert "what to do:" in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SGLang's PD start refusal (pd_disaggregation_hook.py:190-196, raised while parsing the "
-    "arguments) is named scheduler_exception, though no scheduler ran, with no 'what to do'",
-)
 def test_parse_log_of_the_pd_hooks_start_refusal_is_not_a_scheduler_exception(tmp_path: Path) -> None:
     """`deployctl parse-log role-switch.log`: a start that died in prepare_server_args with the role-switch
     ValueError. It reports 'failure: scheduler_exception' and nothing to do."""

@@ -19,6 +19,9 @@ NEGATIVE_POOL = "negative_pool"
 ADDRESS_IN_USE = "address_in_use"
 INIT_FAILED = "init_failed"
 WATCHDOG_TIMEOUT = "watchdog_timeout"
+# SGLang refused its arguments before any scheduler ran: argparse's `error:` line, or an exception raised by
+# its argument checks (srt/server_args.py, srt/arg_groups/*_hook.py: prepare_server_args)
+START_REFUSED = "start_refused"
 HOST_MEMORY_SHORT = "host_memory_short"  # HiCache's host pool refused (agent/sglang/logs/hicache.py)
 # A PD decode whose page size or KV dtype text differs from its prefill's (agent/sglang/logs/pd.py)
 PD_PAGE_SIZE_MISMATCH = "pd_page_size_mismatch"
@@ -59,6 +62,7 @@ FAILURE_KINDS = frozenset(
         INIT_FAILED,
         WATCHDOG_TIMEOUT,
         HOST_MEMORY_SHORT,
+        START_REFUSED,
         PD_PAGE_SIZE_MISMATCH,
         PD_KV_DTYPE_MISMATCH,
         PD_KV_LAYOUT_MISMATCH,

@@ -29,7 +29,7 @@ from agent.pd.switch import Restart, Switch, decide, running_of, settle
 from agent.pd.units import routed_url, router_target, router_unit_name, spec
 from agent.protocol.answers import HostFacts, as_facts
 from agent.protocol.common import new_txn_id
-from agent.protocol.events import Event
+from agent.protocol.events import Event, Outcome
 from agent.protocol.requests import ROUTER_KIND, Group, Request
 from agent.remote.client import AgentClient, base_request
 from agent.remote.follow import Watch
@@ -338,12 +338,26 @@ def run_group(out: Output, host: HostConfig, nodes: list[Node], order: tuple[int
     if out.style is Style.JSON:
         out.print(json.dumps(_json(host, nodes, outcome.value, why), sort_keys=True, default=str))
         return int(outcome.exit_code)
-    out.print(f"== {host.name}: {outcome.headline}{why}")
+    out.print(f"== {host.name}: {headline(nodes, outcome)}{why}")
     for node in nodes:
         what = node.view.outcome.value if node.view.outcome else "unknown (no contact)"
         said = node.outcome.message if node.outcome else node.view.why
         out.print(f"   {shown(node)} ({node.host.ssh.target} {node.host.unit.name}): {what}: {said}")
     return int(outcome.exit_code)
+
+
+# A rollback's own words where an apply's would mislead (the one-host one says `<unit> restored <backup>`)
+UNDONE = {
+    Outcome.APPLIED: "RESTORED: the service is back one generation, every unit healthy",
+    Outcome.ROLLED_BACK: "ROLLED BACK: the rollback was rejected; every unit is back on the unit it had "
+    "before it, healthy",
+}
+
+
+def headline(nodes: Sequence[Node], outcome: Outcome) -> str:
+    """The report's headline: an apply's, or a rollback's (every member the agent's rollback verb)."""
+    undo = bool(nodes) and all(n.request.verb == "rollback" for n in nodes)
+    return UNDONE.get(outcome, outcome.headline) if undo else outcome.headline
 
 
 def _json(host: HostConfig, nodes: Sequence[Node], outcome: str, why: str) -> dict[str, object]:

@@ -174,8 +174,9 @@ def refuse_to(host: HostConfig, to: str | None) -> None:
     """--to is refused for a [pd] service: the command line says it before it asks for --yes."""
     if to is not None:
         raise UsageError(
-            "--to: names one unit's backup; a [pd] rollback takes each unit back to its newest backup that "
-            "differs from its unit, as one group; nothing was changed",
+            "--to: names one unit's backup; a [pd] rollback takes the service back one generation, as one "
+            "group: each unit the newest change of the service backed up goes back to that backup, every "
+            "other unit keeps its unit; nothing was changed",
             hint=f"deployctl rollback {host.name} --yes",
         )
 

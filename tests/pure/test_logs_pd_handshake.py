@@ -56,3 +56,39 @@ def test_parse_log_names_each_handshake_refusal(tmp_path: Path, said: str, kind:
     doc = json.loads(out.stdout.getvalue())
     assert code == 0 and doc["failure"]["kind"] == kind, doc["failure"]
     assert fix in doc["fix"], doc["fix"]
+
+
+# Mooncake's own refusals before its first RDMA write (srt/disaggregation/mooncake/conn.py:1306-1324, :2315)
+MOONCAKE = [
+    ("--enable-unified-memory does not support different prefill / decode attention TP sizes (prefill=4, "
+     "decode=8): the whole-envelope state cannot be TP-resliced.", "pd_unified_memory_tp_mismatch",
+     "tp-size"),
+    ("PD KV layout mismatch on the whole-envelope path: prefill has 1 KV region(s) with item_lens=[4096], "
+     "decode has 1 with item_len=2048. With --enable-unified-memory both sides must enable it and use the "
+     "same page size and model spec.", "pd_unified_memory_layout_mismatch", "page-size"),
+    ("Prefill/Decode Mamba slot size mismatch (src=1024, dst=2048). Configure matching persistent state "
+     "layouts on both peers.", "pd_mamba_slot_mismatch", "mamba-ssm-dtype"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("said", "kind", "fix"), MOONCAKE)
+@pytest.mark.parametrize(
+    "shape",
+    ["RuntimeError: {}", "[2026-12-06 10:00:00 TP0] RuntimeError: {}",
+     "RuntimeError: Transfer thread failed because of {} Prefill instance with bootstrap_port=8998 is dead."],
+)  # fmt: skip
+def test_mooncakes_own_refusals_are_kinds_of_their_own_however_logged(said: str, kind: str, fix: str,
+                                                                      shape: str) -> None:  # fmt: skip
+    """The raise itself, the same under a rank's logger prefix, and as the prefill's transfer thread dies
+    of it (conn.py:2878-2884): each names the kind and a fix; the same text inside a prompt names none."""
+    from agent.sglang.logs.fixes import fix_for
+    from agent.sglang.logs.summary import SummaryBuilder
+
+    builder = SummaryBuilder()
+    builder.feed(shape.format(said))
+    failure = builder.summary().failure
+    assert failure is not None and failure.failure_kind == kind, failure
+    assert fix in (fix_for(kind, failure.line) or "")
+    quoted = SummaryBuilder()
+    quoted.feed(f"[2026-12-06 10:00:00] Receive: obj=GenerateReqInput(text='why {said}')")
+    assert quoted.summary().failure is None

@@ -58,11 +58,6 @@ def _failure(stdout: str) -> str:
 # ---- medium: a message (and a doc) that contradicts the documented rollback
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rollback --to's refusal (and commands.md's table) say each unit goes back to its newest backup "
-    "that differs; pd.md: one generation, never each unit's newest backup on its own",
-)
 def test_rollback_to_refusal_describes_the_one_generation_rollback() -> None:
     """`deployctl rollback pd-1p1d --to x --yes`: pd.md's 'Dry run, status, rollback' says the rollback
     takes the service back one generation, 'Never each unit's newest backup on its own'. The refusal says
@@ -152,11 +147,6 @@ def test_a_role_switch_unit_on_nixl_is_told_it_can_never_switch(tmp_path: Path) 
 # ---- low: parse-log of SGLang's own PD failure lines
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Mooncake's own PD layout refusals (mooncake/conn.py:1306-1324, :2315) are parsed as "
-    "scheduler_exception with no 'what to do', unlike common/conn.py's handshake refusals",
-)
 @pytest.mark.parametrize(
     "line",
     [
@@ -178,11 +168,6 @@ def test_parse_log_names_mooncakes_own_pd_layout_refusals(tmp_path: Path, line: 
     assert "what to do:" in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SGLang's PD start refusal (pd_disaggregation_hook.py:190-196, raised while parsing the "
-    "arguments) is named scheduler_exception, though no scheduler ran, with no 'what to do'",
-)
 def test_parse_log_of_the_pd_hooks_start_refusal_is_not_a_scheduler_exception(tmp_path: Path) -> None:
     """`deployctl parse-log role-switch.log`: a start that died in prepare_server_args with the role-switch
     ValueError. It reports 'failure: scheduler_exception' and nothing to do."""

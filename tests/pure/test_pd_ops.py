@@ -313,3 +313,61 @@ def test_a_group_rollback_judges_its_routed_completion_by_the_services_smoke_set
     assert outcome is Outcome.APPLIED, [n.view.why for n in back]
     for role, fake in zip(ROLES, fakes, strict=True):
         assert served(fake) == role_unit(OLD, role), role
+
+
+class NoCoordinator:
+    """The members' transactions already ended (each view holds its outcome): nothing to run."""
+
+    def __init__(self, *_: object, **__: object) -> None:
+        pass
+
+    def run(self) -> None:
+        pass
+
+
+def ended_group(verb: str, outcome: Any) -> list[Any]:
+    """The [pd] example's three members, each a `verb` transaction that ended with `outcome`."""
+    from agent.group.decide import Rank
+    from agent.group.pdstatus import parts
+    from agent.group.run import Node
+
+    units = [u for _, u in parts(host_of(example()))]
+    return [Node(i, u, None, Request(verb), Rank(outcome=outcome)) for i, u in enumerate(units)]
+
+
+@pytest.mark.parametrize("verb", ["apply", "rollback"])
+def test_a_group_rollback_that_went_through_is_reported_as_a_rollback(
+    monkeypatch: pytest.MonkeyPatch, verb: str
+) -> None:
+    """The first [pd] rollback's report said `== pd: APPLIED`: an apply's word for the undo of one. A
+    rollback's report says RESTORED (the one-host rollback's message: `<unit> restored <backup>`), its exit
+    code still 0; an apply's stays APPLIED."""
+    import agent.group.pdapply as pdapply
+    from agent.protocol.events import Outcome
+
+    monkeypatch.setattr(pdapply, "Coordinator", NoCoordinator)
+    out = output()
+    code = pdapply.run_group(out, host_of(example()), ended_group(verb, Outcome.APPLIED), (0, 1, 2))
+    header = next(ln for ln in said(out).splitlines() if ln.startswith("== "))
+    assert code == 0
+    if verb == "apply":
+        assert header.startswith("== pd: APPLIED"), header
+    else:
+        assert "APPLIED" not in header and "RESTORED" in header and "one generation" in header, header
+
+
+def test_a_group_rollback_that_was_undone_says_the_rollback_was_rejected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rollback whose group aborted (every member back on the unit it had before the rollback) exits 3 as
+    a rejected apply does, but its report says the rollback was rejected, not 'the change'."""
+    import agent.group.pdapply as pdapply
+    from agent.protocol.events import Outcome
+
+    monkeypatch.setattr(pdapply, "Coordinator", NoCoordinator)
+    out = output()
+    members = ended_group("rollback", Outcome.ROLLED_BACK)
+    code = pdapply.run_group(out, host_of(example()), members, (0, 1, 2))
+    header = next(ln for ln in said(out).splitlines() if ln.startswith("== "))
+    assert code == Outcome.ROLLED_BACK.exit_code
+    assert "the rollback was rejected" in header and "the change was rejected" not in header, header

@@ -19,6 +19,9 @@ NEGATIVE_POOL = "negative_pool"
 ADDRESS_IN_USE = "address_in_use"
 INIT_FAILED = "init_failed"
 WATCHDOG_TIMEOUT = "watchdog_timeout"
+# SGLang refused its arguments before any scheduler ran: argparse's `error:` line, or an exception raised by
+# its argument checks (srt/server_args.py, srt/arg_groups/*_hook.py: prepare_server_args)
+START_REFUSED = "start_refused"
 HOST_MEMORY_SHORT = "host_memory_short"  # HiCache's host pool refused (agent/sglang/logs/hicache.py)
 # A PD decode whose page size or KV dtype text differs from its prefill's (agent/sglang/logs/pd.py)
 PD_PAGE_SIZE_MISMATCH = "pd_page_size_mismatch"
@@ -30,6 +33,12 @@ PD_KV_LAYOUT_MISMATCH = "pd_kv_layout_mismatch"
 PD_DSPARK_LAYOUT_MISMATCH = "pd_dspark_layout_mismatch"
 PD_ATTN_TP_MISMATCH = "pd_attn_tp_mismatch"
 PD_DECODE_DCP_UNSUPPORTED = "pd_decode_dcp_unsupported"
+# Mooncake's own refusals before its first RDMA write (srt/disaggregation/mooncake/conn.py:1306-1324, :2315):
+# --enable-unified-memory across attention TP sizes, or its whole-envelope KV layout against the peer's, and
+# Mamba state slots of different sizes
+PD_UNIFIED_MEMORY_TP_MISMATCH = "pd_unified_memory_tp_mismatch"
+PD_UNIFIED_MEMORY_LAYOUT_MISMATCH = "pd_unified_memory_layout_mismatch"
+PD_MAMBA_SLOT_MISMATCH = "pd_mamba_slot_mismatch"
 # A PD decode received KV that is not what its prefill sent (SGLang drops that request and serves on)
 PD_KV_CHECKSUM_MISMATCH = "pd_kv_checksum_mismatch"
 # What the kernel and systemd say of the service's end (agent/sglang/logs/system.py): the kernel's OOM killer
@@ -53,12 +62,16 @@ FAILURE_KINDS = frozenset(
         INIT_FAILED,
         WATCHDOG_TIMEOUT,
         HOST_MEMORY_SHORT,
+        START_REFUSED,
         PD_PAGE_SIZE_MISMATCH,
         PD_KV_DTYPE_MISMATCH,
         PD_KV_LAYOUT_MISMATCH,
         PD_DSPARK_LAYOUT_MISMATCH,
         PD_ATTN_TP_MISMATCH,
         PD_DECODE_DCP_UNSUPPORTED,
+        PD_UNIFIED_MEMORY_TP_MISMATCH,
+        PD_UNIFIED_MEMORY_LAYOUT_MISMATCH,
+        PD_MAMBA_SLOT_MISMATCH,
         PD_KV_CHECKSUM_MISMATCH,
         HOST_OOM_KILLED,
         PROCESS_EXITED,

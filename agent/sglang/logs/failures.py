@@ -74,6 +74,25 @@ _CAUSES: tuple[tuple[re.Pattern[str], str, int], ...] = tuple(
 )
 
 
+# A traceback frame in SGLang's argument checks (srt/server_args.py prepare_server_args, ServerArgs's
+# __post_init__, and the hooks it runs: srt/arg_groups/, e.g. pd_disaggregation_hook.py:190-196)
+_ARGS_FRAME = re.compile(r'\s*File "[^"]*sglang/srt/(?:server_args\.py|arg_groups/)')
+
+
+def in_arguments(line: str) -> bool:
+    """Whether a traceback frame line is one of SGLang's argument checks."""
+    return _ARGS_FRAME.match(line) is not None
+
+
+def refused_said(line: str) -> str:
+    """What SGLang said of the arguments it refused: argparse's text after `error: `, or the exception's
+    message (its class name, and any logger prefix, taken off)."""
+    if ": error: " in line and _ARGPARSE.match(line):
+        return line.split(": error: ", 1)[1].strip()
+    msg = re.sub(r"^\[[^\]]*\] ?", "", line)
+    return msg[_LEAD.match(msg).end() :].strip()  # type: ignore[union-attr]  # _LEAD matches ""
+
+
 def classify(msg: str) -> tuple[str, int, float | None] | None:
     """(kind, weight, stated minimum fraction) for a failure message, None for any other line."""
     cause = msg[_LEAD.match(msg).end() :]  # type: ignore[union-attr]  # _LEAD matches the empty string
@@ -96,7 +115,7 @@ def classify(msg: str) -> tuple[str, int, float | None] | None:
 def _classify_shape(msg: str) -> tuple[str, int, float | None] | None:
     """Failures recognised by the line's shape: argparse errors, traceback frames, exception lines."""
     if ": error: " in msg and _ARGPARSE.match(msg):
-        return ev.INIT_FAILED, CAUSE, None
+        return ev.START_REFUSED, CAUSE, None
     if msg.startswith("Segmentation fault"):
         return ev.RANK_DIED, HEADER, None
     if msg.startswith("Exception in "):

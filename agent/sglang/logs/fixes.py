@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from agent.sglang.logs import events as ev
 from agent.sglang.logs import hicache, pd
+from agent.sglang.logs.failures import refused_said
 
 # The kernel's OOM killer: host RAM ran out (what SGLang itself holds there: --cpu-offload-gb's weights and
 # HiCache's host pool, srt/mem_cache/pool_host/base.py); a memory cgroup's kill is the unit's MemoryMax=
@@ -33,6 +34,12 @@ def fix_for(
         return pd.FIXES[kind]
     if kind == ev.PD_KV_CHECKSUM_MISMATCH:
         return pd.CHECKSUM_FIX
+    if kind == ev.START_REFUSED:  # SGLang's message names the flag and what to do
+        said = refused_said(line).rstrip(".")
+        return (
+            f"SGLang refused the unit's arguments before any scheduler ran: {said}. Change its flags as that "
+            "says ([sglang.flags], or a [pd] role's flags), then apply again"
+        )
     if kind == ev.HOST_OOM_KILLED:
         return _CGROUP_OOM if line.startswith("Memory cgroup") else _HOST_OOM
     return None

@@ -32,6 +32,14 @@ DECODE_DCP = (
     r"PD decode DCP requires an MLA or hybrid-MLA KV pool",  # :1410-1414
     r"PD decode DCP currently requires prefill attention CP=1",  # :1415-1418
 )
+# Mooncake's own, raised on the prefill's transfer thread before its first RDMA write; the thread's death
+# wraps it as "Transfer thread failed because of <it>. Prefill instance ... is dead." (conn.py:2878-2884)
+_WRAPPED = r"(?:Transfer thread failed because of )?"
+UNIFIED_TP = (
+    _WRAPPED + r"--enable-unified-memory does not support different prefill / decode attention TP"
+)  # :1306
+UNIFIED_LAYOUT = _WRAPPED + r"PD KV layout mismatch on the whole-envelope path"  # :1319-1324
+MAMBA_SLOT = _WRAPPED + r"Prefill/Decode Mamba slot size mismatch"  # :2315-2319
 MISMATCHES = (
     (PAGE_SIZE, ev.PD_PAGE_SIZE_MISMATCH),
     (KV_DTYPE, ev.PD_KV_DTYPE_MISMATCH),
@@ -39,6 +47,9 @@ MISMATCHES = (
     (DSPARK_LAYOUT, ev.PD_DSPARK_LAYOUT_MISMATCH),
     *((said, ev.PD_ATTN_TP_MISMATCH) for said in ATTN_TP),
     *((said, ev.PD_DECODE_DCP_UNSUPPORTED) for said in DECODE_DCP),
+    (UNIFIED_TP, ev.PD_UNIFIED_MEMORY_TP_MISMATCH),
+    (UNIFIED_LAYOUT, ev.PD_UNIFIED_MEMORY_LAYOUT_MISMATCH),
+    (MAMBA_SLOT, ev.PD_MAMBA_SLOT_MISMATCH),
     (CHECKSUM, ev.PD_KV_CHECKSUM_MISMATCH),
 )
 # The fixes of the kinds whose line names no values to read
@@ -51,6 +62,21 @@ FIXES = {
         "the prefill and the decode run different attention TP sizes, which this model's KV (MiniMax sparse, "
         "DSpark, an MXFP8 KV cache) cannot be resliced across: give every role the same tp-size (and "
         "dp-size) in its [pd] flags, then apply the service again"
+    ),
+    ev.PD_UNIFIED_MEMORY_TP_MISMATCH: (
+        "with --enable-unified-memory each request's state travels as one envelope Mooncake cannot reslice "
+        "across attention TP sizes: give every role the same tp-size (and dp-size) in its [pd] flags, or "
+        "drop enable-unified-memory from every role, then apply the service again"
+    ),
+    ev.PD_UNIFIED_MEMORY_LAYOUT_MISMATCH: (
+        "the roles register different KV envelopes: with --enable-unified-memory on either role, set "
+        "enable-unified-memory and page-size once in [sglang.flags] (every role the same), run one model "
+        "and SGLang release on both, then apply the service again"
+    ),
+    ev.PD_MAMBA_SLOT_MISMATCH: (
+        "the prefill's and the decode's Mamba state slots differ in size: every role must run the same "
+        "model and --mamba-ssm-dtype (set it once in [sglang.flags], not in a role's flags) on one SGLang "
+        "release, then apply the service again"
     ),
     ev.PD_DECODE_DCP_UNSUPPORTED: (
         "the decode's --dcp-size > 1 needs an MLA (or hybrid-MLA) KV pool and prefills at attention CP 1: "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from agent.sglang.logs import events as ev
+from agent.sglang.logs import failures
 from agent.sglang.logs.events import LogEvent
 from agent.sglang.logs.lines import parse_line
 
@@ -171,6 +172,8 @@ class SummaryBuilder:
         self._stopped = False
         self._timings: ev.EngineTimings | None = None
         self._failed_last = False
+        self._args_frame = False  # the traceback being read went through SGLang's argument checks
+        self._scheduler_tb = False  # ... is one a scheduler logged ("Scheduler hit an exception: Traceback")
         self._phase = 0
         self._percent: int | None = None
 
@@ -268,10 +271,26 @@ class SummaryBuilder:
                 self._args[key] = (rank, value)
 
     def _apply_failure(self, e: ev.Failure) -> None:
+        e = self._refused(e)
         self._failed_last = True
         self._failure = _root_cause(self._failure, e)
         if not _stop_consequence(e):
             self._crash = _root_cause(self._crash, e)
+
+    def _refused(self, e: ev.Failure) -> ev.Failure:
+        """The exception that ends a traceback through SGLang's argument checks, before any scheduler ran
+        (no weights, no scheduler line): a start refusal, not a scheduler's exception."""
+        if e.failure_kind != ev.SCHEDULER_EXCEPTION:
+            return e
+        if "Traceback (most recent call last)" in e.line:
+            self._args_frame, self._scheduler_tb = False, "hit an exception" in e.line
+        elif failures.in_arguments(e.line):
+            self._args_frame = self._args_frame or (not self._scheduler_tb and self._phase == 0)
+        elif e.weight == failures.EXCEPTION:
+            refused, self._args_frame = self._args_frame, False
+            if refused:
+                return dataclasses.replace(e, failure_kind=ev.START_REFUSED, weight=failures.CAUSE)
+        return e
 
     def summary(self) -> StartSummary:
         """The summary of everything fed so far."""

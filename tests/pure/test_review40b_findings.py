@@ -73,11 +73,6 @@ def test_the_engine_import_never_runs_as_a_uid_0_account(monkeypatch: pytest.Mon
     assert ran == []  # never run: its uid is root's
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a [pd] rollback restarts a decode still listed in the running router: rollback_nodes never "
-    "sets through_router (apply drains through it), so routed requests hit a stopped decode",
-)
 def test_a_rollback_takes_a_restarted_unit_out_of_the_router_that_stays() -> None:
     from agent.group.pdrollback import chosen_backups, rollback_nodes
     from tests.pure.test_pd import example, host_of

@@ -265,7 +265,8 @@ def _nodes(
         # from its own host: the router's loopback there, else its reachable address (refused when none)
         url = routed_url(host, units[m.index].host.ssh.target)
         req = replace(req, routed_url=url) if m.routed else req
-        req = through_router(req, units[m.index], url) if router_stays else req
+        u = units[m.index]
+        req = through_router(req, u.part, u.url, u.bootstrap_port, url) if router_stays else req
         nodes.append(Node(rank, units[m.index].host, agents[m.index], req))
     return nodes
 
@@ -283,16 +284,18 @@ def switching(req: Request, planned: Switch | bool | None) -> Request:
     )
 
 
-def through_router(req: Request, unit: Planned, router: str | None) -> Request:
+def through_router(
+    req: Request, part: Part, worker_url: str | None, bootstrap_port: int | None, router: str | None
+) -> Request:
     """A role's unit is drained through the running router: taken out of it before its stop (no new
     request reaches it; the drain waits for those it has), put back with its role once its new server
     passed its checks (host/roles/routerstep.py). Only while the router's own unit stays: a router that
-    restarts registers every unit anew from its command line."""
-    if unit.part is Part.ROUTER or unit.url is None or router is None:
+    restarts registers every unit anew from its command line. An apply's member and a rollback's alike."""
+    if part is Part.ROUTER or worker_url is None or router is None:
         return req
     return replace(
-        req, router_url=router, router_worker_url=unit.url, router_worker_type=unit.part.value,
-        router_bootstrap_port=unit.bootstrap_port,
+        req, router_url=router, router_worker_url=worker_url, router_worker_type=part.value,
+        router_bootstrap_port=bootstrap_port,
     )  # fmt: skip
 
 

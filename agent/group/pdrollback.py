@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from agent.errors import InventoryError, UsageError
-from agent.group.pdapply import PD_WAIT_S, run_group
+from agent.group.pdapply import PD_WAIT_S, run_group, through_router
 from agent.group.pdstatus import parts
 from agent.group.run import Node
 from agent.inventory import HostConfig
@@ -140,9 +140,12 @@ def chosen_backups(host: HostConfig, listings: Sequence[BackupsAnswer]) -> list[
 def rollback_nodes(
     host: HostConfig, chosen: Sequence[Chosen], agents: Sequence[AgentClient]
 ) -> tuple[list[Node], tuple[int, ...]]:
-    """One group member per unit that goes back, each a rollback transaction of its own."""
-    units = parts(host)
+    """One group member per unit that goes back, each a rollback transaction of its own; while the router's
+    unit stays, a role's unit is drained through the running router and put back once started, as an
+    apply's member is (pdapply.through_router): no routed request meets it stopped."""
+    units, roles = parts(host), pd_units(host)
     nodes, key = [], new_txn_id()
+    router_stays = all(_part(c.label) is not Part.ROUTER for c in chosen)
     for rank, c in enumerate(chosen):
         unit = units[c.index][1]
         req = base_request(
@@ -151,8 +154,12 @@ def rollback_nodes(
         req = replace(req, group=Group(rank, len(chosen), PD_WAIT_S, collective=False, key=key))
         if _part(c.label) is Part.ROUTER:
             req = replace(req, kind=ROUTER_KIND)
-        if c.routed:  # from its own host: the router's loopback there, else its reachable address
-            req = replace(req, routed_url=routed_url(host, unit.ssh.target))
+        # from its own host: the router's loopback there, else its reachable address
+        url = routed_url(host, unit.ssh.target)
+        req = replace(req, routed_url=url) if c.routed else req
+        if router_stays and c.index < len(roles):
+            role = roles[c.index]
+            req = through_router(req, _part(c.label), role.url, role.bootstrap_port, url)
         nodes.append(Node(rank, unit, agents[rank], req))
     return nodes, tuple(c.wave for c in chosen)
 

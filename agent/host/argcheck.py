@@ -95,15 +95,26 @@ def _interpreter(command: list[str]) -> str | None:
     return None
 
 
+def account(user: str) -> pwd.struct_passwd | str:
+    """User= as systemd resolves it (a name, or a numeric uid, through the passwd database), or why the
+    Python is not run as it: unknown here, or uid 0 under any name (root's powers whatever it is called)."""
+    try:
+        who = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except (KeyError, OverflowError):
+        return f"no user {user!r} on this host: not checked"
+    if who.pw_uid == 0:
+        return f"User={user} is uid 0, and the service's Python is never run as root: not checked"
+    return who
+
+
 def run_as_user(
     cmd: CheckCommand, argv: list[str], timeout_s: float
 ) -> subprocess.CompletedProcess[str] | str:
-    """cmd.interpreter with `argv`, as cmd.user (never switching to root), from /, with the unit's
-    environment only; or why it did not run or end (one line)."""
-    try:
-        who = pwd.getpwnam(cmd.user)
-    except KeyError:
-        return f"no user {cmd.user!r} on this host"
+    """cmd.interpreter with `argv`, as cmd.user (never as uid 0) with its supplementary groups as systemd
+    gives them (initgroups), from /, with the unit's environment only; or why it did not run or end."""
+    who = account(cmd.user)
+    if isinstance(who, str):
+        return who
     switch = (who.pw_uid, who.pw_gid) != (os.geteuid(), os.getegid())
     try:
         return subprocess.run(
@@ -111,7 +122,7 @@ def run_as_user(
             env=dict(cmd.environment), cwd="/", capture_output=True, text=True, errors="replace",
             timeout=timeout_s, check=False, stdin=subprocess.DEVNULL,
             user=who.pw_uid if switch else None, group=who.pw_gid if switch else None,
-            extra_groups=[] if switch else None,
+            extra_groups=os.getgrouplist(who.pw_name, who.pw_gid) if switch else None,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         return f"it did not end within {timeout_s:.0f} s"

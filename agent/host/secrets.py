@@ -80,9 +80,16 @@ class SecretFiles:
 
     def api_key(self) -> str | None:
         """The --api-key the installed secrets give SGLang (the probes must send it), if any."""
+        return self._flag("api-key")
+
+    def admin_api_key(self) -> str | None:
+        """The --admin-api-key, if any: SGLang's admin endpoints (/pd_role_switch) take it alone."""
+        return self._flag("admin-api-key")
+
+    def _flag(self, flag: str) -> str | None:
         for line in (self.current()["flags.yaml"] or "").splitlines():
             name, sep, value = line.partition(": ")
-            if sep and name == "api-key":
+            if sep and name == flag:
                 with contextlib.suppress(ValueError):
                     key = json.loads(value)
                     return key if isinstance(key, str) else None

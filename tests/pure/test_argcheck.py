@@ -6,12 +6,15 @@ import getpass
 import os
 import pwd
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+from agent.host import argcheck
 from agent.host.argcheck import ArgCheck, CheckCommand, Verdict, check_unit, command_for, run_check
 
 # A stand-in for sglang/srt/server_args.py: the same entry point, a small parser.
@@ -51,8 +54,11 @@ def fake_sglang(tmp_path: Path) -> Path:
 
 
 def check(site: Path, *flags: str, env: dict[str, str] | None = None, timeout: float = 60) -> ArgCheck:
+    """The parser's answers as this test's own account: these tests are about what it says, not as whom it
+    runs (the uid-0 refusal has its own tests), and the pure tier may run as root."""
     cmd = CheckCommand(sys.executable, flags, getpass.getuser(), {"PYTHONPATH": str(site), **(env or {})})
-    return run_check(cmd, timeout)
+    with mock.patch.object(argcheck, "account", lambda user: pwd.getpwuid(os.geteuid())):
+        return run_check(cmd, timeout)
 
 
 def test_good_flags_are_accepted(fake_sglang: Path) -> None:
@@ -133,6 +139,40 @@ def test_as_root_the_parser_runs_as_the_service_user(tmp_path: Path) -> None:
         python = "/usr/bin/python3"  # the venv of this checkout may sit where nobody cannot read
         cmd = CheckCommand(python, ("--model-path", "/m"), "nobody", {"PYTHONPATH": str(site)})
         said = run_check(cmd).detail
-        assert f"uid={nobody.pw_uid} gid={nobody.pw_gid} groups=[]" in said, said
+        groups = sorted(os.getgrouplist("nobody", nobody.pw_gid))  # initgroups, as systemd does
+        assert f"uid={nobody.pw_uid} gid={nobody.pw_gid} groups={groups}" in said, said
     finally:
         shutil.rmtree(site)
+
+
+@pytest.mark.parametrize("user", ["root", "0", "toor", "00"])
+def test_no_uid_0_account_runs_the_python_under_any_name(monkeypatch: pytest.MonkeyPatch, user: str) -> None:
+    """User= resolved as systemd does (a name or a numeric uid): any uid 0 is root's powers, never used."""
+    toor = pwd.struct_passwd((user, "x", 0, 0, "", "/root", "/bin/sh"))
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: toor)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: toor)
+    ran: list[object] = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **kw: ran.append(kw))
+    said = argcheck.run_as_user(CheckCommand("/usr/bin/python3", (), user, {}), ["-c", "pass"], 1.0)
+    assert ran == [] and "uid 0" in str(said)
+
+
+def test_an_unknown_user_is_not_checked_and_says_why() -> None:
+    said = argcheck.run_as_user(
+        CheckCommand("/usr/bin/python3", (), "no-such-user-x9", {}), ["-c", "pass"], 1.0
+    )
+    assert said == "no user 'no-such-user-x9' on this host: not checked"
+    said = argcheck.run_as_user(CheckCommand("/usr/bin/python3", (), "4000000000", {}), ["-c", "pass"], 1.0)
+    assert "not checked" in str(said)
+
+
+def test_the_python_gets_the_users_supplementary_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """systemd's initgroups: a user whose engine libraries are readable by a group it is in imports them."""
+    svc = pwd.struct_passwd(("svc", "x", 1234, 1234, "", "/", "/bin/sh"))
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: svc)
+    monkeypatch.setattr(os, "getgrouplist", lambda name, gid: [gid, 44, 107] if name == "svc" else [])
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    ran: list[dict[str, object]] = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **kw: ran.append(kw))
+    argcheck.run_as_user(CheckCommand("/usr/bin/python3", (), "svc", {}), ["-c", "pass"], 1.0)
+    assert ran[0]["user"] == 1234 and ran[0]["group"] == 1234 and ran[0]["extra_groups"] == [1234, 44, 107]

@@ -171,7 +171,21 @@ def test_the_venvs_python_is_never_run_as_root(tmp_path: Path) -> None:
     assert "root" in got["engine"]["detail"]
 
 
-def test_the_import_runs_the_interpreter_and_reads_the_errors_last_line(tmp_path: Path) -> None:
+@pytest.fixture
+def as_self(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The import as this test's own account: what it says, not as whom it runs (the uid-0 refusal has its
+    own tests in test_argcheck.py), and the pure tier may run as root."""
+    import os
+    import pwd
+
+    from agent.host import argcheck
+
+    monkeypatch.setattr(argcheck, "account", lambda user: pwd.getpwuid(os.geteuid()))
+
+
+def test_the_import_runs_the_interpreter_and_reads_the_errors_last_line(
+    tmp_path: Path, as_self: None
+) -> None:
     """The real runner, as this test's own user (no switch), on a package whose import fails as a native
     engine without its libraries does, and on one that imports."""
     import getpass
@@ -231,7 +245,9 @@ def test_apply_refuses_an_engine_that_does_not_import_before_any_compare(
     assert "compare" not in verbs, verbs
 
 
-def test_the_real_mooncake_engine_imports_with_its_libraries_and_names_the_one_it_misses() -> None:
+def test_the_real_mooncake_engine_imports_with_its_libraries_and_names_the_one_it_misses(
+    as_self: None,
+) -> None:
     """The real tier's add-on (make real-sglang: mooncake-transfer-engine-non-cuda 0.3.13.post1 and, in lib/,
     the libraries its engine.so links): imported by the real runner with them on LD_LIBRARY_PATH, and
     without them (where the machine has no libibverbs of its own) the error's line names the missing one."""

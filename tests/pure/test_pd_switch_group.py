@@ -36,7 +36,7 @@ class FakeSwitch:
     bodies: list[dict[str, object]] = field(default_factory=list)
     peers: list[str] = field(default_factory=list)
 
-    def __call__(self, host: str, port: int, api_key: str | None) -> FakeSwitch:
+    def __call__(self, host: str, port: int, api_key: str | None, admin_key: str | None) -> FakeSwitch:
         return self
 
     def switch(self, body: dict[str, object]) -> tuple[int, object]:

@@ -33,22 +33,12 @@ def test_a_decode_switched_to_prefill_is_not_left_without_its_radix_cache() -> N
     assert isinstance(got, Restart)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a 401/403 from SGLang's auth middleware (admin-api-key set: /pd_role_switch is ADMIN_OPTIONAL) "
-    "is read as a broken server: the whole group rolls back on every apply",
-)
 def test_a_switch_turned_away_at_auth_is_not_a_broken_server() -> None:
     # utils/auth.py:133-143 and :192-203: {"error": "Unauthorized"}, status 401, before any handler ran;
     # pdswitch.switch sends only the api key (secrets.api_key), never an admin key
     assert answer(401, {"error": "Unauthorized"}).said is Said.REFUSED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="argcheck.run_as_user runs the service's Python as root when User= names another uid-0 account "
-    "(only the names 'root' and '0' are refused)",
-)
 def test_the_engine_import_never_runs_as_a_uid_0_account(monkeypatch: pytest.MonkeyPatch) -> None:
     from agent.host import argcheck
 
@@ -73,11 +63,6 @@ def test_the_engine_import_never_runs_as_a_uid_0_account(monkeypatch: pytest.Mon
     assert ran == []  # never run: its uid is root's
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a [pd] rollback restarts a decode still listed in the running router: rollback_nodes never "
-    "sets through_router (apply drains through it), so routed requests hit a stopped decode",
-)
 def test_a_rollback_takes_a_restarted_unit_out_of_the_router_that_stays() -> None:
     from agent.group.pdrollback import chosen_backups, rollback_nodes
     from tests.pure.test_pd import example, host_of

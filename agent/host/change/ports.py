@@ -105,7 +105,7 @@ class Ports:
     probe: ProbeFactory = http_probe  # the HTTP checks (a fake in the pure tests)
     router: Callable[[str], RouterPort] = HttpRouter  # the model gateway's API (a fake, too)
     # SGLang's POST /pd_role_switch of this unit's server, a [pd] role switch (a fake, too)
-    role_switch: Callable[[str, int, str | None], RoleSwitchPort] = http_role_switch
+    role_switch: Callable[[str, int, str | None, str | None], RoleSwitchPort] = http_role_switch
     now: Callable[[], datetime] = utc_clock  # the clock of backup names and records
     # The GPU processes by card (nvidia-smi; None without it), the unit's own marked (a fake, too).
     gpu_procs: Callable[[str | None], Mapping[int, Sequence[GpuProcess]] | None] = processes

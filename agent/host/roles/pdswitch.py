@@ -89,7 +89,7 @@ def untouched_no_more(p: Ports) -> None:
 def switch(p: Ports, role: str) -> Answer:
     """The request; a decode peer that does not say its graph memory leaves the field out (SGLang then
     refuses a flip that must capture graphs, safely); no answer at all is a broken server."""
-    port = p.role_switch(p.req.http_host, p.req.port, p.secrets.api_key())
+    port = p.role_switch(p.req.http_host, p.req.port, p.secrets.api_key(), p.secrets.admin_api_key())
     graph = port.graph_gb(p.req.pd_switch_graph_url) if p.req.pd_switch_graph_url else None
     body = request_body(role, graph)
     p.log.emit(Stage.SWITCH, "step", f"POST /pd_role_switch {body}")

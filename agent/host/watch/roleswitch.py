@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from agent.sglang.roleswitch import GRAPH_FIELD, PATH
+from agent.sglang.roleswitch import GRAPH_FIELD, PATH, switch_key
 
 SWITCH_TIMEOUT_S = 600.0  # a flip to decode captures the decode CUDA graphs before it answers
 
@@ -26,19 +26,23 @@ class RoleSwitchError(Exception):
 
 
 class HttpRoleSwitch:
-    def __init__(self, base: str, api_key: str | None) -> None:
+    def __init__(self, base: str, api_key: str | None, admin_api_key: str | None = None) -> None:
         import requests  # only when a switch is due
 
         self.base = base.rstrip("/")
         self.session = requests.Session()
         self.session.trust_env = False  # as the probe: no proxy, .netrc or CA bundle from the environment
-        if api_key:  # SGLang's ADMIN_OPTIONAL: the API key where no admin key is set
+        if api_key:  # the peer's /get_server_info is a normal endpoint: the API key (auth.py:172-176)
             self.session.headers["Authorization"] = f"Bearer {api_key}"
+        key = switch_key(api_key, admin_api_key)  # the switch is ADMIN_OPTIONAL (http_server.py:1636)
+        self.switch_headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._errors: tuple[type[Exception], ...] = (requests.RequestException, ValueError)
 
     def switch(self, body: dict[str, object]) -> tuple[int, object]:
         try:
-            r = self.session.post(f"{self.base}{PATH}", json=body, timeout=SWITCH_TIMEOUT_S)
+            r = self.session.post(
+                f"{self.base}{PATH}", json=body, headers=self.switch_headers, timeout=SWITCH_TIMEOUT_S
+            )
         except self._errors as exc:
             raise RoleSwitchError(f"POST {self.base}{PATH} failed: {exc}") from None
         try:
@@ -58,7 +62,7 @@ class HttpRoleSwitch:
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def http_role_switch(host: str, port: int, api_key: str | None) -> RoleSwitchPort:
+def http_role_switch(host: str, port: int, api_key: str | None, admin_api_key: str | None) -> RoleSwitchPort:
     from agent.host.watch.probe import url_host
 
-    return HttpRoleSwitch(f"http://{url_host(host)}:{port}", api_key)
+    return HttpRoleSwitch(f"http://{url_host(host)}:{port}", api_key, admin_api_key)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from agent.inventory import HostConfig
 from agent.pd.spec import BOOTSTRAP_DEFAULT
+from agent.pd.switch import SWITCHING_BACKENDS
 from agent.pd.units import PdUnit, Role, spec
 
 HOOK = "srt/arg_groups/pd_disaggregation_hook.py"
@@ -150,12 +151,7 @@ def role_switch(unit: PdUnit) -> list[str]:
     ]
 
 
-SWITCHERS = (
-    "mooncake",
-    "mooncake_tcp",
-    "mori",
-    "ascend",
-)  # ascend's KV manager is Mooncake's (ascend/conn.py:95)
+SWITCHERS = SWITCHING_BACKENDS  # one list: what the plan lets switch, the apply switches
 
 
 def switch_backend(unit: PdUnit, backend: str) -> list[str]:

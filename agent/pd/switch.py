@@ -33,8 +33,9 @@ MODE = "disaggregation-mode"
 BOOTSTRAP = "disaggregation-bootstrap-port"
 BOOTSTRAP_DEFAULT = 8998  # srt/arg_groups/fields/disagg.py
 ROLES = ("prefill", "decode")
-# their KV managers set supports_role_switch; mooncake_tcp is mooncake (pd_disaggregation_hook.py:27)
-SWITCHING_BACKENDS = ("mooncake", "mooncake_tcp", "mori")
+# their KV managers set supports_role_switch (base/conn.py:160); mooncake_tcp is mooncake
+# (pd_disaggregation_hook.py:27), ascend's manager is Mooncake's (ascend/conn.py:95)
+SWITCHING_BACKENDS = ("mooncake", "mooncake_tcp", "mori", "ascend")
 STAGING = "SGLANG_DISAGG_STAGING_BUFFER"
 _TRUE = ("1", "true", "yes", "on")  # SGLang's env bool (srt/environ.py)
 
@@ -228,7 +229,8 @@ def _why_not(
         (old.get(FLAG) is not True, f"--{FLAG} not set on the running unit"),
         (_mode(old) not in ROLES, "the running unit is not in PD mode"),
         (backend not in SWITCHING_BACKENDS,
-         f"transfer backend {backend!r} does not support a runtime role switch (SGLang: mooncake, mori)"),
+         f"transfer backend {backend!r} does not support a runtime role switch (SGLang: mooncake, mori, "
+         "ascend)"),
         (_staging(running.text), f"{STAGING} is on in the running unit (SGLang refuses a switch with it)"),
         (_without_role(running.text) != _without_role(new_text), _other_change(old, new)),
         # every role-switch instance binds its bootstrap server at start and a flip never rebuilds it

@@ -241,3 +241,14 @@ def test_a_rendered_role_change_differs_only_in_what_the_role_implies() -> None:
     old = "# for host pd.prefill1\n[Unit]\nDescription=x (prefill 1)\n" + unit("prefill").split("\n", 1)[1]
     new = "# for host pd.decode1\n[Unit]\nDescription=x (decode 1)\n" + unit("decode").split("\n", 1)[1]
     assert isinstance(decide(Running(old, True), new, PEER), Switch)
+
+
+def test_every_backend_the_plan_lets_switch_is_switched() -> None:
+    """The plan's refusal and the switch decision read one list: a backend whose KV manager switches
+    (ascend's is Mooncake's, srt/disaggregation/ascend/conn.py:95) is switched, not restarted."""
+    from agent.pd.starthook import SWITCHERS
+
+    for backend in SWITCHERS:
+        flags = {"disaggregation-transfer-backend": backend}
+        got = decide(Running(unit("prefill", **flags), True), unit("decode", **flags), PEER)
+        assert got == Switch("prefill", "decode", None, PEER), (backend, got)

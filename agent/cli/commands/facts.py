@@ -41,7 +41,7 @@ def host_facts(args: argparse.Namespace) -> FactsDoc:
             )
         from agent.plan.factsdoc import filled
 
-        return filled(cast(FactsDoc, doc), s.host)
+        return filled(cast("FactsDoc", doc), s.host)  # a name for mypy only: not imported at run time
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
